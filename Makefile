@@ -1,0 +1,21 @@
+# The two commands of the README. Both install first, so they work on a fresh machine.
+PY ?= python
+PIP ?= $(PY) -m pip
+
+.PHONY: install demo test test-all bench
+
+install:
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+
+demo: install
+	WANDB_MODE=offline $(PY) recipes/ppo.py collector.total_frames=60000
+
+test: install
+	$(PY) -m pytest -q
+
+test-all: install
+	$(PY) -m pytest -q -m "" 
+
+bench: install
+	cd $$(mktemp -d) && $(PY) $(CURDIR)/benchmarks/collectors.py --quick

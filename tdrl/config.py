@@ -1,0 +1,360 @@
+"""Typed configs with dotted ``key=value`` overrides.
+
+Every recipe declares a nested dataclass config. The command line takes TorchRL-style dotted overrides
+(``python recipes/sac.py env.id=Hopper-v5 optim.lr=3e-4``). Unknown keys and wrong types are errors that
+name the full dotted key and suggest the nearest valid one, raised before any environment starts.
+
+Field documentation is the string literal written under each field (CleanRL style); ``--help`` lists every
+field with its type, default and that text.
+
+The shared infrastructure sections (``RunConfig``, ``LoggerConfig``, ``CheckpointConfig``) live here so every
+recipe spells the common keys the same way (``run.root``, ``run.dir``, ``run.seed``).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import difflib
+import inspect
+import json
+import sys
+import textwrap
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+__all__ = [
+    "CheckpointConfig",
+    "ConfigError",
+    "LoggerConfig",
+    "RunConfig",
+    "apply_overrides",
+    "config_help",
+    "diff_configs",
+    "flatten",
+    "from_dict",
+    "merge_nested",
+    "parse_args",
+    "to_dict",
+]
+
+C = TypeVar("C")
+
+
+class ConfigError(ValueError):
+    """A config key or value is invalid; the message names the dotted key."""
+
+
+# --- Shared sections -------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunConfig:
+    """Where a run lives and how it is seeded. Common to every recipe."""
+
+    root: str = "runs"
+    """Directory under which run directories are created (``<root>/<date>/<time>_<name>/run_<seed>``)."""
+    dir: str = ""
+    """This run's directory, explicitly. Launching again with the same ``run.dir`` resumes the run there."""
+    name: str = ""
+    """Run name used in the directory and W&B; empty means the recipe's name."""
+    seed: int = 0
+    """Seed for python, numpy, torch and the environments."""
+    device: str = "cpu"
+    """Device of the learner (``cpu``, ``cuda``, ``cuda:1``)."""
+    torch_threads: int = 1
+    """torch intra-op threads of the main process (small nets on few cores are fastest with 1)."""
+    force: bool = False
+    """Resume even if the saved config differs from this one."""
+
+
+@dataclass
+class LoggerConfig:
+    """Metric sinks: console, progress.csv, W&B."""
+
+    log_interval_steps: int = 10_000
+    """Env frames between log rows (rlpyt's ``log_interval_steps``)."""
+    wandb: bool = True
+    """Mirror metrics to Weights & Biases (the run directory stays the source of truth)."""
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    """W&B mode; offline needs no account (``wandb sync`` later)."""
+    project: str = "tdrl"
+    """W&B project."""
+    entity: str = ""
+    """W&B entity (team or user); empty means the default."""
+    group: str = ""
+    """W&B group, e.g. the sweep or experiment name."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files."""
+    progress_bar: bool = True
+    """Show a tqdm progress bar (it turns itself off when stderr is not a terminal)."""
+
+
+@dataclass
+class CheckpointConfig:
+    """Snapshots (rlpyt's snapshot modes) and resume."""
+
+    snapshot_mode: Literal["none", "last", "all", "gap", "gap_and_last"] = "last"
+    """Which checkpoints to keep: none, the last, all, every ``snapshot_gap`` iterations, or gap and last."""
+    snapshot_gap: int = 10
+    """Iterations between kept checkpoints in ``gap`` modes."""
+    interval_steps: int = 0
+    """Env frames between checkpoints; 0 means at every log interval."""
+    strict_resume: bool = False
+    """Fail on a corrupt latest checkpoint instead of falling back to the previous valid one."""
+
+
+# --- Conversion ------------------------------------------------------------------------------------------
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Nested plain dict (JSON-serialisable) of a dataclass config."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    out: dict[str, Any] = {}
+    for key, value in nested.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def from_dict(cls: type[C], nested: dict[str, Any]) -> C:
+    """Build config ``cls`` from a nested dict, strictly (unknown keys raise)."""
+    return merge_nested(cls(), nested)
+
+
+def merge_nested(cfg: C, nested: dict[str, Any]) -> C:
+    """Strict deep merge of a nested dict into a copy of ``cfg`` (rlpyt's ``update_config``).
+
+    Raises:
+        ConfigError: a key the config does not have, or a value of the wrong type.
+    """
+    return apply_overrides(cfg, flatten(nested))
+
+
+def diff_configs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Dotted keys whose values differ between two nested config dicts: ``{key: (a_value, b_value)}``."""
+    fa, fb = flatten(a), flatten(b)
+    missing = object()
+    keys = sorted(set(fa) | set(fb))
+    return {
+        k: (fa.get(k, missing), fb.get(k, missing))
+        for k in keys
+        if fa.get(k, missing) != fb.get(k, missing)
+    }
+
+
+# --- Overrides -------------------------------------------------------------------------------------------
+
+
+def _fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def _all_keys(cfg: Any, prefix: str = "") -> list[str]:
+    keys = []
+    for name, (_, tp) in _fields(type(cfg)).items():
+        value = getattr(cfg, name)
+        if dataclasses.is_dataclass(value):
+            keys.extend(_all_keys(value, f"{prefix}{name}."))
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def _unknown_key(key: str, cfg: Any) -> ConfigError:
+    valid = _all_keys(cfg)
+    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    if not near:  # try matching the last component only, e.g. 'lrr' -> 'optim.lr'
+        tails = {k.rsplit(".", 1)[-1]: k for k in valid}
+        hit = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=1, cutoff=0.6)
+        near = [tails[hit[0]]] if hit else []
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    return ConfigError(f"unknown config key '{key}'{hint} (see --help for all keys)")
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Convert ``value`` (a CLI string or a python value) to type ``tp`` or raise naming ``key``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"config key '{key}': {value!r} does not fit {tp}")
+    if origin is Literal:
+        for choice in args:
+            if value == choice or (isinstance(value, str) and str(choice) == value):
+                return choice
+        raise ConfigError(f"config key '{key}': {value!r} is not one of {list(args)}")
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith(("[", "(")):
+                text = text[1:-1]
+            items = [s.strip() for s in text.split(",") if s.strip()]
+        elif isinstance(value, (list, tuple)):
+            items = list(value)
+        else:
+            raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
+        item_tp = args[0] if args else Any
+        out = [_coerce(key, v, item_tp) for v in items]
+        return tuple(out) if origin is tuple else out
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"config key '{key}': expected a bool (true/false), got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"config key '{key}': expected an int, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                number = float(value.replace("_", ""))
+            except ValueError:
+                number = None
+            if number is not None and number.is_integer():
+                return int(number)  # accepts 1e6 and 1_000_000
+        raise ConfigError(f"config key '{key}': expected an int, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"config key '{key}': expected a float, got {value!r}")
+        try:
+            return float(value.replace("_", "") if isinstance(value, str) else value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"config key '{key}': expected a float, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"config key '{key}': unsupported field type {tp}")
+
+
+def apply_overrides(cfg: C, overrides: dict[str, Any] | list[str]) -> C:
+    """Return a copy of ``cfg`` with dotted overrides applied.
+
+    Args:
+        cfg: a dataclass config instance (not modified).
+        overrides: ``{"optim.lr": 3e-4}`` or ``["optim.lr=3e-4"]`` (strings are converted to the field's type).
+
+    Raises:
+        ConfigError: unknown key (with the nearest valid key) or a value that does not fit the field's type.
+    """
+    if isinstance(overrides, list):
+        pairs = {}
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"override {item!r} is not of the form key=value")
+            key, value = item.split("=", 1)
+            pairs[key.strip()] = value
+        overrides = pairs
+    out = copy.deepcopy(cfg)
+    for key, value in overrides.items():
+        node, parts = out, key.split(".")
+        for i, part in enumerate(parts):
+            fields = _fields(type(node))
+            if part not in fields:
+                raise _unknown_key(key, cfg)
+            _, tp = fields[part]
+            current = getattr(node, part)
+            if i < len(parts) - 1:
+                if not dataclasses.is_dataclass(current):
+                    raise _unknown_key(key, cfg)
+                node = current
+            elif dataclasses.is_dataclass(current):
+                if not isinstance(value, dict):
+                    raise ConfigError(f"config key '{key}' is a section; set its fields ({key}.<field>=...)")
+                setattr(node, part, merge_nested(current, value))
+            else:
+                setattr(node, part, _coerce(key, value, tp))
+    return out
+
+
+# --- Help and CLI ----------------------------------------------------------------------------------------
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The string literal written under each field of a dataclass (attribute docstrings)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs = {}
+    for stmt, nxt in zip(body, body[1:] + [None]):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
+                if isinstance(nxt.value.value, str):
+                    docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "{" + ",".join(str(a) for a in typing.get_args(tp)) + "}"
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def config_help(cfg: Any, prefix: str = "") -> str:
+    """One line per field: ``key (type) = default  doc``."""
+    lines = []
+    docs = _field_docs(type(cfg))
+    for name, (_, tp) in _fields(type(cfg)).items():
+        value = getattr(cfg, name)
+        if dataclasses.is_dataclass(value):
+            lines.append(f"\n[{prefix}{name}] {docs.get(name, '')}".rstrip())
+            lines.append(config_help(value, f"{prefix}{name}."))
+        else:
+            lines.append(f"  {prefix}{name} ({_type_name(tp)}) = {value!r}  {docs.get(name, '')}".rstrip())
+    return "\n".join(lines)
+
+
+def parse_args(cfg: C, argv: list[str] | None = None, prog: str | None = None, doc: str = "") -> C:
+    """Parse ``key=value`` overrides from ``argv`` onto ``cfg``; ``--help`` prints every key and exits.
+
+    A bad key or value prints the error and exits with status 2 (before anything is built).
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(f"usage: {prog or sys.argv[0]} [key=value ...]\n")
+        if doc:
+            print(doc.strip() + "\n")
+        print(config_help(cfg))
+        raise SystemExit(0)
+    try:
+        return apply_overrides(cfg, [a.lstrip("-") for a in argv])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def field_default(factory: Any) -> Any:
+    """Shorthand for a nested-section default: ``env: EnvConfig = field_default(EnvConfig)``."""
+    return field(default_factory=factory)

@@ -1,0 +1,167 @@
+"""Gymnasium environments by id, as picklable constructors.
+
+Collectors step plain gymnasium envs inside worker processes (the fast path), so an environment is described by
+an :class:`EnvFactory`: a small picklable value that builds the env in whichever process calls it. Specs are
+exposed as TorchRL specs so models and losses are built the TorchRL way.
+
+``terminated`` and ``truncated`` stay distinct: ``terminated`` ends bootstrapping, ``truncated`` (time limit)
+does not (rlpyt's ``timeout``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torchrl.data import Bounded, Categorical, Composite, MultiCategorical, TensorSpec, Unbounded
+
+__all__ = ["EnvError", "EnvFactory", "EnvSpecs", "make_env", "space_to_spec"]
+
+
+class EnvError(RuntimeError):
+    """An environment cannot be built; the message says why and what to install."""
+
+
+def _is_atari(env_id: str) -> bool:
+    return env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
+
+
+def _check_registered(env_id: str) -> None:
+    if _is_atari(env_id):
+        try:
+            import ale_py  # noqa: F401  (registers the ALE/ ids)
+
+            gym.register_envs(ale_py)
+        except ImportError:
+            raise EnvError(
+                f"environment '{env_id}' is an Atari game and needs ale-py: pip install 'tdrl[atari]'"
+            ) from None
+    if env_id not in gym.registry:
+        near = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
+        raise EnvError(f"unknown environment id '{env_id}'{hint}")
+
+
+def make_env(env_id: str, seed: int | None = None, **kwargs: Any) -> gym.Env:
+    """Build one gymnasium env by id, seeded, with the family's standard preprocessing.
+
+    Atari ids get the standard DQN preprocessing (no-op reset, frame skip 4 with 2-frame max, 84×84 grey,
+    4-frame stack, uint8; no reward clipping and no episodic life here — the algorithm clips, and the game
+    score stays the return).
+
+    Args:
+        env_id: a gymnasium id such as ``CartPole-v1``, ``HalfCheetah-v5`` or ``ALE/Pong-v5``.
+        seed: seed for the first reset and the action space.
+        **kwargs: passed to ``gymnasium.make``.
+
+    Raises:
+        EnvError: unknown id (with the nearest ids) or a missing extra (with the pip command).
+
+    Examples:
+        >>> env = make_env("CartPole-v1", seed=0)
+        >>> env.observation_space.shape
+        (4,)
+    """
+    _check_registered(env_id)
+    try:
+        if _is_atari(env_id):
+            kwargs.setdefault("frameskip", 1)  # the preprocessing wrapper skips frames itself
+            kwargs.setdefault("repeat_action_probability", 0.25 if env_id.startswith("ALE/") else 0.0)
+            env = gym.make(env_id, **kwargs)
+            env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, noop_max=30)
+            env = gym.wrappers.FrameStackObservation(env, 4)
+        else:
+            env = gym.make(env_id, **kwargs)
+    except gym.error.DependencyNotInstalled as e:
+        raise EnvError(
+            f"environment '{env_id}' needs an extra: {e}. "
+            "MuJoCo: pip install 'gymnasium[mujoco]'; Atari: pip install 'tdrl[atari]'"
+        ) from e
+    if seed is not None:
+        env.reset(seed=seed)
+        env.action_space.seed(seed)
+    return env
+
+
+@dataclass(frozen=True)
+class EnvFactory:
+    """A picklable constructor of one environment: ``EnvFactory("CartPole-v1")(seed=3)``.
+
+    Attributes:
+        env_id: gymnasium id.
+        kwargs: keyword arguments for ``gymnasium.make``.
+    """
+
+    env_id: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self, seed: int | None = None) -> gym.Env:
+        return make_env(self.env_id, seed=seed, **self.kwargs)
+
+    def specs(self) -> EnvSpecs:
+        """TorchRL specs of one env (builds it once, then closes it)."""
+        env = self()
+        try:
+            return EnvSpecs.from_env(env)
+        finally:
+            env.close()
+
+    @property
+    def is_atari(self) -> bool:
+        return _is_atari(self.env_id)
+
+
+def space_to_spec(space: gym.Space) -> TensorSpec:
+    """Convert a gymnasium space into the TorchRL spec of one env's value (no batch dimension)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return Categorical(int(space.n), shape=(), dtype=torch.int64)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return MultiCategorical(torch.as_tensor(space.nvec), dtype=torch.int64)
+    if isinstance(space, gym.spaces.MultiBinary):
+        return Bounded(0, 1, shape=space.shape, dtype=torch.int8)
+    if isinstance(space, gym.spaces.Box):
+        dtype = torch.uint8 if space.dtype == np.uint8 else torch.float32
+        low = np.array(np.broadcast_to(space.low, space.shape))
+        high = np.array(np.broadcast_to(space.high, space.shape))
+        if np.isfinite(low).all() and np.isfinite(high).all():
+            return Bounded(torch.as_tensor(low, dtype=dtype), torch.as_tensor(high, dtype=dtype), dtype=dtype)
+        return Unbounded(shape=space.shape, dtype=dtype)
+    if isinstance(space, gym.spaces.Dict):
+        return Composite({k: space_to_spec(v) for k, v in space.spaces.items()})
+    raise EnvError(f"unsupported gymnasium space {space!r}")
+
+
+@dataclass
+class EnvSpecs:
+    """TorchRL specs of one environment (unbatched), as models and losses need them.
+
+    Observations are float32 (uint8 for images); discrete actions are int64 indices.
+    """
+
+    observation_spec: TensorSpec
+    action_spec: TensorSpec
+    max_episode_steps: int | None = None
+
+    @classmethod
+    def from_env(cls, env: gym.Env) -> EnvSpecs:
+        return cls(
+            observation_spec=space_to_spec(env.observation_space),
+            action_spec=space_to_spec(env.action_space),
+            max_episode_steps=getattr(env.spec, "max_episode_steps", None) if env.spec else None,
+        )
+
+    @property
+    def discrete(self) -> bool:
+        """True for a single discrete action (Categorical spec)."""
+        return isinstance(self.action_spec, Categorical)
+
+    @property
+    def n_actions(self) -> int:
+        """Number of discrete actions, or the continuous action dimension."""
+        if self.discrete:
+            return int(self.action_spec.space.n)
+        return int(np.prod(self.action_spec.shape))
