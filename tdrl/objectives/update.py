@@ -1,0 +1,176 @@
+"""One gradient update as a small object: loss → NaN check → backward → grad clip → step → target update.
+
+TorchRL loss modules return a TensorDict of ``loss_*`` terms plus diagnostics. :class:`Updater` sums the loss
+terms it owns, refuses to step on a non-finite loss or gradient (the parameters stay as they were and
+:class:`NonFiniteLossError` names the loss key and the update), clips the gradient norm, steps the optimizer,
+advances the target networks, and returns the detached metrics (with ``grad_norm`` and ``lr``)::
+
+    loss = ClipPPOLoss(actor, critic, ...)
+    updater = Updater(torch.optim.Adam(loss.parameters(), lr=1e-3), max_grad_norm=1.0)
+    metrics = updater.step(loss(minibatch))        # TensorDict of detached scalars
+
+Target networks follow rlpyt: ``target_update_interval`` counts *gradient updates* and ``tau`` is the polyak
+factor (1.0 = hard copy). :class:`TargetUpdate` wraps TorchRL's ``HardUpdate``/``SoftUpdate`` and counts::
+
+    updater = Updater(optim, target_update=TargetUpdate(dqn_loss, interval=312))         # hard, every 312
+    updater = Updater(optim, target_update=TargetUpdate(sac_loss, interval=1, tau=0.005))  # soft, every update
+
+Several optimizers with their own cadence (TD3's delayed actor) are several updaters, each owning its loss keys:
+``Updater(actor_optim, loss_keys=("loss_actor",))``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.objectives import HardUpdate, SoftUpdate
+
+__all__ = ["NonFiniteLossError", "TargetUpdate", "Updater"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss term or gradient is NaN/inf; raised before the optimizer steps, so parameters stay finite.
+
+    Attributes:
+        key: the loss key (``"loss_objective"``) or ``"grad_norm"``.
+        update: the 0-based gradient update at which it happened.
+    """
+
+    def __init__(self, key: str, update: int, value: float) -> None:
+        super().__init__(
+            f"non-finite {key} = {value} at gradient update {update}; the optimizer did not step, parameters are "
+            "unchanged (lower the learning rate, check rewards/observations for NaN, or clip gradients)"
+        )
+        self.key, self.update, self.value = key, update, value
+
+
+class TargetUpdate:
+    """Target-network update counted in gradient updates: every ``interval`` calls, polyak with ``tau``.
+
+    Args:
+        loss_module: a TorchRL loss with target parameters (``DQNLoss(delay_value=True)``, ``SACLoss``, ...).
+        interval: gradient updates between target updates (rlpyt ``target_update_interval``).
+        tau: polyak factor; 1.0 copies the online parameters (rlpyt ``target_update_tau``).
+    """
+
+    def __init__(self, loss_module: Any, *, interval: int = 1, tau: float = 1.0) -> None:
+        if interval < 1:
+            raise ValueError(f"target update interval must be >= 1 gradient update, got {interval}")
+        if not 0.0 < tau <= 1.0:
+            raise ValueError(f"target update tau must be in (0, 1], got {tau}")
+        self.interval, self.tau = int(interval), float(tau)
+        if tau == 1.0:
+            # torchrl 0.14.1's HardUpdate copies when its counter equals the interval and then resets it to 0,
+            # i.e. every interval+1 calls (every 2nd call for interval 1). We count here and give it interval
+            # 0, which copies on every call it gets.
+            self._updater = HardUpdate(loss_module, value_network_update_interval=0)
+        else:
+            self._updater = SoftUpdate(loss_module, tau=tau)
+        self.calls = 0
+        self.target_updates = 0
+
+    def step(self) -> bool:
+        """Count one gradient update; update the targets when the interval is reached. Returns whether it did."""
+        self.calls += 1
+        if self.calls % self.interval:
+            return False
+        self._updater.step()
+        self.target_updates += 1
+        return True
+
+    def state_dict(self) -> dict[str, int]:
+        return {"calls": self.calls, "target_updates": self.target_updates}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.calls, self.target_updates = int(state["calls"]), int(state["target_updates"])
+
+
+class Updater:
+    """Apply one optimisation step from a loss TensorDict and return detached metrics.
+
+    Args:
+        optimizer: the optimizer over the parameters these losses train.
+        max_grad_norm: clip the global gradient norm to this (rlpyt ``clip_grad_norm``); ``None`` does not clip
+            (the norm is still computed, checked and reported as ``grad_norm``).
+        target_update: advanced once per step (see :class:`TargetUpdate`).
+        loss_keys: the loss terms summed into the objective; default every key starting with ``loss_``.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        max_grad_norm: float | None = None,
+        target_update: TargetUpdate | None = None,
+        loss_keys: Sequence[str] | None = None,
+    ) -> None:
+        self.optimizer = optimizer
+        self.max_grad_norm = max_grad_norm
+        self.target_update = target_update
+        self.loss_keys = tuple(loss_keys) if loss_keys is not None else None
+        self.updates = 0
+
+    @property
+    def params(self) -> Iterable[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    @property
+    def lr(self) -> float:
+        """Learning rate of the first parameter group; setting it sets every group (for linear LR decay)."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = value
+
+    def step(self, losses: TensorDictBase | Mapping[str, torch.Tensor]) -> TensorDictBase:
+        """One update: sum the loss terms, check them, backward, clip, step, target update.
+
+        Raises:
+            NonFiniteLossError: a loss term or the gradient norm is NaN/inf (nothing was stepped).
+        """
+        keys = self.loss_keys or tuple(k for k in losses.keys() if isinstance(k, str) and k.startswith("loss_"))
+        if not keys:
+            raise KeyError(f"no loss terms to optimise in {sorted(map(str, losses.keys()))}")
+        terms = [losses[k] for k in keys]
+        total = terms[0].sum() if terms[0].numel() > 1 else terms[0].reshape(())
+        for term in terms[1:]:
+            total = total + (term.sum() if term.numel() > 1 else term.reshape(()))
+        if not torch.isfinite(total):
+            bad = next(k for k, t in zip(keys, terms) if not torch.isfinite(t).all())
+            value = losses[bad]
+            raise NonFiniteLossError(bad, self.updates, float(value.detach().sum()))
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        out = losses.detach() if isinstance(losses, TensorDictBase) else TensorDict(
+            {k: v.detach() for k, v in losses.items()}
+        )
+        # the norm is always computed: a finite loss can still give NaN/inf gradients, which must not be stepped
+        max_norm = self.max_grad_norm if self.max_grad_norm is not None else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        if not torch.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError("grad_norm", self.updates, float(norm))
+        out.set("grad_norm", norm.detach())
+        self.optimizer.step()
+        if self.target_update is not None:
+            self.target_update.step()
+        out.set("lr", torch.tensor(self.lr))
+        self.updates += 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "updates": self.updates}
+        if self.target_update is not None:
+            state["target_update"] = self.target_update.state_dict()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
+        if self.target_update is not None and "target_update" in state:
+            self.target_update.load_state_dict(state["target_update"])
