@@ -1,0 +1,92 @@
+"""The ``[B, T]`` batch: allocation once, per-step column writes, per-batch finishing.
+
+Layout (TorchRL's, time last)::
+
+    observation                 [B, T, *obs]     what the policy saw at t (after transforms)
+    is_init                     [B, T, 1] bool   observation at t starts an episode
+    action, <policy outputs>    [B, T, ...]      e.g. action_log_prob, state_value, action_value, logits
+    <recurrent state K>         [B, T, ...]      the state the policy read at t (zeros after is_init)
+    next/observation            [B, T, *obs]     observation returned by the step (final one at a done)
+    next/reward                 [B, T, 1] float32
+    next/done|terminated|truncated  [B, T, 1] bool
+    next/<recurrent state K>    [B, T, ...]      the state the policy wrote at t
+    collector/traj_ids          [B, T] int64     episode id (unique within the collector), -1 where invalid
+    collector/mask              [B, T] bool      False for wait-reset idle steps (their data is zeros)
+
+rlpyt's ``batch_T`` × ``batch_B`` sample buffer is indexed ``[T, B]``; here the same data is ``[B, T]``:
+``batch[b, t]`` is rlpyt's ``samples[t, b]``, ``batch_B`` is the first dim and ``batch_T`` the second.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.utils import NestedKey
+
+__all__ = ["allocate_batch", "ColumnWriter", "finish_slice"]
+
+MASK_KEY = ("collector", "mask")
+TRAJ_KEY = ("collector", "traj_ids")
+
+
+def allocate_batch(
+    batch_B: int, batch_T: int, step_template: TensorDictBase, policy_template: TensorDictBase
+) -> TensorDict:
+    """Zeros ``[batch_B, batch_T]`` TensorDict with the keys of the step and policy templates (``[B]``)."""
+    batch = TensorDict(batch_size=[batch_B, batch_T])
+    for template in (step_template, policy_template):
+        for key, value in template.items(True, True):
+            batch.set(key, torch.zeros((batch_B, batch_T, *value.shape[1:]), dtype=value.dtype))
+    batch.set(MASK_KEY, torch.ones(batch_B, batch_T, dtype=torch.bool))
+    batch.set(TRAJ_KEY, torch.zeros(batch_B, batch_T, dtype=torch.int64))
+    return batch
+
+
+class ColumnWriter:
+    """Copies ``[n]`` step arrays into column ``t`` of rows ``lo:hi`` of the batch, through numpy views.
+
+    A numpy strided row copy costs ~0.4 µs against ~2 µs for ``tensor[:, t].copy_``; the views are built once.
+
+    Args:
+        batch: the ``[B, T]`` batch (or shared-memory buffer).
+        keys: keys to copy; each is both a key of ``source`` and of ``batch``.
+        source: ``[n]`` TensorDict holding the per-step values (views stay valid: its tensors are never
+            replaced).
+        lo, hi: rows of the batch written.
+    """
+
+    def __init__(
+        self, batch: TensorDictBase, keys: list[NestedKey], source: TensorDictBase, lo: int, hi: int
+    ) -> None:
+        self.pairs = [(batch.get(k).numpy()[lo:hi], source.get(k).numpy()) for k in keys]
+
+    def __call__(self, t: int) -> None:
+        for dst, src in self.pairs:
+            dst[:, t] = src
+
+
+def finish_slice(
+    batch: TensorDictBase,
+    lo: int,
+    hi: int,
+    valid: np.ndarray,
+    traj_ids: np.ndarray,
+    wait_reset: bool,
+) -> None:
+    """Write ``collector`` keys for rows ``lo:hi`` and zero wait-reset idle steps (rlpyt records zeros)."""
+    mask_np = batch.get(MASK_KEY).numpy()
+    traj_np = batch.get(TRAJ_KEY).numpy()
+    if not wait_reset:
+        traj_np[lo:hi] = traj_ids
+        return
+    mask_np[lo:hi] = valid
+    traj_np[lo:hi] = np.where(valid, traj_ids, -1)
+    invalid = ~valid
+    if not invalid.any():
+        return
+    for key, value in batch.items(True, True):
+        if key in (MASK_KEY, TRAJ_KEY):
+            continue
+        arr = value.numpy()[lo:hi]
+        arr[invalid] = 0

@@ -1,0 +1,139 @@
+"""Pieces every collector kind shares: argument checks, specs, the frame budget, policy-output writing."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import InteractionType
+from tensordict.utils import NestedKey
+
+from tdrl.envs.make import EnvSpecs
+
+__all__ = [
+    "RESET_MODES",
+    "CollectorError",
+    "FrameBudget",
+    "PolicyWriter",
+    "check_batch_args",
+    "env_specs",
+    "game_score_of",
+    "random_action_template",
+    "to_interaction_type",
+]
+
+RESET_MODES = ("reset_at_once", "wait_reset")
+
+
+class CollectorError(RuntimeError):
+    """A collector worker died or an env raised; the message names the worker and carries its traceback."""
+
+
+def check_batch_args(batch_B: int, batch_T: int, reset_mode: str, n_workers: int | None = None) -> None:
+    """Validate the common collector arguments, naming the offending one."""
+    if not isinstance(batch_B, int) or batch_B < 1:
+        raise ValueError(f"batch_B must be a positive int (number of envs), got {batch_B!r}")
+    if not isinstance(batch_T, int) or batch_T < 1:
+        raise ValueError(f"batch_T must be a positive int (time steps per batch), got {batch_T!r}")
+    if reset_mode not in RESET_MODES:
+        raise ValueError(f"reset_mode must be one of {RESET_MODES}, got {reset_mode!r}")
+    if n_workers is not None:
+        if not isinstance(n_workers, int) or n_workers < 1:
+            raise ValueError(f"n_workers must be a positive int, got {n_workers!r}")
+        if batch_B % n_workers:
+            raise ValueError(f"batch_B={batch_B} must be divisible by n_workers={n_workers}")
+
+
+def env_specs(env_factory: Callable[..., Any]) -> EnvSpecs:
+    """TorchRL specs of the factory's env (uses ``EnvFactory.specs()`` when available)."""
+    specs = getattr(env_factory, "specs", None)
+    if callable(specs):
+        return specs()
+    env = env_factory()
+    try:
+        return EnvSpecs.from_env(env)
+    finally:
+        env.close()
+
+
+def game_score_of(env_factory: Any) -> bool:
+    """Atari envs report ``GameScore`` in their TrajInfos."""
+    return bool(getattr(env_factory, "is_atari", False))
+
+
+def random_action_template(specs: EnvSpecs, n: int) -> TensorDict:
+    """Policy template for ``policy=None``: only ``action`` (from the action spec)."""
+    return TensorDict({"action": specs.action_spec.zero((n,))}, batch_size=[n])
+
+
+def to_interaction_type(value: InteractionType | str | None, default: InteractionType) -> InteractionType:
+    """Accept TorchRL's ``ExplorationType`` or its name (``"random"``, ``"deterministic"``, ``"mode"``...)."""
+    if value is None:
+        return default
+    if isinstance(value, InteractionType):
+        return value
+    try:
+        return InteractionType.from_str(str(value))
+    except Exception:
+        names = [m.name.lower() for m in InteractionType]
+        raise ValueError(f"exploration_type must be one of {names}, got {value!r}") from None
+
+
+class FrameBudget:
+    """TorchRL's ``total_frames`` semantics: keep yielding batches until ``total_frames`` (``-1``: forever)."""
+
+    def __init__(self, total_frames: int, frames_per_batch: int) -> None:
+        if total_frames is None:
+            total_frames = -1
+        if total_frames == 0 or total_frames < -1:
+            raise ValueError(f"total_frames must be positive or -1 (endless), got {total_frames}")
+        self.total_frames = int(total_frames)
+        self.frames_per_batch = frames_per_batch
+        self.frames = 0
+        self.batches = 0
+
+    def remaining(self) -> bool:
+        return self.total_frames < 0 or self.frames < self.total_frames
+
+    def count(self) -> None:
+        self.frames += self.frames_per_batch
+        self.batches += 1
+
+    def __len__(self) -> int:
+        if self.total_frames < 0:
+            raise TypeError("an endless collector (total_frames=-1) has no length")
+        return math.ceil(self.total_frames / self.frames_per_batch)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"frames": self.frames, "iter": self.batches}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.frames = int(state["frames"])
+        self.batches = int(state["iter"])
+
+
+class PolicyWriter:
+    """Writes policy outputs (a dict of ``[n, ...]`` tensors) into column ``t`` of batch rows ``lo:hi``."""
+
+    def __init__(self, batch: TensorDictBase, keys: list[NestedKey], lo: int, hi: int) -> None:
+        self.pairs = [(key, batch.get(key).numpy()[lo:hi]) for key in keys]
+
+    def __call__(self, t: int, out: dict[NestedKey, torch.Tensor]) -> None:
+        for key, dst in self.pairs:
+            value = out[key]
+            if value.device.type != "cpu":
+                value = value.cpu()
+            dst[:, t] = value.numpy()
+
+
+def sorted_infos(entries: list[tuple[int, int, dict[str, float]]]) -> list[dict[str, float]]:
+    """Order finished episodes by (time step, env index): the same order whichever process stepped them."""
+    return [info for _, _, info in sorted(entries, key=lambda e: (e[0], e[1]))]
+
+
+def as_numpy_actions(batch: TensorDictBase) -> np.ndarray:
+    return batch.get("action").numpy()

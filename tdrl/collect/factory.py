@@ -1,0 +1,45 @@
+"""``make_collector(kind, ...)``: one switch over the collector kinds, so a recipe changes one name.
+
+Every kind is also constructible directly with explicit keyword arguments; this function only forwards them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tensordict.nn import TensorDictModuleBase
+
+from tdrl.collect.serial import SerialCollector
+
+__all__ = ["COLLECTOR_KINDS", "make_collector"]
+
+COLLECTOR_KINDS = ("serial",)
+
+
+def make_collector(
+    kind: str,
+    env_factory: Callable[..., Any],
+    policy: TensorDictModuleBase | None = None,
+    *,
+    batch_B: int,
+    batch_T: int,
+    **kwargs: Any,
+) -> Any:
+    """Build a collector of ``kind`` yielding ``[batch_B, batch_T]`` TensorDicts.
+
+    Args:
+        kind: one of :data:`COLLECTOR_KINDS`.
+        env_factory: picklable env constructor (:class:`tdrl.envs.EnvFactory`).
+        policy: TorchRL policy module, or ``None`` for random actions.
+        batch_B: envs (rlpyt's ``batch_B``, the first batch dim).
+        batch_T: time steps per batch (rlpyt's ``batch_T``, the second batch dim).
+        **kwargs: the chosen class's keyword arguments (``seed``, ``total_frames``, ``reset_mode``,
+            ``max_decorrelation_steps``, ``discount``, ``exploration_type``, ``device``, ``n_workers``...).
+
+    Raises:
+        ValueError: unknown kind (the message lists the known ones).
+    """
+    if kind == "serial":
+        return SerialCollector(env_factory, policy, batch_B=batch_B, batch_T=batch_T, **kwargs)
+    raise ValueError(f"unknown collector kind {kind!r}; choose one of {', '.join(COLLECTOR_KINDS)}")

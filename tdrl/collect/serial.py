@@ -1,0 +1,242 @@
+"""Serial collector: everything in the calling process (rlpyt's SerialSampler + CpuResetCollector).
+
+It is the debugging twin of every parallel collector: same arguments, same batches for the same seed and a
+deterministic policy, and ``breakpoint()`` works inside the policy or the env.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import InteractionType, TensorDictModuleBase
+
+from tdrl.collect.batch import ColumnWriter, allocate_batch, finish_slice
+from tdrl.collect.common import (
+    FrameBudget,
+    PolicyWriter,
+    check_batch_args,
+    env_specs,
+    game_score_of,
+    random_action_template,
+    sorted_infos,
+    to_interaction_type,
+)
+from tdrl.collect.policy import PolicyStep
+from tdrl.collect.stepping import STEP_NEXT_KEYS, EnvSlice, make_step_td
+
+__all__ = ["SerialCollector"]
+
+OBS_KEYS = ["observation", "is_init"]
+
+
+class SerialCollector:
+    """Collects ``[batch_B, batch_T]`` batches by stepping ``batch_B`` envs in this process.
+
+    rlpyt's ``batch_T`` (time steps per batch) and ``batch_B`` (envs) give a ``[batch_B, batch_T]``
+    TensorDict (time last, TorchRL layout); see :mod:`tdrl.collect.batch` for the keys.
+
+    Args:
+        env_factory: picklable callable returning one gymnasium env (:class:`tdrl.envs.EnvFactory`).
+        policy: TorchRL ``TensorDictModuleBase`` reading ``observation`` and writing ``action`` (and
+            whatever else, all stored); ``None`` takes random actions from each env's action space.
+        batch_B: number of envs.
+        batch_T: time steps per batch.
+        total_frames: iteration stops once this many frames were yielded (``-1``: never).
+        seed: collector seed; env ``i`` gets an independent stream (:func:`tdrl.collect.stepping.env_seed`).
+        reset_mode: ``"reset_at_once"`` (auto-reset) or ``"wait_reset"`` (finished envs idle until the batch
+            ends; their steps are zeros with ``("collector","mask")`` False — for recurrent replay).
+        max_decorrelation_steps: up to this many random steps per env at start-up (not batch data).
+        discount: discount of the TrajInfo ``DiscountedReturn``.
+        exploration_type: TorchRL exploration type the policy runs under (default RANDOM, as TorchRL's
+            collectors; DETERMINISTIC for greedy/eval), or its name.
+        device: device of the yielded batches.
+        return_same_td: yield the internal buffer itself (no copy; overwritten by the next batch).
+        fast_policy: allow the compiled policy fast path (:mod:`tdrl.collect.policy`).
+
+    Attributes:
+        traj_infos: TrajInfo dicts of the episodes that finished during the last batch, in (step, env) order.
+        frames: frames yielded so far.
+
+    Examples:
+        >>> from tdrl.envs import EnvFactory
+        >>> with SerialCollector(EnvFactory("CartPole-v1"), None, batch_B=4, batch_T=8, total_frames=64) as c:
+        ...     for batch in c:
+        ...         assert batch.batch_size == (4, 8)
+    """
+
+    def __init__(
+        self,
+        env_factory: Callable[..., Any],
+        policy: TensorDictModuleBase | None = None,
+        *,
+        batch_B: int,
+        batch_T: int,
+        total_frames: int = -1,
+        seed: int = 0,
+        reset_mode: str = "reset_at_once",
+        max_decorrelation_steps: int = 0,
+        discount: float = 0.99,
+        exploration_type: InteractionType | str | None = None,
+        device: torch.device | str | None = None,
+        return_same_td: bool = False,
+        fast_policy: bool = True,
+    ) -> None:
+        check_batch_args(batch_B, batch_T, reset_mode)
+        self.batch_B, self.batch_T = batch_B, batch_T
+        self.budget = FrameBudget(total_frames, batch_B * batch_T)
+        self.wait_reset = reset_mode == "wait_reset"
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.return_same_td = return_same_td
+        self.policy = policy
+        self.traj_infos: list[dict[str, float]] = []
+        self._closed = False
+        specs = env_specs(env_factory)
+        self.specs = specs
+        self.step_td = make_step_td(batch_B, specs.observation_spec)
+        self.envs = EnvSlice(
+            env_factory,
+            range(batch_B),
+            self.step_td,
+            seed=seed,
+            wait_reset=self.wait_reset,
+            batch_T=batch_T,
+            discount=discount,
+            game_score=game_score_of(env_factory),
+        )
+        try:
+            self.envs.start(max_decorrelation_steps)
+            self.policy_step = (
+                PolicyStep(
+                    policy,
+                    self.step_td.select(*OBS_KEYS).clone(),
+                    exploration_type=to_interaction_type(exploration_type, InteractionType.RANDOM),
+                    fast=fast_policy,
+                )
+                if policy is not None
+                else None
+            )
+            template = (
+                self.policy_step.out_template
+                if self.policy_step is not None
+                else random_action_template(specs, batch_B)
+            )
+            self.buffer = allocate_batch(batch_B, batch_T, self.step_td, template)
+        except BaseException:
+            self.envs.close()
+            raise
+        self._write_obs = ColumnWriter(self.buffer, OBS_KEYS, self.step_td, 0, batch_B)
+        self._write_next = ColumnWriter(self.buffer, list(STEP_NEXT_KEYS), self.step_td, 0, batch_B)
+        self._write_policy = PolicyWriter(self.buffer, list(template.keys(True, True)), 0, batch_B)
+        self._actions = self.buffer.get("action").numpy()
+        self._obs = self.step_td.get("observation")
+        self._is_init = self.step_td.get("is_init")
+
+    # ------------------------------------------------------------------ collection
+    @property
+    def frames(self) -> int:
+        return self.budget.frames
+
+    @property
+    def frames_per_batch(self) -> int:
+        return self.batch_B * self.batch_T
+
+    @property
+    def exploration_type(self) -> InteractionType | None:
+        return self.policy_step.exploration_type if self.policy_step is not None else None
+
+    @exploration_type.setter
+    def exploration_type(self, value: InteractionType | str) -> None:
+        if self.policy_step is not None:
+            self.policy_step.exploration_type = to_interaction_type(value, InteractionType.RANDOM)
+
+    def collect(self) -> TensorDictBase:
+        """Collect one ``[batch_B, batch_T]`` batch (rlpyt's ``obtain_samples``); sets :attr:`traj_infos`."""
+        if self._closed:
+            raise RuntimeError("collector is shut down")
+        envs, policy_step = self.envs, self.policy_step
+        write_obs, write_next, write_policy = self._write_obs, self._write_next, self._write_policy
+        actions, obs, is_init = self._actions, self._obs, self._is_init
+        with policy_step.running() if policy_step is not None else nullcontext():
+            for t in range(self.batch_T):
+                write_obs(t)
+                if policy_step is not None:
+                    write_policy(t, policy_step(obs, is_init))
+                else:
+                    envs.sample_actions(actions[:, t])
+                envs.step(t, actions[:, t])
+                write_next(t)
+        valid = envs.valid_mask()
+        entries = envs.batch_traj_infos(valid if self.wait_reset else None)
+        finish_slice(self.buffer, 0, self.batch_B, valid, envs.traj_ids(self.batch_B), self.wait_reset)
+        envs.finish_batch()
+        self.traj_infos = sorted_infos(entries)
+        self.budget.count()
+        if self.return_same_td and self.device.type == "cpu":
+            return self.buffer
+        return self.buffer.to(self.device) if self.device.type != "cpu" else self.buffer.clone()
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        while self.budget.remaining():
+            yield self.collect()
+
+    def __len__(self) -> int:
+        return len(self.budget)
+
+    # ------------------------------------------------------------------ protocol
+    def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
+        """The serial collector runs the caller's policy object itself; given weights are loaded into it.
+
+        Args:
+            policy_or_weights: ``None`` (nothing to do), a module (its weights are copied), a TensorDict of
+                parameters (``TensorDict.from_module`` layout) or a ``state_dict``.
+        """
+        if policy_or_weights is None or self.policy is None or policy_or_weights is self.policy:
+            return
+        _load_weights(self.policy, policy_or_weights)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters (``frames``, ``iter``). Env state is not captured: resuming restarts episodes."""
+        return self.budget.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.budget.load_state_dict(state_dict)
+
+    def shutdown(self) -> None:
+        """Close the envs; safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        self.envs.close()
+
+    def __enter__(self) -> SerialCollector:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"SerialCollector(batch_B={self.batch_B}, batch_T={self.batch_T}, frames={self.frames})"
+
+
+def _load_weights(policy: torch.nn.Module, weights: Any) -> None:
+    """Copy weights (module, TensorDict of params, or state_dict) into ``policy`` in place."""
+    if isinstance(weights, torch.nn.Module):
+        policy.load_state_dict(weights.state_dict())
+    elif isinstance(weights, TensorDictBase):
+        TensorDict.from_module(policy).data.update_(weights)
+    elif isinstance(weights, dict):
+        policy.load_state_dict(weights)
+    else:
+        raise TypeError(
+            f"policy_or_weights must be a module, a TensorDict of parameters or a state_dict, got {type(weights)}"
+        )

@@ -1,0 +1,237 @@
+"""The hot loop: step a slice of gymnasium envs in plain Python and write raw results into numpy arrays.
+
+Every collector kind uses :class:`EnvSlice`, in the main process (serial) or in a worker (parallel,
+action-server). It works on numpy views of a *step TensorDict* ``[B]`` (shared memory when workers are used):
+
+=============================  =====================================================================
+``observation``                the observation the policy sees next (the reset observation after a done)
+``("next", "observation")``    the observation the last step returned (the *final* one at a done)
+``("next", "reward")``         ``[B, 1]`` float32 env reward
+``("next", "terminated")``     ``[B, 1]`` bool;  ``truncated`` and ``done`` likewise
+``is_init``                    ``[B, 1]`` bool, True where ``observation`` starts an episode
+=============================  =====================================================================
+
+Seeds: env ``i`` of a collector seeded ``s`` is reset with ``env_seed(s, i)`` (a ``SeedSequence`` of
+``[s, i]``), so the same env gets the same stream whichever worker steps it; this is what makes the parallel
+collectors reproduce the serial one exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from tdrl.collect.traj_info import EpisodeTracker
+
+__all__ = ["EnvSlice", "env_seed", "make_step_td", "STEP_NEXT_KEYS"]
+
+STEP_NEXT_KEYS = (
+    ("next", "observation"),
+    ("next", "reward"),
+    ("next", "done"),
+    ("next", "terminated"),
+    ("next", "truncated"),
+)
+
+
+def env_seed(seed: int, env_index: int) -> int:
+    """Seed of env ``env_index`` in a collector seeded ``seed`` (independent streams per env)."""
+    return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, env_index]).generate_state(1)[0])
+
+
+def make_step_td(n_envs: int, obs_spec: Any) -> TensorDict:
+    """Allocate the ``[n_envs]`` step TensorDict described in the module docstring (zeros)."""
+    obs = obs_spec.zero((n_envs,))
+    flag = torch.zeros(n_envs, 1, dtype=torch.bool)
+    return TensorDict(
+        {
+            "observation": obs,
+            "is_init": flag.clone(),
+            "next": {
+                "observation": obs.clone(),
+                "reward": torch.zeros(n_envs, 1, dtype=torch.float32),
+                "done": flag.clone(),
+                "terminated": flag.clone(),
+                "truncated": flag.clone(),
+            },
+        },
+        batch_size=[n_envs],
+    )
+
+
+class EnvSlice:
+    """Owns gymnasium envs ``env_indices`` of a collector and steps them one at a time.
+
+    Args:
+        env_factory: picklable callable returning one gymnasium env (e.g. :class:`tdrl.envs.EnvFactory`).
+        env_indices: global indices of the envs in the collector's batch (rows of the step TensorDict).
+        step_td: the collector's ``[B]`` step TensorDict (see module docstring); only rows ``env_indices``
+            (contiguous) are touched.
+        seed: collector seed; env ``i`` uses :func:`env_seed`.
+        wait_reset: rlpyt's wait-reset mode: an env that finishes idles until :meth:`finish_batch`.
+        batch_T: time steps per batch (sizes the local reward/done record for episode statistics).
+        discount: discount of ``DiscountedReturn``.
+        game_score: add ``GameScore`` to the TrajInfos (Atari).
+    """
+
+    def __init__(
+        self,
+        env_factory: Callable[..., Any],
+        env_indices: Sequence[int],
+        step_td: TensorDictBase,
+        *,
+        seed: int,
+        wait_reset: bool,
+        batch_T: int,
+        discount: float = 0.99,
+        game_score: bool = False,
+    ) -> None:
+        self.env_indices = list(env_indices)
+        lo, hi = self.env_indices[0], self.env_indices[-1] + 1
+        if self.env_indices != list(range(lo, hi)):
+            raise ValueError("env_indices must be contiguous")
+        self.lo, self.hi = lo, hi
+        self.seed = seed
+        self.wait_reset = wait_reset
+        self.batch_T = batch_T
+        n = hi - lo
+        self.seeds = [env_seed(seed, i) for i in self.env_indices]
+        self.envs = [env_factory() for _ in range(n)]
+        self.obs = step_td["observation"].numpy()[lo:hi]
+        self.is_init = step_td["is_init"].numpy()[lo:hi, 0]
+        self.next_obs = step_td["next", "observation"].numpy()[lo:hi]
+        self.reward = step_td["next", "reward"].numpy()[lo:hi, 0]
+        self.done = step_td["next", "done"].numpy()[lo:hi, 0]
+        self.terminated = step_td["next", "terminated"].numpy()[lo:hi, 0]
+        self.truncated = step_td["next", "truncated"].numpy()[lo:hi, 0]
+        self.idle = np.zeros(n, dtype=bool)
+        self.rewards_block = np.zeros((n, batch_T), dtype=np.float32)
+        self.dones_block = np.zeros((n, batch_T), dtype=bool)
+        self.tracker = EpisodeTracker(n, discount=discount, game_score=game_score)
+        self.episode_count = np.zeros(n, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.envs)
+
+    # ------------------------------------------------------------------ start-up
+    def start(self, max_decorrelation_steps: int = 0) -> None:
+        """Reset every env with its seed, then take up to ``max_decorrelation_steps`` random steps per env.
+
+        The number of random steps of env ``i`` is drawn uniformly from ``[0, max_decorrelation_steps]`` with a
+        generator seeded by the env's seed. These steps are not batch data; episodes they finish are dropped,
+        but an episode still running afterwards keeps counting its reward and length.
+        """
+        n = len(self.envs)
+        for i, env in enumerate(self.envs):
+            obs, _ = env.reset(seed=self.seeds[i])
+            env.action_space.seed(self.seeds[i])
+            self.obs[i] = obs
+        self.is_init[:] = True
+        if max_decorrelation_steps <= 0:
+            return
+        counts = [int(np.random.default_rng(s).integers(0, max_decorrelation_steps + 1)) for s in self.seeds]
+        width = max(counts)
+        if width == 0:
+            return
+        rewards = np.zeros((n, width), np.float32)
+        dones = np.zeros((n, width), bool)
+        valid = np.arange(width)[None, :] < np.asarray(counts)[:, None]
+        for i, env in enumerate(self.envs):
+            for k in range(counts[i]):
+                obs, r, term, trunc, _ = env.step(env.action_space.sample())
+                rewards[i, k] = r
+                if term or trunc:
+                    dones[i, k] = True
+                    obs, _ = env.reset()
+                    self.is_init[i] = True
+                else:
+                    self.is_init[i] = False
+                self.obs[i] = obs
+        self.tracker.add(rewards, dones, valid, keep=False)
+        # Recurrent policies start from zero state whatever the env did before: mark every env as fresh.
+        self.is_init[:] = True
+
+    # ------------------------------------------------------------------ hot loop
+    def sample_actions(self, out: np.ndarray) -> None:
+        """Random actions from each env's (seeded) action space, for ``policy=None``."""
+        for i, env in enumerate(self.envs):
+            out[i] = env.action_space.sample()
+
+    def step(self, t: int, actions: np.ndarray) -> None:
+        """Step every (non-idle) env once with ``actions[i]`` and fill the step arrays.
+
+        Reset-at-once: a done env is reset immediately; ``("next","observation")`` keeps its final
+        observation and ``observation`` gets the reset one (``is_init`` True). Wait-reset: a done env idles
+        (its step arrays keep their last values; the batch marks those steps invalid) until
+        :meth:`finish_batch`.
+        """
+        envs = self.envs
+        next_obs, reward, terminated, truncated = self.next_obs, self.reward, self.terminated, self.truncated
+        resets: list[tuple[int, Any]] = []
+        idle = self.idle
+        wait_reset = self.wait_reset
+        for i in range(len(envs)):
+            if wait_reset and idle[i]:
+                continue
+            obs, r, term, trunc, _ = envs[i].step(actions[i])
+            next_obs[i] = obs
+            reward[i] = r
+            terminated[i] = term
+            truncated[i] = trunc
+            if term or trunc:
+                if wait_reset:
+                    idle[i] = True
+                else:
+                    resets.append((i, envs[i].reset()[0]))
+        np.logical_or(terminated, truncated, out=self.done)
+        self.obs[:] = next_obs
+        self.is_init[:] = False
+        for i, obs in resets:
+            self.obs[i] = obs
+            self.is_init[i] = True
+        self.rewards_block[:, t] = reward
+        self.dones_block[:, t] = self.done
+
+    def batch_traj_infos(self, valid: np.ndarray | None) -> list[tuple[int, int, dict[str, float]]]:
+        """Episodes finished in this batch as ``(t, global_env_index, traj_info)``."""
+        done = self.tracker.add(self.rewards_block, self.dones_block, valid)
+        return [(t, self.lo + i, info) for t, i, info in done]
+
+    def valid_mask(self) -> np.ndarray:
+        """``[n, T]`` validity of this batch's steps (wait-reset: steps after an env's done are invalid)."""
+        if not self.wait_reset:
+            return np.ones_like(self.dones_block)
+        after = np.cumsum(self.dones_block, axis=1) - self.dones_block
+        return after == 0
+
+    def traj_ids(self, n_total: int) -> np.ndarray:
+        """``[n, T]`` episode ids: ``episode_number * n_total + env_index`` (unique per collector), then
+        advance the per-env episode counters past this batch."""
+        starts = np.cumsum(self.dones_block, axis=1) - self.dones_block
+        if self.wait_reset:
+            starts = np.minimum(starts, 0)
+        ids = (self.episode_count[:, None] + starts) * n_total + np.arange(self.lo, self.hi)[:, None]
+        self.episode_count += self.dones_block.sum(1) if not self.wait_reset else self.dones_block.any(1)
+        return ids
+
+    def finish_batch(self) -> None:
+        """Wait-reset: reset the envs that finished during the batch (their next ``observation`` is fresh)."""
+        if not self.wait_reset:
+            return
+        for i in np.flatnonzero(self.idle):
+            obs, _ = self.envs[i].reset()
+            self.obs[i] = obs
+            self.is_init[i] = True
+        self.idle[:] = False
+
+    def close(self) -> None:
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception:  # closing is best effort; a broken env must not mask the original error
+                pass
+        self.envs = []

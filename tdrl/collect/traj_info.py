@@ -1,0 +1,172 @@
+"""Per-episode statistics (rlpyt's TrajInfo), tracked per env and vectorised per batch.
+
+A collector reports one plain ``dict`` per finished episode::
+
+    {"Length": 200, "Return": 200.0, "NonzeroRewards": 200, "DiscountedReturn": 86.6}
+
+plus ``"GameScore"`` for Atari. Statistics are computed from the **environment's own reward** (before any
+collector transform such as ``RewardScaling``), so ``Return`` is the score a paper would report. tdrl's Atari
+envs do not clip rewards, so ``GameScore`` equals ``Return`` unless the env reports ``info["game_score"]``
+itself (not used in the collectors' fast path). Fields whose names start with ``_`` are never logged (rlpyt's
+convention), so users may add private bookkeeping.
+
+Episodes that began before a batch carry their partial sums across batches; random decorrelation steps at
+start-up count toward the first episode of each env (that episode really did last that long) but episodes
+that *finish* during decorrelation are dropped.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["TRAJ_INFO_FIELDS", "EpisodeTracker", "traj_info_stats"]
+
+#: The fields of every TrajInfo (Atari adds ``GameScore``).
+TRAJ_INFO_FIELDS: tuple[str, ...] = ("Length", "Return", "NonzeroRewards", "DiscountedReturn")
+
+
+class EpisodeTracker:
+    """Running episode sums for ``n_envs`` envs, updated from ``[n_envs, k]`` blocks of rewards and dones.
+
+    Collectors write rewards and done flags into their batch anyway, so the tracker reads whole blocks once per
+    batch instead of doing per-step Python work in the hot loop.
+
+    Args:
+        n_envs: number of envs tracked (a worker's slice).
+        discount: discount of ``DiscountedReturn`` (rlpyt takes it from the algorithm; default 0.99).
+        game_score: add ``GameScore`` (Atari).
+    """
+
+    def __init__(self, n_envs: int, discount: float = 0.99, game_score: bool = False) -> None:
+        self.n_envs = n_envs
+        self.discount = float(discount)
+        self.game_score = game_score
+        self._ret = np.zeros(n_envs, np.float64)
+        self._disc_ret = np.zeros(n_envs, np.float64)
+        self._disc_pow = np.ones(n_envs, np.float64)
+        self._len = np.zeros(n_envs, np.int64)
+        self._nonzero = np.zeros(n_envs, np.int64)
+        self._pows = np.ones(1, np.float64)
+
+    def _powers(self, n: int) -> np.ndarray:
+        if len(self._pows) < n:
+            self._pows = self.discount ** np.arange(max(n, 2 * len(self._pows)), dtype=np.float64)
+        return self._pows[:n]
+
+    def add(
+        self,
+        rewards: np.ndarray,
+        dones: np.ndarray,
+        valid: np.ndarray | None = None,
+        keep: bool = True,
+    ) -> list[tuple[int, int, dict[str, float]]]:
+        """Fold a block of steps into the running sums.
+
+        Args:
+            rewards: ``[n_envs, k]`` raw env rewards.
+            dones: ``[n_envs, k]`` episode ends (terminated or truncated).
+            valid: optional ``[n_envs, k]`` mask; invalid steps (wait-reset idling) are skipped.
+            keep: False drops finished episodes (decorrelation) instead of returning them.
+
+        Returns:
+            ``(step_in_block, env_index, traj_info)`` for every episode that finished, so callers can order
+            episodes from several workers deterministically.
+        """
+        out: list[tuple[int, int, dict[str, float]]] = []
+        rewards = np.asarray(rewards, dtype=np.float64)
+        dones = np.asarray(dones, dtype=bool)
+        k = rewards.shape[1]
+        pows = self._powers(k + 1)
+        if valid is not None:
+            rewards = np.where(valid, rewards, 0.0)
+            dones = dones & valid
+            counts = valid.sum(1)
+        else:
+            counts = None
+        for i in range(self.n_envs):
+            row_r = rewards[i]
+            ends = np.flatnonzero(dones[i])
+            start = 0
+            for end in ends:
+                self._fold(i, row_r[start : end + 1], pows)
+                if keep:
+                    out.append((int(end), i, self._finish(i)))
+                else:
+                    self._finish(i)
+                start = end + 1
+            stop = k if counts is None else int(counts[i])
+            if stop > start:
+                self._fold(i, row_r[start:stop], pows)
+        return out
+
+    def _fold(self, i: int, seg: np.ndarray, pows: np.ndarray) -> None:
+        n = len(seg)
+        self._ret[i] += seg.sum()
+        self._disc_ret[i] += self._disc_pow[i] * float(np.dot(seg, pows[:n]))
+        self._disc_pow[i] *= pows[n] if n < len(pows) else self.discount**n
+        self._len[i] += n
+        self._nonzero[i] += int(np.count_nonzero(seg))
+
+    def _finish(self, i: int) -> dict[str, float]:
+        info: dict[str, float] = {
+            "Length": int(self._len[i]),
+            "Return": float(self._ret[i]),
+            "NonzeroRewards": int(self._nonzero[i]),
+            "DiscountedReturn": float(self._disc_ret[i]),
+        }
+        if self.game_score:
+            info["GameScore"] = float(self._ret[i])
+        self._ret[i] = self._disc_ret[i] = 0.0
+        self._disc_pow[i] = 1.0
+        self._len[i] = self._nonzero[i] = 0
+        return info
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Partial sums of the running episodes (for checkpoints at batch boundaries)."""
+        return {
+            "ret": self._ret.copy(),
+            "disc_ret": self._disc_ret.copy(),
+            "disc_pow": self._disc_pow.copy(),
+            "len": self._len.copy(),
+            "nonzero": self._nonzero.copy(),
+        }
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        for name in ("ret", "disc_ret", "disc_pow", "len", "nonzero"):
+            getattr(self, f"_{name}")[:] = state[name]
+
+
+def traj_info_stats(traj_infos: Iterable[dict[str, float]], prefix: str = "") -> dict[str, float]:
+    """Summarise TrajInfos the way rlpyt logs them: ``<Field>Average/Std/Median/Min/Max``.
+
+    Args:
+        traj_infos: completed-episode dicts (e.g. ``collector.traj_infos`` or an eval result).
+        prefix: prepended to every key (e.g. ``"eval/"``).
+
+    Returns:
+        ``{"ReturnAverage": ..., "ReturnStd": ..., ..., "LengthMax": ...}`` for every public numeric field
+        (fields starting with ``_`` are skipped); empty when there are no episodes. Std is the population
+        standard deviation (numpy's default, as rlpyt).
+
+    Examples:
+        >>> traj_info_stats([{"Return": 1.0, "Length": 3}, {"Return": 3.0, "Length": 5}])["ReturnAverage"]
+        2.0
+    """
+    infos: Sequence[dict[str, float]] = list(traj_infos)
+    if not infos:
+        return {}
+    stats: dict[str, float] = {}
+    for field in infos[0]:
+        if field.startswith("_"):
+            continue
+        values = [float(info[field]) for info in infos]
+        arr = np.asarray(values, dtype=np.float64)
+        stats[f"{prefix}{field}Average"] = float(arr.mean())
+        stats[f"{prefix}{field}Std"] = float(arr.std())
+        stats[f"{prefix}{field}Median"] = float(statistics.median(values))
+        stats[f"{prefix}{field}Min"] = float(arr.min())
+        stats[f"{prefix}{field}Max"] = float(arr.max())
+    return stats

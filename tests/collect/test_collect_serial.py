@@ -1,0 +1,285 @@
+"""Serial collector: layout, keys, dtypes, reset modes, decorrelation, TrajInfo, recurrent state, TorchRL losses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from collect_helpers import StairsFactory, counter_policy, mlp_policy, stairs_return
+from tensordict.nn import TensorDictModule
+from torchrl.envs.utils import ExplorationType
+
+from tdrl.collect import SerialCollector, make_collector, traj_info_stats
+from tdrl.envs import EnvFactory
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_layout_keys_dtypes_cartpole():
+    policy = mlp_policy(4, 2, discrete=True)
+    with make_collector("serial", EnvFactory("CartPole-v1"), policy, batch_B=4, batch_T=16, seed=1) as c:
+        batch = c.collect()
+    assert batch.batch_size == torch.Size([4, 16])
+    expect = {
+        "observation": ((4, 16, 4), torch.float32),
+        "is_init": ((4, 16, 1), torch.bool),
+        "action": ((4, 16), torch.int64),
+        ("next", "observation"): ((4, 16, 4), torch.float32),
+        ("next", "reward"): ((4, 16, 1), torch.float32),
+        ("next", "done"): ((4, 16, 1), torch.bool),
+        ("next", "terminated"): ((4, 16, 1), torch.bool),
+        ("next", "truncated"): ((4, 16, 1), torch.bool),
+        ("collector", "mask"): ((4, 16), torch.bool),
+        ("collector", "traj_ids"): ((4, 16), torch.int64),
+    }
+    for key, (shape, dtype) in expect.items():
+        assert batch.get(key).shape == shape, key
+        assert batch.get(key).dtype == dtype, key
+    # The batch is a copy: collecting again does not change it.
+    assert batch["next", "reward"].eq(1).all()
+
+
+def test_time_is_last_and_transitions_chain():
+    """observation[t+1] == next/observation[t] unless the env was reset at t (CartPole dynamics replayed)."""
+    with SerialCollector(EnvFactory("CartPole-v1"), None, batch_B=3, batch_T=64, seed=3) as c:
+        batch = c.collect()
+        second = c.collect()
+    done = batch["next", "done"][..., 0]
+    same = batch["observation"][:, 1:] == batch["next", "observation"][:, :-1]
+    assert same.all(-1)[~done[:, :-1]].all()
+    assert batch["is_init"][:, 1:, 0][done[:, :-1]].all()
+    assert not torch.equal(batch["observation"][:, 1:][done[:, :-1]], batch["next", "observation"][:, :-1][done[:, :-1]])
+    # Batches chain too: the first observation of a batch is the last next-observation (or a reset).
+    cont = ~done[:, -1]
+    assert torch.equal(second["observation"][cont, 0], batch["next", "observation"][cont, -1])
+    # Replay CartPole: stepping a fresh env from the stored state gives the stored next state.
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1").unwrapped
+    env.reset(seed=0)
+    for b in range(3):
+        for t in range(63):
+            if done[b, t]:
+                continue
+            env.state = batch["observation"][b, t].double().numpy()
+            obs, *_ = env.step(int(batch["action"][b, t]))
+            np.testing.assert_allclose(obs, batch["next", "observation"][b, t].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_traj_infos_match_hand_computed_episodes():
+    discount = 0.9
+    ret, disc, nonzero = stairs_return(5, discount)
+    with SerialCollector(StairsFactory(length=5), None, batch_B=2, batch_T=12, discount=discount, seed=0) as c:
+        c.collect()
+        first = c.traj_infos
+        c.collect()
+        second = c.traj_infos
+    # Episodes end at env steps 5, 10 (batch 1: steps 1-12) and 15, 20 (batch 2: steps 13-24); the third
+    # episode spans the batch boundary and its sums carry over.
+    assert len(first) == 4 and len(second) == 4
+    for info in first + second:
+        assert info == pytest.approx({"Length": 5, "Return": ret, "NonzeroRewards": nonzero, "DiscountedReturn": disc})
+    stats = traj_info_stats(first + second)
+    assert stats["ReturnAverage"] == pytest.approx(ret)
+    assert stats["LengthMax"] == 5 and stats["ReturnStd"] == 0.0
+
+
+def test_traj_info_stats_helper():
+    infos = [{"Return": 1.0, "Length": 2, "_private": 5}, {"Return": 3.0, "Length": 4, "_private": 1},
+             {"Return": 8.0, "Length": 9, "_private": 0}]
+    stats = traj_info_stats(infos, prefix="eval/")
+    assert stats["eval/ReturnAverage"] == pytest.approx(4.0)
+    assert stats["eval/ReturnMedian"] == 3.0
+    assert stats["eval/ReturnStd"] == pytest.approx(np.std([1.0, 3.0, 8.0]))
+    assert stats["eval/LengthMin"] == 2 and stats["eval/LengthMax"] == 9
+    assert not any("_private" in k for k in stats)
+    assert traj_info_stats([]) == {}
+
+
+def test_truncated_is_not_terminated():
+    with SerialCollector(StairsFactory(length=4, truncate=True), None, batch_B=1, batch_T=8) as c:
+        batch = c.collect()
+    assert batch["next", "truncated"][0, :, 0].tolist() == [False, False, False, True] * 2
+    assert not batch["next", "terminated"].any()
+    assert torch.equal(batch["next", "done"], batch["next", "truncated"])
+
+
+def test_reset_at_once_stores_final_observation():
+    with SerialCollector(StairsFactory(length=3), None, batch_B=1, batch_T=6) as c:
+        batch = c.collect()
+    assert batch["next", "observation"][0, :, 0].tolist() == [1, 2, 3, 1, 2, 3]
+    assert batch["observation"][0, :, 0].tolist() == [0, 1, 2, 0, 1, 2]
+    assert batch["is_init"][0, :, 0].tolist() == [True, False, False, True, False, False]
+    assert batch["collector", "traj_ids"][0].tolist() == [0, 0, 0, 1, 1, 1]
+
+
+def test_wait_reset_idles_finished_envs_until_batch_end():
+    """Both envs finish at t=2 and idle (zeros, mask False) until the batch ends, then start fresh."""
+    discount = 0.99
+    factory = StairsFactory(length=3)
+    with SerialCollector(factory, None, batch_B=2, batch_T=5, reset_mode="wait_reset", discount=discount) as c:
+        batch = c.collect()
+        infos = c.traj_infos
+        batch2 = c.collect()
+    mask = batch["collector", "mask"]
+    assert mask[0].tolist() == [True, True, True, False, False]
+    assert mask[1].tolist() == [True, True, True, False, False]
+    assert batch["next", "reward"][~mask].eq(0).all() and batch["observation"][~mask].eq(0).all()
+    assert not batch["next", "done"][~mask].any()
+    assert batch["collector", "traj_ids"][~mask].eq(-1).all()
+    assert len(infos) == 2
+    # Next batch starts with fresh episodes for both envs.
+    assert batch2["observation"][:, 0, 0].tolist() == [0, 0] and batch2["is_init"][:, 0, 0].all()
+    assert batch2["collector", "mask"][:, :3].all()
+
+
+def test_wait_reset_mixed_lengths():
+    with SerialCollector(StairsFactory(length=4), None, batch_B=1, batch_T=10, reset_mode="wait_reset") as c:
+        batch = c.collect()
+    assert batch["collector", "mask"][0].tolist() == [True] * 4 + [False] * 6
+    assert batch["next", "done"][0, :, 0].tolist() == [False, False, False, True] + [False] * 6
+
+
+def test_decorrelation_steps_are_random_per_env_and_not_recorded():
+    factory = StairsFactory(length=50)
+    with SerialCollector(factory, None, batch_B=8, batch_T=4, max_decorrelation_steps=30, seed=5) as c:
+        batch = c.collect()
+    start_k = batch["observation"][:, 0, 0]
+    assert (start_k >= 0).all() and (start_k <= 30).all()
+    assert len(set(start_k.tolist())) > 3  # envs start at different points of their episodes
+    # Every env starts with zero recurrent state, hence is_init on the first step.
+    assert batch["is_init"][:, 0].all()
+    with SerialCollector(factory, None, batch_B=8, batch_T=4, max_decorrelation_steps=30, seed=5) as c:
+        assert torch.equal(c.collect()["observation"], batch["observation"])
+    with SerialCollector(factory, None, batch_B=8, batch_T=4, max_decorrelation_steps=0, seed=5) as c:
+        assert c.collect()["observation"][:, 0, 0].eq(0).all()
+
+
+def test_decorrelation_counts_toward_first_episode_return():
+    factory = StairsFactory(length=10)
+    with SerialCollector(factory, None, batch_B=6, batch_T=30, max_decorrelation_steps=25, seed=2) as c:
+        c.collect()
+        infos = c.traj_infos
+    ret, _, _ = stairs_return(10, 0.99)
+    assert infos and all(info["Length"] == 10 and info["Return"] == pytest.approx(ret) for info in infos)
+
+
+def test_recurrent_state_kept_per_env_and_reset_on_done():
+    with SerialCollector(StairsFactory(length=4), counter_policy(), batch_B=2, batch_T=11,
+                         max_decorrelation_steps=3, seed=1) as c:
+        batch = c.collect()
+        batch2 = c.collect()
+    for b in (batch, batch2):
+        h = b["recurrent_state", "h"][..., 0]
+        h_next = b["next", "recurrent_state", "h"][..., 0]
+        assert torch.equal(h_next, h + 1)
+    # After start-up every env has zero state; then h counts steps since the last episode start.
+    assert batch["recurrent_state", "h"][:, 0].eq(0).all()
+    k = batch["observation"][..., 0]
+    after_first_reset = torch.cumsum(batch["is_init"][..., 0].long(), 1) > 1
+    assert torch.equal(batch["recurrent_state", "h"][..., 0][after_first_reset], k[after_first_reset])
+    # State carries across batches (no reset at the boundary unless an episode ended).
+    k2 = batch2["observation"][..., 0]
+    assert torch.equal(batch2["recurrent_state", "h"][..., 0], k2)
+
+
+def test_policy_outputs_are_stored_and_exploration_type_respected():
+    from torch.distributions import Categorical
+    from torchrl.modules import ProbabilisticActor, ValueOperator
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    actor = ProbabilisticActor(TensorDictModule(net, ["observation"], ["logits"]), in_keys=["logits"],
+                               distribution_class=Categorical, return_log_prob=True)
+    value = ValueOperator(torch.nn.Linear(4, 1), in_keys=["observation"])
+    from tensordict.nn import TensorDictSequential
+
+    policy = TensorDictSequential(actor, value)
+    with SerialCollector(EnvFactory("CartPole-v1"), policy, batch_B=4, batch_T=32, seed=0) as c:
+        assert c.policy_step.compiled
+        batch = c.collect()
+    for key in ("logits", "action_log_prob", "state_value"):
+        assert key in batch.keys(True, True), key
+    assert batch["state_value"].shape == (4, 32, 1)
+    logp = torch.log_softmax(batch["logits"], -1).gather(-1, batch["action"].unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(logp, batch["action_log_prob"])
+    assert not torch.equal(batch["action"], batch["logits"].argmax(-1))  # sampled, not greedy
+    with SerialCollector(EnvFactory("CartPole-v1"), policy, batch_B=4, batch_T=32, seed=0,
+                         exploration_type=ExplorationType.DETERMINISTIC) as greedy_c:
+        greedy = greedy_c.collect()
+    assert torch.equal(greedy["action"], greedy["logits"].argmax(-1))
+
+
+def test_fast_path_equals_general_path():
+    from torch.distributions import Categorical
+    from torchrl.modules import ProbabilisticActor
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    actor = ProbabilisticActor(TensorDictModule(net, ["observation"], ["logits"]), in_keys=["logits"],
+                               distribution_class=Categorical, return_log_prob=True)
+    out = {}
+    for fast in (True, False):
+        torch.manual_seed(7)
+        with SerialCollector(EnvFactory("CartPole-v1"), actor, batch_B=3, batch_T=20, seed=2, fast_policy=fast) as c:
+            assert c.policy_step.compiled is fast
+            out[fast] = c.collect()
+    assert (out[True] == out[False]).all()
+
+
+def test_torchrl_gae_and_clip_ppo_run_on_a_batch():
+    from torch.distributions import Categorical
+    from torchrl.modules import ProbabilisticActor, ValueOperator
+    from torchrl.objectives import ClipPPOLoss
+    from torchrl.objectives.value import GAE
+
+    torch.manual_seed(0)
+    actor = ProbabilisticActor(
+        TensorDictModule(torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2)),
+                         ["observation"], ["logits"]),
+        in_keys=["logits"], distribution_class=Categorical, return_log_prob=True)
+    critic = ValueOperator(torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)),
+                           in_keys=["observation"])
+    with make_collector("serial", EnvFactory("CartPole-v1"), actor, batch_B=4, batch_T=64, seed=0) as c:
+        batch = c.collect()
+    gae = GAE(gamma=0.99, lmbda=0.95, value_network=critic)
+    with torch.no_grad():
+        gae(batch)
+    assert batch["advantage"].shape == (4, 64, 1) and torch.isfinite(batch["advantage"]).all()
+    loss = ClipPPOLoss(actor, critic)
+    out = loss(batch.reshape(-1))
+    total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+    total.backward()
+    assert all(p.grad is not None for p in actor.parameters())
+    # The stored log-prob is what the loss recomputes for the unchanged policy: ratio 1 → clip fraction 0.
+    assert float(out["clip_fraction"]) == 0.0
+
+
+def test_total_frames_len_state_dict_and_bad_args():
+    with SerialCollector(StairsFactory(), None, batch_B=2, batch_T=5, total_frames=25) as c:
+        assert len(c) == 3
+        assert sum(b.numel() for b in c) == 30
+        assert c.state_dict() == {"frames": 30, "iter": 3}
+        c.load_state_dict({"frames": 10, "iter": 1})
+        assert c.frames == 10
+    c.shutdown()  # idempotent
+    with pytest.raises(ValueError, match="batch_B"):
+        SerialCollector(StairsFactory(), None, batch_B=0, batch_T=5)
+    with pytest.raises(ValueError, match="reset_mode"):
+        SerialCollector(StairsFactory(), None, batch_B=1, batch_T=5, reset_mode="sometimes")
+    with pytest.raises(ValueError, match="unknown collector kind 'gpu'"):
+        make_collector("gpu", StairsFactory(), None, batch_B=1, batch_T=5)
+    with pytest.raises(KeyError, match="pixels"):
+        SerialCollector(StairsFactory(), TensorDictModule(torch.nn.Identity(), ["pixels"], ["action"]),
+                        batch_B=1, batch_T=5)
+
+
+def test_update_policy_weights_from_state_dict():
+    from collect_helpers import ConstantAction
+
+    policy = TensorDictModule(ConstantAction(0), ["observation"], ["action"])
+    with SerialCollector(StairsFactory(), policy, batch_B=2, batch_T=4) as c:
+        assert c.collect()["action"].eq(0).all()
+        other = TensorDictModule(ConstantAction(1), ["observation"], ["action"])
+        c.update_policy_weights_(other.state_dict())
+        assert c.collect()["action"].eq(1).all()
