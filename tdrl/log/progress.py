@@ -1,0 +1,136 @@
+"""``progress.csv``: one row per log interval, readable without Python (rlpyt's tabular file).
+
+The header is the keys in order of first appearance. When a key appears for the first time after rows were
+written (an eval metric logged only every few intervals, a loss that starts after ``min_steps_learn``), the file
+is rewritten with the widened header, atomically (temp file, fsync, rename), so earlier rows get an empty
+cell rather than the column being dropped (rlpyt, ray#13766) or misaligned. A row that lacks a known key gets
+an empty cell too.
+
+Numbers are written exactly: ints as ints, floats with ``repr`` (shortest string that round-trips), so a resumed
+run's file is byte-identical to an uninterrupted one in every deterministic column.
+
+On resume, :meth:`ProgressCSV.truncate` drops the rows written after the checkpoint, so there are no
+duplicate and no missing rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import numbers
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ProgressCSV", "format_value", "read_progress", "read_progress_floats"]
+
+
+def format_value(key: str, value: Any) -> str:
+    """CSV cell text of a metric value: ints exactly, floats via ``repr``, ``None`` as an empty cell.
+
+    Raises:
+        TypeError: the value is not a real number (the message names the key).
+    """
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        return repr(float(value))
+    raise TypeError(f"metric {key!r}: expected a real number, got {type(value).__name__} {value!r}")
+
+
+def read_progress(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """Header and rows (cell text; empty means absent) of a progress.csv."""
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, [])
+        # strict=False: a last line cut by a crash is short; its missing cells read as absent.
+        rows = [dict(zip(header, cells, strict=False)) for cells in reader]
+    return header, rows
+
+
+def read_progress_floats(path: Path) -> dict[str, list[float]]:
+    """Columns of a progress.csv as floats (``nan`` for an empty cell)."""
+    header, rows = read_progress(path)
+    return {k: [float(r[k]) if r.get(k, "") != "" else math.nan for r in rows] for k in header}
+
+
+class ProgressCSV:
+    """Appends rows to a progress.csv, widening the header when new keys appear.
+
+    Args:
+        path: the file; an existing file is continued (its header and row count are read).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.header: list[str] = []
+        self.num_rows = 0
+        if self.path.exists():
+            self.header, rows = read_progress(self.path)
+            self.num_rows = len(rows)
+        self._file: io.TextIOWrapper | None = None
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        """Append one row (keys are column names; values real numbers or ``None``)."""
+        cells = {k: format_value(k, v) for k, v in row.items()}
+        new_keys = [k for k in row if k not in self.header]
+        if new_keys or not self.path.exists():
+            _, rows = read_progress(self.path) if self.path.exists() else ([], [])
+            self.header = self.header + new_keys
+            self._rewrite(rows + [cells])
+        else:
+            f = self._open()
+            csv.writer(f, lineterminator="\n").writerow([cells.get(k, "") for k in self.header])
+            f.flush()
+        self.num_rows += 1
+
+    def truncate(self, num_rows: int) -> None:
+        """Keep the first ``num_rows`` rows; the header shrinks to the columns those rows use."""
+        if not self.path.exists():
+            self.header, self.num_rows = [], 0
+            return
+        _, rows = read_progress(self.path)
+        if num_rows > len(rows):
+            raise ValueError(f"{self.path} has {len(rows)} rows, cannot keep {num_rows}")
+        rows = rows[:num_rows]
+        self.header = [k for k in self.header if any(r.get(k, "") != "" for r in rows)]
+        self._rewrite(rows)
+        self.num_rows = num_rows
+
+    def sync(self) -> None:
+        """Force written rows to disk (called before a checkpoint records the row count)."""
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        """Flush, fsync and close the file."""
+        if self._file is not None:
+            self.sync()
+            self._file.close()
+            self._file = None
+
+    def _open(self) -> io.TextIOWrapper:
+        if self._file is None:
+            self._file = open(self.path, "a", newline="")
+        return self._file
+
+    def _rewrite(self, rows: list[dict[str, str]]) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerow(self.header)
+            for r in rows:
+                writer.writerow([r.get(k, "") for k in self.header])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)

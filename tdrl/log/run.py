@@ -1,0 +1,563 @@
+"""A run: its directory, config files, ``debug.log``, ``progress.csv``, metric sinks, checkpoints and resume.
+
+This is rlpyt's ``logger_context`` plus what it lacked (atomic checksummed checkpoints, exact resume, W&B).
+The whole API::
+
+    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="ppo",
+                   total_frames=cfg.collector.total_frames)
+    # build envs, models, optimizers, replay: the same calls, consuming the same RNG, fresh or resumed
+    state = run.load_checkpoint(extra_readers={"replay": buffer.loads})   # None on a fresh run
+    if state is not None:
+        model.load_state_dict(state["model"]); optim.load_state_dict(state["optim"]); itr = state["itr"] + 1
+    for itr in range(itr, n_itr):
+        ...collect, update...
+        if run.log_due(frames):
+            run.log({**summarize_records(episodes, "train/"), **summarize_columns(losses)},
+                    step=frames, iteration=itr, updates=updates, update_batch_size=batch_size, episodes=n_done)
+        if run.checkpoint_due(frames):
+            run.save_checkpoint({"model": ..., "optim": ..., "itr": itr}, itr, step=frames,
+                                extra_writers={"replay": buffer.dumps})
+    run.finish({"eval/return_mean": last_eval_return})
+
+Run directory (``<run.root>/<yyyymmdd>/<hhmmss>_<name>/run_<seed>/`` or ``run.dir``)::
+
+    config.json     the resolved config (read back to check a relaunch uses the same one)
+    params.json     the same plus ``name`` and ``run_ID`` (rlpyt's file)
+    progress.csv    one row per log call: rlpyt's columns, then the metrics (see tdrl.log.progress)
+    debug.log       everything printed while the run is open, appended across relaunches
+    checkpoints/    itr_<N>/ checkpoint directories (see tdrl.ckpt)
+    wandb_id.txt    the W&B run id, reused when the run is resumed
+    wandb/          W&B's files (offline runs: sync them with ``wandb sync``)
+    videos/         evaluation videos (:meth:`Run.log_video`)
+    summary.json    final numbers: frames, wall_s, eval/return_mean, and what the caller adds
+
+Exact resume at iteration boundaries: launching again on a directory that holds ``config.json`` resumes it
+(``run.dir`` set explicitly; automatic names are never reused). The saved config must match, key by key
+(except :data:`tdrl.log.rundir.RESUME_IGNORED_KEYS`), unless ``run.force``. ``load_checkpoint`` restores the
+newest valid checkpoint's state, the python/numpy/torch RNG states captured when it was saved, and the
+logger's position: progress.csv rows written after that checkpoint are dropped (they are re-run), and the
+cumulative counters continue. Call it after building everything and right before the loop, so that RNG draws
+made while building are the same in both runs. What the caller's state must hold for bitwise resume: model,
+optimizer and LR-schedule state dicts, counters, collector ``state_dict`` (env seeds), metric accumulators of a
+partially filled log interval, and the replay buffer (``extra_writers``).
+
+Wall-time columns (:data:`WALL_TIME_COLUMNS` and any ``time/`` key) differ between runs; every other column of
+progress.csv is deterministic given the seed.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tdrl.ckpt import Checkpointer, CheckpointError, CheckpointInfo, PathWriter
+from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig
+from tdrl.log.progress import ProgressCSV
+from tdrl.log.rundir import (
+    CONFIG_FILE,
+    PARAMS_FILE,
+    check_resume_config,
+    check_writable,
+    claim_run_dir,
+    config_dict,
+    write_json_atomic,
+)
+from tdrl.log.sinks import ConsoleSink, Sink, make_tensorboard_sink
+from tdrl.log.tee import DebugLog
+from tdrl.log.video import write_video
+from tdrl.utils.seeding import rng_state, set_rng_state
+
+__all__ = ["RESERVED_COLUMNS", "WALL_TIME_COLUMNS", "Run", "is_wall_time_column"]
+
+RESERVED_COLUMNS: tuple[str, ...] = (
+    "Iteration",
+    "CumSteps",
+    "CumTime",
+    "StepsPerSecond",
+    "NewCompletedTrajs",
+    "CumCompletedTrajs",
+    "CumUpdates",
+    "UpdatesPerSecond",
+    "ReplayRatio",
+    "CumReplayRatio",
+)
+"""Columns :meth:`Run.log` computes itself (rlpyt's names); metrics may not use them."""
+WALL_TIME_COLUMNS: frozenset[str] = frozenset({"CumTime", "StepsPerSecond", "UpdatesPerSecond"})
+"""Columns that depend on wall-clock time, hence differ between otherwise identical runs."""
+_POSITION_FORMAT = 1
+
+
+def is_wall_time_column(key: str) -> bool:
+    """True for columns measured in wall-clock time (excluded when comparing runs)."""
+    return key in WALL_TIME_COLUMNS or key.startswith("time/")
+
+
+def _number(key: str, value: Any) -> float | int | None:
+    if value is None:
+        return None
+    if hasattr(value, "item") and not isinstance(value, (int, float)):  # tensor or numpy scalar
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError):
+            raise TypeError(
+                f"metric {key!r}: expected a scalar, got shape {tuple(value.shape)}"
+            ) from None
+    if isinstance(value, bool):
+        return int(value)
+    if not isinstance(value, (int, float)):
+        raise TypeError(
+            f"metric {key!r}: expected a real number, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+class Run:
+    """An open run directory with its sinks and checkpointer. Build it with :meth:`Run.open`.
+
+    Args:
+        directory: the run directory (already claimed, writable, config files written).
+        name: run name (console prefix, W&B name).
+        resumed: whether the directory held a run before this launch.
+        checkpointer: writes/loads ``directory/checkpoints``.
+        progress: the progress.csv writer.
+        sinks: mirrors written after progress.csv (console, W&B, TensorBoard, user sinks).
+        debug_log: the stdout/stderr tee into ``debug.log`` (closed by :meth:`finish`), or ``None``.
+        log_interval_steps: env frames between log rows (for :meth:`log_due`).
+        checkpoint_interval_steps: env frames between checkpoints (for :meth:`checkpoint_due`).
+        wandb_id: the W&B run id when W&B is on (recorded in checkpoints).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        name: str,
+        resumed: bool,
+        checkpointer: Checkpointer,
+        progress: ProgressCSV,
+        sinks: Sequence[Sink] = (),
+        debug_log: DebugLog | None = None,
+        log_interval_steps: int = 0,
+        checkpoint_interval_steps: int = 0,
+        wandb_id: str | None = None,
+    ) -> None:
+        self.dir = Path(directory)
+        self.name = name
+        self.resumed = resumed
+        self.checkpointer = checkpointer
+        self.progress = progress
+        self.sinks = list(sinks)
+        self.wandb_id = wandb_id
+        self.last_checkpoint: CheckpointInfo | None = None
+        self._debug_log = debug_log
+        self._log_interval = log_interval_steps
+        self._ckpt_interval = checkpoint_interval_steps
+        self._position_known = not resumed  # a resumed run learns its position from load_checkpoint
+        self._closed = False
+        self._summary: dict[str, Any] | None = None
+        self._set_counters({})
+
+    # --- construction -------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        *,
+        config: Any,
+        run: RunConfig,
+        logger: LoggerConfig | None = None,
+        checkpoint: CheckpointConfig | None = None,
+        name: str = "run",
+        total_frames: int | None = None,
+        sinks: Sequence[Sink] = (),
+        tee: bool = True,
+    ) -> Run:
+        """Create or resume a run directory and open its logs and sinks; prints the directory.
+
+        Args:
+            config: the recipe's full resolved config (dataclass or mapping), saved as config.json/params.json
+                and logged to W&B.
+            run: where the run lives and its seed (``config.run``).
+            logger: sinks and cadence (``config.logger``); defaults to :class:`tdrl.config.LoggerConfig`.
+            checkpoint: snapshot mode and resume policy (``config.checkpoint``).
+            name: run name when ``run.name`` is empty (usually the recipe's name).
+            total_frames: the progress bar's total.
+            sinks: extra sinks, written after the built-in ones.
+            tee: copy stdout/stderr into ``debug.log``.
+
+        Raises:
+            tdrl.log.rundir.RunDirError: the directory cannot be created or written.
+            tdrl.config.ConfigError: resuming a directory whose saved config differs (lists the keys), unless
+                ``run.force``.
+            ValueError: a bad ``checkpoint.snapshot_mode``/``snapshot_gap`` or W&B mode.
+        """
+        logger = logger if logger is not None else LoggerConfig()
+        checkpoint = checkpoint if checkpoint is not None else CheckpointConfig()
+        name = run.name or name
+        cfg = config_dict(config)
+        directory, resumed = claim_run_dir(run, name)
+        check_writable(directory)
+        diff: dict[str, tuple] = {}
+        if resumed:
+            diff = check_resume_config(directory, cfg, force=run.force)
+            if diff:  # forced: keep the config the run started with next to the new one
+                shutil.copy2(
+                    directory / CONFIG_FILE,
+                    directory / f"config.before-{time.strftime('%Y%m%d_%H%M%S')}.json",
+                )
+        write_json_atomic(directory / CONFIG_FILE, cfg)
+        write_json_atomic(directory / PARAMS_FILE, {**cfg, "name": name, "run_ID": run.seed})
+        checkpointer = Checkpointer(
+            directory / "checkpoints",
+            snapshot_mode=checkpoint.snapshot_mode,
+            snapshot_gap=checkpoint.snapshot_gap,
+            strict=checkpoint.strict_resume,
+        )
+        debug_log = DebugLog(directory / "debug.log") if tee else None
+        built: list[Any] = []
+        try:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            print(
+                f"tdrl: {'resuming' if resumed else 'new'} run {name!r} in {directory} ({stamp})",
+                flush=True,
+            )
+            if diff:
+                warnings.warn(
+                    f"run.force=true: resuming despite config changes in {sorted(diff)}",
+                    stacklevel=2,
+                )
+            built.append(
+                ConsoleSink(
+                    name=name,
+                    total_frames=total_frames,
+                    progress_bar=logger.progress_bar,
+                    bar_stream=debug_log.terminal_stderr if debug_log else None,
+                )
+            )
+            wandb_id = None
+            if logger.wandb:
+                from tdrl.log.wandb_sink import WandbSink, load_or_create_run_id, resolve_wandb_mode
+
+                mode = resolve_wandb_mode(logger.wandb_mode)
+                if mode != "disabled":
+                    wandb_id = load_or_create_run_id(directory)
+                    built.append(
+                        WandbSink(
+                            run_dir=directory,
+                            run_id=wandb_id,
+                            mode=mode,
+                            name=f"{name}-s{run.seed}",
+                            project=logger.project,
+                            entity=logger.entity,
+                            group=logger.group,
+                            config=cfg,
+                        )
+                    )
+            if logger.tensorboard:
+                tb = make_tensorboard_sink(directory / "tensorboard")
+                if tb is not None:
+                    built.append(tb)
+        except BaseException:
+            for sink in built:
+                sink.close()
+            if debug_log is not None:
+                debug_log.close()
+            raise
+        return cls(
+            directory,
+            name=name,
+            resumed=resumed,
+            checkpointer=checkpointer,
+            progress=ProgressCSV(directory / "progress.csv"),
+            sinks=[*built, *sinks],
+            debug_log=debug_log,
+            log_interval_steps=logger.log_interval_steps,
+            checkpoint_interval_steps=checkpoint.interval_steps or logger.log_interval_steps,
+            wandb_id=wandb_id,
+        )
+
+    # --- logging ------------------------------------------------------------------------------------------
+
+    def log_due(self, step: int) -> bool:
+        """Whether ``step`` crossed a multiple of ``log_interval_steps`` since the last logged step."""
+        return (
+            self._log_interval <= 0 or step // self._log_interval > self._step // self._log_interval
+        )
+
+    def log(
+        self,
+        metrics: Mapping[str, Any],
+        *,
+        step: int,
+        iteration: int | None = None,
+        updates: int | None = None,
+        update_batch_size: int | None = None,
+        episodes: int | None = None,
+    ) -> dict[str, Any]:
+        """Write one progress.csv row and mirror it to every sink.
+
+        The row starts with rlpyt's columns computed here: ``Iteration``, ``CumSteps`` (= ``step``), ``CumTime``,
+        ``StepsPerSecond``; with ``episodes`` (completed since the last row) ``NewCompletedTrajs`` and
+        ``CumCompletedTrajs``; with ``updates`` (cumulative) ``CumUpdates`` and ``UpdatesPerSecond``; with
+        ``update_batch_size`` too, ``ReplayRatio`` (samples trained on per new env frame, this interval) and
+        ``CumReplayRatio``. Then the metrics, e.g. from :func:`tdrl.log.stats.summarize_records`.
+
+        Args:
+            metrics: ``{key: number}``; tensors and numpy scalars are converted; ``None`` leaves the cell empty.
+            step: cumulative env frames (the x axis everywhere).
+
+        Returns:
+            The row as written.
+
+        Raises:
+            ValueError: a metric uses a reserved column name.
+            TypeError: a metric value is not a real scalar (the message names the key).
+        """
+        if self._closed:
+            raise RuntimeError(f"run {self.dir} is finished; cannot log")
+        if not self._position_known:
+            warnings.warn(
+                f"resumed run {self.dir} logged before load_checkpoint(); progress.csv starts over",
+                stacklevel=2,
+            )
+            self._set_position(None)
+        now = time.perf_counter()
+        elapsed = now - self._last_time
+        row: dict[str, Any] = {}
+        if iteration is not None:
+            row["Iteration"] = int(iteration)
+        row["CumSteps"] = int(step)
+        row["CumTime"] = self._time_offset + (now - self._t0)
+        row["StepsPerSecond"] = (step - self._step) / elapsed if elapsed > 0 else math.nan
+        if episodes is not None:
+            self._episodes += int(episodes)
+            row["NewCompletedTrajs"] = int(episodes)
+            row["CumCompletedTrajs"] = self._episodes
+        if updates is not None:
+            row["CumUpdates"] = int(updates)
+            row["UpdatesPerSecond"] = (
+                (updates - self._updates) / elapsed if elapsed > 0 else math.nan
+            )
+            if update_batch_size:
+                new_frames = step - self._step
+                row["ReplayRatio"] = (
+                    (updates - self._updates) * update_batch_size / new_frames
+                    if new_frames > 0
+                    else math.nan
+                )
+                row["CumReplayRatio"] = updates * update_batch_size / step if step > 0 else math.nan
+        for key, value in metrics.items():
+            if key in RESERVED_COLUMNS:
+                raise ValueError(
+                    f"metric key {key!r} is a column Run.log computes itself; rename it"
+                )
+            row[key] = _number(key, value)
+        self.progress.write(row)
+        for sink in list(self.sinks):
+            try:
+                sink.write(row, int(step))
+            except Exception as e:  # noqa: BLE001 - a mirror failing must not stop training
+                warnings.warn(
+                    f"log sink {type(sink).__name__} failed ({e!r}); disabling it", stacklevel=2
+                )
+                self.sinks.remove(sink)
+        self._step, self._last_time = int(step), now
+        self._updates = int(updates) if updates is not None else self._updates
+        self._last_values.update({k: v for k, v in row.items() if v is not None})
+        return row
+
+    def log_video(self, frames: Any, *, step: int, key: str = "eval/video", fps: int = 30) -> Path:
+        """Encode frames to ``videos/<key>_<step>.mp4`` and attach the file to the sinks (W&B).
+
+        Args:
+            frames: see :func:`tdrl.log.video.write_video`.
+            step: env frames, used in the file name and as the W&B step.
+            key: metric key; its last component names the file.
+        """
+        path = self.dir / "videos" / f"{key.rsplit('/', 1)[-1]}_{int(step):012d}.mp4"
+        write_video(frames, path, fps=fps)
+        for sink in self.sinks:
+            sink.add_video(key, path, int(step))
+        return path
+
+    # --- checkpoints --------------------------------------------------------------------------------------
+
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether ``step`` crossed a multiple of ``checkpoint.interval_steps`` since the last checkpoint."""
+        return (
+            self._ckpt_interval <= 0
+            or step // self._ckpt_interval > self._ckpt_step // self._ckpt_interval
+        )
+
+    def save_checkpoint(
+        self,
+        state: Mapping[str, Any],
+        iteration: int,
+        *,
+        step: int | None = None,
+        extra_writers: Mapping[str, PathWriter] | None = None,
+    ) -> Path | None:
+        """Checkpoint ``state`` with the logger position and RNG states, if the snapshot mode says so.
+
+        Args:
+            state: nested dict of tensors, state dicts and python values.
+            iteration: the iteration just completed (names the checkpoint; decides the snapshot mode).
+            step: env frames so far (default: the last logged step).
+            extra_writers: ``{name: writer(dir)}`` for components that write their own files (replay).
+
+        Returns:
+            The checkpoint directory, or ``None`` when the snapshot mode skips it.
+
+        Raises:
+            tdrl.ckpt.CheckpointError: the write failed; earlier checkpoints are intact.
+        """
+        if not self.checkpointer.will_save(iteration):
+            return None
+        step = self._step if step is None else int(step)
+        self.progress.sync()  # the rows this checkpoint counts are on disk before it is published
+        position = {
+            "format": _POSITION_FORMAT,
+            "iteration": int(iteration),
+            "step": self._step,
+            "checkpoint_step": step,
+            "updates": self._updates,
+            "episodes": self._episodes,
+            "progress_rows": self.progress.num_rows,
+            "cum_time": self._time_offset + (time.perf_counter() - self._t0),
+            "last_values": dict(self._last_values),
+            "wandb_id": self.wandb_id,
+        }
+        payload = {"state": dict(state), "run": position, "rng": rng_state()}
+        path = self.checkpointer.save(payload, iteration, extra_writers=extra_writers)
+        if path is not None:
+            self.last_checkpoint = CheckpointInfo(path, int(iteration))
+            self._ckpt_step = step
+        return path
+
+    def load_checkpoint(
+        self,
+        *,
+        map_location: Any = "cpu",
+        extra_readers: Mapping[str, PathWriter] | None = None,
+        restore_rng: bool = True,
+    ) -> dict[str, Any] | None:
+        """Load the newest valid checkpoint and restore RNG and logger position; ``None`` if there is none.
+
+        A corrupt newer checkpoint is skipped with a loud warning for the previous valid one (an error with
+        ``checkpoint.strict_resume``). With no checkpoint, a resumed run's progress.csv starts over.
+
+        Args:
+            map_location: passed to ``torch.load``.
+            extra_readers: ``{name: reader(dir)}`` matching the ``extra_writers`` used when saving.
+            restore_rng: put back the python/numpy/torch RNG states captured at save time.
+
+        Returns:
+            The ``state`` given to :meth:`save_checkpoint`.
+        """
+        loaded = self.checkpointer.load_latest(
+            map_location=map_location, extra_readers=extra_readers
+        )
+        if loaded is None:
+            if self.resumed and self.progress.num_rows:
+                print(
+                    f"tdrl: no valid checkpoint in {self.checkpointer.directory}; starting over",
+                    flush=True,
+                )
+            self._set_position(None)
+            return None
+        payload, info = loaded
+        if not isinstance(payload, dict) or not {"state", "run", "rng"} <= payload.keys():
+            raise CheckpointError(
+                f"{info.path} was not written by Run.save_checkpoint (keys state/run/rng)"
+            )
+        self._set_position(payload["run"])
+        if restore_rng:
+            set_rng_state(payload["rng"])
+        self.last_checkpoint = info
+        print(
+            f"tdrl: resumed from {info.path.name} (iteration {info.iteration}, {self._step:,} frames, "
+            f"{self.progress.num_rows} progress rows)",
+            flush=True,
+        )
+        return payload["state"]
+
+    def _set_position(self, position: Mapping[str, Any] | None) -> None:
+        """Continue counters from a checkpoint's position (``None``: from zero) and cut progress.csv to match."""
+        pos = dict(position or {})
+        rows = int(pos.get("progress_rows", 0))
+        if self.progress.num_rows > rows:
+            self.progress.truncate(rows)
+        elif self.progress.num_rows < rows:
+            warnings.warn(
+                f"{self.progress.path} has {self.progress.num_rows} rows but the checkpoint counted {rows}; "
+                "rows are missing (was the file edited?)",
+                stacklevel=3,
+            )
+        self._set_counters(pos)
+        self._position_known = True
+
+    def _set_counters(self, pos: Mapping[str, Any]) -> None:
+        self._step = int(pos.get("step", 0))
+        self._ckpt_step = int(pos.get("checkpoint_step", self._step))
+        self._updates = int(pos.get("updates", 0))
+        self._episodes = int(pos.get("episodes", 0))
+        self._time_offset = float(pos.get("cum_time", 0.0))
+        self._last_values: dict[str, Any] = dict(pos.get("last_values", {}))
+        self._t0 = self._last_time = time.perf_counter()
+
+    # --- end ----------------------------------------------------------------------------------------------
+
+    def finish(self, summary: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Write ``summary.json``, close W&B and the logs; idempotent (later calls return the same summary).
+
+        ``summary.json`` holds ``frames`` (last logged step), ``wall_s`` (cumulative, across resumes),
+        ``eval/return_mean`` (last logged value, or ``null``) and everything in ``summary``, which wins.
+        """
+        if self._summary is not None:
+            return self._summary
+        out: dict[str, Any] = {
+            "frames": self._step,
+            "wall_s": self._time_offset + (time.perf_counter() - self._t0),
+            "eval/return_mean": self._last_values.get("eval/return_mean"),
+        }
+        for key, value in (summary or {}).items():
+            out[key] = value.item() if hasattr(value, "item") else value
+        out = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in out.items()
+        }
+        write_json_atomic(self.dir / "summary.json", out)
+        for sink in self.sinks:
+            sink.set_summary(out)
+        self._summary = out
+        print(f"tdrl: run finished; summary in {self.dir / 'summary.json'}", flush=True)
+        self.close()
+        return out
+
+    def close(self, exit_code: int = 0) -> None:
+        """Close sinks, progress.csv and debug.log without writing a summary (a failed run); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.progress.close()
+        for sink in self.sinks:
+            try:
+                sink.close(exit_code=exit_code)
+            except Exception as e:  # noqa: BLE001 - closing one mirror must not prevent closing the rest
+                warnings.warn(f"closing {type(sink).__name__} failed: {e!r}", stacklevel=2)
+        if self._debug_log is not None:
+            self._debug_log.close()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.close(exit_code=1)

@@ -1,0 +1,177 @@
+"""Run-directory mechanics: naming, claiming, writability probe, config files, config check on resume.
+
+A run directory is ``<run.root>/<yyyymmdd>/<hhmmss>_<name>/run_<seed>/`` (rlpyt's ``logger_context`` layout,
+with the seed as the run id), or exactly ``run.dir`` when given. Only an explicit ``run.dir`` is ever resumed:
+an automatic name that already exists gets a ``_1``, ``_2`` suffix instead, so two launches in the same second
+never share a directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tdrl.config import ConfigError, RunConfig, diff_configs
+
+__all__ = [
+    "CONFIG_FILE",
+    "PARAMS_FILE",
+    "RESUME_IGNORED_KEYS",
+    "RunDirError",
+    "check_resume_config",
+    "check_writable",
+    "claim_run_dir",
+    "config_dict",
+    "write_json_atomic",
+]
+
+CONFIG_FILE = "config.json"
+PARAMS_FILE = "params.json"
+RESUME_IGNORED_KEYS: frozenset[str] = frozenset(
+    {
+        "run.dir",
+        "run.root",
+        "run.force",
+        "logger.progress_bar",
+        "logger.wandb_mode",
+        "checkpoint.strict_resume",
+    }
+)
+"""Keys that may differ between a run and its relaunch: where it lives and how it is watched, not what it computes."""
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be created or written, or holds unreadable run files."""
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """A JSON-safe nested dict of a dataclass config or mapping (non-JSON values become their ``str``)."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        nested = dataclasses.asdict(config)
+    elif isinstance(config, Mapping):
+        nested = dict(config)
+    else:
+        raise TypeError(
+            f"config must be a dataclass instance or a mapping, got {type(config).__name__}"
+        )
+    return json.loads(json.dumps(nested, default=str))
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to ``path`` via a temp file, fsync and rename (never a half-written file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("_") or "run"
+
+
+def claim_run_dir(run: RunConfig, name: str, now: float | None = None) -> tuple[Path, bool]:
+    """Create (or find) this run's directory.
+
+    Returns:
+        ``(directory, resumed)``: ``resumed`` is true when ``run.dir`` already holds a run (a ``config.json``).
+
+    Raises:
+        RunDirError: the directory cannot be created (the message names it and the reason).
+    """
+    try:
+        if run.dir:
+            directory = Path(run.dir).expanduser().absolute()
+            directory.mkdir(parents=True, exist_ok=True)
+            return directory, (directory / CONFIG_FILE).is_file()
+        stamp = time.localtime(now)
+        base = (
+            Path(run.root).expanduser().absolute()
+            / time.strftime("%Y%m%d", stamp)
+            / f"{time.strftime('%H%M%S', stamp)}_{_safe_name(name)}"
+        )
+        base.mkdir(parents=True, exist_ok=True)
+        for i in range(10_000):
+            directory = base / (f"run_{run.seed}" if i == 0 else f"run_{run.seed}_{i}")
+            try:
+                directory.mkdir()  # atomic claim: concurrent launches never share a directory
+                return directory, False
+            except FileExistsError:
+                continue
+        raise RunDirError(f"no free run directory under {base}")
+    except OSError as e:
+        where = run.dir or run.root
+        raise RunDirError(
+            f"cannot create run directory under {where!r}: {e.strerror or e} ({e}); set run.root or run.dir "
+            "to a writable location"
+        ) from e
+
+
+def check_writable(directory: Path) -> None:
+    """Write, fsync and delete a probe file, so a read-only or full disk fails now, not at the first checkpoint.
+
+    Raises:
+        RunDirError: naming the directory and the OS error.
+    """
+    probe = Path(directory) / f".write-probe-{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise RunDirError(
+            f"run directory {directory} is not writable: {e.strerror or e} ({e}); set run.root or run.dir "
+            "to a writable location"
+        ) from e
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+
+
+def check_resume_config(
+    directory: Path, config: Mapping[str, Any], *, force: bool
+) -> dict[str, tuple]:
+    """Compare the saved ``config.json`` with the config of the relaunch.
+
+    Returns:
+        The differing dotted keys (``{key: (saved, now)}``), ignoring :data:`RESUME_IGNORED_KEYS`; empty if equal.
+
+    Raises:
+        ConfigError: they differ and ``force`` is false; the message lists every differing key.
+        RunDirError: ``config.json`` is unreadable.
+    """
+    path = Path(directory) / CONFIG_FILE
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise RunDirError(f"cannot read {path} to resume this run: {e}") from e
+    diff = {
+        k: v for k, v in diff_configs(saved, dict(config)).items() if k not in RESUME_IGNORED_KEYS
+    }
+    if diff and not force:
+        missing = "<absent>"
+        lines = "\n".join(
+            f"  {k}: saved {missing if not _present(a) else json.dumps(a)}, now {missing if not _present(b) else json.dumps(b)}"
+            for k, (a, b) in diff.items()
+        )
+        raise ConfigError(
+            f"run directory {directory} holds a run with a different config; differing keys:\n{lines}\n"
+            "Relaunch with the saved config to resume, pass run.force=true to resume anyway, or choose another run.dir."
+        )
+    return diff
+
+
+def _present(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool, list, dict, type(None)))

@@ -1,0 +1,133 @@
+"""Weights & Biases mirror of a run's log rows (wandb is imported only when this sink is built).
+
+Decisions, from what was measured on these machines (research/ecosystem.md):
+
+* Offline by default, so nothing needs an account; ``wandb sync <run_dir>/wandb/offline-run-*`` uploads later.
+* The mode is passed to ``wandb.init`` explicitly and never written into ``os.environ`` (TorchRL's
+  ``WandbLogger(offline=True)`` sets ``WANDB_MODE`` for the whole process). :func:`resolve_wandb_mode` lets an
+  existing ``WANDB_MODE`` environment variable win over the config, so CI and tests can switch W&B off.
+* The run id is generated once and stored in ``<run_dir>/wandb_id.txt``; a resumed run passes it back with
+  ``resume="allow"``, so an online run continues the same W&B run after a requeue. W&B cannot resume
+  *offline* runs: each relaunch writes another ``offline-run-*-<id>`` directory with the same id.
+* Env frames are the step axis (``define_metric("*", step_metric="frames")``); W&B's own step is not used, so
+  rows re-logged after a resume never clash with W&B's monotonic step.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import string
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["WandbSink", "load_or_create_run_id", "resolve_wandb_mode"]
+
+ID_FILE = "wandb_id.txt"
+_MODES = ("online", "offline", "disabled")
+
+
+def resolve_wandb_mode(configured: str) -> str:
+    """``WANDB_MODE`` from the environment if set (``dryrun`` means offline), else ``configured``.
+
+    Raises:
+        ValueError: a mode other than online, offline, disabled (the message names where it came from).
+    """
+    env = os.environ.get("WANDB_MODE", "").strip().lower()
+    mode, source = (env, "WANDB_MODE") if env else (configured, "logger.wandb_mode")
+    mode = {"dryrun": "offline", "run": "online"}.get(mode, mode)
+    if mode not in _MODES:
+        raise ValueError(f"{source}={mode!r} is not one of {list(_MODES)}")
+    return mode
+
+
+def load_or_create_run_id(run_dir: Path) -> str:
+    """The W&B run id stored in ``run_dir/wandb_id.txt``, created (8 chars of [a-z0-9]) on first use."""
+    path = Path(run_dir) / ID_FILE
+    if path.is_file():
+        run_id = path.read_text().strip()
+        if run_id:
+            return run_id
+    alphabet = string.ascii_lowercase + string.digits
+    run_id = "".join(secrets.choice(alphabet) for _ in range(8))
+    tmp = path.with_name(f".{ID_FILE}.tmp")
+    with open(tmp, "w") as f:
+        f.write(run_id + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return run_id
+
+
+class WandbSink:
+    """Mirror log rows and videos to a W&B run.
+
+    Args:
+        run_dir: the run directory; W&B files go to ``run_dir/wandb`` unless ``WANDB_DIR`` is set.
+        run_id: the persisted id (see :func:`load_or_create_run_id`).
+        mode: ``online`` or ``offline`` (``disabled`` is handled by not building this sink).
+        name: display name of the run.
+        project, entity, group: W&B placement; empty strings mean W&B's defaults / no group.
+        config: the resolved config, logged as the run's config.
+        job_type: W&B job type.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_dir: Path,
+        run_id: str,
+        mode: str,
+        name: str,
+        project: str,
+        entity: str = "",
+        group: str = "",
+        config: Mapping[str, Any] | None = None,
+        job_type: str = "train",
+    ) -> None:
+        import wandb
+
+        self._wandb = wandb
+        self.run_id = run_id
+        self._run: Any = wandb.init(
+            project=project or None,
+            entity=entity or None,
+            group=group or None,
+            name=name,
+            id=run_id,
+            resume="allow",
+            mode=mode,
+            job_type=job_type,
+            dir=os.environ.get("WANDB_DIR") or str(run_dir),
+            config=dict(config or {}),
+            reinit="create_new",
+        )
+        self._run.define_metric("frames")
+        self._run.define_metric("*", step_metric="frames")
+
+    @property
+    def directory(self) -> Path:
+        """This process's W&B run directory (``.../wandb/offline-run-<time>-<id>/files``'s parent)."""
+        return Path(self._run.dir).parent
+
+    def write(self, row: Mapping[str, Any], step: int) -> None:
+        """Log the row's values with ``frames=step``."""
+        data = {k: v for k, v in row.items() if v is not None}
+        data["frames"] = step
+        self._run.log(data)
+
+    def add_video(self, key: str, path: Path, step: int) -> None:
+        """Attach an mp4 (``wandb.Video(path)`` needs no moviepy)."""
+        self._run.log({key: self._wandb.Video(str(path), format="mp4"), "frames": step})
+
+    def set_summary(self, summary: Mapping[str, Any]) -> None:
+        """Write final values into the W&B run summary."""
+        for key, value in summary.items():
+            self._run.summary[key] = value
+
+    def close(self, exit_code: int = 0) -> None:
+        """Finish the W&B run; idempotent."""
+        if self._run is not None:
+            self._run.finish(exit_code=exit_code)
+            self._run = None
