@@ -1,0 +1,333 @@
+"""Transition replay: uniform or prioritized, n-step, optional frame de-duplication, shareable across processes.
+
+See :mod:`tdrl.replay` for the keys a sample carries. The buffer composes a :class:`~tdrl.replay.ring.StreamRing`
+(memmapped ``[B, T_cap]`` storage), an optional :class:`~tdrl.replay.prioritized.PrioritizedSampler` (``None`` means
+uniform) and an optional :class:`~tdrl.replay.frames.FrameStack` codec.
+
+Which starts are sampleable (absolute times ``a``, data complete up to ``d = write_done``):
+
+* ``a + n_step - 1 <= d - 1``: the whole n-step window is written (never crosses the write cursor); with a frame
+  stack one more step, because the next stack is rebuilt from the following step's frame;
+* ``a >= d - T_cap`` (not overwritten), and with a frame stack ``a >= d - T_cap + n_frames - 1`` once the ring has
+  wrapped (the stack's history frames must still be there);
+* the validity mask (``mask_key``, e.g. ``("collector", "mask")`` from wait-reset collectors) is True at ``a``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.utils import NestedKey
+
+from tdrl.replay.nstep import nstep_returns
+from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
+from tdrl.replay.ring import StreamRing, nest
+from tdrl.replay.schema import ReplayError, as_key, key_name
+
+__all__ = ["TransitionReplayBuffer"]
+
+_MAX_REDRAWS = 64
+
+
+class TransitionReplayBuffer:
+    """Memmap-backed transition replay with n-step returns.
+
+    Args:
+        scratch_dir: directory for the memmapped storage (explicit; put it under the run directory).
+        capacity: transitions held (``T_cap = capacity // B`` time steps per environment stream).
+        sampler: ``None`` for uniform sampling, or a :class:`PrioritizedSampler`.
+        n_step: n-step return horizon (1 = one-step transitions; >1 needs ``[B, T]`` batches).
+        gamma: discount used for the n-step reward sum (use the same value in the loss).
+        frame_stack: a :class:`~tdrl.replay.frames.FrameStack` to store stacked image observations once per frame.
+        mask_key: key of the per-step validity mask written by wait-reset collectors; steps where it is False are
+            never sampled. Ignored when the first batch lacks it.
+        priority_key: key of per-step input priorities in a batch (``[B, T]`` or ``[B, T, 1]``), used by a
+            prioritized sampler for new data instead of the default priority. Never stored.
+        keys: store only these keys (default: every tensor leaf of the first batch, and later batches must have
+            exactly those keys).
+        exclude_keys: keys never stored.
+        seed: seed of the uniform index generator.
+    """
+
+    def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, sampler: PrioritizedSampler | None = None,
+                 n_step: int = 1, gamma: float = 0.99, frame_stack: Any = None,
+                 mask_key: NestedKey | None = ("collector", "mask"), priority_key: NestedKey = "priority",
+                 keys: Sequence[NestedKey] | None = None, exclude_keys: Sequence[NestedKey] = (),
+                 seed: int | None = None) -> None:
+        if n_step < 1:
+            raise ValueError(f"n_step must be >= 1, got {n_step}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        self.n_step = int(n_step)
+        self.gamma = float(gamma)
+        self.sampler = sampler
+        self.frame_stack = frame_stack
+        self.mask_key = as_key(mask_key) if mask_key is not None else None
+        self.priority_key = as_key(priority_key)
+        exclude = [self.priority_key, *exclude_keys]
+        if frame_stack is not None:
+            exclude += frame_stack.keys
+        self.ring = StreamRing(scratch_dir, capacity, keys=keys, exclude_keys=exclude)
+        self.rng = np.random.default_rng(seed)
+        self._mask_stored = False
+
+    # ------------------------------------------------------------------------------------------------ counters
+    @property
+    def write_count(self) -> int:
+        """Transitions written so far (all processes), ``B * steps``; a trainer throttles its replay ratio on it."""
+        return self.ring.write_done * self.ring.num_streams if self.ring.allocated else 0
+
+    @property
+    def samples_drawn(self) -> int:
+        """Transitions sampled so far (summed over :meth:`sample` calls)."""
+        return self.ring.store.counter("samples_drawn")
+
+    def __len__(self) -> int:
+        """Transitions currently stored."""
+        if not self.ring.allocated:
+            return 0
+        return min(self.ring.write_done, self.ring.time_capacity) * self.ring.num_streams
+
+    @property
+    def lookback(self) -> int:
+        return self.frame_stack.n_frames - 1 if self.frame_stack is not None else 0
+
+    @property
+    def lookahead(self) -> int:
+        """Steps after the start a sample reads (window end, plus the frame of the next observation)."""
+        return self.n_step - 1 + (1 if self.frame_stack is not None else 0)
+
+    def valid_range(self, done: int) -> tuple[int, int]:
+        """``[lo, hi]`` absolute start times sampleable once ``done`` steps are complete (empty if ``hi < lo``)."""
+        lo = 0 if done <= self.ring.time_capacity else done - self.ring.time_capacity + self.lookback
+        return lo, done - 1 - self.lookahead
+
+    # -------------------------------------------------------------------------------------------------- extend
+    def extend(self, batch: TensorDictBase) -> None:
+        """Write a ``[B, T]`` collector batch (or a flat ``[N]`` batch into a one-stream buffer).
+
+        Raises:
+            ReplayError: wrong keys, dtypes or shapes, bad input priorities; nothing is written then.
+        """
+        if not self.ring.allocated:
+            self._allocate(batch)
+        columns, steps = self.ring.check(batch)
+        priority = self._input_priority(batch, steps)
+        frames = self.frame_stack.prepare(self.ring, batch, steps) if self.frame_stack is not None else None
+        start = self.ring.store.begin_write(steps)
+        if self.sampler is not None:
+            lo_old, hi_old = self.valid_range(start)
+            lo_new, _ = self.valid_range(start + steps)
+            with self.ring.store.lock():
+                self.sampler.invalidate(self.ring.columns_of(lo_old, min(lo_new, hi_old + 1)))
+        self.ring.write_columns(columns, start)
+        if frames is not None:
+            self.frame_stack.write(self.ring, frames, start)
+        self.ring.store.end_write()
+        if self.sampler is not None:
+            self._activate(start, steps, priority)
+
+    def _allocate(self, batch: TensorDictBase) -> None:
+        if batch.batch_dims == 1 and (self.n_step > 1 or self.frame_stack is not None):
+            raise ReplayError(f"flat [N] batches carry no time order; n_step={self.n_step} and frame stacks need "
+                              f"[B, T] collector batches")
+        extra = {}
+        if self.frame_stack is not None:
+            num_streams = 1 if batch.batch_dims == 1 else int(batch.batch_size[0])
+            time_capacity = self.ring.capacity_requested // num_streams
+            extra = self.frame_stack.fields(batch, num_streams, time_capacity)
+        self.ring.allocate(batch, extra, {"kind": "transition", "n_step": self.n_step})
+        self._mask_stored = self.mask_key is not None and self.mask_key in self.ring.schema.entries
+        if self.n_step > 1:
+            for key in (("next", "reward"), ("next", "done")):
+                if key not in self.ring.schema.entries:
+                    raise ReplayError(f"n_step={self.n_step} needs key {key_name(key)!r} in the batch")
+        if self.sampler is not None:
+            self.sampler.bind(self.ring.capacity, self.ring.store.directory)
+
+    def _input_priority(self, batch: TensorDictBase, steps: int) -> np.ndarray | None:
+        if self.sampler is None:
+            return None
+        value = batch.get(self.priority_key, None)
+        if value is None:
+            return None
+        expected = (self.ring.num_streams, steps)
+        if self.ring.flat_batches:
+            value = value.reshape(1, -1) if value.numel() == steps else value
+        if value.shape[:2] != expected or value.numel() != steps * self.ring.num_streams:
+            raise ReplayError(f"key {key_name(self.priority_key)!r} has shape {tuple(value.shape)}, expected "
+                              f"{list(batch.batch_size)} (one priority per step)")
+        return check_priorities(value, key_name(self.priority_key)).reshape(expected)
+
+    def _activate(self, start: int, steps: int, priority: np.ndarray | None) -> None:
+        """Give the new slots their priorities and make the newly complete windows sampleable."""
+        new = self.ring.columns_of(start, start + steps)
+        lo, hi = self.valid_range(start + steps)
+        ready = self.ring.columns_of(max(lo, start - self.lookahead), hi + 1)
+        mask_ready = self._mask_at(ready) if self._mask_stored else None
+        with self.ring.store.lock():
+            self.sampler.assign(new, priority, valid=np.zeros(new.shape, dtype=bool))
+            self.sampler.activate(ready, valid=mask_ready)
+            self.sampler.advance(steps * self.ring.num_streams)
+
+    def _mask_at(self, index: np.ndarray) -> np.ndarray:
+        return self.ring.flat[self.mask_key][torch.from_numpy(index)].reshape(-1).numpy()
+
+    # -------------------------------------------------------------------------------------------------- sample
+    def sample(self, batch_size: int) -> TensorDict:
+        """Draw ``batch_size`` transitions as a flat TensorDict ``[batch_size]`` (keys: see :mod:`tdrl.replay`).
+
+        Raises:
+            ReplayError: ``batch_size`` exceeds the transitions ready to sample.
+        """
+        if batch_size < 1:
+            raise ReplayError(f"batch_size must be >= 1, got {batch_size}")
+        for _ in range(_MAX_REDRAWS):
+            done = self.ring.write_done if self.ring.allocated else 0
+            ready = self.ready_count(done)
+            if batch_size > ready:
+                raise ReplayError(f"batch_size={batch_size} exceeds the {ready} transitions ready to sample "
+                                  f"({len(self)} stored; the newest {self.lookahead} steps per stream wait for "
+                                  f"their n-step window)")
+            if self.sampler is None:
+                stream, time, weights = self._draw_uniform(batch_size, done)
+            else:
+                stream, time, weights = self._draw_prioritized(batch_size)
+            index = torch.from_numpy(self.ring.flat_index(stream, time))
+            out = self._gather(index, stream, time)
+            # seqlock: every slot read must still hold the data it held when drawn
+            if (time - self.lookback).min() >= self.ring.write_started - self.ring.time_capacity:
+                break
+        else:
+            raise ReplayError("sampling kept colliding with concurrent writes; the writer is lapping the buffer")
+        out["index"] = index
+        if weights is not None:
+            out["priority_weight"] = torch.from_numpy(weights)
+        store = self.ring.store
+        store.add_counter("samples_drawn", batch_size)
+        store.add_counter("sample_calls", 1)
+        return out
+
+    def ready_count(self, done: int | None = None) -> int:
+        """Transitions whose window is complete (sampleable, ignoring the validity mask)."""
+        if not self.ring.allocated:
+            return 0
+        done = self.ring.write_done if done is None else done
+        lo, hi = self.valid_range(done)
+        return max(0, hi - lo + 1) * self.ring.num_streams
+
+    def _draw_uniform(self, n: int, done: int) -> tuple[np.ndarray, np.ndarray, None]:
+        lo, hi = self.valid_range(done)
+        per_stream = hi - lo + 1
+        draw = self.rng.integers(0, per_stream * self.ring.num_streams, n)
+        stream, offset = np.divmod(draw, per_stream)
+        time = lo + offset
+        if self._mask_stored:
+            for _ in range(_MAX_REDRAWS):
+                bad = ~self._mask_at(self.ring.flat_index(stream, time))
+                if not bad.any():
+                    break
+                redraw = self.rng.integers(0, per_stream * self.ring.num_streams, int(bad.sum()))
+                stream[bad], offset = np.divmod(redraw, per_stream)
+                time[bad] = lo + offset
+            else:
+                raise ReplayError(f"almost no valid steps: {key_name(self.mask_key)!r} is False nearly everywhere")
+        return stream, time, None
+
+    def _draw_prioritized(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        with self.ring.store.lock():
+            done = self.ring.write_done
+            leaves, weights = self.sampler.draw(n)
+        stream, time = self.ring.absolute_time(leaves, done)
+        return stream, time, weights
+
+    def _gather(self, index: torch.Tensor, stream: np.ndarray, time: np.ndarray) -> TensorDict:
+        ring = self.ring
+        n = index.shape[0]
+        if self.n_step == 1:
+            last = index
+            values = {k: ring.gather(k, index) for k in ring.schema.entries}
+        else:
+            window = torch.from_numpy(ring.flat_index(stream[:, None], time[:, None] + np.arange(self.n_step)))
+            reward = ring.gather(("next", "reward"), window.reshape(-1)).view(n, self.n_step, -1)
+            done = ring.gather(("next", "done"), window.reshape(-1)).view(n, self.n_step, -1)
+            reward_n, steps = nstep_returns(reward, done, self.gamma)
+            last = window[torch.arange(n), steps - 1]
+            values = {k: ring.gather(k, last if k[0] == "next" else index) for k in ring.schema.entries}
+            values[("next", "reward")] = reward_n
+            values[("steps_to_next_obs",)] = steps.unsqueeze(-1)
+        if self.frame_stack is not None:
+            values.update(self.frame_stack.gather(ring, index, last))
+        return nest(values, [n])
+
+    # ------------------------------------------------------------------------------------------------- priority
+    def update_priority(self, index: torch.Tensor | TensorDictBase, priority: torch.Tensor | None = None) -> None:
+        """Set new priorities (e.g. ``|TD error|``) for sampled transitions.
+
+        Args:
+            index: the sample's ``index`` tensor, or the sampled TensorDict itself (then ``priority`` defaults to
+                its ``"td_error"`` entry, as TorchRL losses write it).
+            priority: one non-negative finite value per index.
+        """
+        if self.sampler is None:
+            raise ReplayError("update_priority() needs a prioritized buffer (sampler=PrioritizedSampler(...))")
+        if isinstance(index, TensorDictBase):
+            if priority is None:
+                priority = index.get("td_error")
+            index = index.get("index")
+        index_np = torch.as_tensor(index).reshape(-1).cpu().numpy()
+        priority_np = check_priorities(priority)
+        if priority_np.size != index_np.size:
+            raise ReplayError(f"priority has {priority_np.size} values for {index_np.size} indices")
+        with self.ring.store.lock():
+            self.sampler.update(index_np, priority_np)
+
+    # ---------------------------------------------------------------------------------------------- persistence
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, layout, uniform RNG state and sampler state. The stored data is not included: it stays in
+        ``scratch_dir``, and a buffer built on the same directory reopens it with :meth:`load_state_dict`."""
+        state = {"ring": self.ring.store.state_dict(), "rng": self.rng.bit_generator.state,
+                 "n_step": self.n_step, "gamma": self.gamma}
+        if self.sampler is not None:
+            state["sampler"] = self.sampler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the data files must be in this buffer's ``scratch_dir`` (same directory, or
+        copied there by :meth:`loads`)."""
+        if state["n_step"] != self.n_step:
+            raise ReplayError(f"state has n_step={state['n_step']}, this buffer n_step={self.n_step}")
+        self.ring.store.restore(state["ring"])
+        if self.ring.store.meta is not None:
+            self.ring._adopt_meta()
+            self._mask_stored = self.mask_key is not None and self.mask_key in self.ring.schema.entries
+            if self.sampler is not None:
+                self.sampler.bind(self.ring.capacity, self.ring.store.directory)
+        self.rng.bit_generator.state = state["rng"]
+        if self.sampler is not None and "sampler" in state:
+            self.sampler.load_state_dict(state["sampler"])
+
+    def dumps(self, path: str | os.PathLike) -> None:
+        """Write a complete copy (data files + state) to ``path``. When ``path`` is ``scratch_dir`` itself only
+        the state is written (the data is already there)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        if self.ring.allocated and path.resolve() != self.ring.store.directory.resolve():
+            self.ring.store.copy_files_to(path / "storage")
+        else:
+            self.ring.store.flush() if self.ring.allocated else None
+        torch.save(self.state_dict(), path / "replay_state.pt")
+
+    def loads(self, path: str | os.PathLike) -> None:
+        """Restore a copy written by :meth:`dumps` into this buffer's ``scratch_dir``."""
+        path = Path(path)
+        state = torch.load(path / "replay_state.pt", weights_only=False)
+        self.load_state_dict(state)
+        if self.ring.store.allocated and (path / "storage").exists():
+            self.ring.store.copy_files_from(path / "storage")

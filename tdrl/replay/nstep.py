@@ -1,0 +1,43 @@
+"""n-step return windows, computed at sample time from the stored one-step rewards.
+
+For a start step ``t`` the window covers steps ``t .. t+k-1`` with ``k = min(n, first j such that done[t+j-1])``:
+it stops at the first ``done`` (``terminated`` or ``truncated``) inside the window. Then
+
+* ``reward_n = sum_{i<k} gamma^i * reward[t+i]``,
+* the next observation (and every other ``("next", ...)`` entry, ``done``/``terminated``/``truncated`` included) is
+  the one stored at step ``t+k-1``, i.e. the observation that followed the window's last action. For a time-limit
+  truncation that is the final observation before the reset, so the target bootstraps from it (rlpyt's
+  ``timeout``); for a termination ``("next", "terminated")`` is True and losses do not bootstrap;
+* ``steps_to_next_obs = k``: the bootstrap term is discounted by ``gamma ** k``. TorchRL's value estimators and
+  ``DistributionalDQNLoss`` read this key and raise their ``gamma`` to it.
+
+Computing at sample time (rather than rlpyt's stored ``return_`` array) costs one ``[batch, n]`` gather of rewards and
+done flags, and keeps stored data identical to what the collector produced.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["nstep_returns"]
+
+
+def nstep_returns(reward: torch.Tensor, done: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Discounted sum over each window, stopping after the first done.
+
+    Args:
+        reward: ``[N, n, 1]`` one-step rewards of steps ``t .. t+n-1``.
+        done: ``[N, n, 1]`` bool done flags of the same steps.
+        gamma: discount.
+
+    Returns:
+        ``(reward_n [N, 1] (dtype of reward), steps [N] int64)`` where ``steps`` is the window length ``k``.
+    """
+    n = reward.shape[1]
+    not_done = (~done).to(reward.dtype)
+    # alive[:, j] = 1 while no done happened at steps < j
+    alive = torch.cat([torch.ones_like(not_done[:, :1]), torch.cumprod(not_done[:, :-1], dim=1)], dim=1)
+    discounts = gamma ** torch.arange(n, dtype=reward.dtype).view(1, n, 1)
+    reward_n = (reward * alive * discounts).sum(dim=1)
+    steps = alive.sum(dim=1).squeeze(-1).to(torch.int64)
+    return reward_n, steps

@@ -1,0 +1,300 @@
+"""Prioritized sampling (Schaul et al. 2016) on a float64 sum tree, behind TorchRL's ``Sampler`` interface.
+
+Why our own: TorchRL 0.14.1's ``PrioritizedSampler`` needs its C++ extension, which fails to import against torch
+2.13 (``SumSegmentTreeFp32 is not available``; pytorch/rl#3508). This sampler is pure numpy, so it works with
+``torchrl.data.ReplayBuffer`` (any 1-D storage, e.g. ``LazyMemmapStorage``) and inside tdrl's buffers.
+
+Semantics (rlpyt / Machin):
+
+* a leaf holds ``(priority + eps) ** alpha``; leaf ``i`` is drawn with probability ``P(i) = leaf_i / sum(leaves)``,
+  stratified (one draw per equal slice of the total mass, lower variance than i.i.d. draws);
+* new data gets ``default_priority`` (``None``: the largest priority seen so far, initially 1.0), or, in tdrl
+  buffers, the batch's own input priorities;
+* importance weights ``w_i = (N * P(i)) ** -beta``, normalised by the largest weight *in the batch* (rlpyt, Machin);
+  TorchRL losses read them from the ``priority_weight`` key;
+* ``beta`` goes linearly from ``beta_init`` to ``beta_final`` over ``beta_steps`` transitions added (rlpyt's
+  ``pri_beta_steps`` counts environment steps), then stays at ``beta_final``;
+* priorities must be finite and non-negative; anything else raises :class:`~tdrl.replay.schema.ReplayError`.
+
+A leaf whose value is 0 is invalid (not sampleable). tdrl buffers use that to hide slots whose n-step window is not
+complete yet or is being overwritten; :meth:`update_priority` never revives an invalid leaf.
+
+State lives in three numpy arrays (raw priorities, tree, scalars). Inside a tdrl buffer they are memmaps in the
+buffer's directory, so a collector process and a learner process share one tree (callers hold the store's lock).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torchrl.data.replay_buffers.samplers import Sampler
+
+from tdrl.replay.schema import ReplayError
+from tdrl.replay.sum_tree import SumTree
+
+__all__ = ["PrioritizedSampler", "check_priorities"]
+
+_STEPS, _MAX_PRIORITY = 0, 1
+
+
+def check_priorities(priority: Any, name: str = "priority") -> np.ndarray:
+    """Priorities as a flat float64 array; raises :class:`ReplayError` on NaN, inf or negative values."""
+    if isinstance(priority, torch.Tensor):
+        priority = priority.detach().to("cpu", torch.float64).numpy()
+    array = np.asarray(priority, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(array)):
+        raise ReplayError(f"{name} contains NaN or inf (first bad position {int(np.argmin(np.isfinite(array)))})")
+    if np.any(array < 0):
+        raise ReplayError(f"{name} contains negative values (min {array.min():.4g}); priorities must be >= 0")
+    return array
+
+
+class PrioritizedSampler(Sampler):
+    """Float64 sum-tree prioritized sampler.
+
+    Args:
+        max_capacity: number of leaves. Optional inside tdrl buffers (they size it); required with
+            ``torchrl.data.ReplayBuffer``.
+        alpha: priority exponent (0 = uniform).
+        beta_init: importance-weight exponent at the start.
+        beta_final: importance-weight exponent after ``beta_steps`` transitions have been added.
+        beta_steps: transitions over which beta is annealed.
+        eps: added to every priority so a zero TD error still leaves a small chance of replay.
+        default_priority: priority of new data; ``None`` uses the largest priority seen so far.
+        branching: children per sum-tree node (see :class:`~tdrl.replay.sum_tree.SumTree`).
+        seed: seed of the sampler's own ``np.random.Generator``.
+    """
+
+    def __init__(self, max_capacity: int | None = None, *, alpha: float = 0.6, beta_init: float = 0.4,
+                 beta_final: float = 1.0, beta_steps: int = 1, eps: float = 1e-6,
+                 default_priority: float | None = None, branching: int = 32, seed: int | None = None) -> None:
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        if beta_init < 0 or beta_final < 0:
+            raise ValueError(f"beta_init and beta_final must be >= 0, got {beta_init}, {beta_final}")
+        if beta_steps < 1:
+            raise ValueError(f"beta_steps must be >= 1, got {beta_steps}")
+        if eps <= 0:
+            raise ValueError(f"eps must be > 0 (a zero leaf means 'invalid'), got {eps}")
+        if default_priority is not None:
+            check_priorities(default_priority, "default_priority")
+        self.alpha = float(alpha)
+        self.beta_init = float(beta_init)
+        self.beta_final = float(beta_final)
+        self.beta_steps = int(beta_steps)
+        self.eps = float(eps)
+        self._default_priority = default_priority
+        self.branching = int(branching)
+        self.rng = np.random.default_rng(seed)
+        self._directory: Path | None = None
+        self.capacity: int | None = None
+        if max_capacity is not None:
+            self.bind(max_capacity)
+
+    # -------------------------------------------------------------------------------------------------- storage
+    def bind(self, capacity: int, directory: str | os.PathLike | None = None) -> None:
+        """Allocate the tree for ``capacity`` leaves, in RAM or as memmaps in ``directory`` (shared)."""
+        self.capacity = int(capacity)
+        self._directory = Path(directory) if directory is not None else None
+        self._map(create=True)
+
+    def _map(self, create: bool) -> None:
+        tree_size = SumTree.storage_size(self.capacity, self.branching)
+        if self._directory is None:
+            self._raw = np.zeros(self.capacity, dtype=np.float64)
+            tree_storage = np.zeros(tree_size, dtype=np.float64)
+            self._scalars = np.array([0.0, 1.0], dtype=np.float64)
+        else:
+            mode = "w+" if create else "r+"
+            d = self._directory
+            self._raw = np.memmap(d / "priority_raw.f64", dtype=np.float64, mode=mode, shape=(self.capacity,))
+            tree_storage = np.memmap(d / "priority_tree.f64", dtype=np.float64, mode=mode, shape=(tree_size,))
+            self._scalars = np.memmap(d / "priority_scalars.f64", dtype=np.float64, mode=mode, shape=(2,))
+            if create:
+                self._scalars[:] = [0.0, 1.0]
+        self._tree = SumTree(self.capacity, self.branching, tree_storage)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if self._directory is not None:  # the other process maps the same files
+            for name in ("_raw", "_tree", "_scalars"):
+                state.pop(name, None)
+        state["_rng"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._directory is not None and self.capacity is not None:
+            self._map(create=False)
+
+    @property
+    def bound(self) -> bool:
+        return self.capacity is not None
+
+    # ----------------------------------------------------------------------------------------------- quantities
+    @property
+    def beta(self) -> float:
+        """Current importance-weight exponent (annealed by transitions added)."""
+        steps = float(self._scalars[_STEPS]) if self.bound else 0.0
+        frac = min(1.0, steps / self.beta_steps)
+        return self.beta_init + frac * (self.beta_final - self.beta_init)
+
+    @property
+    def default_priority(self) -> float:
+        if self._default_priority is not None:
+            return float(self._default_priority)
+        return float(self._scalars[_MAX_PRIORITY]) if self.bound else 1.0
+
+    @property
+    def total(self) -> float:
+        """Total tree mass (sum of valid leaves)."""
+        return self._tree.total
+
+    def leaf_values(self, index: np.ndarray) -> np.ndarray:
+        """Tree values ``(priority + eps) ** alpha`` of ``index`` (0 where invalid)."""
+        return self._tree.leaves[np.asarray(index, dtype=np.int64)]
+
+    def priorities(self, index: np.ndarray) -> np.ndarray:
+        """Raw priorities last assigned to ``index``."""
+        return self._raw[np.asarray(index, dtype=np.int64)]
+
+    # ------------------------------------------------------------------------------------- core (buffers use)
+    def advance(self, transitions: int) -> None:
+        """Count added transitions for the beta schedule."""
+        self._scalars[_STEPS] += transitions
+
+    def assign(self, index: np.ndarray, priority: np.ndarray | None = None,
+               valid: np.ndarray | None = None) -> None:
+        """Give new data at ``index`` a priority (default when ``None``) and make it sampleable where ``valid``."""
+        index = np.asarray(index, dtype=np.int64).reshape(-1)
+        if priority is None:
+            raw = np.full(index.shape, self.default_priority)
+        else:
+            raw = np.broadcast_to(check_priorities(priority), index.shape)
+            self._track_max(raw)
+        self._raw[index] = raw
+        value = (raw + self.eps) ** self.alpha
+        if valid is not None:
+            value = np.where(np.asarray(valid).reshape(-1), value, 0.0)
+        self._tree.update(index, value)
+
+    def activate(self, index: np.ndarray, valid: np.ndarray | None = None) -> None:
+        """Make ``index`` sampleable with its stored raw priority (where ``valid``)."""
+        index = np.asarray(index, dtype=np.int64).reshape(-1)
+        value = (self._raw[index] + self.eps) ** self.alpha
+        if valid is not None:
+            value = np.where(np.asarray(valid).reshape(-1), value, 0.0)
+        self._tree.update(index, value)
+
+    def invalidate(self, index: np.ndarray) -> None:
+        """Make ``index`` unsampleable (its raw priority is kept)."""
+        self._tree.update(index, 0.0)
+
+    def update(self, index: np.ndarray, priority: np.ndarray) -> None:
+        """Set new priorities for ``index``; leaves that are currently invalid stay invalid."""
+        index = np.asarray(index, dtype=np.int64).reshape(-1)
+        raw = np.broadcast_to(check_priorities(priority), index.shape)
+        if index.size and (index.min() < 0 or index.max() >= self.capacity):
+            raise ReplayError(f"index out of range [0, {self.capacity}) in priority update")
+        self._track_max(raw)
+        live = self._tree.leaves[index] > 0
+        self._raw[index] = raw
+        self._tree.update(index[live], (raw[live] + self.eps) ** self.alpha)
+
+    def _track_max(self, raw: np.ndarray) -> None:
+        if raw.size:
+            self._scalars[_MAX_PRIORITY] = max(float(self._scalars[_MAX_PRIORITY]), float(raw.max()))
+
+    def draw(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Draw ``n`` leaves (stratified) and their normalised importance weights (float32)."""
+        total = self._tree.total
+        if not total > 0:
+            raise ReplayError("cannot sample: no sampleable transitions (all priorities are zero or invalid)")
+        mass = (np.arange(n) + self.rng.random(n)) * (total / n)
+        index = self._tree.find(np.minimum(mass, np.nextafter(total, 0)))
+        values = self._tree.leaves[index]
+        weights = (values / values.min()) ** (-self.beta)
+        return index, weights.astype(np.float32)
+
+    # ------------------------------------------------------------------------------- TorchRL Sampler interface
+    def sample(self, storage: Any, batch_size: int) -> tuple[torch.Tensor, dict]:
+        if len(storage) == 0:
+            raise ReplayError("cannot sample from an empty storage")
+        if not self.bound:
+            raise ReplayError("PrioritizedSampler needs max_capacity when used with torchrl.data.ReplayBuffer")
+        index, weights = self.draw(batch_size)
+        index_t = torch.from_numpy(index)
+        return index_t, {"priority_weight": torch.from_numpy(weights), "index": index_t}
+
+    def add(self, index: int) -> None:
+        self.extend(torch.as_tensor([index]))
+
+    def extend(self, index: torch.Tensor) -> None:
+        if not self.bound:
+            raise ReplayError("PrioritizedSampler needs max_capacity when used with torchrl.data.ReplayBuffer")
+        index = torch.as_tensor(index).reshape(-1).cpu().numpy()
+        self.assign(index)
+        self.advance(index.size)
+
+    def update_priority(self, index: int | torch.Tensor, priority: float | torch.Tensor, *,
+                        storage: Any = None) -> None:
+        self.update(torch.as_tensor(index).reshape(-1).cpu().numpy(), priority)
+
+    def _empty(self) -> None:
+        if self.bound:
+            self._raw[:] = 0.0
+            self._tree.storage[:] = 0.0
+            self._scalars[:] = [0.0, 1.0]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Raw priorities, tree leaves, beta progress, max priority and RNG state (tensors, for ``torch.save``)."""
+        if not self.bound:
+            return {"capacity": None, "rng": self.rng.bit_generator.state}
+        return {
+            "capacity": self.capacity,
+            "raw": torch.from_numpy(np.array(self._raw)),
+            "leaves": torch.from_numpy(np.array(self._tree.leaves)),
+            "scalars": torch.from_numpy(np.array(self._scalars)),
+            "rng": self.rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state_dict["rng"]
+        if state_dict["capacity"] is None:
+            return
+        if not self.bound or self.capacity != state_dict["capacity"]:
+            self.bind(state_dict["capacity"], self._directory)
+        self._raw[:] = state_dict["raw"].numpy()
+        self._tree.leaves[:] = state_dict["leaves"].numpy()
+        self._tree.rebuild()
+        self._scalars[:] = state_dict["scalars"].numpy()
+
+    def dumps(self, path: str | os.PathLike) -> None:
+        """Write the sampler state to the directory ``path`` (numpy files plus JSON)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = self.state_dict()
+        meta = {"capacity": state["capacity"], "rng": state["rng"], "alpha": self.alpha, "eps": self.eps}
+        if state["capacity"] is not None:
+            for name in ("raw", "leaves", "scalars"):
+                np.save(path / f"{name}.npy", state[name].numpy())
+        (path / "sampler.json").write_text(json.dumps(meta))
+
+    def loads(self, path: str | os.PathLike) -> None:
+        """Restore the state written by :meth:`dumps`."""
+        path = Path(path)
+        meta = json.loads((path / "sampler.json").read_text())
+        state: dict[str, Any] = {"capacity": meta["capacity"], "rng": meta["rng"]}
+        if meta["capacity"] is not None:
+            for name in ("raw", "leaves", "scalars"):
+                state[name] = torch.from_numpy(np.load(path / f"{name}.npy"))
+        self.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(capacity={self.capacity}, alpha={self.alpha}, beta={self.beta:.3f}, "
+                f"eps={self.eps})")

@@ -1,0 +1,110 @@
+"""The stored-key schema of a replay buffer: learnt from the first batch, checked on every later one.
+
+Every check runs before anything is written, so a bad batch raises :class:`ReplayError` naming the offending key and
+leaves the stored data untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
+
+__all__ = ["ReplayError", "BatchSchema", "as_key", "key_name"]
+
+
+class ReplayError(ValueError):
+    """A batch, priority or request a replay buffer cannot accept; the message names the field."""
+
+
+def as_key(key: NestedKey) -> tuple[str, ...]:
+    """Normalise a nested key to a tuple of strings."""
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def key_name(key: tuple[str, ...]) -> str:
+    """File-system and message friendly name of a nested key: ``("next", "reward")`` -> ``next.reward``."""
+    return ".".join(key)
+
+
+class BatchSchema:
+    """Keys, dtypes and per-step shapes of the tensors a buffer stores.
+
+    Args:
+        entries: key -> (dtype, per-step shape, i.e. the shape after the batch dimensions).
+        strict: whether keys present in a batch but absent from the schema are an error (they would be dropped
+            silently otherwise). Buffers built with an explicit ``keys=`` selection are not strict.
+    """
+
+    def __init__(self, entries: dict[tuple[str, ...], tuple[torch.dtype, torch.Size]], strict: bool = True) -> None:
+        self.entries = entries
+        self.strict = strict
+        groups: dict[tuple[str, ...], set[str]] = {}
+        for key in entries:
+            for depth in range(len(key)):
+                groups.setdefault(key[:depth], set()).add(key[depth])
+        self._groups = groups
+
+    @classmethod
+    def from_batch(cls, batch: TensorDictBase, batch_dims: int, keys: Sequence[NestedKey] | None = None,
+                   exclude: Iterable[NestedKey] = ()) -> BatchSchema:
+        """Schema of ``batch`` (all tensor leaves, or only ``keys``), minus ``exclude``."""
+        excluded = {as_key(k) for k in exclude}
+        if keys is None:
+            selected = [as_key(k) for k in batch.keys(include_nested=True, leaves_only=True)]
+        else:
+            selected = [as_key(k) for k in keys]
+        entries = {}
+        for key in selected:
+            if key in excluded or any(key[: len(e)] == e for e in excluded):
+                continue
+            value = batch.get(key, None)
+            if value is None:
+                raise ReplayError(f"key {key_name(key)!r} requested in keys= is missing from the batch")
+            if not isinstance(value, torch.Tensor):
+                continue
+            entries[key] = (value.dtype, value.shape[batch_dims:])
+        return cls(entries, strict=keys is None)
+
+    def check(self, batch: TensorDictBase, batch_shape: torch.Size) -> dict[tuple[str, ...], torch.Tensor]:
+        """Validate ``batch`` against the schema and return its stored tensors by key.
+
+        Raises:
+            ReplayError: a key is missing or unexpected, or a tensor has the wrong dtype or shape.
+        """
+        out = {}
+        for key, (dtype, shape) in self.entries.items():
+            value = batch.get(key, None)
+            if value is None:
+                raise ReplayError(f"batch is missing key {key_name(key)!r} that this buffer stores")
+            if value.dtype != dtype:
+                raise ReplayError(f"key {key_name(key)!r} has dtype {value.dtype}, the buffer stores {dtype}")
+            if value.shape[len(batch_shape):] != shape or value.shape[: len(batch_shape)] != batch_shape:
+                raise ReplayError(f"key {key_name(key)!r} has shape {tuple(value.shape)}, expected "
+                                  f"{tuple(batch_shape) + tuple(shape)} (batch dims {tuple(batch_shape)} + "
+                                  f"per-step shape {tuple(shape)})")
+            out[key] = value
+        if self.strict:
+            self._check_no_extra(batch)
+        return out
+
+    def _check_no_extra(self, batch: TensorDictBase) -> None:
+        for prefix, names in self._groups.items():
+            node = batch if not prefix else batch.get(prefix)
+            if len(node.keys()) != len(names):
+                extra = sorted(set(node.keys()) - names)
+                if extra:
+                    raise ReplayError(f"batch has key {key_name(prefix + (extra[0],))!r} that this buffer does "
+                                      f"not store (stored keys are fixed by the first batch; pass keys=[...] to "
+                                      f"store a selection)")
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [{"key": list(k), "dtype": str(d).removeprefix("torch."), "shape": list(s)}
+                for k, (d, s) in self.entries.items()]
+
+    @classmethod
+    def from_json(cls, data: list[dict[str, Any]], strict: bool = True) -> BatchSchema:
+        return cls({tuple(e["key"]): (getattr(torch, e["dtype"]), torch.Size(e["shape"])) for e in data}, strict)
