@@ -1,0 +1,173 @@
+"""Command line for sweeps: plan, run locally over slots, submit to SLURM, and follow a sweep's status.
+
+    python slurm/launch.py plan   slurm/sweeps/ppo_cartpole_lr.py
+    python slurm/launch.py local  slurm/sweeps/ppo_cartpole_lr.py --cpus-per-run 1
+    python slurm/launch.py slurm  slurm/sweeps/ppo_cartpole_lr.py --partition debug --time 30 --mem 4
+    python slurm/launch.py status runs/sweeps/ppo_cartpole_lr [--results] [--watch 10]
+
+Every command validates the whole sweep first (recipe, every run's config, slots or SLURM resources), so a
+typo fails in a second, naming the key, with nothing launched. Exit codes: 0 ok, 1 some run failed,
+2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+import time
+from pathlib import Path
+
+from tdrl.config import ConfigError
+from tdrl.launch.recipe import RecipeError
+from tdrl.launch.slots import SlotError, make_slots, parse_cpus
+from tdrl.launch.sweep import Resources, SweepError, SweepPlan, load_sweep, plan_sweep
+
+__all__ = ["main", "parse_time_min"]
+
+
+def parse_time_min(text: str) -> int:
+    """SLURM-style time to minutes: ``90``, ``1:30:00``, ``2-00:00:00``, ``45:00`` (MM:SS rounds up)."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"time {text!r}: use minutes or [D-]HH:MM:SS")
+    days, a, b, c = (int(g) if g else None for g in m.groups())
+    if b is None and c is None:  # minutes, or D-HH
+        minutes = a * 60 if days is not None else a
+    elif c is None:  # MM:SS or D-HH:MM
+        minutes = a * 60 + b if days is not None else a + (1 if b else 0)
+    else:  # HH:MM:SS
+        minutes = a * 60 + b + (1 if c else 0)
+    return (days or 0) * 1440 + minutes
+
+
+def _plan(args: argparse.Namespace) -> SweepPlan:
+    sweep = load_sweep(args.sweep)
+    return plan_sweep(sweep, root=args.root)
+
+
+def _resources(args: argparse.Namespace, base: Resources) -> Resources:
+    mapping = {
+        "cpus": "cpus_per_run", "gpus": "gpus_per_run", "mem": "mem_gb", "time": "time_min",
+        "partition": "partition", "array_parallelism": "array_parallelism", "tasks_per_node": "tasks_per_node",
+        "nodes": "nodes", "max_requeues": "max_requeues", "signal_delay": "signal_delay_s",
+        "cpus_per_run": "cpus_per_run", "gpus_per_run": "gpus_per_run", "runs_per_gpu": "runs_per_gpu",
+    }
+    changes = {field: getattr(args, opt) for opt, field in mapping.items() if getattr(args, opt, None) is not None}
+    return dataclasses.replace(base, **changes)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    plan = _plan(args)
+    print(f"sweep '{plan.sweep.name}': recipe {plan.recipe}\n  {len(plan.runs)} runs in {plan.exp_dir}")
+    for run in plan.runs:
+        done = "  (done)" if run.is_done() else ""
+        print(f"  {run.name}{done}\n    {' '.join(run.command(plan.recipe, 'python'))}")
+    return 0
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    from tdrl.launch.local import launch_local
+
+    plan = _plan(args)
+    r = _resources(args, plan.sweep.resources)
+    cpus = parse_cpus(args.cpu_list) if args.cpu_list else None
+    slots = make_slots(cpus_per_run=r.cpus_per_run, gpus_per_run=r.gpus_per_run, runs_per_gpu=r.runs_per_gpu,
+                       cpus=cpus, max_slots=args.max_parallel)
+    outcomes = launch_local(plan, slots, rerun_done=args.rerun_done)
+    return 1 if any(o.state == "failed" for o in outcomes) else 0
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from tdrl.launch.status import format_status
+    from tdrl.launch.submit import submit_sweep, wait_for_sweep
+
+    plan = _plan(args)
+    resources = _resources(args, plan.sweep.resources)
+    submit_sweep(plan, resources, cluster=args.cluster, rerun_done=args.rerun_done)
+    if not args.wait:
+        return 0
+    statuses = wait_for_sweep(plan.exp_dir, poll_s=args.poll, out=sys.stdout)
+    print(format_status(statuses))
+    return 0 if all(s.state in ("COMPLETED", "SKIPPED") for s in statuses) else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from tdrl.launch.status import collect_results, format_status, sweep_status
+
+    columns = [c for c in args.columns.split(",") if c] if args.columns else None
+    while True:
+        statuses = sweep_status(args.exp_dir)
+        print(format_status(statuses, columns), flush=True)
+        if not args.watch or all(s.state in ("COMPLETED", "FAILED", "SKIPPED", "CANCELLED") for s in statuses):
+            break
+        time.sleep(args.watch)
+        print()
+    if args.results:
+        rows = collect_results(args.exp_dir)
+        print(f"results of {sum(r['state'] == 'COMPLETED' for r in rows)} finished runs: "
+              f"{Path(args.exp_dir) / 'results.csv'}")
+    return 1 if any(s.state == "FAILED" for s in statuses) else 0
+
+
+def build_parser(prog: str = "slurm/launch.py") -> argparse.ArgumentParser:
+    """The argument parser (subcommands plan, local, slurm, status)."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def sweep_args(q: argparse.ArgumentParser) -> None:
+        q.add_argument("sweep", help="sweep file (defines sweep = Sweep(...))")
+        q.add_argument("--root", help="parent of the experiment directory (default: the sweep's root)")
+
+    q = sub.add_parser("plan", help="validate a sweep and print its runs and their commands (launches nothing)")
+    sweep_args(q)
+    q.set_defaults(func=cmd_plan)
+
+    q = sub.add_parser("local", help="run a sweep on this machine, queued over hardware slots")
+    sweep_args(q)
+    q.add_argument("--cpus-per-run", type=int, help="cores per run (slot size)")
+    q.add_argument("--gpus-per-run", type=int, help="GPUs per run")
+    q.add_argument("--runs-per-gpu", type=int, help="runs sharing one GPU")
+    q.add_argument("--cpu-list", help="cores to use, e.g. 0-7 (default: all this process may use)")
+    q.add_argument("--max-parallel", type=int, help="at most this many runs at once")
+    q.add_argument("--rerun-done", action="store_true", help="also run those with a summary.json")
+    q.set_defaults(func=cmd_local)
+
+    q = sub.add_parser("slurm", help="submit a sweep to SLURM as one job array (returns at once unless --wait)")
+    sweep_args(q)
+    q.add_argument("--partition", help="SLURM partition")
+    q.add_argument("--time", type=parse_time_min, help="time limit: minutes or [D-]HH:MM:SS")
+    q.add_argument("--cpus", type=int, help="CPUs per run (per task)")
+    q.add_argument("--gpus", type=int, help="GPUs per run (per node)")
+    q.add_argument("--mem", type=float, help="memory per run in GB")
+    q.add_argument("--array-parallelism", type=int, help="at most this many runs at once")
+    q.add_argument("--tasks-per-node", type=int, help="processes per run (data-parallel ranks)")
+    q.add_argument("--nodes", type=int, help="nodes per run")
+    q.add_argument("--max-requeues", type=int, help="requeues after time-outs before giving up")
+    q.add_argument("--signal-delay", type=int, help="seconds before the time limit that USR2 comes")
+    q.add_argument("--rerun-done", action="store_true", help="also submit runs with a summary.json")
+    q.add_argument("--wait", action="store_true", help="wait for every run to end and print the status")
+    q.add_argument("--poll", type=float, default=10.0, help="seconds between status polls with --wait")
+    q.add_argument("--cluster", default="slurm", choices=["slurm", "local", "debug"],
+                   help="submitit backend ('local' runs the jobs here without SLURM)")
+    q.set_defaults(func=cmd_slurm)
+
+    q = sub.add_parser("status", help="each run's state and last progress row; --results collects summaries")
+    q.add_argument("exp_dir", help="experiment directory (holds sweep.json)")
+    q.add_argument("--columns", help="progress.csv columns to show, comma-separated")
+    q.add_argument("--results", action="store_true", help="write results.csv/json of the runs' summaries")
+    q.add_argument("--watch", type=float, help="refresh every this many seconds until all runs end")
+    q.set_defaults(func=cmd_status)
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "slurm/launch.py") -> int:
+    """Entry point; returns the exit code (0 ok, 1 a run failed, 2 bad input)."""
+    args = build_parser(prog).parse_args(argv)
+    try:
+        return args.func(args)
+    except (SweepError, SlotError, RecipeError, ConfigError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,265 @@
+"""The local launcher: queue every run of a sweep over this machine's hardware slots (rlpyt's run_experiments).
+
+Each run is its own process, ``python <recipe> key=value ... run.dir=<run dir>``, pinned to its slot's cores
+and given the slot's environment (:meth:`tdrl.launch.slots.Slot.env`); its stdout and stderr go to
+``<run dir>/launch.log``. When a run ends, the next one in the queue takes its slot. A run that fails is recorded
+with its exit code and log path and the others go on. At the experiment root:
+
+* ``experiments_tree.txt`` -- launcher pid, counts, slots and the tree of run directories (rlpyt);
+* ``num_launched.txt`` -- "Experiments launched so far: k out of N." (rlpyt), rewritten at each launch;
+* ``sweep.json`` -- every run's variant, overrides, state, exit code, slot and log (read by ``status``).
+
+Stopping the launcher (Ctrl-C or SIGTERM) stops its runs (their process groups) before it returns: no orphans.
+Runs whose ``summary.json`` exists are skipped unless ``rerun_done``; the others resume from their run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from tdrl.launch.slots import Slot
+from tdrl.launch.status import format_table, last_progress_row, read_summary
+from tdrl.launch.sweep import RunSpec, SweepPlan, write_json
+from tdrl.launch.variants import save_variant
+
+__all__ = ["RunOutcome", "launch_local"]
+
+LOG_NAME = "launch.log"
+
+
+@dataclass
+class RunOutcome:
+    """How one run of a local sweep ended."""
+
+    run: RunSpec
+    state: str
+    """``completed``, ``failed``, ``skipped`` (done before) or ``interrupted`` (the launcher was stopped)."""
+    returncode: int | None
+    log: Path
+    slot: Slot | None = None
+    wall_s: float = 0.0
+    summary: dict[str, Any] | None = None
+
+
+def format_tree(names: list[str]) -> str:
+    """Indented tree of slash-separated run names (``a/b/run_0`` ...); siblings keep first-seen order."""
+    tree: dict[str, dict] = {}
+    for name in names:
+        node = tree
+        for part in name.split("/"):
+            node = node.setdefault(part, {})
+    lines: list[str] = []
+
+    def walk(node: dict[str, dict], depth: int) -> None:
+        for part, children in node.items():
+            lines.append("  " * depth + part + ("/" if children else ""))
+            walk(children, depth + 1)
+
+    walk(tree, 0)
+    return "\n".join(lines)
+
+
+def _write_root_files(plan: SweepPlan, slots: list[Slot], n_settings: int) -> None:
+    plan.exp_dir.mkdir(parents=True, exist_ok=True)
+    header = [
+        f"Experiment manager process ID: {os.getpid()}.",
+        f"Number of settings (experiments) to run: {n_settings}  ({len(plan.runs)} runs).",
+        f"Recipe: {plan.recipe}",
+        f"Slots: {len(slots)} ({'; '.join(s.describe() for s in slots)})",
+        "",
+    ]
+    tree = format_tree([r.name for r in plan.runs])
+    (plan.exp_dir / "experiments_tree.txt").write_text("\n".join(header) + tree + "\n")
+    _write_launched(plan, 0)
+
+
+def _write_launched(plan: SweepPlan, launched: int) -> None:
+    text = f"Experiments launched so far: {launched} out of {len(plan.runs)}.\n"
+    (plan.exp_dir / "num_launched.txt").write_text(text)
+
+
+def _start(run: RunSpec, plan: SweepPlan, slot: Slot, python: str) -> tuple[subprocess.Popen, IO[bytes]]:
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    save_variant(run.variant, run.run_dir)
+    log = open(run.run_dir / LOG_NAME, "ab")
+    log.write(f"# tdrl launch {time.strftime('%Y-%m-%d %H:%M:%S')} slot {slot.index} ({slot.describe()})\n".encode())
+    log.flush()
+    env = {**os.environ, **slot.env()}
+    cpus = slot.cpus
+    process = subprocess.Popen(
+        run.command(plan.recipe, python),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,  # its own process group: stopping the sweep stops the run's workers too
+        preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+    )
+    return process, log
+
+
+def _stop(process: subprocess.Popen, grace_s: float = 10.0) -> None:
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(path: Path, n: int = 8) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("    " + line for line in lines[-n:])
+
+
+class _Terminated(Exception):
+    pass
+
+
+def launch_local(
+    plan: SweepPlan,
+    slots: list[Slot],
+    python: str = sys.executable,
+    poll_s: float = 0.2,
+    rerun_done: bool = False,
+    out: IO[str] | None = None,
+) -> list[RunOutcome]:
+    """Run every run of ``plan`` over ``slots``, one run per slot at a time, and wait for all of them.
+
+    Args:
+        plan: a validated sweep (:func:`tdrl.launch.sweep.plan_sweep`).
+        slots: hardware slots (:func:`tdrl.launch.slots.make_slots`); their number is the concurrency.
+        python: interpreter for the runs.
+        poll_s: how often finished runs are noticed.
+        rerun_done: also run those whose ``summary.json`` exists (they resume from their last checkpoint).
+        out: where progress lines and the summary table go (default stdout).
+
+    Returns:
+        One :class:`RunOutcome` per run, in plan order. A failed run does not raise; check ``state``.
+    """
+    out = out or sys.stdout
+    if not slots:
+        raise ValueError("launch_local needs at least one slot")
+    settings = {r.log_dir for r in plan.runs}
+    _write_root_files(plan, slots, len(settings))
+    manifest = plan.manifest("local")
+    manifest.update(launcher_pid=os.getpid(), slots=[s.describe() for s in slots])
+    records = manifest["runs"]
+    outcomes: dict[int, RunOutcome] = {}
+    queue: deque[RunSpec] = deque()
+    for run in plan.runs:
+        records[run.index].update(state="queued", log=str(run.run_dir / LOG_NAME))
+        if run.is_done() and not rerun_done:
+            outcomes[run.index] = RunOutcome(run, "skipped", None, run.run_dir / LOG_NAME, summary=read_summary(run.run_dir))
+            records[run.index]["state"] = "skipped"
+        else:
+            queue.append(run)
+    manifest_path = plan.exp_dir / "sweep.json"
+    write_json(manifest_path, manifest)
+    free = list(slots)
+    running: dict[int, tuple[RunSpec, Slot, subprocess.Popen, IO[bytes], float]] = {}
+    launched = 0
+    print(f"sweep '{plan.sweep.name}': {len(queue)} runs over {len(slots)} slots -> {plan.exp_dir}", file=out)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_term) if _main_thread() else None
+    try:
+        while queue or running:
+            while queue and free:
+                run, slot = queue.popleft(), free.pop(0)
+                process, log = _start(run, plan, slot, python)
+                running[run.index] = (run, slot, process, log, time.monotonic())
+                launched += 1
+                _write_launched(plan, launched)
+                records[run.index].update(state="running", pid=process.pid, slot=slot.describe(), started=time.time())
+                write_json(manifest_path, manifest)
+                print(f"  start  {run.name:<40} {slot.describe()}", file=out, flush=True)
+            time.sleep(poll_s)
+            for index in [i for i, (_, _, p, _, _) in running.items() if p.poll() is not None]:
+                run, slot, process, log, t0 = running.pop(index)
+                log.close()
+                free.append(slot)
+                free.sort(key=lambda s: s.index)
+                rc = process.returncode
+                state = "completed" if rc == 0 else "failed"
+                outcome = RunOutcome(run, state, rc, run.run_dir / LOG_NAME, slot, time.monotonic() - t0, read_summary(run.run_dir))
+                outcomes[index] = outcome
+                records[index].update(state=state, returncode=rc, ended=time.time(), wall_s=round(outcome.wall_s, 2))
+                write_json(manifest_path, manifest)
+                if rc == 0:
+                    print(f"  done   {run.name:<40} {outcome.wall_s:.1f}s", file=out, flush=True)
+                else:
+                    print(f"  FAILED {run.name:<40} exit {rc}; log: {outcome.log}\n{_tail(outcome.log)}", file=out, flush=True)
+    except (KeyboardInterrupt, _Terminated):
+        print(f"stopping {len(running)} running runs", file=out, flush=True)
+        for index, (run, slot, process, log, t0) in running.items():
+            _stop(process)
+            log.close()
+            outcomes[index] = RunOutcome(run, "interrupted", process.returncode, run.run_dir / LOG_NAME, slot, time.monotonic() - t0)
+            records[index].update(state="interrupted", returncode=process.returncode, ended=time.time())
+        for run in queue:
+            outcomes[run.index] = RunOutcome(run, "interrupted", None, run.run_dir / LOG_NAME)
+        write_json(manifest_path, manifest)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    result = [outcomes[r.index] for r in plan.runs]
+    print(format_outcomes(result), file=out, flush=True)
+    return result
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def format_outcomes(outcomes: list[RunOutcome]) -> str:
+    """The summary table printed at the end of a local sweep."""
+    rows = []
+    for o in outcomes:
+        summary = o.summary or {}
+        progress = last_progress_row(o.run.run_dir)
+        rows.append(
+            [
+                o.run.name,
+                o.state,
+                "" if o.returncode is None else str(o.returncode),
+                o.slot.describe() if o.slot else "",
+                f"{o.wall_s:.1f}" if o.wall_s else "",
+                _fmt(summary.get("frames", progress[1].get("frames") if progress else None)),
+                _fmt(summary.get("eval/return_mean")),
+                str(o.log) if o.state == "failed" else "",
+            ]
+        )
+    counts = {s: sum(o.state == s for o in outcomes) for s in ("completed", "failed", "skipped", "interrupted")}
+    head = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    table = format_table(["run", "state", "exit", "slot", "wall_s", "frames", "eval/return_mean", "log"], rows)
+    return f"{table}\n{head}"
+
+
+def _fmt(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)

@@ -1,0 +1,91 @@
+"""Load a recipe file (``recipes/<name>.py``) by path, without running it.
+
+A recipe module defines a dataclass ``Config`` and ``main(cfg) -> dict``, and runs only under
+``if __name__ == "__main__":``. The launcher loads it to validate a sweep against ``Config`` before anything is
+submitted, and a SLURM job loads it to call ``main`` in-process (so submitit's preemption handler lives in the
+process that trains). tdrl never imports ``recipes/`` statically; this loads a file the user names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+__all__ = ["RecipeError", "load_recipe", "resolve_recipe"]
+
+
+class RecipeError(ValueError):
+    """A recipe path that does not exist, or a module that is not a recipe; the message says which."""
+
+
+def resolve_recipe(recipe: str, search_from: list[Path] | None = None) -> Path:
+    """Absolute path of ``recipe``: as given, else relative to each of ``search_from`` and their parents.
+
+    Sweep files name recipes relative to the repository (``recipes/ppo.py``); searching upward from the sweep
+    file finds them wherever the command runs from.
+
+    Raises:
+        RecipeError: no such file, with the nearest recipe names in the directory it should be in.
+    """
+    path = Path(recipe).expanduser()
+    if path.is_absolute():
+        candidates = [path]
+    else:
+        candidates = [Path.cwd() / path]
+        for base in search_from or []:
+            base = base.resolve()
+            candidates += [parent / path for parent in [base, *base.parents]]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    hint = ""
+    folders = {c.parent for c in candidates if c.parent.is_dir()}
+    names = sorted({p.name for d in folders for p in d.glob("*.py") if not p.name.startswith("_")})
+    near = difflib.get_close_matches(path.name, names, n=3, cutoff=0.5)
+    if near:
+        hint = f"; did you mean {', '.join(near)}?"
+    elif names:
+        hint = f"; recipes there: {', '.join(names)}"
+    raise RecipeError(f"unknown recipe '{recipe}': no such file{hint}")
+
+
+def load_recipe(path: str | Path) -> types.ModuleType:
+    """Import the recipe file at ``path`` as a module (its ``__main__`` block does not run).
+
+    The recipe's directory goes on ``sys.path`` first, as when it runs as a script, so it can import its
+    siblings.
+
+    Raises:
+        RecipeError: the file does not import, or lacks a dataclass ``Config`` or a callable ``main``.
+    """
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise RecipeError(f"unknown recipe '{path}': no such file")
+    name = f"tdrl_recipe_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise RecipeError(f"recipe '{path}' cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    sys.modules[name] = module  # dataclasses resolve string annotations through sys.modules
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise RecipeError(f"recipe '{path}' failed to import: {type(e).__name__}: {e}") from e
+    config_cls = getattr(module, "Config", None)
+    if not (isinstance(config_cls, type) and dataclasses.is_dataclass(config_cls)):
+        del sys.modules[name]
+        raise RecipeError(f"recipe '{path}' has no dataclass 'Config'")
+    if not callable(getattr(module, "main", None)):
+        del sys.modules[name]
+        raise RecipeError(f"recipe '{path}' has no 'main(cfg)' function")
+    return module

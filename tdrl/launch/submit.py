@@ -1,0 +1,210 @@
+"""Submit a sweep to SLURM as one job array through submitit (imported only here, when used).
+
+Every run becomes a :class:`tdrl.launch.job.RecipeJob` in one array (``--array=0-N%P``) with the sweep's
+resources (command-line values win). submitit's files go to ``<exp dir>/slurm/<job id>/``; the job ids and log
+paths are recorded in ``<exp dir>/sweep.json`` so ``status`` can follow the runs from any shell. Jobs requeue
+themselves on preemption and before their time limit (``--signal=USR2@signal_delay_s``; submitit counts a
+signal late in the time limit as a time-out, at most ``max_requeues`` of them) and resume from their run
+directory. Nothing is submitted unless every run's config validated and the resources fit the cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from tdrl.launch.job import RecipeJob
+from tdrl.launch.local import format_tree
+from tdrl.launch.status import RunStatus, format_status, sweep_status
+from tdrl.launch.sweep import Resources, RunSpec, SweepError, SweepPlan, write_json
+from tdrl.launch.variants import save_variant
+
+__all__ = ["SubmittedRun", "check_slurm_resources", "make_executor", "submit_sweep", "wait_for_sweep"]
+
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
+            "DEADLINE", "SKIPPED", "UNKNOWN", "INTERRUPTED"}
+
+
+@dataclass
+class SubmittedRun:
+    """A run and the SLURM job that runs it."""
+
+    run: RunSpec
+    job_id: str
+    stdout: Path
+    stderr: Path
+    result: Path
+
+
+def _partitions() -> dict[str, int]:
+    """``{partition: most CPUs on one of its nodes}`` from sinfo; {} when sinfo is unavailable."""
+    try:
+        text = subprocess.run(["sinfo", "-h", "-o", "%P|%c"], capture_output=True, text=True, timeout=30,
+                              check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return {}
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, cpus = line.strip().partition("|")
+        if name:
+            out[name.rstrip("*")] = max(out.get(name.rstrip("*"), 0), int(cpus.rstrip("+") or 0))
+    return out
+
+
+def _default_partition() -> str | None:
+    try:
+        text = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return next((p.rstrip("*") for p in text.split() if p.endswith("*")), None)
+
+
+def check_slurm_resources(resources: Resources) -> None:
+    """Fail before submitting when the request cannot run here.
+
+    Raises:
+        SweepError: a non-positive count, no ``sbatch``/``scontrol`` on PATH, an unknown partition (listing the
+            known ones) or more CPUs per task than any node of the partition has.
+    """
+    r = resources
+    for name in ("cpus_per_run", "time_min", "tasks_per_node", "nodes"):
+        if getattr(r, name) < 1:
+            raise SweepError(f"resources.{name}={getattr(r, name)}: must be at least 1")
+    if r.gpus_per_run < 0 or (r.array_parallelism is not None and r.array_parallelism < 1):
+        raise SweepError("resources: gpus_per_run must be >= 0 and array_parallelism >= 1")
+    for tool in ("sbatch", "scontrol", "squeue"):
+        if shutil.which(tool) is None:
+            raise SweepError(f"'{tool}' is not on PATH: no SLURM client here (start one: bash slurm/local-cluster.sh start)")
+    partitions = _partitions()
+    if not partitions:
+        return
+    partition = r.partition or _default_partition()
+    if r.partition and r.partition not in partitions:
+        raise SweepError(f"unknown SLURM partition '{r.partition}'; partitions: {', '.join(sorted(partitions))}")
+    if partition in partitions and r.cpus_per_run > partitions[partition]:
+        raise SweepError(
+            f"cpus_per_run={r.cpus_per_run} but the largest node of partition '{partition}' has "
+            f"{partitions[partition]} CPUs"
+        )
+
+
+def make_executor(folder: Path, resources: Resources, name: str, n_runs: int, cluster: str = "slurm"):
+    """A submitit ``AutoExecutor`` with the sweep's resources (``cluster="local"`` runs jobs on this machine)."""
+    import submitit
+
+    r = resources
+    executor = submitit.AutoExecutor(folder=folder, cluster=cluster, slurm_max_num_timeout=r.max_requeues)
+    params: dict = dict(
+        name=name, timeout_min=int(r.time_min), cpus_per_task=r.cpus_per_run, tasks_per_node=r.tasks_per_node,
+        nodes=r.nodes,
+    )
+    if r.gpus_per_run:
+        params["gpus_per_node"] = r.gpus_per_run
+    if r.mem_gb:
+        params["mem_gb"] = r.mem_gb
+    # USR2 must come while there is still time to checkpoint; never at the very start of a short job.
+    params["slurm_signal_delay_s"] = int(min(r.signal_delay_s, max(10, r.time_min * 60 // 2)))
+    params["slurm_array_parallelism"] = r.array_parallelism or max(1, n_runs)
+    if r.partition:
+        params["slurm_partition"] = r.partition
+    if r.slurm_setup:
+        params["slurm_setup"] = list(r.slurm_setup)
+    if r.slurm_extra:
+        params["slurm_additional_parameters"] = dict(r.slurm_extra)
+    executor.update_parameters(**params)
+    return executor
+
+
+def submit_sweep(
+    plan: SweepPlan,
+    resources: Resources | None = None,
+    cluster: str = "slurm",
+    rerun_done: bool = False,
+    out: IO[str] | None = None,
+) -> list[SubmittedRun]:
+    """Submit the plan's runs (except finished ones, unless ``rerun_done``) as one job array; returns at once.
+
+    Args:
+        plan: a validated sweep.
+        resources: overrides ``plan.sweep.resources`` (e.g. from the command line).
+        cluster: ``"slurm"``; ``"local"``/``"debug"`` run submitit's jobs on this machine (no SLURM needed).
+        rerun_done: also submit runs whose ``summary.json`` exists.
+        out: where the submission report goes (default stdout).
+
+    Raises:
+        SweepError: the resources do not fit the cluster (checked before anything is submitted).
+    """
+    out = out or sys.stdout
+    resources = resources or plan.sweep.resources
+    if cluster == "slurm":
+        check_slurm_resources(resources)
+    todo = [r for r in plan.runs if rerun_done or not r.is_done()]
+    plan.exp_dir.mkdir(parents=True, exist_ok=True)
+    manifest = plan.manifest("slurm" if cluster == "slurm" else f"submitit-{cluster}")
+    manifest["backend"] = "slurm"  # status reads results and the queue the same way for every submitit cluster
+    manifest["resources"] = dataclasses.asdict(resources)
+    for run in plan.runs:
+        if run not in todo:
+            manifest["runs"][run.index]["skipped"] = True
+    submitted: list[SubmittedRun] = []
+    if todo:
+        for run in todo:
+            run.run_dir.mkdir(parents=True, exist_ok=True)
+            save_variant(run.variant, run.run_dir)
+        executor = make_executor(plan.exp_dir / "slurm" / "%j", resources, plan.sweep.name, len(todo), cluster)
+        with executor.batch():
+            jobs = [executor.submit(RecipeJob(str(plan.recipe), list(r.overrides), str(r.run_dir))) for r in todo]
+        for run, job in zip(todo, jobs):
+            sub = SubmittedRun(run, str(job.job_id), job.paths.stdout, job.paths.stderr, job.paths.result_pickle)
+            submitted.append(sub)
+            manifest["runs"][run.index].update(
+                job_id=sub.job_id, stdout=str(sub.stdout), stderr=str(sub.stderr), result=str(sub.result)
+            )
+    manifest["submitted"] = time.time()
+    write_json(plan.exp_dir / "sweep.json", manifest)
+    tree = format_tree([r.name for r in plan.runs])
+    (plan.exp_dir / "experiments_tree.txt").write_text(
+        f"Recipe: {plan.recipe}\nNumber of settings (experiments) to run: {len({r.log_dir for r in plan.runs})}"
+        f"  ({len(plan.runs)} runs).\nSLURM jobs: {', '.join(s.job_id for s in submitted) or 'none'}\n\n{tree}\n"
+    )
+    (plan.exp_dir / "num_launched.txt").write_text(
+        f"Experiments launched so far: {len(submitted)} out of {len(plan.runs)}.\n"
+    )
+    skipped = len(plan.runs) - len(todo)
+    array = submitted[0].job_id.split("_")[0] if submitted else "-"
+    print(
+        f"sweep '{plan.sweep.name}': submitted {len(submitted)} runs as SLURM job {array}"
+        + (f" ({skipped} already done, skipped)" if skipped else "")
+        + f"\n  experiment dir: {plan.exp_dir}\n  status: python slurm/launch.py status {plan.exp_dir}",
+        file=out,
+    )
+    return submitted
+
+
+def wait_for_sweep(
+    exp_dir: Path, poll_s: float = 5.0, timeout_s: float | None = None, out: IO[str] | None = None
+) -> list[RunStatus]:
+    """Poll ``status`` until every run has ended (or ``timeout_s``); returns the final statuses.
+
+    Raises:
+        TimeoutError: runs still pending or running after ``timeout_s``, listing them.
+    """
+    t0 = time.monotonic()
+    last = ""
+    while True:
+        statuses = [s for s in sweep_status(exp_dir) if s.state != "SKIPPED"]
+        if all(s.state in TERMINAL for s in statuses):
+            return statuses
+        line = ", ".join(f"{s.name}={s.state}" for s in statuses if s.state not in TERMINAL)
+        if out is not None and line != last:
+            print(f"  waiting: {line}", file=out, flush=True)
+            last = line
+        if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"after {timeout_s:.0f}s still not finished: {line}\n{format_status(statuses)}")
+        time.sleep(poll_s)
