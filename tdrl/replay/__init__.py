@@ -67,6 +67,7 @@ de-duplication, stored-state sequences or cross-process sharing. :class:`Priorit
 """
 
 from tdrl.replay.buffer import TransitionReplayBuffer
+from tdrl.replay.frames import FrameStack
 from tdrl.replay.nstep import nstep_returns
 from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
 from tdrl.replay.schema import ReplayError
@@ -74,6 +75,7 @@ from tdrl.replay.storage import MemmapStore
 from tdrl.replay.sum_tree import SumTree
 
 __all__ = [
+    "FrameStack",
     "MemmapStore",
     "PrioritizedSampler",
     "ReplayError",

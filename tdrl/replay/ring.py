@@ -112,7 +112,7 @@ class StreamRing:
             raise ReplayError(f"field name clash in replay storage: {sorted(overlap)}")
         fields.update(extra_fields)
         meta = {"num_streams": num_streams, "time_capacity": time_capacity, "flat_batches": flat,
-                "schema": schema.to_json(), "schema_strict": schema.strict, **extra_meta}
+                "schema": schema.to_json(), **extra_meta}
         self.store.allocate(fields, meta)
         self._adopt_meta()
 
@@ -121,7 +121,7 @@ class StreamRing:
         self.num_streams = meta["num_streams"]
         self.time_capacity = meta["time_capacity"]
         self.flat_batches = meta["flat_batches"]
-        self.schema = BatchSchema.from_json(meta["schema"], meta["schema_strict"])
+        self.schema = BatchSchema.from_json(meta["schema"])
         self._bind_fields()
 
     def _bind_fields(self) -> None:

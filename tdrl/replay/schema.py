@@ -37,11 +37,15 @@ class BatchSchema:
         entries: key -> (dtype, per-step shape, i.e. the shape after the batch dimensions).
         strict: whether keys present in a batch but absent from the schema are an error (they would be dropped
             silently otherwise). Buffers built with an explicit ``keys=`` selection are not strict.
+        ignored: keys a batch may carry that the schema does not store (consumed elsewhere: frame stacks, input
+            priorities, explicitly excluded keys).
     """
 
-    def __init__(self, entries: dict[tuple[str, ...], tuple[torch.dtype, torch.Size]], strict: bool = True) -> None:
+    def __init__(self, entries: dict[tuple[str, ...], tuple[torch.dtype, torch.Size]], strict: bool = True,
+                 ignored: Iterable[tuple[str, ...]] = ()) -> None:
         self.entries = entries
         self.strict = strict
+        self.ignored = {tuple(k) for k in ignored}
         groups: dict[tuple[str, ...], set[str]] = {}
         for key in entries:
             for depth in range(len(key)):
@@ -67,7 +71,7 @@ class BatchSchema:
             if not isinstance(value, torch.Tensor):
                 continue
             entries[key] = (value.dtype, value.shape[batch_dims:])
-        return cls(entries, strict=keys is None)
+        return cls(entries, strict=keys is None, ignored=excluded)
 
     def check(self, batch: TensorDictBase, batch_shape: torch.Size) -> dict[tuple[str, ...], torch.Tensor]:
         """Validate ``batch`` against the schema and return its stored tensors by key.
@@ -95,16 +99,19 @@ class BatchSchema:
         for prefix, names in self._groups.items():
             node = batch if not prefix else batch.get(prefix)
             if len(node.keys()) != len(names):
-                extra = sorted(set(node.keys()) - names)
+                extra = sorted(n for n in set(node.keys()) - names
+                               if prefix + (n,) not in self.ignored and prefix not in self.ignored)
                 if extra:
                     raise ReplayError(f"batch has key {key_name(prefix + (extra[0],))!r} that this buffer does "
                                       f"not store (stored keys are fixed by the first batch; pass keys=[...] to "
                                       f"store a selection)")
 
-    def to_json(self) -> list[dict[str, Any]]:
-        return [{"key": list(k), "dtype": str(d).removeprefix("torch."), "shape": list(s)}
-                for k, (d, s) in self.entries.items()]
+    def to_json(self) -> dict[str, Any]:
+        return {"entries": [{"key": list(k), "dtype": str(d).removeprefix("torch."), "shape": list(s)}
+                            for k, (d, s) in self.entries.items()],
+                "strict": self.strict, "ignored": [list(k) for k in sorted(self.ignored)]}
 
     @classmethod
-    def from_json(cls, data: list[dict[str, Any]], strict: bool = True) -> BatchSchema:
-        return cls({tuple(e["key"]): (getattr(torch, e["dtype"]), torch.Size(e["shape"])) for e in data}, strict)
+    def from_json(cls, data: dict[str, Any]) -> BatchSchema:
+        entries = {tuple(e["key"]): (getattr(torch, e["dtype"]), torch.Size(e["shape"])) for e in data["entries"]}
+        return cls(entries, data["strict"], [tuple(k) for k in data["ignored"]])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict import TensorDict
 
 from tdrl.replay import ReplayError, TransitionReplayBuffer
 from tests.replay.helpers import make_stream, reference_nstep

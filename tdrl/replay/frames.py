@@ -1,0 +1,217 @@
+"""Frame de-duplication for stacked image observations (Atari): each frame is stored once.
+
+A stacked observation ``[F, *frame]`` (oldest to newest) shares ``F - 1`` frames with the previous step's, so storing
+stacks costs ``F`` times the memory (``2F`` with the next observation). :class:`FrameStack` keeps one ring of single
+frames per environment stream and rebuilds both stacks when sampling:
+
+* every step writes the newest frame of its ``observation``; a step that ends an episode (``done``) also writes the
+  newest frame of its ``("next", "observation")``, the final frame, right after. So the frame following a step's
+  frame is always the newest frame of that step's next observation: ``next_pos = pos + 1``, reset or not;
+* per step the ring stores the position of its newest frame (``int64``) and how many of its history frames belong to
+  the current episode (``uint8``, ``min(steps since episode start, F - 1)``; episode starts come from ``is_init`` when
+  the batch has it, else from the previous step's ``done``);
+* frames from before an episode start are padding: zeros (``padding="zero"``, rlpyt) or copies of the episode's first
+  frame (``padding="reset"``, gymnasium's ``FrameStackObservation`` default, which ``tdrl.envs`` Atari presets use).
+  The first batch's episode starts are checked against the chosen padding, so a mismatch is an error, not silently
+  different stacks.
+
+Memory per transition is ``(1 + slack)`` frames instead of ``F`` (``2F`` for a buffer storing next observations):
+``slack`` (default 1/16) is room for the final frames of episodes ending inside the buffer, i.e. average episodes of at
+least 16 steps over any buffer-length window. If episodes are shorter, :meth:`prepare` raises before anything is
+written (raise ``slack``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
+
+from tdrl.replay.schema import ReplayError, as_key, key_name
+
+__all__ = ["FrameStack"]
+
+_PIXELS, _POS, _OFFSET, _WRITTEN = "frames.pixels", "frames.pos", "frames.offset", "frames.written"
+
+
+class FrameStack:
+    """Codec storing ``key``/``next_key`` stacks ``[B, T, F, *frame]`` as single frames.
+
+    Args:
+        n_frames: stack depth ``F``.
+        key: observation key.
+        next_key: next-observation key.
+        padding: ``"zero"`` or ``"reset"`` (see module docstring).
+        slack: extra frame slots per stream, as a fraction of ``T_cap``, for final frames of finished episodes.
+    """
+
+    def __init__(self, n_frames: int = 4, key: NestedKey = "observation",
+                 next_key: NestedKey = ("next", "observation"), padding: str = "zero", slack: float = 1 / 16) -> None:
+        if n_frames < 1:
+            raise ValueError(f"n_frames must be >= 1, got {n_frames}")
+        if padding not in ("zero", "reset"):
+            raise ValueError(f"padding must be 'zero' or 'reset', got {padding!r}")
+        if slack <= 0:
+            raise ValueError(f"slack must be > 0, got {slack}")
+        self.n_frames = int(n_frames)
+        self.key = as_key(key)
+        self.next_key = as_key(next_key)
+        self.padding = padding
+        self.slack = float(slack)
+        self._checked_padding = False
+
+    @property
+    def keys(self) -> list[tuple[str, ...]]:
+        return [self.key, self.next_key]
+
+    # ------------------------------------------------------------------------------------------------- layout
+    def fields(self, batch: TensorDictBase, num_streams: int, time_capacity: int) -> dict[str, Any]:
+        obs = batch.get(self.key, None)
+        if obs is None or batch.get(self.next_key, None) is None:
+            raise ReplayError(f"frame stacking needs keys {key_name(self.key)!r} and {key_name(self.next_key)!r}")
+        if obs.ndim < 3 or obs.shape[2] != self.n_frames:
+            raise ReplayError(f"key {key_name(self.key)!r} has shape {tuple(obs.shape)}, expected [B, T, "
+                              f"{self.n_frames}, *frame] (n_frames={self.n_frames}, oldest to newest)")
+        frame_capacity = time_capacity + max(1, math.ceil(time_capacity * self.slack))
+        return {
+            _PIXELS: ((num_streams, frame_capacity, *obs.shape[3:]), obs.dtype),
+            _POS: ((num_streams, time_capacity), torch.int64),
+            _OFFSET: ((num_streams, time_capacity), torch.uint8),
+            _WRITTEN: ((num_streams, 1), torch.int64),
+        }
+
+    # ------------------------------------------------------------------------------------------------- writes
+    def prepare(self, ring: Any, batch: TensorDictBase, steps: int) -> dict[str, Any]:
+        """Validate the stacks and compute what :meth:`write` stores; raises before anything is written."""
+        pixels = ring.field(_PIXELS)
+        frame_shape, dtype = pixels.shape[2:], pixels.dtype
+        B = ring.num_streams
+        expected = (B, steps, self.n_frames, *frame_shape)
+        for key in self.keys:
+            value = batch.get(key, None)
+            if value is None:
+                raise ReplayError(f"batch is missing key {key_name(key)!r} that this buffer stores")
+            if value.dtype != dtype:
+                raise ReplayError(f"key {key_name(key)!r} has dtype {value.dtype}, the buffer stores {dtype}")
+            if tuple(value.shape) != expected:
+                raise ReplayError(f"key {key_name(key)!r} has shape {tuple(value.shape)}, expected {expected}")
+        obs, next_obs = batch.get(self.key), batch.get(self.next_key)
+        done = batch.get(("next", "done"), None)
+        if done is None:
+            raise ReplayError("frame stacking needs ('next', 'done') to find episode boundaries")
+        done = done.reshape(B, steps).numpy()
+        start = self._episode_starts(ring, batch, done, steps)
+        offset = self._offsets(ring, start, steps)
+        if not self._checked_padding:
+            self._check_padding(obs, start, offset)
+        # frame positions: one per step, plus one after every done step
+        written = ring.field(_WRITTEN)[:, 0].numpy().copy()
+        per_step = 1 + done.astype(np.int64)
+        pos = written[:, None] + np.cumsum(per_step, axis=1) - per_step
+        count = per_step.sum(axis=1)
+        self._check_room(ring, pos, offset, written + count, steps)
+        frames = []
+        for b in range(B):
+            newest = obs[b, :, -1]
+            order = np.argsort(np.concatenate([pos[b] - written[b], pos[b][done[b]] + 1 - written[b]]), kind="stable")
+            frames.append(torch.cat([newest, next_obs[b, torch.from_numpy(done[b]), -1]])[torch.from_numpy(order)])
+        return {"pos": torch.from_numpy(pos), "offset": torch.from_numpy(offset), "frames": frames,
+                "written": written}
+
+    def _episode_starts(self, ring: Any, batch: TensorDictBase, done: np.ndarray, steps: int) -> np.ndarray:
+        is_init = batch.get("is_init", None)
+        if is_init is not None:
+            return is_init.reshape(ring.num_streams, steps).numpy().astype(bool)
+        previous = np.ones((ring.num_streams, 1), dtype=bool)
+        write_done = ring.write_done
+        if write_done > 0:  # the last done flag already stored, one per stream
+            slot = (write_done - 1) % ring.time_capacity
+            previous = ring.fields[("next", "done")][:, slot].reshape(-1, 1).numpy().copy()
+        return np.concatenate([previous, done[:, :-1]], axis=1)
+
+    def _offsets(self, ring: Any, start: np.ndarray, steps: int) -> np.ndarray:
+        B = ring.num_streams
+        cap = self.n_frames - 1
+        time = np.arange(steps)
+        write_done = ring.write_done
+        if write_done > 0:
+            prev = ring.field(_OFFSET)[:, (write_done - 1) % ring.time_capacity].numpy().astype(np.int64)
+        else:
+            prev = np.full(B, -1, dtype=np.int64)  # nothing before: the first step is an episode start anyway
+        # steps since the last start inside this batch, else continue from the stored offset
+        last_start = np.maximum.accumulate(np.where(start, time[None, :], -1), axis=1)
+        since = np.where(last_start >= 0, time[None, :] - last_start, prev[:, None] + 1 + time[None, :])
+        return np.minimum(since, cap).astype(np.uint8)
+
+    def _check_padding(self, obs: torch.Tensor, start: np.ndarray, offset: np.ndarray) -> None:
+        b, t = np.nonzero(start)
+        if b.size == 0:
+            return
+        stacks = obs[torch.from_numpy(b), torch.from_numpy(t)]
+        newest = stacks[:, -1:]
+        history = stacks[:, :-1]
+        expected = torch.zeros_like(history) if self.padding == "zero" else newest.expand_as(history)
+        if not torch.equal(history, expected):
+            other = "reset" if self.padding == "zero" else "zero"
+            raise ReplayError(f"key {key_name(self.key)!r}: stacks at episode starts are not {self.padding}-padded; "
+                              f"build FrameStack(padding={other!r}) to match the environment's frame stacking")
+        self._checked_padding = True
+
+    def _check_room(self, ring: Any, pos: np.ndarray, offset: np.ndarray, written_after: np.ndarray,
+                    steps: int) -> None:
+        frame_capacity = ring.field(_PIXELS).shape[1]
+        oldest_alive = ring.write_done + steps - ring.time_capacity
+        if oldest_alive <= 0:
+            return
+        if oldest_alive >= ring.write_done:  # the oldest alive step is in this batch
+            needed = pos[:, oldest_alive - ring.write_done]
+        else:
+            needed = ring.field(_POS)[:, oldest_alive % ring.time_capacity].numpy()
+        # the oldest sampleable step is n_frames - 1 steps newer, so its whole stack is at or after `needed`
+        if np.any(written_after - frame_capacity > needed):
+            raise ReplayError(f"frame ring full: episodes are shorter than FrameStack(slack={self.slack}) allows "
+                              f"(about {1 / self.slack:.0f} steps on average); raise slack")
+
+    def write(self, ring: Any, prepared: dict[str, Any], start: int) -> None:
+        ring.write(ring.field(_POS), prepared["pos"], start)
+        ring.write(ring.field(_OFFSET), prepared["offset"], start)
+        pixels = ring.field(_PIXELS)
+        frame_capacity = pixels.shape[1]
+        for b, frames in enumerate(prepared["frames"]):
+            slot = int(prepared["written"][b] % frame_capacity)
+            first = min(frames.shape[0], frame_capacity - slot)
+            pixels[b, slot : slot + first].copy_(frames[:first])
+            if first < frames.shape[0]:
+                pixels[b, : frames.shape[0] - first].copy_(frames[first:])
+        ring.field(_WRITTEN)[:, 0] += torch.as_tensor([f.shape[0] for f in prepared["frames"]])
+
+    # ------------------------------------------------------------------------------------------------- reads
+    def _stack(self, ring: Any, index: torch.Tensor, shift: int) -> torch.Tensor:
+        """Stacks whose newest frame is ``shift`` frames after the newest frame of step ``index``."""
+        pixels = ring.field(_PIXELS)
+        frame_capacity = pixels.shape[1]
+        flat_pixels = pixels.view(-1, *pixels.shape[2:])
+        newest = ring.field(_POS).view(-1)[index] + shift
+        real = torch.clamp(ring.field(_OFFSET).view(-1)[index].long() + shift, max=self.n_frames - 1)
+        first_real = newest - real
+        j = torch.arange(self.n_frames)
+        positions = torch.maximum(newest[:, None] - (self.n_frames - 1) + j, first_real[:, None])
+        stream = index // ring.time_capacity
+        flat = stream[:, None] * frame_capacity + positions % frame_capacity
+        stacks = torch.index_select(flat_pixels, 0, flat.reshape(-1)).view(index.shape[0], self.n_frames,
+                                                                           *pixels.shape[2:])
+        if self.padding == "zero":
+            is_padding = j[None, :] < (self.n_frames - 1 - real[:, None])
+            stacks[is_padding] = 0
+        return stacks
+
+    def gather(self, ring: Any, index: torch.Tensor, last: torch.Tensor) -> dict[tuple[str, ...], torch.Tensor]:
+        """Rebuilt ``observation`` at the start steps and ``("next", "observation")`` after the window's last step."""
+        return {self.key: self._stack(ring, index, 0), self.next_key: self._stack(ring, last, 1)}
+
+    def nbytes(self, ring: Any) -> int:
+        return sum(ring.field(n).numel() * ring.field(n).element_size() for n in (_PIXELS, _POS, _OFFSET, _WRITTEN))
