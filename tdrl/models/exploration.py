@@ -1,0 +1,173 @@
+"""Exploration for the Q-learning families: epsilon-greedy (linear annealing, per-env vector epsilon) and
+additive Gaussian action noise.
+
+Both follow TorchRL's exploration convention: they act under ``ExplorationType.RANDOM`` (the default while
+collecting) and step aside under ``set_exploration_type(ExplorationType.DETERMINISTIC)`` (evaluation), so an
+eval collector needs no second policy.
+
+:class:`EpsilonGreedy` is tdrl's own because TorchRL's ``EGreedyModule`` has a scalar epsilon only, starts
+annealing at frame 0 and anneals with a Python loop over frames. rlpyt semantics kept here:
+
+* epsilon stays at ``eps_init`` until ``start_frames`` (usually ``min_steps_learn``), then falls linearly to
+  ``eps_final`` at ``end_frames``;
+* vector epsilon (Ape-X, rlpyt's ``eps_final_min``): env ``i`` of ``n_envs`` anneals to its own final value,
+  log-spaced between ``eps_final_min`` and ``eps_final``;
+* evaluation uses ``eps_eval`` (rlpyt: 0.001), not zero, so a deterministic policy cannot loop forever.
+
+Gaussian noise is TorchRL's ``AdditiveGaussianModule`` (it fits), built by :func:`make_gaussian_noise` with the
+noise scaled to the action box.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from tensordict.utils import NestedKey
+from torchrl.envs.utils import ExplorationType, exploration_type
+from torchrl.modules import AdditiveGaussianModule
+
+__all__ = ["EpsilonGreedy", "linear_epsilon", "make_gaussian_noise", "vector_epsilon"]
+
+
+def vector_epsilon(n_envs: int, eps_final: float, eps_final_min: float | None) -> torch.Tensor:
+    """Per-env final epsilons, log-spaced from ``eps_final_min`` (env 0) to ``eps_final`` (env n-1).
+
+    With ``eps_final_min=None`` every env gets ``eps_final``.
+    """
+    if eps_final_min is None or n_envs == 1:
+        return torch.full((n_envs,), float(eps_final))
+    if not 0 < eps_final_min <= eps_final:
+        raise ValueError(f"need 0 < eps_final_min <= eps_final, got {eps_final_min} and {eps_final}")
+    return torch.logspace(math.log10(eps_final_min), math.log10(eps_final), n_envs)
+
+
+def linear_epsilon(
+    frames: int, eps_init: float | torch.Tensor, eps_final: float | torch.Tensor, start_frames: int, end_frames: int
+) -> torch.Tensor:
+    """Epsilon after ``frames`` env frames: ``eps_init`` until ``start_frames``, linear to ``eps_final`` at
+    ``end_frames``, constant after."""
+    eps_init_t, eps_final_t = torch.as_tensor(eps_init), torch.as_tensor(eps_final)
+    if end_frames <= start_frames:
+        frac = 1.0 if frames >= start_frames else 0.0
+    else:
+        frac = min(max((frames - start_frames) / (end_frames - start_frames), 0.0), 1.0)
+    return (eps_init_t + frac * (eps_final_t - eps_init_t)).float()
+
+
+class EpsilonGreedy(TensorDictModuleBase):
+    """Replace the greedy ``action`` by a uniform random action with probability epsilon, per env.
+
+    Append it after a greedy Q actor: ``TensorDictSequential(q_actor, EpsilonGreedy(n_actions, ...))``.
+
+    Args:
+        n_actions: number of discrete actions (actions are int64 indices).
+        eps_init: epsilon before ``start_frames``.
+        eps_final: final epsilon (the largest final value when ``eps_final_min`` is set).
+        eps_final_min: smallest per-env final epsilon (vector epsilon); None for one shared epsilon.
+        n_envs: number of envs the module acts for; the batch's last dim must equal it when vector epsilon is on.
+        start_frames: env frames before annealing starts (rlpyt: ``min_steps_learn``).
+        end_frames: env frames at which epsilon reaches its final value (rlpyt: ``eps_steps``).
+        eps_eval: epsilon under ``ExplorationType.DETERMINISTIC`` / ``MODE`` (evaluation).
+        action_key: key of the greedy action (read and overwritten).
+
+    in_keys: ``action`` (int64 ``[*batch]``); out_keys: ``action``.
+
+    Epsilon lives in a buffer (``eps``), so it travels with ``state_dict()``/weight syncs to collector copies;
+    :meth:`set_frames` moves it along the schedule.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> greedy = EpsilonGreedy(3, eps_init=1.0, eps_final=0.1, eps_final_min=0.01, n_envs=4, end_frames=100)
+        >>> greedy.set_frames(100)
+        >>> greedy.eps
+        tensor([0.0100, 0.0215, 0.0464, 0.1000])
+        >>> greedy(TensorDict(action=torch.zeros(4, dtype=torch.long), batch_size=[4]))["action"].shape
+        torch.Size([4])
+    """
+
+    def __init__(
+        self,
+        n_actions: int,
+        *,
+        eps_init: float = 1.0,
+        eps_final: float = 0.01,
+        eps_final_min: float | None = None,
+        n_envs: int = 1,
+        start_frames: int = 0,
+        end_frames: int = 1_000_000,
+        eps_eval: float = 0.001,
+        action_key: NestedKey = "action",
+    ) -> None:
+        super().__init__()
+        if n_actions < 1:
+            raise ValueError(f"n_actions must be >= 1, got {n_actions}")
+        for name, value in (("eps_init", eps_init), ("eps_final", eps_final), ("eps_eval", eps_eval)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        self.in_keys = [action_key]
+        self.out_keys = [action_key]
+        self.action_key = action_key
+        self.n_actions = int(n_actions)
+        self.start_frames, self.end_frames = int(start_frames), int(end_frames)
+        self.vector = eps_final_min is not None
+        final = vector_epsilon(n_envs, eps_final, eps_final_min) if self.vector else torch.tensor(float(eps_final))
+        self.register_buffer("eps_init", torch.tensor(float(eps_init)))
+        self.register_buffer("eps_final", final)
+        self.register_buffer("eps", torch.full_like(final, float(eps_init)))
+        self.register_buffer("eps_eval", torch.tensor(float(eps_eval)))
+
+    def set_frames(self, frames: int) -> None:
+        """Set epsilon to its scheduled value after ``frames`` env frames (call once per iteration)."""
+        self.eps.copy_(linear_epsilon(frames, self.eps_init, self.eps_final, self.start_frames, self.end_frames))
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        mode = exploration_type()
+        eps = self.eps if mode in (ExplorationType.RANDOM, None) else self.eps_eval
+        action = tensordict.get(self.action_key)
+        shape = action.shape
+        if eps.ndim and (not shape or shape[-1] != eps.shape[-1]):
+            raise ValueError(
+                f"vector epsilon is set for {eps.shape[-1]} envs but the action batch is {tuple(shape)}: "
+                "build EpsilonGreedy with n_envs equal to the number of envs this policy steps"
+            )
+        explore = torch.rand(shape, device=action.device) < eps.to(action.device)
+        if explore.any():
+            random_action = torch.randint(self.n_actions, shape, device=action.device, dtype=action.dtype)
+            action = torch.where(explore, random_action, action)
+            tensordict.set(self.action_key, action)
+        return tensordict
+
+
+def make_gaussian_noise(specs, *, std: float = 0.1, action_key: NestedKey = "action") -> AdditiveGaussianModule:
+    """Additive Gaussian exploration noise for deterministic policies (DDPG, TD3), clipped to the action box.
+
+    The noise standard deviation is ``std`` times the half-width of the action box, so ``std=0.1`` means
+    10 % of the range whatever the env's units (rlpyt's ``action_std`` on a [-1, 1] box; SB3's ``NormalActionNoise``
+    on its rescaled actions). Constant over training, as in rlpyt and the TD3 paper.
+
+    Args:
+        specs: env specs (bounded continuous action space).
+        std: noise std relative to the half-width of the action box.
+        action_key: key of the action to perturb.
+
+    Returns:
+        TorchRL's ``AdditiveGaussianModule`` (active under ``ExplorationType.RANDOM`` only).
+    """
+    spec = specs.action_spec
+    if not spec.dtype.is_floating_point or not hasattr(spec.space, "low"):
+        raise ValueError(
+            f"Gaussian action noise needs a bounded continuous action space, got {type(spec).__name__}"
+        )
+    half_range = ((spec.space.high - spec.space.low) / 2).float()
+    return AdditiveGaussianModule(
+        spec,
+        sigma_init=float(std),
+        sigma_end=float(std),
+        annealing_num_steps=1,
+        mean=0.0,
+        std=half_range.tolist(),
+        action_key=action_key,
+    )

@@ -1,0 +1,323 @@
+"""Q-networks and the actors/critics of the Q-learning families (DQN, C51, DDPG, TD3, SAC).
+
+Plain ``nn.Module`` networks (:class:`QNetwork`, :class:`DuelingHead`, :class:`StateActionValue`,
+:class:`ScaledTanh`) plus ``make_*`` factories that wrap them in the TorchRL modules TorchRL's losses expect:
+
+============================  =============================================  ==========================================
+factory                       in_keys -> out_keys                            used by
+============================  =============================================  ==========================================
+:func:`make_q_actor`          ``observation`` -> ``action``,                 ``DQNLoss`` (QValueActor) or
+                              ``action_value`` (+ ``chosen_action_value``)   ``DistributionalDQNLoss`` (C51)
+:func:`make_q_critic`         ``observation``, ``action`` ->                 ``DDPGLoss``, ``TD3Loss``, ``SACLoss``
+                              ``state_action_value``
+:func:`make_deterministic_    ``observation`` -> ``action`` (in bounds)      ``DDPGLoss``, ``TD3Loss``
+actor`
+:func:`make_tanh_gaussian_    ``observation`` -> ``loc``, ``scale``,         ``SACLoss``
+actor`                        ``action`` (TanhNormal sample, in bounds)
+============================  =============================================  ==========================================
+
+For C51 ``action_value`` holds log-probabilities ``[*batch, n_atoms, n_actions]`` (TorchRL's layout: atoms
+before actions). Image observations (uint8 ``[C, H, W]``) get the :class:`~tdrl.models.conv.AtariConv` torso and
+are scaled inside the model; vector observations get an MLP torso.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tensordict.nn import NormalParamExtractor, TensorDictModule
+from torch import nn
+from torchrl.data import Bounded, Categorical, OneHot, TensorSpec
+from torchrl.modules import (
+    MLP,
+    DistributionalQValueActor,
+    ProbabilisticActor,
+    QValueActor,
+    TanhNormal,
+    ValueOperator,
+)
+
+from tdrl.models.conv import AtariConv
+
+__all__ = [
+    "DuelingHead",
+    "QNetwork",
+    "ScaledTanh",
+    "StateActionValue",
+    "make_deterministic_actor",
+    "make_q_actor",
+    "make_q_critic",
+    "make_tanh_gaussian_actor",
+]
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; scales the gradient on the way back (Wang et al. 2016, dueling nets)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return grad * ctx.scale, None
+
+
+def _mlp(in_features: int, out_features: int, hidden_sizes: Sequence[int], activate_last: bool = False) -> nn.Module:
+    return MLP(
+        in_features=in_features,
+        out_features=out_features,
+        num_cells=list(hidden_sizes),
+        activation_class=nn.ReLU,
+        activate_last_layer=activate_last,
+    )
+
+
+class DuelingHead(nn.Module):
+    """Dueling head: ``Q = V + (A - mean_a A)``, optionally over a distribution of atoms.
+
+    As in rlpyt's ``DuelingHeadModel``, the advantage stream has one bias shared by all actions (per-action
+    biases would be cancelled by the mean anyway) and the gradient flowing back into the torso is scaled by
+    ``grad_scale`` (1/sqrt(2) in the paper), because two streams backpropagate into it.
+
+    Args:
+        in_features: torso feature size.
+        n_actions: number of discrete actions.
+        hidden_sizes: hidden layers of each stream (rlpyt's Atari model uses one layer of 512).
+        n_atoms: 1 for scalar Q-values; >1 for categorical (C51) logits.
+        grad_scale: gradient scale into the torso; 1 disables it.
+
+    Output: ``[*batch, n_actions]`` for ``n_atoms == 1``, else logits ``[*batch, n_atoms, n_actions]``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        n_actions: int,
+        hidden_sizes: Sequence[int] = (),
+        n_atoms: int = 1,
+        grad_scale: float = 2**-0.5,
+    ) -> None:
+        super().__init__()
+        self.n_actions, self.n_atoms, self.grad_scale = n_actions, n_atoms, grad_scale
+        hidden = list(hidden_sizes)
+        self.advantage_body = _mlp(in_features, hidden[-1], hidden[:-1], activate_last=True) if hidden else None
+        adv_in = hidden[-1] if hidden else in_features
+        self.advantage_out = nn.Linear(adv_in, n_actions * n_atoms, bias=False)
+        self.advantage_bias = nn.Parameter(torch.zeros(n_atoms, 1))
+        self.value = _mlp(in_features, n_atoms, hidden)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if self.grad_scale != 1.0 and features.requires_grad:
+            features = _ScaleGrad.apply(features, self.grad_scale)
+        lead = features.shape[:-1]
+        adv_features = self.advantage_body(features) if self.advantage_body is not None else features
+        advantage = self.advantage_out(adv_features).view(*lead, self.n_atoms, self.n_actions)
+        advantage = advantage + self.advantage_bias
+        value = self.value(features).view(*lead, self.n_atoms, 1)
+        q = value + advantage - advantage.mean(-1, keepdim=True)
+        return q.squeeze(-2) if self.n_atoms == 1 else q
+
+
+class QNetwork(nn.Module):
+    """Torso + Q head. Output ``[*batch, n_actions]`` or C51 logits ``[*batch, n_atoms, n_actions]``.
+
+    Args:
+        torso: maps an observation to features (``nn.Identity`` for none).
+        feature_size: the torso's output size.
+        n_actions: number of discrete actions.
+        head_sizes: hidden layers after the torso (per stream when dueling).
+        dueling: use a :class:`DuelingHead`.
+        n_atoms: 1 for scalar Q-values, >1 for categorical DQN.
+    """
+
+    def __init__(
+        self,
+        torso: nn.Module,
+        feature_size: int,
+        n_actions: int,
+        head_sizes: Sequence[int] = (),
+        dueling: bool = False,
+        n_atoms: int = 1,
+    ) -> None:
+        super().__init__()
+        self.torso, self.n_actions, self.n_atoms = torso, n_actions, n_atoms
+        if dueling:
+            self.head: nn.Module = DuelingHead(feature_size, n_actions, head_sizes, n_atoms=n_atoms)
+        else:
+            self.head = _mlp(feature_size, n_actions * n_atoms, head_sizes)
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        out = self.head(self.torso(observation))
+        if self.n_atoms > 1 and out.shape[-2:] != (self.n_atoms, self.n_actions):
+            out = out.view(*out.shape[:-1], self.n_atoms, self.n_actions)
+        return out
+
+
+def _is_image(spec: TensorSpec) -> bool:
+    return spec.dtype == torch.uint8 and len(spec.shape) == 3
+
+
+def _obs_dim(spec: TensorSpec) -> int:
+    if len(spec.shape) != 1:
+        raise ValueError(
+            f"vector observations must be 1-D, got shape {tuple(spec.shape)}; images must be uint8 [C, H, W]"
+        )
+    return int(spec.shape[0])
+
+
+def make_q_actor(
+    specs,
+    *,
+    hidden_sizes: Sequence[int] = (64, 64),
+    head_sizes: Sequence[int] = (),
+    dueling: bool = False,
+    n_atoms: int = 1,
+    v_min: float = -10.0,
+    v_max: float = 10.0,
+) -> QValueActor | DistributionalQValueActor:
+    """Greedy Q-value actor for DQN (``n_atoms == 1``) or categorical DQN (C51).
+
+    Args:
+        specs: :class:`tdrl.envs.EnvSpecs` of one env (needs a discrete action space).
+        hidden_sizes: MLP torso layers for vector observations, ignored for images (conv torso).
+        head_sizes: hidden layers after the torso (rlpyt's Atari model: ``(512,)``; defaults to that for images).
+        dueling: dueling head.
+        n_atoms: atoms of the return distribution; 1 means plain DQN, 51 is C51.
+        v_min: lowest atom (C51's ``V_min``).
+        v_max: highest atom (C51's ``V_max``).
+
+    Returns:
+        A ``QValueActor`` writing ``action`` (int64 index), ``action_value`` and ``chosen_action_value``, or a
+        ``DistributionalQValueActor`` writing ``action`` and ``action_value`` (log-probabilities over atoms).
+
+    Raises:
+        ValueError: continuous action space, or bad atom settings.
+
+    Examples:
+        >>> from tdrl.envs import EnvFactory
+        >>> actor = make_q_actor(EnvFactory("CartPole-v1").specs(), dueling=True)
+        >>> actor.out_keys
+        ['action', 'action_value', 'chosen_action_value']
+    """
+    if not isinstance(specs.action_spec, (Categorical, OneHot)) or len(specs.action_spec.shape) > 0:
+        raise ValueError(
+            f"DQN needs a single discrete action, but this env's action space is {type(specs.action_spec).__name__}"
+            f"{tuple(specs.action_spec.shape)}; use SAC, TD3 or DDPG for continuous actions"
+        )
+    if n_atoms < 1 or (n_atoms > 1 and not v_max > v_min):
+        raise ValueError(f"need n_atoms >= 1 and v_max > v_min, got n_atoms={n_atoms}, [{v_min}, {v_max}]")
+    n_actions = int(specs.action_spec.space.n)
+    obs_spec = specs.observation_spec
+    if _is_image(obs_spec):
+        torso: nn.Module = AtariConv(obs_spec.shape)
+        feature_size = torso.output_size
+        head_sizes = head_sizes or (512,)
+    else:
+        hidden = list(hidden_sizes)
+        torso = _mlp(_obs_dim(obs_spec), hidden[-1], hidden[:-1], activate_last=True) if hidden else nn.Identity()
+        feature_size = hidden[-1] if hidden else _obs_dim(obs_spec)
+    net = QNetwork(torso, feature_size, n_actions, head_sizes, dueling=dueling, n_atoms=n_atoms)
+    action_spec = Categorical(n_actions, shape=(), dtype=torch.int64)
+    if n_atoms == 1:
+        return QValueActor(net, in_keys=["observation"], spec=action_spec)
+    support = torch.linspace(v_min, v_max, n_atoms)
+    return DistributionalQValueActor(net, in_keys=["observation"], spec=action_spec, support=support)
+
+
+# --- Continuous actions -----------------------------------------------------------------------------------
+
+
+def _bounds(specs) -> tuple[torch.Tensor, torch.Tensor]:
+    spec = specs.action_spec
+    if not isinstance(spec, Bounded) or not spec.dtype.is_floating_point:
+        raise ValueError(
+            f"this algorithm needs a bounded continuous (Box) action space, but the env's is "
+            f"{type(spec).__name__}{tuple(spec.shape)}; use DQN for discrete actions"
+        )
+    return spec.space.low.float(), spec.space.high.float()
+
+
+class ScaledTanh(nn.Module):
+    """``low + (tanh(x) + 1) / 2 * (high - low)``: squashes an unbounded output into the action box."""
+
+    def __init__(self, low: torch.Tensor, high: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("loc", (high + low) / 2)
+        self.register_buffer("half_range", (high - low) / 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.loc + self.half_range * torch.tanh(x)
+
+
+class StateActionValue(nn.Module):
+    """``Q(s, a)`` as an MLP on the concatenation ``[s, a]`` (rlpyt's ``QofMuMlpModel``)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: Sequence[int] = (256, 256)) -> None:
+        super().__init__()
+        self.net = _mlp(obs_dim + action_dim, 1, hidden_sizes)
+
+    def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat([observation, action], -1))
+
+
+def make_q_critic(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> ValueOperator:
+    """``Q(s, a)`` critic: ``observation``, ``action`` -> ``state_action_value`` ``[*batch, 1]``.
+
+    Pass one critic to TorchRL's ``TD3Loss``/``SACLoss`` with ``num_qvalue_nets=2``: the loss keeps the twin
+    parameter sets stacked and evaluates both critics in one vectorised (vmap) call.
+
+    Raises:
+        ValueError: discrete actions.
+    """
+    low, _ = _bounds(specs)
+    net = StateActionValue(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes)
+    return ValueOperator(net, in_keys=["observation", "action"], out_keys=["state_action_value"])
+
+
+def make_deterministic_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> TensorDictModule:
+    """Deterministic policy ``mu(s)`` squashed into the action box (rlpyt's ``MuMlpModel``).
+
+    ``observation`` -> ``action``. Exploration noise is added by a separate module
+    (:func:`tdrl.models.exploration.make_gaussian_noise`).
+
+    Raises:
+        ValueError: discrete actions.
+    """
+    low, high = _bounds(specs)
+    net = nn.Sequential(_mlp(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes), ScaledTanh(low, high))
+    return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
+
+
+def make_tanh_gaussian_actor(
+    specs, *, hidden_sizes: Sequence[int] = (256, 256), scale_lb: float = 1e-4
+) -> ProbabilisticActor:
+    """Tanh-squashed Gaussian policy for SAC: ``observation`` -> ``loc``, ``scale``, ``action``.
+
+    The action is a ``TanhNormal`` sample rescaled into the action box; under
+    ``set_exploration_type(DETERMINISTIC)`` (evaluation) it is the distribution's deterministic sample.
+
+    Args:
+        specs: env specs with a bounded continuous action space.
+        hidden_sizes: MLP layers.
+        scale_lb: lower bound of the Gaussian's scale (softplus-mapped).
+
+    Raises:
+        ValueError: discrete actions.
+    """
+    low, high = _bounds(specs)
+    net = nn.Sequential(
+        _mlp(_obs_dim(specs.observation_spec), 2 * low.numel(), hidden_sizes),
+        NormalParamExtractor(scale_mapping="biased_softplus_1.0", scale_lb=scale_lb),
+    )
+    module = TensorDictModule(net, in_keys=["observation"], out_keys=["loc", "scale"])
+    return ProbabilisticActor(
+        module,
+        in_keys=["loc", "scale"],
+        spec=specs.action_spec,
+        distribution_class=TanhNormal,
+        distribution_kwargs={"low": low, "high": high},
+        return_log_prob=False,
+    )
