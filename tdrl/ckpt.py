@@ -372,9 +372,12 @@ class Checkpointer:
         target = self.directory / _checkpoint_name(iteration)
         try:
             write_checkpoint(target, state, iteration=iteration, extra_writers=extra_writers)
-        except OSError as e:
+        except Exception as e:
+            os_error = _os_error_in_chain(e)  # torch.save reports ENOSPC as a RuntimeError
+            if os_error is None:
+                raise
             existing = [c for c in self.list() if c.path != target]
-            raise _write_error(target, e, existing[-1] if existing else None) from e
+            raise _write_error(target, os_error, existing[-1] if existing else None) from e
         self._rotate(keep=target)
         return target
 
@@ -444,6 +447,16 @@ class Checkpointer:
         )
         os.rename(info.path, target)
         return target
+
+
+def _os_error_in_chain(exc: BaseException | None) -> OSError | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _alive(pid: int) -> bool:

@@ -1,0 +1,154 @@
+"""SIGKILL tests with real processes: exact resume, and checkpoint writes killed mid-write.
+
+Kill points are random; the seed of each test's generator is in the assertion messages so a failure can be
+replayed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from tdrl.ckpt import Checkpointer, CheckpointWarning
+from tdrl.log import is_wall_time_column, read_progress
+
+SCRIPT = Path(__file__).with_name("resume_script.py")
+ITERATIONS = 16
+
+
+def _launch(run_dir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), f"run.dir={run_dir}", f"iterations={ITERATIONS}", "sleep_s=0.03", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, out
+    return out
+
+
+def _rows(path: Path) -> int:
+    try:
+        with open(path) as f:
+            return max(sum(1 for _ in f) - 1, 0)
+    except FileNotFoundError:
+        return 0
+
+
+def _deterministic_progress(run_dir: Path) -> tuple[list[str], list[list[str]]]:
+    header, rows = read_progress(run_dir / "progress.csv")
+    keep = [k for k in header if not is_wall_time_column(k)]
+    return keep, [[r[k] for k in keep] for r in rows]
+
+
+def _assert_same_final(a: Path, b: Path, note: str) -> None:
+    fa, fb = torch.load(a / "final.pt"), torch.load(b / "final.pt")
+    assert fa["frames"] == fb["frames"], note
+    for name, tensor in fa["policy"].items():
+        assert torch.equal(tensor, fb["policy"][name]), f"{note}: parameter {name} differs"
+    sa, sb = fa["optim"]["state"], fb["optim"]["state"]
+    assert sa.keys() == sb.keys(), note
+    for idx in sa:
+        for key in sa[idx]:
+            assert torch.equal(sa[idx][key], sb[idx][key]), f"{note}: optimizer state {idx}.{key} differs"
+    assert fa["optim"]["param_groups"] == fb["optim"]["param_groups"], note
+    assert fa["sched"] == fb["sched"], note
+
+
+@pytest.mark.timeout(240)
+def test_sigkill_at_random_points_then_relaunch_is_bitwise_equal(tmp_path):
+    reference = tmp_path / "reference"
+    _finish(_launch(reference))
+    ref_header, ref_rows = _deterministic_progress(reference)
+    assert [r[0] for r in ref_rows] == [str(i) for i in range(ITERATIONS)]
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    for trial in range(3):
+        run_dir = tmp_path / f"trial{trial}"
+        kill_after_rows = rng.randint(2, ITERATIONS - 2)  # row 2 comes after checkpoint 0 is published
+        delay = rng.uniform(0.0, 0.04)
+        note = f"trial {trial}, rng seed {seed}, killed after {kill_after_rows} rows + {delay:.3f}s"
+        proc = _launch(run_dir)
+        deadline = time.monotonic() + 60
+        while _rows(run_dir / "progress.csv") < kill_after_rows and proc.poll() is None:
+            assert time.monotonic() < deadline, note
+            time.sleep(0.002)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGKILL, f"{note}: the run ended before the kill"
+        assert not (run_dir / "final.pt").exists()
+        out = _finish(_launch(run_dir))
+        assert "resuming run" in out, note
+        header, rows = _deterministic_progress(run_dir)
+        assert header == ref_header, note
+        assert rows == ref_rows, f"{note}: progress.csv differs (duplicate, missing or different rows)"
+        _assert_same_final(reference, run_dir, note)
+        log = (run_dir / "debug.log").read_text()  # appended across both launches
+        assert log.count("run 'resume' in") == 2 and "resumed from itr_" in log, note
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, torch
+    from tdrl.ckpt import Checkpointer
+
+    def replay_writer(i):
+        def write(d):
+            (d / "a.bin").write_bytes(bytes([i % 256]) * 3_000_000)
+            (d / "b.bin").write_bytes(bytes([(i + 1) % 256]) * 1_000_000)
+        return write
+
+    ckpt = Checkpointer(sys.argv[1], snapshot_mode=sys.argv[2], snapshot_gap=3)
+    i = 0
+    while True:
+        ckpt.save({"i": i, "w": torch.full((3_000_000,), float(i))}, i, extra_writers={"replay": replay_writer(i)})
+        print(i, flush=True)
+        i += 1
+    """
+)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["last", "gap_and_last"])
+def test_kill_during_checkpoint_writes_always_leaves_a_loadable_latest(tmp_path, mode):
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    for trial in range(4):
+        root = tmp_path / f"trial{trial}"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(root), mode], stdout=subprocess.PIPE, text=True
+        )
+        first = proc.stdout.readline()  # one checkpoint is published
+        assert first.strip() == "0", f"writer failed: {first!r}"
+        time.sleep(rng.uniform(0.0, 0.6))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        note = f"mode {mode}, trial {trial}, rng seed {seed}"
+        seen: dict[str, bytes] = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CheckpointWarning)  # no published checkpoint may be corrupt
+            loaded = Checkpointer(root, snapshot_mode=mode, snapshot_gap=3).load_latest(
+                extra_readers={"replay": lambda d: seen.update({p.name: p.read_bytes() for p in d.iterdir()})}
+            )
+        assert loaded is not None, note
+        state, info = loaded
+        i = state["i"]
+        assert info.iteration == i, note
+        assert torch.equal(state["w"], torch.full((3_000_000,), float(i))), note
+        assert seen == {"a.bin": bytes([i % 256]) * 3_000_000, "b.bin": bytes([(i + 1) % 256]) * 1_000_000}, note
+        assert not [p for p in root.iterdir() if p.name.startswith(".")], f"{note}: stale temp dirs not removed"
