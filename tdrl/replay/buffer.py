@@ -76,12 +76,25 @@ class TransitionReplayBuffer:
         self.ring = StreamRing(scratch_dir, capacity, keys=keys, exclude_keys=exclude)
         self.rng = np.random.default_rng(seed)
         self._mask_stored = False
+        self._synced = False
+
+    def _ready(self) -> bool:
+        """Whether storage exists; adopts a layout another process allocated (buffers shared before the first
+        extend learn B, the schema and the sampler files lazily)."""
+        if not self.ring.allocated:
+            return False
+        if not self._synced:
+            self._mask_stored = self.mask_key is not None and self.mask_key in self.ring.schema.entries
+            if self.sampler is not None and self.sampler.capacity != self.ring.capacity:
+                self.sampler.attach(self.ring.capacity, self.ring.store.directory)
+            self._synced = True
+        return True
 
     # ------------------------------------------------------------------------------------------------ counters
     @property
     def write_count(self) -> int:
         """Transitions written so far (all processes), ``B * steps``; a trainer throttles its replay ratio on it."""
-        return self.ring.write_done * self.ring.num_streams if self.ring.allocated else 0
+        return self.ring.write_done * self.ring.num_streams if self._ready() else 0
 
     @property
     def samples_drawn(self) -> int:
@@ -90,7 +103,7 @@ class TransitionReplayBuffer:
 
     def __len__(self) -> int:
         """Transitions currently stored."""
-        if not self.ring.allocated:
+        if not self._ready():
             return 0
         return min(self.ring.write_done, self.ring.time_capacity) * self.ring.num_streams
 
@@ -115,7 +128,7 @@ class TransitionReplayBuffer:
         Raises:
             ReplayError: wrong keys, dtypes or shapes, bad input priorities; nothing is written then.
         """
-        if not self.ring.allocated:
+        if not self._ready():
             self._allocate(batch)
         columns, steps = self.ring.check(batch)
         priority = self._input_priority(batch, steps)
@@ -143,13 +156,13 @@ class TransitionReplayBuffer:
             time_capacity = self.ring.capacity_requested // num_streams
             extra = self.frame_stack.fields(batch, num_streams, time_capacity)
         self.ring.allocate(batch, extra, {"kind": "transition", "n_step": self.n_step})
-        self._mask_stored = self.mask_key is not None and self.mask_key in self.ring.schema.entries
         if self.n_step > 1:
             for key in (("next", "reward"), ("next", "done")):
                 if key not in self.ring.schema.entries:
                     raise ReplayError(f"n_step={self.n_step} needs key {key_name(key)!r} in the batch")
         if self.sampler is not None:
             self.sampler.bind(self.ring.capacity, self.ring.store.directory)
+        self._ready()
 
     def _input_priority(self, batch: TensorDictBase, steps: int) -> np.ndarray | None:
         if self.sampler is None:
@@ -189,7 +202,7 @@ class TransitionReplayBuffer:
         if batch_size < 1:
             raise ReplayError(f"batch_size must be >= 1, got {batch_size}")
         for _ in range(_MAX_REDRAWS):
-            done = self.ring.write_done if self.ring.allocated else 0
+            done = self.ring.write_done if self._ready() else 0
             ready = self.ready_count(done)
             if batch_size > ready:
                 raise ReplayError(f"batch_size={batch_size} exceeds the {ready} transitions ready to sample "
@@ -216,7 +229,7 @@ class TransitionReplayBuffer:
 
     def ready_count(self, done: int | None = None) -> int:
         """Transitions whose window is complete (sampleable, ignoring the validity mask)."""
-        if not self.ring.allocated:
+        if not self._ready():
             return 0
         done = self.ring.write_done if done is None else done
         lo, hi = self.valid_range(done)
@@ -304,11 +317,12 @@ class TransitionReplayBuffer:
         if state["n_step"] != self.n_step:
             raise ReplayError(f"state has n_step={state['n_step']}, this buffer n_step={self.n_step}")
         self.ring.store.restore(state["ring"])
+        self._synced = False
         if self.ring.store.meta is not None:
             self.ring._adopt_meta()
-            self._mask_stored = self.mask_key is not None and self.mask_key in self.ring.schema.entries
             if self.sampler is not None:
                 self.sampler.bind(self.ring.capacity, self.ring.store.directory)
+            self._ready()
         self.rng.bit_generator.state = state["rng"]
         if self.sampler is not None and "sampler" in state:
             self.sampler.load_state_dict(state["sampler"])
@@ -318,10 +332,10 @@ class TransitionReplayBuffer:
         the state is written (the data is already there)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        if self.ring.allocated and path.resolve() != self.ring.store.directory.resolve():
+        if self._ready() and path.resolve() != self.ring.store.directory.resolve():
             self.ring.store.copy_files_to(path / "storage")
-        else:
-            self.ring.store.flush() if self.ring.allocated else None
+        elif self._ready():
+            self.ring.store.flush()
         torch.save(self.state_dict(), path / "replay_state.pt")
 
     def loads(self, path: str | os.PathLike) -> None:

@@ -103,6 +103,12 @@ class PrioritizedSampler(Sampler):
         self._directory = Path(directory) if directory is not None else None
         self._map(create=True)
 
+    def attach(self, capacity: int, directory: str | os.PathLike) -> None:
+        """Map a tree another process bound in ``directory`` (no reset)."""
+        self.capacity = int(capacity)
+        self._directory = Path(directory)
+        self._map(create=False)
+
     def _map(self, create: bool) -> None:
         tree_size = SumTree.storage_size(self.capacity, self.branching)
         if self._directory is None:
