@@ -4,7 +4,7 @@
 log/evaluate/checkpoint at intervals. See :mod:`tdrl.train.sync` for the API and semantics.
 """
 
-from tdrl.train.stats import episode_stats, scalar_means
+from tdrl.train.stats import episode_stats, scalar_stats
 from tdrl.train.sync import SyncTrainer, iteration_counts, updates_per_iteration
 
-__all__ = ["SyncTrainer", "episode_stats", "iteration_counts", "scalar_means", "updates_per_iteration"]
+__all__ = ["SyncTrainer", "episode_stats", "iteration_counts", "scalar_stats", "updates_per_iteration"]

@@ -5,8 +5,9 @@ Episode statistics come from the collectors as rlpyt TrajInfos (``Return``, ``Le
 ``<prefix><field>_{mean,std,median,min,max}`` with snake-case field names (``train/return_mean``,
 ``eval/length_max``), rlpyt's Average/Std/Median/Min/Max.
 
-Optimiser metrics (what the recipe passes to ``trainer.record``) are averaged per key over the log interval;
-``loss_x`` becomes ``loss/x``, other bare keys go under ``train/``.
+Optimiser metrics (what the recipe passes to ``trainer.record``, typically one TensorDict per update) get the same
+five statistics over the log interval; ``loss_x`` becomes ``loss/x`` (``loss/x_mean``...), other bare keys go
+under ``train/``, keys holding a ``/`` stay as they are. These are the names :mod:`tdrl.log.stats` documents.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-__all__ = ["episode_stats", "eval_episodes", "new_episodes", "scalar_means", "traj_to_dict"]
+__all__ = ["episode_stats", "eval_episodes", "new_episodes", "scalar_stats", "traj_to_dict"]
 
 _STATS = {"mean": np.mean, "std": np.std, "median": np.median, "min": np.min, "max": np.max}
 
@@ -93,9 +94,13 @@ def _metric_name(key: Any) -> str:
     return "train/" + key
 
 
-def scalar_means(metrics: Iterable[Any]) -> dict[str, float]:
-    """Mean per key over a list of metric TensorDicts/mappings, skipping non-scalar entries."""
-    sums: dict[str, list[torch.Tensor | float]] = {}
+def scalar_stats(metrics: Iterable[Any]) -> dict[str, float]:
+    """Per key, mean/std/median/min/max over a list of metric TensorDicts/mappings (one per update).
+
+    Non-scalar entries are skipped. Keys are renamed by the rule in the module docstring, so
+    ``loss_objective`` values become ``loss/objective_mean``, ``loss/objective_std``, ...
+    """
+    series: dict[str, list[Any]] = {}
     for m in metrics:
         items = m.items(include_nested=True, leaves_only=True) if isinstance(m, TensorDictBase) else m.items()
         for key, value in items:
@@ -105,11 +110,13 @@ def scalar_means(metrics: Iterable[Any]) -> dict[str, float]:
                 value = value.detach().reshape(())
             elif not isinstance(value, (int, float)):
                 continue
-            sums.setdefault(_metric_name(key), []).append(value)
-    out = {}
-    for name, values in sums.items():
+            series.setdefault(_metric_name(key), []).append(value)
+    out: dict[str, float] = {}
+    for name, values in series.items():
         if isinstance(values[0], torch.Tensor):
-            out[name] = float(torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in values]).mean())
+            arr = torch.stack([v.to(torch.float64) for v in values]).cpu().numpy()
         else:
-            out[name] = float(np.mean(values))
+            arr = np.asarray(values, dtype=np.float64)
+        for stat, fn in _STATS.items():
+            out[f"{name}_{stat}"] = float(fn(arr))
     return out

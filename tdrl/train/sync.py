@@ -54,8 +54,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from tdrl.train.stats import episode_stats, eval_episodes, new_episodes, scalar_means
-from tdrl.utils.seeding import rng_state, set_rng_state
+from tdrl.train.stats import episode_stats, eval_episodes, new_episodes, scalar_stats
 
 __all__ = ["SyncTrainer", "iteration_counts", "updates_per_iteration"]
 
@@ -138,9 +137,15 @@ class SyncTrainer:
             updates_per_iteration(replay_ratio, self.frames_per_itr, batch_size) if replay_ratio else 1
         )
         self.checkpoint_state = dict(checkpoint_state or {})
+        # objects that write their own files (replay buffers: ``dumps(dir)``/``loads(dir)``) are checkpointed
+        # through the Run's extra writers; the rest through ``state_dict``/``load_state_dict``
+        self._file_state = {n: o for n, o in self.checkpoint_state.items() if hasattr(o, "dumps") and hasattr(o, "loads")}
         for name, obj in self.checkpoint_state.items():
-            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(f"checkpoint_state['{name}'] has no state_dict/load_state_dict: {type(obj).__name__}")
+            if name not in self._file_state and not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(
+                    f"checkpoint_state['{name}'] ({type(obj).__name__}) has neither state_dict/load_state_dict "
+                    "nor dumps/loads"
+                )
         ckpt_itrs = max(int(checkpoint_interval_steps) // self.frames_per_itr, 1) if checkpoint_interval_steps else 0
         self.checkpoint_interval_itrs = ckpt_itrs or self.log_interval_itrs
         self.stop_return = stop_return
@@ -258,8 +263,11 @@ class SyncTrainer:
             for c in (self.collector, self.eval_collector):
                 if c is not None and hasattr(c, "shutdown"):
                     c.shutdown()
-            if completed and self.run is not None:
-                self.run.finish(self.summary)
+            if self.run is not None:
+                if completed:
+                    self.run.finish(self.summary)
+                elif hasattr(self.run, "close"):
+                    self.run.close(exit_code=1)  # no summary.json: the run did not finish
 
     # --- Evaluation, logging, checkpoints -------------------------------------------------------------------
 
@@ -277,35 +285,31 @@ class SyncTrainer:
         d_frames = self.frames - self._frames_at_log
         d_updates = self.updates - self._updates_at_log
         d_time = max(train_s - self._train_s_at_log, 1e-9)
-        row: dict[str, float] = {
-            "iteration": float(self.itr),
-            "frames": float(self.frames),
-            "updates": float(self.updates),
-            "episodes": float(self.episodes),
-            "time/train_s": train_s,
-            "time/wall_s": train_s + self._eval_s + self._session_eval_s,
-            "time/fps": d_frames / d_time if self.itr else 0.0,
-            "time/updates_per_s": d_updates / d_time if self.itr else 0.0,
+        metrics: dict[str, float] = {
+            "time/train_s": train_s,  # rlpyt's CumTrainTime: wall time minus evaluation
+            "time/eval_s": self._eval_s + self._session_eval_s,
+            "time/train_fps": d_frames / d_time if self.itr else 0.0,
         }
-        if self.updates and self.frames:
-            # samples drawn by the optimiser per collected frame (rlpyt's ReplayRatio / CumReplayRatio)
-            if self.batch_size:
-                row["replay/ratio"] = d_updates * self.batch_size / max(d_frames, 1)
-                row["replay/cum_ratio"] = self.updates * self.batch_size / self.frames
-        row.update(episode_stats(list(self._traj_window), prefix="train/"))
-        row["train/new_episodes"] = float(len(self._new_trajs))
-        row.update(scalar_means(self._metrics))
+        metrics.update(episode_stats(list(self._traj_window), prefix="train/"))
+        metrics.update(scalar_stats(self._metrics))
         if self.eval_collector is not None:
-            row.update(self.last_eval)
+            metrics.update(self.last_eval)
+        new_episodes_count = len(self._new_trajs)
         self._metrics.clear()
         self._new_trajs.clear()
         self._frames_at_log, self._updates_at_log, self._train_s_at_log = self.frames, self.updates, train_s
-        self.history.append(row)
-        ret = row.get("eval/return_mean", row.get("train/return_mean"))
+        counters = {"iteration": self.itr, "frames": self.frames, "updates": self.updates,
+                    "episodes": self.episodes, "new_episodes": new_episodes_count}
+        if self.batch_size and self.frames:
+            counters["replay_ratio"] = d_updates * self.batch_size / max(d_frames, 1)
+            counters["cum_replay_ratio"] = self.updates * self.batch_size / self.frames
+        self.history.append({**counters, **metrics})
+        ret = metrics.get("eval/return_mean", metrics.get("train/return_mean"))
         if ret is not None and math.isfinite(ret):
             self.curve.append({"frames": self.frames, "train_s": round(train_s, 3), "return_mean": ret})
         if self.run is not None:
-            self.run.log(row, step=self.frames)
+            self.run.log(metrics, step=self.frames, iteration=self.itr, updates=self.updates,
+                         update_batch_size=self.batch_size, episodes=new_episodes_count)
 
     def _check_stop(self) -> None:
         if self.stop_return is None:
@@ -355,27 +359,31 @@ class SyncTrainer:
     def _save_checkpoint(self) -> None:
         if self.run is None:
             return
-        state: dict[str, Any] = {name: obj.state_dict() for name, obj in self.checkpoint_state.items()}
+        state: dict[str, Any] = {name: obj.state_dict() for name, obj in self.checkpoint_state.items()
+                                 if name not in self._file_state}
         state["trainer"] = self.state_dict()
-        state["rng"] = rng_state()
         if hasattr(self.collector, "state_dict"):
             state["collector"] = self.collector.state_dict()
-        self.run.save_checkpoint(state, self.itr)
+        writers = {name: obj.dumps for name, obj in self._file_state.items()}
+        # the Run adds the RNG states and its logger position to the checkpoint
+        self.run.save_checkpoint(state, self.itr, step=self.frames, extra_writers=writers or None)
 
     def _maybe_resume(self) -> None:
         if self.run is None or self.resumed:
             return
-        state = self.run.load_checkpoint()
+        readers = {name: obj.loads for name, obj in self._file_state.items()}
+        state = self.run.load_checkpoint(extra_readers=readers or None)  # restores RNG states too
         if not state:
             return
         for name, obj in self.checkpoint_state.items():
+            if name in self._file_state:
+                continue
             if name not in state:
                 raise KeyError(f"checkpoint has no '{name}' (it has {sorted(state)})")
             obj.load_state_dict(state[name])
         self.load_state_dict(state["trainer"])
         if "collector" in state and hasattr(self.collector, "load_state_dict"):
             self.collector.load_state_dict(state["collector"])
-        set_rng_state(state["rng"])
         self.resumed = True
 
 

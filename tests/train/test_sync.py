@@ -69,14 +69,17 @@ class MemoryRun:
     def __init__(self):
         self.rows, self.checkpoints, self.summary = [], [], None
 
-    def log(self, row, step):
-        self.rows.append((step, dict(row)))
+    def log(self, row, *, step, iteration=None, updates=None, update_batch_size=None, episodes=None):
+        self.rows.append((step, {"Iteration": iteration, "CumUpdates": updates, **row}))
 
-    def save_checkpoint(self, state, iteration):
+    def save_checkpoint(self, state, iteration, *, step=None, extra_writers=None):
         self.checkpoints.append((iteration, copy.deepcopy(state)))  # a real Run serialises
 
-    def load_checkpoint(self):
+    def load_checkpoint(self, *, extra_readers=None):
         return self.checkpoints[-1][1] if self.checkpoints else None
+
+    def close(self, exit_code=0):
+        self.closed = exit_code
 
     def finish(self, summary):
         self.summary = summary
@@ -110,7 +113,7 @@ def test_loop_counts_frames_iterations_and_weight_syncs():
     assert collector.weight_syncs == 11  # before every batch but the first
     assert collector.shutdowns == 1
     assert [row["iteration"] for row in trainer.history] == [3, 6, 9, 12]
-    assert trainer.history[0]["loss/x"] == 1.0
+    assert trainer.history[0]["loss/x_mean"] == 1.0 and trainer.history[0]["loss/x_std"] == 0.0
     assert trainer.history[-1]["train/return_mean"] == pytest.approx(sum(range(1, 13)) / 12)
 
 
@@ -121,7 +124,7 @@ def test_online_statistics_use_last_log_traj_window_episodes():
     last = trainer.history[-1]
     assert last["train/return_mean"] == pytest.approx((7 + 8 + 9 + 10) / 4)
     assert last["train/return_min"] == 7 and last["train/return_max"] == 10
-    assert last["train/new_episodes"] == 10
+    assert last["new_episodes"] == 10
 
 
 def test_eval_at_iteration_zero_and_every_log_interval_excluded_from_train_time():
@@ -153,7 +156,7 @@ def test_no_update_before_min_steps_learn():
     # min_itr_learn = 35 // 10 = 3: itr 0,1,2 (30 frames collected) do not update; 8*10/20 = 4 updates after
     assert due == [0, 0, 0] + [4] * 7
     assert trainer.updates == 28
-    assert trainer.history[-1]["replay/cum_ratio"] == pytest.approx(28 * 20 / 100)
+    assert trainer.history[-1]["cum_replay_ratio"] == pytest.approx(28 * 20 / 100)
 
 
 def test_replay_ratio_needs_batch_size():
@@ -178,7 +181,7 @@ def test_checkpoint_at_log_boundaries_and_resume_continues():
         if trainer.itr == 6:
             break  # killed mid-iteration 6: the last checkpoint is after iteration 6 (itr counter 6)
     assert [itr for itr, _ in run.checkpoints] == [2, 4, 6]
-    assert run.summary is None  # an interrupted run does not finish
+    assert run.summary is None and run.closed == 1  # an interrupted run does not finish
     # relaunch: new objects, same run
     model2 = Counter()
     collector2 = ScriptedCollector()
@@ -193,7 +196,7 @@ def test_checkpoint_at_log_boundaries_and_resume_continues():
     assert model2.w.item() == 10  # 6 restored + 4 more
     assert trainer2.frames == 100 and collector2.batches == 6 + 4
     assert run.summary["frames"] == 100
-    assert [row["iteration"] for _, row in run.rows] == [2, 4, 6, 8, 10]
+    assert [row["Iteration"] for _, row in run.rows] == [2, 4, 6, 8, 10]
 
 
 def test_stop_return_ends_early():

@@ -1,0 +1,113 @@
+"""Plain ``nn.Module`` torsos: no TensorDict keys, no specs (those live in :mod:`tdrl.models.policies`).
+
+* :class:`MLP`: fully connected layers with orthogonal initialisation (the standard for policy gradients: hidden
+  gain √2, a small gain on a policy head so the initial policy is near uniform, 1 on a value head).
+* :class:`ObsNorm`: running mean/variance observation normaliser kept *inside* the model, as rlpyt's
+  ``MujocoFfModel(normalize_observation=True)`` does: its statistics are buffers, so they travel with the
+  weights to collector workers and into checkpoints, and the policy sees the same normalisation everywhere.
+
+Recurrent cores are TorchRL's ``LSTMModule`` (it handles ``is_init`` resets, stored initial states and
+``[B, T]`` sequences); :func:`tdrl.models.policies.make_recurrent_actor_critic` builds one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["MLP", "ObsNorm", "activation_class"]
+
+_ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
+
+
+def activation_class(name: str) -> type[nn.Module]:
+    """``"tanh"`` → ``nn.Tanh`` (also relu, elu, silu); unknown names raise naming the valid ones."""
+    try:
+        return _ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown activation '{name}'; choose one of {sorted(_ACTIVATIONS)}") from None
+
+
+class MLP(nn.Sequential):
+    """Linear layers with an activation between them; orthogonally initialised, zero biases.
+
+    Args:
+        in_features: input size (flattened observation size).
+        out_features: output size; ``None`` ends with the last hidden layer and its activation (a torso).
+        hidden_sizes: hidden layer widths.
+        activation: ``"tanh"``, ``"relu"``, ``"elu"`` or ``"silu"``.
+        output_gain: orthogonal gain of the output layer (0.01 for a policy head, 1.0 for a value head).
+
+    Examples:
+        >>> MLP(4, 2, hidden_sizes=(64, 64))(torch.zeros(8, 4)).shape
+        torch.Size([8, 2])
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int | None,
+        hidden_sizes: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        output_gain: float = 1.0,
+    ) -> None:
+        act = activation_class(activation)
+        layers: list[nn.Module] = []
+        size = in_features
+        for width in hidden_sizes:
+            layers += [_init(nn.Linear(size, width), math.sqrt(2)), act()]
+            size = width
+        if out_features is not None:
+            layers.append(_init(nn.Linear(size, out_features), output_gain))
+        super().__init__(*layers)
+        self.out_features = out_features if out_features is not None else size
+
+
+def _init(layer: nn.Linear, gain: float) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class ObsNorm(nn.Module):
+    """Normalise by running mean and variance, then clip: ``clamp((x - mean) / sqrt(var + eps), ±clip)``.
+
+    The statistics change only when :meth:`update` is called with a batch of observations (the recipe calls it
+    once per collector batch), never in ``forward``, so collection and training see identical inputs.
+
+    Args:
+        shape: observation shape (without batch dims).
+        clip: clip of the normalised value (rlpyt ``norm_obs_clip=10``).
+        eps: variance floor (rlpyt ``norm_obs_var_clip=1e-6``).
+    """
+
+    def __init__(self, shape: Sequence[int] | int, clip: float = 10.0, eps: float = 1e-6) -> None:
+        super().__init__()
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        self.clip, self.eps = float(clip), float(eps)
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("var", torch.ones(shape))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x - self.mean) * torch.rsqrt(self.var + self.eps)).clamp(-self.clip, self.clip)
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Fold a batch ``[..., *shape]`` into the statistics (Chan et al.'s parallel mean/variance)."""
+        x = x.reshape(-1, *self.mean.shape).to(torch.float64)
+        n = x.shape[0]
+        if n == 0:
+            return
+        batch_mean = x.mean(0)
+        batch_var = x.var(0, unbiased=False)
+        total = self.count + n
+        delta = batch_mean - self.mean.double()
+        mean = self.mean.double() + delta * (n / total)
+        m2 = self.var.double() * self.count + batch_var * n + delta.pow(2) * self.count * n / total
+        self.mean.copy_(mean)
+        self.var.copy_(m2 / total)
+        self.count.fill_(total)

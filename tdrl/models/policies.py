@@ -1,0 +1,219 @@
+"""Actor-critic factories for policy-gradient algorithms, built from env specs the TorchRL way.
+
+:func:`make_actor_critic` returns an :class:`ActorCritic` holding
+
+* ``actor``: a TorchRL ``ProbabilisticActor`` — the collection policy and the loss's actor. It reads
+  ``observation`` and writes ``action`` and ``action_log_prob`` (TorchRL 0.14's log-prob key) plus its
+  distribution parameters (``logits``, or ``loc``/``scale``);
+* ``critic``: a ``ValueOperator`` reading ``observation`` and writing ``state_value``;
+* ``greedy``: the same actor in deterministic mode (argmax / distribution mode) for evaluation collectors; it
+  shares parameters with ``actor``;
+* ``obs_norm``: the :class:`~tdrl.models.nets.ObsNorm` both networks read through, or ``None``.
+
+Distributions: discrete actions (``Categorical`` spec) use ``torch.distributions.Categorical`` over logits;
+continuous actions use a Gaussian with a state-independent learned ``log_std`` (rlpyt's ``MujocoFfModel``,
+``init_log_std``), either ``"normal"`` (unbounded; MuJoCo clamps controls to their range) or
+``"tanh_normal"`` (squashed into the action bounds, log-prob corrected).
+
+:func:`make_recurrent_actor_critic` puts TorchRL's ``LSTMModule`` between an MLP embedding and the heads, shared
+by actor and critic (rlpyt's ``MujocoLstmModel``/``AtariLstmModel``). It reads ``is_init`` and the stored state
+``("recurrent_state", "h" | "c")`` and writes ``("next", "recurrent_state", "h" | "c")``, the convention tdrl's
+collectors follow (they keep the state per env and zero it at episode starts). Under
+``torchrl.modules.set_recurrent_mode(True)`` a ``[B, T]`` batch is replayed as B sequences starting from the
+state stored at t=0 (and reset wherever ``is_init`` marks an episode start), which is how recurrent PPO/A2C
+train on collector batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequential
+from torch import nn
+from torchrl.modules import IndependentNormal, LSTMModule, ProbabilisticActor, TanhNormal, ValueOperator
+
+from tdrl.envs.make import EnvSpecs
+from tdrl.models.nets import MLP, ObsNorm
+
+__all__ = ["ActorCritic", "GaussianHead", "make_actor_critic", "make_recurrent_actor_critic"]
+
+Distribution = Literal["auto", "categorical", "normal", "tanh_normal"]
+RECURRENT_KEYS = (("recurrent_state", "h"), ("recurrent_state", "c"))
+
+
+class ActorCritic(nn.Module):
+    """Container of a policy-gradient agent's modules (one ``state_dict`` for checkpoints).
+
+    Attributes:
+        actor: ``ProbabilisticActor`` sampling actions (training collection and the loss).
+        critic: value network writing ``state_value``.
+        greedy: deterministic view of ``actor`` for evaluation (shares parameters).
+        obs_norm: shared observation normaliser, or ``None``.
+        recurrent: whether the modules contain an LSTM (batches must be replayed as sequences).
+    """
+
+    def __init__(
+        self,
+        actor: ProbabilisticActor,
+        critic: TensorDictModule,
+        greedy: ProbabilisticActor,
+        obs_norm: ObsNorm | None,
+        recurrent: bool,
+    ) -> None:
+        super().__init__()
+        self.actor, self.critic, self.obs_norm = actor, critic, obs_norm
+        self.recurrent = recurrent
+        self.__dict__["greedy"] = greedy  # not a submodule: its parameters are the actor's
+
+
+class GaussianHead(nn.Module):
+    """``x -> (loc, scale)`` with a state-independent learned log standard deviation."""
+
+    def __init__(self, loc_net: nn.Module, action_dim: int, init_log_std: float = 0.0) -> None:
+        super().__init__()
+        self.loc_net = loc_net
+        self.log_std = nn.Parameter(torch.full((action_dim,), float(init_log_std)))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loc = self.loc_net(x)
+        return loc, self.log_std.exp().expand_as(loc)
+
+
+def _obs_size(specs: EnvSpecs) -> int:
+    shape = tuple(specs.observation_spec.shape)
+    if len(shape) != 1:
+        raise ValueError(
+            f"MLP actor-critics take flat observations; this env's observation shape is {shape} "
+            "(image observations need a convolutional torso, tdrl.models.conv)"
+        )
+    if specs.observation_spec.dtype == torch.uint8:
+        raise ValueError("uint8 (image) observations need a convolutional torso that scales by 1/255")
+    return shape[0]
+
+
+def _resolve_distribution(specs: EnvSpecs, distribution: Distribution) -> str:
+    if distribution == "auto":
+        return "categorical" if specs.discrete else "tanh_normal"
+    if specs.discrete != (distribution == "categorical"):
+        kind = "discrete" if specs.discrete else "continuous"
+        raise ValueError(f"distribution '{distribution}' does not fit this env's {kind} action space "
+                         f"({specs.action_spec})")
+    return distribution
+
+
+def _probabilistic_actor(
+    module: TensorDictModule, specs: EnvSpecs, dist: str, interaction: InteractionType
+) -> ProbabilisticActor:
+    if dist == "categorical":
+        in_keys, cls, kwargs = ["logits"], torch.distributions.Categorical, {}
+    elif dist == "normal":
+        in_keys, cls, kwargs = ["loc", "scale"], IndependentNormal, {}
+    else:
+        spec = specs.action_spec
+        in_keys, cls = ["loc", "scale"], TanhNormal
+        kwargs = {"low": spec.space.low, "high": spec.space.high}
+    return ProbabilisticActor(
+        module,
+        in_keys=in_keys,
+        spec=specs.action_spec,
+        distribution_class=cls,
+        distribution_kwargs=kwargs,
+        return_log_prob=True,
+        default_interaction_type=interaction,
+    )
+
+
+def _policy_head(in_features: int, specs: EnvSpecs, dist: str, hidden: Sequence[int], activation: str,
+                 init_log_std: float) -> tuple[nn.Module, list[str]]:
+    if dist == "categorical":
+        return MLP(in_features, specs.n_actions, hidden, activation, output_gain=0.01), ["logits"]
+    loc_net = MLP(in_features, specs.n_actions, hidden, activation, output_gain=0.01)
+    return GaussianHead(loc_net, specs.n_actions, init_log_std), ["loc", "scale"]
+
+
+def make_actor_critic(
+    specs: EnvSpecs,
+    *,
+    hidden_sizes: Sequence[int] = (64, 64),
+    activation: str = "tanh",
+    distribution: Distribution = "auto",
+    init_log_std: float = 0.0,
+    normalize_observation: bool = False,
+    norm_obs_clip: float = 10.0,
+) -> ActorCritic:
+    """Feed-forward actor and critic MLPs (separate networks) for flat observations.
+
+    Args:
+        specs: the env's specs (``EnvFactory.specs()``).
+        hidden_sizes: hidden widths of both MLPs.
+        activation: ``tanh`` (default, as rlpyt/SB3 for PPO), ``relu``, ``elu`` or ``silu``.
+        distribution: ``auto`` (categorical for discrete, tanh_normal for continuous) or an explicit one;
+            one that does not fit the action space raises.
+        init_log_std: initial log standard deviation of Gaussian policies.
+        normalize_observation: read observations through a shared running :class:`ObsNorm`.
+        norm_obs_clip: clip of normalised observations.
+
+    Raises:
+        ValueError: image or multi-dimensional observations, or a distribution that does not fit the actions.
+
+    Examples:
+        >>> from tdrl.envs import EnvFactory
+        >>> ac = make_actor_critic(EnvFactory("CartPole-v1").specs())
+        >>> from tensordict import TensorDict
+        >>> ac.actor(TensorDict({"observation": torch.zeros(3, 4)}, [3]))["action"].shape
+        torch.Size([3])
+    """
+    obs_size = _obs_size(specs)
+    dist = _resolve_distribution(specs, distribution)
+    obs_norm = ObsNorm(obs_size, clip=norm_obs_clip) if normalize_observation else None
+    pre = [obs_norm] if obs_norm is not None else []
+    head, head_keys = _policy_head(obs_size, specs, dist, hidden_sizes, activation, init_log_std)
+    policy_module = TensorDictModule(nn.Sequential(*pre, head) if pre else head, ["observation"], head_keys)
+    value_net = MLP(obs_size, 1, hidden_sizes, activation, output_gain=1.0)
+    critic = ValueOperator(nn.Sequential(*pre, value_net) if pre else value_net, in_keys=["observation"])
+    actor = _probabilistic_actor(policy_module, specs, dist, InteractionType.RANDOM)
+    greedy = _probabilistic_actor(policy_module, specs, dist, InteractionType.DETERMINISTIC)
+    return ActorCritic(actor, critic, greedy, obs_norm, recurrent=False)
+
+
+def make_recurrent_actor_critic(
+    specs: EnvSpecs,
+    *,
+    hidden_sizes: Sequence[int] = (64,),
+    lstm_size: int = 64,
+    activation: str = "tanh",
+    distribution: Distribution = "auto",
+    init_log_std: float = 0.0,
+    normalize_observation: bool = False,
+    norm_obs_clip: float = 10.0,
+) -> ActorCritic:
+    """MLP embedding → LSTM core (shared) → policy and value heads, with stored recurrent state.
+
+    Args:
+        specs: the env's specs.
+        hidden_sizes: widths of the embedding MLP before the LSTM.
+        lstm_size: LSTM hidden size.
+        activation, distribution, init_log_std, normalize_observation, norm_obs_clip: as
+            :func:`make_actor_critic`.
+    """
+    obs_size = _obs_size(specs)
+    dist = _resolve_distribution(specs, distribution)
+    obs_norm = ObsNorm(obs_size, clip=norm_obs_clip) if normalize_observation else None
+    torso = MLP(obs_size, None, hidden_sizes, activation)
+    embed = TensorDictModule(nn.Sequential(obs_norm, torso) if obs_norm is not None else torso,
+                             ["observation"], ["embed"])
+    core = LSTMModule(
+        input_size=torso.out_features,
+        hidden_size=lstm_size,
+        in_keys=["embed", *RECURRENT_KEYS],
+        out_keys=["features", *[("next", *k) for k in RECURRENT_KEYS]],
+    )
+    head, head_keys = _policy_head(lstm_size, specs, dist, (), activation, init_log_std)
+    policy_module = TensorDictSequential(embed, core, TensorDictModule(head, ["features"], head_keys))
+    value_head = TensorDictModule(MLP(lstm_size, 1, (), activation, output_gain=1.0), ["features"], ["state_value"])
+    critic = TensorDictSequential(embed, core, value_head)
+    actor = _probabilistic_actor(policy_module, specs, dist, InteractionType.RANDOM)
+    greedy = _probabilistic_actor(policy_module, specs, dist, InteractionType.DETERMINISTIC)
+    return ActorCritic(actor, critic, greedy, obs_norm, recurrent=True)
