@@ -1,7 +1,10 @@
-"""tdrl.models."""
-from tdrl.models.conv import AtariConv  # noqa: E402
-from tdrl.models.exploration import EpsilonGreedy, make_gaussian_noise  # noqa: E402
-from tdrl.models.q import (  # noqa: E402
+"""Models: plain torsos (``nets``, ``conv``), actor-critic factories (``policies``), Q-models (``q``), exploration."""
+
+from tdrl.models.conv import AtariConv
+from tdrl.models.exploration import EpsilonGreedy, make_gaussian_noise
+from tdrl.models.nets import MLP, ObsNorm
+from tdrl.models.policies import ActorCritic, make_actor_critic, make_recurrent_actor_critic
+from tdrl.models.q import (
     DuelingHead,
     QNetwork,
     make_deterministic_actor,
@@ -9,3 +12,20 @@ from tdrl.models.q import (  # noqa: E402
     make_q_critic,
     make_tanh_gaussian_actor,
 )
+
+__all__ = [
+    "MLP",
+    "ActorCritic",
+    "AtariConv",
+    "DuelingHead",
+    "EpsilonGreedy",
+    "ObsNorm",
+    "QNetwork",
+    "make_actor_critic",
+    "make_deterministic_actor",
+    "make_gaussian_noise",
+    "make_q_actor",
+    "make_q_critic",
+    "make_recurrent_actor_critic",
+    "make_tanh_gaussian_actor",
+]
