@@ -71,6 +71,7 @@ from tdrl.replay.frames import FrameStack
 from tdrl.replay.nstep import nstep_returns
 from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
 from tdrl.replay.schema import ReplayError
+from tdrl.replay.sequence import SequenceReplayBuffer, sequence_priority
 from tdrl.replay.storage import MemmapStore
 from tdrl.replay.sum_tree import SumTree
 
@@ -79,8 +80,10 @@ __all__ = [
     "MemmapStore",
     "PrioritizedSampler",
     "ReplayError",
+    "SequenceReplayBuffer",
     "SumTree",
     "TransitionReplayBuffer",
     "check_priorities",
     "nstep_returns",
+    "sequence_priority",
 ]

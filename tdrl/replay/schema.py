@@ -99,12 +99,15 @@ class BatchSchema:
         for prefix, names in self._groups.items():
             node = batch if not prefix else batch.get(prefix)
             if len(node.keys()) != len(names):
-                extra = sorted(n for n in set(node.keys()) - names
-                               if prefix + (n,) not in self.ignored and prefix not in self.ignored)
+                extra = sorted(n for n in set(node.keys()) - names if not self._is_ignored(prefix + (n,)))
                 if extra:
                     raise ReplayError(f"batch has key {key_name(prefix + (extra[0],))!r} that this buffer does "
                                       f"not store (stored keys are fixed by the first batch; pass keys=[...] to "
                                       f"store a selection)")
+
+    def _is_ignored(self, key: tuple[str, ...]) -> bool:
+        """An ignored key, inside one, or a sub-tree holding one (e.g. ``recurrent_state`` for ``recurrent_state.h``)."""
+        return any(key[: len(k)] == k or k[: len(key)] == key for k in self.ignored)
 
     def to_json(self) -> dict[str, Any]:
         return {"entries": [{"key": list(k), "dtype": str(d).removeprefix("torch."), "shape": list(s)}

@@ -36,7 +36,7 @@ def _draws(rb, k: int = 5) -> list[torch.Tensor]:
 
 def _same(a, b):
     assert len(a) == len(b)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert (x == y).all(), "samples differ"
 
 

@@ -1,0 +1,361 @@
+"""Sequence replay for recurrent agents (R2D1): sequences start only where a recurrent state was stored.
+
+Every ``rnn_state_interval`` steps of each environment stream (absolute times ``0, I, 2I, ...``) the buffer keeps the
+recurrent state the policy read at that step (``state_keys``, e.g. ``("recurrent_state", "h")``; the policy's
+``("next", <state key>)`` outputs are not stored). Only those steps start sequences, so every replayed sequence begins
+with a valid stored state, and state memory is ``1/I`` of storing it every step (rlpyt's
+``store_rnn_state_interval``).
+
+``sample(batch_B)`` returns a TensorDict ``[batch_B, L]`` with ``L = warmup_T + batch_T + lookahead_T``
+consecutive steps of one stream each (they may cross episode boundaries; ``is_init``/``("next", "done")`` and the
+validity mask tell the model and loss where):
+
+* every stored key at its step (``observation``, ``action``, ``("next", "reward")``, ...);
+* each state key: the stored initial state, broadcast along time (a stride-0 view: read ``[:, 0]``), which is how
+  TorchRL's recurrent modules (``LSTMModule``/``GRUModule``) take a sequence's initial state;
+* ``index`` (start leaf) and, prioritized, ``priority_weight``: per-sequence values broadcast the same way.
+
+``warmup_T`` steps burn in the state (no loss), ``batch_T`` steps train, and ``lookahead_T`` (R2D1: the n-step
+horizon) extends the sequence so n-step targets of the last trained steps are complete.
+
+Prioritized (``sampler=PrioritizedSampler(...)``): one tree leaf per stored start. ``update_priority`` takes one
+priority per sequence, or per-step ``|TD|`` ``[batch_B, T]`` reduced as ``eta * max + (1 - eta) * mean`` (R2D1,
+``pri_eta=0.9``). Input priorities (``priority_key`` in a batch, ``[B, T]``) give each start the value at its step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.utils import NestedKey
+
+from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
+from tdrl.replay.ring import StreamRing, nest
+from tdrl.replay.schema import ReplayError, as_key, key_name
+
+__all__ = ["SequenceReplayBuffer", "sequence_priority"]
+
+_MAX_REDRAWS = 64
+
+
+def sequence_priority(td_error: torch.Tensor, eta: float = 0.9) -> torch.Tensor:
+    """R2D1 sequence priority ``eta * max_t |td| + (1 - eta) * mean_t |td|`` over the last dim of ``[N, T]``."""
+    abs_td = td_error.detach().abs().reshape(td_error.shape[0], -1)
+    return eta * abs_td.max(dim=1).values + (1.0 - eta) * abs_td.mean(dim=1)
+
+
+class SequenceReplayBuffer:
+    """Memmap-backed R2D1 sequence replay.
+
+    Args:
+        scratch_dir: directory for the memmapped storage.
+        capacity: time steps held over all streams (``T_cap = capacity // B``, a multiple of the interval).
+        batch_T: trained steps per sequence.
+        warmup_T: burn-in steps before them.
+        lookahead_T: extra steps after them (n-step targets).
+        rnn_state_interval: store the recurrent state every this many steps; sequences start only there.
+        state_keys: keys of the recurrent state the policy read at each step.
+        sampler: ``None`` (uniform over stored starts) or a :class:`PrioritizedSampler` (one leaf per start).
+        pri_eta: max/mean mix for per-step TD errors passed to :meth:`update_priority`.
+        mask_key: validity mask key; sequences never start at an invalid step.
+        priority_key: per-step input priority key (not stored).
+        keys: store only these keys (plus ``state_keys``).
+        exclude_keys: keys never stored.
+        seed: seed of the uniform index generator.
+    """
+
+    def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, batch_T: int, warmup_T: int = 0,
+                 lookahead_T: int = 0, rnn_state_interval: int, state_keys: Sequence[NestedKey],
+                 sampler: PrioritizedSampler | None = None, pri_eta: float = 0.9,
+                 mask_key: NestedKey | None = ("collector", "mask"), priority_key: NestedKey = "priority",
+                 keys: Sequence[NestedKey] | None = None, exclude_keys: Sequence[NestedKey] = (),
+                 seed: int | None = None) -> None:
+        if batch_T < 1 or warmup_T < 0 or lookahead_T < 0 or rnn_state_interval < 1:
+            raise ValueError("need batch_T >= 1, warmup_T >= 0, lookahead_T >= 0, rnn_state_interval >= 1")
+        if not state_keys:
+            raise ValueError("state_keys must name at least one recurrent-state key")
+        self.seq_len = int(warmup_T + batch_T + lookahead_T)
+        self.warmup_T, self.batch_T, self.lookahead_T = int(warmup_T), int(batch_T), int(lookahead_T)
+        self.interval = int(rnn_state_interval)
+        self.state_keys = [as_key(k) for k in state_keys]
+        self.sampler = sampler
+        self.pri_eta = float(pri_eta)
+        self.mask_key = as_key(mask_key) if mask_key is not None else None
+        self.priority_key = as_key(priority_key)
+        exclude = [self.priority_key, *self.state_keys, *(("next", *k) for k in self.state_keys), *exclude_keys]
+        self.ring = StreamRing(scratch_dir, capacity, keys=keys, exclude_keys=exclude,
+                               time_multiple=self.interval)
+        self.rng = np.random.default_rng(seed)
+        self._synced = False
+        self._mask_stored = False
+
+    # ------------------------------------------------------------------------------------------------- layout
+    def _ready(self) -> bool:
+        if not self.ring.allocated:
+            return False
+        if not self._synced:
+            self._mask_stored = self.mask_key is not None and self.mask_key in self.ring.schema.entries
+            if self.sampler is not None and self.sampler.capacity != self.num_starts:
+                self.sampler.attach(self.num_starts, self.ring.store.directory)
+            self._synced = True
+        return True
+
+    @property
+    def starts_per_stream(self) -> int:
+        return self.ring.time_capacity // self.interval
+
+    @property
+    def num_starts(self) -> int:
+        """Stored-state slots (tree leaves) over all streams."""
+        return self.ring.num_streams * self.starts_per_stream
+
+    def _allocate(self, batch: TensorDictBase) -> None:
+        if batch.batch_dims != 2:
+            raise ReplayError(f"sequence replay needs [B, T] collector batches, got batch_size "
+                              f"{list(batch.batch_size)}")
+        B = int(batch.batch_size[0])
+        starts = self.ring.capacity_requested // B // self.interval
+        if starts * self.interval < self.seq_len:
+            raise ReplayError(f"capacity {self.ring.capacity_requested} holds {starts * self.interval} steps per "
+                              f"stream, fewer than one sequence (L={self.seq_len})")
+        extra = {}
+        for key in self.state_keys:
+            value = batch.get(key, None)
+            if value is None:
+                raise ReplayError(f"batch is missing recurrent-state key {key_name(key)!r}")
+            extra["state." + key_name(key)] = ((B, starts, *value.shape[2:]), value.dtype)
+        self.ring.allocate(batch, extra, {"kind": "sequence", "interval": self.interval})
+        if self.sampler is not None:
+            self.sampler.bind(self.num_starts, self.ring.store.directory)
+        self._ready()
+
+    # -------------------------------------------------------------------------------------------- counters
+    @property
+    def write_count(self) -> int:
+        return self.ring.write_done * self.ring.num_streams if self._ready() else 0
+
+    @property
+    def samples_drawn(self) -> int:
+        """Sequences sampled so far, times ``L`` (time steps replayed)."""
+        return self.ring.store.counter("samples_drawn")
+
+    def __len__(self) -> int:
+        return min(self.ring.write_done, self.ring.time_capacity) * self.ring.num_streams if self._ready() else 0
+
+    def start_range(self, done: int) -> tuple[int, int]:
+        """``[lo, hi]`` start numbers (absolute time / interval) sampleable once ``done`` steps are complete."""
+        oldest = max(0, done - self.ring.time_capacity)
+        return -(-oldest // self.interval), (done - self.seq_len) // self.interval
+
+    def ready_count(self, done: int | None = None) -> int:
+        if not self._ready():
+            return 0
+        lo, hi = self.start_range(self.ring.write_done if done is None else done)
+        return max(0, hi - lo + 1) * self.ring.num_streams
+
+    def _leaves(self, start_lo: int, start_hi: int) -> np.ndarray:
+        """Leaves of start numbers ``[start_lo, start_hi)`` in every stream."""
+        starts = np.arange(max(start_lo, 0), max(start_hi, 0), dtype=np.int64) % self.starts_per_stream
+        streams = np.arange(self.ring.num_streams, dtype=np.int64)
+        return (streams[:, None] * self.starts_per_stream + starts[None, :]).reshape(-1)
+
+    # ------------------------------------------------------------------------------------------------- extend
+    def extend(self, batch: TensorDictBase) -> None:
+        """Write a ``[B, T]`` collector batch; raises :class:`ReplayError` (writing nothing) on a bad batch."""
+        if not self._ready():
+            self._allocate(batch)
+        if batch.batch_dims != 2:
+            raise ReplayError(f"sequence replay needs [B, T] batches, got batch_size {list(batch.batch_size)}")
+        columns, steps = self.ring.check(batch)
+        states = {}
+        for key in self.state_keys:
+            value = batch.get(key, None)
+            target = self.ring.field("state." + key_name(key))
+            if value is None:
+                raise ReplayError(f"batch is missing recurrent-state key {key_name(key)!r}")
+            if value.dtype != target.dtype or value.shape[2:] != target.shape[2:]:
+                raise ReplayError(f"key {key_name(key)!r} has dtype {value.dtype} and per-step shape "
+                                  f"{tuple(value.shape[2:])}, the buffer stores {target.dtype} "
+                                  f"{tuple(target.shape[2:])}")
+            states[key] = value
+        priority = self._input_priority(batch, steps)
+        start = self.ring.store.begin_write(steps)
+        first = (-start) % self.interval  # first step of this batch at a state boundary
+        if self.sampler is not None:
+            lo_old, hi_old = self.start_range(start)
+            lo_new, _ = self.start_range(start + steps)
+            with self.ring.store.lock():
+                self.sampler.invalidate(self._leaves(lo_old, min(lo_new, hi_old + 1)))
+        self.ring.write_columns(columns, start)
+        for key, value in states.items():
+            sub = value[:, first :: self.interval]
+            if sub.shape[1]:
+                self.ring.write(self.ring.field("state." + key_name(key)), sub, start + first, self.interval)
+        self.ring.store.end_write()
+        if self.sampler is not None:
+            self._activate(start, steps, priority, first)
+
+    def _input_priority(self, batch: TensorDictBase, steps: int) -> np.ndarray | None:
+        value = batch.get(self.priority_key, None)
+        if self.sampler is None or value is None:
+            return None
+        if value.numel() != self.ring.num_streams * steps or value.shape[:2] != batch.batch_size:
+            raise ReplayError(f"key {key_name(self.priority_key)!r} has shape {tuple(value.shape)}, expected "
+                              f"{list(batch.batch_size)}")
+        return check_priorities(value, key_name(self.priority_key)).reshape(self.ring.num_streams, steps)
+
+    def _activate(self, start: int, steps: int, priority: np.ndarray | None, first: int) -> None:
+        new_lo, new_hi = -(-start // self.interval), -(-(start + steps) // self.interval)
+        new = self._leaves(new_lo, new_hi)
+        if priority is not None:
+            priority = priority[:, first :: self.interval].reshape(-1)
+        _, hi_old = self.start_range(start)
+        lo, hi = self.start_range(start + steps)
+        ready_lo = max(lo, hi_old + 1)
+        ready = self._leaves(ready_lo, hi + 1)
+        valid = None
+        if self._mask_stored and ready.size:
+            streams = np.arange(self.ring.num_streams)[:, None]
+            times = np.arange(ready_lo, hi + 1)[None, :] * self.interval
+            index = torch.from_numpy(self.ring.flat_index(streams, times).reshape(-1))
+            valid = self.ring.flat[self.mask_key][index].reshape(-1).numpy()
+        with self.ring.store.lock():
+            if new.size:
+                self.sampler.assign(new, priority, valid=np.zeros(new.shape, dtype=bool))
+            self.sampler.activate(ready, valid=valid)
+            self.sampler.advance(steps * self.ring.num_streams)
+
+    # ------------------------------------------------------------------------------------------------- sample
+    def sample(self, batch_B: int) -> TensorDict:
+        """Draw ``batch_B`` sequences as a TensorDict ``[batch_B, L]`` (see module docstring)."""
+        if batch_B < 1:
+            raise ReplayError(f"batch_B must be >= 1, got {batch_B}")
+        for _ in range(_MAX_REDRAWS):
+            done = self.ring.write_done if self._ready() else 0
+            ready = self.ready_count(done)
+            if batch_B > ready:
+                raise ReplayError(f"batch_B={batch_B} exceeds the {ready} sequences ready to sample "
+                                  f"({len(self)} steps stored; a sequence needs L={self.seq_len} steps)")
+            if self.sampler is None:
+                stream, start_no, weights = self._draw_uniform(batch_B, done)
+            else:
+                stream, start_no, weights = self._draw_prioritized(batch_B)
+            out = self._gather(stream, start_no)
+            if int(start_no.min()) * self.interval >= self.ring.write_started - self.ring.time_capacity:
+                break
+        else:
+            raise ReplayError("sampling kept colliding with concurrent writes; the writer is lapping the buffer")
+        leaf = stream * self.starts_per_stream + start_no % self.starts_per_stream
+        out["index"] = torch.from_numpy(leaf).unsqueeze(1).expand(batch_B, self.seq_len)
+        if weights is not None:
+            out["priority_weight"] = torch.from_numpy(weights).unsqueeze(1).expand(batch_B, self.seq_len)
+        self.ring.store.add_counter("samples_drawn", batch_B * self.seq_len)
+        self.ring.store.add_counter("sample_calls", 1)
+        return out
+
+    def _draw_uniform(self, n: int, done: int) -> tuple[np.ndarray, np.ndarray, None]:
+        lo, hi = self.start_range(done)
+        per_stream = hi - lo + 1
+        for _ in range(_MAX_REDRAWS):
+            stream, offset = np.divmod(self.rng.integers(0, per_stream * self.ring.num_streams, n), per_stream)
+            start_no = lo + offset
+            if not self._mask_stored:
+                break
+            index = torch.from_numpy(self.ring.flat_index(stream, start_no * self.interval))
+            if bool(self.ring.flat[self.mask_key][index].all()):
+                break
+        else:
+            raise ReplayError(f"almost no valid starts: {key_name(self.mask_key)!r} is False nearly everywhere")
+        return stream, start_no, None
+
+    def _draw_prioritized(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        with self.ring.store.lock():
+            done = self.ring.write_done
+            leaves, weights = self.sampler.draw(n)
+        stream, slot = np.divmod(leaves, self.starts_per_stream)
+        newest = (done - self.seq_len) // self.interval  # newest ready start number
+        start_no = newest - (newest - slot) % self.starts_per_stream
+        return stream, start_no, weights
+
+    def _gather(self, stream: np.ndarray, start_no: np.ndarray) -> TensorDict:
+        n, L = stream.shape[0], self.seq_len
+        times = start_no[:, None] * self.interval + np.arange(L)[None, :]
+        index = torch.from_numpy(self.ring.flat_index(stream[:, None], times).reshape(-1))
+        values = {k: self.ring.gather(k, index).view(n, L, *shape)
+                  for k, (_, shape) in self.ring.schema.entries.items()}
+        state_index = torch.from_numpy(stream * self.starts_per_stream + start_no % self.starts_per_stream)
+        for key in self.state_keys:
+            field = self.ring.field("state." + key_name(key))
+            state = torch.index_select(field.view(-1, *field.shape[2:]), 0, state_index)
+            values[key] = state.unsqueeze(1).expand(n, L, *state.shape[1:])
+        return nest(values, [n, L])
+
+    # ------------------------------------------------------------------------------------------------ priority
+    def update_priority(self, index: torch.Tensor | TensorDictBase, priority: torch.Tensor | None = None) -> None:
+        """New priorities for sampled sequences.
+
+        Args:
+            index: the sample's ``index`` (``[batch_B]`` or the broadcast ``[batch_B, L]``), or the sample itself
+                (then ``priority`` defaults to its ``"td_error"``).
+            priority: ``[batch_B]`` per-sequence priorities, or ``[batch_B, T]`` per-step TD errors reduced with
+                :func:`sequence_priority` (``eta = pri_eta``).
+        """
+        if self.sampler is None:
+            raise ReplayError("update_priority() needs a prioritized buffer (sampler=PrioritizedSampler(...))")
+        if isinstance(index, TensorDictBase):
+            priority = index.get("td_error") if priority is None else priority
+            index = index.get("index")
+        index = torch.as_tensor(index)
+        if index.ndim == 2:
+            index = index[:, 0]
+        priority = torch.as_tensor(priority)
+        check_priorities(priority.abs() if priority.ndim == 2 else priority)
+        if priority.ndim == 2:
+            priority = sequence_priority(priority, self.pri_eta)
+        if priority.numel() != index.numel():
+            raise ReplayError(f"priority has {priority.numel()} values for {index.numel()} sequences")
+        with self.ring.store.lock():
+            self.sampler.update(index.cpu().numpy(), check_priorities(priority))
+
+    # --------------------------------------------------------------------------------------------- persistence
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, layout, RNG and sampler state; the data stays in ``scratch_dir`` (see :mod:`tdrl.replay`)."""
+        state = {"ring": self.ring.store.state_dict(), "rng": self.rng.bit_generator.state}
+        if self.sampler is not None:
+            state["sampler"] = self.sampler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ring.store.restore(state["ring"])
+        self._synced = False
+        if self.ring.store.meta is not None:
+            self.ring._adopt_meta()
+            if self.sampler is not None:
+                self.sampler.bind(self.num_starts, self.ring.store.directory)
+            self._ready()
+        self.rng.bit_generator.state = state["rng"]
+        if self.sampler is not None and "sampler" in state:
+            self.sampler.load_state_dict(state["sampler"])
+
+    def dumps(self, path: str | os.PathLike) -> None:
+        """Full copy (data + state) into ``path``; only the state when ``path`` is ``scratch_dir``."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        if self._ready() and path.resolve() != self.ring.store.directory.resolve():
+            self.ring.store.copy_files_to(path / "storage")
+        elif self._ready():
+            self.ring.store.flush()
+        torch.save(self.state_dict(), path / "replay_state.pt")
+
+    def loads(self, path: str | os.PathLike) -> None:
+        """Restore a copy written by :meth:`dumps` into this buffer's ``scratch_dir``."""
+        path = Path(path)
+        self.load_state_dict(torch.load(path / "replay_state.pt", weights_only=False))
+        if self.ring.store.allocated and (path / "storage").exists():
+            self.ring.store.copy_files_from(path / "storage")
