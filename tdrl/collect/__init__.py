@@ -23,13 +23,17 @@ API (TorchRL collector protocol)::
   per episode finished during the last batch, computed on the env's raw reward.
 """
 
+from tdrl.collect.action_server import ActionServerCollector
 from tdrl.collect.common import CollectorError
 from tdrl.collect.factory import COLLECTOR_KINDS, make_collector
+from tdrl.collect.parallel import ParallelCollector
 from tdrl.collect.policy import PolicyStep
 from tdrl.collect.serial import SerialCollector
 from tdrl.collect.traj_info import TRAJ_INFO_FIELDS, EpisodeTracker, traj_info_stats
 
 __all__ = [
+    "ActionServerCollector",
+    "ParallelCollector",
     "COLLECTOR_KINDS",
     "CollectorError",
     "EpisodeTracker",

@@ -51,15 +51,15 @@ class ColumnWriter:
     Args:
         batch: the ``[B, T]`` batch (or shared-memory buffer).
         keys: keys to copy; each is both a key of ``source`` and of ``batch``.
-        source: ``[n]`` TensorDict holding the per-step values (views stay valid: its tensors are never
-            replaced).
+        source: ``[B]`` TensorDict holding the per-step values (rows ``lo:hi`` are read; views stay valid
+            because its tensors are never replaced).
         lo, hi: rows of the batch written.
     """
 
     def __init__(
         self, batch: TensorDictBase, keys: list[NestedKey], source: TensorDictBase, lo: int, hi: int
     ) -> None:
-        self.pairs = [(batch.get(k).numpy()[lo:hi], source.get(k).numpy()) for k in keys]
+        self.pairs = [(batch.get(k).numpy()[lo:hi], source.get(k).numpy()[lo:hi]) for k in keys]
 
     def __call__(self, t: int) -> None:
         for dst, src in self.pairs:

@@ -22,6 +22,8 @@ __all__ = [
     "check_batch_args",
     "env_specs",
     "game_score_of",
+    "load_weights",
+    "sorted_infos",
     "random_action_template",
     "to_interaction_type",
 ]
@@ -135,5 +137,15 @@ def sorted_infos(entries: list[tuple[int, int, dict[str, float]]]) -> list[dict[
     return [info for _, _, info in sorted(entries, key=lambda e: (e[0], e[1]))]
 
 
-def as_numpy_actions(batch: TensorDictBase) -> np.ndarray:
-    return batch.get("action").numpy()
+def load_weights(policy: torch.nn.Module, weights: Any) -> None:
+    """Copy weights (a module, a TensorDict of parameters, or a ``state_dict``) into ``policy`` in place."""
+    if isinstance(weights, torch.nn.Module):
+        policy.load_state_dict(weights.state_dict())
+    elif isinstance(weights, TensorDictBase):
+        TensorDict.from_module(policy).data.update_(weights)
+    elif isinstance(weights, dict):
+        policy.load_state_dict(weights)
+    else:
+        raise TypeError(
+            f"policy_or_weights must be a module, a TensorDict of parameters or a state_dict, got {type(weights)}"
+        )

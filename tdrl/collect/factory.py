@@ -10,11 +10,13 @@ from typing import Any
 
 from tensordict.nn import TensorDictModuleBase
 
+from tdrl.collect.action_server import ActionServerCollector
+from tdrl.collect.parallel import ParallelCollector
 from tdrl.collect.serial import SerialCollector
 
 __all__ = ["COLLECTOR_KINDS", "make_collector"]
 
-COLLECTOR_KINDS = ("serial",)
+COLLECTOR_KINDS = ("serial", "parallel", "action_server", "alternating")
 
 
 def make_collector(
@@ -41,5 +43,12 @@ def make_collector(
         ValueError: unknown kind (the message lists the known ones).
     """
     if kind == "serial":
+        kwargs.pop("n_workers", None)  # one process; accepted so recipes can switch kinds by name only
         return SerialCollector(env_factory, policy, batch_B=batch_B, batch_T=batch_T, **kwargs)
+    if kind == "parallel":
+        return ParallelCollector(env_factory, policy, batch_B=batch_B, batch_T=batch_T, **kwargs)
+    if kind == "action_server":
+        return ActionServerCollector(env_factory, policy, batch_B=batch_B, batch_T=batch_T, **kwargs)
+    if kind == "alternating":
+        return ActionServerCollector(env_factory, policy, batch_B=batch_B, batch_T=batch_T, alternating=True, **kwargs)
     raise ValueError(f"unknown collector kind {kind!r}; choose one of {', '.join(COLLECTOR_KINDS)}")

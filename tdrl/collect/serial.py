@@ -7,30 +7,28 @@ deterministic policy, and ``breakpoint()`` works inside the policy or the env.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
-from tdrl.collect.batch import ColumnWriter, allocate_batch, finish_slice
+from tdrl.collect.batch import allocate_batch
 from tdrl.collect.common import (
     FrameBudget,
-    PolicyWriter,
     check_batch_args,
     env_specs,
     game_score_of,
+    load_weights,
     random_action_template,
     sorted_infos,
     to_interaction_type,
 )
 from tdrl.collect.policy import PolicyStep
-from tdrl.collect.stepping import STEP_NEXT_KEYS, EnvSlice, make_step_td
+from tdrl.collect.runner import OBS_KEYS, SliceRunner
+from tdrl.collect.stepping import make_step_td
 
 __all__ = ["SerialCollector"]
-
-OBS_KEYS = ["observation", "is_init"]
 
 
 class SerialCollector:
@@ -97,43 +95,29 @@ class SerialCollector:
         specs = env_specs(env_factory)
         self.specs = specs
         self.step_td = make_step_td(batch_B, specs.observation_spec)
-        self.envs = EnvSlice(
+        exploration = to_interaction_type(exploration_type, InteractionType.RANDOM)
+        template = (
+            PolicyStep(policy, self.step_td.select(*OBS_KEYS).clone(), exploration_type=exploration).out_template
+            if policy is not None
+            else random_action_template(specs, batch_B)
+        )
+        self.buffer = allocate_batch(batch_B, batch_T, self.step_td, template)
+        self.runner = SliceRunner(
             env_factory,
-            range(batch_B),
+            0,
+            batch_B,
             self.step_td,
+            self.buffer,
+            policy,
             seed=seed,
             wait_reset=self.wait_reset,
-            batch_T=batch_T,
             discount=discount,
             game_score=game_score_of(env_factory),
+            max_decorrelation_steps=max_decorrelation_steps,
+            exploration_type=exploration,
+            fast_policy=fast_policy,
         )
-        try:
-            self.envs.start(max_decorrelation_steps)
-            self.policy_step = (
-                PolicyStep(
-                    policy,
-                    self.step_td.select(*OBS_KEYS).clone(),
-                    exploration_type=to_interaction_type(exploration_type, InteractionType.RANDOM),
-                    fast=fast_policy,
-                )
-                if policy is not None
-                else None
-            )
-            template = (
-                self.policy_step.out_template
-                if self.policy_step is not None
-                else random_action_template(specs, batch_B)
-            )
-            self.buffer = allocate_batch(batch_B, batch_T, self.step_td, template)
-        except BaseException:
-            self.envs.close()
-            raise
-        self._write_obs = ColumnWriter(self.buffer, OBS_KEYS, self.step_td, 0, batch_B)
-        self._write_next = ColumnWriter(self.buffer, list(STEP_NEXT_KEYS), self.step_td, 0, batch_B)
-        self._write_policy = PolicyWriter(self.buffer, list(template.keys(True, True)), 0, batch_B)
-        self._actions = self.buffer.get("action").numpy()
-        self._obs = self.step_td.get("observation")
-        self._is_init = self.step_td.get("is_init")
+        self.policy_step = self.runner.policy_step
 
     # ------------------------------------------------------------------ collection
     @property
@@ -157,22 +141,8 @@ class SerialCollector:
         """Collect one ``[batch_B, batch_T]`` batch (rlpyt's ``obtain_samples``); sets :attr:`traj_infos`."""
         if self._closed:
             raise RuntimeError("collector is shut down")
-        envs, policy_step = self.envs, self.policy_step
-        write_obs, write_next, write_policy = self._write_obs, self._write_next, self._write_policy
-        actions, obs, is_init = self._actions, self._obs, self._is_init
-        with policy_step.running() if policy_step is not None else nullcontext():
-            for t in range(self.batch_T):
-                write_obs(t)
-                if policy_step is not None:
-                    write_policy(t, policy_step(obs, is_init))
-                else:
-                    envs.sample_actions(actions[:, t])
-                envs.step(t, actions[:, t])
-                write_next(t)
-        valid = envs.valid_mask()
-        entries = envs.batch_traj_infos(valid if self.wait_reset else None)
-        finish_slice(self.buffer, 0, self.batch_B, valid, envs.traj_ids(self.batch_B), self.wait_reset)
-        envs.finish_batch()
+        entries = self.runner.run_batch()
+        self.runner.finish_batch()
         self.traj_infos = sorted_infos(entries)
         self.budget.count()
         if self.return_same_td and self.device.type == "cpu":
@@ -196,7 +166,7 @@ class SerialCollector:
         """
         if policy_or_weights is None or self.policy is None or policy_or_weights is self.policy:
             return
-        _load_weights(self.policy, policy_or_weights)
+        load_weights(self.policy, policy_or_weights)
 
     def state_dict(self) -> dict[str, Any]:
         """Counters (``frames``, ``iter``). Env state is not captured: resuming restarts episodes."""
@@ -210,7 +180,7 @@ class SerialCollector:
         if self._closed:
             return
         self._closed = True
-        self.envs.close()
+        self.runner.close()
 
     def __enter__(self) -> SerialCollector:
         return self
@@ -227,16 +197,3 @@ class SerialCollector:
     def __repr__(self) -> str:
         return f"SerialCollector(batch_B={self.batch_B}, batch_T={self.batch_T}, frames={self.frames})"
 
-
-def _load_weights(policy: torch.nn.Module, weights: Any) -> None:
-    """Copy weights (module, TensorDict of params, or state_dict) into ``policy`` in place."""
-    if isinstance(weights, torch.nn.Module):
-        policy.load_state_dict(weights.state_dict())
-    elif isinstance(weights, TensorDictBase):
-        TensorDict.from_module(policy).data.update_(weights)
-    elif isinstance(weights, dict):
-        policy.load_state_dict(weights)
-    else:
-        raise TypeError(
-            f"policy_or_weights must be a module, a TensorDict of parameters or a state_dict, got {type(weights)}"
-        )

@@ -1,0 +1,213 @@
+"""CPU-parallel collector (rlpyt's CpuSampler): W workers, each stepping ``B/W`` envs with its own policy copy.
+
+Each worker runs the same loop as :class:`~tdrl.collect.SerialCollector` over its slice and writes straight into
+a preallocated shared-memory ``[B, T]`` TensorDict; the main process only hands out one command per batch and
+collects the finished episodes. Before every batch the main process copies the policy's current parameters and
+buffers into a shared-memory TensorDict (rlpyt's ``sync_shared_memory``) and workers load them when they
+changed, so weights updated by the trainer are used from the next batch on (``update_policy_weights_()`` does
+the same copy on demand, with optional explicit weights).
+
+Same seed + deterministic policy ⇒ the same batches as the serial collector (per-env seeds do not depend on
+which worker steps the env). Stochastic policies sample from a per-worker torch generator seeded from the
+collector seed, so they are reproducible run to run but differ from the serial collector's samples.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import InteractionType, TensorDictModuleBase
+
+from tdrl.collect.batch import allocate_batch
+from tdrl.collect.common import (
+    FrameBudget,
+    check_batch_args,
+    env_specs,
+    game_score_of,
+    load_weights,
+    random_action_template,
+    sorted_infos,
+    to_interaction_type,
+)
+from tdrl.collect.policy import PolicyStep
+from tdrl.collect.runner import OBS_KEYS
+from tdrl.collect.stepping import make_step_td
+from tdrl.collect.workers import WorkerPool, WorkerSpec
+
+__all__ = ["ParallelCollector"]
+
+
+class ParallelCollector:
+    """``[batch_B, batch_T]`` batches from ``n_workers`` processes, each with ``batch_B / n_workers`` envs.
+
+    Arguments and attributes are those of :class:`~tdrl.collect.SerialCollector`, plus:
+
+    Args:
+        n_workers: worker processes (one per core is the usual choice); must divide ``batch_B``.
+        start_timeout: seconds allowed for the workers to build their envs.
+        start_method: ``"forkserver"`` (default where available: fast start-up after the first collector) or
+            ``"spawn"``; see :func:`tdrl.collect.workers.get_context`.
+
+    Raises:
+        CollectorError: a worker died or an env raised; the message names the worker and includes the
+            worker's traceback. The collector is shut down before the error propagates.
+    """
+
+    def __init__(
+        self,
+        env_factory: Callable[..., Any],
+        policy: TensorDictModuleBase | None = None,
+        *,
+        batch_B: int,
+        batch_T: int,
+        n_workers: int = 2,
+        total_frames: int = -1,
+        seed: int = 0,
+        reset_mode: str = "reset_at_once",
+        max_decorrelation_steps: int = 0,
+        discount: float = 0.99,
+        exploration_type: InteractionType | str | None = None,
+        device: torch.device | str | None = None,
+        return_same_td: bool = False,
+        fast_policy: bool = True,
+        start_timeout: float = 120.0,
+        start_method: str | None = None,
+    ) -> None:
+        check_batch_args(batch_B, batch_T, reset_mode, n_workers)
+        self.batch_B, self.batch_T, self.n_workers = batch_B, batch_T, n_workers
+        self.budget = FrameBudget(total_frames, batch_B * batch_T)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.return_same_td = return_same_td
+        self.policy = policy
+        self.traj_infos: list[dict[str, float]] = []
+        self._exploration = to_interaction_type(exploration_type, InteractionType.RANDOM)
+        self._pool: WorkerPool | None = None
+        specs = env_specs(env_factory)
+        self.specs = specs
+        self.step_td = make_step_td(batch_B, specs.observation_spec)
+        worker_policy = None
+        if policy is not None:
+            worker_policy = copy.deepcopy(policy).to("cpu")
+            template = PolicyStep(
+                worker_policy, self.step_td.select(*OBS_KEYS).clone(), exploration_type=self._exploration
+            ).out_template
+            self._weights = TensorDict.from_module(worker_policy).data.clone().share_memory_()
+        else:
+            template = random_action_template(specs, batch_B)
+            self._weights = None
+        self.buffer = allocate_batch(batch_B, batch_T, self.step_td, template).share_memory_()
+        self.step_td.share_memory_()
+        self._version = 0
+        per = batch_B // n_workers
+        worker_specs = [
+            WorkerSpec(
+                rank=w,
+                lo=w * per,
+                hi=(w + 1) * per,
+                env_factory=env_factory,
+                step_td=self.step_td,
+                batch=self.buffer,
+                seed=seed,
+                wait_reset=reset_mode == "wait_reset",
+                discount=discount,
+                game_score=game_score_of(env_factory),
+                max_decorrelation_steps=max_decorrelation_steps,
+                policy=worker_policy,
+                shared_weights=self._weights,
+                exploration_type=self._exploration,
+                fast_policy=fast_policy,
+            )
+            for w in range(n_workers)
+        ]
+        self._pool = WorkerPool(worker_specs, start_timeout=start_timeout, start_method=start_method)
+
+    @property
+    def frames(self) -> int:
+        return self.budget.frames
+
+    @property
+    def frames_per_batch(self) -> int:
+        return self.batch_B * self.batch_T
+
+    @property
+    def exploration_type(self) -> InteractionType:
+        return self._exploration
+
+    @exploration_type.setter
+    def exploration_type(self, value: InteractionType | str) -> None:
+        self._exploration = to_interaction_type(value, InteractionType.RANDOM)
+
+    def _sync_weights(self) -> None:
+        if self._weights is not None and self.policy is not None:
+            self._weights.update_(TensorDict.from_module(self.policy).data)
+            self._version += 1
+
+    def collect(self) -> TensorDictBase:
+        """Collect one batch in the workers (weights synced first); sets :attr:`traj_infos`."""
+        pool = self._pool
+        if pool is None or pool._closed:
+            raise RuntimeError("collector is shut down")
+        self._sync_weights()
+        pool.send(("collect", self._version, self._exploration))
+        replies = pool.gather("done")
+        self.traj_infos = sorted_infos([entry for reply in replies for entry in reply[1]])
+        self.budget.count()
+        if self.return_same_td and self.device.type == "cpu":
+            return self.buffer
+        return self.buffer.to(self.device) if self.device.type != "cpu" else self.buffer.clone()
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        while self.budget.remaining():
+            yield self.collect()
+
+    def __len__(self) -> int:
+        return len(self.budget)
+
+    def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
+        """Copy the policy's weights (or the given ones, loaded into the policy first) to the workers.
+
+        Weights are synced before every batch anyway; this makes the copy explicit (TorchRL's protocol).
+        """
+        if self.policy is None:
+            return
+        if policy_or_weights is not None and policy_or_weights is not self.policy:
+            load_weights(self.policy, policy_or_weights)
+        self._sync_weights()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return list(self._pool.pids) if self._pool is not None else []
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters (``frames``, ``iter``). Env state is not captured: resuming restarts episodes."""
+        return self.budget.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.budget.load_state_dict(state_dict)
+
+    def shutdown(self) -> None:
+        """Stop the workers (graceful, then terminate/kill); safe to call more than once."""
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def __enter__(self) -> ParallelCollector:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (
+            f"ParallelCollector(batch_B={self.batch_B}, batch_T={self.batch_T}, n_workers={self.n_workers}, "
+            f"frames={self.frames})"
+        )

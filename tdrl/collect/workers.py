@@ -1,0 +1,336 @@
+"""Worker processes for the parallel collectors, and their supervision.
+
+Workers are started with the ``spawn`` method (safe with torch threads, same behaviour on every OS). Each owns
+a contiguous slice of envs and talks to the main process through:
+
+* a duplex ``Pipe`` for per-batch commands and replies (``("collect", ...)`` → ``("done", episodes)``), and for
+  errors: a worker that raises sends ``("error", traceback_text)`` and exits;
+* shared-memory TensorDicts (the ``[B]`` step buffer and the ``[B, T]`` batch) that it writes directly;
+* for the action server, two semaphores per worker for the per-step handshake.
+
+Supervision: the main process waits with ``multiprocessing.connection.wait`` on the pipes *and* the process
+sentinels, so a worker killed by a signal is noticed at once; per-step semaphore waits time out every
+``POLL_S`` seconds to check liveness. Workers poll their parent the same way and exit when it is gone, so no
+worker outlives the main process. :meth:`WorkerPool.shutdown` is idempotent and also runs at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import InteractionType, TensorDictModuleBase
+
+from tdrl.collect.common import CollectorError
+from tdrl.collect.stepping import env_seed
+
+__all__ = ["WorkerSpec", "WorkerPool", "POLL_S"]
+
+POLL_S = 0.25  # how often blocked waits check that the other side is alive
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker needs (pickled once at spawn)."""
+
+    rank: int
+    lo: int
+    hi: int
+    env_factory: Callable[..., Any]
+    step_td: TensorDictBase
+    batch: TensorDictBase
+    seed: int
+    wait_reset: bool
+    discount: float
+    game_score: bool
+    max_decorrelation_steps: int
+    policy: TensorDictModuleBase | None = None
+    shared_weights: TensorDictBase | None = None
+    exploration_type: InteractionType = InteractionType.RANDOM
+    fast_policy: bool = True
+    obs_ready: Any = None
+    actions_ready: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"exit code {code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"exit code {code}"
+
+
+class _ParentWatch:
+    """Lets a blocked worker notice that the main process died or asked it to close (it then exits)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.parent = os.getppid()
+        self.conn = conn
+
+    def alive(self) -> bool:
+        return os.getppid() == self.parent
+
+    def recv(self, conn: Connection) -> Any:
+        while not conn.poll(POLL_S):
+            if not self.alive():
+                raise SystemExit(0)
+        return conn.recv()
+
+    def acquire(self, sem: Any) -> None:
+        while not sem.acquire(timeout=POLL_S):
+            if not self.alive() or (self.conn.poll() and self.conn.recv()[0] == "close"):
+                raise SystemExit(0)
+
+
+def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
+    """Entry point of a worker process: build the slice, then serve commands until ``close``."""
+    from tdrl.collect.runner import SliceRunner  # imported here: spawn children import as little as possible
+
+    torch.set_num_threads(1)
+    watch = _ParentWatch(conn)
+    runner = None
+    try:
+        torch.manual_seed(env_seed(spec.seed, 1_000_000 + spec.rank))
+        runner = SliceRunner(
+            spec.env_factory,
+            spec.lo,
+            spec.hi,
+            spec.step_td,
+            spec.batch,
+            spec.policy,
+            seed=spec.seed,
+            wait_reset=spec.wait_reset,
+            discount=spec.discount,
+            game_score=spec.game_score,
+            max_decorrelation_steps=spec.max_decorrelation_steps,
+            exploration_type=spec.exploration_type,
+            fast_policy=spec.fast_policy,
+        )
+        local_weights = (
+            TensorDict.from_module(spec.policy).data if spec.policy is not None and spec.shared_weights is not None else None
+        )
+        version = -1
+        conn.send(("ready", os.getpid()))
+        while True:
+            cmd = watch.recv(conn)
+            kind = cmd[0]
+            if kind == "collect":
+                _, new_version, exploration = cmd
+                if local_weights is not None and new_version != version:
+                    local_weights.update_(spec.shared_weights)
+                    version = new_version
+                if runner.policy_step is not None and exploration is not None:
+                    runner.policy_step.exploration_type = exploration
+                entries = runner.run_batch()
+                conn.send(("done", entries))
+                runner.finish_batch()
+            elif kind == "serve":
+                entries = runner.served_batch(spec.obs_ready, spec.actions_ready, watch.acquire)
+                conn.send(("done", entries))
+                runner.finish_batch()
+            elif kind == "close":
+                break
+            else:
+                raise RuntimeError(f"unknown command {kind!r}")
+    except SystemExit:
+        pass
+    except BaseException:
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except Exception:
+            pass
+    finally:
+        if runner is not None:
+            runner.close()
+        try:
+            conn.close()
+        except Exception:
+            pass
+
+
+def get_context(start_method: str | None = None) -> Any:
+    """The multiprocessing context workers start with.
+
+    Default ``forkserver`` (where available) with this module preloaded: the first collector of a process pays
+    one import of torch/tensordict in the fork server, every worker after that forks from it in milliseconds.
+    ``spawn`` is the portable alternative (each worker imports everything itself). ``fork`` is refused: forking
+    a process that already ran torch ops can deadlock.
+    """
+    methods = mp.get_all_start_methods()
+    if start_method is None:
+        start_method = "forkserver" if "forkserver" in methods else "spawn"
+    if start_method not in ("forkserver", "spawn"):
+        raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(["tdrl.collect.workers", "tdrl.collect.runner", "tdrl.envs.make"])
+    return ctx
+
+
+class WorkerPool:
+    """Starts, supervises and stops the worker processes of one collector.
+
+    Args:
+        specs: one :class:`WorkerSpec` per worker.
+        start_timeout: seconds to wait for every worker to build its envs (and policy).
+    """
+
+    def __init__(
+        self, specs: Sequence[WorkerSpec], start_timeout: float = 120.0, start_method: str | None = None
+    ) -> None:
+        self._closed = False
+        self.procs: list[Any] = []
+        self.conns: list[Connection] = []
+        self._pending: dict[int, list[Any]] = {}
+        ctx = get_context(start_method)
+        try:
+            for spec in specs:
+                parent, child = ctx.Pipe(duplex=True)
+                proc = ctx.Process(
+                    target=_worker_main, args=(spec, child), name=f"tdrl-collector-worker-{spec.rank}", daemon=True
+                )
+                proc.start()
+                child.close()
+                self.procs.append(proc)
+                self.conns.append(parent)
+            _POOLS.add(self)
+            self.pids = [reply[1] for reply in self.gather("ready", timeout=start_timeout)]
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @property
+    def n(self) -> int:
+        return len(self.procs)
+
+    def send(self, message: tuple, ranks: Sequence[int] | None = None) -> None:
+        for rank in range(self.n) if ranks is None else ranks:
+            try:
+                self.conns[rank].send(message)
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                self.raise_failure(rank)
+
+    def gather(self, expect: str, ranks: Sequence[int] | None = None, timeout: float | None = None) -> list[Any]:
+        """Wait for one ``expect`` reply from each worker; raise :class:`CollectorError` on a death or error."""
+        ranks = list(range(self.n)) if ranks is None else list(ranks)
+        replies: dict[int, Any] = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for r in ranks:
+            if self._pending.get(r):
+                replies[r] = self._pending[r].pop(0)
+        while len(replies) < len(ranks):
+            waiting = [r for r in ranks if r not in replies]
+            objects = [self.conns[r] for r in waiting] + [self.procs[r].sentinel for r in waiting]
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait(objects, timeout=left)
+            if not ready:
+                self.shutdown()
+                raise CollectorError(f"workers {waiting} did not reply '{expect}' within {timeout} s")
+            for r in waiting:
+                conn = self.conns[r]
+                if conn in ready or conn.poll():
+                    try:
+                        message = conn.recv()
+                    except (EOFError, ConnectionResetError, OSError):
+                        self.raise_failure(r)
+                    if message[0] == "error":
+                        self.raise_failure(r, message[1])
+                    if message[0] != expect:
+                        self.shutdown()
+                        raise CollectorError(f"worker {r} replied {message[0]!r}, expected {expect!r}")
+                    replies[r] = message
+                elif self.procs[r].sentinel in ready:
+                    self.raise_failure(r)
+        return [replies[r] for r in ranks]
+
+    def check(self) -> None:
+        """Raise if any worker died or reported an error (used while waiting on semaphores)."""
+        for r in range(self.n):
+            conn = self.conns[r]
+            try:
+                if conn.poll():
+                    message = conn.recv()
+                    if message[0] == "error":
+                        self.raise_failure(r, message[1])
+                    self._pending.setdefault(r, []).append(message)
+            except (EOFError, ConnectionResetError, OSError):
+                self.raise_failure(r)
+            if not self.procs[r].is_alive():
+                self.raise_failure(r)
+
+    def acquire(self, sem: Any) -> None:
+        """Acquire a per-step semaphore, checking worker health every ``POLL_S`` seconds."""
+        while not sem.acquire(timeout=POLL_S):
+            self.check()
+
+    def raise_failure(self, rank: int, tb: str | None = None) -> None:
+        proc = self.procs[rank]
+        if tb is None:
+            # A worker can die right after sending its traceback: prefer the traceback when there is one.
+            try:
+                if self.conns[rank].poll(0.5):
+                    message = self.conns[rank].recv()
+                    if message[0] == "error":
+                        tb = message[1]
+            except (EOFError, ConnectionResetError, OSError):
+                pass
+        proc.join(timeout=1.0)
+        if tb is not None:
+            text = f"collector worker {rank} (pid {proc.pid}) raised an exception:\n{tb}"
+        else:
+            text = (
+                f"collector worker {rank} (pid {proc.pid}) died with {_signal_name(proc.exitcode)} "
+                "without reporting an error (killed, or crashed in native code)"
+            )
+        self.shutdown()
+        raise CollectorError(text)
+
+    def shutdown(self, timeout: float = 2.0) -> None:
+        """Ask workers to exit, then terminate/kill stragglers; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        _POOLS.discard(self)
+        for conn, proc in zip(self.conns, self.procs):
+            if proc.is_alive():
+                try:
+                    conn.send(("close",))
+                except Exception:
+                    pass
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=1.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=1.0)
+        for conn in self.conns:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+
+_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    for pool in list(_POOLS):
+        pool.shutdown(timeout=1.0)

@@ -1,0 +1,144 @@
+"""Parallel, action-server and alternating collectors: same data as serial, weight sync, faults, no orphans."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+import torch
+from collect_helpers import ConstantAction, StairsFactory, SuicideFactory, counter_policy, mlp_policy
+from tensordict.nn import TensorDictModule
+
+from tdrl.collect import CollectorError, make_collector
+from tdrl.envs import EnvFactory
+
+PARALLEL_KINDS = ["parallel", "action_server", "alternating"]
+
+
+def _assert_same(a, b):
+    assert a.batch_size == b.batch_size
+    assert set(a.keys(True, True)) == set(b.keys(True, True))
+    diff = [k for k in a.keys(True, True) if not torch.equal(a.get(k), b.get(k))]
+    assert not diff, f"keys differ: {diff}"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie still answers kill(0); it is reaped by its parent's join, so give it a moment.
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "zombie" in f.read()
+    except FileNotFoundError:
+        return True
+
+
+def _assert_no_orphans(pids):
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not all(_gone(p) for p in pids):
+        time.sleep(0.05)
+    assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p)]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tdrl-collector")]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", PARALLEL_KINDS)
+def test_same_batches_as_serial(kind):
+    policy = mlp_policy(4, 2, discrete=True)
+    kwargs = dict(batch_B=8, batch_T=40, seed=11, max_decorrelation_steps=20)
+    with make_collector("serial", EnvFactory("CartPole-v1"), policy, **kwargs) as serial:
+        expected = [serial.collect() for _ in range(2)]
+        expected_infos = serial.traj_infos
+    with make_collector(kind, EnvFactory("CartPole-v1"), policy, n_workers=2, **kwargs) as c:
+        got = [c.collect() for _ in range(2)]
+        infos = c.traj_infos
+        pids = c.worker_pids
+    for a, b in zip(expected, got):
+        _assert_same(a, b)
+    assert infos == expected_infos and infos
+    _assert_no_orphans(pids)
+
+
+@pytest.mark.timeout(90)
+def test_wait_reset_recurrent_action_server_equals_serial():
+    """Wait-reset + recurrent state + decorrelation: the action server (state in main) matches serial."""
+    kwargs = dict(batch_B=4, batch_T=9, seed=3, reset_mode="wait_reset", max_decorrelation_steps=6)
+    factory = StairsFactory(length=5)
+    with make_collector("serial", factory, counter_policy(), **kwargs) as serial:
+        expected = [serial.collect() for _ in range(3)]
+    with make_collector("action_server", factory, counter_policy(), n_workers=2, **kwargs) as c:
+        got = [c.collect() for _ in range(3)]
+    for a, b in zip(expected, got):
+        _assert_same(a, b)
+    mask = got[0]["collector", "mask"]
+    assert not mask.all() and mask[:, 0].all()
+    # Episodes (length 5) all end within the first batch (T=9), so batch 2 starts fresh everywhere: the state
+    # read at each valid step counts the steps since the episode began, and idle steps are zeros.
+    second_mask = got[1]["collector", "mask"]
+    h = got[1]["recurrent_state", "h"][..., 0]
+    assert got[1]["is_init"][:, 0].all()
+    assert torch.equal(h[second_mask], got[1]["observation"][..., 0][second_mask])
+    assert h[~second_mask].eq(0).all()
+
+
+@pytest.mark.timeout(90)
+def test_parallel_workers_use_weights_updated_in_main():
+    policy = TensorDictModule(ConstantAction(0), ["observation"], ["action"])
+    with make_collector("parallel", StairsFactory(), policy, batch_B=4, batch_T=6, n_workers=2) as c:
+        assert c.collect()["action"].eq(0).all()
+        with torch.no_grad():
+            policy.module.value.fill_(1.0)  # a trainer's optimizer step, in the main process
+        assert c.collect()["action"].eq(1).all()
+        # Explicit weights are loaded into the policy and reach the workers too.
+        c.update_policy_weights_(TensorDictModule(ConstantAction(0), ["observation"], ["action"]).state_dict())
+        assert c.collect()["action"].eq(0).all()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["parallel", "action_server"])
+def test_raising_env_surfaces_with_worker_and_traceback(kind):
+    policy = mlp_policy(2, 2, discrete=True)
+    c = make_collector(kind, StairsFactory(length=4, fail_at=30), policy, batch_B=4, batch_T=50, n_workers=2)
+    pids = c.worker_pids
+    start = time.monotonic()
+    with pytest.raises(CollectorError) as info:
+        c.collect()
+    assert time.monotonic() - start < 5
+    message = str(info.value)
+    assert "collector worker 0" in message or "collector worker 1" in message
+    assert "ValueError: StairsEnv exploded at step 30" in message and "Traceback" in message
+    _assert_no_orphans(pids)
+    c.shutdown()
+    c.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_worker_killed_mid_batch_raises_within_5s():
+    c = make_collector("parallel", SuicideFactory(at=40), None, batch_B=4, batch_T=1000, n_workers=2)
+    pids = c.worker_pids
+    start = time.monotonic()
+    with pytest.raises(CollectorError, match=r"collector worker \d \(pid \d+\) died with exit code -9 \(SIGKILL\)"):
+        c.collect()
+    assert time.monotonic() - start < 5
+    _assert_no_orphans(pids)
+
+
+@pytest.mark.timeout(60)
+def test_action_server_worker_killed_between_batches():
+    policy = mlp_policy(4, 2, discrete=True)
+    c = make_collector("action_server", EnvFactory("CartPole-v1"), policy, batch_B=4, batch_T=20, n_workers=2)
+    c.collect()
+    pids = c.worker_pids
+    os.kill(pids[1], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(CollectorError, match="collector worker 1"):
+        c.collect()
+    assert time.monotonic() - start < 5
+    _assert_no_orphans(pids)
+    with pytest.raises(RuntimeError, match="shut down"):
+        c.collect()
