@@ -1,0 +1,158 @@
+"""SLURM sweeps on the real local cluster (slurm/local-cluster.sh): job arrays, requeue on USR2, failures,
+multi-task torch.distributed, and resource checks before submission."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tdrl.launch import Resources, SweepError, load_sweep, plan_sweep, sweep_status
+from tdrl.launch.status import collect_results, format_status
+from tdrl.launch.submit import submit_sweep, wait_for_sweep
+
+pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
+HERE = Path(__file__).resolve().parent
+
+
+def _queued(job_ids: list[str]) -> set[str]:
+    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    return {j for j in job_ids if j in out}
+
+
+def _cancel(subs) -> None:
+    ids = sorted({s.job_id.split("_")[0] for s in subs})
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True)
+
+
+@pytest.mark.timeout(240)
+def test_sweep_runs_as_a_job_array(write_sweep):
+    plan = plan_sweep(load_sweep(write_sweep(
+        "array",
+        """
+        levels=[VariantLevel(["train.lr"], [[0.01], [0.003]], ["lr1e-2", "lr3e-3"])],
+        seeds=[0, 1],
+        overrides={"train.iterations": 8},
+        resources=Resources(cpus_per_run=1, time_min=5),
+        """,
+    )))
+    subs = submit_sweep(plan, out=io.StringIO())
+    try:
+        array_id = subs[0].job_id.split("_")[0]
+        assert [s.job_id for s in subs] == [f"{array_id}_{i}" for i in range(4)]  # one array, in plan order
+        script = next((plan.exp_dir / "slurm").rglob("*_submission.sh")).read_text()
+        assert "#SBATCH --array=0-3%4" in script and "#SBATCH --cpus-per-task=1" in script
+        assert "#SBATCH --signal=USR2@" in script and "#SBATCH --time=5" in script
+        statuses = wait_for_sweep(plan.exp_dir, poll_s=1, timeout_s=180)
+    finally:
+        _cancel(subs)
+    assert [s.state for s in statuses] == ["COMPLETED"] * 4, format_status(statuses)
+    for run, status in zip(plan.runs, statuses):
+        assert (run.run_dir / "config.json").is_file() and (run.run_dir / "variant.json").is_file()
+        with open(run.run_dir / "progress.csv") as f:
+            assert [int(r["Iteration"]) for r in csv.DictReader(f)] == list(range(8))
+        cfg = json.loads((run.run_dir / "config.json").read_text())
+        assert cfg["run"]["seed"] == run.seed and cfg["train"]["lr"] == run.variant["train"]["lr"]
+        summary = json.loads((run.run_dir / "summary.json").read_text())
+        assert summary["env"]["OMP_NUM_THREADS"] == "1" and len(summary["affinity"]) == 1  # SLURM's 1-CPU binding
+        assert status.rows == 8 and status.last_row["frames"] == str(8 * 64) and status.starts == 1
+    results = collect_results(plan.exp_dir)
+    assert {r["variant/train.lr"] for r in results} == {0.01, 0.003} and all(r["frames"] == 512 for r in results)
+    assert (plan.exp_dir / "results.csv").is_file()
+
+
+@pytest.mark.timeout(300)
+def test_usr2_preemption_requeues_and_resumes_to_the_same_parameters(write_sweep):
+    plan = plan_sweep(load_sweep(write_sweep(
+        "preempt",
+        """
+        levels=[VariantLevel(["logger.project"], [["a"], ["b"]], ["preempted", "reference"])],
+        overrides={"train.iterations": 40, "train.step_sleep_s": 0.15},
+        resources=Resources(cpus_per_run=1, time_min=5),
+        """,
+    )))
+    subs = submit_sweep(plan, out=io.StringIO())
+    preempted, reference = subs
+    progress = preempted.run.run_dir / "progress.csv"
+    try:
+        deadline = time.monotonic() + 120
+        while not (progress.exists() and len(progress.read_text().splitlines()) > 8):
+            assert time.monotonic() < deadline, format_status(sweep_status(plan.exp_dir))
+            time.sleep(0.3)
+        # SLURM's preemption signal, sent to the job's tasks (not the batch shell), as preempt_send_user_signal does
+        subprocess.run(["scancel", "--signal=USR2", preempted.job_id], check=True)
+        statuses = wait_for_sweep(plan.exp_dir, poll_s=1, timeout_s=200)
+    finally:
+        _cancel(subs)
+    assert [s.state for s in statuses] == ["COMPLETED", "COMPLETED"], format_status(statuses)
+    events = [json.loads(line) for line in (preempted.run.run_dir / "launch_events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["start", "requeue", "start", "end"]
+    assert events[2]["restart"] == 1 and statuses[0].starts == 2
+    got = json.loads((preempted.run.run_dir / "summary.json").read_text())
+    want = json.loads((reference.run.run_dir / "summary.json").read_text())
+    assert 0 < got["resumed_from"] < 40 and want["resumed_from"] == 0
+    assert got["param_sha256"] == want["param_sha256"]  # bitwise the same final parameters
+    with open(progress) as f:
+        assert [int(r["Iteration"]) for r in csv.DictReader(f)] == list(range(40))  # no duplicated or lost rows
+
+
+@pytest.mark.timeout(240)
+def test_a_failing_job_is_reported_with_its_log_and_the_others_finish(write_sweep):
+    plan = plan_sweep(load_sweep(write_sweep(
+        "failing",
+        """
+        levels=[VariantLevel(["train.fail_at_iteration"], [[3], [-1]], ["fails", "ok"])],
+        overrides={"train.iterations": 6},
+        resources=Resources(cpus_per_run=1, time_min=5),
+        """,
+    )))
+    subs = submit_sweep(plan, out=io.StringIO())
+    try:
+        statuses = wait_for_sweep(plan.exp_dir, poll_s=1, timeout_s=180)
+    finally:
+        _cancel(subs)
+    failed, ok = statuses
+    assert failed.state == "FAILED" and ok.state == "COMPLETED"
+    assert "RuntimeError: tiny_recipe: failing on purpose at iteration 3" in failed.error
+    assert failed.log == str(subs[0].stderr) and "failing on purpose" in Path(failed.log).read_text()
+    table = format_status(statuses)
+    assert "FAILED" in table and failed.log in table and "1 completed, 1 failed" in table
+    assert ok.rows == 6 and (ok.run_dir / "summary.json").is_file()
+
+
+@pytest.mark.timeout(240)
+def test_two_task_job_initialises_torch_distributed_and_all_reduces(write_sweep):
+    plan = plan_sweep(load_sweep(write_sweep(
+        "ddp", "resources=Resources(cpus_per_run=1, tasks_per_node=2, time_min=5),", recipe=HERE / "dist_recipe.py"
+    )))
+    subs = submit_sweep(plan, out=io.StringIO())
+    try:
+        statuses = wait_for_sweep(plan.exp_dir, poll_s=1, timeout_s=180)
+    finally:
+        _cancel(subs)
+    assert statuses[0].state == "COMPLETED", format_status(statuses)
+    run_dir = plan.runs[0].run_dir
+    ranks = [json.loads((run_dir / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    for r, info in enumerate(ranks):
+        assert info["rank"] == r and info["world_size"] == 2 and info["backend"] == "gloo"
+        assert info["all_reduce_sum"] == 3.0  # 1 + 2
+        assert info["env"]["RANK"] == str(r) and info["env"]["WORLD_SIZE"] == "2"
+    assert {p["rank"] for p in ranks[0]["peers"]} == {0, 1}
+    assert ranks[0]["peers"][0]["pid"] != ranks[0]["peers"][1]["pid"]  # two processes, one per SLURM task
+
+
+def test_resources_that_do_not_fit_fail_before_submission(write_sweep):
+    plan = plan_sweep(load_sweep(write_sweep("nofit", "seeds=[0],")))
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    with pytest.raises(SweepError, match=r"unknown SLURM partition 'gpu-a100'; partitions: debug"):
+        submit_sweep(plan, Resources(partition="gpu-a100"), out=io.StringIO())
+    with pytest.raises(SweepError, match=r"cpus_per_run=4096 but the largest node of partition 'debug' has \d+ CPUs"):
+        submit_sweep(plan, Resources(cpus_per_run=4096), out=io.StringIO())
+    after = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    assert after == before and not plan.exp_dir.exists()
