@@ -74,13 +74,22 @@ def new_episodes(collector: Any) -> list[dict[str, float]]:
 
 
 def eval_episodes(eval_collector: Any) -> list[dict[str, float]]:
-    """Run one evaluation with an eval collector and return its completed episodes."""
+    """Run one evaluation and return its completed episodes.
+
+    Accepts an object with ``evaluate()`` (returning TrajInfos), a plain callable, or any tdrl collector
+    (``collect()`` then its ``traj_infos``): e.g. a serial collector over the greedy policy with
+    ``reset_mode="wait_reset"`` and ``batch_T`` ≥ the episode time limit gives exactly ``batch_B`` complete
+    episodes per evaluation (rlpyt's eval collector: own envs, greedy policy, max steps).
+    """
     if hasattr(eval_collector, "evaluate"):
         trajs = eval_collector.evaluate()
+    elif hasattr(eval_collector, "collect") and hasattr(eval_collector, "traj_infos"):
+        eval_collector.collect()
+        trajs = eval_collector.traj_infos
     elif callable(eval_collector):
         trajs = eval_collector()
     else:
-        raise TypeError(f"{type(eval_collector).__name__} has no evaluate(); cannot evaluate the agent")
+        raise TypeError(f"{type(eval_collector).__name__} has neither evaluate() nor collect(); cannot evaluate")
     return [traj_to_dict(t) for t in trajs]
 
 

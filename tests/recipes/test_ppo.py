@@ -1,0 +1,134 @@
+"""recipes/ppo.py: in-process smoke runs (feed-forward, LSTM, continuous, parallel collector), the CLI, config
+errors before anything starts, NaN stopping the run, resume, and one learning check that can fail."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tdrl.config import ConfigError, apply_overrides
+from tdrl.objectives.update import NonFiniteLossError
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def load_recipe(name: str):
+    """recipes/ is not a package: load the script as a module (registered, so its dataclasses resolve)."""
+    spec = importlib.util.spec_from_file_location(f"_recipe_{name}", RECIPES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ppo = load_recipe("ppo")
+
+TINY = [
+    "collector.batch_B=4", "collector.batch_T=16", "collector.total_frames=256", "logger.log_interval_steps=128",
+    "eval.n_envs=2", "eval.max_steps=40", "logger.wandb=false", "logger.progress_bar=false",
+    "loss.epochs=2", "loss.minibatches=2",
+]
+
+
+def tiny(tmp_path: Path, *extra: str):
+    return apply_overrides(ppo.Config(), [*TINY, f"run.root={tmp_path}", *extra])
+
+
+def _summary_file(root: Path) -> dict:
+    (path,) = root.rglob("summary.json")
+    return json.loads(path.read_text())
+
+
+def test_smoke_feedforward_writes_summary(tmp_path):
+    summary = ppo.main(tiny(tmp_path))
+    assert summary["frames"] == 256 and summary["iterations"] == 4
+    assert summary["updates"] == 4 * 2 * 2  # iterations x epochs x minibatches
+    assert math.isfinite(summary["eval/return_mean"])
+    on_disk = _summary_file(tmp_path)
+    assert on_disk["frames"] == 256 and on_disk["eval/return_mean"] == summary["eval/return_mean"]
+    assert "wall_s" in on_disk
+    (progress,) = tmp_path.rglob("progress.csv")
+    header = progress.read_text().splitlines()[0].split(",")
+    assert {"CumSteps", "eval/return_mean", "loss/objective_mean", "loss/critic_mean"} <= set(header)
+
+
+def test_smoke_lstm_policy(tmp_path):
+    summary = ppo.main(tiny(tmp_path, "model.lstm=true", "model.lstm_size=16"))
+    assert summary["frames"] == 256 and summary["updates"] == 16
+
+
+def test_smoke_continuous_with_obs_norm(tmp_path):
+    cfg = tiny(tmp_path, "env.id=Pendulum-v1", "model.normalize_observation=true", "model.distribution=normal")
+    summary = ppo.main(cfg)
+    assert summary["frames"] == 256 and math.isfinite(summary["eval/return_mean"])
+
+
+@pytest.mark.timeout(120)
+def test_smoke_parallel_collector(tmp_path):
+    summary = ppo.main(tiny(tmp_path, "collector.kind=parallel", "collector.n_workers=2"))
+    assert summary["frames"] == 256
+
+
+def test_wrong_distribution_for_action_space_fails_before_collectors(tmp_path):
+    with pytest.raises(ValueError, match="categorical.*continuous"):
+        ppo.main(tiny(tmp_path, "env.id=Pendulum-v1", "model.distribution=categorical"))
+    assert not list(tmp_path.rglob("progress.csv"))  # nothing was started
+
+
+def test_unknown_key_names_nearest():
+    with pytest.raises(ConfigError, match=r"unknown config key 'optim.lrr'; did you mean 'optim.lr'"):
+        apply_overrides(ppo.Config(), ["optim.lrr=1e-3"])
+    with pytest.raises(ConfigError, match=r"'loss.epochs'.*int"):
+        apply_overrides(ppo.Config(), ["loss.epochs=many"])
+
+
+def test_nan_loss_stops_run_without_nan_parameters(tmp_path):
+    cfg = tiny(tmp_path, "loss.reward_scale=nan", "checkpoint.snapshot_mode=all")
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss_\w+ = nan at gradient update 0") as err:
+        ppo.main(cfg)
+    assert err.value.key.startswith("loss_")
+    assert not list(tmp_path.rglob("summary.json"))  # the run did not finish
+    for state_file in tmp_path.rglob("state.pt"):  # no checkpoint holds a NaN parameter
+        state = torch.load(state_file, weights_only=False)["state"]["model"]
+        assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+def test_resume_from_run_dir_continues(tmp_path):
+    run_dir = tmp_path / "run"
+    first = ppo.main(tiny(tmp_path, f"run.dir={run_dir}", "collector.total_frames=128"))
+    assert first["frames"] == 128
+    # relaunch on the same run directory with a larger budget: resumes at the checkpoint, does not start over
+    second = ppo.main(tiny(tmp_path, f"run.dir={run_dir}", "collector.total_frames=256", "run.force=true"))
+    assert second["frames"] == 256 and second["iterations"] == 4
+
+
+def test_cli_help_and_tiny_run(tmp_path):
+    script = str(RECIPES / "ppo.py")
+    out = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    for key in ("collector.kind", "loss.clip_epsilon", "model.lstm", "run.seed", "run.root", "eval.n_envs"):
+        assert key in out.stdout
+    bad = subprocess.run([sys.executable, script, "loss.clip_epsilonn=0.1"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "did you mean 'loss.clip_epsilon'" in bad.stderr
+    run = subprocess.run([sys.executable, script, *TINY, f"run.root={tmp_path}"], capture_output=True, text=True,
+                         timeout=120, env={**__import__("os").environ, "WANDB_MODE": "disabled"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert _summary_file(tmp_path)["frames"] == 256
+
+
+@pytest.mark.timeout(300)
+def test_learns_cartpole_fixed_seed(tmp_path):
+    """Default config, seed 0: the greedy policy's evaluation return reaches 475 (gymnasium's threshold)."""
+    cfg = apply_overrides(ppo.Config(), [f"run.root={tmp_path}", "logger.wandb=false", "run.seed=0",
+                                         "logger.progress_bar=false"])
+    summary = ppo.main(cfg)
+    assert summary["frames"] <= 105_000
+    assert summary["eval/return_mean"] >= 475, summary["curve"]
