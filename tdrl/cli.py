@@ -1,6 +1,7 @@
 """The ``tdrl`` command: a thin dispatcher to subcommands, each a module with ``main(argv) -> int``.
 
     tdrl plot RUN_DIR... [--metric KEY ...] [--out DIR]     learning curves (tdrl.plot)
+    tdrl sweep plan|local|slurm|status ...                   sweeps (tdrl.launch.cli, same as slurm/launch.py)
 
 A subcommand's module is imported only when it is called, so ``tdrl --help`` is instant. To add one, write a
 small function that imports its module and calls ``main(argv)``, and list it in ``SUBCOMMANDS``.
@@ -20,8 +21,15 @@ def _plot(argv: list[str]) -> int:
     return plot_main(argv)
 
 
+def _sweep(argv: list[str]) -> int:
+    from tdrl.launch.cli import main as sweep_main
+
+    return sweep_main(argv, prog="tdrl sweep")
+
+
 SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "plot": (_plot, "learning-curve PNGs from run directories (mean and 95% CI over seeds)"),
+    "sweep": (_sweep, "plan, run locally, submit to SLURM, or follow a sweep (slurm/sweeps/*.py)"),
 }
 """``name: (function(argv) -> exit status, one-line help)``."""
 
