@@ -4,7 +4,7 @@ The header is the keys in order of first appearance. When a key appears for the 
 written (an eval metric logged only every few intervals, a loss that starts after ``min_steps_learn``), the file
 is rewritten with the widened header, atomically (temp file, fsync, rename), so earlier rows get an empty
 cell rather than the column being dropped (rlpyt, ray#13766) or misaligned. A row that lacks a known key gets
-an empty cell too.
+an empty cell too, and a key whose value is ``None`` adds no column.
 
 Numbers are written exactly: ints as ints, floats with ``repr`` (shortest string that round-trips), so a resumed
 run's file is byte-identical to an uninterrupted one in every deterministic column.
@@ -79,7 +79,9 @@ class ProgressCSV:
     def write(self, row: Mapping[str, Any]) -> None:
         """Append one row (keys are column names; values real numbers or ``None``)."""
         cells = {k: format_value(k, v) for k, v in row.items()}
-        new_keys = [k for k in row if k not in self.header]
+        # Only keys with a value add columns: the header is exactly the columns that hold data, which is what
+        # truncate() rebuilds, so a resumed file matches an uninterrupted one byte for byte.
+        new_keys = [k for k in row if k not in self.header and cells[k] != ""]
         if new_keys or not self.path.exists():
             _, rows = read_progress(self.path) if self.path.exists() else ([], [])
             self.header = self.header + new_keys

@@ -18,8 +18,8 @@ from torchrl.data import LazyMemmapStorage, ReplayBuffer
 from tdrl.ckpt import (
     MANIFEST,
     CheckpointCorrupt,
-    CheckpointError,
     Checkpointer,
+    CheckpointError,
     CheckpointWarning,
     verify_checkpoint,
 )
@@ -47,7 +47,9 @@ def test_roundtrip_with_extra_component(tmp_path):
     assert set(manifest["files"]) == {"state.pt", "blob/blob.bin", "blob/sub/meta.json"}
     assert manifest["files"]["blob/blob.bin"]["size"] == 1000
     seen = []
-    state, info = ckpt.load_latest(extra_readers={"blob": lambda d: seen.append((d / "blob.bin").read_bytes())})
+    state, info = ckpt.load_latest(
+        extra_readers={"blob": lambda d: seen.append((d / "blob.bin").read_bytes())}
+    )
     assert info.iteration == 3 and state["nested"]["adam"]["step"] == 3
     assert torch.equal(state["w"], torch.full((64,), 3.0))
     assert seen == [b"x" * 1000]
@@ -84,7 +86,9 @@ def test_snapshot_modes(tmp_path, mode, kept, written):
     saved = [i for i in range(13) if ckpt.save(_state(i), i) is not None]
     assert saved == written
     assert _iterations(ckpt) == kept
-    assert not [p for p in (tmp_path / "ck").iterdir() if p.name.startswith(".")]  # no temp leftovers
+    assert not [
+        p for p in (tmp_path / "ck").iterdir() if p.name.startswith(".")
+    ]  # no temp leftovers
 
 
 def test_bad_mode_and_gap_are_errors(tmp_path):
@@ -115,15 +119,22 @@ def _corrupt_manifest(path: Path) -> str:
 
 def _corrupt_replay_file(path: Path) -> str:
     f = path / "extra" / "data.bin"
-    f.write_bytes(f.read_bytes()[:-8])  # a truncated memmap would load as zeros without the manifest
+    # a truncated memmap would load as zeros without the manifest
+    f.write_bytes(f.read_bytes()[:-8])
     return "extra/data.bin has"
 
 
-@pytest.mark.parametrize("corrupt", [_corrupt_truncate, _corrupt_flip, _corrupt_manifest, _corrupt_replay_file])
+@pytest.mark.parametrize(
+    "corrupt", [_corrupt_truncate, _corrupt_flip, _corrupt_manifest, _corrupt_replay_file]
+)
 def test_corrupt_latest_falls_back_with_warning(tmp_path, corrupt):
     ckpt = Checkpointer(tmp_path / "ck", snapshot_mode="all")
     for i in range(3):
-        ckpt.save(_state(i), i, extra_writers={"extra": lambda d: (d / "data.bin").write_bytes(os.urandom(4096))})
+        ckpt.save(
+            _state(i),
+            i,
+            extra_writers={"extra": lambda d: (d / "data.bin").write_bytes(os.urandom(4096))},
+        )
     expected_text = corrupt(tmp_path / "ck" / "itr_00000002")
     with pytest.warns(CheckpointWarning, match="CORRUPT") as record:
         state, info = ckpt.load_latest()
@@ -131,7 +142,9 @@ def test_corrupt_latest_falls_back_with_warning(tmp_path, corrupt):
     message = str(record[0].message)
     assert "itr_00000002" in message and expected_text in message
     assert _iterations(ckpt) == [0, 1]  # moved aside, kept for inspection, never loaded again
-    assert [p.name.split("-")[0] for p in (tmp_path / "ck" / "corrupt").iterdir()] == ["itr_00000002"]
+    assert [p.name.split("-")[0] for p in (tmp_path / "ck" / "corrupt").iterdir()] == [
+        "itr_00000002"
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert ckpt.load_latest()[1].iteration == 1  # no second warning
@@ -190,7 +203,12 @@ def _mount_tmpfs(path: Path, options: str) -> bool:
     if os.geteuid() != 0 or sys.platform != "linux":
         return False
     path.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def test_disk_full_at_checkpoint_time_keeps_previous(tmp_path):
@@ -201,7 +219,9 @@ def test_disk_full_at_checkpoint_time_keeps_previous(tmp_path):
     try:
         ckpt = Checkpointer(mnt / "ck", snapshot_mode="last")
         ckpt.save({"w": torch.zeros(1000)}, 0)
-        with pytest.raises(CheckpointError, match=r"No space left on device \(disk full\).*itr_00000000 is intact"):
+        with pytest.raises(
+            CheckpointError, match=r"No space left on device \(disk full\).*itr_00000000 is intact"
+        ):
             ckpt.save({"w": torch.zeros(1_000_000)}, 1)  # 4 MB does not fit
         assert _iterations(ckpt) == [0]
         assert not [p for p in (mnt / "ck").iterdir() if p.name.startswith(".")]

@@ -28,7 +28,14 @@ ITERATIONS = 16
 
 def _launch(run_dir: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(SCRIPT), f"run.dir={run_dir}", f"iterations={ITERATIONS}", "sleep_s=0.03", *extra],
+        [
+            sys.executable,
+            str(SCRIPT),
+            f"run.dir={run_dir}",
+            f"iterations={ITERATIONS}",
+            "sleep_s=0.03",
+            *extra,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -64,7 +71,9 @@ def _assert_same_final(a: Path, b: Path, note: str) -> None:
     assert sa.keys() == sb.keys(), note
     for idx in sa:
         for key in sa[idx]:
-            assert torch.equal(sa[idx][key], sb[idx][key]), f"{note}: optimizer state {idx}.{key} differs"
+            assert torch.equal(sa[idx][key], sb[idx][key]), (
+                f"{note}: optimizer state {idx}.{key} differs"
+            )
     assert fa["optim"]["param_groups"] == fb["optim"]["param_groups"], note
     assert fa["sched"] == fb["sched"], note
 
@@ -79,7 +88,8 @@ def test_sigkill_at_random_points_then_relaunch_is_bitwise_equal(tmp_path):
     rng = random.Random(seed)
     for trial in range(3):
         run_dir = tmp_path / f"trial{trial}"
-        kill_after_rows = rng.randint(2, ITERATIONS - 2)  # row 2 comes after checkpoint 0 is published
+        # row 2 is written after checkpoint 0 is published, so every trial resumes from a checkpoint
+        kill_after_rows = rng.randint(2, ITERATIONS - 2)
         delay = rng.uniform(0.0, 0.04)
         note = f"trial {trial}, rng seed {seed}, killed after {kill_after_rows} rows + {delay:.3f}s"
         proc = _launch(run_dir)
@@ -96,7 +106,9 @@ def test_sigkill_at_random_points_then_relaunch_is_bitwise_equal(tmp_path):
         assert "resuming run" in out, note
         header, rows = _deterministic_progress(run_dir)
         assert header == ref_header, note
-        assert rows == ref_rows, f"{note}: progress.csv differs (duplicate, missing or different rows)"
+        assert rows == ref_rows, (
+            f"{note}: progress.csv differs (duplicate, missing or different rows)"
+        )
         _assert_same_final(reference, run_dir, note)
         log = (run_dir / "debug.log").read_text()  # appended across both launches
         assert log.count("run 'resume' in") == 2 and "resumed from itr_" in log, note
@@ -140,15 +152,24 @@ def test_kill_during_checkpoint_writes_always_leaves_a_loadable_latest(tmp_path,
         proc.communicate(timeout=30)
         note = f"mode {mode}, trial {trial}, rng seed {seed}"
         seen: dict[str, bytes] = {}
+
+        def read_replay(d: Path, seen: dict[str, bytes] = seen) -> None:
+            seen.update({p.name: p.read_bytes() for p in d.iterdir()})
+
         with warnings.catch_warnings():
-            warnings.simplefilter("error", CheckpointWarning)  # no published checkpoint may be corrupt
-            loaded = Checkpointer(root, snapshot_mode=mode, snapshot_gap=3).load_latest(
-                extra_readers={"replay": lambda d: seen.update({p.name: p.read_bytes() for p in d.iterdir()})}
-            )
+            # no published checkpoint may be corrupt: a warning here would mean a torn write was published
+            warnings.simplefilter("error", CheckpointWarning)
+            ckpt = Checkpointer(root, snapshot_mode=mode, snapshot_gap=3)
+            loaded = ckpt.load_latest(extra_readers={"replay": read_replay})
         assert loaded is not None, note
         state, info = loaded
         i = state["i"]
         assert info.iteration == i, note
         assert torch.equal(state["w"], torch.full((3_000_000,), float(i))), note
-        assert seen == {"a.bin": bytes([i % 256]) * 3_000_000, "b.bin": bytes([(i + 1) % 256]) * 1_000_000}, note
-        assert not [p for p in root.iterdir() if p.name.startswith(".")], f"{note}: stale temp dirs not removed"
+        assert seen == {
+            "a.bin": bytes([i % 256]) * 3_000_000,
+            "b.bin": bytes([(i + 1) % 256]) * 1_000_000,
+        }, note
+        assert not [p for p in root.iterdir() if p.name.startswith(".")], (
+            f"{note}: stale temp dirs not removed"
+        )

@@ -11,7 +11,12 @@ from tdrl.utils.seeding import rng_state, seed_everything, set_rng_state, spawn_
 
 
 def _draw() -> tuple:
-    return (random.random(), float(np.random.rand()), float(np.random.randn()), torch.rand(3).tolist())
+    return (
+        random.random(),
+        float(np.random.rand()),
+        float(np.random.randn()),
+        torch.rand(3).tolist(),
+    )
 
 
 def test_seed_everything_makes_all_generators_repeat():
