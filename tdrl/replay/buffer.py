@@ -201,31 +201,52 @@ class TransitionReplayBuffer:
         """
         if batch_size < 1:
             raise ReplayError(f"batch_size must be >= 1, got {batch_size}")
+        if not self._ready() or batch_size > self.ready_count():
+            ready = self.ready_count()
+            raise ReplayError(f"batch_size={batch_size} exceeds the {ready} transitions ready to sample "
+                              f"({len(self)} stored; the newest {self.lookahead} steps per stream wait for "
+                              f"their n-step window)")
+        stream, time, values = self._draw(batch_size)
+        index = torch.from_numpy(self.ring.flat_index(stream, time))
+        out = self._gather(index, stream, time)
+        rows = np.arange(batch_size)
         for _ in range(_MAX_REDRAWS):
-            done = self.ring.write_done if self._ready() else 0
-            ready = self.ready_count(done)
-            if batch_size > ready:
-                raise ReplayError(f"batch_size={batch_size} exceeds the {ready} transitions ready to sample "
-                                  f"({len(self)} stored; the newest {self.lookahead} steps per stream wait for "
-                                  f"their n-step window)")
-            if self.sampler is None:
-                stream, time, weights = self._draw_uniform(batch_size, done)
-            else:
-                stream, time, weights = self._draw_prioritized(batch_size)
-            index = torch.from_numpy(self.ring.flat_index(stream, time))
-            out = self._gather(index, stream, time)
-            # seqlock: every slot read must still hold the data it held when drawn
-            if (time - self.lookback).min() >= self.ring.write_started - self.ring.time_capacity:
+            # seqlock: rows whose slots a later write started overwriting during the gather are drawn again;
+            # rows that passed are final (their data was copied out before any overwrite)
+            stale = (time[rows] - self.lookback) < self.ring.write_started - self.ring.time_capacity
+            if not stale.any():
                 break
+            rows = rows[stale]
+            stream[rows], time[rows], new_values = self._draw(rows.size)
+            if values is not None:
+                values[rows] = new_values
+            index = torch.from_numpy(self.ring.flat_index(stream, time))
+            rows_t = torch.from_numpy(rows)
+            out[rows_t] = self._gather(index[rows_t], stream[rows], time[rows])
         else:
             raise ReplayError("sampling kept colliding with concurrent writes; the writer is lapping the buffer")
         out["index"] = index
-        if weights is not None:
-            out["priority_weight"] = torch.from_numpy(weights)
+        if values is not None:
+            out["priority_weight"] = torch.from_numpy(self.sampler.importance_weights(values))
         store = self.ring.store
         store.add_counter("samples_drawn", batch_size)
         store.add_counter("sample_calls", 1)
         return out
+
+    def _draw(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(stream, absolute time, leaf values or None)`` of ``n`` draws from the data complete now."""
+        if self.sampler is not None:
+            with self.ring.store.lock():
+                done = self.ring.write_done
+                leaves, values = self.sampler.draw_leaves(n)
+            stream, time = self.ring.absolute_time(leaves, done)
+            return stream, time, values
+        # lower bound from write_started: slots of a write in progress are never drawn
+        started, done = self.ring.write_started, self.ring.write_done
+        lo, hi = self.valid_range(done)
+        lo = max(lo, self.valid_range(started)[0])
+        stream, time = self._draw_uniform(n, lo, hi)
+        return stream, time, None
 
     def ready_count(self, done: int | None = None) -> int:
         """Transitions whose window is complete (sampleable, ignoring the validity mask)."""
@@ -235,11 +256,11 @@ class TransitionReplayBuffer:
         lo, hi = self.valid_range(done)
         return max(0, hi - lo + 1) * self.ring.num_streams
 
-    def _draw_uniform(self, n: int, done: int) -> tuple[np.ndarray, np.ndarray, None]:
-        lo, hi = self.valid_range(done)
+    def _draw_uniform(self, n: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         per_stream = hi - lo + 1
-        draw = self.rng.integers(0, per_stream * self.ring.num_streams, n)
-        stream, offset = np.divmod(draw, per_stream)
+        if per_stream < 1:
+            raise ReplayError("no transitions ready to sample")
+        stream, offset = np.divmod(self.rng.integers(0, per_stream * self.ring.num_streams, n), per_stream)
         time = lo + offset
         if self._mask_stored:
             for _ in range(_MAX_REDRAWS):
@@ -251,14 +272,7 @@ class TransitionReplayBuffer:
                 time[bad] = lo + offset
             else:
                 raise ReplayError(f"almost no valid steps: {key_name(self.mask_key)!r} is False nearly everywhere")
-        return stream, time, None
-
-    def _draw_prioritized(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        with self.ring.store.lock():
-            done = self.ring.write_done
-            leaves, weights = self.sampler.draw(n)
-        stream, time = self.ring.absolute_time(leaves, done)
-        return stream, time, weights
+        return stream, time
 
     def _gather(self, index: torch.Tensor, stream: np.ndarray, time: np.ndarray) -> TensorDict:
         ring = self.ring

@@ -216,16 +216,23 @@ class PrioritizedSampler(Sampler):
         if raw.size:
             self._scalars[_MAX_PRIORITY] = max(float(self._scalars[_MAX_PRIORITY]), float(raw.max()))
 
-    def draw(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Draw ``n`` leaves (stratified) and their normalised importance weights (float32)."""
+    def draw_leaves(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Draw ``n`` leaves (stratified); returns ``(leaves, leaf values)``."""
         total = self._tree.total
         if not total > 0:
             raise ReplayError("cannot sample: no sampleable transitions (all priorities are zero or invalid)")
         mass = (np.arange(n) + self.rng.random(n)) * (total / n)
         index = self._tree.find(np.minimum(mass, np.nextafter(total, 0)))
-        values = self._tree.leaves[index]
-        weights = (values / values.min()) ** (-self.beta)
-        return index, weights.astype(np.float32)
+        return index, self._tree.leaves[index]
+
+    def importance_weights(self, values: np.ndarray) -> np.ndarray:
+        """``(N * P(i)) ** -beta`` normalised by the batch maximum, from the drawn leaves' values (float32)."""
+        return ((values / values.min()) ** (-self.beta)).astype(np.float32)
+
+    def draw(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Draw ``n`` leaves (stratified) and their normalised importance weights (float32)."""
+        index, values = self.draw_leaves(n)
+        return index, self.importance_weights(values)
 
     # ------------------------------------------------------------------------------- TorchRL Sampler interface
     def sample(self, storage: Any, batch_size: int) -> tuple[torch.Tensor, dict]:

@@ -236,32 +236,53 @@ class SequenceReplayBuffer:
         """Draw ``batch_B`` sequences as a TensorDict ``[batch_B, L]`` (see module docstring)."""
         if batch_B < 1:
             raise ReplayError(f"batch_B must be >= 1, got {batch_B}")
+        if not self._ready() or batch_B > self.ready_count():
+            raise ReplayError(f"batch_B={batch_B} exceeds the {self.ready_count()} sequences ready to sample "
+                              f"({len(self)} steps stored; a sequence needs L={self.seq_len} steps)")
+        stream, start_no, values = self._draw(batch_B)
+        out, states = self._gather(stream, start_no)
+        rows = np.arange(batch_B)
         for _ in range(_MAX_REDRAWS):
-            done = self.ring.write_done if self._ready() else 0
-            ready = self.ready_count(done)
-            if batch_B > ready:
-                raise ReplayError(f"batch_B={batch_B} exceeds the {ready} sequences ready to sample "
-                                  f"({len(self)} steps stored; a sequence needs L={self.seq_len} steps)")
-            if self.sampler is None:
-                stream, start_no, weights = self._draw_uniform(batch_B, done)
-            else:
-                stream, start_no, weights = self._draw_prioritized(batch_B)
-            out = self._gather(stream, start_no)
-            if int(start_no.min()) * self.interval >= self.ring.write_started - self.ring.time_capacity:
+            # seqlock: sequences whose slots a later write overwrote during the gather are drawn again
+            stale = start_no[rows] * self.interval < self.ring.write_started - self.ring.time_capacity
+            if not stale.any():
                 break
+            rows = rows[stale]
+            stream[rows], start_no[rows], new_values = self._draw(rows.size)
+            if values is not None:
+                values[rows] = new_values
+            rows_t = torch.from_numpy(rows)
+            out[rows_t], new_states = self._gather(stream[rows], start_no[rows])
+            for key, value in new_states.items():
+                states[key][rows_t] = value
         else:
             raise ReplayError("sampling kept colliding with concurrent writes; the writer is lapping the buffer")
+        for key, value in states.items():  # stride-0 views along time: one stored state per sequence
+            out[key] = value.unsqueeze(1).expand(batch_B, self.seq_len, *value.shape[1:])
         leaf = stream * self.starts_per_stream + start_no % self.starts_per_stream
         out["index"] = torch.from_numpy(leaf).unsqueeze(1).expand(batch_B, self.seq_len)
-        if weights is not None:
+        if values is not None:
+            weights = self.sampler.importance_weights(values)
             out["priority_weight"] = torch.from_numpy(weights).unsqueeze(1).expand(batch_B, self.seq_len)
         self.ring.store.add_counter("samples_drawn", batch_B * self.seq_len)
         self.ring.store.add_counter("sample_calls", 1)
         return out
 
-    def _draw_uniform(self, n: int, done: int) -> tuple[np.ndarray, np.ndarray, None]:
+    def _draw(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(stream, start number, leaf values or None)`` of ``n`` draws from the data complete now."""
+        if self.sampler is not None:
+            with self.ring.store.lock():
+                done = self.ring.write_done
+                leaves, values = self.sampler.draw_leaves(n)
+            stream, slot = np.divmod(leaves, self.starts_per_stream)
+            newest = (done - self.seq_len) // self.interval  # newest ready start number
+            return stream, newest - (newest - slot) % self.starts_per_stream, values
+        started, done = self.ring.write_started, self.ring.write_done
         lo, hi = self.start_range(done)
+        lo = max(lo, self.start_range(started)[0])  # never draw slots a write in progress is replacing
         per_stream = hi - lo + 1
+        if per_stream < 1:
+            raise ReplayError("no sequences ready to sample")
         for _ in range(_MAX_REDRAWS):
             stream, offset = np.divmod(self.rng.integers(0, per_stream * self.ring.num_streams, n), per_stream)
             start_no = lo + offset
@@ -274,27 +295,19 @@ class SequenceReplayBuffer:
             raise ReplayError(f"almost no valid starts: {key_name(self.mask_key)!r} is False nearly everywhere")
         return stream, start_no, None
 
-    def _draw_prioritized(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        with self.ring.store.lock():
-            done = self.ring.write_done
-            leaves, weights = self.sampler.draw(n)
-        stream, slot = np.divmod(leaves, self.starts_per_stream)
-        newest = (done - self.seq_len) // self.interval  # newest ready start number
-        start_no = newest - (newest - slot) % self.starts_per_stream
-        return stream, start_no, weights
-
-    def _gather(self, stream: np.ndarray, start_no: np.ndarray) -> TensorDict:
+    def _gather(self, stream: np.ndarray, start_no: np.ndarray) -> tuple[TensorDict, dict]:
+        """Sequences ``[n, L]`` of the stored keys, and the stored initial states ``{key: [n, ...]}``."""
         n, L = stream.shape[0], self.seq_len
         times = start_no[:, None] * self.interval + np.arange(L)[None, :]
         index = torch.from_numpy(self.ring.flat_index(stream[:, None], times).reshape(-1))
         values = {k: self.ring.gather(k, index).view(n, L, *shape)
                   for k, (_, shape) in self.ring.schema.entries.items()}
         state_index = torch.from_numpy(stream * self.starts_per_stream + start_no % self.starts_per_stream)
+        states = {}
         for key in self.state_keys:
             field = self.ring.field("state." + key_name(key))
-            state = torch.index_select(field.view(-1, *field.shape[2:]), 0, state_index)
-            values[key] = state.unsqueeze(1).expand(n, L, *state.shape[1:])
-        return nest(values, [n, L])
+            states[key] = torch.index_select(field.view(-1, *field.shape[2:]), 0, state_index)
+        return nest(values, [n, L]), states
 
     # ------------------------------------------------------------------------------------------------ priority
     def update_priority(self, index: torch.Tensor | TensorDictBase, priority: torch.Tensor | None = None) -> None:
