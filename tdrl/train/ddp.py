@@ -1,0 +1,648 @@
+"""Data-parallel trainer: one full collector-learner replica per process, gradients all-reduced (rlpyt's SyncRl).
+
+Each rank builds its own collector, replay and model copy (the recipe's ``main`` runs once per rank), collects
+its own ``[B, T]`` batches and computes gradients on them; the gradients of the replicated modules are averaged
+over the ranks at the end of every backward pass, so every rank takes the same optimizer step and the models stay
+identical (bitwise: every rank receives the same reduced bytes and runs the same deterministic step). No samples
+are exchanged. Batch sizes are per rank (weak scaling): N ranks collect ``N * B * T`` frames per iteration and
+each update averages ``N`` minibatches, as in rlpyt. Rank 0 evaluates, logs and checkpoints; the episode
+statistics and optimiser metrics of every rank are gathered into its rows.
+
+Starting the ranks::
+
+    def main(cfg):                                   # the recipe
+        if cfg.trainer.kind == "ddp" and not is_distributed():
+            return launch_data_parallel(main, cfg, world_size=cfg.trainer.world_size)
+        seed_everything(rank_seed(cfg.run.seed))     # distinct collector/env streams per rank
+        run = Run.open(...) if is_main_process() else None
+        ...build collector, loss, updater...
+        trainer = DataParallelTrainer(collector=collector, modules=[loss], run=run, n_steps=..., ...)
+        for batch in trainer:                        # the same loop body as with SyncTrainer
+            metrics = update(batch)
+            trainer.record(metrics, updates=n)
+
+:func:`launch_data_parallel` spawns ``world_size`` local processes (gloo on CPU, NCCL on GPU, one GPU per rank),
+or, when torch's ``env://`` variables are set (torchrun; ``tdrl.launch`` exports them for multi-task SLURM jobs),
+joins that process group and runs ``main`` in this process. A rank that raises or dies stops the others and the
+launcher raises :class:`DataParallelError` with that rank's traceback.
+
+Why gradients are all-reduced by hooks rather than ``DistributedDataParallel``: TorchRL loss modules call their
+networks functionally (``params.to_module(net)``), bypassing a DDP wrapper's ``forward``, which DDP needs to
+prepare its reducer. :class:`GradientAllReduce` hooks the parameters themselves: it notes every gradient
+accumulated during a backward pass and, when the pass ends (autograd's final callback, the point DDP finishes its
+own reduction), all-reduces them in one flat buffer per dtype and divides by the world size. The recipe's
+:class:`~tdrl.objectives.update.Updater` then clips and checks the *averaged* gradient, exactly like a single
+process would clip the gradient of the whole batch.
+
+What "equal to a single process" means: for a loss that is a mean over the minibatch, the averaged gradient of N
+equal-size per-rank minibatches equals the gradient of their concatenation up to float summation order (tested
+to 1e-6). Whole runs are not equal to a single-process run: each rank draws its own env and sampling streams, and
+per-minibatch statistics (PPO's advantage normalisation) are computed per rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDictBase
+from torch import nn
+from torch.multiprocessing.spawn import ProcessException
+
+from tdrl.train.bookkeeping import Bookkeeper, metrics_to_floats
+from tdrl.train.stats import episode_stats, eval_episodes, new_episodes
+from tdrl.train.sync import iteration_counts, updates_per_iteration
+from tdrl.utils.distributed import (
+    DistributedSetupError,
+    check_local_world_size,
+    env_world,
+    free_port,
+    init_from_env,
+    is_distributed,
+    rank,
+    resolve_backend,
+    world_size,
+)
+from tdrl.utils.seeding import rng_state, set_rng_state
+
+__all__ = [
+    "DataParallelError",
+    "DataParallelTrainer",
+    "GradientAllReduce",
+    "ReplicaDivergenceError",
+    "broadcast_module_state",
+    "launch_data_parallel",
+    "replica_digest",
+]
+
+
+class DataParallelError(RuntimeError):
+    """A rank of a data-parallel run failed; the message carries its rank and traceback."""
+
+
+class ReplicaDivergenceError(RuntimeError):
+    """The replicated modules differ across ranks (a step was not averaged, or a rank changed them alone)."""
+
+
+# --- Gradient averaging and replica state -----------------------------------------------------------------------
+
+
+def _unique_params(modules: Iterable[nn.Module]) -> list[nn.Parameter]:
+    seen: set[int] = set()
+    out = []
+    for module in modules:
+        for p in module.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def _unique_buffers(modules: Iterable[nn.Module]) -> list[torch.Tensor]:
+    seen: set[int] = set()
+    out = []
+    for module in modules:
+        for b in module.buffers():
+            if id(b) not in seen:
+                seen.add(id(b))
+                out.append(b)
+    return out
+
+
+def _by_dtype_device(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    return list(groups.values())
+
+
+def _flat_collective(tensors: Sequence[torch.Tensor], op: Callable[[torch.Tensor], None]) -> None:
+    """Run ``op`` in place on one flat buffer per (dtype, device) holding ``tensors``, then copy back."""
+    for group in _by_dtype_device(tensors):
+        flat = torch.cat([t.detach().reshape(-1) for t in group])
+        op(flat)
+        offset = 0
+        with torch.no_grad():
+            for t in group:
+                n = t.numel()
+                t.copy_(flat[offset:offset + n].view_as(t))
+                offset += n
+
+
+class GradientAllReduce:
+    """Average the gradients of ``modules``' parameters over all ranks at the end of every backward pass.
+
+    Every trainable parameter gets a post-accumulate-grad hook that records it; the first hook of a pass queues
+    an autograd final callback, which all-reduces (sum, then divide by the world size) exactly the gradients
+    accumulated during that pass, in a fixed parameter order, one flat buffer per dtype and device. All ranks must
+    run the same backward passes over the same parameters (they do when they run the same code on same-shaped
+    batches); gradients accumulated over several passes before one step are averaged pass by pass, which gives
+    the same mean.
+
+    Args:
+        modules: the replicated modules (e.g. the TorchRL loss module, which holds actor, critic and any
+            trainable temperature).
+        group: process group (default: the world).
+    """
+
+    def __init__(self, modules: Iterable[nn.Module], group: Any = None) -> None:
+        self.group = group
+        self.params = [p for p in _unique_params(modules) if p.requires_grad]
+        if not self.params:
+            raise ValueError("GradientAllReduce: the modules have no trainable parameters")
+        self._order = {id(p): i for i, p in enumerate(self.params)}
+        self._touched: set[int] = set()
+        self._queued = False
+        self.reductions = 0
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        self._touched.add(self._order[id(param)])
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._reduce)
+
+    def _reduce(self) -> None:
+        touched = sorted(self._touched)
+        self._touched.clear()
+        self._queued = False
+        if not is_distributed() or world_size() == 1:
+            return
+        grads = [self.params[i].grad for i in touched if self.params[i].grad is not None]
+        n = world_size()
+
+        def all_reduce_mean(flat: torch.Tensor) -> None:
+            dist.all_reduce(flat, group=self.group)
+            flat.div_(n)
+
+        _flat_collective(grads, all_reduce_mean)
+        self.reductions += 1
+
+    def remove(self) -> None:
+        """Unregister the hooks (the modules go back to plain single-process gradients)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def broadcast_module_state(modules: Iterable[nn.Module], *, buffers: bool = True, params: bool = True,
+                           src: int = 0, group: Any = None) -> None:
+    """Copy rank ``src``'s parameters (and buffers) into every rank's modules, in place (DDP's start-up sync)."""
+    if not is_distributed() or world_size() == 1:
+        return
+    modules = list(modules)
+    tensors: list[torch.Tensor] = []
+    if params:
+        tensors += [p.data for p in _unique_params(modules)]
+    if buffers:
+        tensors += _unique_buffers(modules)
+    if tensors:
+        _flat_collective(tensors, lambda flat: dist.broadcast(flat, src=src, group=group))
+
+
+def replica_digest(modules: Iterable[nn.Module], *, buffers: bool = False) -> str:
+    """Hash of the exact bytes of the modules' parameters (and buffers): equal digests mean bitwise-equal models."""
+    h = hashlib.blake2b(digest_size=16)
+    modules = list(modules)
+    tensors = [p.data for p in _unique_params(modules)]
+    if buffers:
+        tensors += _unique_buffers(modules)
+    for t in tensors:
+        h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _gather_to_main(obj: Any) -> list[Any] | None:
+    """Every rank's ``obj`` on rank 0 (``None`` elsewhere)."""
+    if not is_distributed():
+        return [obj]
+    out = [None] * world_size() if rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def _broadcast_from_main(obj: Any) -> Any:
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+# --- The trainer ------------------------------------------------------------------------------------------------
+
+
+class DataParallelTrainer:
+    """rlpyt's SyncRl/SyncRlEval: SyncTrainer's loop on every rank, gradients averaged, rank 0 keeping the books.
+
+    Construct it on every rank (inside the process group made by :func:`launch_data_parallel`, torchrun or a
+    SLURM launch); the recipe's loop body is unchanged from :class:`~tdrl.train.SyncTrainer`. Counting follows
+    rlpyt's SyncRl: ``n_steps``, ``log_interval_steps``, ``min_steps_learn`` and the logged frames are totals over
+    all ranks; ``batch_size`` and the collector's ``B x T`` are per rank.
+
+    Args:
+        collector: this rank's collector (seed it with :func:`tdrl.utils.distributed.rank_seed`).
+        modules: the replicated modules (the loss module): rank 0's parameters and buffers are copied to every
+            rank now, their gradients are averaged after every backward pass, and their parameters are checked
+            for bitwise equality at every log row.
+        n_steps: total env frames over all ranks.
+        log_interval_steps: env frames (all ranks) between log rows, evaluations and checkpoints.
+        run: rank 0's ``tdrl.log.Run``; must be ``None`` on the other ranks.
+        eval_collector: evaluation collector, used on rank 0 only (other ranks may pass ``None``).
+        log_traj_window: completed episodes (all ranks) kept for online statistics.
+        frames_per_itr: this rank's frames per collector batch, when the collector does not say.
+        replay_ratio: off-policy data reuse; with ``batch_size`` it sets :attr:`updates_per_itr`.
+        batch_size: per-rank minibatch size of one gradient update.
+        min_steps_learn: env frames (all ranks) before the first update.
+        checkpoint_state: objects identical on every rank (models, optimizers, updaters): saved from rank 0 and
+            loaded on every rank on resume.
+        rank_state: objects that differ per rank (replay buffers, schedules fed by local data), with
+            ``state_dict``/``load_state_dict``: every rank's state is gathered into rank 0's checkpoint.
+        checkpoint_interval_steps: env frames between checkpoints; 0 means at every log row.
+        stop_return: stop once the evaluation (or online) mean return reaches this.
+        broadcast_buffers: after every iteration copy rank 0's buffers of ``modules`` to all ranks (DDP's default;
+            e.g. observation-normalisation statistics). Gather the data first (:meth:`all_gather`) to build
+            statistics from every rank's batch.
+    """
+
+    def __init__(
+        self,
+        *,
+        collector: Any,
+        modules: Sequence[nn.Module],
+        n_steps: int,
+        log_interval_steps: int,
+        run: Any = None,
+        eval_collector: Any = None,
+        log_traj_window: int = 100,
+        frames_per_itr: int | None = None,
+        replay_ratio: float | None = None,
+        batch_size: int | None = None,
+        min_steps_learn: int = 0,
+        checkpoint_state: Mapping[str, Any] | None = None,
+        rank_state: Mapping[str, Any] | None = None,
+        checkpoint_interval_steps: int = 0,
+        stop_return: float | None = None,
+        broadcast_buffers: bool = True,
+    ) -> None:
+        if n_steps <= 0 or log_interval_steps <= 0:
+            raise ValueError(f"n_steps and log_interval_steps must be positive, got {n_steps}, {log_interval_steps}")
+        self.rank, self.world_size = rank(), world_size()
+        if run is not None and self.rank != 0:
+            raise ValueError(f"rank {self.rank} was given a Run; open it on rank 0 only (tdrl.utils.distributed."
+                             "is_main_process()) so one process owns the run directory")
+        if (replay_ratio is None) != (batch_size is None):
+            raise ValueError("replay_ratio and batch_size go together (updates per iteration need both)")
+        self.collector = collector
+        self.eval_collector = eval_collector if self.rank == 0 else None
+        self._unused_eval = eval_collector if self.rank != 0 else None
+        self.modules = list(modules)
+        if not self.modules:
+            raise ValueError("modules: pass the replicated modules (e.g. the loss module) whose gradients to average")
+        self.local_frames_per_itr = int(frames_per_itr or _frames_per_batch(collector))
+        self.frames_per_itr = self.local_frames_per_itr * self.world_size
+        self.n_itr, self.log_interval_itrs = iteration_counts(n_steps, log_interval_steps, self.frames_per_itr)
+        self.min_itr_learn = int(min_steps_learn) // self.frames_per_itr
+        self.batch_size = batch_size
+        self.updates_per_itr = (
+            updates_per_iteration(replay_ratio, self.local_frames_per_itr, batch_size) if replay_ratio else 1
+        )
+        ckpt_itrs = max(int(checkpoint_interval_steps) // self.frames_per_itr, 1) if checkpoint_interval_steps else 0
+        self.checkpoint_interval_itrs = ckpt_itrs or self.log_interval_itrs
+        self.checkpoint_state = dict(checkpoint_state or {})
+        self.rank_state = dict(rank_state or {})
+        for name, obj in {**self.checkpoint_state, **self.rank_state}.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"checkpoint_state/rank_state['{name}'] ({type(obj).__name__}) has no "
+                                "state_dict/load_state_dict")
+        self.stop_return = stop_return
+        self.broadcast_buffers = broadcast_buffers
+        self.book = Bookkeeper(run=run, log_traj_window=log_traj_window,
+                               update_batch_size=batch_size * self.world_size if batch_size else None)
+        self.run = run
+        self.resumed = False
+        self.stopped_early = False
+        self._pending_trajs: list[dict[str, float]] = []  # this rank's episodes not yet gathered into a row
+        broadcast_module_state(self.modules)  # every replica starts from rank 0's weights (DDP's constructor)
+        self.grad_sync = GradientAllReduce(self.modules)
+
+    # --- what the recipe reads ------------------------------------------------------------------------------
+
+    @property
+    def itr(self) -> int:
+        return self.book.itr
+
+    @property
+    def frames(self) -> int:
+        """Env frames collected by all ranks."""
+        return self.book.frames
+
+    @property
+    def updates(self) -> int:
+        return self.book.updates
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        """Log rows (complete on rank 0; other ranks hold counters only)."""
+        return self.book.history
+
+    @property
+    def updates_due(self) -> int:
+        """Gradient updates this iteration owes (the same on every rank)."""
+        return 0 if self.book.itr < self.min_itr_learn else self.updates_per_itr
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.book.summary(stopped_early=self.stopped_early, world_size=self.world_size)
+
+    def record(self, metrics: Any = None, *, updates: int = 0) -> None:
+        """Store this iteration's optimiser metrics (gathered from every rank at the next row); count updates."""
+        self.book.record(metrics, updates=updates)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's ``tensor`` along dim 0 (e.g. observations for global normalisation stats)."""
+        if self.world_size == 1:
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts)
+
+    # --- the loop -----------------------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        completed = False
+        self.book.start_session()
+        try:
+            self._maybe_resume()
+            if self.eval_collector is not None and self.book.itr == 0 and not self.resumed:
+                self._evaluate()
+            if self._has_eval() and self.book.itr == 0 and not self.resumed:
+                self._log()
+            batches = iter(self.collector)
+            first = True
+            while self.book.itr < self.n_itr and not self.stopped_early:
+                if not first:
+                    if self.broadcast_buffers:
+                        broadcast_module_state(self.modules, params=False)
+                    self.collector.update_policy_weights_()
+                batch = next(batches)
+                if first:
+                    self._warn_if_ranks_collect_the_same(batch)
+                first = False
+                self.book.frames += batch.numel() * self.world_size
+                self._pending_trajs.extend(new_episodes(self.collector))
+                yield batch
+                self.book.itr += 1
+                itr = self.book.itr
+                if itr % self.log_interval_itrs == 0:
+                    if self.eval_collector is not None:
+                        self._evaluate()
+                    self._log()
+                    self._check_replicas()
+                    self._check_stop()
+                if itr % self.checkpoint_interval_itrs == 0 or itr >= self.n_itr or self.stopped_early:
+                    self._save_checkpoint()
+            completed = True
+        finally:
+            self.book.end_session()
+            for c in (self.collector, self.eval_collector, self._unused_eval):
+                if c is not None and hasattr(c, "shutdown"):
+                    c.shutdown()
+            if self.run is not None:
+                if completed:
+                    self.run.finish(self.summary)
+                elif hasattr(self.run, "close"):
+                    self.run.close(exit_code=1)
+
+    def _has_eval(self) -> bool:
+        """Whether rank 0 evaluates (all ranks must agree, since logging is collective)."""
+        return bool(_broadcast_from_main(self.eval_collector is not None))
+
+    def _warn_if_ranks_collect_the_same(self, batch: TensorDictBase) -> None:
+        if self.world_size == 1 or "observation" not in batch.keys():
+            return
+        obs = batch["observation"].contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+        digest = hashlib.blake2b(obs.tobytes(), digest_size=16).hexdigest()
+        digests = [None] * self.world_size
+        dist.all_gather_object(digests, digest)
+        if len(set(digests)) == 1 and self.rank == 0:
+            warnings.warn("every rank collected the same first batch: seed each rank's collector differently "
+                          "(tdrl.utils.distributed.rank_seed), or the replicas average identical gradients",
+                          stacklevel=3)
+
+    # --- rows, evaluation, checkpoints (collective: every rank calls them at the same iterations) ---------------
+
+    def _evaluate(self) -> None:
+        with self.book.timing_eval():
+            if hasattr(self.eval_collector, "update_policy_weights_"):
+                self.eval_collector.update_policy_weights_()
+            trajs = eval_episodes(self.eval_collector)
+        self.book.last_eval = episode_stats(trajs, prefix="eval/")
+        self.book.last_eval["eval/episodes"] = float(len(trajs))
+
+    def _log(self) -> None:
+        local = (self._pending_trajs, metrics_to_floats(self.book.metrics))
+        self._pending_trajs = []
+        self.book.metrics.clear()
+        gathered = _gather_to_main(local)
+        if self.rank != 0:
+            self.book.new_trajs.clear()
+            return
+        trajs = [t for rank_trajs, _ in gathered for t in rank_trajs]
+        metrics = [m for _, rank_metrics in gathered for m in rank_metrics]
+        self.book.add_episodes(trajs)
+        self.book.log({"dist/world_size": float(self.world_size)}, metrics=metrics)
+
+    def _check_replicas(self) -> None:
+        if self.world_size == 1:
+            return
+        digests = [None] * self.world_size
+        dist.all_gather_object(digests, replica_digest(self.modules, buffers=self.broadcast_buffers))
+        if len(set(digests)) != 1:
+            raise ReplicaDivergenceError(
+                f"the replicated modules differ across ranks at iteration {self.book.itr} (digests {digests}); "
+                "something changed parameters outside the averaged optimizer step on some rank"
+            )
+
+    def _check_stop(self) -> None:
+        stop = False
+        if self.rank == 0 and self.stop_return is not None:
+            ret = self.book.last_eval.get("eval/return_mean") if self.eval_collector is not None else None
+            if ret is None:
+                ret = self.book.online_return()
+            stop = ret is not None and ret >= self.stop_return
+        self.stopped_early = bool(_broadcast_from_main(stop))
+
+    def _rank_checkpoint(self) -> dict[str, Any]:
+        state: dict[str, Any] = {name: obj.state_dict() for name, obj in self.rank_state.items()}
+        if hasattr(self.collector, "state_dict"):
+            state["collector"] = self.collector.state_dict()
+        state["rng"] = rng_state()
+        state["pending_trajs"] = list(self._pending_trajs)
+        return state
+
+    def _save_checkpoint(self) -> None:
+        ranks = _gather_to_main(self._rank_checkpoint())
+        if self.run is None:
+            return
+        state: dict[str, Any] = {name: obj.state_dict() for name, obj in self.checkpoint_state.items()}
+        state["trainer"] = {**self.book.state_dict(), "n_itr": self.n_itr, "frames_per_itr": self.frames_per_itr,
+                            "world_size": self.world_size}
+        state["ranks"] = ranks
+        self.run.save_checkpoint(state, self.book.itr, step=self.book.frames)
+
+    def _maybe_resume(self) -> None:
+        state = None
+        if self.run is not None and not self.resumed:
+            state = self.run.load_checkpoint()
+        state = _broadcast_from_main(state)
+        if not state:
+            return
+        trainer = state["trainer"]
+        if trainer["world_size"] != self.world_size or trainer["frames_per_itr"] != self.frames_per_itr:
+            raise ValueError(
+                f"checkpoint was taken with world_size={trainer['world_size']} and {trainer['frames_per_itr']} "
+                f"frames per iteration; this run has world_size={self.world_size} and {self.frames_per_itr}"
+            )
+        for name, obj in self.checkpoint_state.items():
+            if name not in state:
+                raise KeyError(f"checkpoint has no '{name}' (it has {sorted(state)})")
+            obj.load_state_dict(state[name])
+        mine = state["ranks"][self.rank]
+        for name, obj in self.rank_state.items():
+            obj.load_state_dict(mine[name])
+        if "collector" in mine and hasattr(self.collector, "load_state_dict"):
+            self.collector.load_state_dict(mine["collector"])
+        set_rng_state(mine["rng"])
+        self._pending_trajs = list(mine["pending_trajs"])
+        self.book.load_state_dict(trainer)
+        self.resumed = True
+
+
+def _frames_per_batch(collector: Any) -> int:
+    for attr in ("frames_per_batch", "frames_per_itr"):
+        value = getattr(collector, attr, None)
+        if value:
+            return int(value)
+    b, t = getattr(collector, "batch_B", None), getattr(collector, "batch_T", None)
+    if b and t:
+        return int(b) * int(t)
+    raise ValueError(f"cannot tell frames per batch of {type(collector).__name__}; pass frames_per_itr=")
+
+
+# --- Starting the ranks -----------------------------------------------------------------------------------------
+
+
+def launch_data_parallel(
+    fn: Callable[..., Any],
+    *args: Any,
+    world_size: int,
+    backend: str = "auto",
+    device: str | torch.device = "cpu",
+    timeout_s: float = 1800.0,
+    **kwargs: Any,
+) -> Any:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks of a torch.distributed process group.
+
+    * Inside an initialised process group: just calls ``fn`` (a rank calling the recipe's ``main`` again).
+    * With torch's ``env://`` variables set (torchrun, or a multi-task SLURM job launched by ``tdrl.launch``):
+      joins that group and calls ``fn`` in this process; ``world_size`` must match ``WORLD_SIZE``.
+    * Otherwise: checks the backend and that this machine has ``world_size`` cores (gloo) or GPUs (NCCL), then
+      spawns the ranks (``world_size == 1`` runs in this process). A rank that raises or dies stops the others
+      within seconds.
+
+    Args:
+        fn: a picklable (module-level) function; every rank calls it with the same arguments.
+        world_size: number of ranks.
+        backend: ``auto`` (NCCL for CUDA devices, else gloo), ``gloo`` or ``nccl``.
+        device: the learner device the recipe uses (``cpu`` or ``cuda``; each rank gets ``cuda:<local rank>``).
+        timeout_s: how long a collective waits for a slow or dead rank before raising.
+
+    Returns:
+        Rank 0's return value.
+
+    Raises:
+        DistributedSetupError: bad world size, NCCL without CUDA, more ranks than cores/GPUs (before any process
+            starts).
+        DataParallelError: a rank failed; the message holds its traceback.
+    """
+    if is_distributed():
+        return fn(*args, **kwargs)
+    env = env_world()
+    if env is not None:
+        if env[1] != world_size:
+            raise DistributedSetupError(
+                f"world_size={world_size} but the launcher started WORLD_SIZE={env[1]} ranks; make them agree"
+            )
+        init_from_env(backend, device, timeout_s)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            dist.destroy_process_group()
+    backend = resolve_backend(backend, device)
+    check_local_world_size(world_size, backend)
+    port = free_port()
+    if world_size == 1:
+        return _run_rank(0, fn, args, kwargs, 1, backend, port, timeout_s, None)
+    with tempfile.TemporaryDirectory(prefix="tdrl-ddp-") as tmp:
+        result_path = os.path.join(tmp, "result.pt")
+        context = torch.multiprocessing.start_processes(
+            _run_rank, args=(fn, args, kwargs, world_size, backend, port, timeout_s, result_path),
+            nprocs=world_size, join=False, start_method="spawn",
+        )
+        try:
+            while not context.join(grace_period=5.0):
+                pass
+        except ProcessException as e:
+            raise DataParallelError(f"rank {e.error_index} of {world_size} failed (pid {e.error_pid}); the other ranks "
+                                    f"were stopped. {e}") from None
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join(5.0)
+        return torch.load(result_path, weights_only=False) if os.path.exists(result_path) else None
+
+
+def _run_rank(local_rank: int, fn: Callable[..., Any], args: tuple, kwargs: dict, world: int, backend: str,
+              port: int, timeout_s: float, result_path: str | None) -> Any:
+    """One rank: set the env:// variables, create the group, run ``fn``, hand rank 0's result back."""
+    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=local_rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    if result_path is not None:
+        _watch_parent()
+    try:
+        result = fn(*args, **kwargs)
+        if local_rank == 0 and result_path is not None:
+            torch.save(result, result_path)
+        return result
+    finally:
+        dist.destroy_process_group()
+        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(key, None)
+
+
+def _watch_parent(poll_s: float = 0.5) -> None:
+    """Exit this rank if the launching process disappears (SIGKILL leaves no time to stop us)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="tdrl-ddp-parent-watch", daemon=True).start()
