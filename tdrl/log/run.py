@@ -116,6 +116,33 @@ def _number(key: str, value: Any) -> float | int | None:
     return value
 
 
+def _add_wandb_sink(
+    sinks: list[Any], directory: Path, logger: LoggerConfig, config: dict[str, Any], name: str
+) -> str | None:
+    """Append a W&B sink unless W&B is off or disabled; returns the persisted run id (``None`` when off)."""
+    if not logger.wandb:
+        return None
+    from tdrl.log.wandb_sink import WandbSink, load_or_create_run_id, resolve_wandb_mode
+
+    mode = resolve_wandb_mode(logger.wandb_mode)
+    if mode == "disabled":
+        return None
+    run_id = load_or_create_run_id(directory)
+    sinks.append(
+        WandbSink(
+            run_dir=directory,
+            run_id=run_id,
+            mode=mode,
+            name=name,
+            project=logger.project,
+            entity=logger.entity,
+            group=logger.group,
+            config=config,
+        )
+    )
+    return run_id
+
+
 class Run:
     """An open run directory with its sinks and checkpointer. Build it with :meth:`Run.open`.
 
@@ -222,42 +249,22 @@ class Run:
         built: list[Any] = []
         try:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            print(
-                f"tdrl: {'resuming' if resumed else 'new'} run {name!r} in {directory} ({stamp})",
-                flush=True,
-            )
+            state = "resuming" if resumed else "new"
+            print(f"tdrl: {state} run {name!r} in {directory} ({stamp})", flush=True)
             if diff:
                 warnings.warn(
-                    f"run.force=true: resuming despite config changes in {sorted(diff)}",
-                    stacklevel=2,
+                    f"run.force=true: resuming despite changes in {sorted(diff)}", stacklevel=2
                 )
+            bar_stream = debug_log.terminal_stderr if debug_log else None
             built.append(
                 ConsoleSink(
                     name=name,
                     total_frames=total_frames,
                     progress_bar=logger.progress_bar,
-                    bar_stream=debug_log.terminal_stderr if debug_log else None,
+                    bar_stream=bar_stream,
                 )
             )
-            wandb_id = None
-            if logger.wandb:
-                from tdrl.log.wandb_sink import WandbSink, load_or_create_run_id, resolve_wandb_mode
-
-                mode = resolve_wandb_mode(logger.wandb_mode)
-                if mode != "disabled":
-                    wandb_id = load_or_create_run_id(directory)
-                    built.append(
-                        WandbSink(
-                            run_dir=directory,
-                            run_id=wandb_id,
-                            mode=mode,
-                            name=f"{name}-s{run.seed}",
-                            project=logger.project,
-                            entity=logger.entity,
-                            group=logger.group,
-                            config=cfg,
-                        )
-                    )
+            wandb_id = _add_wandb_sink(built, directory, logger, cfg, f"{name}-s{run.seed}")
             if logger.tensorboard:
                 tb = make_tensorboard_sink(directory / "tensorboard")
                 if tb is not None:

@@ -261,3 +261,14 @@ def test_manifest_records_versions_and_iteration(tmp_path):
     manifest = json.loads((path / MANIFEST).read_text())
     assert manifest["iteration"] == 7 and manifest["format"] == 1
     assert manifest["versions"]["torch"] == torch.__version__
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_tensors_load_onto_cpu_or_cuda(tmp_path):
+    ckpt = Checkpointer(tmp_path / "ck")
+    ckpt.save({"w": torch.arange(5.0, device="cuda")}, 0)
+    state, _ = ckpt.load_latest(map_location="cpu")
+    assert state["w"].device.type == "cpu" and state["w"].tolist() == [0, 1, 2, 3, 4]
+    state, _ = ckpt.load_latest(map_location="cuda")
+    assert state["w"].is_cuda

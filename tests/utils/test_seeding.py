@@ -56,3 +56,15 @@ def test_spawn_seeds_reproducible_and_distinct():
 def test_seed_everything_rejects_non_int():
     with pytest.raises(TypeError, match="seed"):
         seed_everything("3")  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_rng_state_roundtrip():
+    seed_everything(11)
+    state = rng_state()
+    assert len(state["cuda"]) == torch.cuda.device_count()
+    expected = torch.rand(4, device="cuda")
+    torch.rand(10, device="cuda")
+    set_rng_state(state)
+    assert torch.equal(torch.rand(4, device="cuda"), expected)
