@@ -68,6 +68,7 @@ class ActionServerCollector:
         reset_mode: str = "reset_at_once",
         max_decorrelation_steps: int = 0,
         discount: float = 0.99,
+        transform: Any = None,
         exploration_type: InteractionType | str | None = None,
         device: torch.device | str | None = None,
         return_same_td: bool = False,
@@ -88,7 +89,7 @@ class ActionServerCollector:
         exploration = to_interaction_type(exploration_type, InteractionType.RANDOM)
         specs = env_specs(env_factory)
         self.specs = specs
-        self.step_td = make_step_td(batch_B, specs.observation_spec).share_memory_()
+        self.step_td = make_step_td(batch_B, specs.observation_spec, transform).share_memory_()
         group_size = batch_B // n_groups
         self.groups = [(g * group_size, (g + 1) * group_size) for g in range(n_groups)]
         self.policy_steps: list[PolicyStep] = []
@@ -125,6 +126,7 @@ class ActionServerCollector:
                 discount=discount,
                 game_score=game_score_of(env_factory),
                 max_decorrelation_steps=max_decorrelation_steps,
+                transform=transform,
                 obs_ready=self._obs_ready[w],
                 actions_ready=self._actions_ready[w],
             )

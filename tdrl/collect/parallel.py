@@ -70,6 +70,7 @@ class ParallelCollector:
         reset_mode: str = "reset_at_once",
         max_decorrelation_steps: int = 0,
         discount: float = 0.99,
+        transform: Any = None,
         exploration_type: InteractionType | str | None = None,
         device: torch.device | str | None = None,
         return_same_td: bool = False,
@@ -88,7 +89,7 @@ class ParallelCollector:
         self._pool: WorkerPool | None = None
         specs = env_specs(env_factory)
         self.specs = specs
-        self.step_td = make_step_td(batch_B, specs.observation_spec)
+        self.step_td = make_step_td(batch_B, specs.observation_spec, transform)
         worker_policy = None
         if policy is not None:
             worker_policy = copy.deepcopy(policy).to("cpu")
@@ -116,6 +117,7 @@ class ParallelCollector:
                 discount=discount,
                 game_score=game_score_of(env_factory),
                 max_decorrelation_steps=max_decorrelation_steps,
+                transform=transform,
                 policy=worker_policy,
                 shared_weights=self._weights,
                 exploration_type=self._exploration,

@@ -38,6 +38,7 @@ class SliceRunner:
         seed, wait_reset, discount, game_score, max_decorrelation_steps: see :class:`SerialCollector`.
         exploration_type: exploration type of ``policy``.
         fast_policy: allow the compiled policy path.
+        transform: TorchRL transform applied batched over this slice after every step.
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class SliceRunner:
         max_decorrelation_steps: int,
         exploration_type: InteractionType = InteractionType.RANDOM,
         fast_policy: bool = True,
+        transform: Any = None,
     ) -> None:
         self.lo, self.hi = lo, hi
         self.batch = batch
@@ -71,6 +73,7 @@ class SliceRunner:
             batch_T=self.batch_T,
             discount=discount,
             game_score=game_score,
+            transform=transform,
         )
         try:
             self.envs.start(max_decorrelation_steps)

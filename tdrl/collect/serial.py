@@ -49,6 +49,8 @@ class SerialCollector:
             ends; their steps are zeros with ``("collector","mask")`` False — for recurrent replay).
         max_decorrelation_steps: up to this many random steps per env at start-up (not batch data).
         discount: discount of the TrajInfo ``DiscountedReturn``.
+        transform: optional TorchRL ``Transform`` (e.g. ``ObservationNorm``, ``RewardScaling``, ``Compose``)
+            applied batched once per step where the envs are stepped (:mod:`tdrl.collect.transforms`).
         exploration_type: TorchRL exploration type the policy runs under (default RANDOM, as TorchRL's
             collectors; DETERMINISTIC for greedy/eval), or its name.
         device: device of the yielded batches.
@@ -78,6 +80,7 @@ class SerialCollector:
         reset_mode: str = "reset_at_once",
         max_decorrelation_steps: int = 0,
         discount: float = 0.99,
+        transform: Any = None,
         exploration_type: InteractionType | str | None = None,
         device: torch.device | str | None = None,
         return_same_td: bool = False,
@@ -94,7 +97,7 @@ class SerialCollector:
         self._closed = False
         specs = env_specs(env_factory)
         self.specs = specs
-        self.step_td = make_step_td(batch_B, specs.observation_spec)
+        self.step_td = make_step_td(batch_B, specs.observation_spec, transform)
         exploration = to_interaction_type(exploration_type, InteractionType.RANDOM)
         template = (
             PolicyStep(policy, self.step_td.select(*OBS_KEYS).clone(), exploration_type=exploration).out_template
@@ -116,6 +119,7 @@ class SerialCollector:
             max_decorrelation_steps=max_decorrelation_steps,
             exploration_type=exploration,
             fast_policy=fast_policy,
+            transform=transform,
         )
         self.policy_step = self.runner.policy_step
 

@@ -21,11 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from tdrl.collect.traj_info import EpisodeTracker
+from tdrl.collect.transforms import StepTransform, probe_observation
 
 __all__ = ["EnvSlice", "env_seed", "make_step_td", "STEP_NEXT_KEYS"]
 
@@ -43,9 +45,14 @@ def env_seed(seed: int, env_index: int) -> int:
     return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, env_index]).generate_state(1)[0])
 
 
-def make_step_td(n_envs: int, obs_spec: Any) -> TensorDict:
-    """Allocate the ``[n_envs]`` step TensorDict described in the module docstring (zeros)."""
+def make_step_td(n_envs: int, obs_spec: Any, transform: Any = None) -> TensorDict:
+    """Allocate the ``[n_envs]`` step TensorDict described in the module docstring (zeros).
+
+    With a ``transform`` the observation entries take the transformed shape and dtype.
+    """
     obs = obs_spec.zero((n_envs,))
+    if transform is not None:
+        obs = torch.zeros_like(probe_observation(transform, obs))
     flag = torch.zeros(n_envs, 1, dtype=torch.bool)
     return TensorDict(
         {
@@ -76,6 +83,7 @@ class EnvSlice:
         batch_T: time steps per batch (sizes the local reward/done record for episode statistics).
         discount: discount of ``DiscountedReturn``.
         game_score: add ``GameScore`` to the TrajInfos (Atari).
+        transform: optional TorchRL transform applied batched after every step (:mod:`tdrl.collect.transforms`).
     """
 
     def __init__(
@@ -89,6 +97,7 @@ class EnvSlice:
         batch_T: int,
         discount: float = 0.99,
         game_score: bool = False,
+        transform: Any = None,
     ) -> None:
         self.env_indices = list(env_indices)
         lo, hi = self.env_indices[0], self.env_indices[-1] + 1
@@ -105,10 +114,22 @@ class EnvSlice:
         self.is_init = step_td["is_init"].numpy()[lo:hi, 0]
         self.next_obs = step_td["next", "observation"].numpy()[lo:hi]
         self.reward = step_td["next", "reward"].numpy()[lo:hi, 0]
+        self.transform = StepTransform(transform) if transform is not None else None
+        if self.transform is not None:
+            # Envs write raw values here; the transform publishes into the step TensorDict.
+            space = self.envs[0].observation_space  # stored like tdrl.envs.space_to_spec: uint8 or float32
+            self.raw_obs = np.zeros((n, *space.shape), dtype=np.uint8 if space.dtype == np.uint8 else np.float32)
+            self.raw_next_obs = np.zeros_like(self.raw_obs)
+            self.raw_reward = np.zeros(n, dtype=np.float32)
+        else:
+            self.raw_obs, self.raw_next_obs, self.raw_reward = self.obs, self.next_obs, self.reward
         self.done = step_td["next", "done"].numpy()[lo:hi, 0]
         self.terminated = step_td["next", "terminated"].numpy()[lo:hi, 0]
         self.truncated = step_td["next", "truncated"].numpy()[lo:hi, 0]
         self.idle = np.zeros(n, dtype=bool)
+        # Discrete actions go to env.step as Python ints: gymnasium's Discrete.contains is ~10x slower on numpy
+        # scalars (np.issubdtype), and that check runs on every step of the classic-control envs.
+        self.int_actions = all(isinstance(env.action_space, gym.spaces.Discrete) for env in self.envs)
         self.rewards_block = np.zeros((n, batch_T), dtype=np.float32)
         self.dones_block = np.zeros((n, batch_T), dtype=bool)
         self.tracker = EpisodeTracker(n, discount=discount, game_score=game_score)
@@ -129,13 +150,15 @@ class EnvSlice:
         for i, env in enumerate(self.envs):
             obs, _ = env.reset(seed=self.seeds[i])
             env.action_space.seed(self.seeds[i])
-            self.obs[i] = obs
+            self.raw_obs[i] = obs
         self.is_init[:] = True
         if max_decorrelation_steps <= 0:
+            self._publish_reset(np.arange(n))
             return
         counts = [int(np.random.default_rng(s).integers(0, max_decorrelation_steps + 1)) for s in self.seeds]
         width = max(counts)
         if width == 0:
+            self._publish_reset(np.arange(n))
             return
         rewards = np.zeros((n, width), np.float32)
         dones = np.zeros((n, width), bool)
@@ -150,10 +173,16 @@ class EnvSlice:
                     self.is_init[i] = True
                 else:
                     self.is_init[i] = False
-                self.obs[i] = obs
+                self.raw_obs[i] = obs
         self.tracker.add(rewards, dones, valid, keep=False)
         # Recurrent policies start from zero state whatever the env did before: mark every env as fresh.
         self.is_init[:] = True
+        self._publish_reset(np.arange(n))
+
+    def _publish_reset(self, rows: np.ndarray) -> None:
+        """Make ``raw_obs[rows]`` (fresh episode starts) the policy's observation, transformed if needed."""
+        if self.transform is not None and len(rows):
+            self.obs[rows] = self.transform.reset(self.raw_obs[rows])
 
     # ------------------------------------------------------------------ hot loop
     def sample_actions(self, out: np.ndarray) -> None:
@@ -170,10 +199,12 @@ class EnvSlice:
         :meth:`finish_batch`.
         """
         envs = self.envs
-        next_obs, reward, terminated, truncated = self.next_obs, self.reward, self.terminated, self.truncated
+        next_obs, reward, terminated, truncated = self.raw_next_obs, self.raw_reward, self.terminated, self.truncated
         resets: list[tuple[int, Any]] = []
         idle = self.idle
         wait_reset = self.wait_reset
+        if self.int_actions:
+            actions = actions.tolist()
         for i in range(len(envs)):
             if wait_reset and idle[i]:
                 continue
@@ -188,11 +219,21 @@ class EnvSlice:
                 else:
                     resets.append((i, envs[i].reset()[0]))
         np.logical_or(terminated, truncated, out=self.done)
-        self.obs[:] = next_obs
         self.is_init[:] = False
-        for i, obs in resets:
-            self.obs[i] = obs
-            self.is_init[i] = True
+        if self.transform is None:
+            self.obs[:] = next_obs
+            for i, obs in resets:
+                self.obs[i] = obs
+                self.is_init[i] = True
+        else:
+            self.next_obs[:], self.reward[:] = self.transform.step(next_obs, reward, self.done, terminated, truncated)
+            self.obs[:] = self.next_obs
+            if resets:
+                rows = np.array([i for i, _ in resets])
+                for i, obs in resets:
+                    self.raw_obs[i] = obs
+                self.is_init[rows] = True
+                self._publish_reset(rows)
         self.rewards_block[:, t] = reward
         self.dones_block[:, t] = self.done
 
@@ -222,11 +263,13 @@ class EnvSlice:
         """Wait-reset: reset the envs that finished during the batch (their next ``observation`` is fresh)."""
         if not self.wait_reset:
             return
-        for i in np.flatnonzero(self.idle):
+        rows = np.flatnonzero(self.idle)
+        for i in rows:
             obs, _ = self.envs[i].reset()
-            self.obs[i] = obs
+            self.raw_obs[i] = obs
             self.is_init[i] = True
         self.idle[:] = False
+        self._publish_reset(rows)
 
     def close(self) -> None:
         for env in self.envs:

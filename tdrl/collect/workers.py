@@ -59,6 +59,7 @@ class WorkerSpec:
     shared_weights: TensorDictBase | None = None
     exploration_type: InteractionType = InteractionType.RANDOM
     fast_policy: bool = True
+    transform: Any = None
     obs_ready: Any = None
     actions_ready: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -118,6 +119,7 @@ def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
             max_decorrelation_steps=spec.max_decorrelation_steps,
             exploration_type=spec.exploration_type,
             fast_policy=spec.fast_policy,
+            transform=spec.transform,
         )
         local_weights = (
             TensorDict.from_module(spec.policy).data if spec.policy is not None and spec.shared_weights is not None else None

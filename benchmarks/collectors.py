@@ -1,0 +1,310 @@
+"""Collector throughput on CartPole-v1 and HalfCheetah-v5, every row measured in the same run.
+
+Rows (``--json`` names):
+
+* ``raw-vector-mlp`` — **c**: gymnasium ``SyncVectorEnv(B)`` + the 2×64 tanh MLP, one batched forward per step.
+* ``torchrl-best`` — the best of TorchRL's ``Collector(SerialEnv(8))``, ``MultiSyncCollector(2×SerialEnv(4))``
+  and ``MultiSyncCollector(2×SerialEnv(16))`` (each also printed).
+* ``sb3-rollout`` — Stable-Baselines3 PPO ``collect_rollouts`` on ``DummyVecEnv(B)`` (value head, sampling).
+* ``tdrl-serial``, ``tdrl-parallel``, ``tdrl-action-server``, ``tdrl-alternating`` — tdrl's collectors with the
+  same deterministic MLP, ``B = 2 workers × 16 envs``, ``T = 128``.
+* PPO section: ``tdrl-serial-ppo``/``tdrl-parallel-ppo`` run a PPO actor-critic (``ProbabilisticActor`` +
+  ``ValueOperator``, sampling and log-prob) against ``sb3-rollout``.
+* ``tdrl-parallel-startup`` — seconds to build a 2-worker, 32-env HalfCheetah collector in a fresh process
+  (cold: first collector of the process; warm: the next one).
+
+Each row: one warm-up batch, then ``--repeats`` timed runs of at least ``--seconds`` each; the median is
+reported. Torch runs with one thread. Run from a temporary directory (MuJoCo writes ``MUJOCO_LOG.TXT`` into the
+working directory): ``cd $(mktemp -d) && python /path/to/benchmarks/collectors.py``.
+
+Usage::
+
+    python benchmarks/collectors.py [--quick] [--json PATH] [--envs CartPole-v1 HalfCheetah-v5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+B, T, WORKERS = 32, 128, 2
+
+
+# ----------------------------------------------------------------------------- policies
+class MLP(torch.nn.Module):
+    """2×64 tanh MLP with a deterministic head: argmax (discrete) or tanh (continuous)."""
+
+    def __init__(self, n_in: int, n_out: int, discrete: bool) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(n_in, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+            torch.nn.Linear(64, n_out),
+        )
+        self.discrete = discrete
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        out = self.net(obs.float())
+        return out.argmax(-1) if self.discrete else torch.tanh(out)
+
+
+def env_dims(env_id: str) -> tuple[int, int, bool]:
+    env = gym.make(env_id)
+    discrete = isinstance(env.action_space, gym.spaces.Discrete)
+    n_out = int(env.action_space.n) if discrete else int(np.prod(env.action_space.shape))
+    n_in = int(np.prod(env.observation_space.shape))
+    env.close()
+    return n_in, n_out, discrete
+
+
+def mlp_policy(env_id: str):
+    from tensordict.nn import TensorDictModule
+
+    torch.manual_seed(0)
+    n_in, n_out, discrete = env_dims(env_id)
+    return TensorDictModule(MLP(n_in, n_out, discrete), ["observation"], ["action"])
+
+
+def ppo_policy(env_id: str):
+    """PPO actor-critic as TorchRL builds it: Categorical or state-independent-scale Normal, plus a value head."""
+    from tensordict.nn import AddStateIndependentNormalScale, TensorDictModule, TensorDictSequential
+    from torch.distributions import Categorical
+    from torchrl.modules import IndependentNormal, ProbabilisticActor, ValueOperator
+
+    torch.manual_seed(0)
+    n_in, n_out, discrete = env_dims(env_id)
+
+    def mlp(n: int) -> torch.nn.Module:
+        return torch.nn.Sequential(
+            torch.nn.Linear(n_in, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, n)
+        )
+
+    if discrete:
+        actor = ProbabilisticActor(TensorDictModule(mlp(n_out), ["observation"], ["logits"]), in_keys=["logits"],
+                                   distribution_class=Categorical, return_log_prob=True)
+    else:
+        body = torch.nn.Sequential(mlp(n_out), AddStateIndependentNormalScale(n_out))
+        actor = ProbabilisticActor(TensorDictModule(body, ["observation"], ["loc", "scale"]), in_keys=["loc", "scale"],
+                                   distribution_class=IndependentNormal, return_log_prob=True)
+    value = ValueOperator(mlp(1), in_keys=["observation"])
+    return TensorDictSequential(actor, value)
+
+
+# ----------------------------------------------------------------------------- timing
+def measure(run: Callable[[], None], frames_per_call: int, seconds: float, repeats: int) -> float:
+    """Median frames/s over ``repeats`` runs of at least ``seconds`` (after one warm-up call)."""
+    run()
+    rates = []
+    for _ in range(repeats):
+        calls, start = 0, time.perf_counter()
+        while True:
+            run()
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+        rates.append(calls * frames_per_call / elapsed)
+    return statistics.median(rates)
+
+
+# ----------------------------------------------------------------------------- rows
+def bench_raw(env_id: str, seconds: float, repeats: int) -> float:
+    vec = gym.vector.SyncVectorEnv([functools.partial(gym.make, env_id) for _ in range(B)])
+    obs, _ = vec.reset(seed=0)
+    torch.manual_seed(0)
+    mlp = MLP(*env_dims(env_id))
+    state = {"obs": obs}
+
+    def run() -> None:
+        obs = state["obs"]
+        with torch.no_grad():
+            for _ in range(T):
+                action = mlp(torch.from_numpy(obs)).numpy()
+                obs, *_ = vec.step(action)
+        state["obs"] = obs
+
+    try:
+        return measure(run, B * T, seconds, repeats)
+    finally:
+        vec.close()
+
+
+def bench_tdrl(kind: str, env_id: str, policy, seconds: float, repeats: int) -> float:
+    from tdrl.collect import make_collector
+    from tdrl.envs import EnvFactory
+
+    collector = make_collector(kind, EnvFactory(env_id), policy, batch_B=B, batch_T=T, n_workers=WORKERS, seed=0)
+    try:
+        return measure(collector.collect, B * T, seconds, repeats)
+    finally:
+        collector.shutdown()
+
+
+def _torchrl_env(env_id: str, n: int):
+    from torchrl.envs import GymEnv, SerialEnv
+
+    return SerialEnv(n, functools.partial(GymEnv, env_id, categorical_action_encoding=True))
+
+
+def bench_torchrl(config: str, env_id: str, seconds: float, repeats: int, frames_per_batch: int) -> float:
+    from torchrl.collectors import Collector, MultiSyncCollector
+
+    policy = mlp_policy(env_id)
+    if config == "Collector(SerialEnv(8))":
+        collector = Collector(functools.partial(_torchrl_env, env_id, 8), policy,
+                              frames_per_batch=frames_per_batch, total_frames=-1)
+    else:
+        n = 4 if config == "MultiSync(2xSerialEnv(4))" else 16
+        collector = MultiSyncCollector([functools.partial(_torchrl_env, env_id, n)] * 2, policy,
+                                       frames_per_batch=frames_per_batch, total_frames=-1)
+    iterator = iter(collector)
+    try:
+        return measure(lambda: next(iterator), frames_per_batch, seconds, repeats)
+    finally:
+        collector.shutdown()
+
+
+def bench_sb3(env_id: str, seconds: float, repeats: int) -> float:
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    vec = DummyVecEnv([functools.partial(gym.make, env_id) for _ in range(B)])
+    model = PPO("MlpPolicy", vec, n_steps=T, seed=0, device="cpu", verbose=0)
+    _, callback = model._setup_learn(total_timesteps=10**12, callback=None)
+    callback.on_training_start(locals(), globals())
+
+    def run() -> None:
+        model.collect_rollouts(model.env, callback, model.rollout_buffer, n_rollout_steps=T)
+
+    try:
+        return measure(run, B * T, seconds, repeats)
+    finally:
+        vec.close()
+
+
+STARTUP_SCRIPT = """
+import os, sys, time, torch
+sys.path.insert(0, {bench_dir!r})
+torch.set_num_threads(1)
+from collectors import mlp_policy
+from tdrl.collect import ParallelCollector
+from tdrl.envs import EnvFactory
+if __name__ == "__main__":
+    policy = mlp_policy("HalfCheetah-v5")
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        c = ParallelCollector(EnvFactory("HalfCheetah-v5"), policy, batch_B=32, batch_T=128, n_workers=2, seed=0)
+        times.append(time.perf_counter() - start)
+        c.shutdown()
+    print(times[0], times[1])
+"""
+
+
+def bench_startup() -> tuple[float, float]:
+    script = STARTUP_SCRIPT.format(bench_dir=os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    cold, warm = out.stdout.strip().splitlines()[-1].split()
+    return float(cold), float(warm)
+
+
+# ----------------------------------------------------------------------------- main
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short timings, one TorchRL config (< 1 min)")
+    parser.add_argument("--json", metavar="PATH", help="write every row as {env, collector, frames_per_s}")
+    parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "HalfCheetah-v5"])
+    parser.add_argument("--seconds", type=float, default=None, help="seconds per timed repeat (3; quick 0.5)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per row (3; quick 1)")
+    parser.add_argument("--skip", nargs="*", default=[], help="row names to skip (e.g. torchrl-best sb3-rollout)")
+    args = parser.parse_args()
+    seconds = args.seconds or (0.5 if args.quick else 3.0)
+    repeats = args.repeats or (1 if args.quick else 3)
+    torch.set_num_threads(1)
+    torchrl_configs = (
+        ["MultiSync(2xSerialEnv(4))"]
+        if args.quick
+        else ["Collector(SerialEnv(8))", "MultiSync(2xSerialEnv(4))", "MultiSync(2xSerialEnv(16))"]
+    )
+    rows: list[dict] = []
+    began = time.perf_counter()
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; B={B} ({WORKERS} workers x {B // WORKERS}), T={T}, "
+          f"median of {repeats} x >= {seconds:g} s", flush=True)
+
+    def add(env_id: str, name: str, fps: float, section: str = "mlp") -> None:
+        rows.append({"env": env_id, "collector": name, "frames_per_s": fps, "section": section})
+        print(f"  {env_id:15s} {name:34s} {fps:12,.0f} frames/s", flush=True)
+
+    for env_id in args.envs:
+        add(env_id, "raw-vector-mlp", bench_raw(env_id, seconds, repeats))
+        if "torchrl-best" not in args.skip:
+            best = 0.0
+            for config in torchrl_configs:
+                fps = bench_torchrl(config, env_id, seconds, repeats, frames_per_batch=1024 if args.quick else 4096)
+                add(env_id, f"torchrl {config}", fps, section="torchrl")
+                best = max(best, fps)
+            add(env_id, "torchrl-best", best)
+        policy = mlp_policy(env_id)
+        for kind in ("serial", "parallel", "action_server", "alternating"):
+            name = "tdrl-" + kind.replace("_", "-")
+            if name not in args.skip:
+                add(env_id, name, bench_tdrl(kind, env_id, policy, seconds, repeats))
+        if "sb3-rollout" not in args.skip:
+            add(env_id, "sb3-rollout", bench_sb3(env_id, seconds, repeats), section="ppo")
+        ppo = ppo_policy(env_id)
+        for kind in ("serial", "parallel"):
+            add(env_id, f"tdrl-{kind}-ppo", bench_tdrl(kind, env_id, ppo, seconds, repeats), section="ppo")
+    startup = None
+    if "tdrl-parallel-startup" not in args.skip:
+        startup = bench_startup()
+        print(f"  start-up of a 2-worker 32-env HalfCheetah ParallelCollector: cold {startup[0]:.2f} s, "
+              f"warm {startup[1]:.2f} s", flush=True)
+
+    print(f"\nResults (load average at end: {os.getloadavg()[0]:.2f}; {time.perf_counter() - began:.0f} s)\n")
+    for env_id in args.envs:
+        by_name = {r["collector"]: r["frames_per_s"] for r in rows if r["env"] == env_id}
+        c = by_name.get("raw-vector-mlp")
+        best = by_name.get("torchrl-best")
+        print(f"{env_id}  (c = raw-vector-mlp, B={B}, T={T})")
+        print(f"  {'collector':34s} {'frames/s':>12s} {'x c':>7s} {'x torchrl-best':>15s}")
+        for r in rows:
+            if r["env"] != env_id or r["section"] == "ppo":
+                continue
+            fps = r["frames_per_s"]
+            xc = f"{fps / c:7.2f}" if c else "      -"
+            xt = f"{fps / best:15.1f}" if best else "              -"
+            print(f"  {r['collector']:34s} {fps:12,.0f} {xc} {xt}")
+        sb3 = by_name.get("sb3-rollout")
+        print(f"  PPO actor-critic (sampling, log-prob, value head)      {'x sb3-rollout':>15s}")
+        for r in rows:
+            if r["env"] == env_id and r["section"] == "ppo":
+                xs = f"{r['frames_per_s'] / sb3:15.2f}" if sb3 else "              -"
+                print(f"  {r['collector']:34s} {r['frames_per_s']:12,.0f} {'':7s} {xs}")
+        print()
+    if startup is not None:
+        print(f"tdrl-parallel-startup (HalfCheetah-v5, 2 workers x 16 envs): cold {startup[0]:.2f} s, "
+              f"warm {startup[1]:.2f} s")
+    if args.json:
+        out = [{"env": r["env"], "collector": r["collector"], "frames_per_s": r["frames_per_s"]} for r in rows]
+        if startup is not None:
+            out.append({"env": "HalfCheetah-v5", "collector": "tdrl-parallel-startup", "frames_per_s": None,
+                        "startup_s": startup[0], "startup_warm_s": startup[1]})
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
