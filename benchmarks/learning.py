@@ -1,0 +1,276 @@
+"""Learning benchmark: each recipe on its reference task over seeds, env frames and wall-clock to a threshold.
+
+For every task, the recipe's ``main(cfg)`` runs in this process with its defaults (plus the task's overrides) and
+the greedy evaluation return is read at every log interval (``summary["curve"]``). Reported per seed: the first
+env frame count and training wall-clock (evaluation time excluded) at which the evaluation return reached the
+threshold, and the final evaluation return at the end of the budget. When stable-baselines3 is installed, SB3's
+implementation of the same algorithm with RL-Zoo hyperparameters runs in the same process on the same task,
+evaluated the same way (greedy, same number of episodes, same cadence, evaluation time excluded), so the ratio
+of wall-clock to threshold is measured side by side.
+
+    cd $(mktemp -d) && python /path/to/benchmarks/learning.py                     # every default task, 3 seeds
+    python benchmarks/learning.py --tasks ppo-cartpole --seeds 0,1,2 --json out.json
+    python benchmarks/learning.py --tasks ppo-halfcheetah --no-sb3                # long (not in the default set)
+
+Run it from a temporary directory (MuJoCo writes MUJOCO_LOG.TXT into the cwd) and when the machine is quiet:
+wall-clock numbers on a shared 2-core machine are noisy, so compare the tdrl/SB3 ratio within one run.
+
+Tasks are :class:`Task` rows in :data:`TASKS`; adding a recipe means adding a row (and, optionally, its SB3
+baseline function).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+ROOT = Path(__file__).resolve().parents[1]
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+
+@dataclass
+class Task:
+    """One benchmark row: a recipe on its reference task.
+
+    Attributes:
+        name: row name (``--tasks``).
+        recipe: ``recipes/<recipe>.py``.
+        env_id: gymnasium id.
+        threshold: evaluation return to reach.
+        budget: env frames.
+        overrides: dotted config overrides on top of the recipe's defaults.
+        eval_interval: env frames between evaluations (both implementations).
+        eval_episodes: greedy episodes per evaluation.
+        sb3: ``fn(seed, task) -> curve`` running SB3's implementation, or ``None``.
+        default: part of the default task set.
+    """
+
+    name: str
+    recipe: str
+    env_id: str
+    threshold: float
+    budget: int
+    overrides: list[str] = field(default_factory=list)
+    eval_interval: int = 5_000
+    eval_episodes: int = 10
+    sb3: Callable[[int, Task], list[dict[str, float]]] | None = None
+    default: bool = True
+
+
+# --- tdrl -------------------------------------------------------------------------------------------------------
+
+
+def load_recipe(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"_recipe_{name}", ROOT / "recipes" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_tdrl(task: Task, seed: int, root: Path) -> list[dict[str, float]]:
+    from tdrl.config import apply_overrides
+
+    recipe = load_recipe(task.recipe)
+    cfg = apply_overrides(recipe.Config(), [
+        f"env.id={task.env_id}", f"collector.total_frames={task.budget}", f"run.seed={seed}",
+        f"run.root={root}", f"logger.log_interval_steps={task.eval_interval}", f"eval.n_envs={task.eval_episodes}",
+        "logger.wandb=false", "logger.progress_bar=false", "checkpoint.snapshot_mode=none", *task.overrides,
+    ])
+    return recipe.main(cfg)["curve"]
+
+
+# --- Stable-Baselines3 ------------------------------------------------------------------------------------------
+
+
+def _sb3_curve(model: Any, task: Task, seed: int) -> list[dict[str, float]]:
+    """Train ``model`` for the task's budget, evaluating greedily every ``eval_interval`` frames after an update."""
+    import gymnasium as gym
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    eval_env = gym.vector.SyncVectorEnv([lambda: gym.make(task.env_id)] * task.eval_episodes)
+
+    def evaluate() -> float:
+        obs, _ = eval_env.reset(seed=seed + 10_000)
+        done = np.zeros(task.eval_episodes, bool)
+        ret = np.zeros(task.eval_episodes)
+        while not done.all():
+            action, _ = model.predict(obs, deterministic=True)
+            obs, reward, term, trunc, _ = eval_env.step(action)
+            ret += np.where(done, 0.0, reward)
+            done |= term | trunc
+        return float(ret.mean())
+
+    class EvalEvery(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.curve: list[dict[str, float]] = []
+            self.eval_s = 0.0
+            self.next_eval = 0
+            self.start = time.perf_counter()
+
+        def _eval_if_due(self) -> None:
+            if self.num_timesteps >= self.next_eval:
+                t = time.perf_counter()
+                ret = evaluate()
+                self.eval_s += time.perf_counter() - t
+                train_s = time.perf_counter() - self.start - self.eval_s
+                self.curve.append({"frames": self.num_timesteps, "train_s": round(train_s, 3), "return_mean": ret})
+                self.next_eval = (self.num_timesteps // task.eval_interval + 1) * task.eval_interval
+
+        def _on_training_start(self) -> None:
+            self.start = time.perf_counter()
+            self._eval_if_due()
+
+        def _on_rollout_start(self) -> None:  # after the previous update, like tdrl's log boundary
+            self._eval_if_due()
+
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_training_end(self) -> None:
+            self.next_eval = 0
+            self._eval_if_due()
+
+    callback = EvalEvery()
+    model.learn(total_timesteps=task.budget, callback=callback)
+    eval_env.close()
+    return callback.curve
+
+
+def sb3_ppo_cartpole(seed: int, task: Task) -> list[dict[str, float]]:
+    """RL-Zoo ppo.yml CartPole-v1: 8 envs, n_steps 32, batch 256, 20 epochs, gamma 0.98, lambda 0.8, linear lr/clip."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env(task.env_id, n_envs=8, seed=seed)
+    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
+                learning_rate=lambda p: 1e-3 * p, clip_range=lambda p: 0.2 * p, seed=seed, device="cpu", verbose=0)
+    return _sb3_curve(model, task, seed)
+
+
+def sb3_a2c_cartpole(seed: int, task: Task) -> list[dict[str, float]]:
+    """RL-Zoo a2c.yml CartPole-v1: 8 envs, ent_coef 0 (SB3 defaults otherwise: n_steps 5, lr 7e-4, RMSprop)."""
+    from stable_baselines3 import A2C
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env(task.env_id, n_envs=8, seed=seed)
+    model = A2C("MlpPolicy", env, ent_coef=0.0, seed=seed, device="cpu", verbose=0)
+    return _sb3_curve(model, task, seed)
+
+
+def sb3_ppo_halfcheetah(seed: int, task: Task) -> list[dict[str, float]]:
+    """RL-Zoo ppo.yml HalfCheetah (v4 hyperparameters) with VecNormalize."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    env = VecNormalize(make_vec_env(task.env_id, n_envs=1, seed=seed), gamma=0.99)
+    model = PPO("MlpPolicy", env, n_steps=512, batch_size=64, gae_lambda=0.92, gamma=0.98, n_epochs=20,
+                ent_coef=0.000401762, learning_rate=2.0633e-05, clip_range=0.1, max_grad_norm=0.8, vf_coef=0.58096,
+                policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
+                                   net_arch=dict(pi=[256, 256], vf=[256, 256])), seed=seed, device="cpu", verbose=0)
+    return _sb3_curve(model, task, seed)
+
+
+# --- Tasks ------------------------------------------------------------------------------------------------------
+
+TASKS: list[Task] = [
+    Task("ppo-cartpole", "ppo", "CartPole-v1", threshold=475, budget=100_000, eval_interval=5_000,
+         sb3=sb3_ppo_cartpole),
+    Task("a2c-cartpole", "a2c", "CartPole-v1", threshold=475, budget=500_000, eval_interval=10_000,
+         sb3=sb3_a2c_cartpole),
+    Task("ppo-halfcheetah", "ppo", "HalfCheetah-v5", threshold=1500, budget=1_000_000, eval_interval=50_000,
+         eval_episodes=5, default=False, sb3=sb3_ppo_halfcheetah,
+         overrides=["collector.batch_B=8", "collector.batch_T=256", "model.normalize_observation=true",
+                    "model.distribution=normal", "loss.gamma=0.99", "loss.gae_lambda=0.95", "loss.epochs=10",
+                    "loss.minibatches=32", "optim.lr=3e-4", "loss.reward_scale=0.1"]),
+]
+
+
+# --- Report -----------------------------------------------------------------------------------------------------
+
+
+def to_threshold(curve: list[dict[str, float]], threshold: float) -> tuple[float, float]:
+    """``(frames, train_s)`` at the first evaluation reaching ``threshold`` (nan, nan if never)."""
+    for point in curve:
+        if point["return_mean"] >= threshold:
+            return float(point["frames"]), float(point["train_s"])
+    return math.nan, math.nan
+
+
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if len(finite) == len(values) and finite else math.nan
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", default="", help="comma-separated task names (default: the default set): "
+                        + ", ".join(t.name for t in TASKS))
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--no-sb3", action="store_true", help="skip the SB3 baselines")
+    parser.add_argument("--json", default="", help="write every row to this file")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    names = [n for n in args.tasks.split(",") if n]
+    unknown = set(names) - {t.name for t in TASKS}
+    if unknown:
+        parser.error(f"unknown task(s) {sorted(unknown)}; choose from {[t.name for t in TASKS]}")
+    tasks = [t for t in TASKS if t.name in names] if names else [t for t in TASKS if t.default]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    have_sb3 = importlib.util.find_spec("stable_baselines3") is not None and not args.no_sb3
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for task in tasks:
+            impls: list[tuple[str, Callable[[int], list[dict[str, float]]]]] = [
+                ("tdrl", lambda s, t=task: run_tdrl(t, s, Path(tmp)))]
+            if have_sb3 and task.sb3 is not None:
+                impls.append(("sb3", lambda s, t=task: t.sb3(s, t)))
+            for seed in seeds:
+                for impl, fn in impls:
+                    torch.manual_seed(seed)
+                    curve = fn(seed)
+                    frames, train_s = to_threshold(curve, task.threshold)
+                    row = {"task": task.name, "impl": impl, "seed": seed, "threshold": task.threshold,
+                           "frames_to_threshold": frames, "train_s_to_threshold": train_s,
+                           "final_return": curve[-1]["return_mean"], "final_frames": curve[-1]["frames"],
+                           "train_s": curve[-1]["train_s"], "curve": curve}
+                    rows.append(row)
+                    print(f"{task.name:16s} {impl:5s} seed {seed}: threshold at {frames:>9,.0f} frames, "
+                          f"{train_s:7.1f} s; final {row['final_return']:8.1f} at {row['final_frames']:,} frames "
+                          f"({row['train_s']:.1f} s)", flush=True)
+    print()
+    print(f"{'task':16s} {'impl':5s} {'final return':>12s} {'frames to thr':>14s} {'s to thr':>9s} "
+          f"{'train s':>8s} {'s ratio tdrl/sb3':>17s}")
+    for task in tasks:
+        by_impl = {impl: [r for r in rows if r["task"] == task.name and r["impl"] == impl] for impl in ("tdrl", "sb3")}
+        secs = {impl: _mean([r["train_s_to_threshold"] for r in rs]) for impl, rs in by_impl.items() if rs}
+        for impl, rs in by_impl.items():
+            if not rs:
+                continue
+            ratio = secs["tdrl"] / secs["sb3"] if impl == "tdrl" and "sb3" in secs else math.nan
+            print(f"{task.name:16s} {impl:5s} {np.mean([r['final_return'] for r in rs]):12.1f} "
+                  f"{_mean([r['frames_to_threshold'] for r in rs]):14,.0f} {secs[impl]:9.1f} "
+                  f"{np.mean([r['train_s'] for r in rs]):8.1f} {ratio:17.2f}")
+    print("(means over seeds; 'to thr' is nan when a seed never reached the threshold; times exclude evaluation)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
