@@ -64,6 +64,12 @@ def test_sweep_is_queued_over_slots_pinned_and_recorded(write_sweep):
     assert (plan.exp_dir / "num_launched.txt").read_text() == "Experiments launched so far: 4 out of 4.\n"
     assert "4 completed" in out.getvalue()
 
+    # the sweep's learning curves: one mean curve (with its band over the 2 seeds) per variant
+    from tdrl.plot import plot_learning_curves
+
+    written = plot_learning_curves([plan.exp_dir])
+    assert written == {plan.exp_dir / "plots" / "eval_return_mean.png": 2}
+
     # launching again skips the finished runs
     again = launch_local(plan, slots, out=io.StringIO())
     assert [o.state for o in again] == ["skipped"] * 4
@@ -90,11 +96,16 @@ def test_a_failing_run_is_recorded_and_the_others_go_on(write_sweep):
     states = {s.name: s for s in sweep_status(plan.exp_dir)}
     assert states["fails/run_0"].state == "FAILED" and states["fails/run_0"].log == str(failed.log)
     assert states["ok/run_0"].state == "COMPLETED" and states["ok/run_0"].rows == 6
+    res = subprocess.run([sys.executable, str(LAUNCH), "status", str(plan.exp_dir), "--results"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1  # a run failed
+    assert "FAILED" in res.stdout and str(failed.log) in res.stdout and "1 completed, 1 failed" in res.stdout
+    assert (plan.exp_dir / "results.csv").read_text().count("\n") == 3
 
 
 @pytest.mark.timeout(120)
 def test_stopping_the_launcher_stops_its_runs(write_sweep, tmp_path):
-    path = write_sweep("stop", 'overrides={"train.iterations": 150, "train.step_sleep_s": 0.05},')
+    path = write_sweep("stop", 'overrides={"train.iterations": 60, "train.step_sleep_s": 0.05},')
     proc = subprocess.Popen([sys.executable, str(LAUNCH), "local", str(path), "--max-parallel", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     manifest = tmp_path / "runs" / "stop" / "sweep.json"

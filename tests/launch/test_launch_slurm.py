@@ -67,37 +67,62 @@ def test_sweep_runs_as_a_job_array(write_sweep):
     assert (plan.exp_dir / "results.csv").is_file()
 
 
+def _uninterrupted_params(overrides: dict) -> str:
+    """The final parameter hash of the same run done in one go, in this process."""
+    from tdrl.config import apply_overrides
+    from tdrl.launch.recipe import load_recipe
+
+    recipe = load_recipe(HERE / "tiny_recipe.py")
+    cfg = apply_overrides(recipe.Config(), {**overrides, "train.step_sleep_s": 0.0, "run.dir": "reference"})
+    return recipe.main(cfg)["param_sha256"]
+
+
+def _preempt_with_high_priority_job() -> str:
+    """Submit a job to partition 'high' that needs every CPU of the node: SLURM preempts the 'debug' job."""
+    cpus = subprocess.run(["sinfo", "-h", "-p", "high", "-o", "%c"], capture_output=True, text=True).stdout.split()[0]
+    out = subprocess.run(["sbatch", "--parsable", "-p", "high", "-c", cpus.rstrip("+"), "-o", "/dev/null",
+                          "--wrap", "sleep 1"], capture_output=True, text=True, check=True)
+    return out.stdout.strip().split(";")[0]
+
+
 @pytest.mark.timeout(300)
-def test_usr2_preemption_requeues_and_resumes_to_the_same_parameters(write_sweep):
+@pytest.mark.parametrize("how", ["scancel_usr2", "partition_preemption"])
+def test_preempted_job_requeues_and_resumes_to_the_same_parameters(write_sweep, how):
+    overrides = {"train.iterations": 40, "train.step_sleep_s": 0.15, "run.seed": 3}
     plan = plan_sweep(load_sweep(write_sweep(
         "preempt",
-        """
-        levels=[VariantLevel(["logger.project"], [["a"], ["b"]], ["preempted", "reference"])],
-        overrides={"train.iterations": 40, "train.step_sleep_s": 0.15},
-        resources=Resources(cpus_per_run=1, time_min=5),
+        f"""
+        seeds=[3],
+        overrides={overrides!r},
+        resources=Resources(cpus_per_run=1, time_min=5, partition="debug"),
         """,
     )))
     subs = submit_sweep(plan, out=io.StringIO())
-    preempted, reference = subs
-    progress = preempted.run.run_dir / "progress.csv"
+    run_dir = subs[0].run.run_dir
+    progress = run_dir / "progress.csv"
+    high = []
     try:
         deadline = time.monotonic() + 120
         while not (progress.exists() and len(progress.read_text().splitlines()) > 8):
             assert time.monotonic() < deadline, format_status(sweep_status(plan.exp_dir))
             time.sleep(0.3)
-        # SLURM's preemption signal, sent to the job's tasks (not the batch shell), as preempt_send_user_signal does
-        subprocess.run(["scancel", "--signal=USR2", preempted.job_id], check=True)
+        if how == "scancel_usr2":
+            # the preemption signal sent to the job's tasks (not the batch shell), where submitit's handler is
+            subprocess.run(["scancel", "--signal=USR2", subs[0].job_id], check=True)
+        else:  # real preemption: PreemptType=partition_prio + preempt_send_user_signal send USR2 first
+            high.append(_preempt_with_high_priority_job())
         statuses = wait_for_sweep(plan.exp_dir, poll_s=1, timeout_s=200)
     finally:
         _cancel(subs)
-    assert [s.state for s in statuses] == ["COMPLETED", "COMPLETED"], format_status(statuses)
-    events = [json.loads(line) for line in (preempted.run.run_dir / "launch_events.jsonl").read_text().splitlines()]
+        if high:
+            subprocess.run(["scancel", *high], capture_output=True)
+    assert statuses[0].state == "COMPLETED", format_status(statuses)
+    events = [json.loads(line) for line in (run_dir / "launch_events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["start", "requeue", "start", "end"]
     assert events[2]["restart"] == 1 and statuses[0].starts == 2
-    got = json.loads((preempted.run.run_dir / "summary.json").read_text())
-    want = json.loads((reference.run.run_dir / "summary.json").read_text())
-    assert 0 < got["resumed_from"] < 40 and want["resumed_from"] == 0
-    assert got["param_sha256"] == want["param_sha256"]  # bitwise the same final parameters
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert 0 < summary["resumed_from"] < 40
+    assert summary["param_sha256"] == _uninterrupted_params(overrides)  # bitwise the same final parameters
     with open(progress) as f:
         assert [int(r["Iteration"]) for r in csv.DictReader(f)] == list(range(40))  # no duplicated or lost rows
 

@@ -108,3 +108,15 @@ def test_cli_bad_input_fails_fast_and_launches_nothing(write_sweep, tmp_path):
     res = _cli("plan", str(write_sweep("norecipe", "seeds=[0],", recipe=tmp_path / "nope.py")))
     assert res.returncode == 2 and "unknown recipe" in res.stderr
     assert not (tmp_path / "runs").exists()  # nothing was created, let alone started
+
+
+@pytest.mark.parametrize("sweep_file", sorted((HERE.parents[1] / "slurm" / "sweeps").glob("*.py")), ids=lambda p: p.name)
+def test_example_sweeps_are_valid(sweep_file):
+    sweep = load_sweep(sweep_file)
+    try:
+        plan = plan_sweep(sweep, root="runs")
+    except SweepError as e:
+        if "unknown recipe" in str(e):
+            pytest.skip(f"{sweep.recipe} is not in this checkout yet")
+        raise
+    assert plan.runs and all(r.run_dir.is_relative_to(plan.exp_dir) for r in plan.runs)

@@ -104,7 +104,7 @@ def main(cfg: Config) -> dict:
     if progress.exists() and start:  # keep exactly the rows up to the checkpoint (no duplicates after a resume)
         with open(progress, newline="") as f:
             rows = [r for r in csv.DictReader(f) if int(r["Iteration"]) < start]
-    columns = ["Iteration", "frames", "loss", "eval/return_mean", "time/wall_s"]
+    columns = ["Iteration", "CumSteps", "frames", "loss", "eval/return_mean", "time/wall_s"]
     with open(progress, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
@@ -125,7 +125,7 @@ def main(cfg: Config) -> dict:
             eval_return = -torch.nn.functional.mse_loss(model(eval_x), eval_y).item()
         with open(progress, "a", newline="") as f:
             csv.DictWriter(f, fieldnames=columns).writerow(
-                {"Iteration": it, "frames": (it + 1) * cfg.train.batch_size, "loss": f"{loss.item():.6g}",
+                {"Iteration": it, "CumSteps": (it + 1) * cfg.train.batch_size, "frames": (it + 1) * cfg.train.batch_size, "loss": f"{loss.item():.6g}",
                  "eval/return_mean": f"{eval_return:.6g}", "time/wall_s": f"{time.time() - t0:.3f}"}
             )
         _save_atomic({"model": model.state_dict(), "optim": optim.state_dict(), "data_rng": data_rng.get_state(),
