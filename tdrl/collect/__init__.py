@@ -25,10 +25,12 @@ API (TorchRL collector protocol)::
 
 from tdrl.collect.action_server import ActionServerCollector
 from tdrl.collect.common import CollectorError
+from tdrl.collect.evaluation import EvalCollector
 from tdrl.collect.factory import COLLECTOR_KINDS, make_collector
 from tdrl.collect.parallel import ParallelCollector
 from tdrl.collect.policy import PolicyStep
 from tdrl.collect.serial import SerialCollector
+from tdrl.collect.torchrl_adapter import TorchRLCollector
 from tdrl.collect.traj_info import TRAJ_INFO_FIELDS, EpisodeTracker, traj_info_stats
 
 __all__ = [
@@ -36,10 +38,12 @@ __all__ = [
     "ParallelCollector",
     "COLLECTOR_KINDS",
     "CollectorError",
+    "EvalCollector",
     "EpisodeTracker",
     "PolicyStep",
     "SerialCollector",
     "TRAJ_INFO_FIELDS",
+    "TorchRLCollector",
     "make_collector",
     "traj_info_stats",
 ]

@@ -13,10 +13,11 @@ from tensordict.nn import TensorDictModuleBase
 from tdrl.collect.action_server import ActionServerCollector
 from tdrl.collect.parallel import ParallelCollector
 from tdrl.collect.serial import SerialCollector
+from tdrl.collect.torchrl_adapter import TorchRLCollector
 
 __all__ = ["COLLECTOR_KINDS", "make_collector"]
 
-COLLECTOR_KINDS = ("serial", "parallel", "action_server", "alternating")
+COLLECTOR_KINDS = ("serial", "parallel", "action_server", "alternating", "torchrl")
 
 
 def make_collector(
@@ -31,13 +32,16 @@ def make_collector(
     """Build a collector of ``kind`` yielding ``[batch_B, batch_T]`` TensorDicts.
 
     Args:
-        kind: one of :data:`COLLECTOR_KINDS`.
+        kind: one of :data:`COLLECTOR_KINDS`: ``serial`` (:class:`SerialCollector`), ``parallel``
+            (:class:`ParallelCollector`), ``action_server`` and ``alternating`` (:class:`ActionServerCollector`,
+            ``alternating=True`` for the latter), ``torchrl`` (:class:`TorchRLCollector`).
         env_factory: picklable env constructor (:class:`tdrl.envs.EnvFactory`).
         policy: TorchRL policy module, or ``None`` for random actions.
         batch_B: envs (rlpyt's ``batch_B``, the first batch dim).
         batch_T: time steps per batch (rlpyt's ``batch_T``, the second batch dim).
         **kwargs: the chosen class's keyword arguments (``seed``, ``total_frames``, ``reset_mode``,
-            ``max_decorrelation_steps``, ``discount``, ``exploration_type``, ``device``, ``n_workers``...).
+            ``max_decorrelation_steps``, ``discount``, ``transform``, ``exploration_type``, ``device``,
+            ``n_workers``...). ``n_workers`` is ignored by ``serial``; tdrl-only knobs are ignored by ``torchrl``.
 
     Raises:
         ValueError: unknown kind (the message lists the known ones).
@@ -51,4 +55,8 @@ def make_collector(
         return ActionServerCollector(env_factory, policy, batch_B=batch_B, batch_T=batch_T, **kwargs)
     if kind == "alternating":
         return ActionServerCollector(env_factory, policy, batch_B=batch_B, batch_T=batch_T, alternating=True, **kwargs)
+    if kind == "torchrl":
+        for name in ("return_same_td", "fast_policy", "start_timeout", "start_method"):
+            kwargs.pop(name, None)  # tdrl-only knobs
+        return TorchRLCollector(env_factory, policy, batch_B=batch_B, batch_T=batch_T, **kwargs)
     raise ValueError(f"unknown collector kind {kind!r}; choose one of {', '.join(COLLECTOR_KINDS)}")
