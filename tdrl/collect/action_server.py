@@ -46,7 +46,9 @@ __all__ = ["ActionServerCollector"]
 class ActionServerCollector:
     """``[batch_B, batch_T]`` batches; envs in worker processes, one batched policy forward per step here.
 
-    Arguments and attributes are those of :class:`~tdrl.collect.ParallelCollector`, plus:
+    rlpyt's ``samples[t, b]`` (``batch_T`` × ``batch_B``) is ``batch[b, t]`` here (time last, TorchRL's layout).
+    Arguments and attributes are those of :class:`~tdrl.collect.ParallelCollector` (``transform`` runs in the
+    workers, where the envs are stepped, batched over each worker's envs), plus:
 
     Args:
         alternating: two worker groups (``2 * n_workers`` processes) so env stepping and inference overlap;

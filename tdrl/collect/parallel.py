@@ -44,7 +44,9 @@ __all__ = ["ParallelCollector"]
 class ParallelCollector:
     """``[batch_B, batch_T]`` batches from ``n_workers`` processes, each with ``batch_B / n_workers`` envs.
 
-    Arguments and attributes are those of :class:`~tdrl.collect.SerialCollector`, plus:
+    rlpyt's ``samples[t, b]`` (``batch_T`` × ``batch_B``) is ``batch[b, t]`` here (time last, TorchRL's layout).
+    Arguments and attributes are those of :class:`~tdrl.collect.SerialCollector` (``transform`` runs in each
+    worker over its envs, with its own state), plus:
 
     Args:
         n_workers: worker processes (one per core is the usual choice); must divide ``batch_B``.

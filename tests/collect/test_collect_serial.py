@@ -283,3 +283,27 @@ def test_update_policy_weights_from_state_dict():
         other = TensorDictModule(ConstantAction(1), ["observation"], ["action"])
         c.update_policy_weights_(other.state_dict())
         assert c.collect()["action"].eq(1).all()
+
+
+def test_torchrl_lstm_and_egreedy_dqn_policies():
+    """TorchRL's LSTMModule (is_init + recurrent keys) and a QValueActor + EGreedyModule run unchanged."""
+    from tensordict.nn import TensorDictSequential
+    from torchrl.data import Categorical
+    from torchrl.modules import MLP, EGreedyModule, LSTMModule, QValueActor
+
+    torch.manual_seed(0)
+    lstm = LSTMModule(input_size=4, hidden_size=8, in_key="observation", out_key="features")
+    head = QValueActor(torch.nn.Linear(8, 2), in_keys=["features"], spec=Categorical(2))
+    with SerialCollector(EnvFactory("CartPole-v1"), TensorDictSequential(lstm, head), batch_B=3, batch_T=40) as c:
+        batch = c.collect()
+    h, init = batch["recurrent_state_h"], batch["is_init"][..., 0]
+    assert h[init].eq(0).all() and h[~init].abs().sum() > 0
+    follows = ~init[:, 1:]
+    assert torch.equal(batch["next", "recurrent_state_h"][:, :-1][follows], h[:, 1:][follows])
+    q = QValueActor(MLP(in_features=4, out_features=2, num_cells=[16]), in_keys=["observation"], spec=Categorical(2))
+    dqn = TensorDictSequential(q, EGreedyModule(Categorical(2), eps_init=0.5, eps_end=0.5))
+    with SerialCollector(EnvFactory("CartPole-v1"), dqn, batch_B=4, batch_T=100) as c:
+        assert c.policy_step.compiled
+        batch = c.collect()
+    greedy = (batch["action"] == batch["action_value"].argmax(-1)).float().mean()
+    assert 0.6 < greedy < 0.9  # eps=0.5 over 2 actions: ~75% greedy
