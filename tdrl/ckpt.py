@@ -164,7 +164,9 @@ def write_checkpoint(
         ``path``.
 
     Raises:
-        CheckpointError: a write failed (the message says why; nothing at ``path`` was changed).
+        OSError: a write failed (``torch.save`` reports some as ``RuntimeError``); the temp dir is removed and
+            nothing at ``path`` changed. :meth:`Checkpointer.save` turns these into :class:`CheckpointError`.
+        CheckpointError: an extra writer created a link instead of regular files.
         ValueError: an extra writer name is not a plain directory name.
     """
     path = Path(path)
