@@ -38,6 +38,7 @@ from tdrl.collect.common import (
 from tdrl.collect.policy import PolicyStep
 from tdrl.collect.runner import OBS_KEYS
 from tdrl.collect.stepping import make_step_td
+from tdrl.collect.traj_info import unpack_entries
 from tdrl.collect.workers import WorkerPool, WorkerSpec, get_context
 
 __all__ = ["ActionServerCollector"]
@@ -166,7 +167,7 @@ class ActionServerCollector:
             pool.send(("serve",))
             self._serve(pool)
         replies = pool.gather("done")
-        self.traj_infos = sorted_infos([entry for reply in replies for entry in reply[1]])
+        self.traj_infos = sorted_infos([entry for reply in replies for entry in unpack_entries(reply[1])])
         self.budget.count()
         if self.return_same_td and self.device.type == "cpu":
             return self.buffer

@@ -36,6 +36,7 @@ from tdrl.collect.common import (
 from tdrl.collect.policy import PolicyStep
 from tdrl.collect.runner import OBS_KEYS
 from tdrl.collect.stepping import make_step_td
+from tdrl.collect.traj_info import unpack_entries
 from tdrl.collect.workers import WorkerPool, WorkerSpec
 
 __all__ = ["ParallelCollector"]
@@ -158,7 +159,7 @@ class ParallelCollector:
         self._sync_weights()
         pool.send(("collect", self._version, self._exploration))
         replies = pool.gather("done")
-        self.traj_infos = sorted_infos([entry for reply in replies for entry in reply[1]])
+        self.traj_infos = sorted_infos([entry for reply in replies for entry in unpack_entries(reply[1])])
         self.budget.count()
         if self.return_same_td and self.device.type == "cpu":
             return self.buffer

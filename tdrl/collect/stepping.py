@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -127,9 +126,6 @@ class EnvSlice:
         self.terminated = step_td["next", "terminated"].numpy()[lo:hi, 0]
         self.truncated = step_td["next", "truncated"].numpy()[lo:hi, 0]
         self.idle = np.zeros(n, dtype=bool)
-        # Discrete actions go to env.step as Python ints: gymnasium's Discrete.contains is ~10x slower on numpy
-        # scalars (np.issubdtype), and that check runs on every step of the classic-control envs.
-        self.int_actions = all(isinstance(env.action_space, gym.spaces.Discrete) for env in self.envs)
         self.rewards_block = np.zeros((n, batch_T), dtype=np.float32)
         self.dones_block = np.zeros((n, batch_T), dtype=bool)
         self.tracker = EpisodeTracker(n, discount=discount, game_score=game_score)
@@ -211,8 +207,6 @@ class EnvSlice:
         resets: list[tuple[int, Any]] = []
         idle = self.idle
         wait_reset = self.wait_reset
-        if self.int_actions:
-            actions = actions.tolist()
         for i in range(len(envs)):
             if wait_reset and idle[i]:
                 continue

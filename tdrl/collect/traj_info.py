@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["TRAJ_INFO_FIELDS", "EpisodeTracker", "traj_info_stats"]
+__all__ = ["TRAJ_INFO_FIELDS", "EpisodeTracker", "pack_entries", "traj_info_stats", "unpack_entries"]
 
 #: The fields of every TrajInfo (Atari adds ``GameScore``).
 TRAJ_INFO_FIELDS: tuple[str, ...] = ("Length", "Return", "NonzeroRewards", "DiscountedReturn")
@@ -137,6 +137,25 @@ class EpisodeTracker:
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         for name in ("ret", "disc_ret", "disc_pow", "len", "nonzero"):
             getattr(self, f"_{name}")[:] = state[name]
+
+
+def pack_entries(entries: list[tuple[int, int, dict[str, float]]]) -> tuple[tuple[str, ...], np.ndarray]:
+    """``(t, env, info)`` entries as ``(field names, float64 array)``: a small message for worker pipes."""
+    if not entries:
+        return (), np.zeros((0, 2))
+    names = tuple(entries[0][2])
+    rows = [(t, i, *(info[k] for k in names)) for t, i, info in entries]
+    return names, np.asarray(rows, dtype=np.float64)
+
+
+def unpack_entries(packed: tuple[tuple[str, ...], np.ndarray]) -> list[tuple[int, int, dict[str, float]]]:
+    """Inverse of :func:`pack_entries` (integer fields come back as ``int``)."""
+    names, rows = packed
+    ints = {"Length", "NonzeroRewards"}
+    return [
+        (int(r[0]), int(r[1]), {k: int(v) if k in ints else float(v) for k, v in zip(names, r[2:])})
+        for r in rows
+    ]
 
 
 def traj_info_stats(traj_infos: Iterable[dict[str, float]], prefix: str = "") -> dict[str, float]:

@@ -34,6 +34,7 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.common import CollectorError
 from tdrl.collect.stepping import env_seed
+from tdrl.collect.traj_info import pack_entries
 
 __all__ = ["WorkerSpec", "WorkerPool", "POLL_S"]
 
@@ -136,12 +137,10 @@ def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
                     version = new_version
                 if runner.policy_step is not None and exploration is not None:
                     runner.policy_step.exploration_type = exploration
-                entries = runner.run_batch()
-                conn.send(("done", entries))
+                conn.send(("done", pack_entries(runner.run_batch())))
                 runner.finish_batch()
             elif kind == "serve":
-                entries = runner.served_batch(spec.obs_ready, spec.actions_ready, watch.acquire)
-                conn.send(("done", entries))
+                conn.send(("done", pack_entries(runner.served_batch(spec.obs_ready, spec.actions_ready, watch.acquire))))
                 runner.finish_batch()
             elif kind == "close":
                 break
