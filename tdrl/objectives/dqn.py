@@ -8,7 +8,7 @@ lack:
   ``("next", "reward")``, the observation at the window's end in ``("next", "observation")`` and the number of
   steps to it in ``steps_key`` (fewer than n where the episode ended inside the window; ``terminated`` then stops
   the bootstrap). The losses are pointed at that key, so the bootstrap is ``gamma ** steps`` per sample.
-* **Importance-sampling weights** of prioritized replay are read from ``weight_key`` (tdrl replay: ``_weight``).
+* **Importance-sampling weights** of prioritized replay are read from ``weight_key`` (``priority_weight``).
   TorchRL reduces weighted losses as ``sum(w * l) / sum(w)`` (self-normalised), rlpyt as ``mean(w * l)`` with
   ``w`` max-normalised; both are proportional per batch, so they differ only by a per-batch learning-rate scale.
 * **Priorities** in rlpyt's units (:func:`dqn_priorities`): TorchRL writes the *squared* TD error as ``td_error``;
@@ -37,8 +37,8 @@ __all__ = ["STEPS_KEY", "WEIGHT_KEY", "dqn_priorities", "make_dqn_loss"]
 
 STEPS_KEY: NestedKey = "steps_to_next_obs"
 """Default key of the per-sample number of steps to the bootstrap observation (TorchRL's ``MultiStep`` key)."""
-WEIGHT_KEY: NestedKey = "_weight"
-"""Default key of prioritized replay's importance-sampling weights (TorchRL's samplers write ``_weight`` too)."""
+WEIGHT_KEY: NestedKey = "priority_weight"
+"""Default key of prioritized replay's importance-sampling weights (tdrl's replay and TorchRL's losses use it)."""
 
 _LOSS_FUNCTIONS = {"huber": "smooth_l1", "mse": "l2"}
 

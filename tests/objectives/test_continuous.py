@@ -33,7 +33,7 @@ def _batch():
             ("next", "truncated"): torch.tensor([[False], [False], [True], [False]]),
             ("next", "done"): torch.tensor([[False], [True], [True], [False]]),
             "steps_to_next_obs": torch.tensor([[1], [1], [1], [3]]),
-            "_weight": torch.tensor([1.0, 0.5, 0.25, 0.8]),
+            "priority_weight": torch.tensor([1.0, 0.5, 0.25, 0.8]),
         },
         batch_size=[n],
     )
@@ -76,7 +76,7 @@ def test_ddpg_losses_equal_hand_computed(specs, timeouts_terminal):
     q_next = _run(loss.value_network, loss.target_value_network_params, nxt.set("action", next_action))
     y = batch["next", "reward"] + _discount_mask(batch) * q_next["state_action_value"]
     q = _run(loss.value_network, loss.value_network_params, batch.select("observation", "action"))
-    w = batch["_weight"]
+    w = batch["priority_weight"]
     expected_value = _weighted_mean(((q["state_action_value"] - y) ** 2).squeeze(-1), w)
     assert torch.allclose(out["loss_value"], expected_value, atol=1e-5)
 
@@ -108,7 +108,7 @@ def test_td3_critic_loss_equals_hand_computed_and_noise_units(specs):
     per_sample = sum(
         (_run(loss.qvalue_network, loss.qvalue_network_params[i], sa)["state_action_value"] - y) ** 2 for i in range(2)
     ).squeeze(-1)
-    assert torch.allclose(loss_q, _weighted_mean(per_sample, batch["_weight"]), atol=1e-5)
+    assert torch.allclose(loss_q, _weighted_mean(per_sample, batch["priority_weight"]), atol=1e-5)
 
     # relative noise: 0.2 / 0.5 of the half-width of Pendulum's [-2, 2] box
     scaled = make_td3_loss(make_deterministic_actor(specs), make_q_critic(specs), specs.action_spec)
@@ -138,7 +138,7 @@ def test_sac_critic_loss_equals_hand_computed(specs):
     per_sample = sum(
         (_run(loss.qvalue_network, loss.qvalue_network_params[i], sa)["state_action_value"] - y) ** 2 for i in range(2)
     ).squeeze(-1)
-    assert torch.allclose(loss_q, _weighted_mean(per_sample, batch["_weight"]), atol=1e-4)
+    assert torch.allclose(loss_q, _weighted_mean(per_sample, batch["priority_weight"]), atol=1e-4)
     assert float(loss.target_entropy) == -1.0  # "auto": -action_dim
 
 

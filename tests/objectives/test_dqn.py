@@ -33,7 +33,7 @@ def _batch():
             ("next", "truncated"): torch.tensor([[False], [False], [True], [False], [False]]),
             ("next", "done"): torch.tensor([[False], [True], [True], [False], [True]]),
             "steps_to_next_obs": torch.tensor([[1], [1], [1], [3], [2]]),
-            "_weight": torch.tensor([1.0, 0.5, 0.25, 0.8, 0.3]),
+            "priority_weight": torch.tensor([1.0, 0.5, 0.25, 0.8, 0.3]),
         },
         batch_size=[n],
     )
@@ -74,7 +74,7 @@ def test_dqn_loss_equals_hand_computed(specs, double, loss_function):
     y = batch["next", "reward"].squeeze(-1) + discount * not_term * bootstrap
     delta = q_sa - y
     per_sample = torch.where(delta.abs() < 1, 0.5 * delta**2, delta.abs() - 0.5) if loss_function == "huber" else delta**2
-    w = batch["_weight"]
+    w = batch["priority_weight"]
     expected = (w * per_sample).sum() / w.sum()
     assert torch.allclose(out, expected, atol=1e-6), (out, expected)
 
@@ -127,7 +127,7 @@ def test_categorical_loss_equals_hand_computed(specs, dueling):
         )
         per_sample.append(-(m * logp_sa[i]).sum())
     per_sample = torch.stack(per_sample)
-    w = batch["_weight"]
+    w = batch["priority_weight"]
     expected = (w * per_sample).sum() / w.sum()
     assert torch.allclose(out, expected, atol=1e-5), (out, expected)
     assert torch.allclose(dqn_priorities(batch, categorical=True), per_sample, atol=1e-5)
@@ -138,12 +138,12 @@ def test_unweighted_without_weight_key(specs):
     loss = make_dqn_loss(make_q_actor(specs, hidden_sizes=(8,)), gamma=GAMMA)
     batch = _batch()
     weighted = loss(batch.clone())["loss"]
-    unweighted = loss(batch.exclude("_weight"))["loss"]
+    unweighted = loss(batch.exclude("priority_weight"))["loss"]
     assert not torch.allclose(weighted, unweighted)
     loss_none = make_dqn_loss(make_q_actor(specs, hidden_sizes=(8,)), gamma=GAMMA)
     loss_none.load_state_dict(loss.state_dict())
     loss_none.reduction = "none"
-    assert torch.allclose(unweighted, loss_none(batch.exclude("_weight"))["loss"].mean())
+    assert torch.allclose(unweighted, loss_none(batch.exclude("priority_weight"))["loss"].mean())
 
 
 def test_target_update_counts_gradient_updates(specs):

@@ -1,0 +1,203 @@
+"""DDPG: Deep Deterministic Policy Gradient (Lillicrap et al. 2016, arXiv:1509.02971), rlpyt's semantics on
+TorchRL's DDPGLoss.
+
+Deterministic tanh policy with Gaussian exploration noise (rlpyt's ``action_std``; no Ornstein-Uhlenbeck), one Q
+critic, polyak targets for both, separate learning rates for policy and critic. Off-policy cadence as rlpyt:
+``optim.replay_ratio`` sets the updates per iteration, none before ``optim.min_steps_learn`` frames. Time limits
+bootstrap (``truncated``), terminals do not. Defaults reach Pendulum-v1 greedy evaluation >= -250 within 30k
+frames.
+
+    python recipes/ddpg.py                                         # Pendulum-v1
+    python recipes/ddpg.py collector.kind=parallel collector.batch_B=2 collector.n_workers=2
+    python recipes/ddpg.py --help                                  # every key
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from tensordict.nn import TensorDictSequential
+
+from tdrl.collect import make_collector
+from tdrl.config import CheckpointConfig, ConfigError, LoggerConfig, RunConfig, parse_args
+from tdrl.envs import EnvFactory
+from tdrl.log.run import Run
+from tdrl.models import make_deterministic_actor, make_gaussian_noise, make_q_critic
+from tdrl.objectives.continuous import make_ddpg_loss, timeouts_as_terminal
+from tdrl.objectives.update import TargetUpdate, Updater
+from tdrl.replay import TransitionReplayBuffer
+from tdrl.train import SyncTrainer
+from tdrl.utils.seeding import seed_everything
+
+REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
+               ("next", "terminated"), ("next", "truncated")]
+
+
+# --- Config ---------------------------------------------------------------------------------------------------
+@dataclass
+class EnvConfig:
+    id: str = "Pendulum-v1"
+    """Gymnasium id with a bounded continuous (Box) action space."""
+
+
+@dataclass
+class CollectorConfig:
+    kind: Literal["serial", "parallel", "action_server"] = "serial"
+    """Collector: serial (one process), parallel (CPU workers), action_server (workers step, main process acts)."""
+    n_workers: int = 2
+    """Worker processes of the parallel/action_server collectors (must divide batch_B)."""
+    batch_B: int = 1
+    """Environments stepped together (rlpyt batch_B)."""
+    batch_T: int = 1
+    """Time steps per env per iteration (rlpyt batch_T)."""
+    total_frames: int = 30_000
+    """Env frames to train for (rlpyt n_steps)."""
+
+
+@dataclass
+class EvalConfig:
+    n_envs: int = 10
+    """Noise-free evaluation episodes at iteration 0 and every log interval; 0: online statistics."""
+    max_steps: int = 0
+    """Time limit of evaluation episodes; 0 uses the env's own (1000 if it has none)."""
+
+
+@dataclass
+class ModelConfig:
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    """Hidden widths of the policy and of each Q critic."""
+
+
+@dataclass
+class ExplorationConfig:
+    action_noise: float = 0.1
+    """Std of the Gaussian exploration noise, relative to the half-width of the action box (rlpyt action_std)."""
+
+
+@dataclass
+class ReplayConfig:
+    size: int = 100_000
+    """Transitions held (rlpyt replay_size is 1e6; Pendulum needs no more than its budget)."""
+
+
+@dataclass
+class LossConfig:
+    gamma: float = 0.99
+    """Discount per env step."""
+    n_step: int = 1
+    """n-step returns (rlpyt n_step_return); the bootstrap is gamma ** steps, per sample."""
+    bootstrap_timelimit: bool = True
+    """Bootstrap through time limits (rlpyt bootstrap_timelimit); false treats them as terminal."""
+
+
+@dataclass
+class OptimConfig:
+    actor_lr: float = 1e-4
+    """Adam learning rate of the policy (rlpyt learning_rate)."""
+    critic_lr: float = 1e-3
+    """Adam learning rate of the critic (rlpyt q_learning_rate)."""
+    batch_size: int = 64
+    """Transitions per gradient update."""
+    replay_ratio: float = 64.0
+    """Transitions sampled per transition collected (rlpyt replay_ratio); sets updates per iteration."""
+    min_steps_learn: int = 1_000
+    """Env frames collected before the first update (rlpyt: 10000)."""
+    target_update_interval: int = 1
+    """Gradient updates between target updates (rlpyt target_update_interval)."""
+    target_update_tau: float = 0.01
+    """Polyak factor of the target networks (rlpyt target_update_tau)."""
+    max_grad_norm: float | None = None
+    """Gradient norm clip (rlpyt clip_grad_norm=1e8: effectively none)."""
+
+
+@dataclass
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Environment."""
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    """Training collector and budget."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Offline evaluation (rlpyt MinibatchRlEval)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Policy and critics."""
+    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
+    """Exploration noise."""
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """Replay buffer."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """DDPG objective."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizers and update cadence."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """Run directory, seed, device."""
+    logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=1_000))
+    """Logging cadence and sinks."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Snapshots and resume."""
+    stop_return: float | None = None
+    """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
+
+
+def main(cfg: Config) -> dict:
+    # --- Build ----------------------------------------------------------------------------------------------
+    torch.set_num_threads(cfg.run.torch_threads)
+    seed_everything(cfg.run.seed)
+    device = torch.device(cfg.run.device)
+    env_factory = EnvFactory(cfg.env.id)
+    specs = env_factory.specs()
+    if specs.discrete:
+        raise ConfigError(f"env.id={cfg.env.id!r} has discrete actions; DDPG needs a continuous (Box) action space "
+                          "(use recipes/dqn.py)")
+    actor = make_deterministic_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
+    critic = make_q_critic(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
+    policy = TensorDictSequential(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
+    loss = make_ddpg_loss(actor, critic, gamma=cfg.loss.gamma)
+    # one optimizer, two rates: loss_actor sees the critic through detached parameters, so the sum is separable
+    optimizer = torch.optim.Adam([
+        {"params": list(loss.actor_network_params.values(True, True)), "lr": cfg.optim.actor_lr},
+        {"params": list(loss.value_network_params.values(True, True)), "lr": cfg.optim.critic_lr},
+    ])
+    updater = Updater(optimizer, loss_keys=("loss_actor", "loss_value"), max_grad_norm=cfg.optim.max_grad_norm,
+                      target_update=TargetUpdate(loss, interval=cfg.optim.target_update_interval,
+                                                 tau=cfg.optim.target_update_tau))
+
+    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="ddpg",
+                   total_frames=cfg.collector.total_frames)
+    replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step,
+                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed)
+    collector = make_collector(cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
+                               batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
+                               seed=cfg.run.seed, discount=cfg.loss.gamma)
+    eval_collector = None
+    if cfg.eval.n_envs:  # wait-reset over one time limit: each evaluation is n_envs whole episodes
+        limit = cfg.eval.max_steps or specs.max_episode_steps or 1000
+        eval_collector = make_collector("serial", EnvFactory(cfg.env.id, {"max_episode_steps": limit}), actor,
+                                        batch_B=cfg.eval.n_envs, batch_T=limit, seed=cfg.run.seed + 10_000,
+                                        reset_mode="wait_reset", exploration_type="deterministic",
+                                        discount=cfg.loss.gamma)
+    trainer = SyncTrainer(collector=collector, eval_collector=eval_collector, run=run,
+                          n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
+                          replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
+                          min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
+                          checkpoint_interval_steps=cfg.checkpoint.interval_steps,
+                          checkpoint_state={"loss": loss, "updater": updater, "replay": replay})
+
+    # --- Update ---------------------------------------------------------------------------------------------
+    def update():
+        sample = replay.sample(cfg.optim.batch_size)
+        if not cfg.loss.bootstrap_timelimit:
+            timeouts_as_terminal(sample)
+        return updater.step(loss(sample))
+
+    # --- Loop -----------------------------------------------------------------------------------------------
+    for batch in trainer:
+        replay.extend(batch)
+        metrics = [update() for _ in range(trainer.updates_due)]
+        trainer.record(metrics, updates=len(metrics))
+    return trainer.summary
+
+
+if __name__ == "__main__":
+    main(parse_args(Config(), prog="recipes/ddpg.py", doc=__doc__))

@@ -1,0 +1,268 @@
+"""DQN family: DQN (Mnih et al. 2015), double DQN (van Hasselt et al. 2016), dueling heads (Wang et al. 2016),
+n-step returns, prioritized replay (Schaul et al. 2016) and categorical DQN / C51 (Bellemare et al. 2017) — the
+"Rainbow minus noisy nets" set of rlpyt's CategoricalDQN — chosen by config, on TorchRL's DQN losses.
+
+rlpyt semantics: ``optim.replay_ratio`` (samples drawn per env frame) sets the gradient updates per iteration,
+no update before ``optim.min_steps_learn`` frames, ``optim.target_update_interval`` counts gradient updates,
+epsilon stays at ``eps_init`` until ``min_steps_learn`` and then falls linearly to ``eps_final`` at
+``exploration.eps_steps`` (per env with ``exploration.eps_final_min``: vector epsilon), evaluation with
+``eps_eval``. Time limits bootstrap (``truncated``), terminals do not. Defaults (double + dueling, 3-step
+returns) solve CartPole-v1 (greedy evaluation 500) within 100k frames.
+
+    python recipes/dqn.py                                          # double + dueling DQN, CartPole-v1
+    python recipes/dqn.py model.categorical=true                   # C51 (+ double, dueling, n-step)
+    python recipes/dqn.py replay.prioritized=true                  # + prioritized replay
+    python recipes/dqn.py collector.kind=parallel collector.batch_B=2 collector.n_workers=2
+    python recipes/dqn.py --help                                   # every key
+
+Atari (rlpyt's defaults; needs ``pip install 'tdrl[atari]'``)::
+
+    python recipes/dqn.py env.id=ALE/Pong-v5 collector.total_frames=10000000 collector.batch_B=8 \
+        collector.batch_T=2 replay.size=1000000 optim.min_steps_learn=50000 exploration.eps_steps=1000000 \
+        optim.lr=2.5e-4 optim.batch_size=32 optim.replay_ratio=8 optim.target_update_interval=312 \
+        loss.n_step=1 model.v_min=-10 model.v_max=10 eval.max_steps=27000 logger.log_interval_steps=100000
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from tensordict.nn import TensorDictSequential
+
+from tdrl.collect import make_collector
+from tdrl.config import CheckpointConfig, ConfigError, LoggerConfig, RunConfig, parse_args
+from tdrl.envs import EnvFactory
+from tdrl.log.run import Run
+from tdrl.models import EpsilonGreedy, make_q_actor
+from tdrl.objectives.dqn import dqn_priorities, make_dqn_loss
+from tdrl.objectives.schedules import LinearSchedule
+from tdrl.objectives.update import TargetUpdate, Updater
+from tdrl.replay import PrioritizedSampler, TransitionReplayBuffer
+from tdrl.train import SyncTrainer
+from tdrl.utils.seeding import seed_everything
+
+REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
+               ("next", "terminated"), ("next", "truncated")]
+
+
+# --- Config ---------------------------------------------------------------------------------------------------
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"
+    """Gymnasium id with a discrete action space."""
+
+
+@dataclass
+class CollectorConfig:
+    kind: Literal["serial", "parallel", "action_server"] = "serial"
+    """Collector: serial (one process), parallel (CPU workers), action_server (workers step, main process acts)."""
+    n_workers: int = 2
+    """Worker processes of the parallel/action_server collectors (must divide batch_B)."""
+    batch_B: int = 1
+    """Environments stepped together (rlpyt batch_B)."""
+    batch_T: int = 8
+    """Time steps per env per iteration (rlpyt batch_T)."""
+    total_frames: int = 100_000
+    """Env frames to train for (rlpyt n_steps)."""
+
+
+@dataclass
+class EvalConfig:
+    n_envs: int = 10
+    """Evaluation episodes (epsilon = exploration.eps_eval) at iteration 0 and every log interval; 0: online stats."""
+    max_steps: int = 0
+    """Time limit of evaluation episodes; 0 uses the env's own (1000 if it has none)."""
+
+
+@dataclass
+class ModelConfig:
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    """MLP torso widths for vector observations (images get the Nature-DQN conv torso)."""
+    dueling: bool = True
+    """Dueling head: Q = V + A - mean(A)."""
+    categorical: bool = False
+    """Categorical DQN (C51): learn the return distribution on a fixed support."""
+    n_atoms: int = 51
+    """Atoms of the C51 support."""
+    v_min: float = 0.0
+    """Lowest C51 atom (rlpyt V_min; -10 for clipped-reward Atari)."""
+    v_max: float = 100.0
+    """Highest C51 atom (rlpyt V_max; 10 for clipped-reward Atari; CartPole's discounted return is <= 100)."""
+
+
+@dataclass
+class ExplorationConfig:
+    eps_init: float = 1.0
+    """Epsilon until optim.min_steps_learn frames."""
+    eps_final: float = 0.02
+    """Final epsilon (the largest per-env final value with vector epsilon)."""
+    eps_final_min: float | None = None
+    """Smallest per-env final epsilon: log-spaced over envs (rlpyt vector epsilon; serial/action_server only)."""
+    eps_steps: int = 20_000
+    """Env frames at which epsilon reaches its final value (rlpyt eps_steps)."""
+    eps_eval: float = 0.001
+    """Epsilon of evaluation episodes (rlpyt eps_eval)."""
+
+
+@dataclass
+class ReplayConfig:
+    size: int = 100_000
+    """Transitions held (rlpyt replay_size)."""
+    prioritized: bool = False
+    """Prioritized replay by |TD error| (C51: cross-entropy)."""
+    alpha: float = 0.6
+    """Priority exponent (rlpyt pri_alpha)."""
+    beta_init: float = 0.4
+    """Importance-weight exponent at the start (rlpyt pri_beta_init)."""
+    beta_final: float = 1.0
+    """Importance-weight exponent after beta_steps frames (rlpyt pri_beta_final)."""
+    beta_steps: int = 100_000
+    """Env frames over which beta anneals (rlpyt pri_beta_steps)."""
+
+
+@dataclass
+class LossConfig:
+    gamma: float = 0.99
+    """Discount per env step."""
+    n_step: int = 3
+    """n-step returns (rlpyt n_step_return); the bootstrap is gamma ** steps, per sample."""
+    double: bool = True
+    """Double DQN: online network selects the bootstrap action, target network evaluates it (C51: always)."""
+    loss_function: Literal["huber", "mse"] = "huber"
+    """Huber (rlpyt delta_clip=1) or squared error (delta_clip=None); C51 uses cross-entropy."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 5e-4
+    """Adam learning rate."""
+    lr_final: float | None = None
+    """Decay the learning rate linearly to this over the run; None keeps it constant."""
+    adam_eps: float = 0.01 / 64
+    """Adam epsilon (rlpyt: 0.01 / batch_size)."""
+    batch_size: int = 64
+    """Transitions per gradient update."""
+    replay_ratio: float = 8.0
+    """Transitions sampled per transition collected (rlpyt replay_ratio); sets updates per iteration."""
+    min_steps_learn: int = 1_000
+    """Env frames collected before the first update (rlpyt min_steps_learn)."""
+    target_update_interval: int = 250
+    """Gradient updates between target-network updates (rlpyt counts updates, not frames)."""
+    target_update_tau: float = 1.0
+    """Target update factor; 1.0 copies, <1 is polyak averaging (rlpyt target_update_tau)."""
+    max_grad_norm: float = 10.0
+    """Gradient norm clip (rlpyt clip_grad_norm)."""
+
+
+@dataclass
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Environment."""
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    """Training collector and budget."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Offline evaluation (rlpyt MinibatchRlEval)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Q-network."""
+    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
+    """Epsilon-greedy schedule."""
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """Replay buffer."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """Q-learning target and loss."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and update cadence."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """Run directory, seed, device."""
+    logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=5_000))
+    """Logging cadence and sinks."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Snapshots and resume."""
+    stop_return: float | None = None
+    """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
+
+
+def main(cfg: Config) -> dict:
+    # --- Build ----------------------------------------------------------------------------------------------
+    torch.set_num_threads(cfg.run.torch_threads)
+    seed_everything(cfg.run.seed)
+    device = torch.device(cfg.run.device)
+    env_factory = EnvFactory(cfg.env.id)
+    specs = env_factory.specs()
+    if not specs.discrete:
+        raise ConfigError(f"env.id={cfg.env.id!r} has continuous actions; DQN needs a discrete action space "
+                          "(use recipes/sac.py, td3.py or ddpg.py)")
+    n_atoms = cfg.model.n_atoms if cfg.model.categorical else 1
+    if cfg.model.categorical and not cfg.loss.double:
+        raise ConfigError("loss.double=false with model.categorical=true: TorchRL's C51 loss always selects the "
+                          "bootstrap action with the online network; set loss.double=true")
+    q_actor = make_q_actor(specs, hidden_sizes=cfg.model.hidden_sizes, dueling=cfg.model.dueling, n_atoms=n_atoms,
+                           v_min=cfg.model.v_min, v_max=cfg.model.v_max).to(device)
+    exploration = EpsilonGreedy(
+        specs.n_actions, eps_init=cfg.exploration.eps_init, eps_final=cfg.exploration.eps_final,
+        eps_final_min=cfg.exploration.eps_final_min, n_envs=cfg.collector.batch_B,
+        start_frames=cfg.optim.min_steps_learn, end_frames=cfg.exploration.eps_steps, eps_eval=cfg.exploration.eps_eval,
+    ).to(device)
+    policy = TensorDictSequential(q_actor, exploration)
+    eps_eval = cfg.exploration.eps_eval  # evaluation acts with its own scalar epsilon, whatever the envs
+    eval_policy = TensorDictSequential(q_actor, EpsilonGreedy(specs.n_actions, eps_init=eps_eval, eps_final=eps_eval,
+                                                              eps_eval=eps_eval)).to(device)
+
+    loss = make_dqn_loss(q_actor, gamma=cfg.loss.gamma, double_dqn=cfg.loss.double,
+                         loss_function=cfg.loss.loss_function)
+    target_update = TargetUpdate(loss, interval=cfg.optim.target_update_interval, tau=cfg.optim.target_update_tau)
+    optimizer = torch.optim.Adam(loss.value_network_params.values(True, True), lr=cfg.optim.lr,
+                                 eps=cfg.optim.adam_eps)
+    updater = Updater(optimizer, max_grad_norm=cfg.optim.max_grad_norm,
+                      target_update=target_update)
+    delta_clip = 1.0 if cfg.loss.loss_function == "huber" else None
+
+    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="dqn",
+                   total_frames=cfg.collector.total_frames)
+    sampler = PrioritizedSampler(alpha=cfg.replay.alpha, beta_init=cfg.replay.beta_init,
+                                 beta_final=cfg.replay.beta_final, beta_steps=cfg.replay.beta_steps,
+                                 seed=cfg.run.seed) if cfg.replay.prioritized else None
+    replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, sampler=sampler, n_step=cfg.loss.n_step,
+                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed)
+    collector = make_collector(cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
+                               batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
+                               seed=cfg.run.seed, discount=cfg.loss.gamma)
+    eval_collector = None
+    if cfg.eval.n_envs:  # wait-reset over one time limit: each evaluation is n_envs whole episodes
+        limit = cfg.eval.max_steps or specs.max_episode_steps or 1000
+        eval_collector = make_collector("serial", EnvFactory(cfg.env.id, {"max_episode_steps": limit}), eval_policy,
+                                        batch_B=cfg.eval.n_envs, batch_T=limit, seed=cfg.run.seed + 10_000,
+                                        reset_mode="wait_reset", exploration_type="deterministic",
+                                        discount=cfg.loss.gamma)
+    trainer = SyncTrainer(collector=collector, eval_collector=eval_collector, run=run,
+                          n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
+                          replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
+                          min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
+                          checkpoint_interval_steps=cfg.checkpoint.interval_steps,
+                          checkpoint_state={"loss": loss, "updater": updater, "replay": replay})
+    lr_at = LinearSchedule(cfg.optim.lr, cfg.optim.lr if cfg.optim.lr_final is None else cfg.optim.lr_final,
+                           duration=cfg.collector.total_frames)
+
+    # --- Update ---------------------------------------------------------------------------------------------
+    def update():
+        sample = replay.sample(cfg.optim.batch_size)
+        metrics = updater.step(loss(sample).rename_key_("loss", "loss_q"))  # logged as loss/q
+        if sampler is not None:
+            replay.update_priority(sample["index"],
+                                   dqn_priorities(sample, categorical=cfg.model.categorical, delta_clip=delta_clip))
+        return metrics
+
+    # --- Loop -----------------------------------------------------------------------------------------------
+    for batch in trainer:
+        replay.extend(batch)
+        exploration.set_frames(trainer.frames)  # epsilon of the next batch (synced to collector copies)
+        updater.lr = lr_at(trainer.frames)
+        metrics = [update() for _ in range(trainer.updates_due)]
+        trainer.record(metrics, updates=len(metrics))
+    return trainer.summary
+
+
+if __name__ == "__main__":
+    main(parse_args(Config(), prog="recipes/dqn.py", doc=__doc__))

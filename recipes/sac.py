@@ -1,0 +1,200 @@
+"""SAC: Soft Actor-Critic (Haarnoja et al. 2018, arXiv:1812.05905), rlpyt's semantics on TorchRL's SACLoss.
+
+Tanh-squashed Gaussian policy, twin Q critics (one stacked parameter set, evaluated with one vmap) with polyak
+targets, automatic entropy tuning towards ``-action_dim``. Off-policy cadence as rlpyt: ``optim.replay_ratio``
+(samples drawn per env frame; 256 with batch 256 = one update per frame) sets the updates per iteration, none
+before ``optim.min_steps_learn`` frames. Time limits bootstrap (``truncated``), terminals do not
+(``loss.bootstrap_timelimit=false`` treats both as terminal). Defaults solve Pendulum-v1 (greedy evaluation
+>= -200) within 20k frames.
+
+    python recipes/sac.py                                          # Pendulum-v1
+    python recipes/sac.py collector.kind=parallel collector.batch_B=2 collector.n_workers=2
+    python recipes/sac.py --help                                   # every key
+
+MuJoCo (benchmark, not CI)::
+
+    python recipes/sac.py env.id=HalfCheetah-v5 collector.total_frames=1000000 optim.lr=3e-4 \
+        optim.min_steps_learn=10000 replay.size=1000000 logger.log_interval_steps=10000
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from tdrl.collect import make_collector
+from tdrl.config import CheckpointConfig, ConfigError, LoggerConfig, RunConfig, parse_args
+from tdrl.envs import EnvFactory
+from tdrl.log.run import Run
+from tdrl.models import make_q_critic, make_tanh_gaussian_actor
+from tdrl.objectives.continuous import make_sac_loss, timeouts_as_terminal
+from tdrl.objectives.update import TargetUpdate, Updater
+from tdrl.replay import TransitionReplayBuffer
+from tdrl.train import SyncTrainer
+from tdrl.utils.seeding import seed_everything
+
+REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
+               ("next", "terminated"), ("next", "truncated")]
+
+
+# --- Config ---------------------------------------------------------------------------------------------------
+@dataclass
+class EnvConfig:
+    id: str = "Pendulum-v1"
+    """Gymnasium id with a bounded continuous (Box) action space."""
+
+
+@dataclass
+class CollectorConfig:
+    kind: Literal["serial", "parallel", "action_server"] = "serial"
+    """Collector: serial (one process), parallel (CPU workers), action_server (workers step, main process acts)."""
+    n_workers: int = 2
+    """Worker processes of the parallel/action_server collectors (must divide batch_B)."""
+    batch_B: int = 1
+    """Environments stepped together (rlpyt batch_B)."""
+    batch_T: int = 1
+    """Time steps per env per iteration (rlpyt batch_T)."""
+    total_frames: int = 20_000
+    """Env frames to train for (rlpyt n_steps)."""
+
+
+@dataclass
+class EvalConfig:
+    n_envs: int = 10
+    """Deterministic-policy evaluation episodes at iteration 0 and every log interval; 0: online statistics."""
+    max_steps: int = 0
+    """Time limit of evaluation episodes; 0 uses the env's own (1000 if it has none)."""
+
+
+@dataclass
+class ModelConfig:
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    """Hidden widths of the policy and of each Q critic."""
+
+
+@dataclass
+class ReplayConfig:
+    size: int = 100_000
+    """Transitions held (rlpyt replay_size is 1e6; Pendulum needs no more than its budget)."""
+
+
+@dataclass
+class LossConfig:
+    gamma: float = 0.99
+    """Discount per env step."""
+    n_step: int = 1
+    """n-step returns (rlpyt n_step_return); the bootstrap is gamma ** steps, per sample."""
+    alpha_init: float = 1.0
+    """Initial entropy temperature."""
+    fixed_alpha: bool = False
+    """Keep alpha at alpha_init instead of tuning it (rlpyt fixed_alpha)."""
+    target_entropy: float | None = None
+    """Entropy target of the alpha tuning; None means -action_dim."""
+    bootstrap_timelimit: bool = True
+    """Bootstrap through time limits (rlpyt bootstrap_timelimit); false treats them as terminal."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    """Adam learning rate of the policy, the critics and alpha (rlpyt 3e-4; RL-Zoo Pendulum 1e-3)."""
+    batch_size: int = 256
+    """Transitions per gradient update."""
+    replay_ratio: float = 256.0
+    """Transitions sampled per transition collected (rlpyt replay_ratio); sets updates per iteration."""
+    min_steps_learn: int = 1_000
+    """Env frames collected (with the initial random-ish policy) before the first update."""
+    target_update_tau: float = 0.005
+    """Polyak factor of the target critics (rlpyt target_update_tau)."""
+    target_update_interval: int = 1
+    """Gradient updates between target updates (rlpyt target_update_interval)."""
+    max_grad_norm: float | None = None
+    """Gradient norm clip (rlpyt clip_grad_norm=1e9: effectively none)."""
+
+
+@dataclass
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Environment."""
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    """Training collector and budget."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Offline evaluation (rlpyt MinibatchRlEval)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Policy and critics."""
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """Replay buffer."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """SAC objective."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and update cadence."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """Run directory, seed, device."""
+    logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=1_000))
+    """Logging cadence and sinks."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Snapshots and resume."""
+    stop_return: float | None = None
+    """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
+
+
+def main(cfg: Config) -> dict:
+    # --- Build ----------------------------------------------------------------------------------------------
+    torch.set_num_threads(cfg.run.torch_threads)
+    seed_everything(cfg.run.seed)
+    device = torch.device(cfg.run.device)
+    env_factory = EnvFactory(cfg.env.id)
+    specs = env_factory.specs()
+    if specs.discrete:
+        raise ConfigError(f"env.id={cfg.env.id!r} has discrete actions; SAC needs a continuous (Box) action space "
+                          "(use recipes/dqn.py)")
+    actor = make_tanh_gaussian_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
+    critic = make_q_critic(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
+    loss = make_sac_loss(actor, critic, specs.action_spec, gamma=cfg.loss.gamma, alpha_init=cfg.loss.alpha_init,
+                         fixed_alpha=cfg.loss.fixed_alpha,
+                         target_entropy="auto" if cfg.loss.target_entropy is None else cfg.loss.target_entropy)
+    # one optimizer: loss_actor, loss_qvalue and loss_alpha reach disjoint parameters (detached critics/log-probs)
+    updater = Updater(torch.optim.Adam(loss.parameters(), lr=cfg.optim.lr), max_grad_norm=cfg.optim.max_grad_norm,
+                      target_update=TargetUpdate(loss, interval=cfg.optim.target_update_interval,
+                                                 tau=cfg.optim.target_update_tau))
+
+    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="sac",
+                   total_frames=cfg.collector.total_frames)
+    replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step,
+                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed)
+    collector = make_collector(cfg.collector.kind, env_factory, actor, batch_B=cfg.collector.batch_B,
+                               batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
+                               seed=cfg.run.seed, discount=cfg.loss.gamma)
+    eval_collector = None
+    if cfg.eval.n_envs:  # wait-reset over one time limit: each evaluation is n_envs whole episodes
+        limit = cfg.eval.max_steps or specs.max_episode_steps or 1000
+        eval_collector = make_collector("serial", EnvFactory(cfg.env.id, {"max_episode_steps": limit}), actor,
+                                        batch_B=cfg.eval.n_envs, batch_T=limit, seed=cfg.run.seed + 10_000,
+                                        reset_mode="wait_reset", exploration_type="deterministic",
+                                        discount=cfg.loss.gamma)
+    trainer = SyncTrainer(collector=collector, eval_collector=eval_collector, run=run,
+                          n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
+                          replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
+                          min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
+                          checkpoint_interval_steps=cfg.checkpoint.interval_steps,
+                          checkpoint_state={"loss": loss, "updater": updater, "replay": replay})
+
+    # --- Update ---------------------------------------------------------------------------------------------
+    def update():
+        sample = replay.sample(cfg.optim.batch_size)
+        if not cfg.loss.bootstrap_timelimit:
+            timeouts_as_terminal(sample)
+        return updater.step(loss(sample))
+
+    # --- Loop -----------------------------------------------------------------------------------------------
+    for batch in trainer:
+        replay.extend(batch)
+        metrics = [update() for _ in range(trainer.updates_due)]
+        trainer.record(metrics, updates=len(metrics))
+    return trainer.summary
+
+
+if __name__ == "__main__":
+    main(parse_args(Config(), prog="recipes/sac.py", doc=__doc__))
