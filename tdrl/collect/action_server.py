@@ -27,6 +27,7 @@ from tdrl.collect.batch import allocate_batch
 from tdrl.collect.common import (
     FrameBudget,
     PolicyWriter,
+    active_exploration,
     check_batch_args,
     env_specs,
     game_score_of,
@@ -89,7 +90,8 @@ class ActionServerCollector:
         self.policy = policy
         self.traj_infos: list[dict[str, float]] = []
         self._pool: WorkerPool | None = None
-        exploration = to_interaction_type(exploration_type, InteractionType.RANDOM)
+        self._exploration_arg = to_interaction_type(exploration_type, None)
+        exploration = active_exploration(self._exploration_arg)
         specs = env_specs(env_factory)
         self.specs = specs
         self.step_td = make_step_td(batch_B, specs.observation_spec, transform).share_memory_()
@@ -149,12 +151,12 @@ class ActionServerCollector:
 
     @property
     def exploration_type(self) -> InteractionType | None:
-        return self.policy_steps[0].exploration_type if self.policy_steps else None
+        """The fixed exploration type, or ``None`` to follow the caller's ``set_exploration_type``."""
+        return self._exploration_arg
 
     @exploration_type.setter
-    def exploration_type(self, value: InteractionType | str) -> None:
-        for step in self.policy_steps:
-            step.exploration_type = to_interaction_type(value, InteractionType.RANDOM)
+    def exploration_type(self, value: InteractionType | str | None) -> None:
+        self._exploration_arg = to_interaction_type(value, None)
 
     def collect(self) -> TensorDictBase:
         """Serve actions for one batch; sets :attr:`traj_infos`."""
@@ -176,6 +178,9 @@ class ActionServerCollector:
     def _serve(self, pool: WorkerPool) -> None:
         obs_ready, actions_ready = self._obs_ready, self._actions_ready
         acquire = pool.acquire
+        exploration = active_exploration(self._exploration_arg)
+        for step in self.policy_steps:
+            step.exploration_type = exploration
         plan = list(zip(self._group_ranks, self.policy_steps, self._writers, self._inputs))
         with self.policy_steps[0].running():
             for t in range(self.batch_T):

@@ -16,6 +16,7 @@ from tdrl.envs.make import EnvSpecs
 
 __all__ = [
     "RESET_MODES",
+    "active_exploration",
     "CollectorError",
     "FrameBudget",
     "PolicyWriter",
@@ -72,7 +73,7 @@ def random_action_template(specs: EnvSpecs, n: int) -> TensorDict:
     return TensorDict({"action": specs.action_spec.zero((n,))}, batch_size=[n])
 
 
-def to_interaction_type(value: InteractionType | str | None, default: InteractionType) -> InteractionType:
+def to_interaction_type(value: InteractionType | str | None, default: InteractionType | None) -> InteractionType | None:
     """Accept TorchRL's ``ExplorationType`` or its name (``"random"``, ``"deterministic"``, ``"mode"``...)."""
     if value is None:
         return default
@@ -83,6 +84,17 @@ def to_interaction_type(value: InteractionType | str | None, default: Interactio
     except Exception:
         names = [m.name.lower() for m in InteractionType]
         raise ValueError(f"exploration_type must be one of {names}, got {value!r}") from None
+
+
+def active_exploration(explicit: InteractionType | None) -> InteractionType:
+    """Exploration type for the next batch: the collector's own if given, else the one active in the caller
+    (TorchRL's ``set_exploration_type`` context around ``collect()``/iteration), else RANDOM (TorchRL's
+    collector default)."""
+    if explicit is not None:
+        return explicit
+    from tensordict.nn.probabilistic import interaction_type
+
+    return interaction_type() or InteractionType.RANDOM
 
 
 class FrameBudget:

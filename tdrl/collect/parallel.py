@@ -25,6 +25,7 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 from tdrl.collect.batch import allocate_batch
 from tdrl.collect.common import (
     FrameBudget,
+    active_exploration,
     check_batch_args,
     env_specs,
     game_score_of,
@@ -88,7 +89,8 @@ class ParallelCollector:
         self.return_same_td = return_same_td
         self.policy = policy
         self.traj_infos: list[dict[str, float]] = []
-        self._exploration = to_interaction_type(exploration_type, InteractionType.RANDOM)
+        self._exploration_arg = to_interaction_type(exploration_type, None)
+        self._exploration = active_exploration(self._exploration_arg)
         self._pool: WorkerPool | None = None
         specs = env_specs(env_factory)
         self.specs = specs
@@ -139,12 +141,13 @@ class ParallelCollector:
         return self.batch_B * self.batch_T
 
     @property
-    def exploration_type(self) -> InteractionType:
-        return self._exploration
+    def exploration_type(self) -> InteractionType | None:
+        """The fixed exploration type, or ``None`` to follow the caller's ``set_exploration_type``."""
+        return self._exploration_arg
 
     @exploration_type.setter
-    def exploration_type(self, value: InteractionType | str) -> None:
-        self._exploration = to_interaction_type(value, InteractionType.RANDOM)
+    def exploration_type(self, value: InteractionType | str | None) -> None:
+        self._exploration_arg = to_interaction_type(value, None)
 
     def _sync_weights(self) -> None:
         if self._weights is not None and self.policy is not None:
@@ -157,7 +160,7 @@ class ParallelCollector:
         if pool is None or pool._closed:
             raise RuntimeError("collector is shut down")
         self._sync_weights()
-        pool.send(("collect", self._version, self._exploration))
+        pool.send(("collect", self._version, active_exploration(self._exploration_arg)))
         replies = pool.gather("done")
         self.traj_infos = sorted_infos([entry for reply in replies for entry in unpack_entries(reply[1])])
         self.budget.count()

@@ -16,6 +16,7 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 from tdrl.collect.batch import allocate_batch
 from tdrl.collect.common import (
     FrameBudget,
+    active_exploration,
     check_batch_args,
     env_specs,
     game_score_of,
@@ -51,7 +52,8 @@ class SerialCollector:
         discount: discount of the TrajInfo ``DiscountedReturn``.
         transform: optional TorchRL ``Transform`` (e.g. ``ObservationNorm``, ``RewardScaling``, ``Compose``)
             applied batched once per step where the envs are stepped (:mod:`tdrl.collect.transforms`).
-        exploration_type: TorchRL exploration type the policy runs under (default RANDOM, as TorchRL's
+        exploration_type: TorchRL exploration type the policy runs under; ``None`` (default) follows the
+            caller's ``set_exploration_type`` context at each batch and is RANDOM outside one (as TorchRL's
             collectors; DETERMINISTIC for greedy/eval), or its name.
         device: device of the yielded batches.
         return_same_td: yield the internal buffer itself (no copy; overwritten by the next batch).
@@ -98,7 +100,8 @@ class SerialCollector:
         specs = env_specs(env_factory)
         self.specs = specs
         self.step_td = make_step_td(batch_B, specs.observation_spec, transform)
-        exploration = to_interaction_type(exploration_type, InteractionType.RANDOM)
+        self._exploration_arg = to_interaction_type(exploration_type, None)
+        exploration = active_exploration(self._exploration_arg)
         template = (
             PolicyStep(policy, self.step_td.select(*OBS_KEYS).clone(), exploration_type=exploration).out_template
             if policy is not None
@@ -134,17 +137,19 @@ class SerialCollector:
 
     @property
     def exploration_type(self) -> InteractionType | None:
-        return self.policy_step.exploration_type if self.policy_step is not None else None
+        """The fixed exploration type, or ``None`` to follow the caller's ``set_exploration_type``."""
+        return self._exploration_arg
 
     @exploration_type.setter
-    def exploration_type(self, value: InteractionType | str) -> None:
-        if self.policy_step is not None:
-            self.policy_step.exploration_type = to_interaction_type(value, InteractionType.RANDOM)
+    def exploration_type(self, value: InteractionType | str | None) -> None:
+        self._exploration_arg = to_interaction_type(value, None)
 
     def collect(self) -> TensorDictBase:
         """Collect one ``[batch_B, batch_T]`` batch (rlpyt's ``obtain_samples``); sets :attr:`traj_infos`."""
         if self._closed:
             raise RuntimeError("collector is shut down")
+        if self.policy_step is not None:
+            self.policy_step.exploration_type = active_exploration(self._exploration_arg)
         entries = self.runner.run_batch()
         self.runner.finish_batch()
         self.traj_infos = sorted_infos(entries)

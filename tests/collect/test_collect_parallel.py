@@ -99,6 +99,24 @@ def test_parallel_workers_use_weights_updated_in_main():
         assert c.collect()["action"].eq(0).all()
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["parallel", "action_server"])
+def test_greedy_context_reaches_workers(kind):
+    from torch.distributions import Categorical
+    from torchrl.envs.utils import ExplorationType, set_exploration_type
+    from torchrl.modules import ProbabilisticActor
+
+    torch.manual_seed(0)
+    actor = ProbabilisticActor(TensorDictModule(torch.nn.Linear(4, 2), ["observation"], ["logits"]),
+                               in_keys=["logits"], distribution_class=Categorical, return_log_prob=True)
+    with make_collector(kind, EnvFactory("CartPole-v1"), actor, batch_B=4, batch_T=30, n_workers=2) as c:
+        with set_exploration_type(ExplorationType.DETERMINISTIC):
+            greedy = c.collect()
+        sampled = c.collect()
+    assert torch.equal(greedy["action"], greedy["logits"].argmax(-1))
+    assert not torch.equal(sampled["action"], sampled["logits"].argmax(-1))
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["parallel", "action_server"])
 def test_raising_env_surfaces_with_worker_and_traceback(kind):

@@ -208,6 +208,15 @@ def test_policy_outputs_are_stored_and_exploration_type_respected():
                          exploration_type=ExplorationType.DETERMINISTIC) as greedy_c:
         greedy = greedy_c.collect()
     assert torch.equal(greedy["action"], greedy["logits"].argmax(-1))
+    # Without an explicit type the collector follows the caller's set_exploration_type context.
+    from torchrl.envs.utils import set_exploration_type
+
+    with SerialCollector(EnvFactory("CartPole-v1"), policy, batch_B=4, batch_T=32, seed=0) as c:
+        with set_exploration_type(ExplorationType.DETERMINISTIC):
+            in_context = c.collect()
+        outside = c.collect()
+    assert torch.equal(in_context["action"], in_context["logits"].argmax(-1))
+    assert not torch.equal(outside["action"], outside["logits"].argmax(-1))
 
 
 def test_fast_path_equals_general_path():
