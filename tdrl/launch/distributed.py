@@ -16,7 +16,13 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 
-__all__ = ["DistEnv", "export_dist_env", "first_host", "init_distributed_from_slurm", "slurm_dist_env"]
+__all__ = [
+    "DistEnv",
+    "export_dist_env",
+    "first_host",
+    "init_distributed_from_slurm",
+    "slurm_dist_env",
+]
 
 
 @dataclass(frozen=True)
@@ -49,13 +55,20 @@ def slurm_dist_env(port: int | None = None) -> DistEnv:
         RuntimeError: not inside a SLURM task (``SLURM_PROCID`` unset), naming the missing variable.
     """
     env = os.environ
-    missing = [k for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "SLURM_JOB_ID") if k not in env]
+    missing = [
+        k
+        for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "SLURM_JOB_ID")
+        if k not in env
+    ]
     if missing:
         raise RuntimeError(
             f"not inside a SLURM task ({', '.join(missing)} unset); start with srun or a tdrl SLURM sweep"
         )
     if port is None:
-        port = int(env.get("MASTER_PORT") or 20000 + int(re.sub(r"\D", "", env["SLURM_JOB_ID"]) or 0) % 40000)
+        port = int(
+            env.get("MASTER_PORT")
+            or 20000 + int(re.sub(r"\D", "", env["SLURM_JOB_ID"]) or 0) % 40000
+        )
     return DistEnv(
         rank=int(env["SLURM_PROCID"]),
         world_size=int(env["SLURM_NTASKS"]),
@@ -107,7 +120,10 @@ def init_distributed_from_slurm(
         torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
     if not dist.is_initialized():
         dist.init_process_group(
-            backend, init_method="env://", rank=info.rank, world_size=info.world_size,
+            backend,
+            init_method="env://",
+            rank=info.rank,
+            world_size=info.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
     return info

@@ -87,11 +87,15 @@ def _write_launched(plan: SweepPlan, launched: int) -> None:
     (plan.exp_dir / "num_launched.txt").write_text(text)
 
 
-def _start(run: RunSpec, plan: SweepPlan, slot: Slot, python: str) -> tuple[subprocess.Popen, IO[bytes]]:
+def _start(
+    run: RunSpec, plan: SweepPlan, slot: Slot, python: str
+) -> tuple[subprocess.Popen, IO[bytes]]:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     save_variant(run.variant, run.run_dir)
     log = open(run.run_dir / LOG_NAME, "ab")
-    log.write(f"# tdrl launch {time.strftime('%Y-%m-%d %H:%M:%S')} slot {slot.index} ({slot.describe()})\n".encode())
+    log.write(
+        f"# tdrl launch {time.strftime('%Y-%m-%d %H:%M:%S')} slot {slot.index} ({slot.describe()})\n".encode()
+    )
     log.flush()
     env = {**os.environ, **slot.env()}
     cpus = slot.cpus
@@ -166,7 +170,9 @@ def launch_local(
     for run in plan.runs:
         records[run.index].update(state="queued", log=str(run.run_dir / LOG_NAME))
         if run.is_done() and not rerun_done:
-            outcomes[run.index] = RunOutcome(run, "skipped", None, run.run_dir / LOG_NAME, summary=read_summary(run.run_dir))
+            outcomes[run.index] = RunOutcome(
+                run, "skipped", None, run.run_dir / LOG_NAME, summary=read_summary(run.run_dir)
+            )
             records[run.index]["state"] = "skipped"
         else:
             queue.append(run)
@@ -175,7 +181,10 @@ def launch_local(
     free = list(slots)
     running: dict[int, tuple[RunSpec, Slot, subprocess.Popen, IO[bytes], float]] = {}
     launched = 0
-    print(f"sweep '{plan.sweep.name}': {len(queue)} runs over {len(slots)} slots -> {plan.exp_dir}", file=out)
+    print(
+        f"sweep '{plan.sweep.name}': {len(queue)} runs over {len(slots)} slots -> {plan.exp_dir}",
+        file=out,
+    )
 
     def on_term(signum: int, frame: Any) -> None:
         raise _Terminated()
@@ -189,7 +198,9 @@ def launch_local(
                 running[run.index] = (run, slot, process, log, time.monotonic())
                 launched += 1
                 _write_launched(plan, launched)
-                records[run.index].update(state="running", pid=process.pid, slot=slot.describe(), started=time.time())
+                records[run.index].update(
+                    state="running", pid=process.pid, slot=slot.describe(), started=time.time()
+                )
                 write_json(manifest_path, manifest)
                 print(f"  start  {run.name:<40} {slot.describe()}", file=out, flush=True)
             time.sleep(poll_s)
@@ -200,21 +211,44 @@ def launch_local(
                 free.sort(key=lambda s: s.index)
                 rc = process.returncode
                 state = "completed" if rc == 0 else "failed"
-                outcome = RunOutcome(run, state, rc, run.run_dir / LOG_NAME, slot, time.monotonic() - t0, read_summary(run.run_dir))
+                outcome = RunOutcome(
+                    run,
+                    state,
+                    rc,
+                    run.run_dir / LOG_NAME,
+                    slot,
+                    time.monotonic() - t0,
+                    read_summary(run.run_dir),
+                )
                 outcomes[index] = outcome
-                records[index].update(state=state, returncode=rc, ended=time.time(), wall_s=round(outcome.wall_s, 2))
+                records[index].update(
+                    state=state, returncode=rc, ended=time.time(), wall_s=round(outcome.wall_s, 2)
+                )
                 write_json(manifest_path, manifest)
                 if rc == 0:
                     print(f"  done   {run.name:<40} {outcome.wall_s:.1f}s", file=out, flush=True)
                 else:
-                    print(f"  FAILED {run.name:<40} exit {rc}; log: {outcome.log}\n{_tail(outcome.log)}", file=out, flush=True)
+                    print(
+                        f"  FAILED {run.name:<40} exit {rc}; log: {outcome.log}\n{_tail(outcome.log)}",
+                        file=out,
+                        flush=True,
+                    )
     except (KeyboardInterrupt, _Terminated):
         print(f"stopping {len(running)} running runs", file=out, flush=True)
         for index, (run, slot, process, log, t0) in running.items():
             _stop(process)
             log.close()
-            outcomes[index] = RunOutcome(run, "interrupted", process.returncode, run.run_dir / LOG_NAME, slot, time.monotonic() - t0)
-            records[index].update(state="interrupted", returncode=process.returncode, ended=time.time())
+            outcomes[index] = RunOutcome(
+                run,
+                "interrupted",
+                process.returncode,
+                run.run_dir / LOG_NAME,
+                slot,
+                time.monotonic() - t0,
+            )
+            records[index].update(
+                state="interrupted", returncode=process.returncode, ended=time.time()
+            )
         for run in queue:
             outcomes[run.index] = RunOutcome(run, "interrupted", None, run.run_dir / LOG_NAME)
         write_json(manifest_path, manifest)
@@ -251,9 +285,14 @@ def format_outcomes(outcomes: list[RunOutcome]) -> str:
                 str(o.log) if o.state == "failed" else "",
             ]
         )
-    counts = {s: sum(o.state == s for o in outcomes) for s in ("completed", "failed", "skipped", "interrupted")}
+    counts = {
+        s: sum(o.state == s for o in outcomes)
+        for s in ("completed", "failed", "skipped", "interrupted")
+    }
     head = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    table = format_table(["run", "state", "exit", "slot", "wall_s", "frames", "eval/return_mean", "log"], rows)
+    table = format_table(
+        ["run", "state", "exit", "slot", "wall_s", "frames", "eval/return_mean", "log"], rows
+    )
     return f"{table}\n{head}"
 
 

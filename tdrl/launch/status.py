@@ -33,6 +33,22 @@ __all__ = [
 ]
 
 DEFAULT_COLUMNS = ("frames", "CumSteps", "eval/return_mean", "train/return_mean")
+TERMINAL = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "OUT_OF_MEMORY",
+        "NODE_FAIL",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "SKIPPED",
+        "UNKNOWN",
+        "INTERRUPTED",
+    }
+)
+"""States after which a run will not change without being launched again."""
 
 
 @dataclass
@@ -61,7 +77,9 @@ class RunStatus:
 def format_table(headers: list[str], rows: list[list[str]]) -> str:
     """Plain aligned text table (no dependency on a table library)."""
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    keep = [i for i, w in enumerate(widths) if any(r[i] for r in rows) or headers[i] in ("run", "state")]
+    keep = [
+        i for i, w in enumerate(widths) if any(r[i] for r in rows) or headers[i] in ("run", "state")
+    ]
     line = lambda cells: "  ".join(cells[i].ljust(widths[i]) for i in keep).rstrip()  # noqa: E731
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
@@ -111,7 +129,10 @@ def squeue_states() -> dict[str, tuple[str, str]] | None:
     try:
         text = subprocess.run(
             ["squeue", "-h", "-r", "-t", "all", "-u", getpass.getuser(), "-o", "%i|%T|%r"],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         ).stdout
     except (subprocess.SubprocessError, OSError):
         return None
@@ -179,7 +200,9 @@ def sweep_status(exp_dir: str | os.PathLike) -> list[RunStatus]:
     exp_dir = Path(exp_dir)
     manifest_path = exp_dir / "sweep.json"
     if not manifest_path.is_file():
-        raise FileNotFoundError(f"no sweep.json in '{exp_dir}': not an experiment directory launched by tdrl")
+        raise FileNotFoundError(
+            f"no sweep.json in '{exp_dir}': not an experiment directory launched by tdrl"
+        )
     manifest = json.loads(manifest_path.read_text())
     backend = manifest.get("backend", "local")
     queue = squeue_states() if backend == "slurm" else None
@@ -229,7 +252,15 @@ def format_status(statuses: list[RunStatus], columns: list[str] | None = None) -
     cols = _pick_columns(statuses, columns)
     rows = []
     for s in statuses:
-        failed = s.state in ("FAILED", "UNKNOWN", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "INTERRUPTED")
+        failed = s.state in (
+            "FAILED",
+            "UNKNOWN",
+            "CANCELLED",
+            "TIMEOUT",
+            "OUT_OF_MEMORY",
+            "NODE_FAIL",
+            "INTERRUPTED",
+        )
         rows.append(
             [s.name, s.state, s.job_id, str(s.starts) if s.starts else "", str(s.rows)]
             + [s.last_row.get(c, "") for c in cols]
@@ -251,9 +282,16 @@ def collect_results(exp_dir: str | os.PathLike, write: bool = True) -> list[dict
     statuses = sweep_status(exp_dir)
     rows = []
     for s in statuses:
-        row: dict[str, Any] = {"run": s.name, "state": s.state, "seed": s.seed, "run_dir": str(s.run_dir)}
+        row: dict[str, Any] = {
+            "run": s.name,
+            "state": s.state,
+            "seed": s.seed,
+            "run_dir": str(s.run_dir),
+        }
         row.update({f"variant/{k}": v for k, v in flatten(s.variant).items()})
-        row.update({k: v for k, v in flatten(s.summary or {}).items() if not isinstance(v, (dict, list))})
+        row.update(
+            {k: v for k, v in flatten(s.summary or {}).items() if not isinstance(v, (dict, list))}
+        )
         rows.append(row)
     if write:
         exp_dir = Path(exp_dir)

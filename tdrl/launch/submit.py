@@ -21,14 +21,17 @@ from typing import IO
 
 from tdrl.launch.job import RecipeJob
 from tdrl.launch.local import format_tree
-from tdrl.launch.status import RunStatus, format_status, sweep_status
+from tdrl.launch.status import TERMINAL, RunStatus, format_status, sweep_status
 from tdrl.launch.sweep import Resources, RunSpec, SweepError, SweepPlan, write_json
 from tdrl.launch.variants import save_variant
 
-__all__ = ["SubmittedRun", "check_slurm_resources", "make_executor", "submit_sweep", "wait_for_sweep"]
-
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
-            "DEADLINE", "SKIPPED", "UNKNOWN", "INTERRUPTED"}
+__all__ = [
+    "SubmittedRun",
+    "check_slurm_resources",
+    "make_executor",
+    "submit_sweep",
+    "wait_for_sweep",
+]
 
 
 @dataclass
@@ -45,8 +48,9 @@ class SubmittedRun:
 def _partitions() -> dict[str, int]:
     """``{partition: most CPUs on one of its nodes}`` from sinfo; {} when sinfo is unavailable."""
     try:
-        text = subprocess.run(["sinfo", "-h", "-o", "%P|%c"], capture_output=True, text=True, timeout=30,
-                              check=True).stdout
+        text = subprocess.run(
+            ["sinfo", "-h", "-o", "%P|%c"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
     except (subprocess.SubprocessError, OSError):
         return {}
     out: dict[str, int] = {}
@@ -59,7 +63,9 @@ def _partitions() -> dict[str, int]:
 
 def _default_partition() -> str | None:
     try:
-        text = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30).stdout
+        text = subprocess.run(
+            ["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30
+        ).stdout
     except (subprocess.SubprocessError, OSError):
         return None
     return next((p.rstrip("*") for p in text.split() if p.endswith("*")), None)
@@ -80,13 +86,17 @@ def check_slurm_resources(resources: Resources) -> None:
         raise SweepError("resources: gpus_per_run must be >= 0 and array_parallelism >= 1")
     for tool in ("sbatch", "scontrol", "squeue"):
         if shutil.which(tool) is None:
-            raise SweepError(f"'{tool}' is not on PATH: no SLURM client here (start one: bash slurm/local-cluster.sh start)")
+            raise SweepError(
+                f"'{tool}' is not on PATH: no SLURM client here (start one: bash slurm/local-cluster.sh start)"
+            )
     partitions = _partitions()
     if not partitions:
         return
     partition = r.partition or _default_partition()
     if r.partition and r.partition not in partitions:
-        raise SweepError(f"unknown SLURM partition '{r.partition}'; partitions: {', '.join(sorted(partitions))}")
+        raise SweepError(
+            f"unknown SLURM partition '{r.partition}'; partitions: {', '.join(sorted(partitions))}"
+        )
     if partition in partitions and r.cpus_per_run > partitions[partition]:
         raise SweepError(
             f"cpus_per_run={r.cpus_per_run} but the largest node of partition '{partition}' has "
@@ -94,14 +104,21 @@ def check_slurm_resources(resources: Resources) -> None:
         )
 
 
-def make_executor(folder: Path, resources: Resources, name: str, n_runs: int, cluster: str = "slurm"):
+def make_executor(
+    folder: Path, resources: Resources, name: str, n_runs: int, cluster: str = "slurm"
+):
     """A submitit ``AutoExecutor`` with the sweep's resources (``cluster="local"`` runs jobs on this machine)."""
     import submitit
 
     r = resources
-    executor = submitit.AutoExecutor(folder=folder, cluster=cluster, slurm_max_num_timeout=r.max_requeues)
+    executor = submitit.AutoExecutor(
+        folder=folder, cluster=cluster, slurm_max_num_timeout=r.max_requeues
+    )
     params: dict = dict(
-        name=name, timeout_min=int(r.time_min), cpus_per_task=r.cpus_per_run, tasks_per_node=r.tasks_per_node,
+        name=name,
+        timeout_min=int(r.time_min),
+        cpus_per_task=r.cpus_per_run,
+        tasks_per_node=r.tasks_per_node,
         nodes=r.nodes,
     )
     if r.gpus_per_run:
@@ -147,7 +164,9 @@ def submit_sweep(
     todo = [r for r in plan.runs if rerun_done or not r.is_done()]
     plan.exp_dir.mkdir(parents=True, exist_ok=True)
     manifest = plan.manifest("slurm" if cluster == "slurm" else f"submitit-{cluster}")
-    manifest["backend"] = "slurm"  # status reads results and the queue the same way for every submitit cluster
+    manifest["backend"] = (
+        "slurm"  # status reads results and the queue the same way for every submitit cluster
+    )
     manifest["resources"] = dataclasses.asdict(resources)
     for run in plan.runs:
         if run not in todo:
@@ -157,14 +176,24 @@ def submit_sweep(
         for run in todo:
             run.run_dir.mkdir(parents=True, exist_ok=True)
             save_variant(run.variant, run.run_dir)
-        executor = make_executor(plan.exp_dir / "slurm" / "%j", resources, plan.sweep.name, len(todo), cluster)
+        executor = make_executor(
+            plan.exp_dir / "slurm" / "%j", resources, plan.sweep.name, len(todo), cluster
+        )
         with executor.batch():
-            jobs = [executor.submit(RecipeJob(str(plan.recipe), list(r.overrides), str(r.run_dir))) for r in todo]
-        for run, job in zip(todo, jobs):
-            sub = SubmittedRun(run, str(job.job_id), job.paths.stdout, job.paths.stderr, job.paths.result_pickle)
+            jobs = [
+                executor.submit(RecipeJob(str(plan.recipe), list(r.overrides), str(r.run_dir)))
+                for r in todo
+            ]
+        for run, job in zip(todo, jobs, strict=True):
+            sub = SubmittedRun(
+                run, str(job.job_id), job.paths.stdout, job.paths.stderr, job.paths.result_pickle
+            )
             submitted.append(sub)
             manifest["runs"][run.index].update(
-                job_id=sub.job_id, stdout=str(sub.stdout), stderr=str(sub.stderr), result=str(sub.result)
+                job_id=sub.job_id,
+                stdout=str(sub.stdout),
+                stderr=str(sub.stderr),
+                result=str(sub.result),
             )
     manifest["submitted"] = time.time()
     write_json(plan.exp_dir / "sweep.json", manifest)
@@ -206,5 +235,7 @@ def wait_for_sweep(
             print(f"  waiting: {line}", file=out, flush=True)
             last = line
         if timeout_s is not None and time.monotonic() - t0 > timeout_s:
-            raise TimeoutError(f"after {timeout_s:.0f}s still not finished: {line}\n{format_status(statuses)}")
+            raise TimeoutError(
+                f"after {timeout_s:.0f}s still not finished: {line}\n{format_status(statuses)}"
+            )
         time.sleep(poll_s)

@@ -21,7 +21,9 @@ def write_sweep(tmp_path):
     """``write_sweep(name, body)`` -> path of a sweep file; ``body`` is the Sweep(...) keyword arguments."""
 
     def write(name: str, body: str, recipe: Path = TINY_RECIPE) -> Path:
-        path = tmp_path / "sweeps" / f"{name}.py"  # not in the cwd, where it could shadow a module named like it
+        path = (
+            tmp_path / "sweeps" / f"{name}.py"
+        )  # not in the cwd, where it could shadow a module named like it
         path.parent.mkdir(exist_ok=True)
         path.write_text(
             "from tdrl.launch import Resources, Sweep, VariantLevel\n\n"
@@ -36,10 +38,16 @@ def write_sweep(tmp_path):
 
 def _node_state() -> str:
     try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=20
+        )
     except (OSError, subprocess.SubprocessError) as e:
         return f"sinfo failed: {e}"
-    return out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else f"sinfo: {out.stderr.strip()}"
+    return (
+        out.stdout.split()[0]
+        if out.returncode == 0 and out.stdout.split()
+        else f"sinfo: {out.stderr.strip()}"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -49,11 +57,17 @@ def slurm_cluster():
     if shutil.which("sinfo") is None or _node_state() not in ok:
         script = REPO / "slurm" / "local-cluster.sh"
         if os.geteuid() != 0:
-            pytest.skip("local SLURM cluster is not up and starting it needs root (bash slurm/local-cluster.sh start)")
+            pytest.skip(
+                "local SLURM cluster is not up and starting it needs root (bash slurm/local-cluster.sh start)"
+            )
         try:
-            res = subprocess.run(["bash", str(script), "start"], capture_output=True, text=True, timeout=300)
+            res = subprocess.run(
+                ["bash", str(script), "start"], capture_output=True, text=True, timeout=300
+            )
         except subprocess.TimeoutExpired:
             pytest.skip("slurm/local-cluster.sh start did not finish in 300 s")
         if res.returncode != 0 or _node_state() not in ok:
-            pytest.skip(f"local SLURM cluster could not start: {(res.stdout + res.stderr).strip()[-500:]}")
+            pytest.skip(
+                f"local SLURM cluster could not start: {(res.stdout + res.stderr).strip()[-500:]}"
+            )
     return True

@@ -33,7 +33,9 @@ def main(cfg: Config) -> dict:
     value = torch.tensor([float(info.rank + 1)])
     dist.all_reduce(value)
     gathered = [None] * info.world_size
-    dist.all_gather_object(gathered, {"rank": info.rank, "pid": os.getpid(), "host": socket.gethostname()})
+    dist.all_gather_object(
+        gathered, {"rank": info.rank, "pid": os.getpid(), "host": socket.gethostname()}
+    )
     out = {
         "rank": info.rank,
         "world_size": info.world_size,

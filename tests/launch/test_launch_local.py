@@ -24,14 +24,18 @@ def _two_cores() -> tuple[int, ...]:
 
 @pytest.mark.timeout(240)
 def test_sweep_is_queued_over_slots_pinned_and_recorded(write_sweep):
-    plan = plan_sweep(load_sweep(write_sweep(
-        "grid",
-        """
+    plan = plan_sweep(
+        load_sweep(
+            write_sweep(
+                "grid",
+                """
         levels=[VariantLevel(["train.lr"], [[0.01], [0.003]], ["lr1e-2", "lr3e-3"])],
         seeds=[0, 1],
         overrides={"train.iterations": 10},
         """,
-    )))
+            )
+        )
+    )
     cores = _two_cores()
     slots = make_slots(cpus_per_run=1, cpus=cores)
     out = io.StringIO()
@@ -40,11 +44,13 @@ def test_sweep_is_queued_over_slots_pinned_and_recorded(write_sweep):
 
     manifest = json.loads((plan.exp_dir / "sweep.json").read_text())
     spans = []
-    for run, record in zip(plan.runs, manifest["runs"]):
+    for run, record in zip(plan.runs, manifest["runs"], strict=True):
         summary = json.loads((run.run_dir / "summary.json").read_text())
         slot = next(s for s in slots if s.describe() == record["slot"])
         assert summary["affinity"] == list(slot.cpus)  # pinned to its slot's cores
-        assert summary["env"]["OMP_NUM_THREADS"] == "1" and summary["env"]["TDRL_SLOT_CPUS"] == str(slot.cpus[0])
+        assert summary["env"]["OMP_NUM_THREADS"] == "1" and summary["env"]["TDRL_SLOT_CPUS"] == str(
+            slot.cpus[0]
+        )
         assert summary["env"]["CUDA_VISIBLE_DEVICES"] == ""
         assert json.loads((run.run_dir / "variant.json").read_text()) == run.variant
         cfg = json.loads((run.run_dir / "config.json").read_text())
@@ -55,13 +61,17 @@ def test_sweep_is_queued_over_slots_pinned_and_recorded(write_sweep):
     for t, _ in spans:
         assert sum(s <= t < e for s, e in spans) <= len(slots)
     if len(slots) == 2:
-        assert any(a[0] < b[1] and b[0] < a[1] for a in spans for b in spans if a != b)  # they did overlap
+        assert any(
+            a[0] < b[1] and b[0] < a[1] for a in spans for b in spans if a != b
+        )  # they did overlap
 
     tree = (plan.exp_dir / "experiments_tree.txt").read_text()
     assert f"Experiment manager process ID: {os.getpid()}." in tree
     assert "Number of settings (experiments) to run: 2  (4 runs)." in tree
     assert "lr1e-2/\n  run_0\n  run_1\nlr3e-3/\n  run_0\n  run_1" in tree
-    assert (plan.exp_dir / "num_launched.txt").read_text() == "Experiments launched so far: 4 out of 4.\n"
+    assert (
+        plan.exp_dir / "num_launched.txt"
+    ).read_text() == "Experiments launched so far: 4 out of 4.\n"
     assert "4 completed" in out.getvalue()
 
     # the sweep's learning curves: one mean curve (with its band over the 2 seeds) per variant
@@ -77,15 +87,21 @@ def test_sweep_is_queued_over_slots_pinned_and_recorded(write_sweep):
 
 @pytest.mark.timeout(240)
 def test_a_failing_run_is_recorded_and_the_others_go_on(write_sweep):
-    plan = plan_sweep(load_sweep(write_sweep(
-        "failing",
-        """
+    plan = plan_sweep(
+        load_sweep(
+            write_sweep(
+                "failing",
+                """
         levels=[VariantLevel(["train.fail_at_iteration"], [[2], [-1]], ["fails", "ok"])],
         overrides={"train.iterations": 6},
         """,
-    )))
+            )
+        )
+    )
     out = io.StringIO()
-    outcomes = launch_local(plan, make_slots(cpus_per_run=1, cpus=_two_cores()[:1]), poll_s=0.1, out=out)
+    outcomes = launch_local(
+        plan, make_slots(cpus_per_run=1, cpus=_two_cores()[:1]), poll_s=0.1, out=out
+    )
     failed, ok = outcomes
     assert failed.state == "failed" and failed.returncode == 1 and ok.state == "completed"
     assert failed.log == failed.run.run_dir / "launch.log"
@@ -96,23 +112,37 @@ def test_a_failing_run_is_recorded_and_the_others_go_on(write_sweep):
     states = {s.name: s for s in sweep_status(plan.exp_dir)}
     assert states["fails/run_0"].state == "FAILED" and states["fails/run_0"].log == str(failed.log)
     assert states["ok/run_0"].state == "COMPLETED" and states["ok/run_0"].rows == 6
-    res = subprocess.run([sys.executable, str(LAUNCH), "status", str(plan.exp_dir), "--results"],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, str(LAUNCH), "status", str(plan.exp_dir), "--results"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 1  # a run failed
-    assert "FAILED" in res.stdout and str(failed.log) in res.stdout and "1 completed, 1 failed" in res.stdout
+    assert (
+        "FAILED" in res.stdout
+        and str(failed.log) in res.stdout
+        and "1 completed, 1 failed" in res.stdout
+    )
     assert (plan.exp_dir / "results.csv").read_text().count("\n") == 3
 
 
 @pytest.mark.timeout(120)
 def test_stopping_the_launcher_stops_its_runs(write_sweep, tmp_path):
     path = write_sweep("stop", 'overrides={"train.iterations": 60, "train.step_sleep_s": 0.05},')
-    proc = subprocess.Popen([sys.executable, str(LAUNCH), "local", str(path), "--max-parallel", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(LAUNCH), "local", str(path), "--max-parallel", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     manifest = tmp_path / "runs" / "stop" / "sweep.json"
     progress = tmp_path / "runs" / "stop" / "run_0" / "progress.csv"
     deadline = time.monotonic() + 60
     while not (progress.exists() and len(progress.read_text().splitlines()) > 2):
-        assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read() if proc.poll() is not None else ""
+        assert time.monotonic() < deadline and proc.poll() is None, (
+            proc.stdout.read() if proc.poll() is not None else ""
+        )
         time.sleep(0.2)
     pid = json.loads(manifest.read_text())["runs"][0]["pid"]
     proc.send_signal(signal.SIGTERM)
@@ -123,8 +153,12 @@ def test_stopping_the_launcher_stops_its_runs(write_sweep, tmp_path):
     assert json.loads(manifest.read_text())["runs"][0]["state"] == "interrupted"
     # and relaunching resumes the interrupted run from its checkpoint
     rows_before = len(progress.read_text().splitlines()) - 1
-    res = subprocess.run([sys.executable, str(LAUNCH), "local", str(path)], capture_output=True, text=True,
-                         timeout=100)
+    res = subprocess.run(
+        [sys.executable, str(LAUNCH), "local", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     summary = json.loads((progress.parent / "summary.json").read_text())
     assert summary["resumed_from"] >= rows_before - 1 > 0

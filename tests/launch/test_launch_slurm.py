@@ -21,7 +21,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def _queued(job_ids: list[str]) -> set[str]:
-    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        ["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True
+    ).stdout.split()
     return {j for j in job_ids if j in out}
 
 
@@ -33,19 +35,25 @@ def _cancel(subs) -> None:
 
 @pytest.mark.timeout(240)
 def test_sweep_runs_as_a_job_array(write_sweep):
-    plan = plan_sweep(load_sweep(write_sweep(
-        "array",
-        """
+    plan = plan_sweep(
+        load_sweep(
+            write_sweep(
+                "array",
+                """
         levels=[VariantLevel(["train.lr"], [[0.01], [0.003]], ["lr1e-2", "lr3e-3"])],
         seeds=[0, 1],
         overrides={"train.iterations": 8},
         resources=Resources(cpus_per_run=1, time_min=5),
         """,
-    )))
+            )
+        )
+    )
     subs = submit_sweep(plan, out=io.StringIO())
     try:
         array_id = subs[0].job_id.split("_")[0]
-        assert [s.job_id for s in subs] == [f"{array_id}_{i}" for i in range(4)]  # one array, in plan order
+        assert [s.job_id for s in subs] == [
+            f"{array_id}_{i}" for i in range(4)
+        ]  # one array, in plan order
         script = next((plan.exp_dir / "slurm").rglob("*_submission.sh")).read_text()
         assert "#SBATCH --array=0-3%4" in script and "#SBATCH --cpus-per-task=1" in script
         assert "#SBATCH --signal=USR2@" in script and "#SBATCH --time=5" in script
@@ -53,17 +61,21 @@ def test_sweep_runs_as_a_job_array(write_sweep):
     finally:
         _cancel(subs)
     assert [s.state for s in statuses] == ["COMPLETED"] * 4, format_status(statuses)
-    for run, status in zip(plan.runs, statuses):
+    for run, status in zip(plan.runs, statuses, strict=True):
         assert (run.run_dir / "config.json").is_file() and (run.run_dir / "variant.json").is_file()
         with open(run.run_dir / "progress.csv") as f:
             assert [int(r["Iteration"]) for r in csv.DictReader(f)] == list(range(8))
         cfg = json.loads((run.run_dir / "config.json").read_text())
         assert cfg["run"]["seed"] == run.seed and cfg["train"]["lr"] == run.variant["train"]["lr"]
         summary = json.loads((run.run_dir / "summary.json").read_text())
-        assert summary["env"]["OMP_NUM_THREADS"] == "1" and len(summary["affinity"]) == 1  # SLURM's 1-CPU binding
+        assert (
+            summary["env"]["OMP_NUM_THREADS"] == "1" and len(summary["affinity"]) == 1
+        )  # SLURM's 1-CPU binding
         assert status.rows == 8 and status.last_row["frames"] == str(8 * 64) and status.starts == 1
     results = collect_results(plan.exp_dir)
-    assert {r["variant/train.lr"] for r in results} == {0.01, 0.003} and all(r["frames"] == 512 for r in results)
+    assert {r["variant/train.lr"] for r in results} == {0.01, 0.003} and all(
+        r["frames"] == 512 for r in results
+    )
     assert (plan.exp_dir / "results.csv").is_file()
 
 
@@ -73,15 +85,34 @@ def _uninterrupted_params(overrides: dict) -> str:
     from tdrl.launch.recipe import load_recipe
 
     recipe = load_recipe(HERE / "tiny_recipe.py")
-    cfg = apply_overrides(recipe.Config(), {**overrides, "train.step_sleep_s": 0.0, "run.dir": "reference"})
+    cfg = apply_overrides(
+        recipe.Config(), {**overrides, "train.step_sleep_s": 0.0, "run.dir": "reference"}
+    )
     return recipe.main(cfg)["param_sha256"]
 
 
 def _preempt_with_high_priority_job() -> str:
     """Submit a job to partition 'high' that needs every CPU of the node: SLURM preempts the 'debug' job."""
-    cpus = subprocess.run(["sinfo", "-h", "-p", "high", "-o", "%c"], capture_output=True, text=True).stdout.split()[0]
-    out = subprocess.run(["sbatch", "--parsable", "-p", "high", "-c", cpus.rstrip("+"), "-o", "/dev/null",
-                          "--wrap", "sleep 1"], capture_output=True, text=True, check=True)
+    cpus = subprocess.run(
+        ["sinfo", "-h", "-p", "high", "-o", "%c"], capture_output=True, text=True
+    ).stdout.split()[0]
+    out = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            "high",
+            "-c",
+            cpus.rstrip("+"),
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 1",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.strip().split(";")[0]
 
 
@@ -89,14 +120,18 @@ def _preempt_with_high_priority_job() -> str:
 @pytest.mark.parametrize("how", ["scancel_usr2", "partition_preemption"])
 def test_preempted_job_requeues_and_resumes_to_the_same_parameters(write_sweep, how):
     overrides = {"train.iterations": 40, "train.step_sleep_s": 0.15, "run.seed": 3}
-    plan = plan_sweep(load_sweep(write_sweep(
-        "preempt",
-        f"""
+    plan = plan_sweep(
+        load_sweep(
+            write_sweep(
+                "preempt",
+                f"""
         seeds=[3],
         overrides={overrides!r},
         resources=Resources(cpus_per_run=1, time_min=5, partition="debug"),
         """,
-    )))
+            )
+        )
+    )
     subs = submit_sweep(plan, out=io.StringIO())
     run_dir = subs[0].run.run_dir
     progress = run_dir / "progress.csv"
@@ -117,26 +152,36 @@ def test_preempted_job_requeues_and_resumes_to_the_same_parameters(write_sweep, 
         if high:
             subprocess.run(["scancel", *high], capture_output=True)
     assert statuses[0].state == "COMPLETED", format_status(statuses)
-    events = [json.loads(line) for line in (run_dir / "launch_events.jsonl").read_text().splitlines()]
+    events = [
+        json.loads(line) for line in (run_dir / "launch_events.jsonl").read_text().splitlines()
+    ]
     assert [e["event"] for e in events] == ["start", "requeue", "start", "end"]
     assert events[2]["restart"] == 1 and statuses[0].starts == 2
     summary = json.loads((run_dir / "summary.json").read_text())
     assert 0 < summary["resumed_from"] < 40
-    assert summary["param_sha256"] == _uninterrupted_params(overrides)  # bitwise the same final parameters
+    assert summary["param_sha256"] == _uninterrupted_params(
+        overrides
+    )  # bitwise the same final parameters
     with open(progress) as f:
-        assert [int(r["Iteration"]) for r in csv.DictReader(f)] == list(range(40))  # no duplicated or lost rows
+        assert [int(r["Iteration"]) for r in csv.DictReader(f)] == list(
+            range(40)
+        )  # no duplicated or lost rows
 
 
 @pytest.mark.timeout(240)
 def test_a_failing_job_is_reported_with_its_log_and_the_others_finish(write_sweep):
-    plan = plan_sweep(load_sweep(write_sweep(
-        "failing",
-        """
+    plan = plan_sweep(
+        load_sweep(
+            write_sweep(
+                "failing",
+                """
         levels=[VariantLevel(["train.fail_at_iteration"], [[3], [-1]], ["fails", "ok"])],
         overrides={"train.iterations": 6},
         resources=Resources(cpus_per_run=1, time_min=5),
         """,
-    )))
+            )
+        )
+    )
     subs = submit_sweep(plan, out=io.StringIO())
     try:
         statuses = wait_for_sweep(plan.exp_dir, poll_s=1, timeout_s=180)
@@ -145,7 +190,9 @@ def test_a_failing_job_is_reported_with_its_log_and_the_others_finish(write_swee
     failed, ok = statuses
     assert failed.state == "FAILED" and ok.state == "COMPLETED"
     assert "RuntimeError: tiny_recipe: failing on purpose at iteration 3" in failed.error
-    assert failed.log == str(subs[0].stderr) and "failing on purpose" in Path(failed.log).read_text()
+    assert (
+        failed.log == str(subs[0].stderr) and "failing on purpose" in Path(failed.log).read_text()
+    )
     table = format_status(statuses)
     assert "FAILED" in table and failed.log in table and "1 completed, 1 failed" in table
     assert ok.rows == 6 and (ok.run_dir / "summary.json").is_file()
@@ -153,9 +200,15 @@ def test_a_failing_job_is_reported_with_its_log_and_the_others_finish(write_swee
 
 @pytest.mark.timeout(240)
 def test_two_task_job_initialises_torch_distributed_and_all_reduces(write_sweep):
-    plan = plan_sweep(load_sweep(write_sweep(
-        "ddp", "resources=Resources(cpus_per_run=1, tasks_per_node=2, time_min=5),", recipe=HERE / "dist_recipe.py"
-    )))
+    plan = plan_sweep(
+        load_sweep(
+            write_sweep(
+                "ddp",
+                "resources=Resources(cpus_per_run=1, tasks_per_node=2, time_min=5),",
+                recipe=HERE / "dist_recipe.py",
+            )
+        )
+    )
     subs = submit_sweep(plan, out=io.StringIO())
     try:
         statuses = wait_for_sweep(plan.exp_dir, poll_s=1, timeout_s=180)
@@ -169,15 +222,24 @@ def test_two_task_job_initialises_torch_distributed_and_all_reduces(write_sweep)
         assert info["all_reduce_sum"] == 3.0  # 1 + 2
         assert info["env"]["RANK"] == str(r) and info["env"]["WORLD_SIZE"] == "2"
     assert {p["rank"] for p in ranks[0]["peers"]} == {0, 1}
-    assert ranks[0]["peers"][0]["pid"] != ranks[0]["peers"][1]["pid"]  # two processes, one per SLURM task
+    assert (
+        ranks[0]["peers"][0]["pid"] != ranks[0]["peers"][1]["pid"]
+    )  # two processes, one per SLURM task
 
 
 def test_resources_that_do_not_fit_fail_before_submission(write_sweep):
     plan = plan_sweep(load_sweep(write_sweep("nofit", "seeds=[0],")))
-    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    before = subprocess.run(
+        ["squeue", "-h", "-o", "%i"], capture_output=True, text=True
+    ).stdout.split()
     with pytest.raises(SweepError, match=r"unknown SLURM partition 'gpu-a100'; partitions: debug"):
         submit_sweep(plan, Resources(partition="gpu-a100"), out=io.StringIO())
-    with pytest.raises(SweepError, match=r"cpus_per_run=4096 but the largest node of partition 'debug' has \d+ CPUs"):
+    with pytest.raises(
+        SweepError,
+        match=r"cpus_per_run=4096 but the largest node of partition 'debug' has \d+ CPUs",
+    ):
         submit_sweep(plan, Resources(cpus_per_run=4096), out=io.StringIO())
-    after = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    after = subprocess.run(
+        ["squeue", "-h", "-o", "%i"], capture_output=True, text=True
+    ).stdout.split()
     assert after == before and not plan.exp_dir.exists()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tdrl.launch import Sweep, SweepError, VariantLevel, load_sweep, plan_sweep
+from tdrl.launch import Sweep, SweepError, load_sweep, plan_sweep
 from tdrl.launch.recipe import load_recipe
 
 HERE = Path(__file__).resolve().parent
@@ -27,12 +27,21 @@ def test_plan_orders_seeds_outer_and_builds_each_runs_command(write_sweep, tmp_p
     )
     plan = plan_sweep(load_sweep(path))
     assert plan.exp_dir == (tmp_path / "runs" / "grid").resolve()
-    assert [r.name for r in plan.runs] == ["lr1e-2/run_0", "lr3e-3/run_0", "lr1e-2/run_1", "lr3e-3/run_1"]
+    assert [r.name for r in plan.runs] == [
+        "lr1e-2/run_0",
+        "lr3e-3/run_0",
+        "lr1e-2/run_1",
+        "lr3e-3/run_1",
+    ]
     run = plan.runs[3]
     assert run.run_dir == plan.exp_dir / "lr3e-3" / "run_1"
     assert run.variant == {"train": {"lr": 0.003}}
     args = dict(a.split("=", 1) for a in run.overrides)
-    assert args["train.lr"] == "0.003" and args["train.iterations"] == "5" and args["train.hidden"] == "8"
+    assert (
+        args["train.lr"] == "0.003"
+        and args["train.iterations"] == "5"
+        and args["train.hidden"] == "8"
+    )
     assert args["run.seed"] == "1" and args["run.dir"] == str(run.run_dir)
     assert args["logger.group"] == "grid"  # one W&B group per sweep
     cmd = run.command(plan.recipe, "python")
@@ -50,15 +59,22 @@ def test_recipe_path_is_found_from_the_sweep_files_folder(tmp_path, monkeypatch)
     (tmp_path / "recipes" / "tiny.py").write_text((HERE / "tiny_recipe.py").read_text())
     (tmp_path / "slurm" / "sweeps").mkdir(parents=True)
     sweep_file = tmp_path / "slurm" / "sweeps" / "s.py"
-    sweep_file.write_text("from tdrl.launch import Sweep\nsweep = Sweep(name='s', recipe='recipes/tiny.py')\n")
+    sweep_file.write_text(
+        "from tdrl.launch import Sweep\nsweep = Sweep(name='s', recipe='recipes/tiny.py')\n"
+    )
     monkeypatch.chdir("/")
     plan = plan_sweep(load_sweep(sweep_file), root=tmp_path / "runs")
     assert plan.recipe == tmp_path / "recipes" / "tiny.py"
 
 
 def test_unknown_key_in_a_variant_names_the_run_and_the_key(write_sweep):
-    path = write_sweep("typo", 'levels=[VariantLevel(["train.lr", "train.hiden"], [[0.1, 4]], ["a"])],')
-    with pytest.raises(SweepError, match=r"run 'a/run_0': unknown config key 'train.hiden'; did you mean 'train.hidden'"):
+    path = write_sweep(
+        "typo", 'levels=[VariantLevel(["train.lr", "train.hiden"], [[0.1, 4]], ["a"])],'
+    )
+    with pytest.raises(
+        SweepError,
+        match=r"run 'a/run_0': unknown config key 'train.hiden'; did you mean 'train.hidden'",
+    ):
         plan_sweep(load_sweep(path))
 
 
@@ -73,7 +89,9 @@ def test_unknown_recipe_is_named_with_a_suggestion(tmp_path):
     (tmp_path / "recipes").mkdir()
     (tmp_path / "recipes" / "ppo.py").write_text("")
     sweep = Sweep(name="x", recipe=str(tmp_path / "recipes" / "ppoo.py"))
-    with pytest.raises(SweepError, match=r"unknown recipe '.*ppoo.py': no such file; did you mean ppo.py"):
+    with pytest.raises(
+        SweepError, match=r"unknown recipe '.*ppoo.py': no such file; did you mean ppo.py"
+    ):
         plan_sweep(sweep)
 
 
@@ -91,7 +109,9 @@ def test_not_a_recipe_and_bad_sweep_files(tmp_path, write_sweep):
 
 
 def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(LAUNCH), *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(LAUNCH), *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_cli_bad_input_fails_fast_and_launches_nothing(write_sweep, tmp_path):
@@ -110,7 +130,9 @@ def test_cli_bad_input_fails_fast_and_launches_nothing(write_sweep, tmp_path):
     assert not (tmp_path / "runs").exists()  # nothing was created, let alone started
 
 
-@pytest.mark.parametrize("sweep_file", sorted((HERE.parents[1] / "slurm" / "sweeps").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "sweep_file", sorted((HERE.parents[1] / "slurm" / "sweeps").glob("*.py")), ids=lambda p: p.name
+)
 def test_example_sweeps_are_valid(sweep_file):
     sweep = load_sweep(sweep_file)
     try:

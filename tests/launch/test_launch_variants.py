@@ -24,15 +24,29 @@ def test_levels_cross_in_order_first_level_slowest():
     variants, log_dirs = make_variants(lr, env)
     assert len(variants) == 6
     assert log_dirs == [
-        "lr1e-3/cartpole", "lr1e-3/acrobot", "lr1e-3/mcar",
-        "lr3e-4/cartpole", "lr3e-4/acrobot", "lr3e-4/mcar",
+        "lr1e-3/cartpole",
+        "lr1e-3/acrobot",
+        "lr1e-3/mcar",
+        "lr3e-4/cartpole",
+        "lr3e-4/acrobot",
+        "lr3e-4/mcar",
     ]
-    assert variants[4] == {"optim": {"lr": 3e-4}, "env": {"id": "Acrobot-v1"}, "collector": {"frames_per_batch": 200}}
+    assert variants[4] == {
+        "optim": {"lr": 3e-4},
+        "env": {"id": "Acrobot-v1"},
+        "collector": {"frames_per_batch": 200},
+    }
     # values of one level stay tied together (not a product within a level)
     assert {(v["env"]["id"], v["collector"]["frames_per_batch"]) for v in variants} == {
-        ("CartPole-v1", 100), ("Acrobot-v1", 200), ("MountainCar-v0", 300)
+        ("CartPole-v1", 100),
+        ("Acrobot-v1", 200),
+        ("MountainCar-v0", 300),
     }
-    assert variant_overrides(variants[0]) == {"optim.lr": 1e-3, "env.id": "CartPole-v1", "collector.frames_per_batch": 100}
+    assert variant_overrides(variants[0]) == {
+        "optim.lr": 1e-3,
+        "env.id": "CartPole-v1",
+        "collector.frames_per_batch": 100,
+    }
 
 
 def test_no_levels_is_one_empty_variant():
@@ -64,7 +78,9 @@ def test_malformed_levels_fail_with_the_reason(level, message):
 
 def test_a_key_set_by_two_levels_is_an_error():
     with pytest.raises(ValueError, match="'optim.lr' is set by levels 0 and 1"):
-        make_variants(VariantLevel(["optim.lr"], [[1]], ["a"]), VariantLevel([("optim", "lr")], [[2]], ["b"]))
+        make_variants(
+            VariantLevel(["optim.lr"], [[1]], ["a"]), VariantLevel([("optim", "lr")], [[2]], ["b"])
+        )
 
 
 def test_save_and_load_variant(tmp_path):
@@ -80,7 +96,9 @@ def test_strict_merge_into_recipe_config_names_the_bad_key():
     merged = merge_nested(config, variants[0])
     assert merged.train.lr == 0.5 and config.train.lr != 0.5  # a new config, the default untouched
     bad, _ = make_variants(VariantLevel(["train.lrr"], [[0.5]], ["lr"]))
-    with pytest.raises(ConfigError, match=r"unknown config key 'train.lrr'; did you mean 'train.lr'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'train.lrr'; did you mean 'train.lr'"
+    ):
         merge_nested(config, bad[0])
     with pytest.raises(ConfigError, match="train.iterations"):
         merge_nested(config, {"train": {"iterations": "many"}})

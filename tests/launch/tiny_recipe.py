@@ -84,7 +84,9 @@ def main(cfg: Config) -> dict:
     torch.set_num_threads(cfg.run.torch_threads)
     (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
 
-    model = torch.nn.Sequential(torch.nn.Linear(1, cfg.train.hidden), torch.nn.Tanh(), torch.nn.Linear(cfg.train.hidden, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1, cfg.train.hidden), torch.nn.Tanh(), torch.nn.Linear(cfg.train.hidden, 1)
+    )
     optim = torch.optim.Adam(model.parameters(), lr=cfg.train.lr)
     data_rng = torch.Generator().manual_seed(1000 + cfg.run.seed)
     eval_x = torch.linspace(-2, 2, 256).unsqueeze(-1)
@@ -101,7 +103,9 @@ def main(cfg: Config) -> dict:
 
     progress = run_dir / "progress.csv"
     rows = []
-    if progress.exists() and start:  # keep exactly the rows up to the checkpoint (no duplicates after a resume)
+    if (
+        progress.exists() and start
+    ):  # keep exactly the rows up to the checkpoint (no duplicates after a resume)
         with open(progress, newline="") as f:
             rows = [r for r in csv.DictReader(f) if int(r["Iteration"]) < start]
     columns = ["Iteration", "CumSteps", "frames", "loss", "eval/return_mean", "time/wall_s"]
@@ -125,11 +129,24 @@ def main(cfg: Config) -> dict:
             eval_return = -torch.nn.functional.mse_loss(model(eval_x), eval_y).item()
         with open(progress, "a", newline="") as f:
             csv.DictWriter(f, fieldnames=columns).writerow(
-                {"Iteration": it, "CumSteps": (it + 1) * cfg.train.batch_size, "frames": (it + 1) * cfg.train.batch_size, "loss": f"{loss.item():.6g}",
-                 "eval/return_mean": f"{eval_return:.6g}", "time/wall_s": f"{time.time() - t0:.3f}"}
+                {
+                    "Iteration": it,
+                    "CumSteps": (it + 1) * cfg.train.batch_size,
+                    "frames": (it + 1) * cfg.train.batch_size,
+                    "loss": f"{loss.item():.6g}",
+                    "eval/return_mean": f"{eval_return:.6g}",
+                    "time/wall_s": f"{time.time() - t0:.3f}",
+                }
             )
-        _save_atomic({"model": model.state_dict(), "optim": optim.state_dict(), "data_rng": data_rng.get_state(),
-                      "iteration": it + 1}, ckpt_path)
+        _save_atomic(
+            {
+                "model": model.state_dict(),
+                "optim": optim.state_dict(),
+                "data_rng": data_rng.get_state(),
+                "iteration": it + 1,
+            },
+            ckpt_path,
+        )
         if cfg.train.step_sleep_s:
             time.sleep(cfg.train.step_sleep_s)
 
@@ -141,8 +158,19 @@ def main(cfg: Config) -> dict:
         "resumed_from": resumed_from,
         "pid": os.getpid(),
         "affinity": sorted(os.sched_getaffinity(0)),
-        "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "TDRL_SLOT", "TDRL_SLOT_CPUS", "CUDA_VISIBLE_DEVICES",
-                                                "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")},
+        "env": {
+            k: os.environ.get(k)
+            for k in (
+                "OMP_NUM_THREADS",
+                "TDRL_SLOT",
+                "TDRL_SLOT_CPUS",
+                "CUDA_VISIBLE_DEVICES",
+                "RANK",
+                "WORLD_SIZE",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+            )
+        },
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
