@@ -1,25 +1,25 @@
 """Cost of logging and checkpointing at a realistic size, every row measured in the same run.
 
-Rows:
+Rows (``ms`` is the median over ``--repeats``; ``baseline`` is the unsafe way to do the same, timed alongside):
 
-* ``log row (csv+console)`` — one :meth:`tdrl.log.Run.log` call with a realistic row (rlpyt columns plus
-  Average/Std/Median/Min/Max of 4 episode and 4 optimizer statistics: 50 columns), W&B off.
-* ``log row (+W&B offline)`` — the same with the W&B offline mirror.
-* ``summarize (100 episodes, 4 fields)`` — building those statistics columns.
-* ``torch.save in place`` — the baseline: rlpyt's ``torch.save(state, "params.pkl")`` (no fsync, no checksum,
-  not crash-safe) of a SAC-sized state: actor 17→256→256→12, twin Q 23→256→256→1 and their targets, Adam
-  states for actor, critic and temperature (``--obs 17 --act 6``, HalfCheetah's sizes).
-* ``checkpoint SAC`` — :meth:`Run.save_checkpoint` of that state (temp dir, fsync, sha256 manifest, rename,
-  rotation, RNG capture).
-* ``checkpoint SAC + replay 100k`` — the same plus a TorchRL ``LazyMemmapStorage`` replay of ``--transitions``
-  transitions written through ``extra_writers={"replay": rb.dumps}``.
-* ``load+verify ...`` — :meth:`Run.load_checkpoint` (sha256 of every file, ``torch.load``, replay ``loads``).
+* ``log row`` — one :meth:`tdrl.log.Run.log` call with a realistic row (rlpyt columns plus
+  Average/Std/Median/Min/Max of 4 episode and 4 optimizer statistics: 50 columns): CSV + console line, then
+  also with the W&B offline mirror.
+* ``summarize`` — building those statistics columns from 100 episodes.
+* ``save SAC`` — :meth:`Run.save_checkpoint` (temp dir, fsync, sha256 manifest, rename, rotation, RNG capture)
+  of a SAC-sized state: actor 17→256→256→12, twin Q 23→256→256→1 and their targets, Adam states for actor,
+  critic and temperature (``--obs 17 --act 6``, HalfCheetah's sizes). Baseline: rlpyt's
+  ``torch.save(state, "params.pkl")`` in place (no fsync, no checksum; unloadable after a kill mid-write).
+* ``load SAC`` — :meth:`Run.load_checkpoint` (sha256 of every file, then ``torch.load``). Baseline: ``torch.load``.
+* ``save/load SAC + replay`` — the same plus a TorchRL ``LazyMemmapStorage`` replay of ``--transitions``
+  transitions through ``extra_writers={"replay": rb.dumps}`` / ``extra_readers={"replay": rb.loads}``.
+  Baseline: ``torch.save`` + ``rb.dumps`` / ``torch.load`` + ``rb.loads`` into a plain directory.
 
-Medians over ``--repeats``. Run from a temporary directory on the disk you train on (fsync cost depends on it)::
+Run from a temporary directory on the disk you train on (fsync cost depends on it)::
 
     cd $(mktemp -d) && python /path/to/benchmarks/logging_overhead.py [--quick]
 
-(Not ``benchmarks/logging.py``: a script directory is first on ``sys.path``, so that name would shadow the
+(Not ``benchmarks/logging.py``: a script's directory is first on ``sys.path``, so that name would shadow the
 standard library's ``logging`` for every script in ``benchmarks/``.)
 """
 
@@ -170,75 +170,77 @@ def main() -> None:
     os.environ.setdefault("WANDB_SILENT", "true")
     repeats = 3 if args.quick else 7
     root = Path(tempfile.mkdtemp(prefix="tdrl-bench-", dir=args.dir or os.getcwd()))
-    rows: list[tuple[str, str, float, str]] = []
+    rows: list[tuple[str, str, float, float | None]] = []  # name, size, ms, baseline ms
     try:
+        n_rows = 20 if args.quick else 100
         run = open_run(root, "csv", wandb=False)
-        rows.append(
-            ("log row (csv+console)", "50 cols", log_rows(run, 20 if args.quick else 100), "")
-        )
+        rows.append(("log row (csv + console)", "50 cols", log_rows(run, n_rows), None))
         run.finish()
         run = open_run(root, "wandb", wandb=True)
         rows.append(
-            ("log row (+W&B offline)", "50 cols", log_rows(run, 20 if args.quick else 100), "")
+            ("log row (csv + console + W&B offline)", "50 cols", log_rows(run, n_rows), None)
         )
         with contextlib.redirect_stdout(io.StringIO()):
             run.finish()
         episodes = [{"return": float(i), "length": i, "a": 1.0, "b": 2.0} for i in range(100)]
-        rows.append(
-            (
-                "summarize (100 episodes, 4 fields)",
-                "",
-                median_ms(lambda: summarize_records(episodes), repeats, 50),
-                "",
-            )
-        )
+        ms = median_ms(lambda: summarize_records(episodes), repeats, 50)
+        rows.append(("summarize 100 episodes x 4 fields", "", ms, None))
 
         state = sac_state(args.obs, args.act)
-        baseline_path = root / "params.pkl"
-        base = median_ms(lambda: torch.save(state, baseline_path), repeats)
-        size = baseline_path.stat().st_size / 1e6
-        rows.append(("torch.save in place (rlpyt, unsafe)", f"{size:.1f} MB", base, "1.0x"))
-
+        plain = root / "plain"
+        plain.mkdir()
+        save_base = median_ms(lambda: torch.save(state, plain / "params.pkl"), repeats)
+        load_base = median_ms(lambda: torch.load(plain / "params.pkl", weights_only=False), repeats)
+        size = f"{(plain / 'params.pkl').stat().st_size / 1e6:.1f} MB"
         run = open_run(root, "ckpt", wandb=False)
         itr = iter(range(10**6))
         with contextlib.redirect_stdout(io.StringIO()):
-            ms = median_ms(lambda: run.save_checkpoint(state, next(itr)), repeats)
-        rows.append(
-            ("checkpoint SAC (fsync, sha256, rotate)", f"{size:.1f} MB", ms, f"{ms / base:.1f}x")
-        )
-        with contextlib.redirect_stdout(io.StringIO()):
-            ms = median_ms(lambda: run.load_checkpoint(), repeats)
-        rows.append(("load+verify SAC", f"{size:.1f} MB", ms, f"{ms / base:.1f}x"))
+            rows.append(
+                (
+                    "save SAC",
+                    size,
+                    median_ms(lambda: run.save_checkpoint(state, next(itr)), repeats),
+                    save_base,
+                )
+            )
+            rows.append(("load SAC", size, median_ms(run.load_checkpoint, repeats), load_base))
         run.finish()
 
         rb = replay_buffer(root / "scratch", args.transitions, args.obs, args.act)
+        rb_plain = ReplayBuffer(
+            storage=LazyMemmapStorage(args.transitions, scratch_dir=root / "s1"), batch_size=256
+        )
+        rb_load = ReplayBuffer(
+            storage=LazyMemmapStorage(args.transitions, scratch_dir=root / "s2"), batch_size=256
+        )
+
+        def plain_save() -> None:
+            shutil.rmtree(plain / "replay", ignore_errors=True)
+            torch.save(state, plain / "params.pkl")
+            (plain / "replay").mkdir()
+            rb.dumps(plain / "replay")
+
+        def plain_load() -> None:
+            torch.load(plain / "params.pkl", weights_only=False)
+            rb_plain.loads(plain / "replay")
+
+        save_base = median_ms(plain_save, repeats)
+        load_base = median_ms(plain_load, repeats)
         run = open_run(root, "ckpt_rb", wandb=False)
         itr = iter(range(10**6))
+        label = f"SAC + replay {args.transitions // 1000}k"
         with contextlib.redirect_stdout(io.StringIO()):
             ms = median_ms(
                 lambda: run.save_checkpoint(state, next(itr), extra_writers={"replay": rb.dumps}),
                 repeats,
             )
-        total = dir_mb(run.last_checkpoint.path)
-        label = f"checkpoint SAC + replay {args.transitions // 1000}k"
-        rows.append((label, f"{total:.1f} MB", ms, f"{ms / base:.1f}x"))
-        rb2 = ReplayBuffer(
-            storage=LazyMemmapStorage(args.transitions, scratch_dir=root / "scratch2"),
-            batch_size=256,
-        )
-        with contextlib.redirect_stdout(io.StringIO()):
+            size = f"{dir_mb(run.last_checkpoint.path):.1f} MB"
+            rows.append((f"save {label}", size, ms, save_base))
             ms = median_ms(
-                lambda: run.load_checkpoint(extra_readers={"replay": rb2.loads}), repeats
+                lambda: run.load_checkpoint(extra_readers={"replay": rb_load.loads}), repeats
             )
-        rows.append(
-            (
-                f"load+verify SAC + replay {args.transitions // 1000}k",
-                f"{total:.1f} MB",
-                ms,
-                f"{ms / base:.1f}x",
-            )
-        )
-        assert len(rb2) == args.transitions
+            rows.append((f"load {label}", size, ms, load_base))
+        assert len(rb_load) == args.transitions
         run.finish()
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -247,10 +249,12 @@ def main() -> None:
     print(
         f"\ntdrl logging/checkpoint cost (median of {repeats}; load average {load:.1f}; torch threads 1)\n"
     )
-    print(f"| {'operation':<42} | {'size':>9} | {'ms':>9} | {'vs torch.save':>13} |")
-    print(f"|{'-' * 44}|{'-' * 11}|{'-' * 11}|{'-' * 15}|")
-    for name, size_text, ms, ratio in rows:
-        print(f"| {name:<42} | {size_text:>9} | {ms:>9.3f} | {ratio:>13} |")
+    print(f"| {'operation':<38} | {'size':>8} | {'ms':>8} | {'baseline ms':>11} | {'ratio':>6} |")
+    print(f"|{'-' * 40}|{'-' * 10}|{'-' * 10}|{'-' * 13}|{'-' * 8}|")
+    for name, size_text, ms, base in rows:
+        base_text = f"{base:11.1f}" if base is not None else " " * 11
+        ratio = f"{ms / base:5.1f}x" if base is not None else " " * 6
+        print(f"| {name:<38} | {size_text:>8} | {ms:8.2f} | {base_text} | {ratio} |")
 
 
 if __name__ == "__main__":
