@@ -11,6 +11,7 @@ of wall-clock to threshold is measured side by side.
     cd $(mktemp -d) && python /path/to/benchmarks/learning.py                     # every default task, 3 seeds
     python benchmarks/learning.py --tasks ppo-cartpole --seeds 0,1,2 --json out.json
     python benchmarks/learning.py --tasks ppo-halfcheetah --no-sb3                # long (not in the default set)
+    python benchmarks/learning.py --gae                                           # GAE: tdrl vs TorchRL, ms/call
 
 Run it from a temporary directory (MuJoCo writes MUJOCO_LOG.TXT into the cwd) and when the machine is quiet:
 wall-clock numbers on a shared 2-core machine are noisy, so compare the tdrl/SB3 ratio within one run.
@@ -201,6 +202,43 @@ TASKS: list[Task] = [
 ]
 
 
+# --- GAE micro-benchmark ------------------------------------------------------------------------------------------
+
+
+def bench_gae(repeats: int = 300) -> None:
+    """tdrl's one-forward GAE vs TorchRL's GAE module on CartPole-sized batches (best of 2 rounds, ms per call)."""
+    from tensordict import TensorDict
+    from torchrl.objectives.value import GAE as TorchRLGAE
+
+    from tdrl.envs import EnvFactory
+    from tdrl.models import make_actor_critic
+    from tdrl.objectives.advantage import GAE
+
+    ac = make_actor_critic(EnvFactory("CartPole-v1").specs())
+    print(f"{'batch':>8s} {'torchrl ms':>11s} {'tdrl ms':>8s} {'speed-up':>9s}")
+    for B, T in [(8, 5), (16, 8), (8, 64), (16, 128)]:
+        td = TensorDict({"observation": torch.randn(B, T, 4), "next": {
+            "observation": torch.randn(B, T, 4), "reward": torch.randn(B, T, 1),
+            "done": torch.zeros(B, T, 1, dtype=torch.bool), "terminated": torch.zeros(B, T, 1, dtype=torch.bool)}},
+            [B, T])
+        theirs = TorchRLGAE(gamma=0.98, lmbda=0.8, value_network=ac.critic, deactivate_vmap=True)
+        ours = GAE(ac.critic, gamma=0.98, lmbda=0.8)
+
+        def torchrl_call() -> None:
+            with torch.no_grad():
+                theirs(td)
+
+        best: dict[str, float] = {}
+        for name, fn in [("torchrl", torchrl_call), ("tdrl", lambda: ours(td))] * 2:
+            for _ in range(20):
+                fn()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                fn()
+            best[name] = min(best.get(name, math.inf), (time.perf_counter() - start) / repeats * 1e3)
+        print(f"{B:>3d}x{T:<4d} {best['torchrl']:11.3f} {best['tdrl']:8.3f} {best['torchrl'] / best['tdrl']:8.2f}x")
+
+
 # --- Report -----------------------------------------------------------------------------------------------------
 
 
@@ -224,8 +262,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--no-sb3", action="store_true", help="skip the SB3 baselines")
     parser.add_argument("--json", default="", help="write every row to this file")
+    parser.add_argument("--gae", action="store_true", help="only the GAE micro-benchmark (tdrl vs TorchRL)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.gae:
+        bench_gae()
+        return []
     names = [n for n in args.tasks.split(",") if n]
     unknown = set(names) - {t.name for t in TASKS}
     if unknown:

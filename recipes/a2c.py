@@ -19,13 +19,13 @@ from typing import Literal
 import torch
 from torchrl.modules import set_recurrent_mode
 from torchrl.objectives import A2CLoss
-from torchrl.objectives.value import GAE
 
 from tdrl.collect import make_collector
 from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig, parse_args
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
 from tdrl.models import make_actor_critic, make_recurrent_actor_critic
+from tdrl.objectives.advantage import GAE
 from tdrl.objectives.schedules import LinearSchedule
 from tdrl.objectives.update import Updater
 from tdrl.train import SyncTrainer
@@ -145,7 +145,7 @@ def main(cfg: Config) -> dict:
                     init_log_std=cfg.model.init_log_std, normalize_observation=cfg.model.normalize_observation,
                     **model_kwargs).to(device)
 
-    advantage = GAE(gamma=cfg.loss.gamma, lmbda=cfg.loss.gae_lambda, value_network=ac.critic, deactivate_vmap=True)
+    advantage = GAE(ac.critic, gamma=cfg.loss.gamma, lmbda=cfg.loss.gae_lambda)  # TorchRL's GAE, one critic call
     loss = A2CLoss(ac.actor, ac.critic, entropy_coeff=cfg.loss.entropy_coeff,
                    critic_coeff=0.5 * cfg.loss.value_loss_coeff, loss_critic_type="l2")
     if cfg.optim.name == "rmsprop":
@@ -174,10 +174,7 @@ def main(cfg: Config) -> dict:
 
     # --- Update ---------------------------------------------------------------------------------------------
     def update(batch):
-        if ac.recurrent:  # next-state values continue the stored recurrent state: never an episode start
-            batch["next", "is_init"] = torch.zeros_like(batch["is_init"])
-        with torch.no_grad():
-            advantage(batch)  # writes advantage and value_target
+        advantage(batch)  # writes state_value, advantage and value_target (time limits bootstrap, terminations not)
         if cfg.loss.normalize_advantage:
             adv = batch["advantage"]
             batch["advantage"] = (adv - adv.mean()) / (adv.std() + 1e-8)
