@@ -265,8 +265,10 @@ class DataParallelTrainer:
         min_steps_learn: env frames (all ranks) before the first update.
         checkpoint_state: objects identical on every rank (models, optimizers, updaters): saved from rank 0 and
             loaded on every rank on resume.
-        rank_state: objects that differ per rank (replay buffers, schedules fed by local data), with
-            ``state_dict``/``load_state_dict``: every rank's state is gathered into rank 0's checkpoint.
+        rank_state: objects that differ per rank (schedules fed by local data...), with
+            ``state_dict``/``load_state_dict``: every rank's state is gathered into rank 0's checkpoint. Objects
+            of ``checkpoint_state`` that write their own files (replay buffers: ``dumps``/``loads``) are moved
+            here: their ``state_dict`` (counters; the data stays in each rank's scratch directory) is per rank.
         checkpoint_interval_steps: env frames between checkpoints; 0 means at every log row.
         stop_return: stop once the evaluation (or online) mean return reaches this.
         broadcast_buffers: after every iteration copy rank 0's buffers of ``modules`` to all ranks (DDP's default;
@@ -320,6 +322,9 @@ class DataParallelTrainer:
         self.checkpoint_interval_itrs = ckpt_itrs or self.log_interval_itrs
         self.checkpoint_state = dict(checkpoint_state or {})
         self.rank_state = dict(rank_state or {})
+        for name, obj in list(self.checkpoint_state.items()):
+            if hasattr(obj, "dumps") and hasattr(obj, "loads"):  # replay buffers: each rank has its own
+                self.rank_state[name] = self.checkpoint_state.pop(name)
         for name, obj in {**self.checkpoint_state, **self.rank_state}.items():
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise TypeError(f"checkpoint_state/rank_state['{name}'] ({type(obj).__name__}) has no "

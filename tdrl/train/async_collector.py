@@ -1,0 +1,232 @@
+"""The collector process of the async trainer, and the control block it shares with the optimizer process.
+
+The collector process builds its collector from a picklable factory (any tdrl collector: serial, parallel with
+its own worker processes, action server...), then loops over collector iterations:
+
+1. if the optimizer published new weights (a version counter moved), copy them into the collector's policy
+   (``collector.update_policy_weights_(shared)``) -- between batches, so collection never stops for it;
+2. optionally wait while the optimizer is more than ``max_lag_frames`` behind the replay ratio;
+3. collect one ``[B, T]`` batch and ``replay.extend`` it (the shared replay: the optimizer samples the same
+   memmapped files);
+4. report the batch (frames, finished episodes, timings) on a queue; at a log/checkpoint boundary also report
+   the collector's and its RNG's state and pause until the optimizer has written its row and checkpoint (so a
+   row's frames, samples and updates are one consistent snapshot, and the replay is not written while it is
+   copied into a checkpoint).
+
+It exits when the budget is spent, when asked to stop, or when its parent (the optimizer process) disappears
+(checked every 0.2 s by a watch thread, which kills the process if the loop does not end by itself within 2 s).
+An exception is reported on the queue with its traceback before the process exits with code 1.
+
+:func:`owed_updates` is the single definition of the throttle both processes use, so they cannot disagree about
+whether the optimizer may update (which would deadlock a waiting collector).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tdrl.train.stats import new_episodes
+from tdrl.utils.seeding import rng_state, seed_everything, set_rng_state
+
+__all__ = ["CollectorProcessSpec", "Control", "collector_process_main", "owed_updates"]
+
+POLL_S = 0.05
+"""How often blocked waits check the stop flag and the other process."""
+
+
+def owed_updates(*, replay_ratio: float, batch_size: int, write_count: int, samples_drawn: int,
+                 learn_start_frames: int, ready: int) -> int:
+    """Gradient updates the optimizer may do now without the replay ratio exceeding ``replay_ratio``.
+
+    The ratio counts from the start of learning, as the sync trainer's ``replay_ratio`` does (no updates for the
+    first ``learn_start_frames``, then ``replay_ratio * new frames / batch_size`` updates):
+    ``floor((replay_ratio * (write_count - learn_start_frames) - samples_drawn) / batch_size)``, and 0 while
+    fewer than ``batch_size`` transitions are ready to sample.
+    """
+    if write_count <= learn_start_frames or ready < batch_size:
+        return 0
+    allowed = replay_ratio * (write_count - learn_start_frames) - samples_drawn
+    return max(0, math.floor(allowed / batch_size + 1e-9))
+
+
+@dataclass
+class Control:
+    """Shared objects of one optimizer-collector pair (made from a ``spawn`` multiprocessing context).
+
+    Attributes:
+        stop: the optimizer asks the collector to finish (set on early stop, errors and shutdown).
+        go: cleared by the collector when it pauses at a boundary, set by the optimizer to release it.
+        weights: shared-memory TensorDict of the policy's parameters and buffers.
+        weights_lock: held while the weights are written or read.
+        weights_version: incremented by the optimizer after each publish.
+        queue: collector → optimizer messages (see :func:`collector_process_main`).
+    """
+
+    stop: Any
+    go: Any
+    weights: Any
+    weights_lock: Any
+    weights_version: Any
+    queue: Any
+
+
+@dataclass
+class CollectorProcessSpec:
+    """What the collector process needs; pickled once when it starts.
+
+    Attributes:
+        collector_factory: builds the collector in the collector process (e.g. a ``functools.partial`` of
+            ``tdrl.collect.make_collector``).
+        replay: the shared replay buffer (only its file paths travel).
+        samples_to_buffer: optional picklable transform applied to each batch before ``replay.extend`` (rlpyt's
+            ``samples_to_buffer``); it runs in the collector process and must not keep state.
+        start_itr: first collector iteration (non-zero on resume).
+        n_itr: collector iterations of the whole run.
+        log_interval_itrs, checkpoint_interval_itrs: the collector reports its state and pauses after every
+            iteration that completes a log or checkpoint interval, and after the last one.
+        replay_ratio, batch_size, learn_start_frames: the throttle (see :func:`owed_updates`).
+        max_lag_frames: wait before a batch while the optimizer owes more than this many frames of updates;
+            ``None`` never waits (rlpyt).
+        seed: seed of the collector process's python/numpy/torch RNGs.
+        collector_state: ``collector.load_state_dict`` input on resume.
+        rng: RNG state to restore on resume (overrides ``seed``).
+        torch_threads: torch intra-op threads of the collector process.
+    """
+
+    collector_factory: Callable[[], Any]
+    replay: Any
+    samples_to_buffer: Callable[[Any], Any] | None
+    start_itr: int
+    n_itr: int
+    log_interval_itrs: int
+    checkpoint_interval_itrs: int
+    replay_ratio: float
+    batch_size: int
+    learn_start_frames: int
+    max_lag_frames: int | None
+    seed: int
+    collector_state: dict[str, Any] | None = None
+    rng: dict[str, Any] | None = None
+    torch_threads: int = 1
+
+
+def _watch_parent(parent: int, finished: threading.Event) -> None:
+    """Kill this process if its parent dies and the main loop does not end by itself soon after."""
+
+    def watch() -> None:
+        while not finished.wait(0.2):
+            if os.getppid() != parent:
+                orphaned.set()
+                if not finished.wait(2.0):
+                    os._exit(1)
+                return
+
+    threading.Thread(target=watch, name="tdrl-async-parent-watch", daemon=True).start()
+
+
+orphaned = threading.Event()
+"""Set in the collector process when the optimizer process is gone."""
+
+
+def _must_stop(ctrl: Control) -> bool:
+    return ctrl.stop.is_set() or orphaned.is_set()
+
+
+def collector_process_main(spec: CollectorProcessSpec, ctrl: Control, parent_pid: int) -> None:
+    """Entry point of the collector process (see the module docstring for the loop and its messages).
+
+    Messages on ``ctrl.queue``: ``("started", pid)``; ``("batch", info)`` per batch, ``info`` holding ``itr``,
+    ``frames``, ``episodes``, ``collect_s``, ``lag_wait_s``, ``weights_version`` and, at boundaries,
+    ``collector_state`` and ``rng``; ``("done",)`` at the end; ``("error", traceback_text)`` on failure.
+    """
+    finished = threading.Event()
+    _watch_parent(parent_pid, finished)
+    ctrl.queue.cancel_join_thread()  # never block this process's exit on an unread queue
+    collector = None
+    try:
+        torch.set_num_threads(spec.torch_threads)
+        seed_everything(spec.seed)
+        if spec.rng is not None:
+            set_rng_state(spec.rng)
+        collector = spec.collector_factory()
+        if spec.collector_state is not None and hasattr(collector, "load_state_dict"):
+            collector.load_state_dict(spec.collector_state)
+        ctrl.queue.put(("started", os.getpid()))
+        _collect_loop(spec, ctrl, collector)
+    except BaseException:  # noqa: BLE001 - everything goes to the optimizer, then the process fails
+        ctrl.queue.put(("error", traceback.format_exc()))
+        finished.set()
+        _shutdown(collector)
+        time.sleep(0.2)  # let the queue's feeder thread flush the message
+        os._exit(1)
+    finished.set()
+    _shutdown(collector)
+
+
+def _shutdown(collector: Any) -> None:
+    if collector is not None and hasattr(collector, "shutdown"):
+        try:
+            collector.shutdown()
+        except Exception:  # noqa: BLE001 - already failing or exiting
+            pass
+
+
+def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> None:
+    batches = iter(collector)
+    version = 0
+    replay = spec.replay
+    for itr in range(spec.start_itr, spec.n_itr):
+        if _must_stop(ctrl):
+            return
+        latest = ctrl.weights_version.value
+        if latest != version:
+            with ctrl.weights_lock:
+                version = ctrl.weights_version.value
+                collector.update_policy_weights_(ctrl.weights)
+        lag_wait_s = _wait_for_optimizer(spec, ctrl) if spec.max_lag_frames is not None else 0.0
+        if _must_stop(ctrl):
+            return
+        start = time.perf_counter()
+        batch = next(batches)
+        collect_s = time.perf_counter() - start
+        replay.extend(spec.samples_to_buffer(batch) if spec.samples_to_buffer is not None else batch)
+        info: dict[str, Any] = {
+            "itr": itr, "frames": int(batch.numel()), "episodes": new_episodes(collector), "collect_s": collect_s,
+            "lag_wait_s": lag_wait_s, "weights_version": version,
+        }
+        done = itr + 1
+        if done % spec.log_interval_itrs == 0 or done % spec.checkpoint_interval_itrs == 0 or done == spec.n_itr:
+            info["collector_state"] = collector.state_dict() if hasattr(collector, "state_dict") else None
+            info["rng"] = rng_state()
+            ctrl.go.clear()
+            ctrl.queue.put(("batch", info))
+            while not ctrl.go.wait(POLL_S):
+                if _must_stop(ctrl):
+                    return
+        else:
+            ctrl.queue.put(("batch", info))
+    ctrl.queue.put(("done",))
+
+
+def _wait_for_optimizer(spec: CollectorProcessSpec, ctrl: Control) -> float:
+    """Block while the optimizer owes more than ``max_lag_frames`` frames' worth of updates."""
+    start = time.perf_counter()
+    replay = spec.replay
+    limit_updates = spec.max_lag_frames * spec.replay_ratio / spec.batch_size
+    while not _must_stop(ctrl):
+        owed = owed_updates(replay_ratio=spec.replay_ratio, batch_size=spec.batch_size,
+                            write_count=replay.write_count, samples_drawn=replay.samples_drawn,
+                            learn_start_frames=spec.learn_start_frames, ready=replay.ready_count())
+        if owed <= limit_updates:
+            break
+        time.sleep(0.001)
+    return time.perf_counter() - start

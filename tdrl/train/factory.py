@@ -1,0 +1,137 @@
+"""Choose the trainer by config: ``trainer.kind=sync|ddp|async`` in any recipe, one loop body for all three.
+
+A recipe adds a :class:`TrainerConfig` section and three small pieces::
+
+    @dataclass
+    class Config:
+        ...
+        trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def main(cfg):
+        check_trainer(cfg.trainer, on_policy=True)          # e.g. PPO with trainer.kind=async: error, nothing started
+        if cfg.trainer.kind == "ddp" and not is_distributed():   # spawn the ranks; each one runs main(cfg)
+            return launch_data_parallel(main, cfg, world_size=cfg.trainer.world_size,
+                                        backend=cfg.trainer.backend, device=cfg.run.device)
+        seed_everything(rank_seed(cfg.run.seed))             # rank 0 keeps the run seed
+        run = Run.open(...) if is_main_process() else None
+        ...
+        trainer = make_trainer(cfg.trainer, on_policy=True, collector=collector, modules=[loss], run=run, ...)
+
+Off-policy recipes pass ``collector_factory`` (the collector is built in the collector process when async),
+``replay`` and ``policy``, and skip ``replay.extend`` when the async trainer yields ``None``.
+
+    python recipes/ppo.py trainer.kind=ddp trainer.world_size=2
+    python recipes/sac.py trainer.kind=async
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from torch import nn
+
+from tdrl.train.async_ import AsyncTrainer
+from tdrl.train.ddp import DataParallelTrainer
+from tdrl.train.sync import SyncTrainer
+from tdrl.utils.distributed import (
+    DistributedSetupError,
+    check_local_world_size,
+    env_world,
+    is_distributed,
+    resolve_backend,
+)
+
+__all__ = ["TRAINER_KINDS", "TrainerConfig", "check_trainer", "make_trainer"]
+
+TRAINER_KINDS = ("sync", "ddp", "async")
+
+
+@dataclass
+class TrainerConfig:
+    """Which trainer runs the recipe's loop, and its process settings."""
+
+    kind: Literal["sync", "ddp", "async"] = "sync"
+    """sync: collect, then update, in one process (rlpyt MinibatchRl); ddp: world_size full replicas, gradients
+    all-reduced (rlpyt SyncRl); async: collector process + optimizer process on a shared replay (rlpyt AsyncRl,
+    off-policy only)."""
+    world_size: int = 2
+    """ddp: number of ranks (local processes; under torchrun/SLURM it must equal WORLD_SIZE)."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """ddp: torch.distributed backend; auto = NCCL on CUDA devices, gloo on CPU."""
+    max_lag_frames: int = -1
+    """async: the collector waits while the optimizer is more than this many frames behind the replay ratio;
+    -1 never waits (the collector runs at full speed, as in rlpyt)."""
+    updates_per_sync: int = 1
+    """async: gradient updates between weight publications to the collector."""
+
+
+def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu") -> None:
+    """Reject trainer settings that cannot work, before any process starts.
+
+    Raises:
+        ValueError: unknown ``trainer.kind``, or ``trainer.kind=async`` for an on-policy algorithm.
+        DistributedSetupError: ``trainer.kind=ddp`` with a bad world size or backend for this machine.
+    """
+    if cfg.kind not in TRAINER_KINDS:
+        raise ValueError(f"trainer.kind={cfg.kind!r}; choose one of {', '.join(TRAINER_KINDS)}")
+    if cfg.kind == "async" and on_policy:
+        raise ValueError("trainer.kind=async needs an off-policy algorithm (the collector process fills a replay the "
+                         "optimizer samples from, rlpyt's AsyncRl); this recipe is on-policy: use trainer.kind=sync "
+                         "or trainer.kind=ddp")
+    if cfg.kind == "ddp" and not is_distributed():
+        backend = resolve_backend(cfg.backend, device, key="trainer.backend")
+        if env_world() is None:  # local spawn; torchrun/SLURM decide the ranks' placement themselves
+            check_local_world_size(cfg.world_size, backend, key="trainer.world_size")
+    if cfg.kind == "ddp" and cfg.world_size < 1:
+        raise DistributedSetupError(f"trainer.world_size must be >= 1, got {cfg.world_size}")
+
+
+def make_trainer(
+    cfg: TrainerConfig,
+    *,
+    on_policy: bool,
+    collector: Any = None,
+    collector_factory: Callable[[], Any] | None = None,
+    modules: Sequence[nn.Module] = (),
+    replay: Any = None,
+    policy: nn.Module | None = None,
+    seed: int = 0,
+    **kwargs: Any,
+) -> SyncTrainer | DataParallelTrainer | AsyncTrainer:
+    """The trainer ``cfg.kind`` names, built from one set of arguments.
+
+    Args:
+        cfg: the recipe's ``trainer`` section.
+        on_policy: whether the algorithm learns only from fresh batches (PPO, A2C): async is refused then.
+        collector: the training collector (sync and ddp); ``None`` for async (built in the collector process).
+        collector_factory: picklable callable building the collector (async).
+        modules: the replicated modules whose gradients ddp averages (the loss module).
+        replay: the replay buffer (async: shared with the collector process).
+        policy: the module whose weights the async collector receives.
+        seed: run seed (async: seeds the collector process).
+        **kwargs: the trainers' common keyword arguments (``n_steps``, ``log_interval_steps``, ``run``,
+            ``eval_collector``, ``replay_ratio``, ``batch_size``, ``min_steps_learn``, ``checkpoint_state``,
+            ``checkpoint_interval_steps``, ``stop_return``, ...).
+
+    Raises:
+        ValueError: see :func:`check_trainer`; ``collector`` or ``collector_factory`` missing for the kind.
+    """
+    check_trainer(cfg, on_policy=on_policy)
+    if cfg.kind == "sync":
+        if collector is None:
+            raise ValueError("trainer.kind=sync needs the collector")
+        return SyncTrainer(collector=collector, **kwargs)
+    if cfg.kind == "ddp":
+        if collector is None or not modules:
+            raise ValueError("trainer.kind=ddp needs the collector and the replicated modules (modules=[loss])")
+        return DataParallelTrainer(collector=collector, modules=modules, **kwargs)
+    if collector_factory is None or policy is None:
+        raise ValueError("trainer.kind=async needs collector_factory (the collector is built in its own process) and "
+                         "the policy whose weights it receives")
+    if collector is not None and hasattr(collector, "shutdown"):
+        collector.shutdown()
+    return AsyncTrainer(collector_factory=collector_factory, replay=replay, policy=policy, seed=seed,
+                        updates_per_sync=cfg.updates_per_sync,
+                        max_lag_frames=None if cfg.max_lag_frames < 0 else cfg.max_lag_frames, **kwargs)
