@@ -225,9 +225,9 @@ class TransitionReplayBuffer:
             out[rows_t] = self._gather(index[rows_t], stream[rows], time[rows])
         else:
             raise ReplayError("sampling kept colliding with concurrent writes; the writer is lapping the buffer")
-        out["index"] = index
+        out.set("index", index)
         if values is not None:
-            out["priority_weight"] = torch.from_numpy(self.sampler.importance_weights(values))
+            out.set("priority_weight", torch.from_numpy(self.sampler.importance_weights(values)))
         store = self.ring.store
         store.add_counter("samples_drawn", batch_size)
         store.add_counter("sample_calls", 1)
@@ -279,14 +279,15 @@ class TransitionReplayBuffer:
         n = index.shape[0]
         if self.n_step == 1:
             last = index
-            values = {k: ring.gather(k, index) for k in ring.schema.entries}
+            values = ring.gather_keys(index)
         else:
             window = torch.from_numpy(ring.flat_index(stream[:, None], time[:, None] + np.arange(self.n_step)))
             reward = ring.gather(("next", "reward"), window.reshape(-1)).view(n, self.n_step, -1)
             done = ring.gather(("next", "done"), window.reshape(-1)).view(n, self.n_step, -1)
             reward_n, steps = nstep_returns(reward, done, self.gamma)
             last = window[torch.arange(n), steps - 1]
-            values = {k: ring.gather(k, last if k[0] == "next" else index) for k in ring.schema.entries}
+            values = ring.gather_keys(index, "root")
+            values.update(ring.gather_keys(last, "next"))
             values[("next", "reward")] = reward_n
             values[("steps_to_next_obs",)] = steps.unsqueeze(-1)
         if self.frame_stack is not None:
@@ -312,8 +313,10 @@ class TransitionReplayBuffer:
         priority_np = check_priorities(priority)
         if priority_np.size != index_np.size:
             raise ReplayError(f"priority has {priority_np.size} values for {index_np.size} indices")
+        if index_np.size and (index_np.min() < 0 or index_np.max() >= self.ring.capacity):
+            raise ReplayError(f"index out of range [0, {self.ring.capacity}) in priority update")
         with self.ring.store.lock():
-            self.sampler.update(index_np, priority_np)
+            self.sampler.update(index_np, priority_np, checked=True)
 
     # ---------------------------------------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:

@@ -72,7 +72,7 @@ class PrioritizedSampler(Sampler):
 
     def __init__(self, max_capacity: int | None = None, *, alpha: float = 0.6, beta_init: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int = 1, eps: float = 1e-6,
-                 default_priority: float | None = None, branching: int = 32, seed: int | None = None) -> None:
+                 default_priority: float | None = None, branching: int = 16, seed: int | None = None) -> None:
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
         if beta_init < 0 or beta_final < 0:
@@ -118,9 +118,14 @@ class PrioritizedSampler(Sampler):
         else:
             mode = "w+" if create else "r+"
             d = self._directory
-            self._raw = np.memmap(d / "priority_raw.f64", dtype=np.float64, mode=mode, shape=(self.capacity,))
-            tree_storage = np.memmap(d / "priority_tree.f64", dtype=np.float64, mode=mode, shape=(tree_size,))
-            self._scalars = np.memmap(d / "priority_scalars.f64", dtype=np.float64, mode=mode, shape=(2,))
+            # plain ndarray views of the memmaps: np.memmap's Python __getitem__/__array_finalize__ would cost
+            # ~10 us on every tree access
+            self._raw = np.memmap(d / "priority_raw.f64", dtype=np.float64, mode=mode,
+                                  shape=(self.capacity,)).view(np.ndarray)
+            tree_storage = np.memmap(d / "priority_tree.f64", dtype=np.float64, mode=mode,
+                                     shape=(tree_size,)).view(np.ndarray)
+            self._scalars = np.memmap(d / "priority_scalars.f64", dtype=np.float64, mode=mode,
+                                      shape=(2,)).view(np.ndarray)
             if create:
                 self._scalars[:] = [0.0, 1.0]
         self._tree = SumTree(self.capacity, self.branching, tree_storage)
@@ -201,11 +206,14 @@ class PrioritizedSampler(Sampler):
         """Make ``index`` unsampleable (its raw priority is kept)."""
         self._tree.update(index, 0.0)
 
-    def update(self, index: np.ndarray, priority: np.ndarray) -> None:
-        """Set new priorities for ``index``; leaves that are currently invalid stay invalid."""
+    def update(self, index: np.ndarray, priority: np.ndarray, checked: bool = False) -> None:
+        """Set new priorities for ``index``; leaves that are currently invalid stay invalid.
+
+        ``checked=True`` skips validation the caller already did (:func:`check_priorities`, index range).
+        """
         index = np.asarray(index, dtype=np.int64).reshape(-1)
-        raw = np.broadcast_to(check_priorities(priority), index.shape)
-        if index.size and (index.min() < 0 or index.max() >= self.capacity):
+        raw = priority if checked else np.broadcast_to(check_priorities(priority), index.shape)
+        if not checked and index.size and (index.min() < 0 or index.max() >= self.capacity):
             raise ReplayError(f"index out of range [0, {self.capacity}) in priority update")
         self._track_max(raw)
         live = self._tree.leaves[index] > 0
@@ -213,7 +221,7 @@ class PrioritizedSampler(Sampler):
         self._tree.update(index[live], (raw[live] + self.eps) ** self.alpha)
 
     def _track_max(self, raw: np.ndarray) -> None:
-        if raw.size:
+        if self._default_priority is None and raw.size:
             self._scalars[_MAX_PRIORITY] = max(float(self._scalars[_MAX_PRIORITY]), float(raw.max()))
 
     def draw_leaves(self, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -300,8 +300,7 @@ class SequenceReplayBuffer:
         n, L = stream.shape[0], self.seq_len
         times = start_no[:, None] * self.interval + np.arange(L)[None, :]
         index = torch.from_numpy(self.ring.flat_index(stream[:, None], times).reshape(-1))
-        values = {k: self.ring.gather(k, index).view(n, L, *shape)
-                  for k, (_, shape) in self.ring.schema.entries.items()}
+        values = {k: v.view(n, L, *v.shape[1:]) for k, v in self.ring.gather_keys(index).items()}
         state_index = torch.from_numpy(stream * self.starts_per_stream + start_no % self.starts_per_stream)
         states = {}
         for key in self.state_keys:

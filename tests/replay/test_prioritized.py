@@ -30,7 +30,7 @@ def _flat_buffer(tmp_path, n: int, **sampler_kwargs) -> TransitionReplayBuffer:
 
 def test_sum_tree_find_matches_prefix_sums():
     rng = np.random.default_rng(0)
-    for capacity, k in [(1, 2), (7, 2), (1000, 4), (5000, 32)]:
+    for capacity, k in [(1, 2), (7, 2), (300, 2), (1000, 4), (5000, 16), (70_000, 16)]:
         tree = SumTree(capacity, k)
         values = rng.random(capacity) * (rng.random(capacity) < 0.7)
         tree.update(np.arange(capacity), values)

@@ -1,0 +1,160 @@
+"""Replay-buffer throughput: tdrl buffers next to TorchRL's ``ReplayBuffer(LazyMemmapStorage)``, in one run.
+
+Data: HalfCheetah-sized transitions (observation 17 float32, action 6 float32, next observation, reward,
+done/terminated/truncated), written as collector batches ``[B=8, T=128]`` (1,024 transitions per extend; TorchRL gets
+the same batch flattened to ``[1024]``), sampled in batches of 256 transitions. Every buffer holds 1M transitions and
+is filled completely before timing, so the numbers are steady-state ring behaviour with resident pages.
+
+Rows (transitions per second, median of the repeats):
+
+* ``extend``: transitions written per second.
+* ``sample``: transitions sampled per second; for ``tdrl-prioritized`` each call also updates the batch's priorities
+  (sample + update, what a PER learner does); for ``tdrl-sequence`` a call draws 8 sequences of 32 steps.
+
+Targets (same run): tdrl-uniform extend >= 3x and sample >= 1.5x torchrl-uniform; tdrl-prioritized sample+update
+>= 0.5x torchrl-uniform sample.
+
+Usage: ``python benchmarks/replay.py [--quick] [--json PATH] [--capacity N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+B, T, BATCH = 8, 128, 256
+SEQ_B, WARMUP_T, SEQ_T, INTERVAL = 8, 8, 24, 32
+
+
+def make_batch(step: int, with_state: bool = False) -> TensorDict:
+    g = torch.Generator().manual_seed(step)
+    data = {
+        "observation": torch.randn(B, T, 17, generator=g),
+        "action": torch.randn(B, T, 6, generator=g),
+        "next": {
+            "observation": torch.randn(B, T, 17, generator=g),
+            "reward": torch.randn(B, T, 1, generator=g),
+            "done": torch.rand(B, T, 1, generator=g) < 0.001,
+            "terminated": torch.zeros(B, T, 1, dtype=torch.bool),
+            "truncated": torch.zeros(B, T, 1, dtype=torch.bool),
+        },
+    }
+    if with_state:
+        data["recurrent_state"] = {"h": torch.randn(B, T, 64, generator=g)}
+    return TensorDict(data, batch_size=[B, T])
+
+
+def rate(fn: Callable[[], int], seconds: float, repeats: int) -> float:
+    """Median over ``repeats`` of items/s, each repeat running ``fn`` (returns items done) for ``seconds``."""
+    fn()
+    results = []
+    for _ in range(repeats):
+        items, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            items += fn()
+        results.append(items / elapsed)
+    return statistics.median(results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short timings (< 1 minute in all)")
+    parser.add_argument("--json", metavar="PATH", help="write rows {buffer, op, per_s} to PATH")
+    parser.add_argument("--capacity", type=int, default=1_000_000)
+    args = parser.parse_args()
+    seconds, repeats = (0.4, 3) if args.quick else (2.0, 5)
+    torch.set_num_threads(1)
+
+    from torchrl.data import LazyMemmapStorage, ReplayBuffer
+
+    from tdrl.replay import PrioritizedSampler, SequenceReplayBuffer, TransitionReplayBuffer
+
+    root = tempfile.mkdtemp(prefix="tdrl-replay-bench-")
+    batches = [make_batch(i) for i in range(8)]
+    flat = [b.reshape(-1) for b in batches]
+    fills = -(-args.capacity // (B * T))
+    rows: list[dict] = []
+    try:
+        buffers = {
+            "torchrl-uniform": ReplayBuffer(storage=LazyMemmapStorage(args.capacity, scratch_dir=f"{root}/trl"),
+                                            batch_size=BATCH),
+            "tdrl-uniform": TransitionReplayBuffer(f"{root}/uni", args.capacity, seed=0),
+            "tdrl-prioritized": TransitionReplayBuffer(f"{root}/per", args.capacity, seed=0,
+                                                       sampler=PrioritizedSampler(alpha=0.6, beta_steps=10**6)),
+            "tdrl-sequence": SequenceReplayBuffer(f"{root}/seq", args.capacity, batch_T=SEQ_T, warmup_T=WARMUP_T,
+                                                  rnn_state_interval=INTERVAL,
+                                                  state_keys=[("recurrent_state", "h")], seed=0),
+        }
+        seq_batches = [make_batch(i, with_state=True) for i in range(8)]
+        rng = np.random.default_rng(0)
+        counter = iter(range(10**12))
+
+        def extend(name: str) -> Callable[[], int]:
+            rb = buffers[name]
+            source = flat if name == "torchrl-uniform" else seq_batches if name == "tdrl-sequence" else batches
+
+            def run() -> int:
+                rb.extend(source[next(counter) % len(source)])
+                return B * T
+
+            return run
+
+        def sample(name: str) -> Callable[[], int]:
+            rb = buffers[name]
+            if name == "torchrl-uniform":
+                return lambda: rb.sample().batch_size[0]
+            if name == "tdrl-prioritized":
+                def run() -> int:
+                    s = rb.sample(BATCH)
+                    rb.update_priority(s["index"], torch.from_numpy(rng.random(BATCH)))
+                    return BATCH
+                return run
+            if name == "tdrl-sequence":
+                return lambda: rb.sample(SEQ_B).numel()
+            return lambda: rb.sample(BATCH).batch_size[0]
+
+        for name in buffers:  # fill to capacity: steady-state ring writes and resident pages
+            fill = extend(name)
+            t0 = time.perf_counter()
+            for _ in range(fills):
+                fill()
+            print(f"filled {name} ({args.capacity:,} transitions) in {time.perf_counter() - t0:.1f}s", flush=True)
+        for op, factory in (("extend", extend), ("sample", sample)):
+            for name in buffers:
+                rows.append({"buffer": name, "op": op, "per_s": rate(factory(name), seconds, repeats)})
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    base = {r["op"]: r["per_s"] for r in rows if r["buffer"] == "torchrl-uniform"}
+    print(f"\nreplay throughput, transitions/s (capacity {args.capacity:,}, extend [{B},{T}], sample {BATCH}; "
+          f"load {os.getloadavg()[0]:.1f})")
+    print(f"{'buffer':<18} {'op':<8} {'per_s':>14} {'x torchrl':>10}")
+    for r in rows:
+        print(f"{r['buffer']:<18} {r['op']:<8} {r['per_s']:>14,.0f} {r['per_s'] / base[r['op']]:>9.2f}x")
+    get = {(r["buffer"], r["op"]): r["per_s"] for r in rows}
+    checks = [
+        ("tdrl-uniform extend >= 3x torchrl", get["tdrl-uniform", "extend"] / base["extend"], 3.0),
+        ("tdrl-uniform sample >= 1.5x torchrl", get["tdrl-uniform", "sample"] / base["sample"], 1.5),
+        ("tdrl-prioritized sample+update >= 0.5x torchrl sample",
+         get["tdrl-prioritized", "sample"] / base["sample"], 0.5),
+    ]
+    print()
+    for label, ratio, target in checks:
+        print(f"{'PASS' if ratio >= target else 'MISS'}  {label}: {ratio:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
