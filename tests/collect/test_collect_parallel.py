@@ -160,3 +160,36 @@ def test_action_server_worker_killed_between_batches():
     _assert_no_orphans(pids)
     with pytest.raises(RuntimeError, match="shut down"):
         c.collect()
+
+
+MAIN_SCRIPT = """
+import sys, time
+sys.path.insert(0, {helpers!r})
+from collect_helpers import StairsFactory
+from tdrl.collect import ParallelCollector
+if __name__ == "__main__":
+    c = ParallelCollector(StairsFactory(), None, batch_B=4, batch_T=10, n_workers=2)
+    c.collect()
+    print(*c.worker_pids, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_workers_exit_when_main_process_is_killed(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "main.py"
+    script.write_text(MAIN_SCRIPT.format(helpers=os.path.dirname(__file__)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not all(_gone(p) for p in pids):
+        time.sleep(0.05)
+    assert all(_gone(p) for p in pids)
