@@ -39,8 +39,22 @@ mask_key=("collector", "mask"), priority_key="priority", keys=None, exclude_keys
 
 ``buffer.update_priority(index, priority)`` or ``buffer.update_priority(sampled_td)`` (reads ``"td_error"``).
 
-``SequenceReplayBuffer(scratch_dir, capacity, *, warmup_T, batch_T, rnn_state_interval, ...)``: R2D1 sequences,
-see :mod:`tdrl.replay.sequence`.
+Frame de-duplication: ``TransitionReplayBuffer(..., frame_stack=FrameStack(n_frames=4, padding="zero"|"reset"))``
+stores stacked uint8 observations ``[B, T, 4, 84, 84]`` one frame per step (plus the final frame of each episode) and
+rebuilds ``observation`` and ``("next", "observation")`` stacks when sampling, at ~1.06/4 of the memory of the
+observation stacks alone. ``padding`` must match the environment's stacking (gymnasium's ``FrameStackObservation``
+default, used by ``tdrl.envs`` Atari presets, is ``"reset"``); a mismatch is detected at the first episode start.
+See :mod:`tdrl.replay.frames`.
+
+``SequenceReplayBuffer(scratch_dir, capacity, *, batch_T, warmup_T=0, lookahead_T=0, rnn_state_interval,
+state_keys, sampler=None, pri_eta=0.9, ...)``: R2D1 sequences ``[batch_B, warmup_T + batch_T + lookahead_T]``
+starting only at steps whose recurrent state was stored (every ``rnn_state_interval`` steps), with that state as the
+initial state (``sample(batch_B)``, ``update_priority(index, priority [batch_B] or td_error [batch_B, T])``). See
+:mod:`tdrl.replay.sequence`.
+
+``PrioritizedSampler(max_capacity=None, *, alpha=0.6, beta_init=0.4, beta_final=1.0, beta_steps=1, eps=1e-6,
+default_priority=None, seed=None)``: float64 sum-tree sampler (one per buffer; also usable as
+``torchrl.data.ReplayBuffer(storage, sampler=PrioritizedSampler(capacity, ...))``).
 
 Counters (shared by every process holding the buffer): ``write_count`` (transitions written), ``samples_drawn``
 (transitions sampled), ``len(buffer)`` (stored). An async trainer throttles on
@@ -49,7 +63,9 @@ Counters (shared by every process holding the buffer): ``write_count`` (transiti
 Sharing: pass the buffer to another process (pickle, e.g. as a ``multiprocessing`` argument); only paths travel,
 the other process maps the same files. One process extends, others sample; a lock-free seqlock on the write cursor
 redraws any sample whose slots were overwritten during the gather, so a half-written transition is never returned
-(see :mod:`tdrl.replay.storage`). Prioritized trees are updated under an ``flock``.
+(see :mod:`tdrl.replay.storage`). Prioritized trees are updated under an ``flock`` (taken once the buffer has been
+pickled). One writing process at a time; a writer killed in the middle of ``extend`` leaves the slots it was
+writing unsampleable until they are overwritten.
 
 Persistence (for ``tdrl.ckpt``):
 

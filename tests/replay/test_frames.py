@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from tdrl.replay import FrameStack, ReplayError, TransitionReplayBuffer
+from tdrl.replay import FrameStack, PrioritizedSampler, ReplayError, TransitionReplayBuffer
 
 F, H, W = 4, 84, 84
 
@@ -46,12 +46,13 @@ def _episodes(B: int, T: int, seed: int, padding: str, mean_len: int = 12):
     }, batch_size=[B, T])
 
 
-@pytest.mark.parametrize("padding,n_step", [("zero", 1), ("reset", 3)])
-def test_rebuilt_stacks_equal_naive_stacks(tmp_path, padding, n_step):
+@pytest.mark.parametrize("padding,n_step,prioritized", [("zero", 1, False), ("reset", 3, False), ("zero", 2, True)])
+def test_rebuilt_stacks_equal_naive_stacks(tmp_path, padding, n_step, prioritized):
     B, T, chunk = 2, 96, 24
     data = _episodes(B, T, seed=1, padding=padding)
     capacity = B * 40  # wraps: frames from overwritten steps must not leak into stacks
-    rb = TransitionReplayBuffer(tmp_path / "rb", capacity, n_step=n_step, gamma=0.9,
+    sampler = PrioritizedSampler(alpha=0.6, seed=0) if prioritized else None
+    rb = TransitionReplayBuffer(tmp_path / "rb", capacity, n_step=n_step, gamma=0.9, sampler=sampler,
                                 frame_stack=FrameStack(F, padding=padding, slack=0.25), seed=0)
     naive = TransitionReplayBuffer(tmp_path / "naive", capacity, n_step=n_step, gamma=0.9, seed=0)
     starts_seen = 0
@@ -62,6 +63,8 @@ def test_rebuilt_stacks_equal_naive_stacks(tmp_path, padding, n_step):
         n = rb.ready_count()
         # one step less at the new end (the next stack needs the next frame), F-1 less at the old end once wrapped
         assert n == naive.ready_count() - B * (1 + (F - 1) * (start + chunk > 40))
+        if prioritized:  # the tree holds exactly the sampleable starts
+            assert int((sampler.leaf_values(np.arange(capacity)) > 0).sum()) == n
         s = rb.sample(min(n, 64))
         b = s["index"] // rb.ring.time_capacity
         t = s["action"]
