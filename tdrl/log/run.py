@@ -43,6 +43,9 @@ partially filled log interval, and the replay buffer (``extra_writers``).
 
 Wall-time columns (:data:`WALL_TIME_COLUMNS` and any ``time/`` key) differ between runs; every other column of
 progress.csv is deterministic given the seed.
+
+One process owns a run directory (an ``flock`` on ``.lock``, released when the process dies): a second
+``Run.open`` on it fails while the first is alive. In distributed training only rank 0 opens the Run.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tdrl.ckpt import Checkpointer, CheckpointError, CheckpointInfo, PathWriter
 from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig
@@ -65,6 +68,7 @@ from tdrl.log.rundir import (
     check_writable,
     claim_run_dir,
     config_dict,
+    lock_run_dir,
     write_json_atomic,
 )
 from tdrl.log.sinks import ConsoleSink, Sink, make_tensorboard_sink
@@ -157,6 +161,8 @@ class Run:
         log_interval_steps: env frames between log rows (for :meth:`log_due`).
         checkpoint_interval_steps: env frames between checkpoints (for :meth:`checkpoint_due`).
         wandb_id: the W&B run id when W&B is on (recorded in checkpoints).
+        lock: the open lock file of the directory (:func:`tdrl.log.rundir.lock_run_dir`), released by
+            :meth:`close`.
     """
 
     def __init__(
@@ -172,6 +178,7 @@ class Run:
         log_interval_steps: int = 0,
         checkpoint_interval_steps: int = 0,
         wandb_id: str | None = None,
+        lock: IO[str] | None = None,
     ) -> None:
         self.dir = Path(directory)
         self.name = name
@@ -182,6 +189,7 @@ class Run:
         self.wandb_id = wandb_id
         self.last_checkpoint: CheckpointInfo | None = None
         self._debug_log = debug_log
+        self._lock = lock
         self._log_interval = log_interval_steps
         self._ckpt_interval = checkpoint_interval_steps
         self._position_known = not resumed  # a resumed run learns its position from load_checkpoint
@@ -218,7 +226,8 @@ class Run:
             tee: copy stdout/stderr into ``debug.log``.
 
         Raises:
-            tdrl.log.rundir.RunDirError: the directory cannot be created or written.
+            tdrl.log.rundir.RunDirError: the directory cannot be created or written, or another live process
+                has it open.
             tdrl.config.ConfigError: resuming a directory whose saved config differs (lists the keys), unless
                 ``run.force``.
             ValueError: a bad ``checkpoint.snapshot_mode``/``snapshot_gap`` or W&B mode.
@@ -229,16 +238,51 @@ class Run:
         cfg = config_dict(config)
         directory, resumed = claim_run_dir(run, name)
         check_writable(directory)
+        lock = lock_run_dir(directory)
+        try:
+            return cls._open_locked(
+                directory,
+                resumed,
+                lock,
+                config=cfg,
+                run=run,
+                logger=logger,
+                checkpoint=checkpoint,
+                name=name,
+                total_frames=total_frames,
+                sinks=sinks,
+                tee=tee,
+            )
+        except BaseException:
+            lock.close()
+            raise
+
+    @classmethod
+    def _open_locked(
+        cls,
+        directory: Path,
+        resumed: bool,
+        lock: IO[str],
+        *,
+        config: dict[str, Any],
+        run: RunConfig,
+        logger: LoggerConfig,
+        checkpoint: CheckpointConfig,
+        name: str,
+        total_frames: int | None,
+        sinks: Sequence[Sink],
+        tee: bool,
+    ) -> Run:
         diff: dict[str, tuple] = {}
         if resumed:
-            diff = check_resume_config(directory, cfg, force=run.force)
+            diff = check_resume_config(directory, config, force=run.force)
             if diff:  # forced: keep the config the run started with next to the new one
                 shutil.copy2(
                     directory / CONFIG_FILE,
                     directory / f"config.before-{time.strftime('%Y%m%d_%H%M%S')}.json",
                 )
-        write_json_atomic(directory / CONFIG_FILE, cfg)
-        write_json_atomic(directory / PARAMS_FILE, {**cfg, "name": name, "run_ID": run.seed})
+        write_json_atomic(directory / CONFIG_FILE, config)
+        write_json_atomic(directory / PARAMS_FILE, {**config, "name": name, "run_ID": run.seed})
         checkpointer = Checkpointer(
             directory / "checkpoints",
             snapshot_mode=checkpoint.snapshot_mode,
@@ -253,7 +297,7 @@ class Run:
             print(f"tdrl: {state} run {name!r} in {directory} ({stamp})", flush=True)
             if diff:
                 warnings.warn(
-                    f"run.force=true: resuming despite changes in {sorted(diff)}", stacklevel=2
+                    f"run.force=true: resuming despite changes in {sorted(diff)}", stacklevel=4
                 )
             bar_stream = debug_log.terminal_stderr if debug_log else None
             built.append(
@@ -264,7 +308,7 @@ class Run:
                     bar_stream=bar_stream,
                 )
             )
-            wandb_id = _add_wandb_sink(built, directory, logger, cfg, f"{name}-s{run.seed}")
+            wandb_id = _add_wandb_sink(built, directory, logger, config, f"{name}-s{run.seed}")
             if logger.tensorboard:
                 tb = make_tensorboard_sink(directory / "tensorboard")
                 if tb is not None:
@@ -286,6 +330,7 @@ class Run:
             log_interval_steps=logger.log_interval_steps,
             checkpoint_interval_steps=checkpoint.interval_steps or logger.log_interval_steps,
             wandb_id=wandb_id,
+            lock=lock,
         )
 
     # --- logging ------------------------------------------------------------------------------------------
@@ -559,6 +604,8 @@ class Run:
                 warnings.warn(f"closing {type(sink).__name__} failed: {e!r}", stacklevel=2)
         if self._debug_log is not None:
             self._debug_log.close()
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
 
     def __enter__(self) -> Run:
         return self

@@ -9,13 +9,14 @@ never share a directory.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tdrl.config import ConfigError, RunConfig, diff_configs
 
@@ -28,6 +29,7 @@ __all__ = [
     "check_writable",
     "claim_run_dir",
     "config_dict",
+    "lock_run_dir",
     "write_json_atomic",
 ]
 
@@ -114,6 +116,34 @@ def claim_run_dir(run: RunConfig, name: str, now: float | None = None) -> tuple[
             f"cannot create run directory under {where!r}: {e.strerror or e} ({e}); set run.root or run.dir "
             "to a writable location"
         ) from e
+
+
+def lock_run_dir(directory: Path) -> IO[str]:
+    """Take an exclusive lock on ``directory/.lock`` for as long as the returned file stays open.
+
+    Two processes writing one run directory (a requeued job starting while the old one still runs, the same
+    ``run.dir`` launched twice) would interleave rows and checkpoints. The lock is an ``flock``, so the kernel
+    releases it when its holder dies, even by SIGKILL.
+
+    Raises:
+        RunDirError: another live process holds the lock (the message gives its pid).
+    """
+    f = open(Path(directory) / ".lock", "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise RunDirError(
+            f"run directory {directory} is in use by another process ({holder}); wait for it to exit or "
+            "choose another run.dir"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    return f
 
 
 def check_writable(directory: Path) -> None:

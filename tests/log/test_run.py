@@ -166,6 +166,17 @@ def test_logging_on_resumed_run_before_load_warns_and_starts_over(tmp_path):
     assert len(read_progress(tmp_path / "r" / "progress.csv")[1]) == 1
 
 
+def test_a_live_run_directory_cannot_be_opened_twice(tmp_path):
+    cfg = apply_overrides(Cfg(), {"run.dir": str(tmp_path / "r")})
+    first = _open(cfg)
+    with pytest.raises(RunDirError, match=rf"in use by another process \(pid {os.getpid()} since"):
+        _open(cfg)
+    assert first.log({"x": 1.0}, step=1)["CumSteps"] == 1  # the failed open changed nothing
+    first.close()
+    second = _open(cfg)  # released on close (and by the kernel when a process dies, see tests/ckpt)
+    second.close()
+
+
 def test_snapshot_mode_none_writes_nothing(tmp_path):
     cfg = apply_overrides(
         Cfg(), {"run.dir": str(tmp_path / "r"), "checkpoint.snapshot_mode": "none"}
