@@ -2,10 +2,11 @@
 
 Each worker runs the same loop as :class:`~tdrl.collect.SerialCollector` over its slice and writes straight into
 a preallocated shared-memory ``[B, T]`` TensorDict; the main process only hands out one command per batch and
-collects the finished episodes. Before every batch the main process copies the policy's current parameters and
-buffers into a shared-memory TensorDict (rlpyt's ``sync_shared_memory``) and workers load them when they
-changed, so weights updated by the trainer are used from the next batch on (``update_policy_weights_()`` does
-the same copy on demand, with optional explicit weights).
+collects the finished episodes. Before every batch the main process copies the policy's parameters and buffers into
+shared memory if they changed in place (optimizer steps, ``load_state_dict``: checked through tensor version
+counters; rlpyt's ``sync_shared_memory``) and workers load them when they changed, so weights updated by the
+trainer are used from the next batch on. ``update_policy_weights_()`` forces the copy (call it if you replaced
+parameter tensors instead of updating them, or to pass explicit weights).
 
 Same seed + deterministic policy ⇒ the same batches as the serial collector (per-env seeds do not depend on
 which worker steps the env). Stochastic policies sample from a per-worker torch generator seeded from the
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.batch import allocate_batch
@@ -34,7 +35,7 @@ from tdrl.collect.common import (
     sorted_infos,
     to_interaction_type,
 )
-from tdrl.collect.policy import PolicyStep
+from tdrl.collect.policy import PolicyStep, module_tensors
 from tdrl.collect.runner import OBS_KEYS
 from tdrl.collect.stepping import make_step_td
 from tdrl.collect.traj_info import unpack_entries
@@ -101,7 +102,8 @@ class ParallelCollector:
             template = PolicyStep(
                 worker_policy, self.step_td.select(*OBS_KEYS).clone(), exploration_type=self._exploration
             ).out_template
-            self._weights = TensorDict.from_module(worker_policy).data.clone().share_memory_()
+            self._weights = [t.detach().clone().share_memory_() for t in module_tensors(worker_policy)]
+            self._bind_weights()
         else:
             template = random_action_template(specs, batch_B)
             self._weights = None
@@ -149,9 +151,27 @@ class ParallelCollector:
     def exploration_type(self, value: InteractionType | str | None) -> None:
         self._exploration_arg = to_interaction_type(value, None)
 
-    def _sync_weights(self) -> None:
-        if self._weights is not None and self.policy is not None:
-            self._weights.update_(TensorDict.from_module(self.policy).data)
+    def _bind_weights(self) -> None:
+        """(Re)read the policy's parameter and buffer tensors (after they were replaced, not updated in place)."""
+        self._live = module_tensors(self.policy)
+        if [t.shape for t in self._live] != [t.shape for t in self._weights]:
+            raise ValueError("the policy's parameters no longer match the workers' copy (shapes changed)")
+        self._signature: list[int] | None = None
+
+    def _sync_weights(self, force: bool = False) -> None:
+        """Copy the policy's tensors into shared memory if any changed in place since the last copy.
+
+        In-place updates (optimizer steps, ``load_state_dict``) bump tensor version counters, so checking them
+        costs ~1 µs per tensor instead of a full copy every batch.
+        """
+        if self._weights is None:
+            return
+        signature = [t._version for t in self._live]
+        if force or signature != self._signature:
+            with torch.no_grad():
+                for shared, live in zip(self._weights, self._live):
+                    shared.copy_(live)
+            self._signature = signature
             self._version += 1
 
     def collect(self) -> TensorDictBase:
@@ -184,7 +204,8 @@ class ParallelCollector:
             return
         if policy_or_weights is not None and policy_or_weights is not self.policy:
             load_weights(self.policy, policy_or_weights)
-        self._sync_weights()
+        self._bind_weights()
+        self._sync_weights(force=True)
 
     @property
     def worker_pids(self) -> list[int]:

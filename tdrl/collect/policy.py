@@ -41,7 +41,7 @@ from tensordict.nn import (
 )
 from tensordict.utils import NestedKey, unravel_key
 
-__all__ = ["PolicyStep", "policy_device"]
+__all__ = ["PolicyStep", "module_tensors", "policy_device"]
 
 Env = dict[NestedKey, torch.Tensor]
 Plan = Callable[[Env], None]
@@ -58,6 +58,11 @@ def policy_device(policy: torch.nn.Module | None) -> torch.device:
         for tensor in policy.buffers():
             return tensor.device
     return torch.device("cpu")
+
+
+def module_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Parameters then buffers, in a fixed order (the same for a module and its deep copy)."""
+    return [*module.parameters(), *module.buffers()]
 
 
 def _keys(keys: Any) -> list[NestedKey]:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.common import CollectorError
@@ -57,7 +57,7 @@ class WorkerSpec:
     game_score: bool
     max_decorrelation_steps: int
     policy: TensorDictModuleBase | None = None
-    shared_weights: TensorDictBase | None = None
+    shared_weights: list[torch.Tensor] | None = None
     exploration_type: InteractionType = InteractionType.RANDOM
     fast_policy: bool = True
     transform: Any = None
@@ -99,6 +99,7 @@ class _ParentWatch:
 
 def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of a worker process: build the slice, then serve commands until ``close``."""
+    from tdrl.collect.policy import module_tensors
     from tdrl.collect.runner import SliceRunner  # imported here: spawn children import as little as possible
 
     torch.set_num_threads(1)
@@ -123,7 +124,7 @@ def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
             transform=spec.transform,
         )
         local_weights = (
-            TensorDict.from_module(spec.policy).data if spec.policy is not None and spec.shared_weights is not None else None
+            module_tensors(spec.policy) if spec.policy is not None and spec.shared_weights is not None else None
         )
         version = -1
         conn.send(("ready", os.getpid()))
@@ -133,7 +134,9 @@ def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
             if kind == "collect":
                 _, new_version, exploration = cmd
                 if local_weights is not None and new_version != version:
-                    local_weights.update_(spec.shared_weights)
+                    with torch.no_grad():
+                        for local, shared in zip(local_weights, spec.shared_weights):
+                            local.copy_(shared)
                     version = new_version
                 if runner.policy_step is not None and exploration is not None:
                     runner.policy_step.exploration_type = exploration
