@@ -45,9 +45,9 @@ class CollectorConfig:
     """Collector: serial (one process), parallel (CPU workers), action_server (workers step, main process acts)."""
     n_workers: int = 2
     """Worker processes of the parallel/action_server collectors (must divide batch_B)."""
-    batch_B: int = 16
+    batch_B: int = 8
     """Environments stepped together (rlpyt batch_B; the batch's first dim)."""
-    batch_T: int = 8
+    batch_T: int = 5
     """Time steps per env per iteration, i.e. per gradient step (rlpyt batch_T)."""
     total_frames: int = 500_000
     """Env frames to train for (rlpyt n_steps; rounded up to a whole log interval)."""
@@ -97,11 +97,11 @@ class LossConfig:
 class OptimConfig:
     name: Literal["adam", "rmsprop"] = "rmsprop"
     """Optimizer: rmsprop (alpha 0.99, as A3C/SB3) or adam (rlpyt's default)."""
-    lr: float = 1e-3
+    lr: float = 7e-4
     """Learning rate (start value when decayed)."""
     eps: float = 1e-5
     """Optimizer epsilon."""
-    linear_decay: bool = True
+    linear_decay: bool = False
     """Decay the learning rate linearly to 0 over the run."""
     max_grad_norm: float = 0.5
     """Gradient norm clip (rlpyt clip_grad_norm)."""

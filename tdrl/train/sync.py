@@ -234,11 +234,9 @@ class SyncTrainer:
                 self._evaluate()
                 self._log()  # rlpyt's MinibatchRlEval logs the untrained agent at iteration 0
             batches = iter(self.collector)
-            first = True
             while self.itr < self.n_itr and not self.stopped_early:
-                if not first:
-                    self.collector.update_policy_weights_()
-                first = False
+                # weights reach the collector's workers before every batch, also the first one after a resume
+                self.collector.update_policy_weights_()
                 batch = next(batches)
                 self.frames += batch.numel()
                 trajs = new_episodes(self.collector)

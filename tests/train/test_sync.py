@@ -110,7 +110,7 @@ def test_loop_counts_frames_iterations_and_weight_syncs():
         trainer.record({"loss_x": torch.tensor(1.0)}, updates=2)
     assert trainer.n_itr == 12 and seen == list(range(12))  # 10 itr rounded up to a multiple of 3
     assert trainer.frames == 120 and trainer.updates == 24 and trainer.itr == 12
-    assert collector.weight_syncs == 11  # before every batch but the first
+    assert collector.weight_syncs == 12  # before every batch
     assert collector.shutdowns == 1
     assert [row["iteration"] for row in trainer.history] == [3, 6, 9, 12]
     assert trainer.history[0]["loss/x_mean"] == 1.0 and trainer.history[0]["loss/x_std"] == 0.0
