@@ -21,6 +21,22 @@ API (TorchRL collector protocol)::
 * rlpyt's ``samples[t, b]`` is ``batch[b, t]``: ``batch_B`` is the first dim, ``batch_T`` the second.
 * ``traj_infos``: ``{"Length", "Return", "NonzeroRewards", "DiscountedReturn"}`` (+ ``"GameScore"`` on Atari)
   per episode finished during the last batch, computed on the env's raw reward.
+
+Kinds (``make_collector(kind, ...)``; each class is also built directly with keyword arguments):
+
+==================  ===========================================================================================
+``serial``          :class:`SerialCollector` — one process, ``breakpoint()`` works; the debugging twin.
+``parallel``        :class:`ParallelCollector` — ``n_workers`` processes, each stepping ``B/W`` envs with its own
+                    CPU policy copy, writing a shared-memory batch (rlpyt's CpuSampler). Fastest on CPU.
+``action_server``   :class:`ActionServerCollector` — workers step envs; one batched forward per step in this
+                    process on the policy's device (rlpyt's GpuSampler).
+``alternating``     :class:`ActionServerCollector` with ``alternating=True`` — two worker groups so stepping and
+                    inference overlap (rlpyt's AlternatingSampler).
+``torchrl``         :class:`TorchRLCollector` — TorchRL's ``Collector``/``MultiSyncCollector`` behind this API.
+==================  ===========================================================================================
+
+Same seed + deterministic policy ⇒ every tdrl kind yields exactly the serial collector's batches.
+:class:`EvalCollector` runs greedy evaluations on its own envs (``evaluate()`` → TrajInfos).
 """
 
 from tdrl.collect.action_server import ActionServerCollector

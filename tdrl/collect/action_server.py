@@ -101,7 +101,7 @@ class ActionServerCollector:
         if policy is not None:
             self.policy_steps = [
                 PolicyStep(policy, self.step_td[lo:hi].select(*OBS_KEYS).clone(), exploration_type=exploration,
-                           fast=fast_policy)
+                           fast=fast_policy, env_offset=lo)
                 for lo, hi in self.groups
             ]
             template = PolicyStep(policy, self.step_td.select(*OBS_KEYS).clone(), exploration_type=exploration).out_template

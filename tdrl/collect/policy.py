@@ -21,6 +21,10 @@ writes ``("next", "recurrent_state", "h")``. Any policy ``in_key`` that is neith
 ``is_init`` and whose ``("next", key)`` the policy writes is treated as recurrent state: :class:`PolicyStep`
 keeps it per env, feeds it back every step and zeroes an env's state when ``is_init`` marks the first step of a
 new episode.
+
+A policy may also read ``("collector", "env_index")``: the ``[n]`` int64 global indices of the envs it acts for
+(e.g. to pick each env's epsilon from a per-env vector, as rlpyt's vector epsilon-greedy does, which then also
+works when a worker's policy copy sees only its ``B/W`` envs).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ Plan = Callable[[Env], None]
 
 OBS_KEY = "observation"
 INIT_KEY = "is_init"
+ENV_INDEX_KEY = ("collector", "env_index")
 
 
 def policy_device(policy: torch.nn.Module | None) -> torch.device:
@@ -144,6 +149,7 @@ class PolicyStep:
         exploration_type: TorchRL exploration type the policy runs under (RANDOM for training, DETERMINISTIC
             for evaluation); can be changed between batches via :attr:`exploration_type`.
         fast: allow the compiled fast path (checked against the policy's own forward).
+        env_offset: global index of the first env (``("collector", "env_index")`` input).
 
     Attributes:
         out_template: ``[n]`` TensorDict of everything the collector stores from the policy: its outputs and the
@@ -159,6 +165,7 @@ class PolicyStep:
         *,
         exploration_type: InteractionType = InteractionType.RANDOM,
         fast: bool = True,
+        env_offset: int = 0,
     ) -> None:
         if not isinstance(policy, TensorDictModuleBase):
             raise TypeError(
@@ -174,14 +181,18 @@ class PolicyStep:
         in_keys = _keys(policy.in_keys)
         out_keys = set(_keys(policy.out_keys))
         self.reads_init = INIT_KEY in in_keys
+        self.env_index = (
+            torch.arange(env_offset, env_offset + self.n, device=self.device) if ENV_INDEX_KEY in in_keys else None
+        )
+        provided = (OBS_KEY, INIT_KEY, ENV_INDEX_KEY)
         self.recurrent_keys: list[NestedKey] = [
-            k for k in in_keys if k not in (OBS_KEY, INIT_KEY) and unravel_key(("next", k)) in out_keys
+            k for k in in_keys if k not in provided and unravel_key(("next", k)) in out_keys
         ]
-        missing = [k for k in in_keys if k not in (OBS_KEY, INIT_KEY) and k not in self.recurrent_keys]
+        missing = [k for k in in_keys if k not in provided and k not in self.recurrent_keys]
         if missing:
             raise KeyError(
                 f"policy reads {missing}, which the collector does not provide: a policy sees 'observation', "
-                "'is_init' and recurrent state keys K it writes back as ('next', K)"
+                "'is_init', ('collector', 'env_index') and recurrent state keys K it writes back as ('next', K)"
             )
         self.state = self._initial_state(example)
         inputs = self._inputs(example[OBS_KEY], example[INIT_KEY])
@@ -221,6 +232,8 @@ class PolicyStep:
         env: Env = {OBS_KEY: obs}
         if self.reads_init:
             env[INIT_KEY] = is_init
+        if self.env_index is not None:
+            env[ENV_INDEX_KEY] = self.env_index
         for key, value in self.state.items():
             env[key] = value
         return env

@@ -81,7 +81,13 @@ class SliceRunner:
             self.obs = rows.get("observation")
             self.is_init = rows.get("is_init")
             self.policy_step = (
-                PolicyStep(policy, rows.select(*OBS_KEYS).clone(), exploration_type=exploration_type, fast=fast_policy)
+                PolicyStep(
+                    policy,
+                    rows.select(*OBS_KEYS).clone(),
+                    exploration_type=exploration_type,
+                    fast=fast_policy,
+                    env_offset=lo,
+                )
                 if policy is not None
                 else None
             )

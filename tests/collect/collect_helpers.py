@@ -148,3 +148,15 @@ def counter_policy() -> TensorDictModule:
         in_keys=["observation", ("recurrent_state", "h")],
         out_keys=["action", ("next", "recurrent_state", "h")],
     )
+
+
+class EnvIndexAction(torch.nn.Module):
+    """Action = global env index mod 2; also writes the index it saw."""
+
+    def forward(self, obs: torch.Tensor, env_index: torch.Tensor):
+        return env_index % 2, env_index.clone()
+
+
+def env_index_policy() -> TensorDictModule:
+    return TensorDictModule(EnvIndexAction(), in_keys=["observation", ("collector", "env_index")],
+                            out_keys=["action", "seen_env_index"])

@@ -9,7 +9,14 @@ import time
 
 import pytest
 import torch
-from collect_helpers import ConstantAction, StairsFactory, SuicideFactory, counter_policy, mlp_policy
+from collect_helpers import (
+    ConstantAction,
+    StairsFactory,
+    SuicideFactory,
+    counter_policy,
+    env_index_policy,
+    mlp_policy,
+)
 from tensordict.nn import TensorDictModule
 
 from tdrl.collect import CollectorError, make_collector
@@ -84,6 +91,16 @@ def test_wait_reset_recurrent_action_server_equals_serial():
     assert got[1]["is_init"][:, 0].all()
     assert torch.equal(h[second_mask], got[1]["observation"][..., 0][second_mask])
     assert h[~second_mask].eq(0).all()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["serial", "parallel", "alternating"])
+def test_policy_sees_global_env_index(kind):
+    """A policy reading ("collector", "env_index") gets each env's global index, whichever process runs it."""
+    with make_collector(kind, StairsFactory(), env_index_policy(), batch_B=4, batch_T=3, n_workers=2) as c:
+        batch = c.collect()
+    assert torch.equal(batch["seen_env_index"], torch.arange(4)[:, None].expand(4, 3))
+    assert torch.equal(batch["action"], batch["seen_env_index"] % 2)
 
 
 @pytest.mark.timeout(90)
