@@ -9,7 +9,7 @@ install:
 	$(PIP) install -q -e ".[dev]"
 
 demo: install
-	WANDB_MODE=offline $(PY) recipes/ppo.py collector.total_frames=60000
+	$(PY) recipes/ppo.py logger.wandb_mode=offline
 
 test: install
 	$(PY) -m pytest -q
