@@ -163,12 +163,17 @@ class ActionServerCollector:
         pool = self._pool
         if pool is None or pool._closed:
             raise RuntimeError("collector is shut down")
-        if not self.policy_steps:
-            pool.send(("collect", 0, None))
-        else:
-            pool.send(("serve",))
-            self._serve(pool)
-        replies = pool.gather("done")
+        try:
+            if not self.policy_steps:
+                pool.send(("collect", 0, None))
+            else:
+                pool.send(("serve",))
+                self._serve(pool)
+            replies = pool.gather("done")
+        except BaseException:
+            # A policy error, Ctrl-C or a worker failure mid-batch leaves the per-step handshake out of step.
+            self.shutdown()
+            raise
         self.traj_infos = sorted_infos([entry for reply in replies for entry in unpack_entries(reply[1])])
         self.budget.count()
         if self.return_same_td and self.device.type == "cpu":

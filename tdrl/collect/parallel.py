@@ -179,9 +179,14 @@ class ParallelCollector:
         pool = self._pool
         if pool is None or pool._closed:
             raise RuntimeError("collector is shut down")
-        self._sync_weights()
-        pool.send(("collect", self._version, active_exploration(self._exploration_arg)))
-        replies = pool.gather("done")
+        try:
+            self._sync_weights()
+            pool.send(("collect", self._version, active_exploration(self._exploration_arg)))
+            replies = pool.gather("done")
+        except BaseException:
+            # Interrupted mid-batch (Ctrl-C, a worker failure): workers and main are out of step; stop them.
+            self.shutdown()
+            raise
         self.traj_infos = sorted_infos([entry for reply in replies for entry in unpack_entries(reply[1])])
         self.budget.count()
         if self.return_same_td and self.device.type == "cpu":

@@ -210,3 +210,24 @@ def test_workers_exit_when_main_process_is_killed(tmp_path):
     while time.monotonic() < deadline and not all(_gone(p) for p in pids):
         time.sleep(0.05)
     assert all(_gone(p) for p in pids)
+
+
+@pytest.mark.timeout(60)
+def test_action_server_policy_error_shuts_down_cleanly():
+    class Boom(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, obs):
+            self.calls += 1
+            if self.calls > 5:
+                raise RuntimeError("policy exploded")
+            return torch.zeros(obs.shape[0], dtype=torch.long)
+
+    c = make_collector("action_server", StairsFactory(), TensorDictModule(Boom(), ["observation"], ["action"]),
+                       batch_B=4, batch_T=20, n_workers=2, fast_policy=False)
+    pids = c.worker_pids
+    with pytest.raises(RuntimeError, match="policy exploded"):
+        c.collect()
+    _assert_no_orphans(pids)
