@@ -201,18 +201,21 @@ class StreamRing:
             target[:, : steps - first].copy_(value[:, first:])
 
     def write_columns(self, columns: dict[tuple[str, ...], torch.Tensor], start: int) -> None:
-        """Write every schema key of a checked batch (the slot arithmetic is shared: this is the extend hot path)."""
+        """Write every schema key of a checked batch: one ``torch.cat(..., out=)`` per packed group straight into the
+        ring (half the cost of a strided ``copy_`` per key; this is the extend hot path)."""
         steps = next(iter(columns.values())).shape[1]
         slot = start % self.time_capacity
         first = min(steps, self.time_capacity - slot)
-        fields = self.fields
-        if first == steps:
-            for key, value in columns.items():
-                fields[key].narrow(1, slot, steps).copy_(value)
-            return
-        for key, value in columns.items():
-            fields[key].narrow(1, slot, first).copy_(value.narrow(1, 0, first))
-            fields[key].narrow(1, 0, steps - first).copy_(value.narrow(1, first, steps - first))
+        lead = (self.num_streams, steps)
+        for group, members in self.groups.items():
+            parts = [columns[key].reshape(*lead, size) for key, _, size, _ in members]
+            target = self.store.fields[group]
+            if first == steps:
+                torch.cat(parts, dim=-1, out=target.narrow(1, slot, steps))
+            else:
+                torch.cat([p.narrow(1, 0, first) for p in parts], dim=-1, out=target.narrow(1, slot, first))
+                torch.cat([p.narrow(1, first, steps - first) for p in parts], dim=-1,
+                          out=target.narrow(1, 0, steps - first))
 
     # ----------------------------------------------------------------------------------------- time bookkeeping
     @property

@@ -80,15 +80,14 @@ class BatchSchema:
             ReplayError: a key is missing or unexpected, or a tensor has the wrong dtype or shape.
         """
         out = {}
-        nodes: dict[tuple[str, ...], Any] = {(): batch}
+        # one to_dict() (a nested dict of the same tensors, no copies) and plain dict lookups: 3x cheaper than a
+        # TensorDict.get per key, which was the largest cost of extend
+        tree = batch.to_dict()
         for key, (dtype, shape) in self.entries.items():
-            # walk sub-TensorDicts once per prefix with str keys: ~3x cheaper than batch.get(tuple) per key
-            parent = key[:-1]
-            node = nodes.get(parent)
-            if node is None:
-                node = nodes[parent] = batch.get(parent, None) if parent else batch
-            value = node.get(key[-1], None) if node is not None else None
-            if value is None:
+            value = tree
+            for part in key:
+                value = value.get(part) if isinstance(value, dict) else None
+            if not isinstance(value, torch.Tensor):
                 raise ReplayError(f"batch is missing key {key_name(key)!r} that this buffer stores")
             if value.dtype != dtype:
                 raise ReplayError(f"key {key_name(key)!r} has dtype {value.dtype}, the buffer stores {dtype}")
@@ -98,16 +97,16 @@ class BatchSchema:
                                   f"per-step shape {tuple(shape)})")
             out[key] = value
         if self.strict:
-            self._check_no_extra(batch, nodes)
+            self._check_no_extra(tree)
         return out
 
-    def _check_no_extra(self, batch: TensorDictBase, nodes: dict[tuple[str, ...], Any]) -> None:
+    def _check_no_extra(self, tree: dict[str, Any]) -> None:
         for prefix, names in self._groups.items():
-            node = nodes.get(prefix)
-            if node is None:
-                node = batch.get(prefix)
-            if len(node.keys()) != len(names):
-                extra = sorted(n for n in set(node.keys()) - names if not self._is_ignored(prefix + (n,)))
+            node = tree
+            for part in prefix:
+                node = node[part]
+            if len(node) != len(names):
+                extra = sorted(n for n in set(node) - names if not self._is_ignored(prefix + (n,)))
                 if extra:
                     raise ReplayError(f"batch has key {key_name(prefix + (extra[0],))!r} that this buffer does "
                                       f"not store (stored keys are fixed by the first batch; pass keys=[...] to "
