@@ -99,11 +99,11 @@ class FrameStack:
                 raise ReplayError(f"key {key_name(key)!r} has dtype {value.dtype}, the buffer stores {dtype}")
             if tuple(value.shape) != expected:
                 raise ReplayError(f"key {key_name(key)!r} has shape {tuple(value.shape)}, expected {expected}")
-        obs, next_obs = batch.get(self.key), batch.get(self.next_key)
+        obs, next_obs = batch.get(self.key).cpu(), batch.get(self.next_key).cpu()
         done = batch.get(("next", "done"), None)
         if done is None:
             raise ReplayError("frame stacking needs ('next', 'done') to find episode boundaries")
-        done = done.reshape(B, steps).numpy()
+        done = done.reshape(B, steps).cpu().numpy()
         start = self._episode_starts(ring, batch, done, steps)
         offset = self._offsets(ring, start, steps)
         if not self._checked_padding:
@@ -125,7 +125,7 @@ class FrameStack:
     def _episode_starts(self, ring: Any, batch: TensorDictBase, done: np.ndarray, steps: int) -> np.ndarray:
         is_init = batch.get("is_init", None)
         if is_init is not None:
-            return is_init.reshape(ring.num_streams, steps).numpy().astype(bool)
+            return is_init.reshape(ring.num_streams, steps).cpu().numpy().astype(bool)
         previous = np.ones((ring.num_streams, 1), dtype=bool)
         write_done = ring.write_done
         if write_done > 0:  # the last done flag already stored, one per stream

@@ -95,7 +95,8 @@ class BatchSchema:
                 raise ReplayError(f"key {key_name(key)!r} has shape {tuple(value.shape)}, expected "
                                   f"{tuple(batch_shape) + tuple(shape)} (batch dims {tuple(batch_shape)} + "
                                   f"per-step shape {tuple(shape)})")
-            out[key] = value
+            # batches from a GPU collector are stored in CPU memory (replay never holds device copies)
+            out[key] = value if value.device.type == "cpu" else value.to("cpu")
         if self.strict:
             self._check_no_extra(tree)
         return out

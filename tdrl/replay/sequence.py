@@ -183,7 +183,7 @@ class SequenceReplayBuffer:
                 raise ReplayError(f"key {key_name(key)!r} has dtype {value.dtype} and per-step shape "
                                   f"{tuple(value.shape[2:])}, the buffer stores {target.dtype} "
                                   f"{tuple(target.shape[2:])}")
-            states[key] = value
+            states[key] = value.cpu()
         priority = self._input_priority(batch, steps)
         start = self.ring.store.begin_write(steps)
         first = (-start) % self.interval  # first step of this batch at a state boundary

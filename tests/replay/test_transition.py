@@ -156,3 +156,12 @@ def test_samples_feed_torchrl_losses(tmp_path):
     loss.make_value_estimator(gamma=0.9)
     out = loss(rb.sample(32))
     assert torch.isfinite(out["loss"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batches_are_stored_on_cpu(tmp_path):
+    rb = TransitionReplayBuffer(tmp_path / "rb", 100, n_step=2, seed=0)
+    rb.extend(make_stream(2, 20).to("cuda"))
+    s = rb.sample(8)
+    assert s["observation"].device.type == "cpu"
