@@ -9,6 +9,7 @@ minibatches split envs rather than steps (rlpyt). Defaults solve CartPole-v1 (ev
     python recipes/ppo.py                                             # CartPole-v1
     python recipes/ppo.py collector.kind=parallel collector.n_workers=2
     python recipes/ppo.py model.lstm=true                             # recurrent PPO
+    python recipes/ppo.py trainer.kind=ddp trainer.world_size=2       # data-parallel: 2 replicas, gradients averaged
     python recipes/ppo.py --help                                      # every key
 
 HalfCheetah-v5 (benchmark, not CI) with observation normalisation::
@@ -37,7 +38,8 @@ from tdrl.models import make_actor_critic, make_recurrent_actor_critic
 from tdrl.objectives.advantage import GAE
 from tdrl.objectives.schedules import LinearSchedule
 from tdrl.objectives.update import Updater
-from tdrl.train import SyncTrainer
+from tdrl.train import TrainerConfig, check_trainer, launch_data_parallel, make_trainer
+from tdrl.utils.distributed import is_distributed, is_main_process, rank_seed
 from tdrl.utils.seeding import seed_everything
 
 
@@ -144,12 +146,18 @@ class Config:
     """Snapshots and resume."""
     stop_return: float | None = None
     """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """sync, or ddp (trainer.kind=ddp trainer.world_size=2: one replica per process, gradients all-reduced)."""
 
 
 def main(cfg: Config) -> dict:
+    check_trainer(cfg.trainer, on_policy=True, device=cfg.run.device)  # before any process starts
+    if cfg.trainer.kind == "ddp" and not is_distributed():  # start the ranks; each runs main(cfg)
+        return launch_data_parallel(main, cfg, world_size=cfg.trainer.world_size, backend=cfg.trainer.backend,
+                                    device=cfg.run.device)
     # --- Build ----------------------------------------------------------------------------------------------
     torch.set_num_threads(cfg.run.torch_threads)
-    seed_everything(cfg.run.seed)
+    seed_everything(rank_seed(cfg.run.seed))  # data-parallel ranks > 0 get their own streams
     device = torch.device(cfg.run.device)
     env_factory = EnvFactory(cfg.env.id)
     specs = env_factory.specs()  # checks the action space against model.distribution before any collector starts
@@ -168,21 +176,22 @@ def main(cfg: Config) -> dict:
                       max_grad_norm=cfg.optim.max_grad_norm)
 
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="ppo",
-                   total_frames=cfg.collector.total_frames)
+                   total_frames=cfg.collector.total_frames) if is_main_process() else None
     collector = make_collector(cfg.collector.kind, env_factory, ac.actor, batch_B=cfg.collector.batch_B,
                                batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
-                               seed=cfg.run.seed, discount=cfg.loss.gamma, device=device)
+                               seed=rank_seed(cfg.run.seed), discount=cfg.loss.gamma, device=device)
     eval_collector = None
-    if cfg.eval.n_envs:  # wait-reset over one time limit: each evaluation is exactly n_envs whole greedy episodes
+    if cfg.eval.n_envs and is_main_process():  # wait-reset over one time limit: each evaluation is exactly n_envs whole greedy episodes
         limit = cfg.eval.max_steps or specs.max_episode_steps or 1000
         eval_envs = EnvFactory(cfg.env.id, {"max_episode_steps": limit})
         eval_collector = make_collector("serial", eval_envs, ac.greedy, batch_B=cfg.eval.n_envs, batch_T=limit,
                                         seed=cfg.run.seed + 10_000, reset_mode="wait_reset",
                                         exploration_type="deterministic", discount=cfg.loss.gamma)
-    trainer = SyncTrainer(collector=collector, eval_collector=eval_collector, run=run,
-                          n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
-                          checkpoint_interval_steps=cfg.checkpoint.interval_steps, stop_return=cfg.stop_return,
-                          checkpoint_state={"model": ac, "updater": updater})
+    trainer = make_trainer(cfg.trainer, on_policy=True, collector=collector, modules=[loss],
+                           eval_collector=eval_collector, run=run,
+                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
+                           checkpoint_interval_steps=cfg.checkpoint.interval_steps, stop_return=cfg.stop_return,
+                           checkpoint_state={"model": ac, "updater": updater})
     decay = LinearSchedule(1.0, 0.0 if cfg.loss.linear_decay else 1.0, duration=trainer.n_itr)
 
     # --- Update ---------------------------------------------------------------------------------------------

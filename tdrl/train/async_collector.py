@@ -222,11 +222,13 @@ def _wait_for_optimizer(spec: CollectorProcessSpec, ctrl: Control) -> float:
     start = time.perf_counter()
     replay = spec.replay
     limit_updates = spec.max_lag_frames * spec.replay_ratio / spec.batch_size
+    sleep_s = 2e-4
     while not _must_stop(ctrl):
         owed = owed_updates(replay_ratio=spec.replay_ratio, batch_size=spec.batch_size,
                             write_count=replay.write_count, samples_drawn=replay.samples_drawn,
                             learn_start_frames=spec.learn_start_frames, ready=replay.ready_count())
         if owed <= limit_updates:
             break
-        time.sleep(0.001)
+        time.sleep(sleep_s)  # back off: polling must not take CPU from the optimizer it waits for
+        sleep_s = min(2 * sleep_s, 5e-3)
     return time.perf_counter() - start

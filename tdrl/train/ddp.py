@@ -43,7 +43,10 @@ per-minibatch statistics (PPO's advantage normalisation) are computed per rank.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+import pickle
+import sys
 import tempfile
 import threading
 import time
@@ -395,10 +398,10 @@ class DataParallelTrainer:
             batches = iter(self.collector)
             first = True
             while self.book.itr < self.n_itr and not self.stopped_early:
-                if not first:
-                    if self.broadcast_buffers:
-                        broadcast_module_state(self.modules, params=False)
-                    self.collector.update_policy_weights_()
+                if not first and self.broadcast_buffers:
+                    broadcast_module_state(self.modules, params=False)
+                # weights reach the collector's workers before every batch, also the first one after a resume
+                self.collector.update_policy_weights_()
                 batch = next(batches)
                 if first:
                     self._warn_if_ranks_collect_the_same(batch)
@@ -596,12 +599,13 @@ def launch_data_parallel(
     backend = resolve_backend(backend, device)
     check_local_world_size(world_size, backend)
     port = free_port()
+    call = _pack_call(fn, args, kwargs)
     if world_size == 1:
-        return _run_rank(0, fn, args, kwargs, 1, backend, port, timeout_s, None)
+        return _run_rank(0, call, 1, backend, port, timeout_s, None)
     with tempfile.TemporaryDirectory(prefix="tdrl-ddp-") as tmp:
         result_path = os.path.join(tmp, "result.pt")
         context = torch.multiprocessing.start_processes(
-            _run_rank, args=(fn, args, kwargs, world_size, backend, port, timeout_s, result_path),
+            _run_rank, args=(call, world_size, backend, port, timeout_s, result_path),
             nprocs=world_size, join=False, start_method="spawn",
         )
         try:
@@ -618,9 +622,35 @@ def launch_data_parallel(
         return torch.load(result_path, weights_only=False) if os.path.exists(result_path) else None
 
 
-def _run_rank(local_rank: int, fn: Callable[..., Any], args: tuple, kwargs: dict, world: int, backend: str,
-              port: int, timeout_s: float, result_path: str | None) -> Any:
-    """One rank: set the env:// variables, create the group, run ``fn``, hand rank 0's result back."""
+def _pack_call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[str, str | None, bytes]:
+    """``fn(*args, **kwargs)`` pickled, with the file of ``fn``'s module.
+
+    Recipes are scripts loaded by path under made-up module names (``tdrl.launch`` and the tests do that), which a
+    spawned process cannot import by name; the rank loads that file under the same name before unpickling.
+    """
+    module = sys.modules.get(fn.__module__)
+    return fn.__module__, getattr(module, "__file__", None), pickle.dumps((fn, args, kwargs))
+
+
+def _unpack_call(call: tuple[str, str | None, bytes]) -> tuple[Callable[..., Any], tuple, dict]:
+    name, path, payload = call
+    if name not in sys.modules and path is not None:
+        try:
+            importable = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            importable = False
+        if not importable:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module  # dataclasses resolve their annotations through sys.modules
+            spec.loader.exec_module(module)
+    return pickle.loads(payload)
+
+
+def _run_rank(local_rank: int, call: tuple[str, str | None, bytes], world: int, backend: str, port: int,
+              timeout_s: float, result_path: str | None) -> Any:
+    """One rank: set the env:// variables, create the group, run the call, hand rank 0's result back."""
+    fn, args, kwargs = _unpack_call(call)
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if backend == "nccl":

@@ -105,8 +105,8 @@ def make_trainer(
     Args:
         cfg: the recipe's ``trainer`` section.
         on_policy: whether the algorithm learns only from fresh batches (PPO, A2C): async is refused then.
-        collector: the training collector (sync and ddp); ``None`` for async (built in the collector process).
-        collector_factory: picklable callable building the collector (async).
+        collector: the training collector (sync and ddp), or ``None`` to build it with ``collector_factory``.
+        collector_factory: picklable callable building the collector (async: in the collector process).
         modules: the replicated modules whose gradients ddp averages (the loss module).
         replay: the replay buffer (async: shared with the collector process).
         policy: the module whose weights the async collector receives.
@@ -119,13 +119,18 @@ def make_trainer(
         ValueError: see :func:`check_trainer`; ``collector`` or ``collector_factory`` missing for the kind.
     """
     check_trainer(cfg, on_policy=on_policy)
+    if cfg.kind != "async" and collector is None:
+        if collector_factory is None:
+            raise ValueError(f"trainer.kind={cfg.kind} needs the collector (or collector_factory)")
+        collector = collector_factory()
     if cfg.kind == "sync":
-        if collector is None:
-            raise ValueError("trainer.kind=sync needs the collector")
         return SyncTrainer(collector=collector, **kwargs)
     if cfg.kind == "ddp":
-        if collector is None or not modules:
-            raise ValueError("trainer.kind=ddp needs the collector and the replicated modules (modules=[loss])")
+        if not modules:
+            raise ValueError("trainer.kind=ddp needs the replicated modules whose gradients it averages (modules=[loss])")
+        if not is_distributed() and cfg.world_size > 1:
+            raise ValueError(f"trainer.kind=ddp with trainer.world_size={cfg.world_size}, but no process group: this "
+                             "recipe must start its ranks with tdrl.train.launch_data_parallel before building them")
         return DataParallelTrainer(collector=collector, modules=modules, **kwargs)
     if collector_factory is None or policy is None:
         raise ValueError("trainer.kind=async needs collector_factory (the collector is built in its own process) and "
