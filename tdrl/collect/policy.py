@@ -8,8 +8,11 @@ collector that is paid every step, so :class:`PolicyStep` *compiles* the policy 
   ``nn.Module`` on tensors taken from a dict;
 * ``TensorDictSequential`` (incl. ``ProbabilisticActor``, ``QValueActor``, ``ActorValueOperator`` parts) becomes
   the sequence of its compiled children;
-* anything else (distribution heads, ``QValueModule``, exploration modules such as ``EGreedyModule``,
-  ``LSTMModule``...) runs as-is on a minimal TensorDict holding only its ``in_keys``.
+* the distribution heads PPO/A2C use most — ``Categorical`` over ``logits`` and TorchRL's ``IndependentNormal``
+  over ``loc``/``scale`` — sample and score directly with torch ops when the exploration type is RANDOM
+  (the same ops, in the same order, as ``torch.distributions``);
+* anything else (other distribution heads or exploration types, ``QValueModule``, exploration modules such as
+  ``EGreedyModule``, ``LSTMModule``...) runs as-is on a minimal TensorDict holding only its ``in_keys``.
 
 The compiled plan is checked against the policy's own forward on an example input, under the same RNG seed, in
 both RANDOM and DETERMINISTIC exploration; any difference in keys or values makes :class:`PolicyStep` fall back
@@ -29,6 +32,7 @@ works when a worker's policy copy sees only its ``B/W`` envs).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -37,12 +41,14 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import (
     InteractionType,
+    ProbabilisticTensorDictModule,
     ProbabilisticTensorDictSequential,
     TensorDictModule,
     TensorDictModuleBase,
     TensorDictSequential,
     set_interaction_type,
 )
+from tensordict.nn.probabilistic import interaction_type
 from tensordict.utils import NestedKey, unravel_key
 
 __all__ = ["PolicyStep", "module_tensors", "policy_device"]
@@ -109,6 +115,65 @@ def _opaque_plan(module: TensorDictModuleBase, batch_size: torch.Size) -> Plan:
     return run
 
 
+def _sample_categorical(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Categorical(logits=...)``: ``sample()`` then ``log_prob`` (torch.distributions' exact ops)."""
+    norm = logits - logits.logsumexp(dim=-1, keepdim=True)
+    probs = torch.softmax(norm, dim=-1)
+    action = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, True).T.reshape(logits.shape[:-1])
+    return action, norm.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+
+
+def _sample_independent_normal(loc: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """TorchRL ``IndependentNormal(loc, scale)``: ``rsample()`` then ``log_prob`` summed over the last dim."""
+    loc, scale = torch.broadcast_tensors(loc, scale)
+    action = loc + torch.empty_like(loc).normal_() * scale
+    log_prob = -((action - loc) ** 2) / (2 * scale**2) - scale.log() - math.log(math.sqrt(2 * math.pi))
+    return action, log_prob.sum(-1)
+
+
+def _probabilistic_plan(module: TensorDictModuleBase, batch_size: torch.Size) -> Plan | None:
+    """Direct sampling for Categorical / IndependentNormal heads in RANDOM mode; other modes run the module."""
+    from torch.distributions import Categorical
+    from torchrl.modules import IndependentNormal
+    from torchrl.modules.tensordict_module.probabilistic import SafeProbabilisticModule
+
+    if type(module) not in (ProbabilisticTensorDictModule, SafeProbabilisticModule):
+        return None
+    if (
+        module.distribution_kwargs
+        or module.num_samples is not None
+        or getattr(module, "_generator", None) is not None
+        or getattr(module, "_generator_key", None) is not None
+        or getattr(module, "safe", False)
+        or len(module.dist_sample_keys) != 1
+    ):
+        return None
+    dist_keys = [k[-1] if isinstance(k, tuple) else k for k in module.dist_keys]
+    if module.distribution_class is Categorical and dist_keys == ["logits"]:
+        sampler = _sample_categorical
+    elif module.distribution_class is IndependentNormal and dist_keys in (["loc", "scale"], ["scale", "loc"]):
+        sampler = _sample_independent_normal
+    else:
+        return None
+    in_keys = dict(zip(dist_keys, _keys(module.in_keys)))
+    args = [in_keys[k] for k in (["logits"] if sampler is _sample_categorical else ["loc", "scale"])]
+    sample_key = unravel_key(module.dist_sample_keys[0])
+    log_prob_key = unravel_key(module.log_prob_key) if module.return_log_prob else None
+    default = module.default_interaction_type
+    fallback = _opaque_plan(module, batch_size)
+
+    def run(env: Env) -> None:
+        if (interaction_type() or default) is not InteractionType.RANDOM:
+            fallback(env)
+            return
+        action, log_prob = sampler(*[env[k] for k in args])
+        env[sample_key] = action
+        if log_prob_key is not None:
+            env[log_prob_key] = log_prob
+
+    return run
+
+
 def _compile(module: TensorDictModuleBase, batch_size: torch.Size) -> Plan:
     """Turn a policy tree into a function over a dict of tensors (see the module docstring)."""
     cls = type(module)
@@ -136,7 +201,7 @@ def _compile(module: TensorDictModuleBase, batch_size: torch.Size) -> Plan:
                 child(env)
 
         return run
-    return _opaque_plan(module, batch_size)
+    return _probabilistic_plan(module, batch_size) or _opaque_plan(module, batch_size)
 
 
 class PolicyStep:

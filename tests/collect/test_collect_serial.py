@@ -219,20 +219,35 @@ def test_policy_outputs_are_stored_and_exploration_type_respected():
     assert not torch.equal(outside["action"], outside["logits"].argmax(-1))
 
 
-def test_fast_path_equals_general_path():
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_fast_path_equals_general_path(env_id):
+    """The compiled policy (direct Categorical / IndependentNormal sampling) gives the policy's own outputs."""
+    from tensordict.nn import AddStateIndependentNormalScale
     from torch.distributions import Categorical
-    from torchrl.modules import ProbabilisticActor
+    from torchrl.modules import IndependentNormal, ProbabilisticActor, ValueOperator
 
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
-    actor = ProbabilisticActor(TensorDictModule(net, ["observation"], ["logits"]), in_keys=["logits"],
-                               distribution_class=Categorical, return_log_prob=True)
+    if env_id == "CartPole-v1":
+        net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+        actor = ProbabilisticActor(TensorDictModule(net, ["observation"], ["logits"]), in_keys=["logits"],
+                                   distribution_class=Categorical, return_log_prob=True)
+        value = ValueOperator(torch.nn.Linear(4, 1), in_keys=["observation"])
+    else:
+        net = torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1),
+                                  AddStateIndependentNormalScale(1))
+        actor = ProbabilisticActor(TensorDictModule(net, ["observation"], ["loc", "scale"]), in_keys=["loc", "scale"],
+                                   distribution_class=IndependentNormal, return_log_prob=True)
+        value = ValueOperator(torch.nn.Linear(3, 1), in_keys=["observation"])
+    from tensordict.nn import TensorDictSequential
+
+    policy = TensorDictSequential(actor, value)
     out = {}
     for fast in (True, False):
         torch.manual_seed(7)
-        with SerialCollector(EnvFactory("CartPole-v1"), actor, batch_B=3, batch_T=20, seed=2, fast_policy=fast) as c:
+        with SerialCollector(EnvFactory(env_id), policy, batch_B=3, batch_T=20, seed=2, fast_policy=fast) as c:
             assert c.policy_step.compiled is fast
             out[fast] = c.collect()
+    assert set(out[True].keys(True, True)) == set(out[False].keys(True, True))
     assert (out[True] == out[False]).all()
 
 
