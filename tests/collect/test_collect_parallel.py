@@ -231,3 +231,13 @@ def test_action_server_policy_error_shuts_down_cleanly():
     with pytest.raises(RuntimeError, match="policy exploded"):
         c.collect()
     _assert_no_orphans(pids)
+
+
+@pytest.mark.timeout(60)
+def test_env_failing_during_startup_raises_collector_error():
+    before = {p.pid for p in multiprocessing.active_children()}
+    with pytest.raises(CollectorError, match="(?s)collector worker \\d.*StairsEnv exploded at step 1"):
+        make_collector("parallel", StairsFactory(fail_at=1), None, batch_B=4, batch_T=5, n_workers=2,
+                       max_decorrelation_steps=3, seed=1)
+    time.sleep(0.2)
+    assert not [p for p in multiprocessing.active_children() if p.pid not in before and p.name.startswith("tdrl")]
