@@ -54,6 +54,15 @@ def resolve_recipe(recipe: str, search_from: list[Path] | None = None) -> Path:
     raise RecipeError(f"unknown recipe '{recipe}': no such file{hint}")
 
 
+def _importable_elsewhere(name: str, path: Path) -> bool:
+    """True when ``import name`` would find another module (stdlib or installed) than the recipe file."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and (spec.origin is None or Path(spec.origin).resolve() != path)
+
+
 def load_recipe(path: str | Path) -> types.ModuleType:
     """Import the recipe file at ``path`` as a module (its ``__main__`` block does not run).
 
@@ -66,9 +75,20 @@ def load_recipe(path: str | Path) -> types.ModuleType:
     path = Path(path).resolve()
     if not path.is_file():
         raise RecipeError(f"unknown recipe '{path}': no such file")
-    name = f"tdrl_recipe_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-    if name in sys.modules:
-        return sys.modules[name]
+    # Named after the file (``ppo``) with its folder on sys.path, as when run as a script, so functions defined
+    # in the recipe pickle by reference into spawned worker processes; a hashed name only on a clash.
+    name = path.stem
+    loaded = sys.modules.get(name)
+    if (
+        loaded is not None
+        and getattr(loaded, "__file__", None)
+        and Path(loaded.__file__).resolve() == path
+    ):
+        return loaded
+    if loaded is not None or not name.isidentifier() or _importable_elsewhere(name, path):
+        name = f"tdrl_recipe_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        if name in sys.modules:
+            return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise RecipeError(f"recipe '{path}' cannot be loaded as a Python module")

@@ -243,3 +243,37 @@ def test_resources_that_do_not_fit_fail_before_submission(write_sweep):
         ["squeue", "-h", "-o", "%i"], capture_output=True, text=True
     ).stdout.split()
     assert after == before and not plan.exp_dir.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_time_limit_signal_requeues_and_resumes(write_sweep):
+    """The time-out path: SLURM sends USR2 signal_delay_s before the limit, submitit counts it as a time-out."""
+    overrides = {"train.iterations": 500, "train.step_sleep_s": 0.2, "run.seed": 5}
+    plan = plan_sweep(
+        load_sweep(
+            write_sweep(
+                "timeout",
+                f"""
+                seeds=[5],
+                overrides={overrides!r},
+                resources=Resources(cpus_per_run=1, time_min=2, signal_delay_s=60, partition="debug"),
+                """,
+            )
+        )
+    )
+    subs = submit_sweep(plan, out=io.StringIO())
+    try:
+        statuses = wait_for_sweep(plan.exp_dir, poll_s=2, timeout_s=500)
+    finally:
+        _cancel(subs)
+    assert statuses[0].state == "COMPLETED", format_status(statuses)
+    run_dir = subs[0].run.run_dir
+    events = [
+        json.loads(x)["event"] for x in (run_dir / "launch_events.jsonl").read_text().splitlines()
+    ]
+    assert events.count("requeue") >= 1 and events[-1] == "end"
+    assert "this job is timed-out" in Path(subs[0].stderr).read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from"] > 0
+    assert summary["param_sha256"] == _uninterrupted_params(overrides)

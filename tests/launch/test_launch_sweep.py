@@ -142,3 +142,40 @@ def test_example_sweeps_are_valid(sweep_file):
             pytest.skip(f"{sweep.recipe} is not in this checkout yet")
         raise
     assert plan.runs and all(r.run_dir.is_relative_to(plan.exp_dir) for r in plan.runs)
+
+
+SPAWN_RECIPE = """
+import multiprocessing as mp, sys
+from dataclasses import dataclass, field
+from tdrl.config import RunConfig, parse_args
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+
+def square(x):  # defined in the recipe: workers must be able to import it by reference
+    return x * x
+
+def main(cfg):
+    with mp.get_context("spawn").Pool(2) as pool:
+        return {"squares": pool.map(square, [1, 2, 3])}
+
+if __name__ == "__main__":
+    main(parse_args(Config(), sys.argv[1:]))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_recipe_job_in_process_reaches_spawned_workers(tmp_path):
+    """A SLURM job runs main(cfg) in-process; the recipe's own functions must still pickle into spawned workers."""
+    recipe = tmp_path / "recipes" / "spawny.py"
+    recipe.parent.mkdir()
+    recipe.write_text(SPAWN_RECIPE)
+    code = (
+        "from tdrl.launch.job import RecipeJob; import sys;"
+        f"print(RecipeJob({str(recipe)!r}, ['run.dir={tmp_path}/r'], {str(tmp_path / 'r')!r})())"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    assert res.returncode == 0, res.stderr
+    assert "{'squares': [1, 4, 9]}" in res.stdout
+    assert '"event": "end"' in (tmp_path / "r" / "launch_events.jsonl").read_text()
