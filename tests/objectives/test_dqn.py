@@ -176,3 +176,81 @@ def test_bad_settings(specs):
         make_dqn_loss(make_q_actor(specs), gamma=1.5)
     with pytest.raises(KeyError, match="td_error"):
         dqn_priorities(_batch(), categorical=False)
+
+
+# --- replay plumbing: tdrl.replay samples feed the loss ----------------------------------------------------------
+
+
+def _episode_batch(T=12):
+    """One env, T steps of CartPole-shaped data: rewards t+1, termination after step 4, a time limit after step 8."""
+    torch.manual_seed(2)
+    obs = torch.randn(1, T + 1, 4)
+    term = torch.zeros(1, T, 1, dtype=torch.bool)
+    trunc = torch.zeros(1, T, 1, dtype=torch.bool)
+    term[0, 4] = True
+    trunc[0, 8] = True
+    return TensorDict(
+        {
+            "observation": obs[:, :-1],
+            "action": torch.randint(2, (1, T)),
+            ("next", "observation"): obs[:, 1:],
+            ("next", "reward"): torch.arange(1.0, T + 1).view(1, T, 1),
+            ("next", "terminated"): term,
+            ("next", "truncated"): trunc,
+            ("next", "done"): term | trunc,
+        },
+        batch_size=[1, T],
+    )
+
+
+def test_nstep_replay_sample_gives_the_nstep_target(specs, tmp_path):
+    from tdrl.replay import TransitionReplayBuffer
+
+    n, batch = 3, _episode_batch()
+    replay = TransitionReplayBuffer(tmp_path / "replay", 100, n_step=n, gamma=GAMMA, seed=0)
+    replay.extend(batch)
+    torch.manual_seed(0)
+    loss = make_dqn_loss(make_q_actor(specs, hidden_sizes=(8,)), gamma=GAMMA, double_dqn=False, loss_function="mse")
+    _perturb_target(loss)
+    sample = replay.sample(10)  # the 10 starts whose 3-step window is complete (drawn with replacement)
+    out = loss(sample)["loss"]
+
+    # the n-step target rebuilt from the raw episode: sum of discounted rewards up to the first done or n steps,
+    # bootstrapped from the observation after the window unless the window ended in a termination
+    r, term, done = batch["next", "reward"][0, :, 0], batch["next", "terminated"][0, :, 0], batch["next", "done"][0, :, 0]
+    targets = []
+    for t in sample["index"].tolist():  # one stream: the flat index is the time step
+        g, k = 0.0, 0
+        while k < n:
+            g += GAMMA**k * float(r[t + k])
+            k += 1
+            if done[t + k - 1]:
+                break
+        last = t + k - 1
+        q_next = _q(loss, batch["next", "observation"][0, last][None], target=True).max(-1).values
+        targets.append(g + (0.0 if term[last] else GAMMA**k * float(q_next)))
+        assert int(sample["steps_to_next_obs"][len(targets) - 1]) == k
+    q_sa = _q(loss, sample["observation"]).gather(-1, sample["action"][:, None]).squeeze(-1)
+    expected = ((q_sa - torch.tensor(targets)) ** 2).mean()
+    assert torch.allclose(out, expected, atol=1e-5), (out, expected)
+
+
+def test_prioritized_replay_weights_and_priorities_round_trip(specs, tmp_path):
+    from tdrl.replay import PrioritizedSampler, TransitionReplayBuffer
+
+    sampler = PrioritizedSampler(alpha=0.6, beta_init=0.4, seed=0)
+    replay = TransitionReplayBuffer(tmp_path / "replay", 100, sampler=sampler, n_step=1, gamma=GAMMA, seed=0)
+    replay.extend(_episode_batch())
+    torch.manual_seed(0)
+    loss = make_dqn_loss(make_q_actor(specs, hidden_sizes=(8,)), gamma=GAMMA)
+    sample = replay.sample(8)
+    sample["priority_weight"] = torch.linspace(0.2, 1.0, 8)  # distinct weights: the loss must use them
+    weighted = loss(sample)["loss"]
+    priorities = dqn_priorities(sample, categorical=False, delta_clip=1.0)
+    delta = sample["td_error"].squeeze(-1).sqrt()
+    huber = torch.where(delta < 1, 0.5 * delta**2, delta - 0.5)
+    w = torch.linspace(0.2, 1.0, 8)
+    assert torch.allclose(weighted, (w * huber).sum() / w.sum(), atol=1e-5)
+    replay.update_priority(sample["index"], priorities)
+    stored = torch.as_tensor(sampler.priorities(sample["index"].numpy()), dtype=torch.float32)
+    assert torch.allclose(stored, delta.clamp(max=1.0), atol=1e-6)
