@@ -187,6 +187,51 @@ def sb3_ppo_halfcheetah(seed: int, task: Task) -> list[dict[str, float]]:
     return _sb3_curve(model, task, seed)
 
 
+def sb3_dqn_cartpole(seed: int, task: Task) -> list[dict[str, float]]:
+    """RL-Zoo dqn.yml CartPole-v1: lr 2.3e-3, batch 64, buffer 100k, start 1000, train_freq 256 with 128 gradient
+    steps, target update 10, exploration 16 % of the budget to 0.04, net [256, 256]."""
+    from stable_baselines3 import DQN
+
+    model = DQN("MlpPolicy", task.env_id, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
+                learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
+                exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]),
+                seed=seed, device="cpu", verbose=0)
+    return _sb3_curve(model, task, seed)
+
+
+def sb3_sac_pendulum(seed: int, task: Task) -> list[dict[str, float]]:
+    """RL-Zoo sac.yml Pendulum-v1: lr 1e-3 (SB3 defaults otherwise: [256, 256], batch 256, start 100, one update
+    per step, tau 0.005, automatic entropy)."""
+    from stable_baselines3 import SAC
+
+    model = SAC("MlpPolicy", task.env_id, learning_rate=1e-3, seed=seed, device="cpu", verbose=0)
+    return _sb3_curve(model, task, seed)
+
+
+def _sb3_deterministic_pendulum(algo: Any, seed: int, task: Task) -> list[dict[str, float]]:
+    """RL-Zoo td3.yml / ddpg.yml Pendulum-v1: gamma 0.98, buffer 200k, start 10000, normal noise 0.1, one update per
+    step after each episode, lr 1e-3, net [400, 300]."""
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    noise = NormalActionNoise(mean=np.zeros(1), sigma=0.1 * np.ones(1))
+    model = algo("MlpPolicy", task.env_id, gamma=0.98, buffer_size=200_000, learning_starts=10_000,
+                 action_noise=noise, gradient_steps=-1, train_freq=(1, "episode"), learning_rate=1e-3,
+                 policy_kwargs=dict(net_arch=[400, 300]), seed=seed, device="cpu", verbose=0)
+    return _sb3_curve(model, task, seed)
+
+
+def sb3_td3_pendulum(seed: int, task: Task) -> list[dict[str, float]]:
+    from stable_baselines3 import TD3
+
+    return _sb3_deterministic_pendulum(TD3, seed, task)
+
+
+def sb3_ddpg_pendulum(seed: int, task: Task) -> list[dict[str, float]]:
+    from stable_baselines3 import DDPG
+
+    return _sb3_deterministic_pendulum(DDPG, seed, task)
+
+
 # --- Tasks ------------------------------------------------------------------------------------------------------
 
 TASKS: list[Task] = [
@@ -194,6 +239,16 @@ TASKS: list[Task] = [
          sb3=sb3_ppo_cartpole),
     Task("a2c-cartpole", "a2c", "CartPole-v1", threshold=475, budget=500_000, eval_interval=10_000,
          sb3=sb3_a2c_cartpole),
+    Task("dqn-cartpole", "dqn", "CartPole-v1", threshold=475, budget=100_000, eval_interval=5_000,
+         sb3=sb3_dqn_cartpole),
+    Task("c51-cartpole", "dqn", "CartPole-v1", threshold=475, budget=100_000, eval_interval=5_000,
+         overrides=["model.categorical=true"]),
+    Task("sac-pendulum", "sac", "Pendulum-v1", threshold=-200, budget=20_000, eval_interval=1_000,
+         sb3=sb3_sac_pendulum),
+    Task("td3-pendulum", "td3", "Pendulum-v1", threshold=-200, budget=20_000, eval_interval=1_000,
+         sb3=sb3_td3_pendulum),
+    Task("ddpg-pendulum", "ddpg", "Pendulum-v1", threshold=-250, budget=30_000, eval_interval=1_000,
+         sb3=sb3_ddpg_pendulum),
     Task("ppo-halfcheetah", "ppo", "HalfCheetah-v5", threshold=1500, budget=1_000_000, eval_interval=50_000,
          eval_episodes=5, default=False, sb3=sb3_ppo_halfcheetah,
          overrides=["collector.batch_B=8", "collector.batch_T=256", "model.normalize_observation=true",
