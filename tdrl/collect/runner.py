@@ -122,16 +122,21 @@ class SliceRunner:
     def served_batch(self, obs_ready: Any, actions_ready: Any, wait: Callable[[Any], None]) -> Entries:
         """Collect ``T`` steps with actions served by another process (action-server worker side).
 
-        Per step: record the observation, ``obs_ready.release()``, wait for ``actions_ready`` (the server
-        wrote ``action`` and the other policy outputs into the batch), step the envs, record the results.
+        Per step: record the observation into the batch while the server computes actions from the same step
+        arrays, wait for ``actions_ready`` (the server wrote ``action`` and the other policy outputs into the
+        batch), step the envs, ``obs_ready.release()`` for the next step, then record the step's results while
+        the server computes again.
         """
         envs, actions = self.envs, self.actions
         write_obs, write_next = self.write_obs, self.write_next
+        last = self.batch_T - 1
+        obs_ready.release()  # the step arrays already hold the first observation
         for t in range(self.batch_T):
-            write_obs(t)
-            obs_ready.release()
+            write_obs(t)  # while the server computes actions from the same (read-only) step arrays
             wait(actions_ready)
             envs.step(t, actions[:, t])
+            if t < last:
+                obs_ready.release()
             write_next(t)
         return self.end_batch()
 
