@@ -9,6 +9,7 @@ before ``optim.min_steps_learn`` frames. Time limits bootstrap (``truncated``), 
 
     python recipes/sac.py                                          # Pendulum-v1
     python recipes/sac.py collector.kind=parallel collector.batch_B=2 collector.n_workers=2
+    python recipes/sac.py trainer.kind=async                       # collect and optimise in two processes
     python recipes/sac.py --help                                   # every key
 
 MuJoCo (benchmark, not CI)::
@@ -20,6 +21,7 @@ MuJoCo (benchmark, not CI)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 import torch
@@ -32,7 +34,7 @@ from tdrl.models import make_q_critic, make_tanh_gaussian_actor
 from tdrl.objectives.continuous import make_sac_loss, timeouts_as_terminal
 from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import TransitionReplayBuffer
-from tdrl.train import SyncTrainer
+from tdrl.train import TrainerConfig, make_trainer
 from tdrl.utils.seeding import seed_everything
 
 REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
@@ -138,6 +140,8 @@ class Config:
     """Snapshots and resume."""
     stop_return: float | None = None
     """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """sync, or async (trainer.kind=async: a collector process fills the replay while this one optimises)."""
 
 
 def main(cfg: Config) -> dict:
@@ -164,9 +168,9 @@ def main(cfg: Config) -> dict:
                    total_frames=cfg.collector.total_frames)
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step,
                                     gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed)
-    collector = make_collector(cfg.collector.kind, env_factory, actor, batch_B=cfg.collector.batch_B,
-                               batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
-                               seed=cfg.run.seed, discount=cfg.loss.gamma)
+    collector_factory = partial(make_collector, cfg.collector.kind, env_factory, actor, batch_B=cfg.collector.batch_B,
+                                batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
+                                seed=cfg.run.seed, discount=cfg.loss.gamma)  # built by the trainer (async: in its own process)
     eval_collector = None
     if cfg.eval.n_envs:  # wait-reset over one time limit: each evaluation is n_envs whole episodes
         limit = cfg.eval.max_steps or specs.max_episode_steps or 1000
@@ -174,12 +178,13 @@ def main(cfg: Config) -> dict:
                                         batch_B=cfg.eval.n_envs, batch_T=limit, seed=cfg.run.seed + 10_000,
                                         reset_mode="wait_reset", exploration_type="deterministic",
                                         discount=cfg.loss.gamma)
-    trainer = SyncTrainer(collector=collector, eval_collector=eval_collector, run=run,
-                          n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
-                          replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
-                          min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
-                          checkpoint_interval_steps=cfg.checkpoint.interval_steps,
-                          checkpoint_state={"loss": loss, "updater": updater, "replay": replay})
+    trainer = make_trainer(cfg.trainer, on_policy=False, collector_factory=collector_factory, replay=replay, policy=actor,
+                           seed=cfg.run.seed, eval_collector=eval_collector, run=run,
+                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
+                           replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
+                           min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
+                           checkpoint_interval_steps=cfg.checkpoint.interval_steps,
+                           checkpoint_state={"loss": loss, "updater": updater, "replay": replay})
 
     # --- Update ---------------------------------------------------------------------------------------------
     def update():
@@ -190,7 +195,8 @@ def main(cfg: Config) -> dict:
 
     # --- Loop -----------------------------------------------------------------------------------------------
     for batch in trainer:
-        replay.extend(batch)
+        if batch is not None:  # async: the collector process already wrote it into the replay
+            replay.extend(batch)
         metrics = [update() for _ in range(trainer.updates_due)]
         trainer.record(metrics, updates=len(metrics))
     return trainer.summary

@@ -22,10 +22,14 @@ Throttle (the replay ratio): with ``W`` transitions written and ``S`` transition
 batch_size)`` updates (capped at ``updates_per_sync``) and otherwise waits for the next batch, so the measured
 ratio ``S / (W - learn_start)`` never exceeds the configured one. ``learn_start`` is ``min_steps_learn`` rounded
 down to whole batches, as the sync trainer counts it, so the two trainers do the same number of updates per
-frame. Every update must sample exactly ``batch_size`` transitions. By default the collector runs at full speed
-(rlpyt): when the optimizer is slower, the measured ratio falls below the target. ``max_lag_frames`` bounds that:
-the collector waits before a batch while the optimizer owes more than that many frames of updates, and at every
-log row the optimizer first pays what it owes, so each row's ratio is within one minibatch of the target.
+frame. Every update must sample exactly ``batch_size`` transitions.
+
+The other side (astooke/rlpyt#138: the optimizer falling behind, a ratio of 1.4 for a configured 8): with
+``max_lag_frames=0`` (the default) the collector collects batch k+1 while the optimizer trains on batch k, and
+waits before a new batch while the optimizer still owes more than one batch of updates (rlpyt's double buffer);
+a larger ``max_lag_frames`` lets it run that many frames further ahead, ``None`` never waits (rlpyt's AsyncRl:
+collection at full speed, the ratio falls below the target when the optimizer is slower). With a bound, the
+optimizer also pays what it owes before every log row, so each row's ratio is within one minibatch of the target.
 
 Cadence counts collector iterations (rlpyt): after every iteration that completes a log (or checkpoint)
 interval, the collector reports its state and pauses; the optimizer evaluates (in this process, with the latest
@@ -110,8 +114,8 @@ class AsyncTrainer:
         stop_return: stop once the evaluation (or online) mean return reaches this.
         samples_to_buffer: picklable stateless transform of each batch before it enters the replay.
         updates_per_sync: gradient updates per round; new weights are published after each round.
-        max_lag_frames: ``None`` (collector never waits) or how far the optimizer may fall behind the replay
-            ratio, in frames, before the collector waits.
+        max_lag_frames: how many frames beyond the batch in training the collector may run ahead of the
+            optimizer (0: one batch ahead, double buffering); ``None``: no limit (rlpyt).
         seed: run seed; the collector process's RNGs get an independent stream derived from it.
         collector_threads: torch threads of the collector process.
         start_timeout_s: how long the collector process may take to build its collector.
@@ -138,7 +142,7 @@ class AsyncTrainer:
         stop_return: float | None = None,
         samples_to_buffer: Callable[[Any], Any] | None = None,
         updates_per_sync: int = 1,
-        max_lag_frames: int | None = None,
+        max_lag_frames: int | None = 0,
         seed: int = 0,
         collector_threads: int = 1,
         start_timeout_s: float = 120.0,
@@ -246,12 +250,12 @@ class AsyncTrainer:
         self.book.start_session()
         try:
             self._maybe_resume()
-            self._start_collector()
-            self.book.start_session()  # the clock starts once the collector process has built its collector
-            self._interval["optimizer_wait_s"] = 0.0
             if self.eval_collector is not None and self.book.itr == 0 and not self.resumed:
-                self._evaluate()
+                self._evaluate()  # before the collector starts: nothing is collected while it runs
                 self.book.log(self._row_extra())
+            with self.book.paused():  # process start-up is not training time (SyncTrainer gets built collectors)
+                self._start_collector()
+            self._interval["optimizer_wait_s"] = 0.0
             while True:
                 self._drain(block=False)
                 if self._boundary is not None:
@@ -302,8 +306,8 @@ class AsyncTrainer:
             start_itr=self.book.itr, n_itr=self.n_itr, log_interval_itrs=self.log_interval_itrs,
             checkpoint_interval_itrs=self.checkpoint_interval_itrs, replay_ratio=self.replay_ratio,
             batch_size=self.batch_size, learn_start_frames=self.learn_start_frames,
-            max_lag_frames=self.max_lag_frames, seed=self.collector_seed, collector_state=self._collector_state,
-            rng=self._collector_rng, torch_threads=self.collector_threads,
+            max_lag_frames=self.max_lag_frames, frames_per_itr=self.frames_per_itr, seed=self.collector_seed,
+            collector_state=self._collector_state, rng=self._collector_rng, torch_threads=self.collector_threads,
         )
         self._process = ctx.Process(target=collector_process_main, args=(spec, self._ctrl, os.getpid()),
                                     name="tdrl-async-collector", daemon=False)  # non-daemonic: may spawn workers

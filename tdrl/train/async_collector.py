@@ -5,7 +5,7 @@ its own worker processes, action server...), then loops over collector iteration
 
 1. if the optimizer published new weights (a version counter moved), copy them into the collector's policy
    (``collector.update_policy_weights_(shared)``) -- between batches, so collection never stops for it;
-2. optionally wait while the optimizer is more than ``max_lag_frames`` behind the replay ratio;
+2. optionally wait while the optimizer owes more than one batch plus ``max_lag_frames`` frames of updates;
 3. collect one ``[B, T]`` batch and ``replay.extend`` it (the shared replay: the optimizer samples the same
    memmapped files);
 4. report the batch (frames, finished episodes, timings) on a queue; at a log/checkpoint boundary also report
@@ -94,8 +94,10 @@ class CollectorProcessSpec:
         log_interval_itrs, checkpoint_interval_itrs: the collector reports its state and pauses after every
             iteration that completes a log or checkpoint interval, and after the last one.
         replay_ratio, batch_size, learn_start_frames: the throttle (see :func:`owed_updates`).
-        max_lag_frames: wait before a batch while the optimizer owes more than this many frames of updates;
-            ``None`` never waits (rlpyt).
+        frames_per_itr: frames per collector batch.
+        max_lag_frames: wait before a batch while the optimizer owes updates for more than one batch plus this
+            many frames (0: double buffering, the next batch is collected while the last one trains); ``None``
+            never waits (rlpyt).
         seed: seed of the collector process's python/numpy/torch RNGs.
         collector_state: ``collector.load_state_dict`` input on resume.
         rng: RNG state to restore on resume (overrides ``seed``).
@@ -113,6 +115,7 @@ class CollectorProcessSpec:
     batch_size: int
     learn_start_frames: int
     max_lag_frames: int | None
+    frames_per_itr: int
     seed: int
     collector_state: dict[str, Any] | None = None
     rng: dict[str, Any] | None = None
@@ -218,10 +221,11 @@ def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> 
 
 
 def _wait_for_optimizer(spec: CollectorProcessSpec, ctrl: Control) -> float:
-    """Block while the optimizer owes more than ``max_lag_frames`` frames' worth of updates."""
+    """Block while the optimizer owes more than one batch plus ``max_lag_frames`` frames' worth of updates."""
     start = time.perf_counter()
     replay = spec.replay
-    limit_updates = spec.max_lag_frames * spec.replay_ratio / spec.batch_size
+    frames_per_batch = spec.frames_per_itr
+    limit_updates = (spec.max_lag_frames + frames_per_batch) * spec.replay_ratio / spec.batch_size
     sleep_s = 2e-4
     while not _must_stop(ctrl):
         owed = owed_updates(replay_ratio=spec.replay_ratio, batch_size=spec.batch_size,

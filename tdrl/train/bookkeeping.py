@@ -77,6 +77,7 @@ class Bookkeeper:
         self._eval_s = 0.0
         self._session_start = 0.0
         self._session_eval_s = 0.0
+        self._session_paused_s = 0.0
         self._frames_at_log = 0
         self._updates_at_log = 0
         self._train_s_at_log = 0.0
@@ -86,22 +87,33 @@ class Bookkeeper:
     def start_session(self) -> None:
         self._session_start = time.perf_counter()
         self._session_eval_s = 0.0
+        self._session_paused_s = 0.0
 
     def end_session(self) -> None:
         self._train_s = self.train_s
         self._eval_s += self._session_eval_s
         self._session_eval_s = 0.0
+        self._session_paused_s = 0.0
         self._session_start = 0.0
 
     @property
     def train_s(self) -> float:
         """Wall-clock seconds of training so far, evaluation excluded, over every session."""
         live = time.perf_counter() - self._session_start if self._session_start else 0.0
-        return self._train_s + live - self._session_eval_s
+        return self._train_s + live - self._session_eval_s - self._session_paused_s
 
     @property
     def eval_s(self) -> float:
         return self._eval_s + self._session_eval_s
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave the enclosed time out of training and evaluation time (starting worker processes)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._session_paused_s += time.perf_counter() - start
 
     @contextlib.contextmanager
     def timing_eval(self) -> Iterator[None]:
@@ -218,3 +230,4 @@ class Bookkeeper:
         self.curve = list(state["curve"])
         self._session_start = time.perf_counter()
         self._session_eval_s = 0.0
+        self._session_paused_s = 0.0

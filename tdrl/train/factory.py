@@ -60,9 +60,10 @@ class TrainerConfig:
     """ddp: number of ranks (local processes; under torchrun/SLURM it must equal WORLD_SIZE)."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """ddp: torch.distributed backend; auto = NCCL on CUDA devices, gloo on CPU."""
-    max_lag_frames: int = -1
-    """async: the collector waits while the optimizer is more than this many frames behind the replay ratio;
-    -1 never waits (the collector runs at full speed, as in rlpyt)."""
+    max_lag_frames: int = 0
+    """async: frames the collector may run ahead of the optimizer beyond one batch (0: it collects the next batch
+    while the last one trains, so the replay ratio holds); -1: no limit (rlpyt: full speed, fewer updates per frame
+    when the optimizer is slower)."""
     updates_per_sync: int = 1
     """async: gradient updates between weight publications to the collector."""
 

@@ -103,7 +103,7 @@ def _progress(run_dir: Path) -> list[dict]:
 @pytest.mark.timeout(120)
 def test_replay_ratio_is_honoured_and_rows_count_collector_iterations(tmp_path):
     run_dir = tmp_path / "run"
-    trainer, parts, _ = _trainer(tmp_path, run=_open_run(run_dir), max_lag_frames=FRAMES_PER_ITR)
+    trainer, parts, _ = _trainer(tmp_path, run=_open_run(run_dir), max_lag_frames=0)
     _train(trainer, parts)
     rows = _progress(run_dir)
     assert [int(r["Iteration"]) for r in rows] == [5, 10, 15, 20]  # logging counts collector iterations
@@ -207,7 +207,7 @@ def test_resume_from_checkpoint_restores_models_counters_and_replay(tmp_path):
     from tdrl.ckpt import Checkpointer
 
     run_dir = tmp_path / "run"
-    trainer, parts, _ = _trainer(tmp_path, run=_open_run(run_dir), max_lag_frames=FRAMES_PER_ITR)
+    trainer, parts, _ = _trainer(tmp_path, run=_open_run(run_dir), max_lag_frames=0)
 
     def crash(t):
         if t.itr >= 12:
@@ -221,7 +221,7 @@ def test_resume_from_checkpoint_restores_models_counters_and_replay(tmp_path):
     saved_model = payload["state"]["model"]
     saved_samples = payload["state"]["trainer"]["updates"] * 32
 
-    trainer, parts, q = _trainer(tmp_path, run=_open_run(run_dir), max_lag_frames=FRAMES_PER_ITR)
+    trainer, parts, q = _trainer(tmp_path, run=_open_run(run_dir), max_lag_frames=0)
     replay = parts[2]
     seen = {}
 
