@@ -105,7 +105,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
     plan = _plan(args)
     resources = _resources(args, plan.sweep.resources)
-    submit_sweep(plan, resources, cluster=args.cluster, rerun_done=args.rerun_done)
+    submit_sweep(plan, resources, rerun_done=args.rerun_done)
     if not args.wait:
         return 0
     statuses = wait_for_sweep(plan.exp_dir, poll_s=args.poll, out=sys.stdout)
@@ -184,12 +184,6 @@ def build_parser(prog: str = "slurm/launch.py") -> argparse.ArgumentParser:
     )
     q.add_argument(
         "--poll", type=float, default=10.0, help="seconds between status polls with --wait"
-    )
-    q.add_argument(
-        "--cluster",
-        default="slurm",
-        choices=["slurm", "local", "debug"],
-        help="submitit backend ('local' runs the jobs here without SLURM)",
     )
     q.set_defaults(func=cmd_slurm)
 

@@ -9,12 +9,14 @@ with its exit code and log path and the others go on. At the experiment root:
 * ``num_launched.txt`` -- "Experiments launched so far: k out of N." (rlpyt), rewritten at each launch;
 * ``sweep.json`` -- every run's variant, overrides, state, exit code, slot and log (read by ``status``).
 
-Stopping the launcher (Ctrl-C or SIGTERM) stops its runs (their process groups) before it returns: no orphans.
+Stopping the launcher (Ctrl-C or SIGTERM) stops its runs (their process groups) before it returns, and a
+launcher killed outright (SIGKILL) takes its runs along (each gets SIGTERM by the kernel's parent-death signal).
 Runs whose ``summary.json`` exists are skipped unless ``rerun_done``; the others resume from their run directory.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -27,13 +29,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from tdrl.launch.slots import Slot
-from tdrl.launch.status import format_table, last_progress_row, read_summary
+from tdrl.launch.status import check_not_running, format_table, last_progress_row, read_summary
 from tdrl.launch.sweep import RunSpec, SweepPlan, write_json
 from tdrl.launch.variants import save_variant
 
 __all__ = ["RunOutcome", "launch_local"]
 
 LOG_NAME = "launch.log"
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -106,9 +109,18 @@ def _start(
         stdin=subprocess.DEVNULL,
         env=env,
         start_new_session=True,  # its own process group: stopping the sweep stops the run's workers too
-        preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+        preexec_fn=lambda: _in_child(cpus),
     )
     return process, log
+
+
+def _in_child(cpus: tuple[int, ...]) -> None:
+    """Runs in the run's process before exec: pin it to the slot, and have it get SIGTERM if the launcher dies."""
+    os.sched_setaffinity(0, cpus)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)  # Linux; no orphan runs
+    except (OSError, AttributeError):
+        pass
 
 
 def _stop(process: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -156,10 +168,14 @@ def launch_local(
 
     Returns:
         One :class:`RunOutcome` per run, in plan order. A failed run does not raise; check ``state``.
+
+    Raises:
+        SweepError: an earlier launch of this sweep is still running some of its runs.
     """
     out = out or sys.stdout
     if not slots:
         raise ValueError("launch_local needs at least one slot")
+    check_not_running(plan)
     settings = {r.log_dir for r in plan.runs}
     _write_root_files(plan, slots, len(settings))
     manifest = plan.manifest("local")

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from tdrl.config import flatten
+from tdrl.launch.sweep import SweepError, SweepPlan
 
 __all__ = [
     "RunStatus",
+    "check_not_running",
     "collect_results",
     "format_status",
     "format_table",
@@ -304,3 +306,26 @@ def collect_results(exp_dir: str | os.PathLike, write: bool = True) -> list[dict
             writer.writerows(rows)
         (exp_dir / "results.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     return rows
+
+
+def check_not_running(plan: SweepPlan) -> None:
+    """Refuse to launch runs that an earlier launch of this sweep is still running (two writers, one run dir).
+
+    Raises:
+        SweepError: naming the runs, their state and how to stop them.
+    """
+    if not (plan.exp_dir / "sweep.json").is_file():
+        return
+    names = {r.name for r in plan.runs}
+    busy = [s for s in sweep_status(plan.exp_dir) if s.name in names and s.state not in TERMINAL]
+    busy = [s for s in busy if s.state != "NO_QUEUE"]
+    if busy:
+        listed = ", ".join(
+            f"{s.name} ({s.state}{' job ' + s.job_id if s.job_id else ''})" for s in busy[:5]
+        )
+        jobs = sorted({s.job_id.split("_")[0] for s in busy if s.job_id})
+        how = f"scancel {' '.join(jobs)}" if jobs else "stop its launcher"
+        raise SweepError(
+            f"{len(busy)} run(s) of sweep '{plan.sweep.name}' are still active: {listed}; "
+            f"wait for them or {how} first"
+        )

@@ -21,7 +21,7 @@ from typing import IO
 
 from tdrl.launch.job import RecipeJob
 from tdrl.launch.local import format_tree
-from tdrl.launch.status import TERMINAL, RunStatus, format_status, sweep_status
+from tdrl.launch.status import TERMINAL, RunStatus, check_not_running, format_status, sweep_status
 from tdrl.launch.sweep import Resources, RunSpec, SweepError, SweepPlan, write_json
 from tdrl.launch.variants import save_variant
 
@@ -104,15 +104,13 @@ def check_slurm_resources(resources: Resources) -> None:
         )
 
 
-def make_executor(
-    folder: Path, resources: Resources, name: str, n_runs: int, cluster: str = "slurm"
-):
-    """A submitit ``AutoExecutor`` with the sweep's resources (``cluster="local"`` runs jobs on this machine)."""
+def make_executor(folder: Path, resources: Resources, name: str, n_runs: int):
+    """A submitit SLURM executor with the sweep's resources."""
     import submitit
 
     r = resources
     executor = submitit.AutoExecutor(
-        folder=folder, cluster=cluster, slurm_max_num_timeout=r.max_requeues
+        folder=folder, cluster="slurm", slurm_max_num_timeout=r.max_requeues
     )
     params: dict = dict(
         name=name,
@@ -141,7 +139,6 @@ def make_executor(
 def submit_sweep(
     plan: SweepPlan,
     resources: Resources | None = None,
-    cluster: str = "slurm",
     rerun_done: bool = False,
     out: IO[str] | None = None,
 ) -> list[SubmittedRun]:
@@ -150,23 +147,20 @@ def submit_sweep(
     Args:
         plan: a validated sweep.
         resources: overrides ``plan.sweep.resources`` (e.g. from the command line).
-        cluster: ``"slurm"``; ``"local"``/``"debug"`` run submitit's jobs on this machine (no SLURM needed).
         rerun_done: also submit runs whose ``summary.json`` exists.
         out: where the submission report goes (default stdout).
 
     Raises:
-        SweepError: the resources do not fit the cluster (checked before anything is submitted).
+        SweepError: the resources do not fit the cluster, or runs of this sweep are still queued or running
+            (checked before anything is submitted).
     """
     out = out or sys.stdout
     resources = resources or plan.sweep.resources
-    if cluster == "slurm":
-        check_slurm_resources(resources)
+    check_slurm_resources(resources)
+    check_not_running(plan)
     todo = [r for r in plan.runs if rerun_done or not r.is_done()]
     plan.exp_dir.mkdir(parents=True, exist_ok=True)
-    manifest = plan.manifest("slurm" if cluster == "slurm" else f"submitit-{cluster}")
-    manifest["backend"] = (
-        "slurm"  # status reads results and the queue the same way for every submitit cluster
-    )
+    manifest = plan.manifest("slurm")
     manifest["resources"] = dataclasses.asdict(resources)
     for run in plan.runs:
         if run not in todo:
@@ -177,7 +171,7 @@ def submit_sweep(
             run.run_dir.mkdir(parents=True, exist_ok=True)
             save_variant(run.variant, run.run_dir)
         executor = make_executor(
-            plan.exp_dir / "slurm" / "%j", resources, plan.sweep.name, len(todo), cluster
+            plan.exp_dir / "slurm" / "%j", resources, plan.sweep.name, len(todo)
         )
         with executor.batch():
             jobs = [

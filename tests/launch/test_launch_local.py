@@ -127,38 +127,75 @@ def test_a_failing_run_is_recorded_and_the_others_go_on(write_sweep):
     assert (plan.exp_dir / "results.csv").read_text().count("\n") == 3
 
 
-@pytest.mark.timeout(120)
-def test_stopping_the_launcher_stops_its_runs(write_sweep, tmp_path):
-    path = write_sweep("stop", 'overrides={"train.iterations": 60, "train.step_sleep_s": 0.05},')
-    proc = subprocess.Popen(
+def _launch_in_background(path: Path) -> subprocess.Popen:
+    return subprocess.Popen(
         [sys.executable, str(LAUNCH), "local", str(path), "--max-parallel", "1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def _wait_rows(progress: Path, rows: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 90
+    while not (progress.exists() and len(progress.read_text().splitlines()) > rows):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.timeout(240)
+def test_stopping_the_launcher_stops_its_runs(write_sweep, tmp_path):
+    path = write_sweep("stop", 'overrides={"train.iterations": 200, "train.step_sleep_s": 0.05},')
     manifest = tmp_path / "runs" / "stop" / "sweep.json"
     progress = tmp_path / "runs" / "stop" / "run_0" / "progress.csv"
-    deadline = time.monotonic() + 60
-    while not (progress.exists() and len(progress.read_text().splitlines()) > 2):
-        assert time.monotonic() < deadline and proc.poll() is None, (
-            proc.stdout.read() if proc.poll() is not None else ""
-        )
-        time.sleep(0.2)
-    pid = json.loads(manifest.read_text())["runs"][0]["pid"]
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
-    time.sleep(0.5)
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)  # the run went with the launcher: no orphan
-    assert json.loads(manifest.read_text())["runs"][0]["state"] == "interrupted"
-    # and relaunching resumes the interrupted run from its checkpoint
-    rows_before = len(progress.read_text().splitlines()) - 1
+
+    first = _launch_in_background(path)
+    _wait_rows(progress, 2, first)
+    # a second launch of the same sweep while the first runs it is refused: two writers in one run dir
     res = subprocess.run(
         [sys.executable, str(LAUNCH), "local", str(path)],
         capture_output=True,
         text=True,
-        timeout=100,
+        timeout=60,
+    )
+    assert res.returncode == 2 and "are still active: run_0 (RUNNING)" in res.stderr
+    pid = json.loads(manifest.read_text())["runs"][0]["pid"]
+    first.send_signal(signal.SIGTERM)  # Ctrl-C / SIGTERM: the launcher stops its runs, then exits
+    first.wait(timeout=30)
+    assert _gone(pid)
+    assert json.loads(manifest.read_text())["runs"][0]["state"] == "interrupted"
+
+    second = _launch_in_background(
+        path
+    )  # resumes the run; this time the launcher is killed outright
+    rows = len(progress.read_text().splitlines())
+    _wait_rows(progress, rows + 1, second)
+    pid = json.loads(manifest.read_text())["runs"][0]["pid"]
+    second.kill()
+    second.wait(timeout=10)
+    assert _gone(pid)  # the parent-death signal took the run along: no orphan
+
+    res = subprocess.run(
+        [sys.executable, str(LAUNCH), "local", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     summary = json.loads((progress.parent / "summary.json").read_text())
-    assert summary["resumed_from"] >= rows_before - 1 > 0
+    assert summary["resumed_from"] > rows - 1 > 0
+    assert (
+        len(progress.read_text().splitlines()) == 201
+    )  # every iteration logged once across three launches
