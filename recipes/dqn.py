@@ -13,6 +13,7 @@ returns) solve CartPole-v1 (greedy evaluation 500) within 100k frames.
     python recipes/dqn.py model.categorical=true                   # C51 (+ double, dueling, n-step)
     python recipes/dqn.py replay.prioritized=true                  # + prioritized replay
     python recipes/dqn.py collector.kind=parallel collector.batch_B=2 collector.n_workers=2
+    python recipes/dqn.py trainer.kind=async                       # collect and optimise in two processes
     python recipes/dqn.py --help                                   # every key
 
 Atari (rlpyt's defaults; needs ``pip install 'tdrl[atari]'``)::
@@ -26,6 +27,7 @@ Atari (rlpyt's defaults; needs ``pip install 'tdrl[atari]'``)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 import torch
@@ -40,7 +42,7 @@ from tdrl.objectives.dqn import dqn_priorities, make_dqn_loss
 from tdrl.objectives.schedules import LinearSchedule
 from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import PrioritizedSampler, TransitionReplayBuffer
-from tdrl.train import SyncTrainer
+from tdrl.train import TrainerConfig, make_trainer
 from tdrl.utils.seeding import seed_everything
 
 REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
@@ -182,6 +184,8 @@ class Config:
     """Snapshots and resume."""
     stop_return: float | None = None
     """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """sync, or async (trainer.kind=async: a collector process fills the replay while this one optimises)."""
 
 
 def main(cfg: Config) -> dict:
@@ -226,9 +230,9 @@ def main(cfg: Config) -> dict:
                                  seed=cfg.run.seed) if cfg.replay.prioritized else None
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, sampler=sampler, n_step=cfg.loss.n_step,
                                     gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed)
-    collector = make_collector(cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
-                               batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
-                               seed=cfg.run.seed, discount=cfg.loss.gamma)
+    collector_factory = partial(make_collector, cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
+                                batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
+                                seed=cfg.run.seed, discount=cfg.loss.gamma)  # built by the trainer (async: in its own process)
     eval_collector = None
     if cfg.eval.n_envs:  # wait-reset over one time limit: each evaluation is n_envs whole episodes
         limit = cfg.eval.max_steps or specs.max_episode_steps or 1000
@@ -236,12 +240,13 @@ def main(cfg: Config) -> dict:
                                         batch_B=cfg.eval.n_envs, batch_T=limit, seed=cfg.run.seed + 10_000,
                                         reset_mode="wait_reset", exploration_type="deterministic",
                                         discount=cfg.loss.gamma)
-    trainer = SyncTrainer(collector=collector, eval_collector=eval_collector, run=run,
-                          n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
-                          replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
-                          min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
-                          checkpoint_interval_steps=cfg.checkpoint.interval_steps,
-                          checkpoint_state={"loss": loss, "updater": updater, "replay": replay})
+    trainer = make_trainer(cfg.trainer, on_policy=False, collector_factory=collector_factory, replay=replay, policy=policy,
+                           seed=cfg.run.seed, eval_collector=eval_collector, run=run,
+                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
+                           replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
+                           min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
+                           checkpoint_interval_steps=cfg.checkpoint.interval_steps,
+                           checkpoint_state={"loss": loss, "updater": updater, "replay": replay})
     lr_at = LinearSchedule(cfg.optim.lr, cfg.optim.lr if cfg.optim.lr_final is None else cfg.optim.lr_final,
                            duration=cfg.collector.total_frames)
 
@@ -256,7 +261,8 @@ def main(cfg: Config) -> dict:
 
     # --- Loop -----------------------------------------------------------------------------------------------
     for batch in trainer:
-        replay.extend(batch)
+        if batch is not None:  # async: the collector process already wrote it into the replay
+            replay.extend(batch)
         exploration.set_frames(trainer.frames)  # epsilon of the next batch (synced to collector copies)
         updater.lr = lr_at(trainer.frames)
         metrics = [update() for _ in range(trainer.updates_due)]
