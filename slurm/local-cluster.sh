@@ -146,10 +146,10 @@ start() {
     say "already up (node $NODE)"; return 0
   fi
   if ! conf_is_current; then
-    if [ -f "$CONF" ] && ! head -n1 "$CONF" | grep -qF "$MARK"; then
-      cp "$CONF" "$CONF.before-tdrl"
-      say "kept the existing slurm.conf as $CONF.before-tdrl"
+    if [ -f "$CONF" ] && ! head -n1 "$CONF" | grep -qF "$MARK" && [ "${TDRL_SLURM_REPLACE_CONF:-0}" != 1 ]; then
+      die "$CONF exists and was not written by this script (a real cluster?); not touching it. Set TDRL_SLURM_REPLACE_CONF=1 to replace it (a copy is kept as $CONF.before-tdrl)"
     fi
+    [ -f "$CONF" ] && ! head -n1 "$CONF" | grep -qF "$MARK" && cp "$CONF" "$CONF.before-tdrl"
     stop_daemons quiet   # daemons started with another configuration read it only at start
     write_conf
   fi

@@ -118,7 +118,9 @@ def _in_child(cpus: tuple[int, ...]) -> None:
     """Runs in the run's process before exec: pin it to the slot, and have it get SIGTERM if the launcher dies."""
     os.sched_setaffinity(0, cpus)
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)  # Linux; no orphan runs
+        ctypes.CDLL(None, use_errno=True).prctl(
+            _PR_SET_PDEATHSIG, signal.SIGTERM
+        )  # Linux; no orphan runs
     except (OSError, AttributeError):
         pass
 

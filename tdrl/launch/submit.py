@@ -45,38 +45,57 @@ class SubmittedRun:
     result: Path
 
 
-def _partitions() -> dict[str, int]:
-    """``{partition: most CPUs on one of its nodes}`` from sinfo; {} when sinfo is unavailable."""
+@dataclass
+class _Partition:
+    """The largest node of a partition, as sinfo reports it."""
+
+    cpus: int = 0
+    mem_mb: int = 0
+    gpus: int = 0
+    default: bool = False
+
+
+def _gres_gpus(gres: str) -> int:
+    """GPUs in a GRES string: ``gpu:a100:4(S:0-1),shard:8`` -> 4; ``(null)`` -> 0."""
+    total = 0
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def _partitions() -> dict[str, _Partition]:
+    """Each partition's largest CPU count, memory and GPU count per node; {} when sinfo does not answer."""
     try:
         text = subprocess.run(
-            ["sinfo", "-h", "-o", "%P|%c"], capture_output=True, text=True, timeout=30, check=True
+            ["sinfo", "-h", "-o", "%P|%c|%m|%G"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         ).stdout
     except (subprocess.SubprocessError, OSError):
         return {}
-    out: dict[str, int] = {}
+    out: dict[str, _Partition] = {}
     for line in text.splitlines():
-        name, _, cpus = line.strip().partition("|")
-        if name:
-            out[name.rstrip("*")] = max(out.get(name.rstrip("*"), 0), int(cpus.rstrip("+") or 0))
+        fields = line.strip().split("|")
+        if len(fields) != 4 or not fields[0]:
+            continue
+        name, cpus, mem, gres = fields
+        part = out.setdefault(name.rstrip("*"), _Partition(default=name.endswith("*")))
+        part.cpus = max(part.cpus, int(cpus.rstrip("+") or 0))
+        part.mem_mb = max(part.mem_mb, int(mem.rstrip("+") or 0))
+        part.gpus = max(part.gpus, _gres_gpus(gres))
     return out
 
 
-def _default_partition() -> str | None:
-    try:
-        text = subprocess.run(
-            ["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return None
-    return next((p.rstrip("*") for p in text.split() if p.endswith("*")), None)
-
-
 def check_slurm_resources(resources: Resources) -> None:
-    """Fail before submitting when the request cannot run here.
+    """Fail before submitting when the request cannot run on this cluster.
 
     Raises:
-        SweepError: a non-positive count, no ``sbatch``/``scontrol`` on PATH, an unknown partition (listing the
-            known ones) or more CPUs per task than any node of the partition has.
+        SweepError: a non-positive count, no SLURM client on PATH, an unknown partition (listing the known
+            ones), or more CPUs per task, memory or GPUs than the largest node of the partition has.
     """
     r = resources
     for name in ("cpus_per_run", "time_min", "tasks_per_node", "nodes"):
@@ -92,16 +111,23 @@ def check_slurm_resources(resources: Resources) -> None:
     partitions = _partitions()
     if not partitions:
         return
-    partition = r.partition or _default_partition()
     if r.partition and r.partition not in partitions:
         raise SweepError(
             f"unknown SLURM partition '{r.partition}'; partitions: {', '.join(sorted(partitions))}"
         )
-    if partition in partitions and r.cpus_per_run > partitions[partition]:
+    name = r.partition or next((n for n, p in partitions.items() if p.default), None)
+    part = partitions.get(name or "")
+    if part is None:
+        return
+    where = f"the largest node of partition '{name}' has"
+    if part.cpus and r.cpus_per_run * r.tasks_per_node > part.cpus:
         raise SweepError(
-            f"cpus_per_run={r.cpus_per_run} but the largest node of partition '{partition}' has "
-            f"{partitions[partition]} CPUs"
+            f"cpus_per_run={r.cpus_per_run} x tasks_per_node={r.tasks_per_node} but {where} {part.cpus} CPUs"
         )
+    if r.mem_gb and part.mem_mb and r.mem_gb * 1024 > part.mem_mb:
+        raise SweepError(f"mem_gb={r.mem_gb} but {where} {part.mem_mb / 1024:.1f} GB")
+    if r.gpus_per_run > part.gpus:
+        raise SweepError(f"gpus_per_run={r.gpus_per_run} but {where} {part.gpus} GPUs")
 
 
 def make_executor(folder: Path, resources: Resources, name: str, n_runs: int):

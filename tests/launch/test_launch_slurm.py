@@ -234,11 +234,19 @@ def test_resources_that_do_not_fit_fail_before_submission(write_sweep):
     ).stdout.split()
     with pytest.raises(SweepError, match=r"unknown SLURM partition 'gpu-a100'; partitions: debug"):
         submit_sweep(plan, Resources(partition="gpu-a100"), out=io.StringIO())
-    with pytest.raises(
-        SweepError,
-        match=r"cpus_per_run=4096 but the largest node of partition 'debug' has \d+ CPUs",
-    ):
-        submit_sweep(plan, Resources(cpus_per_run=4096), out=io.StringIO())
+    node = "the largest node of partition 'debug' has"
+    too_big = [
+        (
+            Resources(cpus_per_run=4096),
+            rf"cpus_per_run=4096 x tasks_per_node=1 but {node} \d+ CPUs",
+        ),
+        (Resources(cpus_per_run=1, tasks_per_node=4096), r"x tasks_per_node=4096 but"),
+        (Resources(mem_gb=1e6), rf"mem_gb=1000000.0 but {node} [\d.]+ GB"),
+        (Resources(gpus_per_run=1), rf"gpus_per_run=1 but {node} 0 GPUs"),
+    ]
+    for resources, message in too_big:
+        with pytest.raises(SweepError, match=message):
+            submit_sweep(plan, resources, out=io.StringIO())
     after = subprocess.run(
         ["squeue", "-h", "-o", "%i"], capture_output=True, text=True
     ).stdout.split()
