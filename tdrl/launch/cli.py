@@ -191,7 +191,9 @@ def build_parser(prog: str = "slurm/launch.py") -> argparse.ArgumentParser:
         "status", help="each run's state and last progress row; --results collects summaries"
     )
     q.add_argument("exp_dir", help="experiment directory (holds sweep.json)")
-    q.add_argument("--columns", help="progress.csv columns to show, comma-separated")
+    q.add_argument(
+        "--columns", help="progress.csv columns of the last row to show, comma-separated, or 'all'"
+    )
     q.add_argument(
         "--results", action="store_true", help="write results.csv/json of the runs' summaries"
     )

@@ -243,6 +243,11 @@ def sweep_status(exp_dir: str | os.PathLike) -> list[RunStatus]:
 
 
 def _pick_columns(statuses: list[RunStatus], columns: list[str] | None) -> list[str]:
+    if columns == ["all"]:
+        keys: list[str] = []
+        for s in statuses:
+            keys += [k for k in s.last_row if k not in keys]
+        return keys
     if columns:
         return columns
     present = {k for s in statuses for k in s.last_row}

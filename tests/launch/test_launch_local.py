@@ -113,12 +113,14 @@ def test_a_failing_run_is_recorded_and_the_others_go_on(write_sweep):
     assert states["fails/run_0"].state == "FAILED" and states["fails/run_0"].log == str(failed.log)
     assert states["ok/run_0"].state == "COMPLETED" and states["ok/run_0"].rows == 6
     res = subprocess.run(
-        [sys.executable, str(LAUNCH), "status", str(plan.exp_dir), "--results"],
+        [sys.executable, str(LAUNCH), "status", str(plan.exp_dir), "--results", "--columns", "all"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert res.returncode == 1  # a run failed
+    header = res.stdout.splitlines()[0].split()
+    assert header[:5] == ["run", "state", "rows", "Iteration", "CumSteps"] and "loss" in header
     assert (
         "FAILED" in res.stdout
         and str(failed.log) in res.stdout
