@@ -13,8 +13,8 @@ Rows (``--json`` names):
 * ``tdrl-parallel-startup`` — seconds to build a 2-worker, 32-env HalfCheetah collector in a fresh process
   (cold: first collector of the process; warm: the next one).
 
-Each row: one warm-up batch, then ``--repeats`` timed runs of at least ``--seconds`` each; the median is
-reported. Torch runs with one thread. Run from a temporary directory (MuJoCo writes ``MUJOCO_LOG.TXT`` into the
+Each row: one warm-up batch, then ``--repeats`` timed runs of at least ``--seconds`` each, taken round-robin
+over all rows of an env (so load changes during the run hit every row alike); the median is reported. Torch runs with one thread. Run from a temporary directory (MuJoCo writes ``MUJOCO_LOG.TXT`` into the
 working directory): ``cd $(mktemp -d) && python /path/to/benchmarks/collectors.py``.
 
 Usage::
@@ -103,24 +103,36 @@ def ppo_policy(env_id: str):
 
 
 # ----------------------------------------------------------------------------- timing
-def measure(run: Callable[[], None], frames_per_call: int, seconds: float, repeats: int) -> float:
-    """Median frames/s over ``repeats`` runs of at least ``seconds`` (after one warm-up call)."""
-    run()
-    rates = []
-    for _ in range(repeats):
+class Row:
+    """A measured configuration: ``run()`` produces ``frames`` frames; ``close()`` frees it."""
+
+    def __init__(self, name: str, section: str, run: Callable[[], object], frames: int,
+                 close: Callable[[], object] = lambda: None) -> None:
+        self.name, self.section, self.run, self.frames, self.close = name, section, run, frames, close
+        self.rates: list[float] = []
+
+    def time_once(self, seconds: float) -> None:
         calls, start = 0, time.perf_counter()
         while True:
-            run()
+            self.run()
             calls += 1
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:
                 break
-        rates.append(calls * frames_per_call / elapsed)
-    return statistics.median(rates)
+        self.rates.append(calls * self.frames / elapsed)
+
+
+def measure_interleaved(rows: list[Row], seconds: float, repeats: int) -> None:
+    """Warm every row up, then time them round-robin ``repeats`` times (load drifts hit all rows alike)."""
+    for row in rows:
+        row.run()
+    for _ in range(repeats):
+        for row in rows:
+            row.time_once(seconds)
 
 
 # ----------------------------------------------------------------------------- rows
-def bench_raw(env_id: str, seconds: float, repeats: int) -> float:
+def raw_row(env_id: str) -> Row:
     vec = gym.vector.SyncVectorEnv([functools.partial(gym.make, env_id) for _ in range(B)])
     obs, _ = vec.reset(seed=0)
     torch.manual_seed(0)
@@ -135,21 +147,15 @@ def bench_raw(env_id: str, seconds: float, repeats: int) -> float:
                 obs, *_ = vec.step(action)
         state["obs"] = obs
 
-    try:
-        return measure(run, B * T, seconds, repeats)
-    finally:
-        vec.close()
+    return Row("raw-vector-mlp", "mlp", run, B * T, vec.close)
 
 
-def bench_tdrl(kind: str, env_id: str, policy, seconds: float, repeats: int) -> float:
+def tdrl_row(name: str, section: str, kind: str, env_id: str, policy) -> Row:
     from tdrl.collect import make_collector
     from tdrl.envs import EnvFactory
 
     collector = make_collector(kind, EnvFactory(env_id), policy, batch_B=B, batch_T=T, n_workers=WORKERS, seed=0)
-    try:
-        return measure(collector.collect, B * T, seconds, repeats)
-    finally:
-        collector.shutdown()
+    return Row(name, section, collector.collect, B * T, collector.shutdown)
 
 
 def _torchrl_env(env_id: str, n: int):
@@ -158,7 +164,7 @@ def _torchrl_env(env_id: str, n: int):
     return SerialEnv(n, functools.partial(GymEnv, env_id, categorical_action_encoding=True))
 
 
-def bench_torchrl(config: str, env_id: str, seconds: float, repeats: int, frames_per_batch: int) -> float:
+def torchrl_row(config: str, env_id: str, frames_per_batch: int) -> Row:
     from torchrl.collectors import Collector, MultiSyncCollector
 
     policy = mlp_policy(env_id)
@@ -170,13 +176,10 @@ def bench_torchrl(config: str, env_id: str, seconds: float, repeats: int, frames
         collector = MultiSyncCollector([functools.partial(_torchrl_env, env_id, n)] * 2, policy,
                                        frames_per_batch=frames_per_batch, total_frames=-1)
     iterator = iter(collector)
-    try:
-        return measure(lambda: next(iterator), frames_per_batch, seconds, repeats)
-    finally:
-        collector.shutdown()
+    return Row(f"torchrl {config}", "torchrl", lambda: next(iterator), frames_per_batch, collector.shutdown)
 
 
-def bench_sb3(env_id: str, seconds: float, repeats: int) -> float:
+def sb3_row(env_id: str) -> Row:
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -188,10 +191,7 @@ def bench_sb3(env_id: str, seconds: float, repeats: int) -> float:
     def run() -> None:
         model.collect_rollouts(model.env, callback, model.rollout_buffer, n_rollout_steps=T)
 
-    try:
-        return measure(run, B * T, seconds, repeats)
-    finally:
-        vec.close()
+    return Row("sb3-rollout", "ppo", run, B * T, vec.close)
 
 
 STARTUP_SCRIPT = """
@@ -248,24 +248,30 @@ def main() -> None:
         print(f"  {env_id:15s} {name:34s} {fps:12,.0f} frames/s", flush=True)
 
     for env_id in args.envs:
-        add(env_id, "raw-vector-mlp", bench_raw(env_id, seconds, repeats))
+        env_rows: list[Row] = [raw_row(env_id)]
         if "torchrl-best" not in args.skip:
-            best = 0.0
-            for config in torchrl_configs:
-                fps = bench_torchrl(config, env_id, seconds, repeats, frames_per_batch=1024 if args.quick else 4096)
-                add(env_id, f"torchrl {config}", fps, section="torchrl")
-                best = max(best, fps)
-            add(env_id, "torchrl-best", best)
+            env_rows += [torchrl_row(c, env_id, 1024 if args.quick else 4096) for c in torchrl_configs]
         policy = mlp_policy(env_id)
         for kind in ("serial", "parallel", "action_server", "alternating"):
             name = "tdrl-" + kind.replace("_", "-")
             if name not in args.skip:
-                add(env_id, name, bench_tdrl(kind, env_id, policy, seconds, repeats))
+                env_rows.append(tdrl_row(name, "mlp", kind, env_id, policy))
         if "sb3-rollout" not in args.skip:
-            add(env_id, "sb3-rollout", bench_sb3(env_id, seconds, repeats), section="ppo")
+            env_rows.append(sb3_row(env_id))
         ppo = ppo_policy(env_id)
         for kind in ("serial", "parallel"):
-            add(env_id, f"tdrl-{kind}-ppo", bench_tdrl(kind, env_id, ppo, seconds, repeats), section="ppo")
+            if f"tdrl-{kind}-ppo" not in args.skip:
+                env_rows.append(tdrl_row(f"tdrl-{kind}-ppo", "ppo", kind, env_id, ppo))
+        try:
+            measure_interleaved(env_rows, seconds, repeats)
+        finally:
+            for row in env_rows:
+                row.close()
+        torchrl = [statistics.median(r.rates) for r in env_rows if r.section == "torchrl"]
+        for i, row in enumerate(env_rows):
+            add(env_id, row.name, statistics.median(row.rates), row.section)
+            if row.section == "torchrl" and env_rows[i + 1].section != "torchrl":
+                add(env_id, "torchrl-best", max(torchrl))
     startup = None
     if "tdrl-parallel-startup" not in args.skip:
         startup = bench_startup()

@@ -178,11 +178,19 @@ class SerialCollector:
         load_weights(self.policy, policy_or_weights)
 
     def state_dict(self) -> dict[str, Any]:
-        """Counters (``frames``, ``iter``). Env state is not captured: resuming restarts episodes."""
-        return self.budget.state_dict()
+        """Counters (``frames``, ``iter``) and the transform's state (e.g. running statistics).
+
+        Env state is not captured: resuming restarts episodes (exact resume is at iteration boundaries).
+        """
+        state: dict[str, Any] = self.budget.state_dict()
+        if self.runner.envs.transform is not None:
+            state["transform"] = self.runner.envs.transform.state_dict()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.budget.load_state_dict(state_dict)
+        if "transform" in state_dict and self.runner.envs.transform is not None:
+            self.runner.envs.transform.load_state_dict(state_dict["transform"])
 
     def shutdown(self) -> None:
         """Close the envs; safe to call more than once."""

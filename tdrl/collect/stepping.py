@@ -50,6 +50,11 @@ def make_step_td(n_envs: int, obs_spec: Any, transform: Any = None) -> TensorDic
     With a ``transform`` the observation entries take the transformed shape and dtype.
     """
     obs = obs_spec.zero((n_envs,))
+    if not isinstance(obs, torch.Tensor):
+        raise TypeError(
+            "tdrl collectors need a single array observation; this env has a dict/tuple observation space "
+            "(wrap it with gymnasium.wrappers.FlattenObservation, or use make_collector('torchrl', ...))"
+        )
     if transform is not None:
         obs = torch.zeros_like(probe_observation(transform, obs))
     flag = torch.zeros(n_envs, 1, dtype=torch.bool)

@@ -75,3 +75,37 @@ def test_vecnorm_statistics_update_batched():
     assert torch.isfinite(batch["observation"]).all()
     # Normalised by running statistics: late observations are no longer the raw step counts.
     assert batch["next", "observation"][:, -1, 0].abs().max() < 19
+
+
+def test_serial_state_dict_carries_transform_statistics():
+    def make():
+        return make_collector("serial", StairsFactory(length=50), None, batch_B=2, batch_T=10,
+                              transform=VecNormV2(in_keys=["observation"], decay=0.9, reduce_batch_dims=True))
+
+    with make() as c:
+        c.collect()
+        state = c.state_dict()
+    with make() as fresh:
+        fresh.load_state_dict(state)
+        assert fresh.frames == 20
+        restored = fresh.state_dict()["transform"]
+    torch.testing.assert_close(restored, state["transform"], rtol=0, atol=0)
+
+
+def test_dict_observations_are_refused_clearly():
+    import gymnasium as gym
+
+    from tdrl.envs.make import EnvSpecs
+
+    class DictFactory:
+        def __call__(self, seed=None):
+            return gym.make("CartPole-v1")
+
+        def specs(self):
+            env = gym.wrappers.TransformObservation(
+                gym.make("CartPole-v1"), lambda o: {"x": o},
+                gym.spaces.Dict({"x": gym.make("CartPole-v1").observation_space}))
+            return EnvSpecs.from_env(env)
+
+    with pytest.raises(TypeError, match="FlattenObservation"):
+        make_collector("serial", DictFactory(), None, batch_B=1, batch_T=2)
