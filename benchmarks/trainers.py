@@ -1,8 +1,8 @@
 """Throughput of the multi-process trainers against the sync trainer, every row measured in the same invocation.
 
-Section 1 -- async vs sync, one off-policy loop (DQN on CartPole-v1, serial collector ``B x T`` frames per
-iteration, ``replay_ratio`` and ``batch_size`` fixed) run by ``make_trainer`` with ``trainer.kind`` = ``sync`` or
-``async`` -- the same code path a recipe takes -- on the same frame budget:
+Section 1 -- async vs sync on one recipe: ``recipes/dqn.py`` (CartPole-v1, serial collector, ``B x T`` frames per
+iteration, ``replay_ratio`` and ``batch_size`` fixed, no evaluation) with ``trainer.kind`` = ``sync`` or ``async``
+on the same frame budget:
 
 * ``sync``: collect a batch, then its updates (rlpyt MinibatchRl);
 * ``async-free``: collector process at full speed, optimizer throttled to never exceed the ratio (rlpyt AsyncRl);
@@ -14,8 +14,8 @@ Columns: env frames per second of training wall time (``train_s``: startup and e
 updates per second, the achieved replay ratio (samples drawn / frames since learning started), and each row's
 frames/s and updates/s over the sync row's.
 
-Section 2 -- data-parallel weak scaling on CPU: PPO on CartPole-v1, each rank ``B x T`` frames per iteration and
-the same epochs/minibatches, ``world_size`` 1 vs 2 (gloo, spawned ranks). Columns: total frames/s over all ranks,
+Section 2 -- data-parallel weak scaling on CPU: ``recipes/ppo.py trainer.kind=ddp`` on CartPole-v1, each rank
+``B x T`` frames per iteration and the same epochs/minibatches, ``world_size`` 1 vs 2 (gloo, spawned ranks). Columns: total frames/s over all ranks,
 updates/s (each update averages one minibatch per rank), and the 2-rank/1-rank ratio (ideal 2.0 when each rank has
 a free core).
 
@@ -34,106 +34,52 @@ import os
 import statistics
 import sys
 import tempfile
-import time
-
-import torch
 
 
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-# --- section 1: one off-policy loop, three trainers ---------------------------------------------------------------
+# --- the recipes, run through their main() as from the command line -----------------------------------------------
+
+RECIPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "recipes")
 
 
-def dqn_run(kind: str, *, n_steps: int, batch_B: int, batch_T: int, replay_ratio: float, batch_size: int,
-            min_steps_learn: int, max_lag_frames: int, hidden: int, seed: int = 0) -> dict:
-    """One DQN run with ``trainer.kind=kind``; returns the trainer's summary (frames, train_s, updates, ratio)."""
-    from tensordict.nn import TensorDictSequential
+def recipe_run(name: str, overrides: list[str]) -> dict:
+    """``python recipes/<name>.py <overrides>`` in this process (its ranks/collector process are spawned); the
+    recipe's summary (frames, train_s, updates, ...)."""
+    from tdrl.config import apply_overrides
+    from tdrl.launch.recipe import load_recipe
 
-    from tdrl.collect import make_collector
-    from tdrl.envs import EnvFactory
-    from tdrl.models.exploration import EpsilonGreedy
-    from tdrl.models.q import make_q_actor
-    from tdrl.objectives.dqn import make_dqn_loss
-    from tdrl.objectives.update import TargetUpdate, Updater
-    from tdrl.replay import TransitionReplayBuffer
-    from tdrl.train import TrainerConfig, make_trainer
-    from tdrl.utils.seeding import seed_everything
+    module = load_recipe(os.path.join(RECIPES, f"{name}.py"))
+    with tempfile.TemporaryDirectory(prefix=f"tdrl-bench-{name}-") as tmp:
+        common = [f"run.dir={tmp}/run", "logger.wandb=false", "logger.progress_bar=false", "eval.n_envs=0"]
+        return module.main(apply_overrides(module.Config(), [*common, *overrides]))
 
-    torch.set_num_threads(1)
-    seed_everything(seed)
-    env = EnvFactory("CartPole-v1")
-    specs = env.specs()
-    q = make_q_actor(specs, hidden_sizes=(hidden, hidden))
-    policy = TensorDictSequential(q, EpsilonGreedy(specs.n_actions, eps_init=1.0, eps_final=0.05,
-                                                   start_frames=min_steps_learn, end_frames=n_steps // 2))
-    loss = make_dqn_loss(q)
-    updater = Updater(torch.optim.Adam(loss.parameters(), lr=5e-4), loss_keys=("loss",),
-                      target_update=TargetUpdate(loss, interval=200))
-    with tempfile.TemporaryDirectory(prefix="tdrl-bench-replay-") as scratch:
-        replay = TransitionReplayBuffer(scratch, 100_000, seed=seed)
-        factory = functools.partial(make_collector, "serial", env, policy, batch_B=batch_B, batch_T=batch_T, seed=seed)
-        cfg = TrainerConfig(kind=kind, max_lag_frames=max_lag_frames)
-        trainer = make_trainer(cfg, on_policy=False, collector=factory() if kind == "sync" else None,
-                               collector_factory=factory, replay=replay, policy=policy, seed=seed, n_steps=n_steps,
-                               log_interval_steps=n_steps // 4, replay_ratio=replay_ratio, batch_size=batch_size,
-                               min_steps_learn=min_steps_learn)
-        for batch in trainer:
-            if batch is not None:
-                replay.extend(batch)
-                policy[1].set_frames(trainer.frames)
-            metrics = [updater.step(loss(replay.sample(batch_size))) for _ in range(trainer.updates_due)]
-            trainer.record(metrics, updates=len(metrics))
-        summary = trainer.summary
-        samples, writes = replay.samples_drawn, replay.write_count
+
+def dqn_run(kind: str, *, max_lag_frames: int, n_steps: int, batch_B: int, batch_T: int, replay_ratio: float,
+            batch_size: int, min_steps_learn: int) -> dict:
+    """recipes/dqn.py with ``trainer.kind=kind``; adds the achieved replay ratio (samples / frames after learning
+    starts)."""
+    summary = recipe_run("dqn", [
+        f"trainer.kind={kind}", f"trainer.max_lag_frames={max_lag_frames}", f"collector.total_frames={n_steps}",
+        f"collector.batch_B={batch_B}", f"collector.batch_T={batch_T}", f"optim.replay_ratio={replay_ratio}",
+        f"optim.batch_size={batch_size}", f"optim.min_steps_learn={min_steps_learn}",
+        f"logger.log_interval_steps={n_steps // 4}",
+    ])
     learn_start = min_steps_learn // (batch_B * batch_T) * (batch_B * batch_T)
-    summary["achieved_ratio"] = samples / max(writes - learn_start, 1)
+    summary["achieved_ratio"] = summary["updates"] * batch_size / max(summary["frames"] - learn_start, 1)
     return summary
 
 
-# --- section 2: data-parallel weak scaling ---------------------------------------------------------------------------
-
-
-def ppo_rank(n_steps: int, batch_B: int, batch_T: int, epochs: int, minibatches: int, hidden: int) -> dict:
-    """One rank of a PPO run with DataParallelTrainer (the same body on every rank)."""
-    from torchrl.objectives import ClipPPOLoss
-    from torchrl.objectives.value import GAE
-
-    from tdrl.collect import make_collector
-    from tdrl.envs import EnvFactory
-    from tdrl.models import make_actor_critic
-    from tdrl.objectives.update import Updater
-    from tdrl.train import DataParallelTrainer
-    from tdrl.utils.distributed import rank_seed
-    from tdrl.utils.seeding import seed_everything
-
-    torch.set_num_threads(1)
-    seed = rank_seed(0)
-    seed_everything(seed)
-    env = EnvFactory("CartPole-v1")
-    ac = make_actor_critic(env.specs(), hidden_sizes=(hidden, hidden))
-    collector = make_collector("serial", env, ac.actor, batch_B=batch_B, batch_T=batch_T, seed=seed)
-    loss = ClipPPOLoss(ac.actor, ac.critic)
-    gae = GAE(gamma=0.99, lmbda=0.95, value_network=ac.critic, deactivate_vmap=True)
-    updater = Updater(torch.optim.Adam(loss.parameters(), lr=3e-4), max_grad_norm=0.5)
-    trainer = DataParallelTrainer(collector=collector, modules=[loss], n_steps=n_steps, log_interval_steps=n_steps)
-    for batch in trainer:
-        with torch.no_grad():
-            gae(batch)
-        metrics = []
-        flat = batch.reshape(-1)
-        for _ in range(epochs):
-            for idx in torch.randperm(flat.shape[0]).chunk(minibatches):
-                metrics.append(updater.step(loss(flat[idx])))
-        trainer.record(metrics, updates=len(metrics))
-    return trainer.summary
-
-
-def ddp_run(world_size: int, **kwargs) -> dict:
-    from tdrl.train import launch_data_parallel
-
-    return launch_data_parallel(ppo_rank, world_size=world_size, **kwargs)
+def ppo_run(world_size: int, *, per_rank_itrs: int, batch_B: int, batch_T: int, epochs: int, minibatches: int) -> dict:
+    """recipes/ppo.py with ``trainer.kind=ddp trainer.world_size=world_size`` (weak scaling: per-rank batches)."""
+    n_steps = world_size * batch_B * batch_T * per_rank_itrs
+    return recipe_run("ppo", [
+        "trainer.kind=ddp", f"trainer.world_size={world_size}", f"collector.total_frames={n_steps}",
+        f"collector.batch_B={batch_B}", f"collector.batch_T={batch_T}", f"loss.epochs={epochs}",
+        f"loss.minibatches={minibatches}", f"logger.log_interval_steps={n_steps}",
+    ])
 
 
 # --- driver ---------------------------------------------------------------------------------------------------------
@@ -175,26 +121,23 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"load average before: {out['load_before']}  (cpus: {out['cpus']})", flush=True)
 
     if "async" in args.sections:
-        n_steps = 8_192 if args.quick else 40_960
-        dqn = dict(n_steps=n_steps, batch_B=8, batch_T=32, replay_ratio=8.0, batch_size=128,
-                   min_steps_learn=2_048, hidden=64)
-        print(f"\nasync vs sync: DQN CartPole-v1, {n_steps} frames, B x T = 8 x 32, replay_ratio 8, batch 128",
-              flush=True)
+        n_steps = 8_192 if args.quick else 32_768
+        dqn = dict(n_steps=n_steps, batch_B=8, batch_T=32, replay_ratio=8.0, batch_size=128, min_steps_learn=2_048)
+        print(f"\nasync vs sync: recipes/dqn.py on CartPole-v1, {n_steps} frames, B x T = 8 x 32, replay_ratio 8, "
+              "batch 128", flush=True)
         rows = [
             median_row("sync", functools.partial(dqn_run, "sync", max_lag_frames=-1, **dqn), args.repeats),
             median_row("async-free", functools.partial(dqn_run, "async", max_lag_frames=-1, **dqn), args.repeats),
-            median_row("async-lag", functools.partial(dqn_run, "async", max_lag_frames=0, **dqn), args.repeats),
+            median_row("async", functools.partial(dqn_run, "async", max_lag_frames=0, **dqn), args.repeats),
         ]
-        print_table("async vs sync (same loop, same budget; medians)", rows, "sync")
+        print_table("async vs sync (same recipe, same budget; medians)", rows, "sync")
         out["async"] = rows
 
     if "ddp" in args.sections:
-        per_rank_itrs = 6 if args.quick else 30
-        ppo = dict(batch_B=8, batch_T=64, epochs=4, minibatches=4, hidden=64)
-        print(f"\ndata-parallel weak scaling: PPO CartPole-v1, per rank B x T = 8 x 64, {per_rank_itrs} iterations",
-              flush=True)
-        rows = [median_row(f"ddp-{w}", functools.partial(ddp_run, w, n_steps=w * 512 * per_rank_itrs, **ppo),
-                           args.repeats) for w in (1, 2)]
+        ppo = dict(per_rank_itrs=6 if args.quick else 24, batch_B=8, batch_T=64, epochs=4, minibatches=4)
+        print(f"\ndata-parallel weak scaling: recipes/ppo.py on CartPole-v1, per rank B x T = 8 x 64, "
+              f"{ppo['per_rank_itrs']} iterations", flush=True)
+        rows = [median_row(f"ddp-{w}", functools.partial(ppo_run, w, **ppo), args.repeats) for w in (1, 2)]
         print_table("data-parallel scaling on CPU (gloo; medians)", rows, "ddp-1")
         out["ddp"] = rows
 

@@ -26,13 +26,8 @@ or, when torch's ``env://`` variables are set (torchrun; ``tdrl.launch`` exports
 joins that process group and runs ``main`` in this process. A rank that raises or dies stops the others and the
 launcher raises :class:`DataParallelError` with that rank's traceback.
 
-Why gradients are all-reduced by hooks rather than ``DistributedDataParallel``: TorchRL loss modules call their
-networks functionally (``params.to_module(net)``), bypassing a DDP wrapper's ``forward``, which DDP needs to
-prepare its reducer. :class:`GradientAllReduce` hooks the parameters themselves: it notes every gradient
-accumulated during a backward pass and, when the pass ends (autograd's final callback, the point DDP finishes its
-own reduction), all-reduces them in one flat buffer per dtype and divides by the world size. The recipe's
-:class:`~tdrl.objectives.update.Updater` then clips and checks the *averaged* gradient, exactly like a single
-process would clip the gradient of the whole batch.
+Gradients are averaged by parameter hooks (:mod:`tdrl.train.replicas` says why not ``DistributedDataParallel``);
+the ranks are started by :mod:`tdrl.train.ddp_launch`.
 
 What "equal to a single process" means: for a loss that is a mean over the minibatch, the averaged gradient of N
 equal-size per-rank minibatches equals the gradient of their concatenation up to float summation order (tested
@@ -43,38 +38,27 @@ per-minibatch statistics (PPO's advantage normalisation) are computed per rank.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import os
-import pickle
-import sys
-import tempfile
-import threading
-import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from datetime import timedelta
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from tensordict import TensorDictBase
 from torch import nn
-from torch.multiprocessing.spawn import ProcessException
 
 from tdrl.train.bookkeeping import Bookkeeper, metrics_to_floats
+from tdrl.train.ddp_launch import DataParallelError, launch_data_parallel
+from tdrl.train.replicas import (
+    GradientAllReduce,
+    broadcast_from_main,
+    broadcast_module_state,
+    gather_to_main,
+    replica_digest,
+)
 from tdrl.train.stats import episode_stats, eval_episodes, new_episodes
 from tdrl.train.sync import iteration_counts, updates_per_iteration
-from tdrl.utils.distributed import (
-    DistributedSetupError,
-    check_local_world_size,
-    env_world,
-    free_port,
-    init_from_env,
-    is_distributed,
-    rank,
-    resolve_backend,
-    world_size,
-)
+from tdrl.utils.distributed import rank, world_size
 from tdrl.utils.seeding import rng_state, set_rng_state
 
 __all__ = [
@@ -88,157 +72,8 @@ __all__ = [
 ]
 
 
-class DataParallelError(RuntimeError):
-    """A rank of a data-parallel run failed; the message carries its rank and traceback."""
-
-
 class ReplicaDivergenceError(RuntimeError):
     """The replicated modules differ across ranks (a step was not averaged, or a rank changed them alone)."""
-
-
-# --- Gradient averaging and replica state -----------------------------------------------------------------------
-
-
-def _unique_params(modules: Iterable[nn.Module]) -> list[nn.Parameter]:
-    seen: set[int] = set()
-    out = []
-    for module in modules:
-        for p in module.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
-    return out
-
-
-def _unique_buffers(modules: Iterable[nn.Module]) -> list[torch.Tensor]:
-    seen: set[int] = set()
-    out = []
-    for module in modules:
-        for b in module.buffers():
-            if id(b) not in seen:
-                seen.add(id(b))
-                out.append(b)
-    return out
-
-
-def _by_dtype_device(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
-    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for t in tensors:
-        groups.setdefault((t.dtype, t.device), []).append(t)
-    return list(groups.values())
-
-
-def _flat_collective(tensors: Sequence[torch.Tensor], op: Callable[[torch.Tensor], None]) -> None:
-    """Run ``op`` in place on one flat buffer per (dtype, device) holding ``tensors``, then copy back."""
-    for group in _by_dtype_device(tensors):
-        flat = torch.cat([t.detach().reshape(-1) for t in group])
-        op(flat)
-        offset = 0
-        with torch.no_grad():
-            for t in group:
-                n = t.numel()
-                t.copy_(flat[offset:offset + n].view_as(t))
-                offset += n
-
-
-class GradientAllReduce:
-    """Average the gradients of ``modules``' parameters over all ranks at the end of every backward pass.
-
-    Every trainable parameter gets a post-accumulate-grad hook that records it; the first hook of a pass queues
-    an autograd final callback, which all-reduces (sum, then divide by the world size) exactly the gradients
-    accumulated during that pass, in a fixed parameter order, one flat buffer per dtype and device. All ranks must
-    run the same backward passes over the same parameters (they do when they run the same code on same-shaped
-    batches); gradients accumulated over several passes before one step are averaged pass by pass, which gives
-    the same mean.
-
-    Args:
-        modules: the replicated modules (e.g. the TorchRL loss module, which holds actor, critic and any
-            trainable temperature).
-        group: process group (default: the world).
-    """
-
-    def __init__(self, modules: Iterable[nn.Module], group: Any = None) -> None:
-        self.group = group
-        self.params = [p for p in _unique_params(modules) if p.requires_grad]
-        if not self.params:
-            raise ValueError("GradientAllReduce: the modules have no trainable parameters")
-        self._order = {id(p): i for i, p in enumerate(self.params)}
-        self._touched: set[int] = set()
-        self._queued = False
-        self.reductions = 0
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
-
-    def _on_grad(self, param: torch.Tensor) -> None:
-        self._touched.add(self._order[id(param)])
-        if not self._queued:
-            self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._reduce)
-
-    def _reduce(self) -> None:
-        touched = sorted(self._touched)
-        self._touched.clear()
-        self._queued = False
-        if not is_distributed() or world_size() == 1:
-            return
-        grads = [self.params[i].grad for i in touched if self.params[i].grad is not None]
-        n = world_size()
-
-        def all_reduce_mean(flat: torch.Tensor) -> None:
-            dist.all_reduce(flat, group=self.group)
-            flat.div_(n)
-
-        _flat_collective(grads, all_reduce_mean)
-        self.reductions += 1
-
-    def remove(self) -> None:
-        """Unregister the hooks (the modules go back to plain single-process gradients)."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
-
-def broadcast_module_state(modules: Iterable[nn.Module], *, buffers: bool = True, params: bool = True,
-                           src: int = 0, group: Any = None) -> None:
-    """Copy rank ``src``'s parameters (and buffers) into every rank's modules, in place (DDP's start-up sync)."""
-    if not is_distributed() or world_size() == 1:
-        return
-    modules = list(modules)
-    tensors: list[torch.Tensor] = []
-    if params:
-        tensors += [p.data for p in _unique_params(modules)]
-    if buffers:
-        tensors += _unique_buffers(modules)
-    if tensors:
-        _flat_collective(tensors, lambda flat: dist.broadcast(flat, src=src, group=group))
-
-
-def replica_digest(modules: Iterable[nn.Module], *, buffers: bool = False) -> str:
-    """Hash of the exact bytes of the modules' parameters (and buffers): equal digests mean bitwise-equal models."""
-    h = hashlib.blake2b(digest_size=16)
-    modules = list(modules)
-    tensors = [p.data for p in _unique_params(modules)]
-    if buffers:
-        tensors += _unique_buffers(modules)
-    for t in tensors:
-        h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
-    return h.hexdigest()
-
-
-def _gather_to_main(obj: Any) -> list[Any] | None:
-    """Every rank's ``obj`` on rank 0 (``None`` elsewhere)."""
-    if not is_distributed():
-        return [obj]
-    out = [None] * world_size() if rank() == 0 else None
-    dist.gather_object(obj, out, dst=0)
-    return out
-
-
-def _broadcast_from_main(obj: Any) -> Any:
-    if not is_distributed():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 # --- The trainer ------------------------------------------------------------------------------------------------
@@ -433,7 +268,7 @@ class DataParallelTrainer:
 
     def _has_eval(self) -> bool:
         """Whether rank 0 evaluates (all ranks must agree, since logging is collective)."""
-        return bool(_broadcast_from_main(self.eval_collector is not None))
+        return bool(broadcast_from_main(self.eval_collector is not None))
 
     def _warn_if_ranks_collect_the_same(self, batch: TensorDictBase) -> None:
         if self.world_size == 1 or "observation" not in batch.keys():
@@ -461,14 +296,15 @@ class DataParallelTrainer:
         local = (self._pending_trajs, metrics_to_floats(self.book.metrics))
         self._pending_trajs = []
         self.book.metrics.clear()
-        gathered = _gather_to_main(local)
+        gathered = gather_to_main(local)
         if self.rank != 0:
             self.book.new_trajs.clear()
             return
         trajs = [t for rank_trajs, _ in gathered for t in rank_trajs]
         metrics = [m for _, rank_metrics in gathered for m in rank_metrics]
         self.book.add_episodes(trajs)
-        self.book.log({"dist/world_size": float(self.world_size)}, metrics=metrics)
+        reduce_s, self.grad_sync.reduce_s = self.grad_sync.reduce_s, 0.0
+        self.book.log({"dist/world_size": float(self.world_size), "time/allreduce_s": reduce_s}, metrics=metrics)
 
     def _check_replicas(self) -> None:
         if self.world_size == 1:
@@ -488,7 +324,7 @@ class DataParallelTrainer:
             if ret is None:
                 ret = self.book.online_return()
             stop = ret is not None and ret >= self.stop_return
-        self.stopped_early = bool(_broadcast_from_main(stop))
+        self.stopped_early = bool(broadcast_from_main(stop))
 
     def _rank_checkpoint(self) -> dict[str, Any]:
         state: dict[str, Any] = {name: obj.state_dict() for name, obj in self.rank_state.items()}
@@ -499,7 +335,7 @@ class DataParallelTrainer:
         return state
 
     def _save_checkpoint(self) -> None:
-        ranks = _gather_to_main(self._rank_checkpoint())
+        ranks = gather_to_main(self._rank_checkpoint())
         if self.run is None:
             return
         state: dict[str, Any] = {name: obj.state_dict() for name, obj in self.checkpoint_state.items()}
@@ -512,7 +348,7 @@ class DataParallelTrainer:
         state = None
         if self.run is not None and not self.resumed:
             state = self.run.load_checkpoint()
-        state = _broadcast_from_main(state)
+        state = broadcast_from_main(state)
         if not state:
             return
         trainer = state["trainer"]
@@ -545,139 +381,3 @@ def _frames_per_batch(collector: Any) -> int:
     if b and t:
         return int(b) * int(t)
     raise ValueError(f"cannot tell frames per batch of {type(collector).__name__}; pass frames_per_itr=")
-
-
-# --- Starting the ranks -----------------------------------------------------------------------------------------
-
-
-def launch_data_parallel(
-    fn: Callable[..., Any],
-    *args: Any,
-    world_size: int,
-    backend: str = "auto",
-    device: str | torch.device = "cpu",
-    timeout_s: float = 1800.0,
-    **kwargs: Any,
-) -> Any:
-    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks of a torch.distributed process group.
-
-    * Inside an initialised process group: just calls ``fn`` (a rank calling the recipe's ``main`` again).
-    * With torch's ``env://`` variables set (torchrun, or a multi-task SLURM job launched by ``tdrl.launch``):
-      joins that group and calls ``fn`` in this process; ``world_size`` must match ``WORLD_SIZE``.
-    * Otherwise: checks the backend and that this machine has ``world_size`` cores (gloo) or GPUs (NCCL), then
-      spawns the ranks (``world_size == 1`` runs in this process). A rank that raises or dies stops the others
-      within seconds.
-
-    Args:
-        fn: a picklable (module-level) function; every rank calls it with the same arguments.
-        world_size: number of ranks.
-        backend: ``auto`` (NCCL for CUDA devices, else gloo), ``gloo`` or ``nccl``.
-        device: the learner device the recipe uses (``cpu`` or ``cuda``; each rank gets ``cuda:<local rank>``).
-        timeout_s: how long a collective waits for a slow or dead rank before raising.
-
-    Returns:
-        Rank 0's return value.
-
-    Raises:
-        DistributedSetupError: bad world size, NCCL without CUDA, more ranks than cores/GPUs (before any process
-            starts).
-        DataParallelError: a rank failed; the message holds its traceback.
-    """
-    if is_distributed():
-        return fn(*args, **kwargs)
-    env = env_world()
-    if env is not None:
-        if env[1] != world_size:
-            raise DistributedSetupError(
-                f"world_size={world_size} but the launcher started WORLD_SIZE={env[1]} ranks; make them agree"
-            )
-        init_from_env(backend, device, timeout_s)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            dist.destroy_process_group()
-    backend = resolve_backend(backend, device)
-    check_local_world_size(world_size, backend)
-    port = free_port()
-    call = _pack_call(fn, args, kwargs)
-    if world_size == 1:
-        return _run_rank(0, call, 1, backend, port, timeout_s, None)
-    with tempfile.TemporaryDirectory(prefix="tdrl-ddp-") as tmp:
-        result_path = os.path.join(tmp, "result.pt")
-        context = torch.multiprocessing.start_processes(
-            _run_rank, args=(call, world_size, backend, port, timeout_s, result_path),
-            nprocs=world_size, join=False, start_method="spawn",
-        )
-        try:
-            while not context.join(grace_period=5.0):
-                pass
-        except ProcessException as e:
-            raise DataParallelError(f"rank {e.error_index} of {world_size} failed (pid {e.error_pid}); the other ranks "
-                                    f"were stopped. {e}") from None
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-                    process.join(5.0)
-        return torch.load(result_path, weights_only=False) if os.path.exists(result_path) else None
-
-
-def _pack_call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[str, str | None, bytes]:
-    """``fn(*args, **kwargs)`` pickled, with the file of ``fn``'s module.
-
-    Recipes are scripts loaded by path under made-up module names (``tdrl.launch`` and the tests do that), which a
-    spawned process cannot import by name; the rank loads that file under the same name before unpickling.
-    """
-    module = sys.modules.get(fn.__module__)
-    return fn.__module__, getattr(module, "__file__", None), pickle.dumps((fn, args, kwargs))
-
-
-def _unpack_call(call: tuple[str, str | None, bytes]) -> tuple[Callable[..., Any], tuple, dict]:
-    name, path, payload = call
-    if name not in sys.modules and path is not None:
-        try:
-            importable = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            importable = False
-        if not importable:
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module  # dataclasses resolve their annotations through sys.modules
-            spec.loader.exec_module(module)
-    return pickle.loads(payload)
-
-
-def _run_rank(local_rank: int, call: tuple[str, str | None, bytes], world: int, backend: str, port: int,
-              timeout_s: float, result_path: str | None) -> Any:
-    """One rank: set the env:// variables, create the group, run the call, hand rank 0's result back."""
-    fn, args, kwargs = _unpack_call(call)
-    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=local_rank, world_size=world,
-                            timeout=timedelta(seconds=timeout_s))
-    if result_path is not None:
-        _watch_parent()
-    try:
-        result = fn(*args, **kwargs)
-        if local_rank == 0 and result_path is not None:
-            torch.save(result, result_path)
-        return result
-    finally:
-        dist.destroy_process_group()
-        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-            os.environ.pop(key, None)
-
-
-def _watch_parent(poll_s: float = 0.5) -> None:
-    """Exit this rank if the launching process disappears (SIGKILL leaves no time to stop us)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(poll_s)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="tdrl-ddp-parent-watch", daemon=True).start()

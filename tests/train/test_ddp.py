@@ -61,11 +61,11 @@ def _grad_equality_worker() -> dict:
             nn.functional.mse_loss(model(x[half]), y[half]).backward()  # mean over this rank's half
             ref_opt.zero_grad()
             nn.functional.mse_loss(reference(x), y).backward()  # single process, doubled (concatenated) batch
-            for p, q in zip(model.parameters(), reference.parameters()):
+            for p, q in zip(model.parameters(), reference.parameters(), strict=True):
                 max_grad_err = max(max_grad_err, float((p.grad - q.grad).abs().max()))
             opt.step()
             ref_opt.step()
-            for p, q in zip(model.parameters(), reference.parameters()):
+            for p, q in zip(model.parameters(), reference.parameters(), strict=True):
                 max_param_err = max(max_param_err, float((p - q).abs().max()))
             digests = [None] * dist.get_world_size()
             dist.all_gather_object(digests, replica_digest([model]))
@@ -95,7 +95,7 @@ def _tiny_ppo(run_dir: str, n_steps: int, crash_rank: int = -1, crash_itr: int =
     from torchrl.objectives.value import GAE
 
     from tdrl.collect import SerialCollector
-    from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig
+    from tdrl.config import LoggerConfig, RunConfig
     from tdrl.envs import EnvFactory
     from tdrl.log import Run
     from tdrl.models.policies import make_actor_critic
@@ -151,7 +151,7 @@ def test_two_rank_ppo_stays_bitwise_identical_and_resumes(tmp_path):
     digest_file = tmp_path / "ckpt_digest.txt"
     n_steps = 128 * 8  # 2 ranks x 64 frames per iteration -> 8 iterations, a row and checkpoint every 2
     # first launch: rank 1 fails at iteration 3, after the checkpoint of iteration 2
-    with pytest.raises(DataParallelError, match="injected failure on rank 1 at iteration 3"):
+    with pytest.raises(DataParallelError, match=r"(?s)^rank 1 of 2 failed.*injected failure on rank 1 at iteration 3"):
         launch_data_parallel(_tiny_ppo, str(run_dir), n_steps, 1, 3, str(digest_file), world_size=2)
     rows = _progress(run_dir)
     assert [int(r["Iteration"]) for r in rows] == [2]

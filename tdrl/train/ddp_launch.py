@@ -1,0 +1,213 @@
+"""Starting the ranks of a data-parallel run: local spawn, or joining torchrun's / SLURM's process group.
+
+:func:`launch_data_parallel` is what a recipe calls at the top of ``main`` when ``trainer.kind=ddp``: it checks the
+settings before any process starts, spawns ``world_size`` local ranks (each runs ``main`` again, inside the
+process group) or joins the group ``env://`` variables describe, and returns rank 0's result. A rank that raises
+or dies stops the others (torch's spawn context: SIGTERM after a 5 s grace period, then SIGKILL) and the launcher
+raises :class:`DataParallelError` with that rank's traceback; ranks also exit when the launching process
+disappears.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.multiprocessing.spawn import ProcessException
+
+from tdrl.utils.distributed import (
+    DistributedSetupError,
+    check_local_world_size,
+    env_world,
+    free_port,
+    init_from_env,
+    is_distributed,
+    resolve_backend,
+)
+
+__all__ = ["DataParallelError", "launch_data_parallel"]
+
+
+class DataParallelError(RuntimeError):
+    """A rank of a data-parallel run failed; the message carries its rank and traceback."""
+
+
+def launch_data_parallel(
+    fn: Callable[..., Any],
+    *args: Any,
+    world_size: int,
+    backend: str = "auto",
+    device: str | torch.device = "cpu",
+    timeout_s: float = 1800.0,
+    **kwargs: Any,
+) -> Any:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks of a torch.distributed process group.
+
+    * Inside an initialised process group: just calls ``fn`` (a rank calling the recipe's ``main`` again).
+    * With torch's ``env://`` variables set (torchrun, or a multi-task SLURM job launched by ``tdrl.launch``):
+      joins that group and calls ``fn`` in this process; ``world_size`` must match ``WORLD_SIZE``.
+    * Otherwise: checks the backend and that this machine has ``world_size`` cores (gloo) or GPUs (NCCL), then
+      spawns the ranks (``world_size == 1`` runs in this process). A rank that raises or dies stops the others
+      within seconds.
+
+    Args:
+        fn: a picklable (module-level) function; every rank calls it with the same arguments.
+        world_size: number of ranks.
+        backend: ``auto`` (NCCL for CUDA devices, else gloo), ``gloo`` or ``nccl``.
+        device: the learner device the recipe uses (``cpu`` or ``cuda``; each rank gets ``cuda:<local rank>``).
+        timeout_s: how long a collective waits for a slow or dead rank before raising.
+
+    Returns:
+        Rank 0's return value.
+
+    Raises:
+        DistributedSetupError: bad world size, NCCL without CUDA, more ranks than cores/GPUs (before any process
+            starts).
+        DataParallelError: a rank failed; the message holds its traceback.
+    """
+    if is_distributed():
+        return fn(*args, **kwargs)
+    env = env_world()
+    if env is not None:
+        if env[1] != world_size:
+            raise DistributedSetupError(
+                f"world_size={world_size} but the launcher started WORLD_SIZE={env[1]} ranks; make them agree"
+            )
+        init_from_env(backend, device, timeout_s)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            dist.destroy_process_group()
+    backend = resolve_backend(backend, device)
+    check_local_world_size(world_size, backend)
+    port = free_port()
+    call = _pack_call(fn, args, kwargs)
+    if world_size == 1:
+        return _run_rank(0, call, 1, backend, port, timeout_s, None)
+    with tempfile.TemporaryDirectory(prefix="tdrl-ddp-") as tmp:
+        result_path = os.path.join(tmp, "result.pt")
+        context = torch.multiprocessing.start_processes(
+            _run_rank, args=(call, world_size, backend, port, timeout_s, result_path),
+            nprocs=world_size, join=False, start_method="spawn",
+        )
+        try:
+            while not context.join(grace_period=5.0):
+                pass
+        except ProcessException as e:
+            raise DataParallelError(_failure_report(tmp, e, world_size)) from None
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join(5.0)
+            for path in context.error_files:
+                if os.path.exists(path):
+                    os.unlink(path)
+        return torch.load(result_path, weights_only=False) if os.path.exists(result_path) else None
+
+
+def _write_failure(directory: str, rank: int, trace: str) -> None:
+    path = os.path.join(directory, f"failure_rank{rank}.pkl")
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump((time.time(), trace), f)
+    os.replace(path + ".tmp", path)
+
+
+def _failure_report(directory: str, error: ProcessException, world: int) -> str:
+    """Name the rank that failed first, with its traceback.
+
+    When one rank raises, its peers usually fail a moment later inside a collective ("Connection reset by
+    peer"), and torch reports whichever exit it noticed first. Each rank stamps its failure time before its
+    connections close, so the earliest stamp is the root cause.
+    """
+    failures = []
+    for index in range(world):
+        path = os.path.join(directory, f"failure_rank{index}.pkl")
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                stamp, trace = pickle.load(f)
+            failures.append((stamp, index, trace))
+    if not failures:  # killed by a signal: no traceback
+        return f"rank {error.error_index} of {world} failed (pid {error.error_pid}); the other ranks were stopped. {error}"
+    failures.sort()
+    _, first, trace = failures[0]
+    later = [index for _, index, _ in failures[1:]]
+    also = f" (rank(s) {later} failed after it, waiting on the failed peer)" if later else ""
+    return f"rank {first} of {world} failed{also}; the other ranks were stopped. Rank {first}'s error:\n{trace}"
+
+
+def _pack_call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[str, str | None, bytes]:
+    """``fn(*args, **kwargs)`` pickled, with the file of ``fn``'s module.
+
+    Recipes are scripts loaded by path under made-up module names (``tdrl.launch`` and the tests do that), which a
+    spawned process cannot import by name; the rank loads that file under the same name before unpickling.
+    """
+    module = sys.modules.get(fn.__module__)
+    return fn.__module__, getattr(module, "__file__", None), pickle.dumps((fn, args, kwargs))
+
+
+def _unpack_call(call: tuple[str, str | None, bytes]) -> tuple[Callable[..., Any], tuple, dict]:
+    name, path, payload = call
+    if name not in sys.modules and path is not None:
+        try:
+            importable = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            importable = False
+        if not importable:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module  # dataclasses resolve their annotations through sys.modules
+            spec.loader.exec_module(module)
+    return pickle.loads(payload)
+
+
+def _run_rank(local_rank: int, call: tuple[str, str | None, bytes], world: int, backend: str, port: int,
+              timeout_s: float, result_path: str | None) -> Any:
+    """One rank: set the env:// variables, create the group, run the call, hand rank 0's result back."""
+    fn, args, kwargs = _unpack_call(call)
+    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=local_rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))
+    if result_path is not None:
+        _watch_parent()
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException:
+        if result_path is not None:  # stamp the failure before the peers see our connections close
+            _write_failure(os.path.dirname(result_path), local_rank, traceback.format_exc())
+        raise
+    else:
+        if local_rank == 0 and result_path is not None:
+            torch.save(result, result_path)
+        return result
+    finally:
+        dist.destroy_process_group()
+        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(key, None)
+
+
+def _watch_parent(poll_s: float = 0.5) -> None:
+    """Exit this rank if the launching process disappears (SIGKILL leaves no time to stop us)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="tdrl-ddp-parent-watch", daemon=True).start()

@@ -1,0 +1,171 @@
+"""Keeping data-parallel replicas identical: gradient averaging, start-up broadcast, bitwise digests.
+
+Why gradients are all-reduced by hooks rather than ``DistributedDataParallel``: TorchRL loss modules call their
+networks functionally (``params.to_module(net)``), bypassing a DDP wrapper's ``forward``, which DDP needs to
+prepare its reducer. :class:`GradientAllReduce` hooks the parameters themselves: it notes every gradient
+accumulated during a backward pass and, when the pass ends (autograd's final callback, the point where DDP
+finishes its own reduction), all-reduces them in one flat buffer per dtype and device and divides by the world
+size. The recipe's :class:`~tdrl.objectives.update.Updater` then checks and clips the *averaged* gradient, exactly
+as a single process would clip the gradient of the whole batch. Every rank receives the same reduced bytes and
+runs the same deterministic optimizer step, so the replicas stay bitwise equal (:func:`replica_digest`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tdrl.utils.distributed import is_distributed, rank, world_size
+
+__all__ = ["GradientAllReduce", "broadcast_from_main", "broadcast_module_state", "gather_to_main", "replica_digest"]
+
+
+def _unique_params(modules: Iterable[nn.Module]) -> list[nn.Parameter]:
+    seen: set[int] = set()
+    out = []
+    for module in modules:
+        for p in module.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def _unique_buffers(modules: Iterable[nn.Module]) -> list[torch.Tensor]:
+    seen: set[int] = set()
+    out = []
+    for module in modules:
+        for b in module.buffers():
+            if id(b) not in seen:
+                seen.add(id(b))
+                out.append(b)
+    return out
+
+
+def _by_dtype_device(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    return list(groups.values())
+
+
+def _flat_collective(tensors: Sequence[torch.Tensor], op: Callable[[torch.Tensor], None]) -> None:
+    """Run ``op`` in place on one flat buffer per (dtype, device) holding ``tensors``, then copy back."""
+    for group in _by_dtype_device(tensors):
+        flat = torch.cat([t.detach().reshape(-1) for t in group])
+        op(flat)
+        offset = 0
+        with torch.no_grad():
+            for t in group:
+                n = t.numel()
+                t.copy_(flat[offset:offset + n].view_as(t))
+                offset += n
+
+
+class GradientAllReduce:
+    """Average the gradients of ``modules``' parameters over all ranks at the end of every backward pass.
+
+    Every trainable parameter gets a post-accumulate-grad hook that records it; the first hook of a pass queues
+    an autograd final callback, which all-reduces (sum, then divide by the world size) exactly the gradients
+    accumulated during that pass, in a fixed parameter order, one flat buffer per dtype and device. All ranks must
+    run the same backward passes over the same parameters (they do when they run the same code on same-shaped
+    batches); gradients accumulated over several passes before one step are averaged pass by pass, which gives
+    the same mean.
+
+    Args:
+        modules: the replicated modules (e.g. the TorchRL loss module, which holds actor, critic and any
+            trainable temperature).
+        group: process group (default: the world).
+    """
+
+    def __init__(self, modules: Iterable[nn.Module], group: Any = None) -> None:
+        self.group = group
+        self.params = [p for p in _unique_params(modules) if p.requires_grad]
+        if not self.params:
+            raise ValueError("GradientAllReduce: the modules have no trainable parameters")
+        self._order = {id(p): i for i, p in enumerate(self.params)}
+        self._touched: set[int] = set()
+        self._queued = False
+        self.reductions = 0
+        self.reduce_s = 0.0  # wall time in the all-reduce, including waiting for the slowest rank
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        self._touched.add(self._order[id(param)])
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._reduce)
+
+    def _reduce(self) -> None:
+        touched = sorted(self._touched)
+        self._touched.clear()
+        self._queued = False
+        if not is_distributed() or world_size() == 1:
+            return
+        grads = [self.params[i].grad for i in touched if self.params[i].grad is not None]
+        n = world_size()
+
+        def all_reduce_mean(flat: torch.Tensor) -> None:
+            dist.all_reduce(flat, group=self.group)
+            flat.div_(n)
+
+        start = time.perf_counter()
+        _flat_collective(grads, all_reduce_mean)
+        self.reduce_s += time.perf_counter() - start
+        self.reductions += 1
+
+    def remove(self) -> None:
+        """Unregister the hooks (the modules go back to plain single-process gradients)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def broadcast_module_state(modules: Iterable[nn.Module], *, buffers: bool = True, params: bool = True,
+                           src: int = 0, group: Any = None) -> None:
+    """Copy rank ``src``'s parameters (and buffers) into every rank's modules, in place (DDP's start-up sync)."""
+    if not is_distributed() or world_size() == 1:
+        return
+    modules = list(modules)
+    tensors: list[torch.Tensor] = []
+    if params:
+        tensors += [p.data for p in _unique_params(modules)]
+    if buffers:
+        tensors += _unique_buffers(modules)
+    if tensors:
+        _flat_collective(tensors, lambda flat: dist.broadcast(flat, src=src, group=group))
+
+
+def replica_digest(modules: Iterable[nn.Module], *, buffers: bool = False) -> str:
+    """Hash of the exact bytes of the modules' parameters (and buffers): equal digests mean bitwise-equal models."""
+    h = hashlib.blake2b(digest_size=16)
+    modules = list(modules)
+    tensors = [p.data for p in _unique_params(modules)]
+    if buffers:
+        tensors += _unique_buffers(modules)
+    for t in tensors:
+        h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def gather_to_main(obj: Any) -> list[Any] | None:
+    """Every rank's ``obj`` on rank 0 (``None`` elsewhere)."""
+    if not is_distributed():
+        return [obj]
+    out = [None] * world_size() if rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def broadcast_from_main(obj: Any) -> Any:
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
