@@ -11,7 +11,7 @@ of wall-clock to threshold is measured side by side.
     cd $(mktemp -d) && python /path/to/benchmarks/learning.py                     # every default task, 3 seeds
     python benchmarks/learning.py --tasks ppo-cartpole --seeds 0,1,2 --json out.json
     python benchmarks/learning.py --tasks ppo-halfcheetah --no-sb3                # long (not in the default set)
-    python benchmarks/learning.py --gae                                           # GAE: tdrl vs TorchRL, ms/call
+    python benchmarks/learning.py --gae --losses                                  # micro: tdrl vs TorchRL, ms/call
 
 Run it from a temporary directory (MuJoCo writes MUJOCO_LOG.TXT into the cwd) and when the machine is quiet:
 wall-clock numbers on a shared 2-core machine are noisy, so compare the tdrl/SB3 ratio within one run.
@@ -294,6 +294,45 @@ def bench_gae(repeats: int = 300) -> None:
         print(f"{B:>3d}x{T:<4d} {best['torchrl']:11.3f} {best['tdrl']:8.3f} {best['torchrl'] / best['tdrl']:8.2f}x")
 
 
+def bench_losses(repeats: int = 200) -> None:
+    """One full update (loss, backward, clip, Adam) on 256 CartPole samples: TorchRL's losses vs tdrl's."""
+    from tensordict import TensorDict
+    from torchrl.objectives import A2CLoss, ClipPPOLoss
+
+    from tdrl.envs import EnvFactory
+    from tdrl.models import make_actor_critic
+    from tdrl.objectives.policy_gradient import ActorCriticLoss
+    from tdrl.objectives.update import Updater
+
+    ac = make_actor_critic(EnvFactory("CartPole-v1").specs())
+    td = TensorDict({"observation": torch.randn(256, 4)}, [256])
+    with torch.no_grad():
+        ac.actor(td)
+    td["advantage"], td["value_target"] = torch.randn(256, 1), torch.randn(256, 1)
+    losses = {
+        "ppo torchrl": ClipPPOLoss(ac.actor, ac.critic, clip_epsilon=0.2, entropy_coeff=0.0, critic_coeff=0.5,
+                                   loss_critic_type="l2", normalize_advantage=True),
+        "ppo tdrl": ActorCriticLoss(ac, clip_epsilon=0.2, critic_coeff=0.5, entropy_coeff=0.0,
+                                    normalize_advantage=True),
+        "a2c torchrl": A2CLoss(ac.actor, ac.critic, entropy_coeff=0.0, critic_coeff=0.5, loss_critic_type="l2"),
+        "a2c tdrl": ActorCriticLoss(ac, clip_epsilon=None, critic_coeff=0.5, entropy_coeff=0.0),
+    }
+    best: dict[str, float] = {}
+    for _ in range(3):  # interleaved rounds, best of each: the machine is shared
+        for name, loss in losses.items():
+            updater = Updater(torch.optim.Adam(ac.parameters(), lr=1e-5), max_grad_norm=0.5)
+            for _ in range(20):
+                updater.step(loss(td))
+            start = time.perf_counter()
+            for _ in range(repeats):
+                updater.step(loss(td))
+            best[name] = min(best.get(name, math.inf), (time.perf_counter() - start) / repeats * 1e3)
+    print(f"{'update step (256 samples)':28s} {'torchrl ms':>11s} {'tdrl ms':>8s} {'speed-up':>9s}")
+    for algo in ("ppo", "a2c"):
+        ours, theirs = best[f"{algo} tdrl"], best[f"{algo} torchrl"]
+        print(f"{algo:28s} {theirs:11.3f} {ours:8.3f} {theirs / ours:8.2f}x")
+
+
 # --- Report -----------------------------------------------------------------------------------------------------
 
 
@@ -318,10 +357,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--no-sb3", action="store_true", help="skip the SB3 baselines")
     parser.add_argument("--json", default="", help="write every row to this file")
     parser.add_argument("--gae", action="store_true", help="only the GAE micro-benchmark (tdrl vs TorchRL)")
+    parser.add_argument("--losses", action="store_true", help="only the PPO/A2C update-step micro-benchmark")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    if args.gae:
-        bench_gae()
+    if args.gae or args.losses:
+        if args.gae:
+            bench_gae()
+        if args.losses:
+            bench_losses()
         return []
     names = [n for n in args.tasks.split(",") if n]
     unknown = set(names) - {t.name for t in TASKS}

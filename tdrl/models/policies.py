@@ -52,6 +52,9 @@ class ActorCritic(nn.Module):
         greedy: deterministic view of ``actor`` for evaluation (shares parameters).
         obs_norm: shared observation normaliser, or ``None``.
         recurrent: whether the modules contain an LSTM (batches must be replayed as sequences).
+
+    Feed-forward models also expose the same computation on plain tensors, without TensorDict machinery
+    (:meth:`distribution`, :meth:`value`), which :class:`tdrl.objectives.policy_gradient.ActorCriticLoss` uses.
     """
 
     def __init__(
@@ -66,6 +69,22 @@ class ActorCritic(nn.Module):
         self.actor, self.critic, self.obs_norm = actor, critic, obs_norm
         self.recurrent = recurrent
         self.__dict__["greedy"] = greedy  # not a submodule: its parameters are the actor's
+
+    def distribution(self, observation: torch.Tensor) -> torch.distributions.Distribution:
+        """The actor's action distribution at ``observation`` (feed-forward models), as the actor builds it."""
+        if self.recurrent:
+            raise NotImplementedError("recurrent models need their state: call .actor on a TensorDict")
+        params_module, dist_module = self.actor.module[0], self.actor.module[-1]
+        out = params_module.module(observation)
+        values = dict(zip(params_module.out_keys, out if isinstance(out, tuple) else (out,)))
+        params = {arg: values[key] for arg, key in zip(dist_module.dist_keys, dist_module.in_keys)}
+        return dist_module.distribution_class(**params, **dist_module.distribution_kwargs)
+
+    def value(self, observation: torch.Tensor) -> torch.Tensor:
+        """``V(observation)`` of shape ``[..., 1]`` (feed-forward models)."""
+        if self.recurrent:
+            raise NotImplementedError("recurrent models need their state: call .critic on a TensorDict")
+        return self.critic.module(observation)
 
 
 class GaussianHead(nn.Module):

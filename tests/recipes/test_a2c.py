@@ -70,19 +70,24 @@ def test_config_errors_before_anything_starts(tmp_path):
 
 
 def test_nan_loss_stops_run_without_nan_parameters(tmp_path, monkeypatch):
-    class NaNAtThirdUpdate(a2c.A2CLoss):
-        """Fault injection: the critic loss turns NaN at the third call."""
+    real_make_loss = a2c.make_a2c_loss
 
-        calls = 0
+    def nan_at_third_update(*args, **kwargs):
+        """Fault injection: the loss's critic term turns NaN at its third call."""
+        loss = real_make_loss(*args, **kwargs)
+        forward, calls = loss.forward, []
 
-        def forward(self, td):
-            out = super().forward(td)
-            type(self).calls += 1
-            if type(self).calls == 3:
+        def faulty(td):
+            out = forward(td)
+            calls.append(1)
+            if len(calls) == 3:
                 out["loss_critic"] = out["loss_critic"] * float("nan")
             return out
 
-    monkeypatch.setattr(a2c, "A2CLoss", NaNAtThirdUpdate)
+        loss.forward = faulty
+        return loss
+
+    monkeypatch.setattr(a2c, "make_a2c_loss", nan_at_third_update)
     cfg = tiny(tmp_path, "checkpoint.snapshot_mode=all", "checkpoint.interval_steps=32")
     with pytest.raises(NonFiniteLossError, match=r"non-finite loss_critic = nan at gradient update 2") as err:
         a2c.main(cfg)
