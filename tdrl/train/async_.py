@@ -66,7 +66,13 @@ import torch
 import torch.multiprocessing as mp
 from tensordict import TensorDict
 
-from tdrl.train.async_collector import POLL_S, CollectorProcessSpec, Control, collector_process_main, owed_updates
+from tdrl.train.async_collector import (
+    POLL_S,
+    CollectorProcessSpec,
+    Control,
+    collector_process_main,
+    owed_updates,
+)
 from tdrl.train.bookkeeping import Bookkeeper
 from tdrl.train.stats import episode_stats, eval_episodes
 from tdrl.train.sync import iteration_counts
@@ -190,6 +196,7 @@ class AsyncTrainer:
         self.resumed = False
         self.stopped_early = False
         self._due = 0
+        self._idle_rounds = 0
         self._process: Any = None
         self._ctrl: Control | None = None
         self._weights_src = TensorDict.from_module(policy)
@@ -279,8 +286,18 @@ class AsyncTrainer:
 
     def _round(self, due: int) -> Iterator[None]:
         self._due = min(due, self.updates_per_sync)
+        before = self.replay.samples_drawn
         yield None
-        self._due = 0
+        drawn = self.replay.samples_drawn - before
+        allowed, self._due = self._due * self.batch_size, 0
+        if drawn > allowed:
+            raise AsyncTrainerError(f"the loop body sampled {drawn} transitions in a round that allowed {allowed} "
+                                    f"(updates_due x batch_size={self.batch_size}): sample exactly batch_size per "
+                                    "update, or the replay ratio cannot be honoured")
+        self._idle_rounds = self._idle_rounds + 1 if drawn == 0 else 0
+        if self._idle_rounds >= 1000:  # with a bounded lag the collector would wait for updates that never come
+            raise AsyncTrainerError("the loop body did no update in 1000 rounds although updates_due > 0; run "
+                                    "trainer.updates_due updates of batch_size samples each round")
         if self.book.updates - self._updates_at_publish >= self.updates_per_sync:
             self._publish_weights()
 

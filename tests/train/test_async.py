@@ -260,3 +260,15 @@ def test_on_policy_algorithm_is_refused_for_async(tmp_path):
                      replay_ratio=None, batch_size=32)
     with pytest.raises(ValueError, match="trainer.kind='bogus'"):
         check_trainer(TrainerConfig(kind="bogus"), on_policy=False)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(90)
+def test_sampling_more_than_the_round_allows_is_an_error(tmp_path):
+    trainer, (loss, updater, replay), _ = _trainer(tmp_path, n_itr=20)
+    with pytest.raises(AsyncTrainerError, match=r"sampled \d+ transitions in a round that allowed"):
+        with trainer:
+            for _ in trainer:
+                for _ in range(trainer.updates_due):
+                    updater.step(loss(replay.sample(64)))  # twice the configured batch_size
+                trainer.record(updates=trainer.updates_due)
+    assert trainer.collector_pid is None
