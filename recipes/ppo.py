@@ -4,7 +4,8 @@ Clipped-ratio policy gradient, several epochs over minibatches of each collector
 through time limits: ``truncated`` keeps the next-state value, ``terminated`` drops it), linear decay of the
 learning rate and of the ratio clip to 0 over the run (rlpyt's ``linear_lr_schedule``). Feed-forward or LSTM
 policies; the recurrent one replays each env's ``[T]`` sequence from the state stored at its first step, and
-minibatches split envs rather than steps (rlpyt). Defaults solve CartPole-v1 (eval return 500) in under 100k frames.
+minibatches split envs rather than steps (rlpyt). Defaults are RL-Zoo's CartPole-v1 hyperparameters (8 envs x 32 steps,
+20 epochs, gamma 0.98, lambda 0.8, linear LR 1e-3 and clip 0.2) and reach eval return 500 well within 100k frames.
 
     python recipes/ppo.py                                             # CartPole-v1
     python recipes/ppo.py collector.kind=parallel collector.n_workers=2
@@ -58,7 +59,7 @@ class CollectorConfig:
     """Worker processes of the parallel/action_server collectors (must divide batch_B)."""
     batch_B: int = 8
     """Environments stepped together (rlpyt batch_B; the batch's first dim)."""
-    batch_T: int = 64
+    batch_T: int = 32
     """Time steps per env per iteration (rlpyt batch_T; the batch's second dim)."""
     total_frames: int = 100_000
     """Env frames to train for (rlpyt n_steps; rounded up to a whole log interval)."""
@@ -100,9 +101,9 @@ class LossConfig:
     """Likelihood-ratio clip (rlpyt ratio_clip)."""
     linear_decay: bool = True
     """Decay the learning rate and the ratio clip linearly to 0 over the run (rlpyt linear_lr_schedule)."""
-    epochs: int = 10
+    epochs: int = 20
     """Passes over each batch."""
-    minibatches: int = 2
+    minibatches: int = 1
     """Minibatches per epoch (split over envs for LSTM policies)."""
     value_loss_coeff: float = 1.0
     """Weight of the value loss 0.5*(V - R)^2 (rlpyt PPO: 1.0)."""
@@ -199,7 +200,7 @@ def main(cfg: Config) -> dict:
         """Random minibatches of a [B, T] batch: over steps (feed-forward) or over envs (recurrent: whole sequences)."""
         if ac.recurrent:
             return [batch[idx] for idx in torch.randperm(batch.shape[0]).chunk(cfg.loss.minibatches)]
-        flat = batch.reshape(-1)
+        flat = batch.select(*loss.in_keys).reshape(-1)  # only what the loss reads: cheaper to index
         return [flat[idx] for idx in torch.randperm(flat.shape[0]).chunk(cfg.loss.minibatches)]
 
     def update(batch):

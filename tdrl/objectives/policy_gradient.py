@@ -66,6 +66,9 @@ class ActorCriticLoss(LossModule):
         self.register_buffer("clip_epsilon", torch.tensor(float(clip_epsilon if self.ppo else math.nan)))
         self.critic_coeff, self.entropy_coeff = float(critic_coeff), float(entropy_coeff)
         self.normalize_advantage = normalize_advantage
+        #: every key forward reads (select them before minibatch indexing: fewer tensors to gather)
+        self.in_keys = ["observation", "action", *(["action_log_prob"] if self.ppo else []), "advantage",
+                        "value_target"]
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         obs, action = td.get("observation"), td.get("action")
