@@ -107,11 +107,17 @@ def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
     runner = None
     try:
         torch.manual_seed(env_seed(spec.seed, 1_000_000 + spec.rank))
+        # The step arrays are written env by env; keep them private to this worker (neighbouring workers' rows
+        # share cache lines) except what the action server reads: the observation and is_init.
+        step_td = spec.step_td.clone()
+        if spec.obs_ready is not None:
+            for key in ("observation", "is_init"):
+                step_td.set(key, spec.step_td.get(key))
         runner = SliceRunner(
             spec.env_factory,
             spec.lo,
             spec.hi,
-            spec.step_td,
+            step_td,
             spec.batch,
             spec.policy,
             seed=spec.seed,
