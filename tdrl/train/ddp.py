@@ -304,7 +304,7 @@ class DataParallelTrainer:
         metrics = [m for _, rank_metrics in gathered for m in rank_metrics]
         self.book.add_episodes(trajs)
         reduce_s, self.grad_sync.reduce_s = self.grad_sync.reduce_s, 0.0
-        self.book.log({"dist/world_size": float(self.world_size), "time/allreduce_s": reduce_s}, metrics=metrics)
+        self.book.log({"time/allreduce_s": reduce_s}, metrics=metrics)  # rank 0's, incl. waiting for the others
 
     def _check_replicas(self) -> None:
         if self.world_size == 1:

@@ -169,7 +169,7 @@ def test_two_rank_ppo_stays_bitwise_identical_and_resumes(tmp_path):
     rows = _progress(run_dir)
     assert [int(r["Iteration"]) for r in rows] == [2, 4, 6, 8]
     assert [int(r["CumSteps"]) for r in rows] == [256, 512, 768, 1024]
-    assert all(r["dist/world_size"] == "2.0" for r in rows)
+    assert all(float(r["time/allreduce_s"]) > 0 for r in rows)  # gradients were really all-reduced
     # episode statistics come from both ranks: more episodes than one rank's 2 envs can finish
     assert int(rows[-1]["CumCompletedTrajs"]) > 0
     assert "loss/objective_mean" in rows[-1]
