@@ -32,15 +32,26 @@ Semantics (rlpyt, ``runners/minibatch_rl.py``):
       (100) completed training episodes.
     * ``updates_per_itr = max(1, round(replay_ratio * frames_per_itr / batch_size))`` and no updates while
       ``itr < min_steps_learn // frames_per_itr``.
+    * ``collector.update_policy_weights_()`` is called before every batch (the recipe's update reaches the
+      collector's workers); ``trainer.itr`` is the 0-based iteration inside the loop body, so schedules read
+      ``lr_at(trainer.itr)`` (PPO's linear decay) or ``eps_at(trainer.frames)``.
     * Checkpoints are taken at log boundaries (or every ``checkpoint_interval_steps``) and hold every object in
-      ``checkpoint_state`` (anything with ``state_dict``/``load_state_dict``), the collector's state, the
-      trainer's counters and episode window, and the python/numpy/torch RNG states. Launching again on the same
-      run directory resumes at the iteration after the last checkpoint.
+      ``checkpoint_state`` (``state_dict``/``load_state_dict``; objects with ``dumps(dir)``/``loads(dir)``, such
+      as replay buffers, go through the Run's extra writers), the collector's state and the trainer's counters
+      and episode window; the Run adds the RNG states and its logger position. Launching again on the same run
+      directory resumes at the iteration after the last checkpoint, without re-evaluating iteration 0.
+
+Log rows go to ``run.log(metrics, step=frames, iteration=, updates=, update_batch_size=, episodes=)`` (the Run
+computes rlpyt's Iteration/CumSteps/CumTime/StepsPerSecond/CumUpdates/ReplayRatio columns); metrics are
+``train/<field>_{mean,std,median,min,max}`` over the episode window, ``eval/...`` over the last evaluation,
+five statistics per recorded optimiser metric (``loss/objective_mean``...), ``time/train_s`` and ``time/eval_s``.
+The summary adds ``train_s``, counters and ``curve`` (``[{frames, train_s, return_mean}]`` per log row).
 
 The ``run`` (``tdrl.log.Run``) is optional: without one the trainer keeps its log rows in :attr:`history` only,
 which is what the unit tests use. Collectors are duck-typed on TorchRL's collector protocol (iteration,
-``update_policy_weights_()``, ``shutdown()``, ``state_dict()``); the trainer shuts them down when the loop ends,
-however it ends.
+``update_policy_weights_()``, ``shutdown()``, ``state_dict()``); the eval collector is anything with
+``evaluate()`` or a tdrl collector (one ``collect()``, its ``traj_infos``). The trainer shuts both down when the
+loop ends, however it ends; an interrupted run is closed without ``summary.json``.
 """
 
 from __future__ import annotations
