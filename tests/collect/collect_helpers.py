@@ -160,3 +160,10 @@ class EnvIndexAction(torch.nn.Module):
 def env_index_policy() -> TensorDictModule:
     return TensorDictModule(EnvIndexAction(), in_keys=["observation", ("collector", "env_index")],
                             out_keys=["action", "seen_env_index"])
+
+
+@dataclass(frozen=True)
+class AtariLikeFactory(StairsFactory):
+    """StairsEnv flagged as Atari, so TrajInfos carry GameScore."""
+
+    is_atari: bool = True

@@ -331,3 +331,13 @@ def test_torchrl_lstm_and_egreedy_dqn_policies():
         batch = c.collect()
     greedy = (batch["action"] == batch["action_value"].argmax(-1)).float().mean()
     assert 0.6 < greedy < 0.9  # eps=0.5 over 2 actions: ~75% greedy
+
+
+def test_atari_traj_infos_carry_game_score():
+    from collect_helpers import AtariLikeFactory
+
+    with SerialCollector(AtariLikeFactory(length=4), None, batch_B=1, batch_T=8) as c:
+        c.collect()
+        infos = c.traj_infos
+    ret = stairs_return(4, 0.99)[0]
+    assert len(infos) == 2 and all(i["GameScore"] == i["Return"] == pytest.approx(ret) for i in infos)
