@@ -144,7 +144,8 @@ class DataParallelTrainer:
             raise ValueError("replay_ratio and batch_size go together (updates per iteration need both)")
         self.collector = collector
         self.eval_collector = eval_collector if self.rank == 0 else None
-        self._unused_eval = eval_collector if self.rank != 0 else None
+        if self.rank != 0 and eval_collector is not None and hasattr(eval_collector, "shutdown"):
+            eval_collector.shutdown()  # only rank 0 evaluates
         self.modules = list(modules)
         if not self.modules:
             raise ValueError("modules: pass the replicated modules (e.g. the loss module) whose gradients to average")
@@ -257,7 +258,7 @@ class DataParallelTrainer:
             completed = True
         finally:
             self.book.end_session()
-            for c in (self.collector, self.eval_collector, self._unused_eval):
+            for c in (self.collector, self.eval_collector):
                 if c is not None and hasattr(c, "shutdown"):
                     c.shutdown()
             if self.run is not None:

@@ -228,3 +228,41 @@ def test_single_process_world_of_one_runs_in_process():
 
 def _pid_and_world() -> tuple[int, int]:
     return os.getpid(), dist.get_world_size()
+
+
+_ENV_RANK_SCRIPT = """
+import torch, torch.distributed as dist
+from tdrl.train import launch_data_parallel
+from tdrl.train.replicas import GradientAllReduce
+
+def fn():
+    model = torch.nn.Linear(3, 1)
+    GradientAllReduce([model])
+    torch.manual_seed(dist.get_rank())
+    model(torch.randn(4, 3)).sum().backward()  # per-rank data; the hook averages the gradients
+    grads = [None, None]
+    dist.all_gather_object(grads, model.weight.grad.tolist())
+    return dist.get_rank(), dist.get_world_size(), grads[0] == grads[1]
+
+print("RESULT", launch_data_parallel(fn, world_size=2))
+"""
+
+
+@pytest.mark.timeout(90)
+def test_env_rendezvous_like_torchrun_or_slurm(tmp_path):
+    """Ranks started by someone else (torchrun; tdrl.launch exports the same variables from SLURM's) join through
+    the env:// variables and run the function in their own process."""
+    import subprocess
+    import sys
+
+    from tdrl.utils.distributed import free_port
+
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", _ENV_RANK_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+             for r in range(2)]
+    outputs = [p.communicate(timeout=80) for p in procs]
+    for r, (p, (out, err)) in enumerate(zip(procs, outputs, strict=True)):
+        assert p.returncode == 0, err[-2000:]
+        assert f"RESULT ({r}, 2, True)" in out
