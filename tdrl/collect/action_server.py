@@ -92,6 +92,7 @@ class ActionServerCollector:
         self._pool: WorkerPool | None = None
         self._exploration_arg = to_interaction_type(exploration_type, None)
         exploration = active_exploration(self._exploration_arg)
+        get_context(start_method)  # a fork server (if used) starts up while we build specs and buffers
         specs = env_specs(env_factory)
         self.specs = specs
         self.step_td = make_step_td(batch_B, specs.observation_spec, transform).share_memory_()

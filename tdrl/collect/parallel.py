@@ -39,7 +39,7 @@ from tdrl.collect.policy import PolicyStep, module_tensors
 from tdrl.collect.runner import OBS_KEYS
 from tdrl.collect.stepping import make_step_td
 from tdrl.collect.traj_info import unpack_entries
-from tdrl.collect.workers import WorkerPool, WorkerSpec
+from tdrl.collect.workers import WorkerPool, WorkerSpec, get_context
 
 __all__ = ["ParallelCollector"]
 
@@ -93,6 +93,7 @@ class ParallelCollector:
         self._exploration_arg = to_interaction_type(exploration_type, None)
         self._exploration = active_exploration(self._exploration_arg)
         self._pool: WorkerPool | None = None
+        get_context(start_method)  # a fork server (if used) starts up while we build specs and buffers
         specs = env_specs(env_factory)
         self.specs = specs
         self.step_td = make_step_td(batch_B, specs.observation_spec, transform)

@@ -186,7 +186,10 @@ def get_context(start_method: str | None = None) -> Any:
         raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
+        from multiprocessing import forkserver
+
         ctx.set_forkserver_preload(["tdrl.collect.workers", "tdrl.collect.runner", "tdrl.envs.make"])
+        forkserver.ensure_running()  # starts importing now, while the caller builds specs and buffers
     return ctx
 
 
