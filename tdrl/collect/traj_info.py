@@ -32,7 +32,8 @@ class EpisodeTracker:
     """Running episode sums for ``n_envs`` envs, updated from ``[n_envs, k]`` blocks of rewards and dones.
 
     Collectors write rewards and done flags into their batch anyway, so the tracker reads whole blocks once per
-    batch instead of doing per-step Python work in the hot loop.
+    batch (prefix sums, a handful of numpy calls whatever the number of episodes) instead of doing per-step
+    Python work in the hot loop.
 
     Args:
         n_envs: number of envs tracked (a worker's slice).
@@ -75,54 +76,74 @@ class EpisodeTracker:
             ``(step_in_block, env_index, traj_info)`` for every episode that finished, so callers can order
             episodes from several workers deterministically.
         """
-        out: list[tuple[int, int, dict[str, float]]] = []
         rewards = np.asarray(rewards, dtype=np.float64)
         dones = np.asarray(dones, dtype=bool)
-        k = rewards.shape[1]
-        pows = self._powers(k + 1)
+        n, k = rewards.shape
+        # Discounted segment sums below divide prefix sums by discount**t; keep discount**t >= 1e-4 so the
+        # subtraction loses at most ~4 digits (split longer blocks, e.g. discount 0.99 -> 916 steps).
+        safe = (max(1, int(4 / -np.log10(self.discount))) if self.discount > 0 else 1) if self.discount < 1 else k
+        if k > safe:
+            out = []
+            for lo in range(0, k, safe):
+                part = self.add(rewards[:, lo : lo + safe], dones[:, lo : lo + safe],
+                                None if valid is None else valid[:, lo : lo + safe], keep)
+                out += [(t + lo, i, info) for t, i, info in part]
+            return out
         if valid is not None:
             rewards = np.where(valid, rewards, 0.0)
             dones = dones & valid
-            counts = valid.sum(1)
+            stops = valid.sum(1)  # valid steps form a prefix of each row (wait-reset)
         else:
-            counts = None
-        for i in range(self.n_envs):
-            row_r = rewards[i]
-            ends = np.flatnonzero(dones[i])
-            start = 0
-            for end in ends:
-                self._fold(i, row_r[start : end + 1], pows)
-                if keep:
-                    out.append((int(end), i, self._finish(i)))
-                else:
-                    self._finish(i)
-                start = end + 1
-            stop = k if counts is None else int(counts[i])
-            if stop > start:
-                self._fold(i, row_r[start:stop], pows)
-        return out
-
-    def _fold(self, i: int, seg: np.ndarray, pows: np.ndarray) -> None:
-        n = len(seg)
-        self._ret[i] += seg.sum()
-        self._disc_ret[i] += self._disc_pow[i] * float(np.dot(seg, pows[:n]))
-        self._disc_pow[i] *= pows[n] if n < len(pows) else self.discount**n
-        self._len[i] += n
-        self._nonzero[i] += int(np.count_nonzero(seg))
-
-    def _finish(self, i: int) -> dict[str, float]:
-        info: dict[str, float] = {
-            "Length": int(self._len[i]),
-            "Return": float(self._ret[i]),
-            "NonzeroRewards": int(self._nonzero[i]),
-            "DiscountedReturn": float(self._disc_ret[i]),
-        }
+            stops = np.full(n, k)
+        pows = self._powers(k + 1)
+        # Prefix sums (leading zero column): any segment's sums are two lookups.
+        c_ret = np.zeros((n, k + 1))
+        np.cumsum(rewards, 1, out=c_ret[:, 1:])
+        c_disc = np.zeros((n, k + 1))
+        np.cumsum(rewards * pows[:k], 1, out=c_disc[:, 1:])
+        c_nz = np.zeros((n, k + 1), np.int64)
+        np.cumsum(rewards != 0, 1, out=c_nz[:, 1:])
+        rows, ends = np.nonzero(dones)  # row-major: episodes of each env in time order
+        first = np.ones(len(rows), bool)
+        first[1:] = rows[1:] != rows[:-1]
+        starts = np.where(first, 0, np.concatenate([[0], ends[:-1] + 1]))
+        stop = ends + 1
+        length = stop - starts + np.where(first, self._len[rows], 0)
+        ret = c_ret[rows, stop] - c_ret[rows, starts] + np.where(first, self._ret[rows], 0.0)
+        nonzero = c_nz[rows, stop] - c_nz[rows, starts] + np.where(first, self._nonzero[rows], 0)
+        seg_disc = (c_disc[rows, stop] - c_disc[rows, starts]) / pows[starts]
+        disc = np.where(first, self._disc_ret[rows] + self._disc_pow[rows] * seg_disc, seg_disc)
+        # Steps after each env's last episode end carry over to the next block.
+        tail = np.zeros(n, np.int64)
+        last = np.ones(len(rows), bool)
+        last[:-1] = rows[1:] != rows[:-1]
+        tail[rows[last]] = ends[last] + 1
+        ended = np.zeros(n, bool)
+        ended[rows] = True
+        self._ret[ended] = self._disc_ret[ended] = 0.0
+        self._disc_pow[ended] = 1.0
+        self._len[ended] = self._nonzero[ended] = 0
+        idx = np.arange(n)
+        tail_stop = np.maximum(stops, tail)
+        tail_len = tail_stop - tail
+        self._ret += c_ret[idx, tail_stop] - c_ret[idx, tail]
+        tail_disc = np.divide(c_disc[idx, tail_stop] - c_disc[idx, tail], pows[tail], out=np.zeros(n), where=tail_len > 0)
+        self._disc_ret += self._disc_pow * tail_disc
+        self._disc_pow *= pows[tail_len]
+        self._len += tail_len
+        self._nonzero += c_nz[idx, tail_stop] - c_nz[idx, tail]
+        if not keep:
+            return []
+        fields = zip(ends.tolist(), rows.tolist(), length.tolist(), ret.tolist(), nonzero.tolist(), disc.tolist())
         if self.game_score:
-            info["GameScore"] = float(self._ret[i])
-        self._ret[i] = self._disc_ret[i] = 0.0
-        self._disc_pow[i] = 1.0
-        self._len[i] = self._nonzero[i] = 0
-        return info
+            return [
+                (t, i, {"Length": n_, "Return": r, "NonzeroRewards": z, "DiscountedReturn": d, "GameScore": r})
+                for t, i, n_, r, z, d in fields
+            ]
+        return [
+            (t, i, {"Length": n_, "Return": r, "NonzeroRewards": z, "DiscountedReturn": d})
+            for t, i, n_, r, z, d in fields
+        ]
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Partial sums of the running episodes (for checkpoints at batch boundaries)."""
