@@ -16,7 +16,9 @@ Supported: stateless transforms and transforms whose state does not depend on th
 (``ObservationNorm``, ``RewardScaling``, ``RewardClipping``, ``SignTransform``, dtype casts,
 ``VecNormV2(reduce_batch_dims=True)``, ``Compose`` of these). Transforms that keep a buffer per env and expect
 TorchRL's ``_reset`` masks (``CatFrames``, ``RewardSum``, ``InitTracker``...) are not: stack frames env-side
-(tdrl's Atari envs do), and read episode returns from ``collector.traj_infos``.
+(tdrl's Atari envs do), and read episode returns from ``collector.traj_infos``. In wait-reset mode idle envs
+keep passing their last observation through the transform until the batch ends (their steps are masked out of
+the batch, but a running-statistics transform sees them).
 """
 
 from __future__ import annotations
