@@ -241,3 +241,15 @@ def test_env_failing_during_startup_raises_collector_error():
                        max_decorrelation_steps=3, seed=1)
     time.sleep(0.2)
     assert not [p for p in multiprocessing.active_children() if p.pid not in before and p.name.startswith("tdrl")]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_action_server_with_policy_on_gpu():
+    policy = mlp_policy(4, 2, discrete=True).to("cuda")
+    with make_collector("action_server", EnvFactory("CartPole-v1"), policy, batch_B=8, batch_T=32, n_workers=2,
+                        device="cuda") as c:
+        batch = c.collect()
+    assert batch.device.type == "cuda" and batch["action"].dtype == torch.int64
+    assert batch["next", "reward"].eq(1).all()
