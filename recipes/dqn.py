@@ -20,8 +20,9 @@ Atari (rlpyt's defaults; needs ``pip install 'tdrl[atari]'``)::
 
     python recipes/dqn.py env.id=ALE/Pong-v5 collector.total_frames=10000000 collector.batch_B=8 \
         collector.batch_T=2 replay.size=1000000 optim.min_steps_learn=50000 exploration.eps_steps=1000000 \
-        optim.lr=2.5e-4 optim.batch_size=32 optim.replay_ratio=8 optim.target_update_interval=312 \
-        loss.n_step=1 model.v_min=-10 model.v_max=10 eval.max_steps=27000 logger.log_interval_steps=100000
+        exploration.eps_final=0.01 optim.lr=2.5e-4 optim.lr_final=none optim.batch_size=32 \
+        optim.replay_ratio=8 optim.target_update_interval=312 loss.n_step=1 model.v_min=-10 model.v_max=10 \
+        eval.max_steps=27000 logger.log_interval_steps=100000
 """
 
 from __future__ import annotations
@@ -98,11 +99,11 @@ class ModelConfig:
 class ExplorationConfig:
     eps_init: float = 1.0
     """Epsilon until optim.min_steps_learn frames."""
-    eps_final: float = 0.02
+    eps_final: float = 0.04
     """Final epsilon (the largest per-env final value with vector epsilon)."""
     eps_final_min: float | None = None
     """Smallest per-env final epsilon: log-spaced over envs (rlpyt vector epsilon; serial/action_server only)."""
-    eps_steps: int = 20_000
+    eps_steps: int = 9_000
     """Env frames at which epsilon reaches its final value (rlpyt eps_steps)."""
     eps_eval: float = 0.001
     """Epsilon of evaluation episodes (rlpyt eps_eval)."""
@@ -138,19 +139,19 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 5e-4
-    """Adam learning rate."""
-    lr_final: float | None = None
+    lr: float = 2.3e-3
+    """Adam learning rate (RL-Zoo's CartPole value; rlpyt's Atari default is 2.5e-4)."""
+    lr_final: float | None = 1e-4
     """Decay the learning rate linearly to this over the run; None keeps it constant."""
     adam_eps: float = 0.01 / 64
     """Adam epsilon (rlpyt: 0.01 / batch_size)."""
     batch_size: int = 64
     """Transitions per gradient update."""
-    replay_ratio: float = 8.0
+    replay_ratio: float = 32.0
     """Transitions sampled per transition collected (rlpyt replay_ratio); sets updates per iteration."""
     min_steps_learn: int = 1_000
     """Env frames collected before the first update (rlpyt min_steps_learn)."""
-    target_update_interval: int = 250
+    target_update_interval: int = 128
     """Gradient updates between target-network updates (rlpyt counts updates, not frames)."""
     target_update_tau: float = 1.0
     """Target update factor; 1.0 copies, <1 is polyak averaging (rlpyt target_update_tau)."""

@@ -32,7 +32,7 @@ dqn = load_recipe("dqn")
 TINY = [
     "collector.batch_T=8", "collector.total_frames=512", "logger.log_interval_steps=256", "eval.n_envs=2",
     "eval.max_steps=50", "logger.wandb=false", "logger.progress_bar=false", "optim.min_steps_learn=128",
-    "model.hidden_sizes=[16]", "replay.size=1000",
+    "model.hidden_sizes=[16]", "replay.size=1000", "optim.replay_ratio=8",
 ]
 
 
