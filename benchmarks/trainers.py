@@ -122,16 +122,22 @@ def main(argv: list[str] | None = None) -> dict:
 
     if "async" in args.sections:
         n_steps = 8_192 if args.quick else 32_768
-        dqn = dict(n_steps=n_steps, batch_B=8, batch_T=32, replay_ratio=8.0, batch_size=128, min_steps_learn=2_048)
-        print(f"\nasync vs sync: recipes/dqn.py on CartPole-v1, {n_steps} frames, B x T = 8 x 32, replay_ratio 8, "
-              "batch 128", flush=True)
-        rows = [
-            median_row("sync", functools.partial(dqn_run, "sync", max_lag_frames=-1, **dqn), args.repeats),
-            median_row("async-free", functools.partial(dqn_run, "async", max_lag_frames=-1, **dqn), args.repeats),
-            median_row("async", functools.partial(dqn_run, "async", max_lag_frames=0, **dqn), args.repeats),
-        ]
-        print_table("async vs sync (same recipe, same budget; medians)", rows, "sync")
-        out["async"] = rows
+        out["async"] = {}
+        # r=2: collecting a batch costs about as much as its updates; r=8: the updates dominate
+        for replay_ratio in (2.0, 8.0):
+            dqn = dict(n_steps=n_steps, batch_B=8, batch_T=32, replay_ratio=replay_ratio, batch_size=128,
+                       min_steps_learn=2_048)
+            print(f"\nasync vs sync: recipes/dqn.py on CartPole-v1, {n_steps} frames, B x T = 8 x 32, replay_ratio "
+                  f"{replay_ratio:g}, batch 128", flush=True)
+            rows = [
+                median_row("sync", functools.partial(dqn_run, "sync", max_lag_frames=-1, **dqn), args.repeats),
+                median_row("async-free", functools.partial(dqn_run, "async", max_lag_frames=-1, **dqn),
+                           args.repeats),
+                median_row("async", functools.partial(dqn_run, "async", max_lag_frames=0, **dqn), args.repeats),
+            ]
+            print_table(f"async vs sync, replay_ratio {replay_ratio:g} (same recipe, same budget; medians)", rows,
+                        "sync")
+            out["async"][f"replay_ratio_{replay_ratio:g}"] = rows
 
     if "ddp" in args.sections:
         ppo = dict(per_rank_itrs=6 if args.quick else 24, batch_B=8, batch_T=64, epochs=4, minibatches=4)
