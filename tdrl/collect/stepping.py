@@ -171,9 +171,6 @@ class EnvSlice:
                 if term or trunc:
                     dones[i, k] = True
                     obs, _ = env.reset()
-                    self.is_init[i] = True
-                else:
-                    self.is_init[i] = False
                 self.raw_obs[i] = obs
         self.tracker.add(rewards, dones, valid, keep=False)
         # Recurrent policies start from zero state whatever the env did before: mark every env as fresh.
