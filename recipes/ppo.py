@@ -4,8 +4,9 @@ Clipped-ratio policy gradient, several epochs over minibatches of each collector
 through time limits: ``truncated`` keeps the next-state value, ``terminated`` drops it), linear decay of the
 learning rate and of the ratio clip to 0 over the run (rlpyt's ``linear_lr_schedule``). Feed-forward or LSTM
 policies; the recurrent one replays each env's ``[T]`` sequence from the state stored at its first step, and
-minibatches split envs rather than steps (rlpyt). Defaults are RL-Zoo's CartPole-v1 hyperparameters (8 envs x 32 steps,
-20 epochs, gamma 0.98, lambda 0.8, linear LR 1e-3 and clip 0.2) and reach eval return 500 well within 100k frames.
+minibatches split envs rather than steps (rlpyt). Defaults solve CartPole-v1 (eval return 500) in about 20k frames:
+RL-Zoo's hyperparameters (8 envs x 32 steps, gamma 0.98, lambda 0.8, linear LR and clip 0.2 decay) with half the
+epochs (10) at twice the learning rate (2e-3), which needs about half the gradient updates to reach the threshold.
 
     python recipes/ppo.py                                             # CartPole-v1
     python recipes/ppo.py collector.kind=parallel collector.n_workers=2
@@ -101,7 +102,7 @@ class LossConfig:
     """Likelihood-ratio clip (rlpyt ratio_clip)."""
     linear_decay: bool = True
     """Decay the learning rate and the ratio clip linearly to 0 over the run (rlpyt linear_lr_schedule)."""
-    epochs: int = 20
+    epochs: int = 10
     """Passes over each batch."""
     minibatches: int = 1
     """Minibatches per epoch (split over envs for LSTM policies)."""
@@ -117,7 +118,7 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-3
+    lr: float = 2e-3
     """Adam learning rate (start value when decayed)."""
     eps: float = 1e-5
     """Adam epsilon."""
