@@ -43,7 +43,7 @@ from tdrl.objectives.dqn import dqn_priorities, make_dqn_loss
 from tdrl.objectives.schedules import LinearSchedule
 from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import PrioritizedSampler, TransitionReplayBuffer
-from tdrl.train import TrainerConfig, make_trainer
+from tdrl.train import TrainerConfig, check_trainer, make_trainer
 from tdrl.utils.seeding import seed_everything
 
 REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
@@ -190,6 +190,7 @@ class Config:
 
 
 def main(cfg: Config) -> dict:
+    check_trainer(cfg.trainer, on_policy=False, supported=("sync", "async"))  # before any process starts
     # --- Build ----------------------------------------------------------------------------------------------
     torch.set_num_threads(cfg.run.torch_threads)
     seed_everything(cfg.run.seed)

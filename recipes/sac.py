@@ -34,7 +34,7 @@ from tdrl.models import make_q_critic, make_tanh_gaussian_actor
 from tdrl.objectives.continuous import make_sac_loss, timeouts_as_terminal
 from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import TransitionReplayBuffer
-from tdrl.train import TrainerConfig, make_trainer
+from tdrl.train import TrainerConfig, check_trainer, make_trainer
 from tdrl.utils.seeding import seed_everything
 
 REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
@@ -145,6 +145,7 @@ class Config:
 
 
 def main(cfg: Config) -> dict:
+    check_trainer(cfg.trainer, on_policy=False, supported=("sync", "async"))  # before any process starts
     # --- Build ----------------------------------------------------------------------------------------------
     torch.set_num_threads(cfg.run.torch_threads)
     seed_everything(cfg.run.seed)

@@ -68,15 +68,25 @@ class TrainerConfig:
     """async: gradient updates between weight publications to the collector."""
 
 
-def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu") -> None:
-    """Reject trainer settings that cannot work, before any process starts.
+def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu",
+                  supported: Sequence[str] = TRAINER_KINDS) -> None:
+    """Reject trainer settings that cannot work, before any process starts (call it first thing in ``main``).
+
+    Args:
+        cfg: the recipe's ``trainer`` section.
+        on_policy: the algorithm learns only from fresh batches (no async then).
+        device: the learner device (``trainer.backend=nccl`` needs CUDA).
+        supported: the kinds this recipe wires up (e.g. ``("sync", "async")`` when it does not launch ranks).
 
     Raises:
-        ValueError: unknown ``trainer.kind``, or ``trainer.kind=async`` for an on-policy algorithm.
+        ValueError: unknown or unsupported ``trainer.kind``, or ``trainer.kind=async`` for an on-policy algorithm.
         DistributedSetupError: ``trainer.kind=ddp`` with a bad world size or backend for this machine.
     """
     if cfg.kind not in TRAINER_KINDS:
         raise ValueError(f"trainer.kind={cfg.kind!r}; choose one of {', '.join(TRAINER_KINDS)}")
+    if cfg.kind not in supported:
+        raise ValueError(f"trainer.kind={cfg.kind} is not wired up in this recipe; it supports "
+                         f"{', '.join(supported)}")
     if cfg.kind == "async" and on_policy:
         raise ValueError("trainer.kind=async needs an off-policy algorithm (the collector process fills a replay the "
                          "optimizer samples from, rlpyt's AsyncRl); this recipe is on-policy: use trainer.kind=sync "
@@ -119,25 +129,32 @@ def make_trainer(
     Raises:
         ValueError: see :func:`check_trainer`; ``collector`` or ``collector_factory`` missing for the kind.
     """
-    check_trainer(cfg, on_policy=on_policy)
-    if cfg.kind != "async" and collector is None:
-        if collector_factory is None:
-            raise ValueError(f"trainer.kind={cfg.kind} needs the collector (or collector_factory)")
-        collector = collector_factory()
-    if cfg.kind == "sync":
-        return SyncTrainer(collector=collector, **kwargs)
+    check_trainer(cfg, on_policy=on_policy)  # every check comes before a collector (and its workers) is built
+    if cfg.kind != "async" and collector is None and collector_factory is None:
+        raise ValueError(f"trainer.kind={cfg.kind} needs the collector (or collector_factory)")
     if cfg.kind == "ddp":
         if not modules:
             raise ValueError("trainer.kind=ddp needs the replicated modules whose gradients it averages (modules=[loss])")
         if not is_distributed() and cfg.world_size > 1:
             raise ValueError(f"trainer.kind=ddp with trainer.world_size={cfg.world_size}, but no process group: this "
                              "recipe must start its ranks with tdrl.train.launch_data_parallel before building them")
-        return DataParallelTrainer(collector=collector, modules=modules, **kwargs)
-    if collector_factory is None or policy is None:
-        raise ValueError("trainer.kind=async needs collector_factory (the collector is built in its own process) and "
-                         "the policy whose weights it receives")
-    if collector is not None and hasattr(collector, "shutdown"):
-        collector.shutdown()
-    return AsyncTrainer(collector_factory=collector_factory, replay=replay, policy=policy, seed=seed,
-                        updates_per_sync=cfg.updates_per_sync,
-                        max_lag_frames=None if cfg.max_lag_frames < 0 else cfg.max_lag_frames, **kwargs)
+    if cfg.kind == "async":
+        if collector_factory is None or policy is None:
+            raise ValueError("trainer.kind=async needs collector_factory (the collector is built in its own process) "
+                             "and the policy whose weights it receives")
+        if collector is not None and hasattr(collector, "shutdown"):
+            collector.shutdown()
+        return AsyncTrainer(collector_factory=collector_factory, replay=replay, policy=policy, seed=seed,
+                            updates_per_sync=cfg.updates_per_sync,
+                            max_lag_frames=None if cfg.max_lag_frames < 0 else cfg.max_lag_frames, **kwargs)
+    built = collector is None
+    if built:
+        collector = collector_factory()
+    try:
+        if cfg.kind == "ddp":
+            return DataParallelTrainer(collector=collector, modules=modules, **kwargs)
+        return SyncTrainer(collector=collector, **kwargs)
+    except BaseException:
+        if built and hasattr(collector, "shutdown"):
+            collector.shutdown()  # no worker processes outlive a bad argument
+        raise

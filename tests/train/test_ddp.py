@@ -266,3 +266,14 @@ def test_env_rendezvous_like_torchrun_or_slurm(tmp_path):
     for r, (p, (out, err)) in enumerate(zip(procs, outputs, strict=True)):
         assert p.returncode == 0, err[-2000:]
         assert f"RESULT ({r}, 2, True)" in out
+
+
+def test_make_trainer_refuses_ddp_without_ranks_before_building_the_collector():
+    from tdrl.train import TrainerConfig, make_trainer
+
+    with pytest.raises(ValueError, match="must start its ranks with tdrl.train.launch_data_parallel"):
+        make_trainer(TrainerConfig(kind="ddp", world_size=2), on_policy=True, collector_factory=_never_called,
+                     modules=[nn.Linear(1, 1)], n_steps=10, log_interval_steps=10)
+    with pytest.raises(DistributedSetupError, match="trainer.world_size=64 exceeds"):
+        make_trainer(TrainerConfig(kind="ddp", world_size=64), on_policy=True, collector_factory=_never_called,
+                     modules=[nn.Linear(1, 1)], n_steps=10, log_interval_steps=10)
