@@ -118,6 +118,19 @@ class EpsilonGreedy(TensorDictModuleBase):
         self.register_buffer("eps_final", final)
         self.register_buffer("eps", torch.full_like(final, float(eps_init)))
         self.register_buffer("eps_eval", torch.tensor(float(eps_eval)))
+        self.env_ranks: slice | None = None
+
+    def set_env_ranks(self, env_ranks: slice | range | None) -> None:
+        """Act for envs ``env_ranks`` of the ``n_envs`` only (rlpyt's ``collector_initialize(global_B, env_ranks)``).
+
+        A collector worker stepping a slice of the envs with its own copy of the policy calls this, so the copy
+        uses its envs' epsilons. The ``eps`` buffer keeps all ``n_envs`` values, so weight syncs still fit.
+        """
+        if isinstance(env_ranks, range):
+            if env_ranks.step != 1:
+                raise ValueError(f"env_ranks must be contiguous, got {env_ranks}")
+            env_ranks = slice(env_ranks.start, env_ranks.stop)
+        self.env_ranks = env_ranks
 
     def set_frames(self, frames: int) -> None:
         """Set epsilon to its scheduled value after ``frames`` env frames (call once per iteration)."""
@@ -126,12 +139,15 @@ class EpsilonGreedy(TensorDictModuleBase):
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         mode = exploration_type()
         eps = self.eps if mode in (ExplorationType.RANDOM, None) else self.eps_eval
+        if eps.ndim and self.env_ranks is not None:
+            eps = eps[self.env_ranks]
         action = tensordict.get(self.action_key)
         shape = action.shape
         if eps.ndim and (not shape or shape[-1] != eps.shape[-1]):
             raise ValueError(
                 f"vector epsilon is set for {eps.shape[-1]} envs but the action batch is {tuple(shape)}: "
-                "build EpsilonGreedy with n_envs equal to the number of envs this policy steps"
+                "build EpsilonGreedy with n_envs equal to the number of envs this policy steps, or call "
+                "set_env_ranks() on a copy that steps a slice of them"
             )
         explore = torch.rand(shape, device=action.device) < eps.to(action.device)
         if explore.any():
