@@ -202,6 +202,8 @@ def main(cfg: Config) -> dict:
         if ac.recurrent:
             return [batch[idx] for idx in torch.randperm(batch.shape[0]).chunk(cfg.loss.minibatches)]
         flat = batch.select(*loss.in_keys).reshape(-1)  # only what the loss reads: cheaper to index
+        if cfg.loss.minibatches == 1:  # one full-batch gradient: the order does not matter
+            return [flat]
         return [flat[idx] for idx in torch.randperm(flat.shape[0]).chunk(cfg.loss.minibatches)]
 
     def update(batch):
