@@ -202,8 +202,9 @@ def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> 
         try:
             batch = next(batches)
         except StopIteration:
-            raise RuntimeError(f"the collector stopped after {itr - spec.start_itr} batches, at iteration {itr} of the trainer's {spec.n_itr}: its own "
-                               "total_frames is smaller than the trainer's n_steps (leave it endless, -1)") from None
+            raise RuntimeError(f"the collector stopped after {itr - spec.start_itr} batches, at iteration {itr} of the "
+                               f"trainer's {spec.n_itr}: its own total_frames is smaller than the trainer's n_steps "
+                               "(leave it endless, -1)") from None
         collect_s = time.perf_counter() - start
         replay.extend(spec.samples_to_buffer(batch) if spec.samples_to_buffer is not None else batch)
         info: dict[str, Any] = {
