@@ -272,3 +272,31 @@ def test_sampling_more_than_the_round_allows_is_an_error(tmp_path):
                     updater.step(loss(replay.sample(64)))  # twice the configured batch_size
                 trainer.record(updates=trainer.updates_due)
     assert trainer.collector_pid is None
+
+
+@pytest.mark.timeout(120)
+def test_dqn_recipe_runs_async_from_its_config(tmp_path):
+    """``python recipes/dqn.py trainer.kind=async``: same recipe, the collector in its own process."""
+    import importlib.util
+    import json
+    import sys
+
+    from tdrl.config import apply_overrides
+
+    path = Path(__file__).resolve().parents[2] / "recipes" / "dqn.py"
+    spec = importlib.util.spec_from_file_location("_async_test_recipe_dqn", path)
+    dqn = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = dqn
+    spec.loader.exec_module(dqn)
+    cfg = apply_overrides(dqn.Config(), [
+        "trainer.kind=async", f"run.dir={tmp_path / 'run'}", "logger.wandb=false", "logger.progress_bar=false",
+        "collector.batch_B=4", "collector.batch_T=16", "collector.total_frames=1024", "optim.min_steps_learn=256",
+        "optim.replay_ratio=8", "optim.batch_size=32", "logger.log_interval_steps=256", "eval.n_envs=1",
+        "eval.max_steps=50",
+    ])
+    summary = dqn.main(cfg)
+    assert summary["frames"] == 1024 and summary["replay/ratio_target"] == 8.0
+    assert summary["replay/ratio"] == pytest.approx(8.0, rel=0.05) and summary["replay/ratio"] <= 8.0
+    rows = _progress(tmp_path / "run")
+    assert [int(r["CumSteps"]) for r in rows] == [0, 256, 512, 768, 1024]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["frames"] == 1024
