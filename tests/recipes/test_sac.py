@@ -87,3 +87,14 @@ def test_cli_help_lists_keys():
     for key in ("collector.kind", "optim.replay_ratio", "optim.min_steps_learn", "loss.bootstrap_timelimit",
                 "run.seed", "run.root", "run.dir"):
         assert key in out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_learns_pendulum_fixed_seed(tmp_path):
+    """Default config, seed 0: the deterministic-policy evaluation reaches -200 within 20k frames."""
+    cfg = apply_overrides(sac.Config(), [f"run.root={tmp_path}", "logger.wandb=false", "run.seed=0",
+                                         "logger.progress_bar=false", "stop_return=-200"])
+    summary = sac.main(cfg)
+    assert summary["frames"] <= 20_000
+    assert summary["eval/return_mean"] >= -200, summary["curve"]
