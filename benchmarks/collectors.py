@@ -13,6 +13,10 @@ Rows (``--json`` names):
 * ``tdrl-parallel-startup`` — seconds to build a 2-worker, 32-env HalfCheetah collector in a fresh process
   (cold: first collector of the process; warm: the next one).
 
+Besides wall-clock frames/s, every row reports frames per CPU-second of all its processes (main + workers):
+a load-independent efficiency figure for shared machines (a 2-worker collector on 2 idle cores delivers about
+twice its frames per CPU-second).
+
 Each row: one warm-up batch, then ``--repeats`` timed runs of at least ``--seconds`` each, taken round-robin
 over all rows of an env (so load changes during the run hit every row alike); the median is reported. Torch runs with one thread. Run from a temporary directory (MuJoCo writes ``MUJOCO_LOG.TXT`` into the
 working directory): ``cd $(mktemp -d) && python /path/to/benchmarks/collectors.py``.
@@ -110,8 +114,10 @@ class Row:
                  close: Callable[[], object] = lambda: None) -> None:
         self.name, self.section, self.run, self.frames, self.close = name, section, run, frames, close
         self.rates: list[float] = []
+        self.cpu_rates: list[float] = []
 
     def time_once(self, seconds: float) -> None:
+        cpu0 = tree_cpu_seconds()
         calls, start = 0, time.perf_counter()
         while True:
             self.run()
@@ -120,6 +126,36 @@ class Row:
             if elapsed >= seconds:
                 break
         self.rates.append(calls * self.frames / elapsed)
+        self.cpu_rates.append(calls * self.frames / max(tree_cpu_seconds() - cpu0, 1e-9))
+
+
+def tree_cpu_seconds(root: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by this process and all its descendants (Linux ``/proc``).
+
+    Wall-clock frames/s depend on how much of the 2 cores other tenants leave us; frames per CPU-second do
+    not, so the benchmark reports both (idle rows of other configurations use no CPU).
+    """
+    root = os.getpid() if root is None else root
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry)
+        children.setdefault(int(fields[1]), []).append(pid)
+        cpu[pid] = (int(fields[11]) + int(fields[12])) / tick
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        total += cpu.get(pid, 0.0)
+        stack += children.get(pid, [])
+    return total
 
 
 def measure_interleaved(rows: list[Row], seconds: float, repeats: int) -> None:
@@ -243,9 +279,11 @@ def main() -> None:
     print(f"load average at start: {os.getloadavg()[0]:.2f}; B={B} ({WORKERS} workers x {B // WORKERS}), T={T}, "
           f"median of {repeats} x >= {seconds:g} s", flush=True)
 
-    def add(env_id: str, name: str, fps: float, section: str = "mlp") -> None:
-        rows.append({"env": env_id, "collector": name, "frames_per_s": fps, "section": section})
-        print(f"  {env_id:15s} {name:34s} {fps:12,.0f} frames/s", flush=True)
+    def add(env_id: str, name: str, fps: float, section: str = "mlp", per_cpu: float | None = None) -> None:
+        rows.append({"env": env_id, "collector": name, "frames_per_s": fps, "section": section,
+                     "frames_per_cpu_s": per_cpu})
+        extra = f" {per_cpu:12,.0f} frames/CPU-s" if per_cpu else ""
+        print(f"  {env_id:15s} {name:34s} {fps:12,.0f} frames/s{extra}", flush=True)
 
     for env_id in args.envs:
         env_rows: list[Row] = [raw_row(env_id)]
@@ -269,7 +307,7 @@ def main() -> None:
                 row.close()
         torchrl = [statistics.median(r.rates) for r in env_rows if r.section == "torchrl"]
         for i, row in enumerate(env_rows):
-            add(env_id, row.name, statistics.median(row.rates), row.section)
+            add(env_id, row.name, statistics.median(row.rates), row.section, statistics.median(row.cpu_rates))
             if row.section == "torchrl" and env_rows[i + 1].section != "torchrl":
                 add(env_id, "torchrl-best", max(torchrl))
     startup = None
@@ -284,20 +322,22 @@ def main() -> None:
         c = by_name.get("raw-vector-mlp")
         best = by_name.get("torchrl-best")
         print(f"{env_id}  (c = raw-vector-mlp, B={B}, T={T})")
-        print(f"  {'collector':34s} {'frames/s':>12s} {'x c':>7s} {'x torchrl-best':>15s}")
+        print(f"  {'collector':34s} {'frames/s':>12s} {'x c':>7s} {'x torchrl-best':>15s} {'frames/CPU-s':>13s}")
         for r in rows:
             if r["env"] != env_id or r["section"] == "ppo":
                 continue
             fps = r["frames_per_s"]
             xc = f"{fps / c:7.2f}" if c else "      -"
             xt = f"{fps / best:15.1f}" if best else "              -"
-            print(f"  {r['collector']:34s} {fps:12,.0f} {xc} {xt}")
+            cpu = f"{r['frames_per_cpu_s']:13,.0f}" if r["frames_per_cpu_s"] else ""
+            print(f"  {r['collector']:34s} {fps:12,.0f} {xc} {xt} {cpu}")
         sb3 = by_name.get("sb3-rollout")
         print(f"  PPO actor-critic (sampling, log-prob, value head)      {'x sb3-rollout':>15s}")
         for r in rows:
             if r["env"] == env_id and r["section"] == "ppo":
                 xs = f"{r['frames_per_s'] / sb3:15.2f}" if sb3 else "              -"
-                print(f"  {r['collector']:34s} {r['frames_per_s']:12,.0f} {'':7s} {xs}")
+                cpu = f"{r['frames_per_cpu_s']:13,.0f}" if r["frames_per_cpu_s"] else ""
+                print(f"  {r['collector']:34s} {r['frames_per_s']:12,.0f} {'':7s} {xs} {cpu}")
         print()
     if startup is not None:
         print(f"tdrl-parallel-startup (HalfCheetah-v5, 2 workers x 16 envs): cold {startup[0]:.2f} s, "
