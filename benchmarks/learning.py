@@ -10,7 +10,7 @@ of wall-clock to threshold is measured side by side.
 
     cd $(mktemp -d) && python /path/to/benchmarks/learning.py                     # every default task, 3 seeds
     python benchmarks/learning.py --tasks ppo-cartpole --seeds 0,1,2 --json out.json
-    python benchmarks/learning.py --tasks ppo-halfcheetah --no-sb3                # long (not in the default set)
+    python benchmarks/learning.py --tasks ppo-halfcheetah --no-sb3 --stop         # long (not in the default set)
     python benchmarks/learning.py --gae --losses                                  # micro: tdrl vs TorchRL, ms/call
 
 Run it from a temporary directory (MuJoCo writes MUJOCO_LOG.TXT into the cwd) and when the machine is quiet:
@@ -55,7 +55,7 @@ class Task:
         overrides: dotted config overrides on top of the recipe's defaults.
         eval_interval: env frames between evaluations (both implementations).
         eval_episodes: greedy episodes per evaluation.
-        sb3: ``fn(seed, task) -> curve`` running SB3's implementation, or ``None``.
+        sb3: ``fn(seed, task, stop) -> curve`` running SB3's implementation, or ``None``.
         default: part of the default task set.
     """
 
@@ -67,7 +67,7 @@ class Task:
     overrides: list[str] = field(default_factory=list)
     eval_interval: int = 5_000
     eval_episodes: int = 10
-    sb3: Callable[[int, Task], list[dict[str, float]]] | None = None
+    sb3: Callable[[int, Task, bool], list[dict[str, float]]] | None = None
     default: bool = True
 
 
@@ -82,14 +82,15 @@ def load_recipe(name: str) -> Any:
     return module
 
 
-def run_tdrl(task: Task, seed: int, root: Path) -> list[dict[str, float]]:
+def run_tdrl(task: Task, seed: int, root: Path, stop: bool = False) -> list[dict[str, float]]:
     from tdrl.config import apply_overrides
 
     recipe = load_recipe(task.recipe)
     cfg = apply_overrides(recipe.Config(), [
         f"env.id={task.env_id}", f"collector.total_frames={task.budget}", f"run.seed={seed}",
         f"run.root={root}", f"logger.log_interval_steps={task.eval_interval}", f"eval.n_envs={task.eval_episodes}",
-        "logger.wandb=false", "logger.progress_bar=false", "checkpoint.snapshot_mode=none", *task.overrides,
+        "logger.wandb=false", "logger.progress_bar=false", "checkpoint.snapshot_mode=none",
+        *([f"stop_return={task.threshold}"] if stop else []), *task.overrides,
     ])
     return recipe.main(cfg)["curve"]
 
@@ -97,7 +98,7 @@ def run_tdrl(task: Task, seed: int, root: Path) -> list[dict[str, float]]:
 # --- Stable-Baselines3 ------------------------------------------------------------------------------------------
 
 
-def _sb3_curve(model: Any, task: Task, seed: int) -> list[dict[str, float]]:
+def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False) -> list[dict[str, float]]:
     """Train ``model`` for the task's budget, evaluating greedily every ``eval_interval`` frames after an update."""
     import gymnasium as gym
     from stable_baselines3.common.callbacks import BaseCallback
@@ -122,6 +123,7 @@ def _sb3_curve(model: Any, task: Task, seed: int) -> list[dict[str, float]]:
             self.eval_s = 0.0
             self.next_eval = 0
             self.start = time.perf_counter()
+            self.reached = False
 
         def _eval_if_due(self) -> None:
             if self.num_timesteps >= self.next_eval:
@@ -131,6 +133,7 @@ def _sb3_curve(model: Any, task: Task, seed: int) -> list[dict[str, float]]:
                 train_s = time.perf_counter() - self.start - self.eval_s
                 self.curve.append({"frames": self.num_timesteps, "train_s": round(train_s, 3), "return_mean": ret})
                 self.next_eval = (self.num_timesteps // task.eval_interval + 1) * task.eval_interval
+                self.reached = self.reached or ret >= task.threshold
 
         def _on_training_start(self) -> None:
             self.start = time.perf_counter()
@@ -140,11 +143,12 @@ def _sb3_curve(model: Any, task: Task, seed: int) -> list[dict[str, float]]:
             self._eval_if_due()
 
         def _on_step(self) -> bool:
-            return True
+            return not (stop and self.reached)
 
         def _on_training_end(self) -> None:
-            self.next_eval = 0
-            self._eval_if_due()
+            if not (stop and self.reached):
+                self.next_eval = 0
+                self._eval_if_due()
 
     callback = EvalEvery()
     model.learn(total_timesteps=task.budget, callback=callback)
@@ -152,7 +156,7 @@ def _sb3_curve(model: Any, task: Task, seed: int) -> list[dict[str, float]]:
     return callback.curve
 
 
-def sb3_ppo_cartpole(seed: int, task: Task) -> list[dict[str, float]]:
+def sb3_ppo_cartpole(seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
     """RL-Zoo ppo.yml CartPole-v1: 8 envs, n_steps 32, batch 256, 20 epochs, gamma 0.98, lambda 0.8, linear lr/clip."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
@@ -160,20 +164,20 @@ def sb3_ppo_cartpole(seed: int, task: Task) -> list[dict[str, float]]:
     env = make_vec_env(task.env_id, n_envs=8, seed=seed)
     model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
                 learning_rate=lambda p: 1e-3 * p, clip_range=lambda p: 0.2 * p, seed=seed, device="cpu", verbose=0)
-    return _sb3_curve(model, task, seed)
+    return _sb3_curve(model, task, seed, stop)
 
 
-def sb3_a2c_cartpole(seed: int, task: Task) -> list[dict[str, float]]:
+def sb3_a2c_cartpole(seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
     """RL-Zoo a2c.yml CartPole-v1: 8 envs, ent_coef 0 (SB3 defaults otherwise: n_steps 5, lr 7e-4, RMSprop)."""
     from stable_baselines3 import A2C
     from stable_baselines3.common.env_util import make_vec_env
 
     env = make_vec_env(task.env_id, n_envs=8, seed=seed)
     model = A2C("MlpPolicy", env, ent_coef=0.0, seed=seed, device="cpu", verbose=0)
-    return _sb3_curve(model, task, seed)
+    return _sb3_curve(model, task, seed, stop)
 
 
-def sb3_ppo_halfcheetah(seed: int, task: Task) -> list[dict[str, float]]:
+def sb3_ppo_halfcheetah(seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
     """RL-Zoo ppo.yml HalfCheetah (v4 hyperparameters) with VecNormalize."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
@@ -184,10 +188,10 @@ def sb3_ppo_halfcheetah(seed: int, task: Task) -> list[dict[str, float]]:
                 ent_coef=0.000401762, learning_rate=2.0633e-05, clip_range=0.1, max_grad_norm=0.8, vf_coef=0.58096,
                 policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
                                    net_arch=dict(pi=[256, 256], vf=[256, 256])), seed=seed, device="cpu", verbose=0)
-    return _sb3_curve(model, task, seed)
+    return _sb3_curve(model, task, seed, stop)
 
 
-def sb3_dqn_cartpole(seed: int, task: Task) -> list[dict[str, float]]:
+def sb3_dqn_cartpole(seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
     """RL-Zoo dqn.yml CartPole-v1: lr 2.3e-3, batch 64, buffer 100k, start 1000, train_freq 256 with 128 gradient
     steps, target update 10, exploration 16 % of the budget to 0.04, net [256, 256]."""
     from stable_baselines3 import DQN
@@ -196,19 +200,19 @@ def sb3_dqn_cartpole(seed: int, task: Task) -> list[dict[str, float]]:
                 learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
                 exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]),
                 seed=seed, device="cpu", verbose=0)
-    return _sb3_curve(model, task, seed)
+    return _sb3_curve(model, task, seed, stop)
 
 
-def sb3_sac_pendulum(seed: int, task: Task) -> list[dict[str, float]]:
+def sb3_sac_pendulum(seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
     """RL-Zoo sac.yml Pendulum-v1: lr 1e-3 (SB3 defaults otherwise: [256, 256], batch 256, start 100, one update
     per step, tau 0.005, automatic entropy)."""
     from stable_baselines3 import SAC
 
     model = SAC("MlpPolicy", task.env_id, learning_rate=1e-3, seed=seed, device="cpu", verbose=0)
-    return _sb3_curve(model, task, seed)
+    return _sb3_curve(model, task, seed, stop)
 
 
-def _sb3_deterministic_pendulum(algo: Any, seed: int, task: Task) -> list[dict[str, float]]:
+def _sb3_deterministic_pendulum(algo: Any, seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
     """RL-Zoo td3.yml / ddpg.yml Pendulum-v1: gamma 0.98, buffer 200k, start 10000, normal noise 0.1, one update per
     step after each episode, lr 1e-3, net [400, 300]."""
     from stable_baselines3.common.noise import NormalActionNoise
@@ -217,19 +221,19 @@ def _sb3_deterministic_pendulum(algo: Any, seed: int, task: Task) -> list[dict[s
     model = algo("MlpPolicy", task.env_id, gamma=0.98, buffer_size=200_000, learning_starts=10_000,
                  action_noise=noise, gradient_steps=-1, train_freq=(1, "episode"), learning_rate=1e-3,
                  policy_kwargs=dict(net_arch=[400, 300]), seed=seed, device="cpu", verbose=0)
-    return _sb3_curve(model, task, seed)
+    return _sb3_curve(model, task, seed, stop)
 
 
-def sb3_td3_pendulum(seed: int, task: Task) -> list[dict[str, float]]:
+def sb3_td3_pendulum(seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
     from stable_baselines3 import TD3
 
-    return _sb3_deterministic_pendulum(TD3, seed, task)
+    return _sb3_deterministic_pendulum(TD3, seed, task, stop)
 
 
-def sb3_ddpg_pendulum(seed: int, task: Task) -> list[dict[str, float]]:
+def sb3_ddpg_pendulum(seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
     from stable_baselines3 import DDPG
 
-    return _sb3_deterministic_pendulum(DDPG, seed, task)
+    return _sb3_deterministic_pendulum(DDPG, seed, task, stop)
 
 
 # --- Tasks ------------------------------------------------------------------------------------------------------
@@ -249,11 +253,16 @@ TASKS: list[Task] = [
          sb3=sb3_td3_pendulum),
     Task("ddpg-pendulum", "ddpg", "Pendulum-v1", threshold=-250, budget=30_000, eval_interval=1_000,
          sb3=sb3_ddpg_pendulum),
-    Task("ppo-halfcheetah", "ppo", "HalfCheetah-v5", threshold=1500, budget=1_000_000, eval_interval=50_000,
+    Task("ppo-halfcheetah", "ppo", "HalfCheetah-v5", threshold=1500, budget=1_000_000, eval_interval=25_000,
          eval_episodes=5, default=False, sb3=sb3_ppo_halfcheetah,
-         overrides=["collector.batch_B=8", "collector.batch_T=256", "model.normalize_observation=true",
-                    "model.distribution=normal", "loss.gamma=0.99", "loss.gae_lambda=0.95", "loss.epochs=10",
-                    "loss.minibatches=32", "optim.lr=3e-4", "loss.reward_scale=0.1"]),
+         # RL-Zoo's HalfCheetah PPO hyperparameters (1 env x 512 steps, 20 epochs of 64-sample minibatches, ReLU
+         # 256x256, log-std -2, lr 2e-5, clip 0.1); observations normalised in the model, rewards scaled by 0.1
+         overrides=["collector.batch_B=1", "collector.batch_T=512", "model.hidden_sizes=[256,256]",
+                    "model.activation=relu", "model.init_log_std=-2", "model.distribution=normal",
+                    "model.normalize_observation=true", "loss.gamma=0.98", "loss.gae_lambda=0.92", "loss.epochs=20",
+                    "loss.minibatches=8", "loss.clip_epsilon=0.1", "loss.linear_decay=false", "optim.lr=2e-5",
+                    "optim.max_grad_norm=0.8", "loss.value_loss_coeff=1.16", "loss.entropy_coeff=0.0004",
+                    "loss.reward_scale=0.1"]),
 ]
 
 
@@ -279,12 +288,12 @@ def bench_gae(repeats: int = 300) -> None:
         theirs = TorchRLGAE(gamma=0.98, lmbda=0.8, value_network=ac.critic, deactivate_vmap=True)
         ours = GAE(ac.critic, gamma=0.98, lmbda=0.8)
 
-        def torchrl_call() -> None:
+        def torchrl_call(theirs: Any = theirs, td: Any = td) -> None:
             with torch.no_grad():
                 theirs(td)
 
         best: dict[str, float] = {}
-        for name, fn in [("torchrl", torchrl_call), ("tdrl", lambda: ours(td))] * 2:
+        for name, fn in [("torchrl", torchrl_call), ("tdrl", lambda ours=ours, td=td: ours(td))] * 2:
             for _ in range(20):
                 fn()
             start = time.perf_counter()
@@ -355,6 +364,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         + ", ".join(t.name for t in TASKS))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--no-sb3", action="store_true", help="skip the SB3 baselines")
+    parser.add_argument("--stop", action="store_true",
+                        help="stop each run at the threshold (frames/time to threshold only; no final return)")
     parser.add_argument("--json", default="", help="write every row to this file")
     parser.add_argument("--gae", action="store_true", help="only the GAE micro-benchmark (tdrl vs TorchRL)")
     parser.add_argument("--losses", action="store_true", help="only the PPO/A2C update-step micro-benchmark")
@@ -377,9 +388,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         for task in tasks:
             impls: list[tuple[str, Callable[[int], list[dict[str, float]]]]] = [
-                ("tdrl", lambda s, t=task: run_tdrl(t, s, Path(tmp)))]
+                ("tdrl", lambda s, t=task: run_tdrl(t, s, Path(tmp), args.stop))]
             if have_sb3 and task.sb3 is not None:
-                impls.append(("sb3", lambda s, t=task: t.sb3(s, t)))
+                impls.append(("sb3", lambda s, t=task: t.sb3(s, t, args.stop)))
             for seed in seeds:
                 for impl, fn in impls:
                     torch.manual_seed(seed)

@@ -24,7 +24,6 @@ HalfCheetah-v5 (benchmark, not CI) with observation normalisation::
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Literal
 

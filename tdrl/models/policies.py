@@ -32,7 +32,13 @@ from typing import Literal
 import torch
 from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequential
 from torch import nn
-from torchrl.modules import IndependentNormal, LSTMModule, ProbabilisticActor, TanhNormal, ValueOperator
+from torchrl.modules import (
+    IndependentNormal,
+    LSTMModule,
+    ProbabilisticActor,
+    TanhNormal,
+    ValueOperator,
+)
 
 from tdrl.envs.make import EnvSpecs
 from tdrl.models.nets import MLP, ObsNorm
@@ -76,8 +82,8 @@ class ActorCritic(nn.Module):
             raise NotImplementedError("recurrent models need their state: call .actor on a TensorDict")
         params_module, dist_module = self.actor.module[0], self.actor.module[-1]
         out = params_module.module(observation)
-        values = dict(zip(params_module.out_keys, out if isinstance(out, tuple) else (out,)))
-        params = {arg: values[key] for arg, key in zip(dist_module.dist_keys, dist_module.in_keys)}
+        values = dict(zip(params_module.out_keys, out if isinstance(out, tuple) else (out,), strict=True))
+        params = {arg: values[key] for arg, key in zip(dist_module.dist_keys, dist_module.in_keys, strict=True)}
         return dist_module.distribution_class(**params, **dist_module.distribution_kwargs)
 
     def value(self, observation: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,10 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
-from torchrl.objectives.value.functional import generalized_advantage_estimate, vec_generalized_advantage_estimate
+from torchrl.objectives.value.functional import (
+    generalized_advantage_estimate,
+    vec_generalized_advantage_estimate,
+)
 
 __all__ = ["GAE"]
 

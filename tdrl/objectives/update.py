@@ -141,7 +141,7 @@ class Updater:
         for term in terms[1:]:
             total = total + (term.sum() if term.numel() > 1 else term.reshape(()))
         if not torch.isfinite(total):
-            bad = next(k for k, t in zip(keys, terms) if not torch.isfinite(t).all())
+            bad = next(k for k, t in zip(keys, terms, strict=True) if not torch.isfinite(t).all())
             value = losses[bad]
             raise NonFiniteLossError(bad, self.updates, float(value.detach().sum()))
         self.optimizer.zero_grad(set_to_none=True)

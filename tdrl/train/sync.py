@@ -62,7 +62,6 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import torch
 from tensordict import TensorDictBase
 
 from tdrl.train.stats import episode_stats, eval_episodes, new_episodes, scalar_stats

@@ -72,8 +72,9 @@ def test_distribution_must_fit_action_space(cartpole, pendulum):
 
 
 def test_image_observations_rejected():
-    from tdrl.envs.make import EnvSpecs
     from torchrl.data import Bounded, Categorical
+
+    from tdrl.envs.make import EnvSpecs
 
     specs = EnvSpecs(Bounded(0, 255, shape=(4, 84, 84), dtype=torch.uint8), Categorical(6))
     with pytest.raises(ValueError, match="convolutional"):

@@ -7,8 +7,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
-from torchrl.objectives import DQNLoss
 from torchrl.modules import QValueActor
+from torchrl.objectives import DQNLoss
 
 from tdrl.objectives.update import NonFiniteLossError, TargetUpdate, Updater
 
@@ -51,7 +51,7 @@ def test_nan_loss_stops_with_key_and_update_without_touching_parameters():
     with pytest.raises(NonFiniteLossError, match=r"loss_value = nan at gradient update 1") as err:
         updater.step({"loss_ok": net(x).pow(2).mean(), "loss_value": bad})
     assert err.value.key == "loss_value" and err.value.update == 1
-    for p, q in zip(net.parameters(), before):
+    for p, q in zip(net.parameters(), before, strict=True):
         assert torch.equal(p, q) and torch.isfinite(p).all()
 
 
@@ -63,7 +63,7 @@ def test_nan_gradient_from_finite_loss_is_not_stepped():
     loss = torch.sqrt(net(x) * 0.0).sum()  # finite value (0), gradient d/dx sqrt(0) = inf -> nan
     with pytest.raises(NonFiniteLossError, match="grad_norm"):
         updater.step({"loss_sqrt": loss})
-    for p, q in zip(net.parameters(), before):
+    for p, q in zip(net.parameters(), before, strict=True):
         assert torch.equal(p, q)
 
 
