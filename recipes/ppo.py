@@ -6,7 +6,7 @@ learning rate and of the ratio clip to 0 over the run (rlpyt's ``linear_lr_sched
 policies; the recurrent one replays each env's ``[T]`` sequence from the state stored at its first step, and
 minibatches split envs rather than steps (rlpyt). Defaults solve CartPole-v1 (eval return 500) in about 20k frames:
 RL-Zoo's hyperparameters (8 envs x 32 steps, gamma 0.98, lambda 0.8, linear LR and clip 0.2 decay) with half the
-epochs (10) at twice the learning rate (2e-3), which needs about half the gradient updates to reach the threshold.
+epochs (10) at a higher learning rate (4e-3), which needs about half the gradient updates to reach the threshold.
 
     python recipes/ppo.py                                             # CartPole-v1
     python recipes/ppo.py collector.kind=parallel collector.n_workers=2
@@ -117,7 +117,7 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 2e-3
+    lr: float = 4e-3
     """Adam learning rate (start value when decayed)."""
     eps: float = 1e-5
     """Adam epsilon."""
