@@ -84,7 +84,10 @@ class ActorCritic(nn.Module):
         out = params_module.module(observation)
         values = dict(zip(params_module.out_keys, out if isinstance(out, tuple) else (out,), strict=True))
         params = {arg: values[key] for arg, key in zip(dist_module.dist_keys, dist_module.in_keys, strict=True)}
-        return dist_module.distribution_class(**params, **dist_module.distribution_kwargs)
+        cls, kwargs = dist_module.distribution_class, dict(dist_module.distribution_kwargs)
+        if issubclass(cls, torch.distributions.Categorical):
+            kwargs["validate_args"] = False  # argument checks cost more than the rest of a CartPole-sized update
+        return cls(**params, **kwargs)
 
     def value(self, observation: torch.Tensor) -> torch.Tensor:
         """``V(observation)`` of shape ``[..., 1]`` (feed-forward models)."""
@@ -131,8 +134,8 @@ def _resolve_distribution(specs: EnvSpecs, distribution: Distribution) -> str:
 def _probabilistic_actor(
     module: TensorDictModule, specs: EnvSpecs, dist: str, interaction: InteractionType
 ) -> ProbabilisticActor:
-    if dist == "categorical":  # argument validation costs more than the rest of a CartPole update's sampling
-        in_keys, cls, kwargs = ["logits"], torch.distributions.Categorical, {"validate_args": False}
+    if dist == "categorical":
+        in_keys, cls, kwargs = ["logits"], torch.distributions.Categorical, {}
     elif dist == "normal":
         in_keys, cls, kwargs = ["loc", "scale"], IndependentNormal, {}
     else:
