@@ -1,7 +1,9 @@
-"""SAC: Soft Actor-Critic (Haarnoja et al. 2018, arXiv:1812.05905), rlpyt's semantics on TorchRL's SACLoss.
+"""SAC: Soft Actor-Critic (Haarnoja et al. 2018, arXiv:1812.05905), rlpyt's semantics, TorchRL's SACLoss objective.
 
-Tanh-squashed Gaussian policy, twin Q critics (one stacked parameter set, evaluated with one vmap) with polyak
-targets, automatic entropy tuning towards ``-action_dim``. Off-policy cadence as rlpyt: ``optim.replay_ratio``
+Tanh-squashed Gaussian policy, twin Q critics with polyak targets, automatic entropy tuning towards
+``-action_dim``. The loss is tdrl's ``FusedSACLoss``: TorchRL's SACLoss terms (equal values and gradients, tested)
+with the twin critics stacked into one batched matmul per layer, ~1.4x faster per update on CPU
+(``loss.fused=false`` uses TorchRL's SACLoss). Off-policy cadence as rlpyt: ``optim.replay_ratio``
 (samples drawn per env frame; 256 with batch 256 = one update per frame) sets the updates per iteration, none
 before ``optim.min_steps_learn`` frames. Time limits bootstrap (``truncated``), terminals do not
 (``loss.bootstrap_timelimit=false`` treats both as terminal). Defaults solve Pendulum-v1 (greedy evaluation
@@ -30,8 +32,9 @@ from tdrl.collect import make_collector
 from tdrl.config import CheckpointConfig, ConfigError, LoggerConfig, RunConfig, parse_args
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
-from tdrl.models import make_q_critic, make_tanh_gaussian_actor
+from tdrl.models.q import make_q_critic, make_tanh_gaussian_actor, make_twin_q
 from tdrl.objectives.continuous import make_sac_loss, timeouts_as_terminal
+from tdrl.objectives.sac import FusedSACLoss
 from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import TransitionReplayBuffer
 from tdrl.train import TrainerConfig, check_trainer, make_trainer
@@ -96,6 +99,8 @@ class LossConfig:
     """Entropy target of the alpha tuning; None means -action_dim."""
     bootstrap_timelimit: bool = True
     """Bootstrap through time limits (rlpyt bootstrap_timelimit); false treats them as terminal."""
+    fused: bool = True
+    """tdrl's FusedSACLoss (same terms, stacked twin critics, ~1.4x faster on CPU); false: TorchRL's SACLoss."""
 
 
 @dataclass
@@ -156,10 +161,15 @@ def main(cfg: Config) -> dict:
         raise ConfigError(f"env.id={cfg.env.id!r} has discrete actions; SAC needs a continuous (Box) action space "
                           "(use recipes/dqn.py)")
     actor = make_tanh_gaussian_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
-    critic = make_q_critic(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
-    loss = make_sac_loss(actor, critic, specs.action_spec, gamma=cfg.loss.gamma, alpha_init=cfg.loss.alpha_init,
-                         fixed_alpha=cfg.loss.fixed_alpha,
-                         target_entropy="auto" if cfg.loss.target_entropy is None else cfg.loss.target_entropy)
+    target_entropy = "auto" if cfg.loss.target_entropy is None else cfg.loss.target_entropy
+    if cfg.loss.fused:  # the same objective as TorchRL's SACLoss on plain tensors (tests/objectives/test_continuous_sac)
+        loss = FusedSACLoss(actor, make_twin_q(specs, hidden_sizes=cfg.model.hidden_sizes), gamma=cfg.loss.gamma,
+                            alpha_init=cfg.loss.alpha_init, fixed_alpha=cfg.loss.fixed_alpha,
+                            target_entropy=target_entropy).to(device)
+    else:
+        loss = make_sac_loss(actor, make_q_critic(specs, hidden_sizes=cfg.model.hidden_sizes).to(device),
+                             specs.action_spec, gamma=cfg.loss.gamma, alpha_init=cfg.loss.alpha_init,
+                             fixed_alpha=cfg.loss.fixed_alpha, target_entropy=target_entropy)
     # one optimizer: loss_actor, loss_qvalue and loss_alpha reach disjoint parameters (detached critics/log-probs)
     updater = Updater(torch.optim.Adam(loss.parameters(), lr=cfg.optim.lr), max_grad_norm=cfg.optim.max_grad_norm,
                       target_update=TargetUpdate(loss, interval=cfg.optim.target_update_interval,

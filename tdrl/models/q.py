@@ -45,10 +45,13 @@ __all__ = [
     "QNetwork",
     "ScaledTanh",
     "StateActionValue",
+    "TwinQ",
+    "stacked_mlp",
     "make_deterministic_actor",
     "make_q_actor",
     "make_q_critic",
     "make_tanh_gaussian_actor",
+    "make_twin_q",
 ]
 
 
@@ -261,6 +264,68 @@ class StateActionValue(nn.Module):
 
     def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return self.net(torch.cat([observation, action], -1))
+
+
+def stacked_mlp(params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Evaluate ``n`` ReLU MLPs with stacked parameters on one input: ``[*, in]`` -> ``[n, *, out]``.
+
+    ``params`` alternates weights ``[n, in, out]`` and biases ``[n, 1, out]``; each layer is one ``baddbmm`` for all
+    ``n`` networks (bias fused into the matmul, unlike a vmapped ``nn.Linear`` on CPU).
+    """
+    n = params[0].shape[0]
+    lead = x.shape[:-1]
+    h = x.reshape(1, -1, x.shape[-1]).expand(n, -1, -1)
+    last = len(params) // 2 - 1
+    for i in range(0, len(params), 2):
+        h = torch.baddbmm(params[i + 1], h, params[i])
+        if i // 2 < last:
+            h = torch.relu(h)
+    return h.reshape(n, *lead, h.shape[-1])
+
+
+class TwinQ(nn.Module):
+    """``n`` critics ``Q_i(s, a)`` (ReLU MLPs on ``[s, a]``) as one module with stacked parameters.
+
+    Used by :class:`tdrl.objectives.sac.FusedSACLoss`: both critics run as one batched matmul per layer, and the
+    loss evaluates them with online, target or detached parameters without swapping module state. Each member is
+    initialised like an independent ``nn.Linear`` stack.
+
+    Args:
+        obs_dim: observation size.
+        action_dim: action size.
+        hidden_sizes: hidden widths.
+        n_critics: number of critics (2 for clipped double-Q).
+
+    Output of ``forward(observation, action)``: ``[n_critics, *batch, 1]``.
+    """
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: Sequence[int] = (256, 256), n_critics: int = 2):
+        super().__init__()
+        sizes = [obs_dim + action_dim, *hidden_sizes, 1]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+            layers = [nn.Linear(fan_in, fan_out) for _ in range(n_critics)]  # nn.Linear's own initialisation
+            self.weights.append(nn.Parameter(torch.stack([layer.weight.detach().T for layer in layers]).contiguous()))
+            self.biases.append(nn.Parameter(torch.stack([layer.bias.detach()[None] for layer in layers])))
+        self.n_critics = n_critics
+
+    def flat_params(self) -> list[torch.Tensor]:
+        """``[w0, b0, w1, b1, ...]``: the layout :func:`stacked_mlp` takes."""
+        return [t for pair in zip(self.weights, self.biases) for t in pair]
+
+    def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return stacked_mlp(self.flat_params(), torch.cat([observation, action], -1))
+
+
+def make_twin_q(specs, *, hidden_sizes: Sequence[int] = (256, 256), n_critics: int = 2) -> TwinQ:
+    """Twin critics for :class:`tdrl.objectives.sac.FusedSACLoss` (a plain module: no keys).
+
+    Raises:
+        ValueError: discrete actions.
+    """
+    low, _ = _bounds(specs)
+    return TwinQ(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes, n_critics)
 
 
 def make_q_critic(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> ValueOperator:

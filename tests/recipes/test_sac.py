@@ -67,6 +67,11 @@ def test_smoke_parallel_collector(tmp_path):
     assert summary["frames"] == 240 and summary["updates"] == 40 * 2  # 60 itrs of 4 frames, 20 before 80
 
 
+def test_smoke_torchrl_sacloss(tmp_path):
+    summary = sac.main(tiny(tmp_path, "loss.fused=false"))
+    assert summary["frames"] == 240 and summary["updates"] == 160 and math.isfinite(summary["eval/return_mean"])
+
+
 def test_discrete_env_fails_before_anything_starts(tmp_path):
     with pytest.raises(ConfigError, match="env.id='CartPole-v1' has discrete actions"):
         sac.main(tiny(tmp_path, "env.id=CartPole-v1"))

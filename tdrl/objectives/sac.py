@@ -1,0 +1,195 @@
+"""SAC loss with fused twin critics: TorchRL's ``SACLoss`` terms at a lower cost per update.
+
+TorchRL's ``SACLoss`` spends several milliseconds per update outside the networks on this CPU (TensorDict
+parameter swaps for each critic and target evaluation, distribution objects, vmap bookkeeping, a ``find_spec``
+per module output): with 256-wide MLPs its update is ~1.2x SB3's (``benchmarks/learning.py --losses``). The
+objective itself is small, so :class:`FusedSACLoss` computes the same three terms on plain tensors:
+
+* the twin critics are one :class:`~tdrl.models.q.TwinQ` (stacked weights, one ``baddbmm`` per layer for both);
+  online, target and detached evaluations pass parameter lists instead of swapping module state;
+* the tanh-Gaussian policy is the network inside the recipe's TorchRL ``ProbabilisticActor`` (the collector keeps
+  acting with the TorchRL actor); samples and log-probabilities follow TorchRL's ``TanhNormal`` with
+  ``low``/``high`` (Normal log-density, minus the tanh and affine log-Jacobians).
+
+Terms, as TorchRL's ``SACLoss`` (v2, no state-value net), per sample ``i`` with PER weights ``w`` (sum-normalised):
+
+* ``loss_qvalue = sum_k (Q_k(s, a) - y)^2`` with ``y = r + gamma^steps * (1 - terminated) *
+  (min_k Qtarget_k(s', a') - alpha * log pi(a'|s'))``, ``a' ~ pi(s')``;
+* ``loss_actor = alpha * log pi(a~|s) - min_k Q_k(s, a~)`` through detached critic parameters;
+* ``loss_alpha = -log_alpha * (log pi(a~|s) + target_entropy)`` with a detached log-probability.
+
+The three terms reach disjoint parameters, so one optimizer over ``loss.parameters()`` minimises their sum. Target
+critics are ``target_qvalue_network_params``, so TorchRL's ``SoftUpdate`` (``tdrl.objectives.update.TargetUpdate``)
+works unchanged. Equality with TorchRL's ``SACLoss`` (same parameters, same random draws) is tested.
+
+in_keys: ``observation``, ``action``, ``("next", "observation")``, ``("next", "reward")``,
+``("next", "terminated")``, optional ``steps_to_next_obs`` and ``priority_weight``. out_keys: ``loss_actor``,
+``loss_qvalue``, ``loss_alpha``, ``alpha``, ``entropy``; writes ``td_error`` (max over critics of ``|Q - y|``)
+into the sample.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from tensordict import TensorDict, TensorDictBase, TensorDictParams
+from tensordict.nn import ProbabilisticTensorDictSequential
+from tensordict.utils import NestedKey
+from torch import nn
+from torch.nn import functional as F
+from torchrl.modules import TanhNormal
+from torchrl.objectives import LossModule
+
+from tdrl.models.q import TwinQ, stacked_mlp
+from tdrl.objectives.dqn import STEPS_KEY, WEIGHT_KEY
+
+__all__ = ["FusedSACLoss"]
+
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class FusedSACLoss(LossModule):
+    """SAC (Haarnoja et al. 2018, no value network) with fused twin critics; see the module docstring.
+
+    Args:
+        actor: tanh-Gaussian ``ProbabilisticActor`` (``make_tanh_gaussian_actor``): its first module maps
+            ``observation`` to ``loc``, ``scale``; its distribution is ``TanhNormal`` with ``low``/``high``.
+        critic: :class:`~tdrl.models.q.TwinQ` (``make_twin_q``).
+        gamma: discount per env step (n-step samples bootstrap with ``gamma ** steps_to_next_obs``).
+        alpha_init: initial entropy temperature.
+        fixed_alpha: keep alpha at ``alpha_init``.
+        target_entropy: entropy target, or ``"auto"`` (``-action_dim``).
+        steps_key: key of the per-sample steps to the bootstrap observation.
+        weight_key: key of the PER importance weights.
+
+    Raises:
+        ValueError: an actor that is not a TanhNormal ``ProbabilisticActor``, or a bad ``gamma``.
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        """Keys read (``priority`` is written)."""
+
+        observation: NestedKey = "observation"
+        action: NestedKey = "action"
+        reward: NestedKey = "reward"
+        terminated: NestedKey = "terminated"
+        steps_to_next_obs: NestedKey = STEPS_KEY
+        priority_weight: NestedKey = WEIGHT_KEY
+        priority: NestedKey = "td_error"
+
+    default_keys = _AcceptedKeys
+    tensor_keys: _AcceptedKeys
+    out_keys = ["loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy"]
+
+    def __init__(
+        self,
+        actor: ProbabilisticTensorDictSequential,
+        critic: TwinQ,
+        *,
+        gamma: float = 0.99,
+        alpha_init: float = 1.0,
+        fixed_alpha: bool = False,
+        target_entropy: float | Literal["auto"] = "auto",
+        steps_key: NestedKey = STEPS_KEY,
+        weight_key: NestedKey = WEIGHT_KEY,
+    ) -> None:
+        super().__init__()
+        head = actor[-1] if isinstance(actor, ProbabilisticTensorDictSequential) else None
+        if head is None or getattr(head, "distribution_class", None) is not TanhNormal:
+            raise ValueError("FusedSACLoss needs a TanhNormal ProbabilisticActor (make_tanh_gaussian_actor)")
+        if not isinstance(critic, TwinQ):
+            raise ValueError(f"FusedSACLoss needs a TwinQ critic (make_twin_q), got {type(critic).__name__}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        low = torch.as_tensor(head.distribution_kwargs["low"], dtype=torch.float32)
+        high = torch.as_tensor(head.distribution_kwargs["high"], dtype=torch.float32)
+        self.actor_network = actor
+        self.policy_net = actor[0].module  # observation -> (loc, scale)
+        self.qvalue_network = critic
+        self.qvalue_network_params = TensorDictParams(TensorDict.from_module(critic), no_convert=True)
+        self.target_qvalue_network_params = TensorDictParams(self.qvalue_network_params.data.clone(),
+                                                             no_convert=True)
+        self._has_update_associated["qvalue_network"] = False
+        self._param_keys = [(("weights", str(i)), ("biases", str(i))) for i in range(len(critic.weights))]
+        self.register_buffer("action_loc", (high + low) / 2)
+        self.register_buffer("action_scale", (high - low) / 2)
+        self.register_buffer("gamma", torch.tensor(float(gamma)))
+        action_dim = int(low.numel())
+        entropy = -float(action_dim) if target_entropy == "auto" else float(target_entropy)
+        self.register_buffer("target_entropy", torch.tensor(entropy))
+        log_alpha = torch.tensor(math.log(alpha_init))
+        if fixed_alpha:
+            self.register_buffer("log_alpha", log_alpha)
+        else:
+            self.log_alpha = nn.Parameter(log_alpha)
+        self.set_keys(steps_to_next_obs=steps_key, priority_weight=weight_key)
+
+    def _forward_value_estimator_keys(self, **kwargs) -> None:
+        pass  # the TD(0) target is computed here; there is no separate value estimator
+
+    # --- pieces -----------------------------------------------------------------------------------------------
+
+    def _critic_params(self, params: TensorDictBase) -> list[torch.Tensor]:
+        return [params.get(key) for pair in self._param_keys for key in pair]
+
+    def sample_and_log_prob(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised action in the box and its log-probability (TorchRL's ``TanhNormal``, same draws)."""
+        loc, scale = self.policy_net(observation)
+        noise = torch.empty_like(loc).normal_()
+        pre_tanh = loc + scale * noise
+        squashed = torch.tanh(pre_tanh)
+        action = self.action_loc + self.action_scale * squashed
+        log_normal = -0.5 * noise.pow(2) - scale.log() - _LOG_SQRT_2PI
+        # log|d tanh(u)/du| = 2 (log 2 - u - softplus(-2u)) (numerically stable), plus the affine rescaling
+        log_jacobian = 2.0 * (math.log(2.0) - pre_tanh - F.softplus(-2.0 * pre_tanh)) + self.action_scale.log()
+        return action, (log_normal - log_jacobian).sum(-1)
+
+    def _reduce(self, per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+        if weights is None:
+            return per_sample.mean()
+        weights = weights.reshape(per_sample.shape)
+        return (per_sample * weights).sum() / weights.sum()
+
+    # --- loss -------------------------------------------------------------------------------------------------
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        keys = self.tensor_keys
+        obs = tensordict.get(keys.observation)
+        action = tensordict.get(keys.action)
+        next_obs = tensordict.get(("next", keys.observation))
+        reward = tensordict.get(("next", keys.reward))
+        terminated = tensordict.get(("next", keys.terminated))
+        steps = tensordict.get(keys.steps_to_next_obs, None)
+        weights = tensordict.get(keys.priority_weight, None)
+        alpha = self.log_alpha.detach().exp()
+
+        # critics: clipped double-Q soft target (sampled first, as TorchRL does)
+        with torch.no_grad():
+            next_action, next_log_prob = self.sample_and_log_prob(next_obs)
+            target_params = self._critic_params(self.target_qvalue_network_params)
+            next_q = stacked_mlp(target_params, torch.cat([next_obs, next_action], -1)).min(0).values
+            discount = self.gamma if steps is None else self.gamma ** steps.reshape(reward.shape)
+            target = reward + discount * (~terminated).to(reward.dtype) * (next_q - alpha * next_log_prob[..., None])
+        params = self._critic_params(self.qvalue_network_params)
+        q = stacked_mlp(params, torch.cat([obs, action], -1))  # [n, B, 1]
+        error = q - target
+        loss_qvalue = self._reduce(error.pow(2).sum(0).squeeze(-1), weights)
+
+        # policy through detached critics; temperature through a detached log-probability
+        new_action, log_prob = self.sample_and_log_prob(obs)
+        q_new = stacked_mlp([p.detach() for p in params], torch.cat([obs, new_action], -1)).min(0).values
+        loss_actor = self._reduce(alpha * log_prob - q_new.squeeze(-1), weights)
+        loss_alpha = self._reduce(-self.log_alpha * (log_prob.detach() + self.target_entropy), weights)
+
+        tensordict.set(keys.priority, error.detach().abs().max(0).values)
+        return TensorDict(
+            loss_actor=loss_actor,
+            loss_qvalue=loss_qvalue,
+            loss_alpha=loss_alpha,
+            alpha=alpha,
+            entropy=-log_prob.detach().mean(),
+        )

@@ -1,0 +1,139 @@
+"""FusedSACLoss equals TorchRL's SACLoss (same parameters, same random draws): losses and gradients, with n-step
+discounts, time-limit bootstrapping and PER weights; target updates through TorchRL's SoftUpdate; bad input."""
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from tdrl.envs.make import EnvFactory
+from tdrl.models.q import make_deterministic_actor, make_q_critic, make_tanh_gaussian_actor, make_twin_q
+from tdrl.objectives.continuous import make_sac_loss
+from tdrl.objectives.sac import FusedSACLoss
+from tdrl.objectives.update import TargetUpdate
+
+pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
+GAMMA = 0.9
+HIDDEN = (8, 8)
+
+
+@pytest.fixture(scope="module")
+def specs():
+    return EnvFactory("Pendulum-v1").specs()
+
+
+def _batch(n=6):
+    torch.manual_seed(1)
+    return TensorDict(
+        {
+            "observation": torch.randn(n, 3),
+            "action": torch.rand(n, 1) * 4 - 2,
+            ("next", "observation"): torch.randn(n, 3),
+            ("next", "reward"): -torch.rand(n, 1) * 5,
+            ("next", "terminated"): torch.tensor([[False], [True], [False], [False], [False], [True]]),
+            ("next", "truncated"): torch.tensor([[False], [False], [True], [False], [False], [False]]),
+            ("next", "done"): torch.tensor([[False], [True], [True], [False], [False], [True]]),
+            "steps_to_next_obs": torch.tensor([[1], [1], [1], [3], [2], [1]]),
+            "priority_weight": torch.tensor([1.0, 0.5, 0.25, 0.8, 0.3, 0.9]),
+        },
+        batch_size=[n],
+    )
+
+
+def _pair(specs, alpha_init=0.7):
+    """TorchRL's SACLoss and a FusedSACLoss sharing the actor, with the same critic and target parameters."""
+    torch.manual_seed(0)
+    actor = make_tanh_gaussian_actor(specs, hidden_sizes=HIDDEN)
+    theirs = make_sac_loss(actor, make_q_critic(specs, hidden_sizes=HIDDEN), specs.action_spec, gamma=GAMMA,
+                           alpha_init=alpha_init)
+    with torch.no_grad():
+        for p in theirs.target_qvalue_network_params.values(True, True):
+            p.add_(0.3 * torch.randn_like(p))
+    ours = FusedSACLoss(actor, make_twin_q(specs, hidden_sizes=HIDDEN), gamma=GAMMA, alpha_init=alpha_init)
+    with torch.no_grad():
+        for src, dst in ((theirs.qvalue_network_params, ours.qvalue_network_params),
+                         (theirs.target_qvalue_network_params, ours.target_qvalue_network_params)):
+            for j, layer in enumerate(("0", "2", "4")):
+                dst["weights", str(j)].copy_(src["module", "net", layer, "weight"].transpose(-1, -2))
+                dst["biases", str(j)].copy_(src["module", "net", layer, "bias"][:, None, :])
+    return theirs, ours, actor
+
+
+@pytest.mark.parametrize("drop", [(), ("priority_weight",), ("steps_to_next_obs",)])
+def test_losses_and_gradients_equal_torchrl(specs, drop):
+    theirs, ours, actor = _pair(specs)
+    batch = _batch().exclude(*drop)
+    torch.manual_seed(7)
+    out_theirs = theirs(batch.clone())
+    torch.manual_seed(7)
+    out_ours = ours(batch.clone())
+    for key in ("loss_qvalue", "loss_actor", "loss_alpha", "alpha", "entropy"):
+        assert torch.allclose(out_theirs[key], out_ours[key], atol=1e-5, rtol=1e-5), (key, out_theirs[key], out_ours[key])
+
+    def grads(loss, out):
+        """Gradients of the summed losses: the shared actor's, log_alpha's, and the middle critic layer's."""
+        for p in [*actor.parameters(), *loss.parameters()]:
+            p.grad = None
+        (out["loss_qvalue"] + out["loss_actor"] + out["loss_alpha"]).backward()
+        return [p.grad.clone() for p in actor.parameters()] + [loss.log_alpha.grad.clone()]
+
+    g_theirs = grads(theirs, out_theirs)
+    w_theirs = theirs.qvalue_network_params["module", "net", "2", "weight"].grad.transpose(-1, -2)
+    g_ours = grads(ours, out_ours)
+    assert len(g_theirs) == len(g_ours) > 1
+    for a, b in zip(g_theirs, g_ours):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert torch.allclose(w_theirs, ours.qvalue_network.weights[1].grad, atol=1e-5)
+
+
+def test_nstep_and_time_limits_reach_the_target(specs):
+    """Changing steps_to_next_obs or terminated changes loss_qvalue; truncated alone does not stop the bootstrap."""
+    _, ours, _ = _pair(specs)
+    batch = _batch()
+
+    def q_loss(b):
+        torch.manual_seed(3)
+        return ours(b)["loss_qvalue"]
+
+    base = q_loss(batch.clone())
+    more_steps = batch.clone()
+    more_steps["steps_to_next_obs"][0] = 5
+    assert not torch.allclose(base, q_loss(more_steps))
+    truncated_only = batch.clone()
+    truncated_only["next", "truncated"][0] = True
+    truncated_only["next", "done"][0] = True
+    assert torch.allclose(base, q_loss(truncated_only))
+    terminated = batch.clone()
+    terminated["next", "terminated"][0] = True
+    assert not torch.allclose(base, q_loss(terminated))
+
+
+def test_soft_target_update_and_parameter_groups(specs):
+    _, ours, _ = _pair(specs)
+    target = TargetUpdate(ours, interval=1, tau=0.25)
+    with torch.no_grad():
+        for p in ours.qvalue_network.parameters():
+            p.add_(1.0)
+    before = ours.target_qvalue_network_params.clone()
+    target.step()
+    online = ours.qvalue_network_params.data
+    after = ours.target_qvalue_network_params
+    assert ((after - (0.75 * before + 0.25 * online)).abs() < 1e-6).all()
+    assert not (after == before).all()
+    names = {n.split(".")[0] for n, _ in ours.named_parameters()}
+    assert names == {"log_alpha", "actor_network", "qvalue_network"}  # targets are buffers, not trained
+
+
+def test_fixed_alpha_and_target_entropy(specs):
+    loss = FusedSACLoss(make_tanh_gaussian_actor(specs, hidden_sizes=HIDDEN), make_twin_q(specs, hidden_sizes=HIDDEN),
+                        alpha_init=0.2, fixed_alpha=True, target_entropy=-3.0)
+    assert "log_alpha" not in dict(loss.named_parameters()) and float(loss.target_entropy) == -3.0
+    assert torch.allclose(loss(_batch())["alpha"], torch.tensor(0.2))
+
+
+def test_bad_input(specs):
+    with pytest.raises(ValueError, match="TanhNormal"):
+        FusedSACLoss(make_deterministic_actor(specs), make_twin_q(specs))
+    with pytest.raises(ValueError, match="TwinQ"):
+        FusedSACLoss(make_tanh_gaussian_actor(specs), make_q_critic(specs))
+    with pytest.raises(ValueError, match="gamma"):
+        FusedSACLoss(make_tanh_gaussian_actor(specs), make_twin_q(specs), gamma=2.0)
