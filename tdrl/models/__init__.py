@@ -29,3 +29,6 @@ __all__ = [
     "make_recurrent_actor_critic",
     "make_tanh_gaussian_actor",
 ]
+from tdrl.models.q import TwinQ, make_twin_q  # noqa: E402
+
+__all__ += ["TwinQ", "make_twin_q"]
