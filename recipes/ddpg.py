@@ -146,6 +146,10 @@ def main(cfg: Config) -> dict:
     seed_everything(cfg.run.seed)
     device = torch.device(cfg.run.device)
     env_factory = EnvFactory(cfg.env.id)
+    warmup = cfg.optim.batch_size + (cfg.loss.n_step - 1) * cfg.collector.batch_B  # transitions the first update needs
+    if cfg.optim.min_steps_learn < warmup:
+        raise ConfigError(f"optim.min_steps_learn={cfg.optim.min_steps_learn} is below optim.batch_size plus the n-step "
+                          f"look-ahead ({warmup}): the first update would sample more transitions than the replay holds")
     specs = env_factory.specs()
     if specs.discrete:
         raise ConfigError(f"env.id={cfg.env.id!r} has discrete actions; DDPG needs a continuous (Box) action space "

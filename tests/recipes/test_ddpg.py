@@ -98,3 +98,9 @@ def test_learns_pendulum_fixed_seed(tmp_path):
     summary = ddpg.main(cfg)
     assert summary["frames"] <= 30_000
     assert summary["eval/return_mean"] >= -250, summary["curve"]
+
+
+def test_min_steps_learn_below_batch_size_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="optim.min_steps_learn=16 is below optim.batch_size"):
+        ddpg.main(tiny(tmp_path, "optim.min_steps_learn=16"))
+    assert not list(tmp_path.rglob("progress.csv"))

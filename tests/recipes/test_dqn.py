@@ -113,3 +113,9 @@ def test_learns_cartpole_fixed_seed(tmp_path):
     summary = dqn.main(cfg)
     assert summary["frames"] <= 100_000
     assert summary["eval/return_mean"] >= 475, summary["curve"]
+
+
+def test_min_steps_learn_below_batch_size_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="optim.min_steps_learn=16 is below optim.batch_size"):
+        dqn.main(tiny(tmp_path, "optim.min_steps_learn=16"))
+    assert not list(tmp_path.rglob("progress.csv"))
