@@ -187,7 +187,7 @@ class ActionServerCollector:
         exploration = active_exploration(self._exploration_arg)
         for step in self.policy_steps:
             step.exploration_type = exploration
-        plan = list(zip(self._group_ranks, self.policy_steps, self._writers, self._inputs))
+        plan = list(zip(self._group_ranks, self.policy_steps, self._writers, self._inputs, strict=True))
         with self.policy_steps[0].running():
             for t in range(self.batch_T):
                 for ranks, policy_step, write, (obs, is_init) in plan:

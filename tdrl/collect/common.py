@@ -6,7 +6,6 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType

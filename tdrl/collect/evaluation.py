@@ -23,7 +23,13 @@ from typing import Any
 
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
-from tdrl.collect.common import env_specs, game_score_of, load_weights, sorted_infos, to_interaction_type
+from tdrl.collect.common import (
+    env_specs,
+    game_score_of,
+    load_weights,
+    sorted_infos,
+    to_interaction_type,
+)
 from tdrl.collect.policy import PolicyStep
 from tdrl.collect.runner import OBS_KEYS
 from tdrl.collect.stepping import EnvSlice, make_step_td

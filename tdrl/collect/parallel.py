@@ -170,7 +170,7 @@ class ParallelCollector:
         signature = [t._version for t in self._live]
         if force or signature != self._signature:
             with torch.no_grad():
-                for shared, live in zip(self._weights, self._live):
+                for shared, live in zip(self._weights, self._live, strict=True):
                     shared.copy_(live)
             self._signature = signature
             self._version += 1

@@ -89,7 +89,7 @@ def _leaf_plan(module: TensorDictModule) -> Plan:
         result = inner(*[env[k] for k in in_keys])
         if not isinstance(result, tuple):
             result = (result,)
-        for key, value in zip(out_keys, result):
+        for key, value in zip(out_keys, result, strict=True):
             if key != "_":
                 env[key] = value
 
@@ -155,7 +155,7 @@ def _probabilistic_plan(module: TensorDictModuleBase, batch_size: torch.Size) ->
         sampler = _sample_independent_normal
     else:
         return None
-    in_keys = dict(zip(dist_keys, _keys(module.in_keys)))
+    in_keys = dict(zip(dist_keys, _keys(module.in_keys), strict=True))
     args = [in_keys[k] for k in (["logits"] if sampler is _sample_categorical else ["loc", "scale"])]
     sample_key = unravel_key(module.dist_sample_keys[0])
     log_prob_key = unravel_key(module.log_prob_key) if module.return_log_prob else None

@@ -20,7 +20,13 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
-from tdrl.collect.common import FrameBudget, check_batch_args, load_weights, sorted_infos, to_interaction_type
+from tdrl.collect.common import (
+    FrameBudget,
+    check_batch_args,
+    load_weights,
+    sorted_infos,
+    to_interaction_type,
+)
 from tdrl.collect.traj_info import EpisodeTracker
 
 __all__ = ["TorchRLCollector"]

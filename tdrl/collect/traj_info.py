@@ -134,7 +134,8 @@ class EpisodeTracker:
         self._nonzero += c_nz[idx, tail_stop] - c_nz[idx, tail]
         if not keep:
             return []
-        fields = zip(ends.tolist(), rows.tolist(), length.tolist(), ret.tolist(), nonzero.tolist(), disc.tolist())
+        columns = (ends, rows, length, ret, nonzero, disc)
+        fields = zip(*(c.tolist() for c in columns), strict=True)
         if self.game_score:
             return [
                 (t, i, {"Length": n_, "Return": r, "NonzeroRewards": z, "DiscountedReturn": d, "GameScore": r})
@@ -174,7 +175,7 @@ def unpack_entries(packed: tuple[tuple[str, ...], np.ndarray]) -> list[tuple[int
     names, rows = packed
     ints = {"Length", "NonzeroRewards"}
     return [
-        (int(r[0]), int(r[1]), {k: int(v) if k in ints else float(v) for k, v in zip(names, r[2:])})
+        (int(r[0]), int(r[1]), {k: int(v) if k in ints else float(v) for k, v in zip(names, r[2:], strict=True)})
         for r in rows
     ]
 

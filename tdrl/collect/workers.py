@@ -100,7 +100,9 @@ class _ParentWatch:
 def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of a worker process: build the slice, then serve commands until ``close``."""
     from tdrl.collect.policy import module_tensors
-    from tdrl.collect.runner import SliceRunner  # imported here: spawn children import as little as possible
+    from tdrl.collect.runner import (
+        SliceRunner,  # imported here: spawn children import as little as possible
+    )
 
     torch.set_num_threads(1)
     watch = _ParentWatch(conn)
@@ -141,7 +143,7 @@ def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
                 _, new_version, exploration = cmd
                 if local_weights is not None and new_version != version:
                     with torch.no_grad():
-                        for local, shared in zip(local_weights, spec.shared_weights):
+                        for local, shared in zip(local_weights, spec.shared_weights, strict=True):
                             local.copy_(shared)
                     version = new_version
                 if runner.policy_step is not None and exploration is not None:
@@ -317,7 +319,7 @@ class WorkerPool:
             return
         self._closed = True
         _POOLS.discard(self)
-        for conn, proc in zip(self.conns, self.procs):
+        for conn, proc in zip(self.conns, self.procs, strict=True):
             if proc.is_alive():
                 try:
                     conn.send(("close",))

@@ -65,7 +65,7 @@ def test_same_batches_as_serial(kind):
         got = [c.collect() for _ in range(2)]
         infos = c.traj_infos
         pids = c.worker_pids
-    for a, b in zip(expected, got):
+    for a, b in zip(expected, got, strict=True):
         _assert_same(a, b)
     assert infos == expected_infos and infos
     _assert_no_orphans(pids)
@@ -80,7 +80,7 @@ def test_wait_reset_recurrent_action_server_equals_serial():
         expected = [serial.collect() for _ in range(3)]
     with make_collector("action_server", factory, counter_policy(), n_workers=2, **kwargs) as c:
         got = [c.collect() for _ in range(3)]
-    for a, b in zip(expected, got):
+    for a, b in zip(expected, got, strict=True):
         _assert_same(a, b)
     mask = got[0]["collector", "mask"]
     assert not mask.all() and mask[:, 0].all()

@@ -52,7 +52,7 @@ def test_tracker_matches_per_step_loop(discount):
             expected = _per_step_reference(rewards, dones, valid, discount, state)
             key = lambda e: (e[1], e[0])  # noqa: E731
             assert [(t, i) for t, i, _ in sorted(got, key=key)] == [(t, i) for t, i, _ in sorted(expected, key=key)]
-            for (_, _, a), (_, _, b) in zip(sorted(got, key=key), sorted(expected, key=key)):
+            for (_, _, a), (_, _, b) in zip(sorted(got, key=key), sorted(expected, key=key), strict=True):
                 assert a == pytest.approx(b, rel=1e-9, abs=1e-9)
 
 
