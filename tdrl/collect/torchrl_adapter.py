@@ -91,6 +91,7 @@ class TorchRLCollector:
             total_frames=-1,
             exploration_type=to_interaction_type(exploration_type, InteractionType.RANDOM),
             device=device,
+            auto_register_policy_transforms=False,  # the env is built as given; no implicit InitTracker
         )
         if n_workers == 1:
             self.collector = Collector(_serial_env(env_factory, batch_B, transform), policy, **kwargs)
