@@ -105,11 +105,17 @@ def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False) -> list[di
 
     eval_env = gym.vector.SyncVectorEnv([lambda: gym.make(task.env_id)] * task.eval_episodes)
 
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    train_env = model.get_env()
+
     def evaluate() -> float:
         obs, _ = eval_env.reset(seed=seed + 10_000)
         done = np.zeros(task.eval_episodes, bool)
         ret = np.zeros(task.eval_episodes)
         while not done.all():
+            if isinstance(train_env, VecNormalize):  # the policy sees observations normalised as in training
+                obs = train_env.normalize_obs(obs)
             action, _ = model.predict(obs, deterministic=True)
             obs, reward, term, trunc, _ = eval_env.step(action)
             ret += np.where(done, 0.0, reward)
