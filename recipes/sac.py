@@ -1,7 +1,7 @@
 """SAC: Soft Actor-Critic (Haarnoja et al. 2018, arXiv:1812.05905), rlpyt's semantics, TorchRL's SACLoss objective.
 
 Tanh-squashed Gaussian policy, twin Q critics with polyak targets, automatic entropy tuning towards
-``-action_dim``. The loss is tdrl's ``FusedSACLoss``: TorchRL's SACLoss terms (equal values and gradients, tested)
+``-action_dim`` (measured in the [-1, 1]-rescaled action space, as SB3 and the paper's [-1, 1] tasks). The loss is tdrl's ``FusedSACLoss``: TorchRL's SACLoss terms (equal values and gradients, tested)
 with the twin critics stacked into one batched matmul per layer, ~1.4x faster per update on CPU
 (``loss.fused=false`` uses TorchRL's SACLoss). Off-policy cadence as rlpyt: ``optim.replay_ratio``
 (samples drawn per env frame; 256 with batch 256 = one update per frame) sets the updates per iteration, none
@@ -96,7 +96,7 @@ class LossConfig:
     fixed_alpha: bool = False
     """Keep alpha at alpha_init instead of tuning it (rlpyt fixed_alpha)."""
     target_entropy: float | None = None
-    """Entropy target of the alpha tuning; None means -action_dim."""
+    """Entropy target of the alpha tuning; None: -action_dim for actions rescaled to [-1, 1] (SB3's convention)."""
     bootstrap_timelimit: bool = True
     """Bootstrap through time limits (rlpyt bootstrap_timelimit); false treats them as terminal."""
     fused: bool = True
@@ -111,8 +111,8 @@ class OptimConfig:
     """Transitions per gradient update."""
     replay_ratio: float = 256.0
     """Transitions sampled per transition collected (rlpyt replay_ratio); sets updates per iteration."""
-    min_steps_learn: int = 1_000
-    """Env frames collected (with the initial random-ish policy) before the first update."""
+    min_steps_learn: int = 256
+    """Env frames collected (with the initial policy) before the first update (rlpyt 10000; SB3 100)."""
     target_update_tau: float = 0.005
     """Polyak factor of the target critics (rlpyt target_update_tau)."""
     target_update_interval: int = 1
@@ -165,7 +165,11 @@ def main(cfg: Config) -> dict:
         raise ConfigError(f"env.id={cfg.env.id!r} has discrete actions; SAC needs a continuous (Box) action space "
                           "(use recipes/dqn.py)")
     actor = make_tanh_gaussian_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
-    target_entropy = "auto" if cfg.loss.target_entropy is None else cfg.loss.target_entropy
+    half_width = (specs.action_spec.space.high - specs.action_spec.space.low).float() / 2
+    # default: -action_dim in the [-1, 1]-normalised action space (the paper's and SB3's target), whatever the units
+    target_entropy = cfg.loss.target_entropy
+    if target_entropy is None:
+        target_entropy = float(half_width.log().sum()) - half_width.numel()
     if cfg.loss.fused:  # the same objective as TorchRL's SACLoss on plain tensors (tests/objectives/test_continuous_sac)
         loss = FusedSACLoss(actor, make_twin_q(specs, hidden_sizes=cfg.model.hidden_sizes), gamma=cfg.loss.gamma,
                             alpha_init=cfg.loss.alpha_init, fixed_alpha=cfg.loss.fixed_alpha,

@@ -50,7 +50,7 @@ class AtariConv(nn.Module):
         paddings = paddings if paddings is not None else [0] * len(channels)
         layers: list[nn.Module] = []
         in_ch = int(image_shape[0])
-        for out_ch, k, s, p in zip(channels, kernel_sizes, strides, paddings):
+        for out_ch, k, s, p in zip(channels, kernel_sizes, strides, paddings, strict=True):
             layers += [nn.Conv2d(in_ch, out_ch, k, s, p), nn.ReLU()]
             in_ch = out_ch
         self.conv = nn.Sequential(*layers)

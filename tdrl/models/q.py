@@ -304,7 +304,7 @@ class TwinQ(nn.Module):
         sizes = [obs_dim + action_dim, *hidden_sizes, 1]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
             layers = [nn.Linear(fan_in, fan_out) for _ in range(n_critics)]  # nn.Linear's own initialisation
             self.weights.append(nn.Parameter(torch.stack([layer.weight.detach().T for layer in layers]).contiguous()))
             self.biases.append(nn.Parameter(torch.stack([layer.bias.detach()[None] for layer in layers])))
@@ -312,7 +312,7 @@ class TwinQ(nn.Module):
 
     def flat_params(self) -> list[torch.Tensor]:
         """``[w0, b0, w1, b1, ...]``: the layout :func:`stacked_mlp` takes."""
-        return [t for pair in zip(self.weights, self.biases) for t in pair]
+        return [t for pair in zip(self.weights, self.biases, strict=True) for t in pair]
 
     def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return stacked_mlp(self.flat_params(), torch.cat([observation, action], -1))

@@ -9,7 +9,12 @@ from tensordict.nn import TensorDictSequential
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from tdrl.envs.make import EnvFactory
-from tdrl.models.exploration import EpsilonGreedy, linear_epsilon, make_gaussian_noise, vector_epsilon
+from tdrl.models.exploration import (
+    EpsilonGreedy,
+    linear_epsilon,
+    make_gaussian_noise,
+    vector_epsilon,
+)
 from tdrl.models.q import make_q_actor
 
 

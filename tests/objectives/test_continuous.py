@@ -8,7 +8,12 @@ from torchrl.modules.distributions.utils import rsample_and_log_prob
 
 from tdrl.envs.make import EnvFactory
 from tdrl.models.q import make_deterministic_actor, make_q_critic, make_tanh_gaussian_actor
-from tdrl.objectives.continuous import make_ddpg_loss, make_sac_loss, make_td3_loss, timeouts_as_terminal
+from tdrl.objectives.continuous import (
+    make_ddpg_loss,
+    make_sac_loss,
+    make_td3_loss,
+    timeouts_as_terminal,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
 GAMMA = 0.9

@@ -6,7 +6,12 @@ import torch
 from tensordict import TensorDict
 
 from tdrl.envs.make import EnvFactory
-from tdrl.models.q import make_deterministic_actor, make_q_critic, make_tanh_gaussian_actor, make_twin_q
+from tdrl.models.q import (
+    make_deterministic_actor,
+    make_q_critic,
+    make_tanh_gaussian_actor,
+    make_twin_q,
+)
 from tdrl.objectives.continuous import make_sac_loss
 from tdrl.objectives.sac import FusedSACLoss
 from tdrl.objectives.update import TargetUpdate
@@ -80,7 +85,7 @@ def test_losses_and_gradients_equal_torchrl(specs, drop):
     w_theirs = theirs.qvalue_network_params["module", "net", "2", "weight"].grad.transpose(-1, -2)
     g_ours = grads(ours, out_ours)
     assert len(g_theirs) == len(g_ours) > 1
-    for a, b in zip(g_theirs, g_ours):
+    for a, b in zip(g_theirs, g_ours, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
     assert torch.allclose(w_theirs, ours.qvalue_network.weights[1].grad, atol=1e-5)
 
