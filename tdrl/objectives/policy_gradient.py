@@ -5,7 +5,8 @@ parameters written to and read from TensorDicts, functional parameter swapping);
 machinery costs more than the networks. :class:`ActorCriticLoss` computes the same terms with direct module calls
 on :class:`tdrl.models.ActorCritic`'s plain-tensor view (``distribution(obs)``, ``value(obs)``). Equality with
 TorchRL's losses (values and gradients) is tested in ``tests/objectives/test_policy_gradient.py``; the speed-up is
-measured by ``python benchmarks/learning.py --losses`` (one full update step, 256 samples).
+measured by ``python benchmarks/learning.py --losses`` (one full update step: loss, backward, clip, Adam; 256
+samples; shared 2-core machine): PPO 4.0 ms with TorchRL's loss vs 2.7 ms (1.5×), A2C 3.1 vs 2.3 ms (1.3×).
 
 :func:`make_ppo_loss` / :func:`make_a2c_loss` return it for feed-forward models and TorchRL's own loss for
 recurrent ones (which must replay sequences through ``LSTMModule``), with the same output keys and the same
