@@ -163,7 +163,7 @@ def _fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
 
 def _all_keys(cfg: Any, prefix: str = "") -> list[str]:
     keys = []
-    for name, (_, tp) in _fields(type(cfg)).items():
+    for name in _fields(type(cfg)):
         value = getattr(cfg, name)
         if dataclasses.is_dataclass(value):
             keys.extend(_all_keys(value, f"{prefix}{name}."))
@@ -308,7 +308,7 @@ def _field_docs(cls: type) -> dict[str, str]:
         return {}
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     docs = {}
-    for stmt, nxt in zip(body, body[1:] + [None]):
+    for stmt, nxt in zip(body, body[1:] + [None], strict=True):
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
             if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
                 if isinstance(nxt.value.value, str):
