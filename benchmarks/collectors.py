@@ -23,7 +23,7 @@ working directory): ``cd $(mktemp -d) && python /path/to/benchmarks/collectors.p
 
 Usage::
 
-    python benchmarks/collectors.py [--quick] [--json PATH] [--envs CartPole-v1 HalfCheetah-v5]
+    python benchmarks/collectors.py [--quick] [--json PATH] [--envs CartPole-v1 HalfCheetah-v5] [--quiet 0.1]
 """
 
 from __future__ import annotations
@@ -158,12 +158,42 @@ def tree_cpu_seconds(root: int | None = None) -> float:
     return total
 
 
-def measure_interleaved(rows: list[Row], seconds: float, repeats: int) -> None:
-    """Warm every row up, then time them round-robin ``repeats`` times (load drifts hit all rows alike)."""
+def machine_busy(window: float = 0.4) -> float:
+    """Fraction of all cores busy during ``window`` seconds (``/proc/stat``); call while this run is idle."""
+
+    def snapshot() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        idle = values[3] + values[4]
+        return sum(values) - idle, sum(values)
+
+    busy0, total0 = snapshot()
+    time.sleep(window)
+    busy1, total1 = snapshot()
+    return (busy1 - busy0) / max(total1 - total0, 1)
+
+
+def wait_until_quiet(threshold: float, timeout: float) -> bool:
+    """Block until other tenants use less than ``threshold`` of the machine (or ``timeout`` passes)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if machine_busy() < threshold:
+            return True
+    return False
+
+
+def measure_interleaved(rows: list[Row], seconds: float, repeats: int, quiet: float | None = None) -> None:
+    """Warm every row up, then time them round-robin ``repeats`` times (load drifts hit all rows alike).
+
+    With ``quiet`` (e.g. 0.1), each timed repeat starts only once other processes use less than that fraction
+    of the machine (waiting up to 10 minutes): for shared machines, so 2-worker rows get their 2 cores.
+    """
     for row in rows:
         row.run()
     for _ in range(repeats):
         for row in rows:
+            if quiet is not None and not wait_until_quiet(quiet, 600):
+                print(f"  (machine never quiet for {row.name}; timing anyway)", flush=True)
             row.time_once(seconds)
 
 
@@ -265,6 +295,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="seconds per timed repeat (3; quick 0.5)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per row (3; quick 1)")
     parser.add_argument("--skip", nargs="*", default=[], help="row names to skip (e.g. torchrl-best sb3-rollout)")
+    parser.add_argument("--quiet", type=float, default=None, metavar="FRACTION",
+                        help="shared machines: start each timed repeat only when other processes use less than "
+                             "FRACTION of the cores (e.g. 0.1)")
     args = parser.parse_args()
     seconds = args.seconds or (0.5 if args.quick else 3.0)
     repeats = args.repeats or (1 if args.quick else 3)
@@ -301,7 +334,7 @@ def main() -> None:
             if f"tdrl-{kind}-ppo" not in args.skip:
                 env_rows.append(tdrl_row(f"tdrl-{kind}-ppo", "ppo", kind, env_id, ppo))
         try:
-            measure_interleaved(env_rows, seconds, repeats)
+            measure_interleaved(env_rows, seconds, repeats, args.quiet)
         finally:
             for row in env_rows:
                 row.close()
