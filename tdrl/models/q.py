@@ -24,6 +24,7 @@ are scaled inside the model; vector observations get an MLP torso.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from tensordict.nn import NormalParamExtractor, TensorDictModule
@@ -42,6 +43,7 @@ from tdrl.models.conv import AtariConv
 
 __all__ = [
     "DuelingHead",
+    "LogStdGaussianParams",
     "QNetwork",
     "ScaledTanh",
     "StateActionValue",
@@ -356,8 +358,27 @@ def make_deterministic_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256))
     return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
 
 
+class LogStdGaussianParams(nn.Module):
+    """Split ``[*, 2 * d]`` into ``loc`` and ``scale = exp(clamp(log_std, min, max))``.
+
+    SAC's usual parametrisation (Haarnoja et al.'s code, SB3: log-std in [-20, 2]); TorchRL's
+    ``NormalParamExtractor`` offers softplus mappings, or ``exp`` without a bound.
+    """
+
+    def __init__(self, log_std_min: float = -20.0, log_std_max: float = 2.0) -> None:
+        super().__init__()
+        self.log_std_min, self.log_std_max = log_std_min, log_std_max
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loc, log_std = x.chunk(2, -1)
+        return loc, log_std.clamp(self.log_std_min, self.log_std_max).exp()
+
+
 def make_tanh_gaussian_actor(
-    specs, *, hidden_sizes: Sequence[int] = (256, 256), scale_lb: float = 1e-4
+    specs,
+    *,
+    hidden_sizes: Sequence[int] = (256, 256),
+    scale_mapping: Literal["log_std", "softplus"] = "log_std",
 ) -> ProbabilisticActor:
     """Tanh-squashed Gaussian policy for SAC: ``observation`` -> ``loc``, ``scale``, ``action``.
 
@@ -367,16 +388,20 @@ def make_tanh_gaussian_actor(
     Args:
         specs: env specs with a bounded continuous action space.
         hidden_sizes: MLP layers.
-        scale_lb: lower bound of the Gaussian's scale (softplus-mapped).
+        scale_mapping: ``"log_std"`` (``exp`` of a clamped log-std, :class:`LogStdGaussianParams`; learnt Pendulum in
+            fewer frames over six seeds here) or ``"softplus"`` (TorchRL's biased softplus, scale >= 1e-4).
 
     Raises:
-        ValueError: discrete actions.
+        ValueError: discrete actions, or an unknown ``scale_mapping``.
     """
     low, high = _bounds(specs)
-    net = nn.Sequential(
-        _mlp(_obs_dim(specs.observation_spec), 2 * low.numel(), hidden_sizes),
-        NormalParamExtractor(scale_mapping="biased_softplus_1.0", scale_lb=scale_lb),
-    )
+    if scale_mapping == "log_std":
+        params: nn.Module = LogStdGaussianParams()
+    elif scale_mapping == "softplus":
+        params = NormalParamExtractor(scale_mapping="biased_softplus_1.0", scale_lb=1e-4)
+    else:
+        raise ValueError(f"scale_mapping must be 'log_std' or 'softplus', got {scale_mapping!r}")
+    net = nn.Sequential(_mlp(_obs_dim(specs.observation_spec), 2 * low.numel(), hidden_sizes), params)
     module = TensorDictModule(net, in_keys=["observation"], out_keys=["loc", "scale"])
     return ProbabilisticActor(
         module,
