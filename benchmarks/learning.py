@@ -102,24 +102,31 @@ def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False) -> list[di
     """Train ``model`` for the task's budget, evaluating greedily every ``eval_interval`` frames after an update."""
     import gymnasium as gym
     from stable_baselines3.common.callbacks import BaseCallback
-
-    eval_env = gym.vector.SyncVectorEnv([lambda: gym.make(task.env_id)] * task.eval_episodes)
-
     from stable_baselines3.common.vec_env import VecNormalize
 
+    from tdrl.collect.stepping import env_seed
+
     train_env = model.get_env()
+    # The recipes evaluate with a wait-reset collector seeded run.seed + 10_000: env i is reset with
+    # env_seed(seed + 10_000, i) once and then continues its own RNG, one episode per evaluation. SB3 is evaluated
+    # on the very same initial states (a fixed eval set for one and fresh states for the other biased the
+    # threshold crossing by up to 2 evaluations on Pendulum).
+    eval_envs = [gym.make(task.env_id) for _ in range(task.eval_episodes)]
+    reset_seeds = [env_seed(seed + 10_000, i) for i in range(task.eval_episodes)]
 
     def evaluate() -> float:
-        obs, _ = eval_env.reset(seed=seed + 10_000)
-        done = np.zeros(task.eval_episodes, bool)
+        obs = np.stack([env.reset(seed=reset_seeds[i])[0] for i, env in enumerate(eval_envs)])
+        reset_seeds[:] = [None] * len(reset_seeds)
+        active = np.ones(task.eval_episodes, bool)
         ret = np.zeros(task.eval_episodes)
-        while not done.all():
-            if isinstance(train_env, VecNormalize):  # the policy sees observations normalised as in training
-                obs = train_env.normalize_obs(obs)
-            action, _ = model.predict(obs, deterministic=True)
-            obs, reward, term, trunc, _ = eval_env.step(action)
-            ret += np.where(done, 0.0, reward)
-            done |= term | trunc
+        while active.any():
+            live = np.flatnonzero(active)
+            model_obs = train_env.normalize_obs(obs[live]) if isinstance(train_env, VecNormalize) else obs[live]
+            action, _ = model.predict(model_obs, deterministic=True)  # normalised as in training, if VecNormalize
+            for j, i in enumerate(live):  # finished envs are not stepped (no autoreset): their RNG stays in step
+                obs[i], reward, term, trunc, _ = eval_envs[i].step(action[j])
+                ret[i] += reward
+                active[i] = not (term or trunc)
         return float(ret.mean())
 
     class EvalEvery(BaseCallback):
@@ -158,7 +165,8 @@ def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False) -> list[di
 
     callback = EvalEvery()
     model.learn(total_timesteps=task.budget, callback=callback)
-    eval_env.close()
+    for env in eval_envs:
+        env.close()
     return callback.curve
 
 

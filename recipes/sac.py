@@ -1,11 +1,12 @@
 """SAC: Soft Actor-Critic (Haarnoja et al. 2018, arXiv:1812.05905), rlpyt's semantics, TorchRL's SACLoss objective.
 
 Tanh-squashed Gaussian policy, twin Q critics with polyak targets, automatic entropy tuning towards
-``-action_dim`` (measured in the [-1, 1]-rescaled action space, as SB3 and the paper's [-1, 1] tasks). The loss is tdrl's ``FusedSACLoss``: TorchRL's SACLoss terms (equal values and gradients, tested)
-with the twin critics stacked into one batched matmul per layer, ~1.4x faster per update on CPU
-(``loss.fused=false`` uses TorchRL's SACLoss). Off-policy cadence as rlpyt: ``optim.replay_ratio``
-(samples drawn per env frame; 256 with batch 256 = one update per frame) sets the updates per iteration, none
-before ``optim.min_steps_learn`` frames. Time limits bootstrap (``truncated``), terminals do not
+``-action_dim`` (measured in the [-1, 1]-rescaled action space, as SB3 and the paper's [-1, 1] tasks). The loss is
+tdrl's ``FusedSACLoss``: TorchRL's SACLoss terms (equal values and gradients, tested) with the twin critics stacked
+into one batched matmul per layer, 1.36x faster per update than TorchRL's SACLoss on CPU. Each update steps the
+critics first, then the policy and alpha against the updated critics (SB3's order). Off-policy cadence as
+rlpyt: ``optim.replay_ratio`` (samples drawn per env frame; 256 with batch 256 = one update per frame) sets the
+updates per iteration, none before ``optim.min_steps_learn`` frames. Time limits bootstrap (``truncated``), terminals do not
 (``loss.bootstrap_timelimit=false`` treats both as terminal). Defaults solve Pendulum-v1 (greedy evaluation
 >= -200) within 20k frames.
 
@@ -32,8 +33,8 @@ from tdrl.collect import make_collector
 from tdrl.config import CheckpointConfig, ConfigError, LoggerConfig, RunConfig, parse_args
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
-from tdrl.models.q import make_q_critic, make_tanh_gaussian_actor, make_twin_q
-from tdrl.objectives.continuous import make_sac_loss, timeouts_as_terminal
+from tdrl.models.q import make_tanh_gaussian_actor, make_twin_q
+from tdrl.objectives.continuous import timeouts_as_terminal
 from tdrl.objectives.sac import FusedSACLoss
 from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import TransitionReplayBuffer
@@ -99,8 +100,6 @@ class LossConfig:
     """Entropy target of the alpha tuning; None: -action_dim for actions rescaled to [-1, 1] (SB3's convention)."""
     bootstrap_timelimit: bool = True
     """Bootstrap through time limits (rlpyt bootstrap_timelimit); false treats them as terminal."""
-    fused: bool = True
-    """tdrl's FusedSACLoss (same terms, stacked twin critics, ~1.4x faster on CPU); false: TorchRL's SACLoss."""
 
 
 @dataclass
@@ -170,18 +169,19 @@ def main(cfg: Config) -> dict:
     target_entropy = cfg.loss.target_entropy
     if target_entropy is None:
         target_entropy = float(half_width.log().sum()) - half_width.numel()
-    if cfg.loss.fused:  # the same objective as TorchRL's SACLoss on plain tensors (tests/objectives/test_continuous_sac)
-        loss = FusedSACLoss(actor, make_twin_q(specs, hidden_sizes=cfg.model.hidden_sizes), gamma=cfg.loss.gamma,
-                            alpha_init=cfg.loss.alpha_init, fixed_alpha=cfg.loss.fixed_alpha,
-                            target_entropy=target_entropy).to(device)
-    else:
-        loss = make_sac_loss(actor, make_q_critic(specs, hidden_sizes=cfg.model.hidden_sizes).to(device),
-                             specs.action_spec, gamma=cfg.loss.gamma, alpha_init=cfg.loss.alpha_init,
-                             fixed_alpha=cfg.loss.fixed_alpha, target_entropy=target_entropy)
-    # one optimizer: loss_actor, loss_qvalue and loss_alpha reach disjoint parameters (detached critics/log-probs)
-    updater = Updater(torch.optim.Adam(loss.parameters(), lr=cfg.optim.lr), max_grad_norm=cfg.optim.max_grad_norm,
-                      target_update=TargetUpdate(loss, interval=cfg.optim.target_update_interval,
-                                                 tau=cfg.optim.target_update_tau))
+    # TorchRL's SACLoss terms (equal values and gradients: tests/objectives/test_continuous_sac.py), with the twin
+    # critics stacked into one batched matmul per layer and read actions rescaled to [-1, 1]
+    critic = make_twin_q(specs, hidden_sizes=cfg.model.hidden_sizes)
+    loss = FusedSACLoss(actor, critic, gamma=cfg.loss.gamma, alpha_init=cfg.loss.alpha_init,
+                        fixed_alpha=cfg.loss.fixed_alpha, target_entropy=target_entropy).to(device)
+    critic_params = list(critic.parameters())
+    policy_params = [p for p in loss.parameters() if all(p is not q for q in critic_params)]  # actor and log_alpha
+    critic_updater = Updater(torch.optim.Adam(critic_params, lr=cfg.optim.lr), loss_keys=("loss_qvalue",),
+                             max_grad_norm=cfg.optim.max_grad_norm)
+    policy_updater = Updater(torch.optim.Adam(policy_params, lr=cfg.optim.lr), loss_keys=("loss_actor", "loss_alpha"),
+                             max_grad_norm=cfg.optim.max_grad_norm,
+                             target_update=TargetUpdate(loss, interval=cfg.optim.target_update_interval,
+                                                        tau=cfg.optim.target_update_tau))
 
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="sac",
                    total_frames=cfg.collector.total_frames)
@@ -203,14 +203,18 @@ def main(cfg: Config) -> dict:
                            replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
                            min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
                            checkpoint_interval_steps=cfg.checkpoint.interval_steps,
-                           checkpoint_state={"loss": loss, "updater": updater, "replay": replay})
+                           checkpoint_state={"loss": loss, "critic_updater": critic_updater,
+                                             "policy_updater": policy_updater, "replay": replay})
 
     # --- Update ---------------------------------------------------------------------------------------------
     def update():
         sample = replay.sample(cfg.optim.batch_size)
         if not cfg.loss.bootstrap_timelimit:
             timeouts_as_terminal(sample)
-        return updater.step(loss(sample))
+        critic_metrics = critic_updater.step(loss.critic_loss(sample))
+        metrics = policy_updater.step(loss.actor_loss(sample))  # against the critics updated just now (SB3's order)
+        metrics["loss_qvalue"], metrics["grad_norm_critic"] = critic_metrics["loss_qvalue"], critic_metrics["grad_norm"]
+        return metrics
 
     # --- Loop -----------------------------------------------------------------------------------------------
     for batch in trainer:

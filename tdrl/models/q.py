@@ -297,12 +297,26 @@ class TwinQ(nn.Module):
         action_dim: action size.
         hidden_sizes: hidden widths.
         n_critics: number of critics (2 for clipped double-Q).
+        action_low: action box low; with ``action_high`` the critics read actions rescaled to [-1, 1].
+        action_high: action box high.
 
     Output of ``forward(observation, action)``: ``[n_critics, *batch, 1]``.
     """
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: Sequence[int] = (256, 256), n_critics: int = 2):
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        hidden_sizes: Sequence[int] = (256, 256),
+        n_critics: int = 2,
+        action_low: torch.Tensor | None = None,
+        action_high: torch.Tensor | None = None,
+    ):
         super().__init__()
+        low = torch.full((action_dim,), -1.0) if action_low is None else torch.as_tensor(action_low).float()
+        high = torch.full((action_dim,), 1.0) if action_high is None else torch.as_tensor(action_high).float()
+        self.register_buffer("action_loc", (high + low) / 2)
+        self.register_buffer("action_scale", (high - low) / 2)
         sizes = [obs_dim + action_dim, *hidden_sizes, 1]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
@@ -316,18 +330,31 @@ class TwinQ(nn.Module):
         """``[w0, b0, w1, b1, ...]``: the layout :func:`stacked_mlp` takes."""
         return [t for pair in zip(self.weights, self.biases, strict=True) for t in pair]
 
+    def inputs(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """``[observation, action rescaled from [low, high] to [-1, 1]]``: what the MLPs read."""
+        return torch.cat([observation, (action - self.action_loc) / self.action_scale], -1)
+
     def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        return stacked_mlp(self.flat_params(), torch.cat([observation, action], -1))
+        return stacked_mlp(self.flat_params(), self.inputs(observation, action))
 
 
-def make_twin_q(specs, *, hidden_sizes: Sequence[int] = (256, 256), n_critics: int = 2) -> TwinQ:
+def make_twin_q(
+    specs, *, hidden_sizes: Sequence[int] = (256, 256), n_critics: int = 2, normalize_action: bool = True
+) -> TwinQ:
     """Twin critics for :class:`tdrl.objectives.sac.FusedSACLoss` (a plain module: no keys).
+
+    Args:
+        specs: env specs (bounded continuous actions).
+        hidden_sizes: hidden widths of each critic.
+        n_critics: critics in the stack.
+        normalize_action: feed actions rescaled to [-1, 1] (as SB3's critics see them) rather than in env units.
 
     Raises:
         ValueError: discrete actions.
     """
-    low, _ = _bounds(specs)
-    return TwinQ(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes, n_critics)
+    low, high = _bounds(specs)
+    bounds = (low, high) if normalize_action else (None, None)
+    return TwinQ(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes, n_critics, *bounds)
 
 
 def make_q_critic(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> ValueOperator:

@@ -5,8 +5,9 @@ parameter swaps for each critic and target evaluation, distribution objects, vma
 per module output): with 256-wide MLPs its update is ~1.2x SB3's (``benchmarks/learning.py --losses``). The
 objective itself is small, so :class:`FusedSACLoss` computes the same three terms on plain tensors:
 
-* the twin critics are one :class:`~tdrl.models.q.TwinQ` (stacked weights, one ``baddbmm`` per layer for both);
-  online, target and detached evaluations pass parameter lists instead of swapping module state;
+* the twin critics are one :class:`~tdrl.models.q.TwinQ` (stacked weights, one ``baddbmm`` per layer for both;
+  optionally reading actions rescaled to [-1, 1]); online, target and detached evaluations pass parameter lists
+  instead of swapping module state;
 * the tanh-Gaussian policy is the network inside the recipe's TorchRL ``ProbabilisticActor`` (the collector keeps
   acting with the TorchRL actor); samples and log-probabilities follow TorchRL's ``TanhNormal`` with
   ``low``/``high`` (Normal log-density, minus the tanh and affine log-Jacobians).
@@ -18,9 +19,12 @@ Terms, as TorchRL's ``SACLoss`` (v2, no state-value net), per sample ``i`` with 
 * ``loss_actor = alpha * log pi(a~|s) - min_k Q_k(s, a~)`` through detached critic parameters;
 * ``loss_alpha = -log_alpha * (log pi(a~|s) + target_entropy)`` with a detached log-probability.
 
-The three terms reach disjoint parameters, so one optimizer over ``loss.parameters()`` minimises their sum. Target
-critics are ``target_qvalue_network_params``, so TorchRL's ``SoftUpdate`` (``tdrl.objectives.update.TargetUpdate``)
-works unchanged. Equality with TorchRL's ``SACLoss`` (same parameters, same random draws) is tested.
+``forward`` returns the three terms from the same parameters (TorchRL's semantics; they reach disjoint parameters,
+so one optimizer can minimise their sum). :meth:`FusedSACLoss.critic_loss` and :meth:`FusedSACLoss.actor_loss` give
+the critic term and the policy/temperature terms separately, for SB3's order (step the critics, then compute the
+policy loss against the updated critics; ``recipes/sac.py``). Target critics are ``target_qvalue_network_params``,
+so TorchRL's ``SoftUpdate`` (``tdrl.objectives.update.TargetUpdate``) works unchanged. Equality with TorchRL's
+``SACLoss`` (same parameters, same random draws; critics reading raw actions) is tested.
 
 in_keys: ``observation``, ``action``, ``("next", "observation")``, ``("next", "reward")``,
 ``("next", "terminated")``, optional ``steps_to_next_obs`` and ``priority_weight``. out_keys: ``loss_actor``,
@@ -156,40 +160,48 @@ class FusedSACLoss(LossModule):
 
     # --- loss -------------------------------------------------------------------------------------------------
 
-    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+    def critic_loss(self, tensordict: TensorDictBase) -> TensorDict:
+        """``loss_qvalue`` (writes ``td_error`` into ``tensordict``); gradients reach the critics only."""
         keys = self.tensor_keys
         obs = tensordict.get(keys.observation)
-        action = tensordict.get(keys.action)
         next_obs = tensordict.get(("next", keys.observation))
         reward = tensordict.get(("next", keys.reward))
         terminated = tensordict.get(("next", keys.terminated))
         steps = tensordict.get(keys.steps_to_next_obs, None)
-        weights = tensordict.get(keys.priority_weight, None)
         alpha = self.log_alpha.detach().exp()
-
-        # critics: clipped double-Q soft target (sampled first, as TorchRL does)
-        with torch.no_grad():
+        critic = self.qvalue_network
+        with torch.no_grad():  # clipped double-Q soft target
             next_action, next_log_prob = self.sample_and_log_prob(next_obs)
             target_params = self._critic_params(self.target_qvalue_network_params)
-            next_q = stacked_mlp(target_params, torch.cat([next_obs, next_action], -1)).min(0).values
+            next_q = stacked_mlp(target_params, critic.inputs(next_obs, next_action)).min(0).values
             discount = self.gamma if steps is None else self.gamma ** steps.reshape(reward.shape)
             target = reward + discount * (~terminated).to(reward.dtype) * (next_q - alpha * next_log_prob[..., None])
-        params = self._critic_params(self.qvalue_network_params)
-        q = stacked_mlp(params, torch.cat([obs, action], -1))  # [n, B, 1]
+        q = stacked_mlp(self._critic_params(self.qvalue_network_params),
+                        critic.inputs(obs, tensordict.get(keys.action)))  # [n, B, 1]
         error = q - target
-        loss_qvalue = self._reduce(error.pow(2).sum(0).squeeze(-1), weights)
-
-        # policy through detached critics; temperature through a detached log-probability
-        new_action, log_prob = self.sample_and_log_prob(obs)
-        q_new = stacked_mlp([p.detach() for p in params], torch.cat([obs, new_action], -1)).min(0).values
-        loss_actor = self._reduce(alpha * log_prob - q_new.squeeze(-1), weights)
-        loss_alpha = self._reduce(-self.log_alpha * (log_prob.detach() + self.target_entropy), weights)
-
         tensordict.set(keys.priority, error.detach().abs().max(0).values)
+        loss = self._reduce(error.pow(2).sum(0).squeeze(-1), tensordict.get(keys.priority_weight, None))
+        return TensorDict(loss_qvalue=loss)
+
+    def actor_loss(self, tensordict: TensorDictBase) -> TensorDict:
+        """``loss_actor`` (through detached critics) and ``loss_alpha`` (through a detached log-probability),
+        with ``alpha`` and ``entropy``; gradients reach the policy and ``log_alpha`` only."""
+        keys = self.tensor_keys
+        obs = tensordict.get(keys.observation)
+        weights = tensordict.get(keys.priority_weight, None)
+        alpha = self.log_alpha.detach().exp()
+        action, log_prob = self.sample_and_log_prob(obs)
+        detached = [p.detach() for p in self._critic_params(self.qvalue_network_params)]
+        q = stacked_mlp(detached, self.qvalue_network.inputs(obs, action)).min(0).values
         return TensorDict(
-            loss_actor=loss_actor,
-            loss_qvalue=loss_qvalue,
-            loss_alpha=loss_alpha,
+            loss_actor=self._reduce(alpha * log_prob - q.squeeze(-1), weights),
+            loss_alpha=self._reduce(-self.log_alpha * (log_prob.detach() + self.target_entropy), weights),
             alpha=alpha,
             entropy=-log_prob.detach().mean(),
         )
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        """All terms from the same parameters (TorchRL's ``SACLoss`` semantics and random-draw order)."""
+        out = self.critic_loss(tensordict)
+        out.update(self.actor_loss(tensordict))
+        return out

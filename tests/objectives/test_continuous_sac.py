@@ -53,7 +53,8 @@ def _pair(specs, alpha_init=0.7):
     with torch.no_grad():
         for p in theirs.target_qvalue_network_params.values(True, True):
             p.add_(0.3 * torch.randn_like(p))
-    ours = FusedSACLoss(actor, make_twin_q(specs, hidden_sizes=HIDDEN), gamma=GAMMA, alpha_init=alpha_init)
+    ours = FusedSACLoss(actor, make_twin_q(specs, hidden_sizes=HIDDEN, normalize_action=False), gamma=GAMMA,
+                        alpha_init=alpha_init)
     with torch.no_grad():
         for src, dst in ((theirs.qvalue_network_params, ours.qvalue_network_params),
                          (theirs.target_qvalue_network_params, ours.target_qvalue_network_params)):
@@ -142,3 +143,24 @@ def test_bad_input(specs):
         FusedSACLoss(make_tanh_gaussian_actor(specs), make_q_critic(specs))
     with pytest.raises(ValueError, match="gamma"):
         FusedSACLoss(make_tanh_gaussian_actor(specs), make_twin_q(specs), gamma=2.0)
+
+
+def test_critic_and_actor_losses_reach_their_own_parameters(specs):
+    _, ours, actor = _pair(specs)
+    critic = list(ours.qvalue_network.parameters())
+    policy = [*actor.parameters(), ours.log_alpha]
+    for method, own, other in ((ours.critic_loss, critic, policy), (ours.actor_loss, policy, critic)):
+        out = method(_batch())
+        total = sum(v for k, v in out.items() if k.startswith("loss_"))
+        grads = torch.autograd.grad(total, own + other, allow_unused=True)
+        assert all(g is not None and g.abs().sum() > 0 for g in grads[: len(own)]), method.__name__
+        assert all(g is None or g.abs().sum() == 0 for g in grads[len(own):]), method.__name__
+
+
+def test_twin_q_reads_actions_rescaled_to_unit_box(specs):
+    torch.manual_seed(0)
+    scaled = make_twin_q(specs, hidden_sizes=HIDDEN)  # Pendulum: actions in [-2, 2]
+    raw = make_twin_q(specs, hidden_sizes=HIDDEN, normalize_action=False)
+    raw.load_state_dict({k: v for k, v in scaled.state_dict().items() if not k.startswith("action_")}, strict=False)
+    obs, action = torch.randn(5, 3), torch.rand(5, 1) * 4 - 2
+    assert torch.allclose(scaled(obs, action), raw(obs, action / 2))
