@@ -252,7 +252,8 @@ def main(cfg: Config) -> dict:
                            replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
                            min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
                            checkpoint_interval_steps=cfg.checkpoint.interval_steps,
-                           checkpoint_state={"loss": loss, "updater": updater, "replay": replay})
+                           checkpoint_state={"loss": loss, "updater": updater, "replay": replay,
+                                             "exploration": exploration})  # epsilon resumes where it was
     lr_at = LinearSchedule(cfg.optim.lr, cfg.optim.lr if cfg.optim.lr_final is None else cfg.optim.lr_final,
                            duration=cfg.collector.total_frames)
 

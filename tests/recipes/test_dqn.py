@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tdrl.config import ConfigError, apply_overrides
 
@@ -118,3 +119,15 @@ def test_min_steps_learn_below_batch_size_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="optim.min_steps_learn=16 is below optim.batch_size"):
         dqn.main(tiny(tmp_path, "optim.min_steps_learn=16"))
     assert not list(tmp_path.rglob("progress.csv"))
+
+
+def test_resume_restores_epsilon_and_counters(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = ["exploration.eps_steps=300", "collector.total_frames=256"]
+    first = dqn.main(tiny(tmp_path, f"run.dir={run_dir}", *cfg))
+    assert first["frames"] == 256 and first["updates"] == 16
+    (state_file,) = run_dir.rglob("state.pt")  # epsilon is checkpointed: 128 frames into its 128 -> 300 ramp
+    eps = torch.load(state_file, weights_only=False)["state"]["exploration"]["eps"]
+    assert float(eps) == pytest.approx(1.0 + (256 - 128) / (300 - 128) * (0.04 - 1.0))
+    second = dqn.main(tiny(tmp_path, f"run.dir={run_dir}", *cfg[:1], "collector.total_frames=512", "run.force=true"))
+    assert second["frames"] == 512 and second["updates"] == 48
