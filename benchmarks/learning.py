@@ -12,6 +12,7 @@ of wall-clock to threshold is measured side by side.
     python benchmarks/learning.py --tasks ppo-cartpole --seeds 0,1,2 --json out.json
     python benchmarks/learning.py --tasks ppo-halfcheetah --no-sb3 --stop         # long (not in the default set)
     python benchmarks/learning.py --gae --losses                                  # micro: tdrl vs TorchRL, ms/call
+    python benchmarks/learning.py --sac-loss                                      # micro: SAC update, tdrl/TorchRL/SB3
 
 Run it from a temporary directory (MuJoCo writes MUJOCO_LOG.TXT into the cwd) and when the machine is quiet:
 wall-clock numbers on a shared 2-core machine are noisy, so compare the tdrl/SB3 ratio within one run.
@@ -356,6 +357,68 @@ def bench_losses(repeats: int = 200) -> None:
         print(f"{algo:28s} {theirs:11.3f} {ours:8.3f} {theirs / ours:8.2f}x")
 
 
+def bench_sac_loss(repeats: int = 100) -> None:
+    """One SAC update (256 Pendulum samples, [256, 256] MLPs, Adam, polyak targets): TorchRL's SACLoss (vmapped
+    critics, one backward), tdrl's FusedSACLoss as recipes/sac.py steps it (critics, then policy and alpha), and SB3's
+    ``SAC.train(gradient_steps=1)`` (which also samples its replay buffer)."""
+    from tensordict import TensorDict
+
+    from tdrl.envs import EnvFactory
+    from tdrl.models.q import make_q_critic, make_tanh_gaussian_actor, make_twin_q
+    from tdrl.objectives.continuous import make_sac_loss
+    from tdrl.objectives.sac import FusedSACLoss
+    from tdrl.objectives.update import TargetUpdate, Updater
+
+    specs = EnvFactory("Pendulum-v1").specs()
+    n = 256
+    td = TensorDict({"observation": torch.randn(n, 3), "action": torch.rand(n, 1) * 4 - 2,
+                     ("next", "observation"): torch.randn(n, 3), ("next", "reward"): -torch.rand(n, 1) * 16,
+                     ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool),
+                     ("next", "done"): torch.zeros(n, 1, dtype=torch.bool)}, [n])
+
+    def torchrl_update() -> Callable[[], Any]:
+        loss = make_sac_loss(make_tanh_gaussian_actor(specs), make_q_critic(specs), specs.action_spec)
+        updater = Updater(torch.optim.Adam(loss.parameters(), lr=1e-3),
+                          target_update=TargetUpdate(loss, interval=1, tau=0.005))
+        return lambda: updater.step(loss(td.clone(False)))
+
+    def fused_update() -> Callable[[], Any]:
+        critic = make_twin_q(specs)
+        loss = FusedSACLoss(make_tanh_gaussian_actor(specs), critic)
+        critic_params = list(critic.parameters())
+        policy_params = [p for p in loss.parameters() if all(p is not q for q in critic_params)]
+        critic_updater = Updater(torch.optim.Adam(critic_params, lr=1e-3), loss_keys=("loss_qvalue",))
+        policy_updater = Updater(torch.optim.Adam(policy_params, lr=1e-3), loss_keys=("loss_actor", "loss_alpha"),
+                                 target_update=TargetUpdate(loss, interval=1, tau=0.005))
+
+        def step() -> None:
+            critic_updater.step(loss.critic_loss(td))
+            policy_updater.step(loss.actor_loss(td))
+
+        return step
+
+    steps = {"torchrl SACLoss": torchrl_update(), "tdrl FusedSACLoss": fused_update()}
+    if importlib.util.find_spec("stable_baselines3") is not None:
+        from stable_baselines3 import SAC
+
+        sb3 = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, learning_starts=0, device="cpu", verbose=0)
+        sb3.learn(300)  # fills its buffer
+        steps["sb3 SAC.train"] = lambda: sb3.train(gradient_steps=1, batch_size=n)
+    best: dict[str, float] = {}
+    for _ in range(5):  # interleaved rounds, best of each: the machine is shared
+        for name, step in steps.items():
+            for _ in range(10):
+                step()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                step()
+            best[name] = min(best.get(name, math.inf), (time.perf_counter() - start) / repeats * 1e3)
+    fused = best["tdrl FusedSACLoss"]
+    print(f"{'SAC update (256 samples)':24s} {'ms':>7s} {'vs tdrl':>8s}")
+    for name, ms in best.items():
+        print(f"{name:24s} {ms:7.2f} {ms / fused:7.2f}x")
+
+
 # --- Report -----------------------------------------------------------------------------------------------------
 
 
@@ -383,13 +446,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--json", default="", help="write every row to this file")
     parser.add_argument("--gae", action="store_true", help="only the GAE micro-benchmark (tdrl vs TorchRL)")
     parser.add_argument("--losses", action="store_true", help="only the PPO/A2C update-step micro-benchmark")
+    parser.add_argument("--sac-loss", action="store_true", help="only the SAC update micro-benchmark (vs TorchRL, SB3)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    if args.gae or args.losses:
+    if args.gae or args.losses or args.sac_loss:
         if args.gae:
             bench_gae()
         if args.losses:
             bench_losses()
+        if args.sac_loss:
+            bench_sac_loss()
         return []
     names = [n for n in args.tasks.split(",") if n]
     unknown = set(names) - {t.name for t in TASKS}

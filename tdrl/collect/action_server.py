@@ -56,6 +56,9 @@ class ActionServerCollector:
         alternating: two worker groups (``2 * n_workers`` processes) so env stepping and inference overlap;
             ``batch_B`` must be divisible by ``2 * n_workers``.
         device: device of the yielded batches; the policy runs on the device of its parameters.
+        spin_s: how long the server and the workers poll for each other (yielding the core) before sleeping on
+            the semaphore: saves a sleep and wake-up per step when env steps and forward passes are short (CartPole:
+            0.71x -> 1.0x of a SyncVectorEnv loop). ``0`` always sleeps.
     """
 
     def __init__(
@@ -79,11 +82,13 @@ class ActionServerCollector:
         fast_policy: bool = True,
         start_timeout: float = 120.0,
         start_method: str | None = None,
+        spin_s: float = 0.0005,
     ) -> None:
         n_groups = 2 if alternating else 1
         check_batch_args(batch_B, batch_T, reset_mode, n_workers * n_groups)
         self.batch_B, self.batch_T, self.n_workers = batch_B, batch_T, n_workers
         self.alternating = alternating
+        self.spin_s = spin_s
         self.budget = FrameBudget(total_frames, batch_B * batch_T)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.return_same_td = return_same_td
@@ -135,6 +140,7 @@ class ActionServerCollector:
                 transform=transform,
                 obs_ready=self._obs_ready[w],
                 actions_ready=self._actions_ready[w],
+                spin_s=spin_s,
             )
             for w in range(n_procs)
         ]
@@ -183,7 +189,7 @@ class ActionServerCollector:
 
     def _serve(self, pool: WorkerPool) -> None:
         obs_ready, actions_ready = self._obs_ready, self._actions_ready
-        acquire = pool.acquire
+        acquire, spin_s = pool.acquire, self.spin_s
         exploration = active_exploration(self._exploration_arg)
         for step in self.policy_steps:
             step.exploration_type = exploration
@@ -192,7 +198,7 @@ class ActionServerCollector:
             for t in range(self.batch_T):
                 for ranks, policy_step, write, (obs, is_init) in plan:
                     for w in ranks:
-                        acquire(obs_ready[w])
+                        acquire(obs_ready[w], spin_s)
                     write(t, policy_step(obs, is_init))
                     for w in ranks:
                         actions_ready[w].release()

@@ -174,9 +174,9 @@ def unpack_entries(packed: tuple[tuple[str, ...], np.ndarray]) -> list[tuple[int
     """Inverse of :func:`pack_entries` (integer fields come back as ``int``)."""
     names, rows = packed
     ints = {"Length", "NonzeroRewards"}
-    return [
-        (int(r[0]), int(r[1]), {k: int(v) if k in ints else float(v) for k, v in zip(names, r[2:], strict=True)})
-        for r in rows
+    return [  # tolist() first: Python floats, not one numpy scalar per field (the main process does this per batch)
+        (int(r[0]), int(r[1]), {k: int(v) if k in ints else v for k, v in zip(names, r[2:], strict=True)})
+        for r in rows.tolist()
     ]
 
 

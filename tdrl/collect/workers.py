@@ -17,6 +17,7 @@ worker outlives the main process. :meth:`WorkerPool.shutdown` is idempotent and 
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import signal
 import time
@@ -63,6 +64,7 @@ class WorkerSpec:
     transform: Any = None
     obs_ready: Any = None
     actions_ready: Any = None
+    spin_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -73,6 +75,22 @@ def _signal_name(code: int | None) -> str:
         return f"exit code {code} ({signal.Signals(-code).name})"
     except ValueError:
         return f"exit code {code}"
+
+
+def spin_acquire(sem: Any, spin_s: float) -> bool:
+    """Poll ``sem`` for up to ``spin_s`` seconds, yielding the core between polls; ``True`` if acquired.
+
+    The action-server handshake waits tens of microseconds per step (one env step or one forward pass): polling
+    saves the futex sleep and wake-up that a blocking acquire costs each time, and ``sched_yield`` hands the core
+    to the process being waited on when the two share it.
+    """
+    deadline = time.perf_counter() + spin_s
+    while True:
+        if sem.acquire(False):
+            return True
+        os.sched_yield()
+        if time.perf_counter() > deadline:
+            return False
 
 
 class _ParentWatch:
@@ -91,7 +109,10 @@ class _ParentWatch:
                 raise SystemExit(0)
         return conn.recv()
 
-    def acquire(self, sem: Any) -> None:
+    def acquire(self, sem: Any, spin_s: float = 0.0) -> None:
+        """Acquire ``sem``; with ``spin_s``, first poll it for up to that long (:func:`spin_acquire`)."""
+        if spin_s > 0.0 and spin_acquire(sem, spin_s):
+            return
         while not sem.acquire(timeout=POLL_S):
             if not self.alive() or (self.conn.poll() and self.conn.recv()[0] == "close"):
                 raise SystemExit(0)
@@ -151,7 +172,8 @@ def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
                 conn.send(("done", pack_entries(runner.run_batch())))
                 runner.finish_batch()
             elif kind == "serve":
-                conn.send(("done", pack_entries(runner.served_batch(spec.obs_ready, spec.actions_ready, watch.acquire))))
+                wait = functools.partial(watch.acquire, spin_s=spec.spin_s)
+                conn.send(("done", pack_entries(runner.served_batch(spec.obs_ready, spec.actions_ready, wait))))
                 runner.finish_batch()
             elif kind == "close":
                 break
@@ -286,8 +308,13 @@ class WorkerPool:
             if not self.procs[r].is_alive():
                 self.raise_failure(r)
 
-    def acquire(self, sem: Any) -> None:
-        """Acquire a per-step semaphore, checking worker health every ``POLL_S`` seconds."""
+    def acquire(self, sem: Any, spin_s: float = 0.0) -> None:
+        """Acquire a per-step semaphore, checking worker health every ``POLL_S`` seconds.
+
+        With ``spin_s``, first poll it (yielding the core) for up to that long: see :func:`spin_acquire`.
+        """
+        if spin_s > 0.0 and spin_acquire(sem, spin_s):
+            return
         while not sem.acquire(timeout=POLL_S):
             self.check()
 
