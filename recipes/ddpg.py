@@ -162,7 +162,7 @@ def main(cfg: Config) -> dict:
     optimizer = torch.optim.Adam([
         {"params": list(loss.actor_network_params.values(True, True)), "lr": cfg.optim.actor_lr},
         {"params": list(loss.value_network_params.values(True, True)), "lr": cfg.optim.critic_lr},
-    ])
+    ], fused=True)
     updater = Updater(optimizer, loss_keys=("loss_actor", "loss_value"), max_grad_norm=cfg.optim.max_grad_norm,
                       target_update=TargetUpdate(loss, interval=cfg.optim.target_update_interval,
                                                  tau=cfg.optim.target_update_tau))

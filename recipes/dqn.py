@@ -224,7 +224,7 @@ def main(cfg: Config) -> dict:
                          loss_function=cfg.loss.loss_function)
     target_update = TargetUpdate(loss, interval=cfg.optim.target_update_interval, tau=cfg.optim.target_update_tau)
     optimizer = torch.optim.Adam(loss.value_network_params.values(True, True), lr=cfg.optim.lr,
-                                 eps=cfg.optim.adam_eps)
+                                 eps=cfg.optim.adam_eps, fused=True)
     updater = Updater(optimizer, max_grad_norm=cfg.optim.max_grad_norm,
                       target_update=target_update)
     delta_clip = 1.0 if cfg.loss.loss_function == "huber" else None

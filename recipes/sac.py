@@ -176,10 +176,10 @@ def main(cfg: Config) -> dict:
                         fixed_alpha=cfg.loss.fixed_alpha, target_entropy=target_entropy).to(device)
     critic_params = list(critic.parameters())
     policy_params = [p for p in loss.parameters() if all(p is not q for q in critic_params)]  # actor and log_alpha
-    critic_updater = Updater(torch.optim.Adam(critic_params, lr=cfg.optim.lr), loss_keys=("loss_qvalue",),
+    critic_updater = Updater(torch.optim.Adam(critic_params, lr=cfg.optim.lr, fused=True), loss_keys=("loss_qvalue",),
                              max_grad_norm=cfg.optim.max_grad_norm)
-    policy_updater = Updater(torch.optim.Adam(policy_params, lr=cfg.optim.lr), loss_keys=("loss_actor", "loss_alpha"),
-                             max_grad_norm=cfg.optim.max_grad_norm,
+    policy_updater = Updater(torch.optim.Adam(policy_params, lr=cfg.optim.lr, fused=True),
+                             loss_keys=("loss_actor", "loss_alpha"), max_grad_norm=cfg.optim.max_grad_norm,
                              target_update=TargetUpdate(loss, interval=cfg.optim.target_update_interval,
                                                         tau=cfg.optim.target_update_tau))
 

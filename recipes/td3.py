@@ -170,9 +170,11 @@ def main(cfg: Config) -> dict:
     policy = TensorDictSequential(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
     loss = make_td3_loss(actor, critic, specs.action_spec, gamma=cfg.loss.gamma, target_noise=cfg.loss.target_noise,
                          target_noise_clip=cfg.loss.target_noise_clip)
-    critic_updater = Updater(torch.optim.Adam(loss.qvalue_network_params.values(True, True), lr=cfg.optim.critic_lr),
+    critic_updater = Updater(torch.optim.Adam(loss.qvalue_network_params.values(True, True), lr=cfg.optim.critic_lr,
+                                              fused=True),
                              loss_keys=("loss_qvalue",), max_grad_norm=cfg.optim.max_grad_norm)
-    actor_updater = Updater(torch.optim.Adam(loss.actor_network_params.values(True, True), lr=cfg.optim.actor_lr),
+    actor_updater = Updater(torch.optim.Adam(loss.actor_network_params.values(True, True), lr=cfg.optim.actor_lr,
+                                             fused=True),
                             loss_keys=("loss_actor",), max_grad_norm=cfg.optim.max_grad_norm)
     target_update = TargetUpdate(loss, interval=cfg.optim.target_update_interval, tau=cfg.optim.target_update_tau)
 

@@ -8,9 +8,9 @@ collector that is paid every step, so :class:`PolicyStep` *compiles* the policy 
   ``nn.Module`` on tensors taken from a dict;
 * ``TensorDictSequential`` (incl. ``ProbabilisticActor``, ``QValueActor``, ``ActorValueOperator`` parts) becomes
   the sequence of its compiled children;
-* the distribution heads PPO/A2C use most — ``Categorical`` over ``logits`` and TorchRL's ``IndependentNormal``
-  over ``loc``/``scale`` — sample and score directly with torch ops when the exploration type is RANDOM
-  (the same ops, in the same order, as ``torch.distributions``);
+* the distribution heads PPO/A2C/SAC use most — ``Categorical`` over ``logits``, TorchRL's ``IndependentNormal``
+  over ``loc``/``scale`` and its ``TanhNormal`` (sampling only) — sample and score directly with torch ops when
+  the exploration type is RANDOM (the same ops, in the same order, as ``torch.distributions`` and TorchRL);
 * anything else (other distribution heads or exploration types, ``QValueModule``, exploration modules such as
   ``EGreedyModule``, ``LSTMModule``...) runs as-is on a minimal TensorDict holding only its ``in_keys``.
 
@@ -131,16 +131,38 @@ def _sample_independent_normal(loc: torch.Tensor, scale: torch.Tensor) -> tuple[
     return action, log_prob.sum(-1)
 
 
+def _tanh_normal_sampler(kwargs: dict[str, Any]) -> Callable[..., tuple[torch.Tensor, None]] | None:
+    """TorchRL ``TanhNormal(loc, scale, low=..., high=...)`` ``rsample()`` (SAC's policy), for its default
+    ``tanh_loc=False, safe_tanh=True``: tanh of a Normal sample clamped to ``1 - resolution``, then the affine map onto
+    ``[low, high]`` when that is not ``[-1, 1]``; ``None`` for other arguments."""
+    if set(kwargs) - {"low", "high"}:
+        return None
+    low = torch.as_tensor(kwargs.get("low", -1.0), dtype=torch.get_default_dtype())
+    high = torch.as_tensor(kwargs.get("high", 1.0), dtype=torch.get_default_dtype())
+    affine = bool((low != -1.0).any() or (high != 1.0).any())
+    mid, half = (high + low) / 2, (high - low) / 2
+
+    def sample(loc: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, None]:
+        preimage = loc + torch.empty_like(loc).normal_() * scale
+        lim = 1.0 - torch.finfo(preimage.dtype).resolution
+        action = preimage.tanh().clamp(-lim, lim)
+        return (mid.to(action.device) + half.to(action.device) * action if affine else action), None
+
+    return sample
+
+
 def _probabilistic_plan(module: TensorDictModuleBase, batch_size: torch.Size) -> Plan | None:
-    """Direct sampling for Categorical / IndependentNormal heads in RANDOM mode; other modes run the module."""
+    """Direct sampling for Categorical / IndependentNormal / TanhNormal heads in RANDOM mode; other modes run the
+    module."""
     from torch.distributions import Categorical
-    from torchrl.modules import IndependentNormal
+    from torchrl.modules import IndependentNormal, TanhNormal
     from torchrl.modules.tensordict_module.probabilistic import SafeProbabilisticModule
 
     if type(module) not in (ProbabilisticTensorDictModule, SafeProbabilisticModule):
         return None
+    tanh_normal = module.distribution_class is TanhNormal and not module.return_log_prob
     if (
-        module.distribution_kwargs
+        (module.distribution_kwargs and not tanh_normal)
         or module.num_samples is not None
         or getattr(module, "_generator", None) is not None
         or getattr(module, "_generator_key", None) is not None
@@ -153,6 +175,10 @@ def _probabilistic_plan(module: TensorDictModuleBase, batch_size: torch.Size) ->
         sampler = _sample_categorical
     elif module.distribution_class is IndependentNormal and dist_keys in (["loc", "scale"], ["scale", "loc"]):
         sampler = _sample_independent_normal
+    elif tanh_normal and sorted(dist_keys) == ["loc", "scale"]:
+        sampler = _tanh_normal_sampler(dict(module.distribution_kwargs))
+        if sampler is None:
+            return None
     else:
         return None
     in_keys = dict(zip(dist_keys, _keys(module.in_keys), strict=True))

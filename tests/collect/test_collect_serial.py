@@ -251,6 +251,24 @@ def test_fast_path_equals_general_path(env_id):
     assert (out[True] == out[False]).all()
 
 
+def test_fast_path_samples_sac_tanh_normal_like_torchrl():
+    """SAC's TanhNormal actor (action box [-2, 2]) is sampled directly, with the actions TorchRL would draw."""
+    from tdrl.collect.policy import _probabilistic_plan
+    from tdrl.models.q import make_tanh_gaussian_actor
+
+    torch.manual_seed(0)
+    actor = make_tanh_gaussian_actor(EnvFactory("Pendulum-v1").specs(), hidden_sizes=[16])
+    assert _probabilistic_plan(actor.module[-1], torch.Size([3])) is not None  # not the generic fallback
+    out = {}
+    for fast in (True, False):
+        torch.manual_seed(7)
+        with SerialCollector(EnvFactory("Pendulum-v1"), actor, batch_B=3, batch_T=20, seed=2, fast_policy=fast) as c:
+            assert c.policy_step.compiled is fast
+            out[fast] = c.collect()
+    assert (out[True] == out[False]).all()
+    assert out[True]["action"].abs().max() <= 2.0 and out[True]["action"].std() > 0.1
+
+
 def test_torchrl_gae_and_clip_ppo_run_on_a_batch():
     from torch.distributions import Categorical
     from torchrl.modules import ProbabilisticActor, ValueOperator
