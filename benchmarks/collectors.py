@@ -8,7 +8,7 @@ Rows (``--json`` names):
 * ``sb3-rollout`` — Stable-Baselines3 PPO ``collect_rollouts`` on ``DummyVecEnv(B)`` (value head, sampling).
 * ``tdrl-serial``, ``tdrl-parallel``, ``tdrl-action-server``, ``tdrl-alternating`` — tdrl's collectors with the
   same deterministic MLP, ``B = 2 workers × 16 envs``, ``T = 128``.
-* PPO section: ``tdrl-serial-ppo``/``tdrl-parallel-ppo`` run a PPO actor-critic (``ProbabilisticActor`` +
+* PPO section: ``tdrl-serial-ppo``/``tdrl-parallel-ppo``/``tdrl-action-server-ppo`` run a PPO actor-critic (``ProbabilisticActor`` +
   ``ValueOperator``, sampling and log-prob) against ``sb3-rollout``.
 * ``tdrl-parallel-startup`` — seconds to build a 2-worker, 32-env HalfCheetah collector in a fresh process
   (cold: first collector of the process; warm: the next one).
@@ -330,9 +330,10 @@ def main() -> None:
         if "sb3-rollout" not in args.skip:
             env_rows.append(sb3_row(env_id))
         ppo = ppo_policy(env_id)
-        for kind in ("serial", "parallel"):
-            if f"tdrl-{kind}-ppo" not in args.skip:
-                env_rows.append(tdrl_row(f"tdrl-{kind}-ppo", "ppo", kind, env_id, ppo))
+        for kind in ("serial", "parallel", "action_server"):
+            name = f"tdrl-{kind.replace('_', '-')}-ppo"
+            if name not in args.skip:
+                env_rows.append(tdrl_row(name, "ppo", kind, env_id, ppo))
         try:
             measure_interleaved(env_rows, seconds, repeats, args.quiet)
         finally:

@@ -269,6 +269,28 @@ def test_fast_path_samples_sac_tanh_normal_like_torchrl():
     assert out[True]["action"].abs().max() <= 2.0 and out[True]["action"].std() > 0.1
 
 
+def test_sequential_mlps_run_as_direct_calls_with_current_weights():
+    """nn.Sequential / TorchRL MLP chains skip Module.__call__, follow in-place weight updates, and a hooked
+    module is left to its own call."""
+    from torchrl.modules import MLP
+
+    from tdrl.collect.policy import _direct_call
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 4)
+    nested = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(8, 3)))
+    for module in (nested, MLP(in_features=4, out_features=2, num_cells=[8, 8], activation_class=torch.nn.Tanh)):
+        direct = _direct_call(module)
+        assert direct is not module
+        assert torch.equal(direct(x), module(x))
+        with torch.no_grad():
+            next(module.parameters()).add_(1.0)  # as a weight sync does
+        assert torch.equal(direct(x), module(x))
+    seen = []
+    nested[0].register_forward_hook(lambda *args: seen.append(1))
+    assert torch.equal(_direct_call(nested)(x), nested(x)) and len(seen) == 2  # the hooked layer ran as a module
+
+
 def test_torchrl_gae_and_clip_ppo_run_on_a_batch():
     from torch.distributions import Categorical
     from torchrl.modules import ProbabilisticActor, ValueOperator
