@@ -28,7 +28,7 @@ from tdrl.models import make_deterministic_actor, make_gaussian_noise, make_q_cr
 from tdrl.objectives.continuous import make_ddpg_loss, timeouts_as_terminal
 from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import TransitionReplayBuffer
-from tdrl.train import SyncTrainer
+from tdrl.train import SyncTrainer, check_min_steps_learn
 from tdrl.utils.seeding import seed_everything
 
 REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
@@ -146,10 +146,7 @@ def main(cfg: Config) -> dict:
     seed_everything(cfg.run.seed)
     device = torch.device(cfg.run.device)
     env_factory = EnvFactory(cfg.env.id)
-    warmup = cfg.optim.batch_size + (cfg.loss.n_step - 1) * cfg.collector.batch_B  # transitions the first update needs
-    if cfg.optim.min_steps_learn < warmup:
-        raise ConfigError(f"optim.min_steps_learn={cfg.optim.min_steps_learn} is below optim.batch_size plus the n-step "
-                          f"look-ahead ({warmup}): the first update would sample more transitions than the replay holds")
+    check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
     specs = env_factory.specs()
     if specs.discrete:
         raise ConfigError(f"env.id={cfg.env.id!r} has discrete actions; DDPG needs a continuous (Box) action space "

@@ -43,7 +43,7 @@ from tdrl.objectives.dqn import dqn_priorities, make_dqn_loss
 from tdrl.objectives.schedules import LinearSchedule
 from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import PrioritizedSampler, TransitionReplayBuffer
-from tdrl.train import TrainerConfig, check_trainer, make_trainer
+from tdrl.train import TrainerConfig, check_min_steps_learn, check_trainer, make_trainer
 from tdrl.utils.seeding import seed_everything
 
 REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
@@ -196,10 +196,7 @@ def main(cfg: Config) -> dict:
     seed_everything(cfg.run.seed)
     device = torch.device(cfg.run.device)
     env_factory = EnvFactory(cfg.env.id)
-    warmup = cfg.optim.batch_size + (cfg.loss.n_step - 1) * cfg.collector.batch_B  # transitions the first update needs
-    if cfg.optim.min_steps_learn < warmup:
-        raise ConfigError(f"optim.min_steps_learn={cfg.optim.min_steps_learn} is below optim.batch_size plus the n-step "
-                          f"look-ahead ({warmup}): the first update would sample more transitions than the replay holds")
+    check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
     specs = env_factory.specs()
     if not specs.discrete:
         raise ConfigError(f"env.id={cfg.env.id!r} has continuous actions; DQN needs a discrete action space "

@@ -38,7 +38,7 @@ from tdrl.objectives.continuous import timeouts_as_terminal
 from tdrl.objectives.sac import FusedSACLoss
 from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import TransitionReplayBuffer
-from tdrl.train import TrainerConfig, check_trainer, make_trainer
+from tdrl.train import TrainerConfig, check_min_steps_learn, check_trainer, make_trainer
 from tdrl.utils.seeding import seed_everything
 
 REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
@@ -110,8 +110,9 @@ class OptimConfig:
     """Transitions per gradient update."""
     replay_ratio: float = 256.0
     """Transitions sampled per transition collected (rlpyt replay_ratio); sets updates per iteration."""
-    min_steps_learn: int = 256
-    """Env frames collected (with the initial policy) before the first update (rlpyt 10000; SB3 100)."""
+    min_steps_learn: int = 100
+    """Env frames collected (with the initial policy) before the first update (rlpyt 10000; SB3 100); may be below
+    batch_size: the replay draws with replacement."""
     target_update_tau: float = 0.005
     """Polyak factor of the target critics (rlpyt target_update_tau)."""
     target_update_interval: int = 1
@@ -155,10 +156,7 @@ def main(cfg: Config) -> dict:
     seed_everything(cfg.run.seed)
     device = torch.device(cfg.run.device)
     env_factory = EnvFactory(cfg.env.id)
-    warmup = cfg.optim.batch_size + (cfg.loss.n_step - 1) * cfg.collector.batch_B  # transitions the first update needs
-    if cfg.optim.min_steps_learn < warmup:
-        raise ConfigError(f"optim.min_steps_learn={cfg.optim.min_steps_learn} is below optim.batch_size plus the n-step "
-                          f"look-ahead ({warmup}): the first update would sample more transitions than the replay holds")
+    check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
     specs = env_factory.specs()
     if specs.discrete:
         raise ConfigError(f"env.id={cfg.env.id!r} has discrete actions; SAC needs a continuous (Box) action space "

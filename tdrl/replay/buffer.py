@@ -194,18 +194,18 @@ class TransitionReplayBuffer:
 
     # -------------------------------------------------------------------------------------------------- sample
     def sample(self, batch_size: int) -> TensorDict:
-        """Draw ``batch_size`` transitions as a flat TensorDict ``[batch_size]`` (keys: see :mod:`tdrl.replay`).
+        """Draw ``batch_size`` transitions, with replacement, as a flat TensorDict ``[batch_size]`` (keys: see
+        :mod:`tdrl.replay`). The batch may be larger than the transitions ready (SB3 starts learning at 100
+        transitions with batch 256).
 
         Raises:
-            ReplayError: ``batch_size`` exceeds the transitions ready to sample.
+            ReplayError: no transition is ready to sample yet.
         """
         if batch_size < 1:
             raise ReplayError(f"batch_size must be >= 1, got {batch_size}")
-        if not self._ready() or batch_size > self.ready_count():
-            ready = self.ready_count()
-            raise ReplayError(f"batch_size={batch_size} exceeds the {ready} transitions ready to sample "
-                              f"({len(self)} stored; the newest {self.lookahead} steps per stream wait for "
-                              f"their n-step window)")
+        if not self._ready() or self.ready_count() < 1:
+            raise ReplayError(f"no transition is ready to sample ({len(self)} stored; the newest {self.lookahead} "
+                              "steps per stream wait for their n-step window)")
         stream, time, values = self._draw(batch_size)
         index = torch.from_numpy(self.ring.flat_index(stream, time))
         out = self._gather(index, stream, time)

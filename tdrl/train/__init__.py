@@ -15,7 +15,7 @@ __all__ = ["SyncTrainer", "episode_stats", "iteration_counts", "scalar_stats", "
 
 from tdrl.train.async_ import AsyncTrainer, AsyncTrainerError  # noqa: E402
 from tdrl.train.ddp import DataParallelError, DataParallelTrainer, launch_data_parallel  # noqa: E402
-from tdrl.train.factory import TrainerConfig, check_trainer, make_trainer  # noqa: E402
+from tdrl.train.factory import TrainerConfig, check_min_steps_learn, check_trainer, make_trainer  # noqa: E402
 
 __all__ += [
     "AsyncTrainer",
@@ -23,6 +23,7 @@ __all__ += [
     "DataParallelError",
     "DataParallelTrainer",
     "TrainerConfig",
+    "check_min_steps_learn",
     "check_trainer",
     "launch_data_parallel",
     "make_trainer",

@@ -43,7 +43,7 @@ from tdrl.utils.distributed import (
     resolve_backend,
 )
 
-__all__ = ["TRAINER_KINDS", "TrainerConfig", "check_trainer", "make_trainer"]
+__all__ = ["TRAINER_KINDS", "TrainerConfig", "check_min_steps_learn", "check_trainer", "make_trainer"]
 
 TRAINER_KINDS = ("sync", "ddp", "async")
 
@@ -66,6 +66,24 @@ class TrainerConfig:
     when the optimizer is slower)."""
     updates_per_sync: int = 1
     """async: gradient updates between weight publications to the collector."""
+
+
+def check_min_steps_learn(min_steps_learn: int, *, n_step: int, batch_B: int) -> None:
+    """Reject an off-policy learning start at which the first update would find no complete transition.
+
+    The replay draws with replacement, so a batch may be larger than what it holds (SB3's ``learning_starts=100``
+    with batch 256); but an n-step transition is complete only ``n_step - 1`` steps after it starts, in every env.
+
+    Raises:
+        ConfigError: ``min_steps_learn`` below ``1 + (n_step - 1) * batch_B``, naming the key.
+    """
+    from tdrl.config import ConfigError
+
+    needed = 1 + (n_step - 1) * batch_B
+    if min_steps_learn < needed:
+        raise ConfigError(f"optim.min_steps_learn={min_steps_learn} is below the {needed} frames the first complete "
+                          f"{n_step}-step transition needs with {batch_B} env(s): the first update would find an "
+                          "empty replay")
 
 
 def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu",

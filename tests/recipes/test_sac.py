@@ -108,7 +108,13 @@ def test_learns_pendulum_fixed_seed(tmp_path):
     assert summary["eval/return_mean"] >= -200, summary["curve"]
 
 
-def test_min_steps_learn_below_batch_size_is_an_error(tmp_path):
-    with pytest.raises(ConfigError, match="optim.min_steps_learn=16 is below optim.batch_size"):
-        sac.main(tiny(tmp_path, "optim.min_steps_learn=16"))
+def test_learning_start_before_any_complete_transition_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="optim.min_steps_learn=2 is below the"):
+        sac.main(tiny(tmp_path, "optim.min_steps_learn=2", "loss.n_step=3"))
     assert not list(tmp_path.rglob("progress.csv"))
+
+
+def test_learning_starts_below_batch_size_like_sb3(tmp_path):
+    """min_steps_learn < batch_size: the first batches are drawn with replacement (SB3's learning_starts=100)."""
+    summary = sac.main(tiny(tmp_path / "a", "optim.min_steps_learn=8"))
+    assert summary["updates"] == 240 - 8

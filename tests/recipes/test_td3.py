@@ -100,7 +100,7 @@ def test_learns_pendulum_fixed_seed(tmp_path):
     assert summary["eval/return_mean"] >= -200, summary["curve"]
 
 
-def test_min_steps_learn_below_batch_size_is_an_error(tmp_path):
-    with pytest.raises(ConfigError, match="optim.min_steps_learn=16 is below optim.batch_size"):
-        td3.main(tiny(tmp_path, "optim.min_steps_learn=16"))
+def test_learning_start_before_any_complete_transition_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="optim.min_steps_learn=2 is below the"):
+        td3.main(tiny(tmp_path, "optim.min_steps_learn=2", "loss.n_step=3"))
     assert not list(tmp_path.rglob("progress.csv"))

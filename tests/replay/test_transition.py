@@ -122,8 +122,7 @@ def test_bad_input_errors_name_the_field_and_lose_nothing(tmp_path):
         rb.extend(make_stream(3, 20))
     with pytest.raises(ReplayError, match="TensorDict"):
         rb.extend({"observation": torch.zeros(2)})
-    with pytest.raises(ReplayError, match="batch_size=500 exceeds"):
-        rb.sample(500)
+    assert rb.sample(500).batch_size == (500,)  # with replacement: larger than what the buffer holds
 
     after = _snapshot(rb)
     assert after[1:] == before[1:]
@@ -135,7 +134,7 @@ def test_bad_input_errors_name_the_field_and_lose_nothing(tmp_path):
 
 def test_empty_buffer_sample_raises(tmp_path):
     rb = TransitionReplayBuffer(tmp_path / "rb", 100)
-    with pytest.raises(ReplayError, match="exceeds the 0 transitions"):
+    with pytest.raises(ReplayError, match="no transition is ready"):
         rb.sample(1)
 
 
