@@ -16,7 +16,7 @@ is used from the next step on. With ``policy=None`` workers take random actions 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.batch import allocate_batch
 from tdrl.collect.common import (
+    CollectorBase,
     FrameBudget,
     PolicyWriter,
     active_exploration,
@@ -45,7 +46,7 @@ from tdrl.collect.workers import WorkerPool, WorkerSpec, get_context
 __all__ = ["ActionServerCollector"]
 
 
-class ActionServerCollector:
+class ActionServerCollector(CollectorBase):
     """``[batch_B, batch_T]`` batches; envs in worker processes, one batched policy forward per step here.
 
     rlpyt's ``samples[t, b]`` (``batch_T`` × ``batch_B``) is ``batch[b, t]`` here (time last, TorchRL's layout).
@@ -148,23 +149,6 @@ class ActionServerCollector:
         self._group_ranks = [[w for w in range(n_procs) if lo <= w * per < hi] for lo, hi in self.groups]
         self._pool = WorkerPool(worker_specs, start_timeout=start_timeout, start_method=start_method)
 
-    @property
-    def frames(self) -> int:
-        return self.budget.frames
-
-    @property
-    def frames_per_batch(self) -> int:
-        return self.batch_B * self.batch_T
-
-    @property
-    def exploration_type(self) -> InteractionType | None:
-        """The fixed exploration type, or ``None`` to follow the caller's ``set_exploration_type``."""
-        return self._exploration_arg
-
-    @exploration_type.setter
-    def exploration_type(self, value: InteractionType | str | None) -> None:
-        self._exploration_arg = to_interaction_type(value, None)
-
     def collect(self) -> TensorDictBase:
         """Serve actions for one batch; sets :attr:`traj_infos`."""
         pool = self._pool
@@ -183,9 +167,7 @@ class ActionServerCollector:
             raise
         self.traj_infos = sorted_infos([entry for reply in replies for entry in unpack_entries(reply[1])])
         self.budget.count()
-        if self.return_same_td and self.device.type == "cpu":
-            return self.buffer
-        return self.buffer.to(self.device) if self.device.type != "cpu" else self.buffer.clone()
+        return self._yielded_batch()
 
     def _serve(self, pool: WorkerPool) -> None:
         obs_ready, actions_ready = self._obs_ready, self._actions_ready
@@ -203,13 +185,6 @@ class ActionServerCollector:
                     for w in ranks:
                         actions_ready[w].release()
 
-    def __iter__(self) -> Iterator[TensorDictBase]:
-        while self.budget.remaining():
-            yield self.collect()
-
-    def __len__(self) -> int:
-        return len(self.budget)
-
     def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
         """The main process runs the caller's policy itself; given weights are loaded into it."""
         if self.policy is None or policy_or_weights is None or policy_or_weights is self.policy:
@@ -220,29 +195,10 @@ class ActionServerCollector:
     def worker_pids(self) -> list[int]:
         return list(self._pool.pids) if self._pool is not None else []
 
-    def state_dict(self) -> dict[str, Any]:
-        """Counters (``frames``, ``iter``). Env state is not captured: resuming restarts episodes."""
-        return self.budget.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.budget.load_state_dict(state_dict)
-
     def shutdown(self) -> None:
         """Stop the workers; safe to call more than once."""
         if self._pool is not None:
             self._pool.shutdown()
-
-    def __enter__(self) -> ActionServerCollector:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
-
-    def __del__(self) -> None:
-        try:
-            self.shutdown()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return (

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Self
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -16,6 +16,8 @@ from tdrl.envs.make import EnvSpecs
 __all__ = [
     "RESET_MODES",
     "active_exploration",
+    "ClosesOnExit",
+    "CollectorBase",
     "CollectorError",
     "FrameBudget",
     "PolicyWriter",
@@ -160,3 +162,82 @@ def load_weights(policy: torch.nn.Module, weights: Any) -> None:
         raise TypeError(
             f"policy_or_weights must be a module, a TensorDict of parameters or a state_dict, got {type(weights)}"
         )
+
+
+class ClosesOnExit:
+    """Context manager and finaliser calling an idempotent ``shutdown()`` (collectors own processes and envs)."""
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # a half-built or already-finalised collector: nothing left to release
+            pass
+
+
+class CollectorBase(ClosesOnExit):
+    """TorchRL's collector protocol as every tdrl collector kind implements it.
+
+    Iteration until the frame budget is spent, ``len``, the frame counters, the exploration-type switch, counter
+    ``state_dict``, context management and the yielded-batch copy rule. A subclass sets ``budget``, ``batch_B``,
+    ``batch_T``, ``_exploration_arg``, ``buffer``, ``device`` and ``return_same_td`` and provides ``collect()``
+    and an idempotent ``shutdown()``.
+    """
+
+    budget: FrameBudget
+    batch_B: int
+    batch_T: int
+    buffer: TensorDictBase
+    device: torch.device
+    return_same_td: bool
+    _exploration_arg: InteractionType | None
+
+    def collect(self) -> TensorDictBase:
+        raise NotImplementedError
+
+    @property
+    def frames(self) -> int:
+        return self.budget.frames
+
+    @property
+    def frames_per_batch(self) -> int:
+        return self.batch_B * self.batch_T
+
+    @property
+    def exploration_type(self) -> InteractionType | None:
+        """The fixed exploration type, or ``None`` to follow the caller's ``set_exploration_type``."""
+        return self._exploration_arg
+
+    @exploration_type.setter
+    def exploration_type(self, value: InteractionType | str | None) -> None:
+        self._exploration_arg = to_interaction_type(value, None)
+
+    def _yielded_batch(self) -> TensorDictBase:
+        """The batch handed to the caller: the buffer itself (``return_same_td``, CPU), else a copy on ``device``
+        (the next ``collect()`` overwrites the buffer)."""
+        if self.return_same_td and self.device.type == "cpu":
+            return self.buffer
+        return self.buffer.to(self.device) if self.device.type != "cpu" else self.buffer.clone()
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        while self.budget.remaining():
+            yield self.collect()
+
+    def __len__(self) -> int:
+        return len(self.budget)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters (``frames``, ``iter``). Env state is not captured: resuming restarts episodes."""
+        return self.budget.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.budget.load_state_dict(state_dict)
+

@@ -24,6 +24,7 @@ from typing import Any
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.common import (
+    ClosesOnExit,
     env_specs,
     game_score_of,
     load_weights,
@@ -37,7 +38,7 @@ from tdrl.collect.stepping import EnvSlice, make_step_td
 __all__ = ["EvalCollector"]
 
 
-class EvalCollector:
+class EvalCollector(ClosesOnExit):
     """Offline evaluation of a policy on ``n_envs`` dedicated envs.
 
     Args:
@@ -166,15 +167,3 @@ class EvalCollector:
         if not self._closed:
             self._closed = True
             self.envs.close()
-
-    def __enter__(self) -> EvalCollector:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
-
-    def __del__(self) -> None:
-        try:
-            self.shutdown()
-        except Exception:
-            pass

@@ -16,7 +16,7 @@ collector seed, so they are reproducible run to run but differ from the serial c
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.batch import allocate_batch
 from tdrl.collect.common import (
+    CollectorBase,
     FrameBudget,
     active_exploration,
     check_batch_args,
@@ -44,7 +45,7 @@ from tdrl.collect.workers import WorkerPool, WorkerSpec, get_context
 __all__ = ["ParallelCollector"]
 
 
-class ParallelCollector:
+class ParallelCollector(CollectorBase):
     """``[batch_B, batch_T]`` batches from ``n_workers`` processes, each with ``batch_B / n_workers`` envs.
 
     rlpyt's ``samples[t, b]`` (``batch_T`` × ``batch_B``) is ``batch[b, t]`` here (time last, TorchRL's layout).
@@ -135,23 +136,6 @@ class ParallelCollector:
         ]
         self._pool = WorkerPool(worker_specs, start_timeout=start_timeout, start_method=start_method)
 
-    @property
-    def frames(self) -> int:
-        return self.budget.frames
-
-    @property
-    def frames_per_batch(self) -> int:
-        return self.batch_B * self.batch_T
-
-    @property
-    def exploration_type(self) -> InteractionType | None:
-        """The fixed exploration type, or ``None`` to follow the caller's ``set_exploration_type``."""
-        return self._exploration_arg
-
-    @exploration_type.setter
-    def exploration_type(self, value: InteractionType | str | None) -> None:
-        self._exploration_arg = to_interaction_type(value, None)
-
     def _bind_weights(self) -> None:
         """(Re)read the policy's parameter and buffer tensors (after they were replaced, not updated in place)."""
         self._live = module_tensors(self.policy)
@@ -190,16 +174,7 @@ class ParallelCollector:
             raise
         self.traj_infos = sorted_infos([entry for reply in replies for entry in unpack_entries(reply[1])])
         self.budget.count()
-        if self.return_same_td and self.device.type == "cpu":
-            return self.buffer
-        return self.buffer.to(self.device) if self.device.type != "cpu" else self.buffer.clone()
-
-    def __iter__(self) -> Iterator[TensorDictBase]:
-        while self.budget.remaining():
-            yield self.collect()
-
-    def __len__(self) -> int:
-        return len(self.budget)
+        return self._yielded_batch()
 
     def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
         """Copy the policy's weights (or the given ones, loaded into the policy first) to the workers.
@@ -217,29 +192,10 @@ class ParallelCollector:
     def worker_pids(self) -> list[int]:
         return list(self._pool.pids) if self._pool is not None else []
 
-    def state_dict(self) -> dict[str, Any]:
-        """Counters (``frames``, ``iter``). Env state is not captured: resuming restarts episodes."""
-        return self.budget.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.budget.load_state_dict(state_dict)
-
     def shutdown(self) -> None:
         """Stop the workers (graceful, then terminate/kill); safe to call more than once."""
         if self._pool is not None:
             self._pool.shutdown()
-
-    def __enter__(self) -> ParallelCollector:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
-
-    def __del__(self) -> None:
-        try:
-            self.shutdown()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return (

@@ -6,7 +6,7 @@ deterministic policy, and ``breakpoint()`` works inside the policy or the env.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,6 +15,7 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.batch import allocate_batch
 from tdrl.collect.common import (
+    CollectorBase,
     FrameBudget,
     active_exploration,
     check_batch_args,
@@ -32,7 +33,7 @@ from tdrl.collect.stepping import make_step_td
 __all__ = ["SerialCollector"]
 
 
-class SerialCollector:
+class SerialCollector(CollectorBase):
     """Collects ``[batch_B, batch_T]`` batches by stepping ``batch_B`` envs in this process.
 
     rlpyt's ``batch_T`` (time steps per batch) and ``batch_B`` (envs) give a ``[batch_B, batch_T]``
@@ -127,23 +128,6 @@ class SerialCollector:
         self.policy_step = self.runner.policy_step
 
     # ------------------------------------------------------------------ collection
-    @property
-    def frames(self) -> int:
-        return self.budget.frames
-
-    @property
-    def frames_per_batch(self) -> int:
-        return self.batch_B * self.batch_T
-
-    @property
-    def exploration_type(self) -> InteractionType | None:
-        """The fixed exploration type, or ``None`` to follow the caller's ``set_exploration_type``."""
-        return self._exploration_arg
-
-    @exploration_type.setter
-    def exploration_type(self, value: InteractionType | str | None) -> None:
-        self._exploration_arg = to_interaction_type(value, None)
-
     def collect(self) -> TensorDictBase:
         """Collect one ``[batch_B, batch_T]`` batch (rlpyt's ``obtain_samples``); sets :attr:`traj_infos`."""
         if self._closed:
@@ -154,16 +138,7 @@ class SerialCollector:
         self.runner.finish_batch()
         self.traj_infos = sorted_infos(entries)
         self.budget.count()
-        if self.return_same_td and self.device.type == "cpu":
-            return self.buffer
-        return self.buffer.to(self.device) if self.device.type != "cpu" else self.buffer.clone()
-
-    def __iter__(self) -> Iterator[TensorDictBase]:
-        while self.budget.remaining():
-            yield self.collect()
-
-    def __len__(self) -> int:
-        return len(self.budget)
+        return self._yielded_batch()
 
     # ------------------------------------------------------------------ protocol
     def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
@@ -198,18 +173,6 @@ class SerialCollector:
             return
         self._closed = True
         self.runner.close()
-
-    def __enter__(self) -> SerialCollector:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
-
-    def __del__(self) -> None:
-        try:
-            self.shutdown()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         return f"SerialCollector(batch_B={self.batch_B}, batch_T={self.batch_T}, frames={self.frames})"

@@ -21,6 +21,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.common import (
+    ClosesOnExit,
     FrameBudget,
     check_batch_args,
     load_weights,
@@ -50,7 +51,7 @@ def _serial_env(env_factory: Callable[..., Any], n: int, transform: Any) -> Any:
     return SerialEnv(n, functools.partial(_gym_env, env_factory, transform))
 
 
-class TorchRLCollector:
+class TorchRLCollector(ClosesOnExit):
     """A TorchRL collector yielding tdrl-layout ``[batch_B, batch_T]`` batches with :attr:`traj_infos`.
 
     Arguments follow :class:`~tdrl.collect.ParallelCollector`; ``reset_mode`` must be ``"reset_at_once"`` and
@@ -144,15 +145,3 @@ class TorchRLCollector:
         if not self._closed:
             self._closed = True
             self.collector.shutdown()
-
-    def __enter__(self) -> TorchRLCollector:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
-
-    def __del__(self) -> None:
-        try:
-            self.shutdown()
-        except Exception:
-            pass

@@ -73,7 +73,10 @@ def _run_concurrently(rb, B, T, batch, sample_fn, check, seconds=3.0):
 @pytest.mark.timeout(90)
 def test_concurrent_extend_and_uniform_sample(tmp_path):
     B, T = 4, 16
-    rb = TransitionReplayBuffer(tmp_path / "rb", B * 64, n_step=3, gamma=0.5, seed=0)
+    # 1024 steps per stream: the writer laps the ring every ~64 extends (many times in 3 s, so samples do meet
+    # overwritten slots), but not within one gather; a 64-step ring was lapped faster than a 32-row gather on 2
+    # busy cores, which is the documented "writer is lapping the buffer" error, not a torn read
+    rb = TransitionReplayBuffer(tmp_path / "rb", B * 1024, n_step=3, gamma=0.5, seed=0)
     samples = _run_concurrently(rb, B, T, 32, rb.sample,
                                 _consistent)
     assert samples > 20
