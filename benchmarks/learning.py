@@ -13,6 +13,7 @@ of wall-clock to threshold is measured side by side.
     python benchmarks/learning.py --tasks ppo-halfcheetah --no-sb3 --stop         # long (not in the default set)
     python benchmarks/learning.py --gae --losses                                  # micro: tdrl vs TorchRL, ms/call
     python benchmarks/learning.py --sac-loss                                      # micro: SAC update, tdrl/TorchRL/SB3
+    python benchmarks/learning.py --dqn-loss                                      # micro: DQN update, tdrl/TorchRL
 
 Run it from a temporary directory (MuJoCo writes MUJOCO_LOG.TXT into the cwd) and when the machine is quiet:
 wall-clock numbers on a shared 2-core machine are noisy, so compare the tdrl/SB3 ratio within one run.
@@ -419,6 +420,50 @@ def bench_sac_loss(repeats: int = 100) -> None:
         print(f"{name:24s} {ms:7.2f} {ms / fused:7.2f}x")
 
 
+def bench_dqn_loss(repeats: int = 300) -> None:
+    """One double-DQN update (64 CartPole samples, dueling [256, 256], Huber, fused Adam): TorchRL's ``DQNLoss``
+    against tdrl's ``FusedDQNLoss`` (equal values and gradients, tests/objectives/test_dqn_loss.py)."""
+    from tensordict import TensorDict
+
+    from tdrl.envs import EnvFactory
+    from tdrl.models.q import make_q_actor
+    from tdrl.objectives.dqn import make_dqn_loss, make_torchrl_dqn_loss
+
+    specs = EnvFactory("CartPole-v1").specs()
+    n = 64
+    td = TensorDict({"observation": torch.randn(n, 4), "action": torch.randint(0, 2, (n,)),
+                     ("next", "observation"): torch.randn(n, 4), ("next", "reward"): torch.rand(n, 1),
+                     ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool),
+                     ("next", "done"): torch.zeros(n, 1, dtype=torch.bool),
+                     "steps_to_next_obs": torch.full((n, 1), 3)}, [n])
+
+    def update(make: Callable[..., Any]) -> Callable[[], Any]:
+        loss = make(make_q_actor(specs, hidden_sizes=[256, 256], dueling=True), gamma=0.99, double_dqn=True)
+        optimizer = torch.optim.Adam(loss.value_network_params.values(True, True), lr=1e-3, fused=True)
+
+        def step() -> None:
+            optimizer.zero_grad()
+            loss(td.clone(False))["loss"].backward()
+            optimizer.step()
+
+        return step
+
+    steps = {"torchrl DQNLoss": update(make_torchrl_dqn_loss), "tdrl FusedDQNLoss": update(make_dqn_loss)}
+    best: dict[str, float] = {}
+    for _ in range(5):  # interleaved rounds, best of each: the machine is shared
+        for name, step in steps.items():
+            for _ in range(10):
+                step()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                step()
+            best[name] = min(best.get(name, math.inf), (time.perf_counter() - start) / repeats * 1e3)
+    fused = best["tdrl FusedDQNLoss"]
+    print(f"{'DQN update (64 samples)':24s} {'ms':>7s} {'vs tdrl':>8s}")
+    for name, ms in best.items():
+        print(f"{name:24s} {ms:7.2f} {ms / fused:7.2f}x")
+
+
 # --- Report -----------------------------------------------------------------------------------------------------
 
 
@@ -447,15 +492,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--gae", action="store_true", help="only the GAE micro-benchmark (tdrl vs TorchRL)")
     parser.add_argument("--losses", action="store_true", help="only the PPO/A2C update-step micro-benchmark")
     parser.add_argument("--sac-loss", action="store_true", help="only the SAC update micro-benchmark (vs TorchRL, SB3)")
+    parser.add_argument("--dqn-loss", action="store_true", help="only the DQN update micro-benchmark (vs TorchRL)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    if args.gae or args.losses or args.sac_loss:
+    if args.gae or args.losses or args.sac_loss or args.dqn_loss:
         if args.gae:
             bench_gae()
         if args.losses:
             bench_losses()
         if args.sac_loss:
             bench_sac_loss()
+        if args.dqn_loss:
+            bench_dqn_loss()
         return []
     names = [n for n in args.tasks.split(",") if n]
     unknown = set(names) - {t.name for t in TASKS}

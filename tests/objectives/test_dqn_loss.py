@@ -7,7 +7,7 @@ from tensordict import TensorDict
 
 from tdrl.envs.make import EnvFactory
 from tdrl.models.q import make_q_actor
-from tdrl.objectives.dqn import dqn_priorities, make_dqn_loss
+from tdrl.objectives.dqn import FusedDQNLoss, dqn_priorities, make_dqn_loss, make_torchrl_dqn_loss
 from tdrl.objectives.update import TargetUpdate, Updater
 
 pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
@@ -254,3 +254,27 @@ def test_prioritized_replay_weights_and_priorities_round_trip(specs, tmp_path):
     replay.update_priority(sample["index"], priorities)
     stored = torch.as_tensor(sampler.priorities(sample["index"].numpy()), dtype=torch.float32)
     assert torch.allclose(stored, delta.clamp(max=1.0), atol=1e-6)
+
+
+@pytest.mark.parametrize("double", [False, True])
+@pytest.mark.parametrize("loss_function", ["huber", "mse"])
+def test_fused_dqn_loss_equals_torchrl_values_gradients_and_td_error(specs, double, loss_function):
+    torch.manual_seed(0)
+    actor = make_q_actor(specs, hidden_sizes=(16,), dueling=True)
+    fused = make_dqn_loss(actor, gamma=GAMMA, double_dqn=double, loss_function=loss_function)
+    reference = make_torchrl_dqn_loss(actor, gamma=GAMMA, double_dqn=double, loss_function=loss_function)
+    assert isinstance(fused, FusedDQNLoss)
+    _perturb_target(fused)
+    with torch.no_grad():
+        reference.target_value_network_params.update_(fused.target_value_network_params)
+    out = {}
+    for name, loss in (("fused", fused), ("torchrl", reference)):
+        batch = _batch()
+        actor.zero_grad(set_to_none=True)
+        value = loss(batch)["loss"]
+        value.backward()
+        out[name] = (value.detach(), [p.grad.clone() for p in actor.parameters()], batch["td_error"])
+    assert torch.allclose(out["fused"][0], out["torchrl"][0], atol=1e-6)
+    for g_fused, g_ref in zip(out["fused"][1], out["torchrl"][1], strict=True):
+        assert torch.allclose(g_fused, g_ref, atol=1e-6)
+    assert torch.allclose(out["fused"][2].reshape(-1), out["torchrl"][2].reshape(-1), atol=1e-6)
