@@ -25,6 +25,7 @@ baseline function).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import math
@@ -358,6 +359,23 @@ def bench_losses(repeats: int = 200) -> None:
         print(f"{algo:28s} {theirs:11.3f} {ours:8.3f} {theirs / ours:8.2f}x")
 
 
+def print_update_times(title: str, steps: dict[str, Callable[[], Any]], baseline: str, repeats: int) -> None:
+    """Time each update ``repeats`` times in 5 interleaved rounds (best round each: the machine is shared) and print
+    milliseconds and the ratio to ``baseline``."""
+    best: dict[str, float] = {}
+    for _ in range(5):
+        for name, step in steps.items():
+            for _ in range(10):
+                step()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                step()
+            best[name] = min(best.get(name, math.inf), (time.perf_counter() - start) / repeats * 1e3)
+    print(f"{title:24s} {'ms':>7s} {'vs tdrl':>8s}")
+    for name, ms in best.items():
+        print(f"{name:24s} {ms:7.2f} {ms / best[baseline]:7.2f}x")
+
+
 def bench_sac_loss(repeats: int = 100) -> None:
     """One SAC update (256 Pendulum samples, [256, 256] MLPs, Adam, polyak targets): TorchRL's SACLoss (vmapped
     critics, one backward), tdrl's FusedSACLoss as recipes/sac.py steps it (critics, then policy and alpha), and SB3's
@@ -405,19 +423,7 @@ def bench_sac_loss(repeats: int = 100) -> None:
         sb3 = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, learning_starts=0, device="cpu", verbose=0)
         sb3.learn(300)  # fills its buffer
         steps["sb3 SAC.train"] = lambda: sb3.train(gradient_steps=1, batch_size=n)
-    best: dict[str, float] = {}
-    for _ in range(5):  # interleaved rounds, best of each: the machine is shared
-        for name, step in steps.items():
-            for _ in range(10):
-                step()
-            start = time.perf_counter()
-            for _ in range(repeats):
-                step()
-            best[name] = min(best.get(name, math.inf), (time.perf_counter() - start) / repeats * 1e3)
-    fused = best["tdrl FusedSACLoss"]
-    print(f"{'SAC update (256 samples)':24s} {'ms':>7s} {'vs tdrl':>8s}")
-    for name, ms in best.items():
-        print(f"{name:24s} {ms:7.2f} {ms / fused:7.2f}x")
+    print_update_times("SAC update (256 samples)", steps, "tdrl FusedSACLoss", repeats)
 
 
 def bench_dqn_loss(repeats: int = 300) -> None:
@@ -427,7 +433,7 @@ def bench_dqn_loss(repeats: int = 300) -> None:
 
     from tdrl.envs import EnvFactory
     from tdrl.models.q import make_q_actor
-    from tdrl.objectives.dqn import make_dqn_loss, make_torchrl_dqn_loss
+    from tdrl.objectives.dqn import make_dqn_loss
 
     specs = EnvFactory("CartPole-v1").specs()
     n = 64
@@ -448,20 +454,9 @@ def bench_dqn_loss(repeats: int = 300) -> None:
 
         return step
 
-    steps = {"torchrl DQNLoss": update(make_torchrl_dqn_loss), "tdrl FusedDQNLoss": update(make_dqn_loss)}
-    best: dict[str, float] = {}
-    for _ in range(5):  # interleaved rounds, best of each: the machine is shared
-        for name, step in steps.items():
-            for _ in range(10):
-                step()
-            start = time.perf_counter()
-            for _ in range(repeats):
-                step()
-            best[name] = min(best.get(name, math.inf), (time.perf_counter() - start) / repeats * 1e3)
-    fused = best["tdrl FusedDQNLoss"]
-    print(f"{'DQN update (64 samples)':24s} {'ms':>7s} {'vs tdrl':>8s}")
-    for name, ms in best.items():
-        print(f"{name:24s} {ms:7.2f} {ms / fused:7.2f}x")
+    steps = {"torchrl DQNLoss": update(functools.partial(make_dqn_loss, fused=False)),
+             "tdrl FusedDQNLoss": update(make_dqn_loss)}
+    print_update_times("DQN update (64 samples)", steps, "tdrl FusedDQNLoss", repeats)
 
 
 # --- Report -----------------------------------------------------------------------------------------------------

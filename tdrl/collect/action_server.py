@@ -25,7 +25,7 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.batch import allocate_batch
 from tdrl.collect.common import (
-    CollectorBase,
+    BufferedCollector,
     FrameBudget,
     PolicyWriter,
     active_exploration,
@@ -46,7 +46,7 @@ from tdrl.collect.workers import WorkerPool, WorkerSpec, get_context
 __all__ = ["ActionServerCollector"]
 
 
-class ActionServerCollector(CollectorBase):
+class ActionServerCollector(BufferedCollector):
     """``[batch_B, batch_T]`` batches; envs in worker processes, one batched policy forward per step here.
 
     rlpyt's ``samples[t, b]`` (``batch_T`` × ``batch_B``) is ``batch[b, t]`` here (time last, TorchRL's layout).

@@ -16,6 +16,7 @@ from tdrl.envs.make import EnvSpecs
 __all__ = [
     "RESET_MODES",
     "active_exploration",
+    "BufferedCollector",
     "ClosesOnExit",
     "CollectorBase",
     "CollectorError",
@@ -184,21 +185,13 @@ class ClosesOnExit:
 
 
 class CollectorBase(ClosesOnExit):
-    """TorchRL's collector protocol as every tdrl collector kind implements it.
-
-    Iteration until the frame budget is spent, ``len``, the frame counters, the exploration-type switch, counter
-    ``state_dict``, context management and the yielded-batch copy rule. A subclass sets ``budget``, ``batch_B``,
-    ``batch_T``, ``_exploration_arg``, ``buffer``, ``device`` and ``return_same_td`` and provides ``collect()``
-    and an idempotent ``shutdown()``.
-    """
+    """TorchRL's collector protocol over a frame budget: iteration until ``total_frames``, ``len``, the frame
+    counters and their ``state_dict``, context management. A subclass sets ``budget``, ``batch_B`` and ``batch_T``
+    and provides ``collect()`` and an idempotent ``shutdown()``."""
 
     budget: FrameBudget
     batch_B: int
     batch_T: int
-    buffer: TensorDictBase
-    device: torch.device
-    return_same_td: bool
-    _exploration_arg: InteractionType | None
 
     def collect(self) -> TensorDictBase:
         raise NotImplementedError
@@ -210,6 +203,31 @@ class CollectorBase(ClosesOnExit):
     @property
     def frames_per_batch(self) -> int:
         return self.batch_B * self.batch_T
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        while self.budget.remaining():
+            yield self.collect()
+
+    def __len__(self) -> int:
+        return len(self.budget)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters (``frames``, ``iter``). Env state is not captured: resuming restarts episodes."""
+        return self.budget.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.budget.load_state_dict(state_dict)
+
+
+class BufferedCollector(CollectorBase):
+    """A tdrl collector writing each batch into its preallocated ``buffer``: the exploration-type switch and the
+    rule for what ``collect()`` hands out. A subclass also sets ``_exploration_arg``, ``buffer``, ``device`` and
+    ``return_same_td``."""
+
+    buffer: TensorDictBase
+    device: torch.device
+    return_same_td: bool
+    _exploration_arg: InteractionType | None
 
     @property
     def exploration_type(self) -> InteractionType | None:
@@ -226,18 +244,3 @@ class CollectorBase(ClosesOnExit):
         if self.return_same_td and self.device.type == "cpu":
             return self.buffer
         return self.buffer.to(self.device) if self.device.type != "cpu" else self.buffer.clone()
-
-    def __iter__(self) -> Iterator[TensorDictBase]:
-        while self.budget.remaining():
-            yield self.collect()
-
-    def __len__(self) -> int:
-        return len(self.budget)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Counters (``frames``, ``iter``). Env state is not captured: resuming restarts episodes."""
-        return self.budget.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.budget.load_state_dict(state_dict)
-

@@ -25,7 +25,7 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.batch import allocate_batch
 from tdrl.collect.common import (
-    CollectorBase,
+    BufferedCollector,
     FrameBudget,
     active_exploration,
     check_batch_args,
@@ -45,7 +45,7 @@ from tdrl.collect.workers import WorkerPool, WorkerSpec, get_context
 __all__ = ["ParallelCollector"]
 
 
-class ParallelCollector(CollectorBase):
+class ParallelCollector(BufferedCollector):
     """``[batch_B, batch_T]`` batches from ``n_workers`` processes, each with ``batch_B / n_workers`` envs.
 
     rlpyt's ``samples[t, b]`` (``batch_T`` × ``batch_B``) is ``batch[b, t]`` here (time last, TorchRL's layout).

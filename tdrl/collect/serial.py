@@ -15,7 +15,7 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.batch import allocate_batch
 from tdrl.collect.common import (
-    CollectorBase,
+    BufferedCollector,
     FrameBudget,
     active_exploration,
     check_batch_args,
@@ -33,7 +33,7 @@ from tdrl.collect.stepping import make_step_td
 __all__ = ["SerialCollector"]
 
 
-class SerialCollector(CollectorBase):
+class SerialCollector(BufferedCollector):
     """Collects ``[batch_B, batch_T]`` batches by stepping ``batch_B`` envs in this process.
 
     rlpyt's ``batch_T`` (time steps per batch) and ``batch_B`` (envs) give a ``[batch_B, batch_T]``

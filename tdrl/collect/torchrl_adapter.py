@@ -13,7 +13,7 @@ Only reset-at-once is available, and no decorrelation steps.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.common import (
-    ClosesOnExit,
+    CollectorBase,
     FrameBudget,
     check_batch_args,
     load_weights,
@@ -51,7 +51,7 @@ def _serial_env(env_factory: Callable[..., Any], n: int, transform: Any) -> Any:
     return SerialEnv(n, functools.partial(_gym_env, env_factory, transform))
 
 
-class TorchRLCollector(ClosesOnExit):
+class TorchRLCollector(CollectorBase):
     """A TorchRL collector yielding tdrl-layout ``[batch_B, batch_T]`` batches with :attr:`traj_infos`.
 
     Arguments follow :class:`~tdrl.collect.ParallelCollector`; ``reset_mode`` must be ``"reset_at_once"`` and
@@ -103,14 +103,6 @@ class TorchRLCollector(ClosesOnExit):
         self._iterator = iter(self.collector)
         self._closed = False
 
-    @property
-    def frames(self) -> int:
-        return self.budget.frames
-
-    @property
-    def frames_per_batch(self) -> int:
-        return self.batch_B * self.batch_T
-
     def collect(self) -> TensorDictBase:
         if self._closed:
             raise RuntimeError("collector is shut down")
@@ -122,24 +114,11 @@ class TorchRLCollector(ClosesOnExit):
         self.budget.count()
         return batch
 
-    def __iter__(self) -> Iterator[TensorDictBase]:
-        while self.budget.remaining():
-            yield self.collect()
-
-    def __len__(self) -> int:
-        return len(self.budget)
-
     def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
         """Load given weights into the policy (if any), then let TorchRL push them to its workers."""
         if self.policy is not None and policy_or_weights is not None and policy_or_weights is not self.policy:
             load_weights(self.policy, policy_or_weights)
         self.collector.update_policy_weights_()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.budget.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.budget.load_state_dict(state_dict)
 
     def shutdown(self) -> None:
         if not self._closed:

@@ -36,12 +36,28 @@ from torch.nn import functional as F
 from torchrl.modules import DistributionalQValueActor, QValueActor
 from torchrl.objectives import DistributionalDQNLoss, DQNLoss, LossModule, ValueEstimators
 
-__all__ = ["STEPS_KEY", "WEIGHT_KEY", "FusedDQNLoss", "dqn_priorities", "make_dqn_loss", "make_torchrl_dqn_loss"]
+__all__ = ["STEPS_KEY", "WEIGHT_KEY", "FusedDQNLoss", "dqn_priorities", "ReplaySampleKeys", "make_dqn_loss"]
 
 STEPS_KEY: NestedKey = "steps_to_next_obs"
 """Default key of the per-sample number of steps to the bootstrap observation (TorchRL's ``MultiStep`` key)."""
 WEIGHT_KEY: NestedKey = "priority_weight"
 """Default key of prioritized replay's importance-sampling weights (tdrl's replay and TorchRL's losses use it)."""
+
+
+
+@dataclass
+class ReplaySampleKeys:
+    """Keys tdrl's plain-tensor losses (``FusedDQNLoss``, ``FusedSACLoss``) read from a replay sample (``reward``
+    and ``terminated`` under ``"next"``); ``priority`` is written. TorchRL's ``set_keys`` renames them."""
+
+    observation: NestedKey = "observation"
+    action: NestedKey = "action"
+    reward: NestedKey = "reward"
+    terminated: NestedKey = "terminated"
+    steps_to_next_obs: NestedKey = STEPS_KEY
+    priority_weight: NestedKey = WEIGHT_KEY
+    priority: NestedKey = "td_error"
+
 
 _LOSS_FUNCTIONS = {"huber": "smooth_l1", "mse": "l2"}
 
@@ -63,20 +79,9 @@ class FusedDQNLoss(LossModule):
         gamma, double_dqn, loss_function, steps_key, weight_key: see :func:`make_dqn_loss`.
     """
 
-    @dataclass
-    class _AcceptedKeys:
-        """Keys read (``priority`` is written)."""
-
-        observation: NestedKey = "observation"
-        action: NestedKey = "action"
-        reward: NestedKey = "reward"
-        terminated: NestedKey = "terminated"
-        steps_to_next_obs: NestedKey = STEPS_KEY
-        priority_weight: NestedKey = WEIGHT_KEY
-        priority: NestedKey = "td_error"
-
-    default_keys = _AcceptedKeys
-    tensor_keys: _AcceptedKeys
+    _AcceptedKeys = ReplaySampleKeys
+    default_keys = ReplaySampleKeys
+    tensor_keys: ReplaySampleKeys
     out_keys = ["loss"]
 
     def __init__(
@@ -141,7 +146,8 @@ def make_dqn_loss(
     loss_function: Literal["huber", "mse"] = "huber",
     steps_key: NestedKey = STEPS_KEY,
     weight_key: NestedKey = WEIGHT_KEY,
-) -> DQNLoss | DistributionalDQNLoss:
+    fused: bool = True,
+) -> FusedDQNLoss | DQNLoss | DistributionalDQNLoss:
     """The DQN loss for a Q actor from :func:`tdrl.models.q.make_q_actor`, categorical when the actor is.
 
     Args:
@@ -152,9 +158,12 @@ def make_dqn_loss(
         loss_function: ``"huber"`` (delta 1, rlpyt's ``delta_clip=1``) or ``"mse"``. C51 uses cross-entropy.
         steps_key: key of the per-sample step count to the bootstrap observation (absent: one step).
         weight_key: key of the PER importance weights (absent: unweighted mean).
+        fused: DQN as :class:`FusedDQNLoss`; ``False`` gives TorchRL's ``DQNLoss`` (the reference it is tested and
+            timed against). C51 is always TorchRL's.
 
     Returns:
-        :class:`FusedDQNLoss` (DQN) or TorchRL's ``DistributionalDQNLoss`` (C51), each with a target network.
+        :class:`FusedDQNLoss` or TorchRL's ``DQNLoss`` (DQN), TorchRL's ``DistributionalDQNLoss`` (C51), each with
+        a target network.
         Calling it on a sample returns ``{"loss": ...}`` and writes the per-sample ``td_error`` into the sample
         (see :func:`dqn_priorities`).
 
@@ -174,20 +183,9 @@ def make_dqn_loss(
         loss = DistributionalDQNLoss(q_actor, gamma=gamma, delay_value=True)
         loss.set_keys(steps_to_next_obs=steps_key, priority_weight=weight_key)
         return loss
-    return FusedDQNLoss(q_actor, gamma=gamma, double_dqn=double_dqn, loss_function=loss_function,
-                        steps_key=steps_key, weight_key=weight_key)
-
-
-def make_torchrl_dqn_loss(
-    q_actor: QValueActor,
-    *,
-    gamma: float = 0.99,
-    double_dqn: bool = False,
-    loss_function: Literal["huber", "mse"] = "huber",
-    steps_key: NestedKey = STEPS_KEY,
-    weight_key: NestedKey = WEIGHT_KEY,
-) -> DQNLoss:
-    """TorchRL's own ``DQNLoss`` wired like :class:`FusedDQNLoss` (the reference it is tested and timed against)."""
+    if fused:
+        return FusedDQNLoss(q_actor, gamma=gamma, double_dqn=double_dqn, loss_function=loss_function,
+                            steps_key=steps_key, weight_key=weight_key)
     loss = DQNLoss(
         q_actor,
         loss_function=_LOSS_FUNCTIONS[loss_function],

@@ -35,7 +35,6 @@ into the sample.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -48,7 +47,7 @@ from torchrl.modules import TanhNormal
 from torchrl.objectives import LossModule
 
 from tdrl.models.q import TwinQ, stacked_mlp
-from tdrl.objectives.dqn import STEPS_KEY, WEIGHT_KEY
+from tdrl.objectives.dqn import STEPS_KEY, WEIGHT_KEY, ReplaySampleKeys
 
 __all__ = ["FusedSACLoss"]
 
@@ -73,20 +72,9 @@ class FusedSACLoss(LossModule):
         ValueError: an actor that is not a TanhNormal ``ProbabilisticActor``, or a bad ``gamma``.
     """
 
-    @dataclass
-    class _AcceptedKeys:
-        """Keys read (``priority`` is written)."""
-
-        observation: NestedKey = "observation"
-        action: NestedKey = "action"
-        reward: NestedKey = "reward"
-        terminated: NestedKey = "terminated"
-        steps_to_next_obs: NestedKey = STEPS_KEY
-        priority_weight: NestedKey = WEIGHT_KEY
-        priority: NestedKey = "td_error"
-
-    default_keys = _AcceptedKeys
-    tensor_keys: _AcceptedKeys
+    _AcceptedKeys = ReplaySampleKeys
+    default_keys = ReplaySampleKeys
+    tensor_keys: ReplaySampleKeys
     out_keys = ["loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy"]
 
     def __init__(
