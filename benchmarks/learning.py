@@ -44,6 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+# each run starts from torch's own thread count: recipes set theirs (run.torch_threads), SB3 keeps torch's default,
+# and a recipe's setting must not leak into the SB3 run that follows it in this process
+DEFAULT_TORCH_THREADS = torch.get_num_threads()
+
 
 @dataclass
 class Task:
@@ -517,6 +521,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             for seed in seeds:
                 for impl, fn in impls:
                     torch.manual_seed(seed)
+                    torch.set_num_threads(DEFAULT_TORCH_THREADS)
                     curve = fn(seed)
                     frames, train_s = to_threshold(curve, task.threshold)
                     row = {"task": task.name, "impl": impl, "seed": seed, "threshold": task.threshold,

@@ -177,8 +177,9 @@ class Config:
     """Q-learning target and loss."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and update cadence."""
-    run: RunConfig = field(default_factory=RunConfig)
-    """Run directory, seed, device."""
+    run: RunConfig = field(default_factory=lambda: RunConfig(torch_threads=2))
+    """Run directory, seed, device; 2 torch threads:
+    the 256-wide dueling update is ~10% faster on 2 threads than on 1 (measured, 2 cores)."""
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=5_000))
     """Logging cadence and sinks."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

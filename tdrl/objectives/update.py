@@ -10,7 +10,9 @@ advances the target networks, and returns the detached metrics (with ``grad_norm
     metrics = updater.step(loss(minibatch))        # TensorDict of detached scalars
 
 Target networks follow rlpyt: ``target_update_interval`` counts *gradient updates* and ``tau`` is the polyak
-factor (1.0 = hard copy). :class:`TargetUpdate` wraps TorchRL's ``HardUpdate``/``SoftUpdate`` and counts::
+factor (1.0 = hard copy). :class:`TargetUpdate` uses TorchRL's ``HardUpdate``/``SoftUpdate`` to pair each target with
+its source (and to validate the loss), counts, and applies the update as one ``torch._foreach_lerp_``/``_copy_`` over
+those pairs (TorchRL's TensorDict-level step costs ~0.5 ms per SAC update on CPU, the foreach ~30 us)::
 
     updater = Updater(optim, target_update=TargetUpdate(dqn_loss, interval=312))         # hard, every 312
     updater = Updater(optim, target_update=TargetUpdate(sac_loss, interval=1, tau=0.005))  # soft, every update
@@ -63,12 +65,16 @@ class TargetUpdate:
             raise ValueError(f"target update tau must be in (0, 1], got {tau}")
         self.interval, self.tau = int(interval), float(tau)
         if tau == 1.0:
-            # torchrl 0.14.1's HardUpdate copies when its counter equals the interval and then resets it to 0,
-            # i.e. every interval+1 calls (every 2nd call for interval 1). We count here and give it interval
-            # 0, which copies on every call it gets.
             self._updater = HardUpdate(loss_module, value_network_update_interval=0)
         else:
             self._updater = SoftUpdate(loss_module, tau=tau)
+        # the very tensors TorchRL's updater would touch (its locked source/target TensorDicts share them with the
+        # loss; in-place loads keep them), in matching order
+        sources = self._updater._sources
+        self._sources = [sources.get(key) for key in sources.keys(True, True)]
+        self._targets = [self._updater._targets.get(("target_" + key[0], *key[1:]) if isinstance(key, tuple)
+                                                    else "target_" + key)
+                         for key in sources.keys(True, True)]
         self.calls = 0
         self.target_updates = 0
 
@@ -77,7 +83,11 @@ class TargetUpdate:
         self.calls += 1
         if self.calls % self.interval:
             return False
-        self._updater.step()
+        with torch.no_grad():
+            if self.tau == 1.0:
+                torch._foreach_copy_(self._targets, self._sources)
+            else:
+                torch._foreach_lerp_(self._targets, self._sources, self.tau)
         self.target_updates += 1
         return True
 
@@ -150,8 +160,10 @@ class Updater:
             {k: v.detach() for k, v in losses.items()}
         )
         # the norm is always computed: a finite loss can still give NaN/inf gradients, which must not be stepped
-        max_norm = self.max_grad_norm if self.max_grad_norm is not None else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        if self.max_grad_norm is None:  # norm only: clipping to inf would still rescale every gradient by 1.0
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError("grad_norm", self.updates, float(norm))
