@@ -104,6 +104,55 @@ def test_truncated_is_not_terminated():
     assert torch.equal(batch["next", "done"], batch["next", "truncated"])
 
 
+def test_hot_loop_steps_below_gymnasium_make_wrappers_with_the_same_results():
+    """After their first steps, envs are stepped below TimeLimit/OrderEnforcing/PassiveEnvChecker with the time
+    limit applied by the loop: the batches equal stepping the wrapped envs, through many time-limit truncations."""
+    import gymnasium as gym
+
+    from tdrl.collect.stepping import env_seed
+
+    factory = EnvFactory("CartPole-v1", {"max_episode_steps": 7})
+    with SerialCollector(factory, None, batch_B=3, batch_T=30, seed=4) as c:
+        batches = [c.collect().clone() for _ in range(2)]
+        steppers = c.runner.envs._steppers
+        assert all(limit is not None and step.__self__ is env.unwrapped
+                   for (step, limit), env in zip(steppers, c.runner.envs.envs, strict=True))
+    actions = torch.cat([b["action"] for b in batches], 1)
+    expected = {k: torch.cat([b["next", k] for b in batches], 1) for k in ("observation", "reward", "terminated",
+                                                                          "truncated")}
+    assert expected["truncated"].sum() >= 6 and not expected["terminated"].all()
+    for i in range(3):
+        env = gym.make("CartPole-v1", max_episode_steps=7)
+        env.reset(seed=env_seed(4, i))
+        for t in range(60):
+            obs, reward, term, trunc, _ = env.step(int(actions[i, t]))
+            assert np.array_equal(obs, expected["observation"][i, t].numpy())
+            assert (reward, term, trunc) == (expected["reward"][i, t, 0].item(),
+                                             expected["terminated"][i, t, 0].item(),
+                                             expected["truncated"][i, t, 0].item()), (i, t)
+            if term or trunc:
+                env.reset()
+
+
+def test_custom_outer_wrappers_are_stepped_as_they_are():
+    import gymnasium as gym
+
+    from tdrl.collect.stepping import direct_step
+
+    env = gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1"))
+    env.reset(seed=0)
+    env.step(0)
+    env.step(0)
+    assert direct_step(env) is None
+    plain = EnvFactory("CartPole-v1")()
+    assert direct_step(plain) is None  # not stepped yet: the env checker has its first steps to check
+    plain.reset(seed=0)
+    plain.step(0)
+    plain.step(0)
+    step, limit = direct_step(plain)
+    assert step.__self__ is plain.unwrapped and limit is plain
+
+
 def test_reset_at_once_stores_final_observation():
     with SerialCollector(StairsFactory(length=3), None, batch_B=1, batch_T=6) as c:
         batch = c.collect()
