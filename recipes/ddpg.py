@@ -1,5 +1,6 @@
 """DDPG: Deep Deterministic Policy Gradient (Lillicrap et al. 2016, arXiv:1509.02971), rlpyt's semantics on
-TorchRL's DDPGLoss.
+TorchRL's DDPGLoss terms, computed by tdrl's ``FusedTD3Loss`` with one critic (equal values and gradients, tested;
+~3x cheaper per update on CPU).
 
 Deterministic tanh policy with Gaussian exploration noise (rlpyt's ``action_std``; no Ornstein-Uhlenbeck), one Q
 critic, polyak targets for both, separate learning rates for policy and critic. Off-policy cadence as rlpyt:
@@ -24,7 +25,7 @@ from tdrl.collect import make_collector
 from tdrl.config import CheckpointConfig, ConfigError, LoggerConfig, RunConfig, parse_args
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
-from tdrl.models import make_deterministic_actor, make_gaussian_noise, make_q_critic
+from tdrl.models import make_deterministic_actor, make_gaussian_noise, make_twin_q
 from tdrl.objectives.continuous import make_ddpg_loss, timeouts_as_terminal
 from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import TransitionReplayBuffer
@@ -152,15 +153,15 @@ def main(cfg: Config) -> dict:
         raise ConfigError(f"env.id={cfg.env.id!r} has discrete actions; DDPG needs a continuous (Box) action space "
                           "(use recipes/dqn.py)")
     actor = make_deterministic_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
-    critic = make_q_critic(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
+    critic = make_twin_q(specs, hidden_sizes=cfg.model.hidden_sizes, n_critics=1, normalize_action=False).to(device)
     policy = TensorDictSequential(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
-    loss = make_ddpg_loss(actor, critic, gamma=cfg.loss.gamma)
+    loss = make_ddpg_loss(actor, critic, gamma=cfg.loss.gamma).to(device)  # a TwinQ critic: FusedTD3Loss
     # one optimizer, two rates: loss_actor sees the critic through detached parameters, so the sum is separable
     optimizer = torch.optim.Adam([
         {"params": list(loss.actor_network_params.values(True, True)), "lr": cfg.optim.actor_lr},
-        {"params": list(loss.value_network_params.values(True, True)), "lr": cfg.optim.critic_lr},
+        {"params": list(critic.parameters()), "lr": cfg.optim.critic_lr},
     ], fused=True)
-    updater = Updater(optimizer, loss_keys=("loss_actor", "loss_value"), max_grad_norm=cfg.optim.max_grad_norm,
+    updater = Updater(optimizer, loss_keys=("loss_actor", "loss_qvalue"), max_grad_norm=cfg.optim.max_grad_norm,
                       target_update=TargetUpdate(loss, interval=cfg.optim.target_update_interval,
                                                  tau=cfg.optim.target_update_tau))
 

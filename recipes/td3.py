@@ -1,6 +1,8 @@
-"""TD3: Twin Delayed DDPG (Fujimoto et al. 2018, arXiv:1802.09477), rlpyt's semantics on TorchRL's TD3Loss.
+"""TD3: Twin Delayed DDPG (Fujimoto et al. 2018, arXiv:1802.09477), rlpyt's semantics on TorchRL's TD3Loss terms.
 
-Deterministic tanh policy with Gaussian exploration noise, twin Q critics (one stacked parameter set, one vmap),
+The loss is tdrl's ``FusedTD3Loss``: TorchRL's TD3Loss terms (equal values and gradients, tested) with the twin
+critics stacked into one batched matmul per layer, ~3x cheaper per update on CPU. Deterministic tanh policy with
+Gaussian exploration noise, twin Q critics,
 clipped double-Q targets with target policy smoothing, the policy and the targets updated every
 ``optim.policy_update_interval`` / ``optim.target_update_interval`` critic updates (rlpyt counts both in gradient
 updates). Off-policy cadence as rlpyt: ``optim.replay_ratio`` sets the updates per iteration, none before
@@ -29,7 +31,7 @@ from tdrl.collect import make_collector
 from tdrl.config import CheckpointConfig, ConfigError, LoggerConfig, RunConfig, parse_args
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
-from tdrl.models import make_deterministic_actor, make_gaussian_noise, make_q_critic
+from tdrl.models import make_deterministic_actor, make_gaussian_noise, make_twin_q
 from tdrl.objectives.continuous import make_td3_loss, timeouts_as_terminal
 from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import TransitionReplayBuffer
@@ -163,12 +165,11 @@ def main(cfg: Config) -> dict:
         raise ConfigError(f"env.id={cfg.env.id!r} has discrete actions; TD3 needs a continuous (Box) action space "
                           "(use recipes/dqn.py)")
     actor = make_deterministic_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
-    critic = make_q_critic(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
+    critic = make_twin_q(specs, hidden_sizes=cfg.model.hidden_sizes, normalize_action=False).to(device)
     policy = TensorDictSequential(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
     loss = make_td3_loss(actor, critic, specs.action_spec, gamma=cfg.loss.gamma, target_noise=cfg.loss.target_noise,
-                         target_noise_clip=cfg.loss.target_noise_clip)
-    critic_updater = Updater(torch.optim.Adam(loss.qvalue_network_params.values(True, True), lr=cfg.optim.critic_lr,
-                                              fused=True),
+                         target_noise_clip=cfg.loss.target_noise_clip).to(device)  # TwinQ critics: FusedTD3Loss
+    critic_updater = Updater(torch.optim.Adam(critic.parameters(), lr=cfg.optim.critic_lr, fused=True),
                              loss_keys=("loss_qvalue",), max_grad_norm=cfg.optim.max_grad_norm)
     actor_updater = Updater(torch.optim.Adam(loss.actor_network_params.values(True, True), lr=cfg.optim.actor_lr,
                                              fused=True),

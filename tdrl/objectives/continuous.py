@@ -13,7 +13,9 @@ TorchRL evaluates in a single vmapped call. tdrl adds:
 * **Units**: TD3's target noise is given relative to the half-width of the action box (the paper's 0.2/0.5 are
   for a [-1, 1] box), and losses default to the papers' squared error rather than TorchRL's ``smooth_l1``.
 
-Target updates are the caller's (``tdrl.objectives.update.TargetUpdate`` with ``tau``).
+Given a :class:`~tdrl.models.q.TwinQ` critic (``make_twin_q``), the DDPG and TD3 factories return
+:class:`tdrl.objectives.td3.FusedTD3Loss` instead: the same terms (tested equal) on plain tensors, ~3x cheaper per
+update on CPU. Target updates are the caller's (``tdrl.objectives.update.TargetUpdate`` with ``tau``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from tensordict.utils import NestedKey
 from torchrl.data import TensorSpec
 from torchrl.objectives import DDPGLoss, SACLoss, TD3Loss, ValueEstimators
 
+from tdrl.models.q import TwinQ
 from tdrl.objectives.dqn import STEPS_KEY, WEIGHT_KEY
+from tdrl.objectives.td3 import FusedTD3Loss
 
 __all__ = ["make_ddpg_loss", "make_sac_loss", "make_td3_loss", "timeouts_as_terminal"]
 
@@ -65,7 +69,7 @@ def make_ddpg_loss(
     loss_function: Literal["mse", "huber"] = "mse",
     steps_key: NestedKey = STEPS_KEY,
     weight_key: NestedKey = WEIGHT_KEY,
-) -> DDPGLoss:
+) -> DDPGLoss | FusedTD3Loss:
     """DDPG loss (Lillicrap et al. 2016) with target actor and critic.
 
     The actor loss is ``-Q(s, mu(s))`` through detached critic parameters, so ``loss_actor + loss_value`` can be
@@ -73,12 +77,19 @@ def make_ddpg_loss(
 
     Args:
         actor: deterministic actor (``observation`` -> ``action``), e.g. ``make_deterministic_actor``.
-        critic: ``Q(s, a)`` (``observation``, ``action`` -> ``state_action_value``), e.g. ``make_q_critic``.
+        critic: ``Q(s, a)`` (``observation``, ``action`` -> ``state_action_value``), e.g. ``make_q_critic``
+            (TorchRL's ``DDPGLoss``, loss key ``loss_value``), or a one-critic ``TwinQ`` (``FusedTD3Loss``, loss key
+            ``loss_qvalue``).
         gamma: discount per env step.
         loss_function: critic regression loss.
         steps_key: per-sample steps to the bootstrap observation (n-step replay).
         weight_key: PER importance weights.
     """
+    if isinstance(critic, TwinQ):
+        if critic.n_critics != 1:
+            raise ValueError(f"DDPG has one critic; got a TwinQ with {critic.n_critics} (make_twin_q(n_critics=1))")
+        return FusedTD3Loss(actor, critic, gamma=gamma, policy_noise=0.0, noise_clip=0.0,
+                            loss_function=_loss_fn(loss_function), steps_key=steps_key, weight_key=weight_key)
     loss = DDPGLoss(actor, critic, loss_function=_loss_fn(loss_function), delay_actor=True, delay_value=True)
     return _wire(loss, gamma, steps_key, weight_key)
 
@@ -94,7 +105,7 @@ def make_td3_loss(
     loss_function: Literal["mse", "huber"] = "mse",
     steps_key: NestedKey = STEPS_KEY,
     weight_key: NestedKey = WEIGHT_KEY,
-) -> TD3Loss:
+) -> TD3Loss | FusedTD3Loss:
     """TD3 loss (Fujimoto et al. 2018): twin critics, clipped double-Q target, target policy smoothing.
 
     The delayed policy update is the caller's: compute ``loss.value_loss(sample)`` every update and
@@ -102,7 +113,8 @@ def make_td3_loss(
 
     Args:
         actor: deterministic actor.
-        critic: one ``Q(s, a)`` critic; TorchRL stacks two parameter sets (``num_qvalue_nets=2``).
+        critic: one ``Q(s, a)`` critic (TorchRL's ``TD3Loss`` stacks two parameter sets, ``num_qvalue_nets=2``), or
+            a two-critic ``TwinQ`` (``FusedTD3Loss``).
         action_spec: bounded action spec (target actions are clipped to it).
         gamma: discount per env step.
         target_noise: std of the target-action noise, relative to the half-width of the action box.
@@ -112,6 +124,10 @@ def make_td3_loss(
         weight_key: PER importance weights.
     """
     scale = _half_range(action_spec)
+    if isinstance(critic, TwinQ):
+        return FusedTD3Loss(actor, critic, action_low=action_spec.space.low, action_high=action_spec.space.high,
+                            gamma=gamma, policy_noise=target_noise * scale, noise_clip=target_noise_clip * scale,
+                            loss_function=_loss_fn(loss_function), steps_key=steps_key, weight_key=weight_key)
     loss = TD3Loss(
         actor,
         critic,

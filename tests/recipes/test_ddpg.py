@@ -51,7 +51,7 @@ def test_smoke_counts_updates_and_writes_summary(tmp_path):
     assert on_disk["frames"] == 240 and "wall_s" in on_disk and "eval/return_mean" in on_disk
     (progress,) = tmp_path.rglob("progress.csv")
     header = progress.read_text().splitlines()[0].split(",")
-    assert {"loss/actor_mean", "loss/value_mean"} <= set(header), header
+    assert {"loss/actor_mean", "loss/qvalue_mean"} <= set(header), header
 
 
 def test_smoke_nstep_timeouts_terminal_batched(tmp_path):

@@ -1,0 +1,165 @@
+"""FusedTD3Loss equals TorchRL's TD3Loss (same parameters, same random draws) and, with one critic and no target
+noise, TorchRL's DDPGLoss: losses and gradients, with n-step discounts, time-limit bootstrapping and PER weights;
+target updates of actor and critics through TargetUpdate; bad input."""
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from tdrl.envs.make import EnvFactory
+from tdrl.models.q import make_deterministic_actor, make_q_critic, make_twin_q
+from tdrl.objectives.continuous import make_ddpg_loss, make_td3_loss
+from tdrl.objectives.td3 import FusedTD3Loss
+from tdrl.objectives.update import TargetUpdate
+
+pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
+GAMMA = 0.9
+HIDDEN = (8, 8)
+
+
+@pytest.fixture(scope="module")
+def specs():
+    return EnvFactory("Pendulum-v1").specs()
+
+
+def _batch(n=6):
+    torch.manual_seed(1)
+    return TensorDict(
+        {
+            "observation": torch.randn(n, 3),
+            "action": torch.rand(n, 1) * 4 - 2,
+            ("next", "observation"): torch.randn(n, 3),
+            ("next", "reward"): -torch.rand(n, 1) * 5,
+            ("next", "terminated"): torch.tensor([[False], [True], [False], [False], [False], [True]]),
+            ("next", "truncated"): torch.tensor([[False], [False], [True], [False], [False], [False]]),
+            ("next", "done"): torch.tensor([[False], [True], [True], [False], [False], [True]]),
+            "steps_to_next_obs": torch.tensor([[1], [1], [1], [3], [2], [1]]),
+            "priority_weight": torch.tensor([1.0, 0.5, 0.25, 0.8, 0.3, 0.9]),
+        },
+        batch_size=[n],
+    )
+
+
+def _pair(specs, ddpg=False):
+    """TorchRL's TD3Loss (or DDPGLoss) and a FusedTD3Loss sharing the actor, with equal critic and target params."""
+    torch.manual_seed(0)
+    actor = make_deterministic_actor(specs, hidden_sizes=HIDDEN)
+    critic = make_q_critic(specs, hidden_sizes=HIDDEN)
+    if ddpg:
+        theirs = make_ddpg_loss(actor, critic, gamma=GAMMA)
+        noise = {"policy_noise": 0.0, "noise_clip": 0.0, "action_low": None, "action_high": None}
+    else:
+        theirs = make_td3_loss(actor, critic, specs.action_spec, gamma=GAMMA)
+        space = specs.action_spec.space
+        noise = {"policy_noise": theirs.policy_noise, "noise_clip": theirs.noise_clip, "action_low": space.low,
+                 "action_high": space.high}
+    q_params = theirs.value_network_params if ddpg else theirs.qvalue_network_params
+    q_target = theirs.target_value_network_params if ddpg else theirs.target_qvalue_network_params
+    with torch.no_grad():
+        for p in [*q_target.values(True, True), *theirs.target_actor_network_params.values(True, True)]:
+            p.add_(0.3 * torch.randn_like(p))
+    twin = make_twin_q(specs, hidden_sizes=HIDDEN, n_critics=1 if ddpg else 2, normalize_action=False)
+    ours = FusedTD3Loss(actor, twin, gamma=GAMMA, **noise)
+    with torch.no_grad():
+        for src, dst in ((q_params, ours.qvalue_network_params), (q_target, ours.target_qvalue_network_params)):
+            for j, layer in enumerate(("0", "2", "4")):
+                weight, bias = src["module", "net", layer, "weight"], src["module", "net", layer, "bias"]
+                if ddpg:  # one critic: add the stack dimension
+                    weight, bias = weight[None], bias[None]
+                dst["weights", str(j)].copy_(weight.transpose(-1, -2))
+                dst["biases", str(j)].copy_(bias[:, None, :])
+        ours.target_actor_network_params.update_(theirs.target_actor_network_params["module"])
+    return theirs, ours, actor
+
+
+def _grads(params):
+    return [p.grad.clone() for p in params]
+
+
+@pytest.mark.parametrize("ddpg", [False, True])
+@pytest.mark.parametrize("drop", [(), ("priority_weight",), ("steps_to_next_obs",)])
+def test_losses_and_gradients_equal_torchrl(specs, ddpg, drop):
+    theirs, ours, actor = _pair(specs, ddpg)
+    batch = _batch().exclude(*drop)
+    value_key = "loss_value" if ddpg else "loss_qvalue"
+    results = []
+    for loss in (theirs, ours):
+        for p in [*actor.parameters(), *loss.parameters()]:
+            p.grad = None
+        torch.manual_seed(7)
+        out = loss(batch.clone())
+        (out[value_key if loss is theirs else "loss_qvalue"] + out["loss_actor"]).backward()
+        results.append((out, _grads(actor.parameters())))
+    (out_theirs, g_theirs), (out_ours, g_ours) = results
+    assert torch.allclose(out_theirs[value_key], out_ours["loss_qvalue"], atol=1e-5)
+    assert torch.allclose(out_theirs["loss_actor"], out_ours["loss_actor"], atol=1e-5)
+    for a, b in zip(g_theirs, g_ours, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    q_params = theirs.value_network_params if ddpg else theirs.qvalue_network_params
+    w_theirs = q_params["module", "net", "2", "weight"].grad.transpose(-1, -2)
+    assert torch.allclose(w_theirs.reshape(ours.qvalue_network.weights[1].shape), ours.qvalue_network.weights[1].grad,
+                          atol=1e-5)
+
+
+def test_target_noise_is_smoothing_and_time_limits_bootstrap(specs):
+    _, ours, _ = _pair(specs)
+    batch = _batch()
+
+    def q_loss(b, seed=3):
+        torch.manual_seed(seed)
+        return ours.value_loss(b)[0]
+
+    base = q_loss(batch.clone())
+    assert not torch.allclose(base, q_loss(batch.clone(), seed=4))  # a different noise draw
+    truncated_only = batch.clone()
+    truncated_only["next", "truncated"][0] = True
+    truncated_only["next", "done"][0] = True
+    assert torch.allclose(base, q_loss(truncated_only))
+    terminated = batch.clone()
+    terminated["next", "terminated"][0] = True
+    assert not torch.allclose(base, q_loss(terminated))
+
+
+def test_soft_target_update_moves_actor_and_critic_targets(specs):
+    _, ours, actor = _pair(specs)
+    target = TargetUpdate(ours, interval=1, tau=0.25)  # copies online -> target first (TorchRL's init)
+    with torch.no_grad():
+        for p in [*ours.qvalue_network.parameters(), *actor.parameters()]:
+            p.add_(1.0)
+    before = [t.clone() for t in (*ours.target_qvalue_network_params.values(True, True),
+                                  *ours.target_actor_net.parameters())]
+    target.step()
+    after = [*ours.target_qvalue_network_params.values(True, True), *ours.target_actor_net.parameters()]
+    online = [*ours.qvalue_network_params.values(True, True), *actor.module.parameters()]
+    for b, a, o in zip(before, after, online, strict=True):
+        assert torch.allclose(a, 0.75 * b + 0.25 * o, atol=1e-6)
+    obs = torch.randn(4, 3)
+    with torch.no_grad():  # the target actor that the loss calls is the updated one
+        params = {".".join(k): v for k, v in ours.target_actor_network_params.items(True, True)}
+        reference = torch.func.functional_call(actor.module, params, obs)
+        assert torch.equal(ours.target_actor_net(obs), reference)
+    trained = {n.split(".")[0] for n, p in ours.named_parameters() if p.requires_grad}
+    assert trained == {"actor_network", "qvalue_network"}
+
+
+def test_bad_input(specs):
+    space = specs.action_spec.space
+    actor = make_deterministic_actor(specs, hidden_sizes=HIDDEN)
+    twin = make_twin_q(specs, hidden_sizes=HIDDEN)
+    with pytest.raises(ValueError, match="TwinQ"):
+        FusedTD3Loss(actor, make_q_critic(specs), action_low=space.low, action_high=space.high)
+    with pytest.raises(ValueError, match="gamma"):
+        FusedTD3Loss(actor, twin, action_low=space.low, action_high=space.high, gamma=1.5)
+    with pytest.raises(ValueError, match="loss_function"):
+        FusedTD3Loss(actor, twin, action_low=space.low, action_high=space.high, loss_function="mse")
+
+
+def test_factories_give_the_fused_loss_for_twin_critics(specs):
+    actor = make_deterministic_actor(specs, hidden_sizes=HIDDEN)
+    td3 = make_td3_loss(actor, make_twin_q(specs, hidden_sizes=HIDDEN), specs.action_spec)
+    assert isinstance(td3, FusedTD3Loss)
+    assert td3.policy_noise == pytest.approx(0.4) and td3.noise_clip == pytest.approx(1.0)  # relative to [-2, 2]
+    ddpg = make_ddpg_loss(actor, make_twin_q(specs, hidden_sizes=HIDDEN, n_critics=1))
+    assert isinstance(ddpg, FusedTD3Loss) and ddpg.policy_noise == 0.0 and not ddpg.clip_action
+    with pytest.raises(ValueError, match="one critic"):
+        make_ddpg_loss(actor, make_twin_q(specs, hidden_sizes=HIDDEN))
