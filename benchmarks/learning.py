@@ -9,6 +9,7 @@ evaluated the same way (greedy, same number of episodes, same cadence, evaluatio
 of wall-clock to threshold is measured side by side.
 
     cd $(mktemp -d) && python /path/to/benchmarks/learning.py                     # every default task, 3 seeds
+    python benchmarks/learning.py --tasks sac-pendulum --stop --quiet 0.1          # each run waits for idle cores
     python benchmarks/learning.py --tasks ppo-cartpole --seeds 0,1,2 --json out.json
     python benchmarks/learning.py --tasks ppo-halfcheetah --no-sb3 --stop         # long (not in the default set)
     python benchmarks/learning.py --gae --losses                                  # micro: tdrl vs TorchRL, ms/call
@@ -43,6 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from collectors import wait_until_quiet  # noqa: E402  (the collectors benchmark's /proc/stat check)
 
 # each run starts from torch's own thread count: recipes set theirs (run.torch_threads), SB3 keeps torch's default,
 # and a recipe's setting must not leak into the SB3 run that follows it in this process
@@ -488,6 +492,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--stop", action="store_true",
                         help="stop each run at the threshold (frames/time to threshold only; no final return)")
     parser.add_argument("--json", default="", help="write every row to this file")
+    parser.add_argument("--quiet", type=float, default=None, metavar="FRACTION",
+                        help="before each run, wait (up to 10 min) until other processes use less than this fraction "
+                             "of the machine (/proc/stat; e.g. 0.1): 2-thread updates slow 3-4x on a shared core")
     parser.add_argument("--gae", action="store_true", help="only the GAE micro-benchmark (tdrl vs TorchRL)")
     parser.add_argument("--losses", action="store_true", help="only the PPO/A2C update-step micro-benchmark")
     parser.add_argument("--sac-loss", action="store_true", help="only the SAC update micro-benchmark (vs TorchRL, SB3)")
@@ -520,6 +527,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 impls.append(("sb3", lambda s, t=task: t.sb3(s, t, args.stop)))
             for seed in seeds:
                 for impl, fn in impls:
+                    if args.quiet is not None and not wait_until_quiet(args.quiet, 600):
+                        print(f"  (machine never quiet before {task.name} {impl} seed {seed}; running anyway)")
                     torch.manual_seed(seed)
                     torch.set_num_threads(DEFAULT_TORCH_THREADS)
                     curve = fn(seed)
