@@ -294,6 +294,16 @@ TASKS: list[Task] = [
 # --- GAE micro-benchmark ------------------------------------------------------------------------------------------
 
 
+def ms_per_call(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
+    """Milliseconds per call of ``fn`` over ``repeats`` calls, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats * 1e3
+
+
 def bench_gae(repeats: int = 300) -> None:
     """tdrl's one-forward GAE vs TorchRL's GAE module on CartPole-sized batches (best of 2 rounds, ms per call)."""
     from tensordict import TensorDict
@@ -319,12 +329,7 @@ def bench_gae(repeats: int = 300) -> None:
 
         best: dict[str, float] = {}
         for name, fn in [("torchrl", torchrl_call), ("tdrl", lambda ours=ours, td=td: ours(td))] * 2:
-            for _ in range(20):
-                fn()
-            start = time.perf_counter()
-            for _ in range(repeats):
-                fn()
-            best[name] = min(best.get(name, math.inf), (time.perf_counter() - start) / repeats * 1e3)
+            best[name] = min(best.get(name, math.inf), ms_per_call(fn, repeats, warmup=20))
         print(f"{B:>3d}x{T:<4d} {best['torchrl']:11.3f} {best['tdrl']:8.3f} {best['torchrl'] / best['tdrl']:8.2f}x")
 
 
@@ -355,12 +360,11 @@ def bench_losses(repeats: int = 200) -> None:
     for _ in range(3):  # interleaved rounds, best of each: the machine is shared
         for name, loss in losses.items():
             updater = Updater(torch.optim.Adam(ac.parameters(), lr=1e-5), max_grad_norm=0.5)
-            for _ in range(20):
+
+            def step(updater: Any = updater, loss: Any = loss) -> None:
                 updater.step(loss(td))
-            start = time.perf_counter()
-            for _ in range(repeats):
-                updater.step(loss(td))
-            best[name] = min(best.get(name, math.inf), (time.perf_counter() - start) / repeats * 1e3)
+
+            best[name] = min(best.get(name, math.inf), ms_per_call(step, repeats, warmup=20))
     print(f"{'update step (256 samples)':28s} {'torchrl ms':>11s} {'tdrl ms':>8s} {'speed-up':>9s}")
     for algo in ("ppo", "a2c"):
         ours, theirs = best[f"{algo} tdrl"], best[f"{algo} torchrl"]
@@ -373,12 +377,7 @@ def print_update_times(title: str, steps: dict[str, Callable[[], Any]], baseline
     best: dict[str, float] = {}
     for _ in range(5):
         for name, step in steps.items():
-            for _ in range(10):
-                step()
-            start = time.perf_counter()
-            for _ in range(repeats):
-                step()
-            best[name] = min(best.get(name, math.inf), (time.perf_counter() - start) / repeats * 1e3)
+            best[name] = min(best.get(name, math.inf), ms_per_call(step, repeats, warmup=10))
     print(f"{title:24s} {'ms':>7s} {'vs tdrl':>8s}")
     for name, ms in best.items():
         print(f"{name:24s} {ms:7.2f} {ms / best[baseline]:7.2f}x")

@@ -158,7 +158,7 @@ def main(cfg: Config) -> dict:
     loss = make_ddpg_loss(actor, critic, gamma=cfg.loss.gamma).to(device)  # a TwinQ critic: FusedTD3Loss
     # one optimizer, two rates: loss_actor sees the critic through detached parameters, so the sum is separable
     optimizer = torch.optim.Adam([
-        {"params": list(loss.actor_network_params.values(True, True)), "lr": cfg.optim.actor_lr},
+        {"params": list(actor.parameters()), "lr": cfg.optim.actor_lr},
         {"params": list(critic.parameters()), "lr": cfg.optim.critic_lr},
     ], fused=True)
     updater = Updater(optimizer, loss_keys=("loss_actor", "loss_qvalue"), max_grad_norm=cfg.optim.max_grad_norm,

@@ -172,8 +172,7 @@ def main(cfg: Config) -> dict:
                          target_noise_clip=cfg.loss.target_noise_clip).to(device)  # TwinQ critics: FusedTD3Loss
     critic_updater = Updater(torch.optim.Adam(critic.parameters(), lr=cfg.optim.critic_lr, fused=True),
                              loss_keys=("loss_qvalue",), max_grad_norm=cfg.optim.max_grad_norm)
-    actor_updater = Updater(torch.optim.Adam(loss.actor_network_params.values(True, True), lr=cfg.optim.actor_lr,
-                                             fused=True),
+    actor_updater = Updater(torch.optim.Adam(actor.parameters(), lr=cfg.optim.actor_lr, fused=True),
                             loss_keys=("loss_actor",), max_grad_norm=cfg.optim.max_grad_norm)
     target_update = TargetUpdate(loss, interval=cfg.optim.target_update_interval, tau=cfg.optim.target_update_tau)
 

@@ -26,7 +26,6 @@ Target updates are the caller's (``tdrl.objectives.update.TargetUpdate``): rlpyt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -34,35 +33,16 @@ from tensordict import TensorDict, TensorDictBase, TensorDictParams
 from tensordict.utils import NestedKey
 from torch.nn import functional as F
 from torchrl.modules import DistributionalQValueActor, QValueActor
-from torchrl.objectives import DistributionalDQNLoss, DQNLoss, LossModule, ValueEstimators
+from torchrl.objectives import DistributionalDQNLoss, DQNLoss, ValueEstimators
+
+from tdrl.objectives.fused import STEPS_KEY, WEIGHT_KEY, FusedLoss, ReplaySampleKeys
 
 __all__ = ["STEPS_KEY", "WEIGHT_KEY", "FusedDQNLoss", "dqn_priorities", "ReplaySampleKeys", "make_dqn_loss"]
-
-STEPS_KEY: NestedKey = "steps_to_next_obs"
-"""Default key of the per-sample number of steps to the bootstrap observation (TorchRL's ``MultiStep`` key)."""
-WEIGHT_KEY: NestedKey = "priority_weight"
-"""Default key of prioritized replay's importance-sampling weights (tdrl's replay and TorchRL's losses use it)."""
-
-
-
-@dataclass
-class ReplaySampleKeys:
-    """Keys tdrl's plain-tensor losses (``FusedDQNLoss``, ``FusedSACLoss``) read from a replay sample (``reward``
-    and ``terminated`` under ``"next"``); ``priority`` is written. TorchRL's ``set_keys`` renames them."""
-
-    observation: NestedKey = "observation"
-    action: NestedKey = "action"
-    reward: NestedKey = "reward"
-    terminated: NestedKey = "terminated"
-    steps_to_next_obs: NestedKey = STEPS_KEY
-    priority_weight: NestedKey = WEIGHT_KEY
-    priority: NestedKey = "td_error"
-
 
 _LOSS_FUNCTIONS = {"huber": "smooth_l1", "mse": "l2"}
 
 
-class FusedDQNLoss(LossModule):
+class FusedDQNLoss(FusedLoss):
     """TorchRL's ``DQNLoss`` (TD(0) target with ``gamma ** steps``, optional double DQN, Huber or squared error,
     PER-weighted mean, squared TD error written as ``td_error``) computed on plain tensors.
 
@@ -79,9 +59,6 @@ class FusedDQNLoss(LossModule):
         gamma, double_dqn, loss_function, steps_key, weight_key: see :func:`make_dqn_loss`.
     """
 
-    _AcceptedKeys = ReplaySampleKeys
-    default_keys = ReplaySampleKeys
-    tensor_keys: ReplaySampleKeys
     out_keys = ["loss"]
 
     def __init__(
@@ -94,7 +71,7 @@ class FusedDQNLoss(LossModule):
         steps_key: NestedKey = STEPS_KEY,
         weight_key: NestedKey = WEIGHT_KEY,
     ) -> None:
-        super().__init__()
+        super().__init__(gamma=gamma, steps_key=steps_key, weight_key=weight_key)
         if not isinstance(q_actor, QValueActor):
             raise ValueError(f"FusedDQNLoss needs a QValueActor (make_q_actor), got {type(q_actor).__name__}")
         self.value_network = q_actor
@@ -104,17 +81,11 @@ class FusedDQNLoss(LossModule):
         self._has_update_associated["value_network"] = False
         self.double_dqn = double_dqn
         self.huber = loss_function == "huber"
-        self.register_buffer("gamma", torch.tensor(float(gamma)))
-        self.set_keys(steps_to_next_obs=steps_key, priority_weight=weight_key)
-
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        pass  # the TD(0) target is computed here
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:
         keys = self.tensor_keys
         next_obs = tensordict.get(("next", keys.observation))
         reward = tensordict.get(("next", keys.reward)).reshape(tensordict.batch_size)
-        terminated = tensordict.get(("next", keys.terminated)).reshape(tensordict.batch_size)
         action = tensordict.get(keys.action).long().unsqueeze(-1)
         q_sa = self.q_net(tensordict.get(keys.observation)).gather(-1, action).squeeze(-1)
         with torch.no_grad():
@@ -124,18 +95,10 @@ class FusedDQNLoss(LossModule):
                 bootstrap = q_next.gather(-1, self.q_net(next_obs).argmax(-1, keepdim=True)).squeeze(-1)
             else:
                 bootstrap = q_next.max(-1).values
-            steps = tensordict.get(keys.steps_to_next_obs, None)
-            discount = self.gamma if steps is None else self.gamma ** steps.reshape(reward.shape)
-            target = reward + discount * (~terminated).to(reward.dtype) * bootstrap
+            target = self.td0_target(tensordict, reward, bootstrap)
         per_sample = F.smooth_l1_loss(q_sa, target, reduction="none") if self.huber else (q_sa - target).pow(2)
         tensordict.set(keys.priority, (q_sa - target).detach().pow(2))
-        weights = tensordict.get(keys.priority_weight, None)
-        if weights is None:
-            loss = per_sample.mean()
-        else:
-            weights = weights.reshape(per_sample.shape)
-            loss = (per_sample * weights).sum() / weights.sum()
-        return TensorDict(loss=loss)
+        return TensorDict(loss=self.weighted_mean(per_sample, tensordict))
 
 
 def make_dqn_loss(

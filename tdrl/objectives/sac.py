@@ -38,23 +38,22 @@ import math
 from typing import Literal
 
 import torch
-from tensordict import TensorDict, TensorDictBase, TensorDictParams
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import ProbabilisticTensorDictSequential
 from tensordict.utils import NestedKey
 from torch import nn
 from torch.nn import functional as F
 from torchrl.modules import TanhNormal
-from torchrl.objectives import LossModule
 
 from tdrl.models.q import TwinQ, stacked_mlp
-from tdrl.objectives.dqn import STEPS_KEY, WEIGHT_KEY, ReplaySampleKeys
+from tdrl.objectives.fused import STEPS_KEY, WEIGHT_KEY, TwinCriticLoss
 
 __all__ = ["FusedSACLoss"]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
-class FusedSACLoss(LossModule):
+class FusedSACLoss(TwinCriticLoss):
     """SAC (Haarnoja et al. 2018, no value network) with fused twin critics; see the module docstring.
 
     Args:
@@ -72,9 +71,6 @@ class FusedSACLoss(LossModule):
         ValueError: an actor that is not a TanhNormal ``ProbabilisticActor``, or a bad ``gamma``.
     """
 
-    _AcceptedKeys = ReplaySampleKeys
-    default_keys = ReplaySampleKeys
-    tensor_keys: ReplaySampleKeys
     out_keys = ["loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy"]
 
     def __init__(
@@ -89,27 +85,16 @@ class FusedSACLoss(LossModule):
         steps_key: NestedKey = STEPS_KEY,
         weight_key: NestedKey = WEIGHT_KEY,
     ) -> None:
-        super().__init__()
         head = actor[-1] if isinstance(actor, ProbabilisticTensorDictSequential) else None
         if head is None or getattr(head, "distribution_class", None) is not TanhNormal:
             raise ValueError("FusedSACLoss needs a TanhNormal ProbabilisticActor (make_tanh_gaussian_actor)")
-        if not isinstance(critic, TwinQ):
-            raise ValueError(f"FusedSACLoss needs a TwinQ critic (make_twin_q), got {type(critic).__name__}")
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        super().__init__(critic, gamma=gamma, steps_key=steps_key, weight_key=weight_key)
         low = torch.as_tensor(head.distribution_kwargs["low"], dtype=torch.float32)
         high = torch.as_tensor(head.distribution_kwargs["high"], dtype=torch.float32)
         self.actor_network = actor
         self.policy_net = actor[0].module  # observation -> (loc, scale)
-        self.qvalue_network = critic
-        self.qvalue_network_params = TensorDictParams(TensorDict.from_module(critic), no_convert=True)
-        self.target_qvalue_network_params = TensorDictParams(self.qvalue_network_params.data.clone(),
-                                                             no_convert=True)
-        self._has_update_associated["qvalue_network"] = False
-        self._param_keys = [(("weights", str(i)), ("biases", str(i))) for i in range(len(critic.weights))]
         self.register_buffer("action_loc", (high + low) / 2)
         self.register_buffer("action_scale", (high - low) / 2)
-        self.register_buffer("gamma", torch.tensor(float(gamma)))
         action_dim = int(low.numel())
         entropy = -float(action_dim) if target_entropy == "auto" else float(target_entropy)
         self.register_buffer("target_entropy", torch.tensor(entropy))
@@ -118,15 +103,8 @@ class FusedSACLoss(LossModule):
             self.register_buffer("log_alpha", log_alpha)
         else:
             self.log_alpha = nn.Parameter(log_alpha)
-        self.set_keys(steps_to_next_obs=steps_key, priority_weight=weight_key)
-
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        pass  # the TD(0) target is computed here; there is no separate value estimator
 
     # --- pieces -----------------------------------------------------------------------------------------------
-
-    def _critic_params(self, params: TensorDictBase) -> list[torch.Tensor]:
-        return [params.get(key) for pair in self._param_keys for key in pair]
 
     def sample_and_log_prob(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised action in the box and its log-probability (TorchRL's ``TanhNormal``, same draws)."""
@@ -140,12 +118,6 @@ class FusedSACLoss(LossModule):
         log_jacobian = 2.0 * (math.log(2.0) - pre_tanh - F.softplus(-2.0 * pre_tanh)) + self.action_scale.log()
         return action, (log_normal - log_jacobian).sum(-1)
 
-    def _reduce(self, per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-        if weights is None:
-            return per_sample.mean()
-        weights = weights.reshape(per_sample.shape)
-        return (per_sample * weights).sum() / weights.sum()
-
     # --- loss -------------------------------------------------------------------------------------------------
 
     def critic_loss(self, tensordict: TensorDictBase) -> TensorDict:
@@ -154,36 +126,30 @@ class FusedSACLoss(LossModule):
         obs = tensordict.get(keys.observation)
         next_obs = tensordict.get(("next", keys.observation))
         reward = tensordict.get(("next", keys.reward))
-        terminated = tensordict.get(("next", keys.terminated))
-        steps = tensordict.get(keys.steps_to_next_obs, None)
         alpha = self.log_alpha.detach().exp()
         critic = self.qvalue_network
         with torch.no_grad():  # clipped double-Q soft target
             next_action, next_log_prob = self.sample_and_log_prob(next_obs)
-            target_params = self._critic_params(self.target_qvalue_network_params)
-            next_q = stacked_mlp(target_params, critic.inputs(next_obs, next_action)).min(0).values
-            discount = self.gamma if steps is None else self.gamma ** steps.reshape(reward.shape)
-            target = reward + discount * (~terminated).to(reward.dtype) * (next_q - alpha * next_log_prob[..., None])
-        q = stacked_mlp(self._critic_params(self.qvalue_network_params),
+            next_q = stacked_mlp(self.critic_params(target=True), critic.inputs(next_obs, next_action)).min(0).values
+            target = self.td0_target(tensordict, reward, next_q - alpha * next_log_prob[..., None])
+        q = stacked_mlp(self.critic_params(),
                         critic.inputs(obs, tensordict.get(keys.action)))  # [n, B, 1]
         error = q - target
         tensordict.set(keys.priority, error.detach().abs().max(0).values)
-        loss = self._reduce(error.pow(2).sum(0).squeeze(-1), tensordict.get(keys.priority_weight, None))
-        return TensorDict(loss_qvalue=loss)
+        return TensorDict(loss_qvalue=self.weighted_mean(error.pow(2).sum(0).squeeze(-1), tensordict))
 
     def actor_loss(self, tensordict: TensorDictBase) -> TensorDict:
         """``loss_actor`` (through detached critics) and ``loss_alpha`` (through a detached log-probability),
         with ``alpha`` and ``entropy``; gradients reach the policy and ``log_alpha`` only."""
         keys = self.tensor_keys
         obs = tensordict.get(keys.observation)
-        weights = tensordict.get(keys.priority_weight, None)
         alpha = self.log_alpha.detach().exp()
         action, log_prob = self.sample_and_log_prob(obs)
-        detached = [p.detach() for p in self._critic_params(self.qvalue_network_params)]
+        detached = [p.detach() for p in self.critic_params()]
         q = stacked_mlp(detached, self.qvalue_network.inputs(obs, action)).min(0).values
         return TensorDict(
-            loss_actor=self._reduce(alpha * log_prob - q.squeeze(-1), weights),
-            loss_alpha=self._reduce(-self.log_alpha * (log_prob.detach() + self.target_entropy), weights),
+            loss_actor=self.weighted_mean(alpha * log_prob - q.squeeze(-1), tensordict),
+            loss_alpha=self.weighted_mean(-self.log_alpha * (log_prob.detach() + self.target_entropy), tensordict),
             alpha=alpha,
             entropy=-log_prob.detach().mean(),
         )

@@ -35,15 +35,14 @@ from tensordict import TensorDict, TensorDictBase, TensorDictParams
 from tensordict.nn import TensorDictModule
 from tensordict.utils import NestedKey
 from torch.nn import functional as F
-from torchrl.objectives import LossModule
 
 from tdrl.models.q import TwinQ, stacked_mlp
-from tdrl.objectives.dqn import STEPS_KEY, WEIGHT_KEY, ReplaySampleKeys
+from tdrl.objectives.fused import STEPS_KEY, WEIGHT_KEY, TwinCriticLoss
 
 __all__ = ["FusedTD3Loss"]
 
 
-class FusedTD3Loss(LossModule):
+class FusedTD3Loss(TwinCriticLoss):
     """TD3 (Fujimoto et al. 2018) / DDPG with fused critics; see the module docstring.
 
     Args:
@@ -63,9 +62,6 @@ class FusedTD3Loss(LossModule):
             critic, or bad ``gamma``/``loss_function``.
     """
 
-    _AcceptedKeys = ReplaySampleKeys
-    default_keys = ReplaySampleKeys
-    tensor_keys: ReplaySampleKeys
     out_keys = ["loss_actor", "loss_qvalue"]
 
     def __init__(
@@ -82,49 +78,25 @@ class FusedTD3Loss(LossModule):
         steps_key: NestedKey = STEPS_KEY,
         weight_key: NestedKey = WEIGHT_KEY,
     ) -> None:
-        super().__init__()
         if type(actor) is not TensorDictModule or list(actor.in_keys) != ["observation"]:
             raise ValueError("FusedTD3Loss needs a TensorDictModule actor reading 'observation' "
                              "(make_deterministic_actor)")
-        if not isinstance(critic, TwinQ):
-            raise ValueError(f"FusedTD3Loss needs a TwinQ critic (make_twin_q), got {type(critic).__name__}")
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
         if loss_function not in ("l2", "smooth_l1"):
             raise ValueError(f"loss_function must be 'l2' or 'smooth_l1', got {loss_function!r}")
+        super().__init__(critic, gamma=gamma, steps_key=steps_key, weight_key=weight_key)
         self.actor_network = actor
         self.actor_net = actor.module
         target_net = copy.deepcopy(actor.module).requires_grad_(False)
         self.target_actor_net = target_net
         self.actor_network_params = TensorDictParams(TensorDict.from_module(actor.module), no_convert=True)
         self.target_actor_network_params = TensorDictParams(TensorDict.from_module(target_net), no_convert=True)
-        self.qvalue_network = critic
-        self.qvalue_network_params = TensorDictParams(TensorDict.from_module(critic), no_convert=True)
-        self.target_qvalue_network_params = TensorDictParams(self.qvalue_network_params.data.clone(),
-                                                             no_convert=True)
-        self._has_update_associated["qvalue_network"] = False
         self._has_update_associated["actor_network"] = False
-        self._param_keys = [(("weights", str(i)), ("biases", str(i))) for i in range(len(critic.weights))]
         self.clip_action = action_low is not None and action_high is not None
         if self.clip_action:
             self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32).clone())
             self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32).clone())
-        self.register_buffer("gamma", torch.tensor(float(gamma)))
         self.policy_noise, self.noise_clip = float(policy_noise), float(noise_clip)
         self.loss_function = loss_function
-        self.set_keys(steps_to_next_obs=steps_key, priority_weight=weight_key)
-
-    def _forward_value_estimator_keys(self, **kwargs) -> None:
-        pass  # the TD(0) target is computed here; there is no separate value estimator
-
-    def _critic_params(self, params: TensorDictBase) -> list[torch.Tensor]:
-        return [params.get(key) for pair in self._param_keys for key in pair]
-
-    def _reduce(self, per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-        if weights is None:
-            return per_sample.mean()
-        weights = weights.reshape(per_sample.shape)
-        return (per_sample * weights).sum() / weights.sum()
 
     def value_loss(self, tensordict: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``loss_qvalue`` and ``{"td_error": [n_critics, B] squared errors}``; gradients reach the critics only."""
@@ -132,7 +104,6 @@ class FusedTD3Loss(LossModule):
         action = tensordict.get(keys.action)
         next_obs = tensordict.get(("next", keys.observation))
         reward = tensordict.get(("next", keys.reward))
-        steps = tensordict.get(keys.steps_to_next_obs, None)
         critic = self.qvalue_network
         if self.policy_noise > 0:  # drawn before the target actor runs, as TorchRL does (same random stream)
             noise = (torch.randn_like(action) * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
@@ -142,27 +113,24 @@ class FusedTD3Loss(LossModule):
                 next_action = next_action + noise
             if self.clip_action:
                 next_action = next_action.clamp(self.action_low, self.action_high)
-            target_params = self._critic_params(self.target_qvalue_network_params)
-            next_q = stacked_mlp(target_params, critic.inputs(next_obs, next_action)).min(0).values
-            discount = self.gamma if steps is None else self.gamma ** steps.reshape(reward.shape)
-            not_terminal = (~tensordict.get(("next", keys.terminated))).to(reward.dtype)
-            target = reward + discount * not_terminal * next_q  # [B, 1]
-        q = stacked_mlp(self._critic_params(self.qvalue_network_params),
+            next_q = stacked_mlp(self.critic_params(target=True), critic.inputs(next_obs, next_action)).min(0).values
+            target = self.td0_target(tensordict, reward, next_q)  # [B, 1]
+        q = stacked_mlp(self.critic_params(),
                         critic.inputs(tensordict.get(keys.observation), action))  # [n, B, 1]
         if self.loss_function == "l2":
             per_critic = (q - target).pow(2)
         else:
             per_critic = F.smooth_l1_loss(q, target.expand_as(q), reduction="none")
-        loss = self._reduce(per_critic.sum(0).squeeze(-1), tensordict.get(keys.priority_weight, None))
+        loss = self.weighted_mean(per_critic.sum(0).squeeze(-1), tensordict)
         return loss, {"td_error": (q - target).detach().pow(2).squeeze(-1)}
 
     def actor_loss(self, tensordict: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``loss_actor = -Q_1(s, mu(s))`` through detached critic parameters; gradients reach the actor only."""
         keys = self.tensor_keys
         obs = tensordict.get(keys.observation)
-        first = [p.detach()[:1] for p in self._critic_params(self.qvalue_network_params)]
+        first = [p.detach()[:1] for p in self.critic_params()]
         q = stacked_mlp(first, self.qvalue_network.inputs(obs, self.actor_net(obs)))[0].squeeze(-1)
-        loss = self._reduce(-q, tensordict.get(keys.priority_weight, None))
+        loss = self.weighted_mean(-q, tensordict)
         return loss, {"state_action_value_actor": q.detach()}
 
     def forward(self, tensordict: TensorDictBase) -> TensorDict:

@@ -64,17 +64,13 @@ class TargetUpdate:
         if not 0.0 < tau <= 1.0:
             raise ValueError(f"target update tau must be in (0, 1], got {tau}")
         self.interval, self.tau = int(interval), float(tau)
-        if tau == 1.0:
-            self._updater = HardUpdate(loss_module, value_network_update_interval=0)
-        else:
-            self._updater = SoftUpdate(loss_module, tau=tau)
-        # the very tensors TorchRL's updater would touch (its locked source/target TensorDicts share them with the
-        # loss; in-place loads keep them), in matching order
-        sources = self._updater._sources
-        self._sources = [sources.get(key) for key in sources.keys(True, True)]
-        self._targets = [self._updater._targets.get(("target_" + key[0], *key[1:]) if isinstance(key, tuple)
-                                                    else "target_" + key)
-                         for key in sources.keys(True, True)]
+        # TorchRL's updater validates the loss and pairs each trained source with its target (copying it there);
+        # its own step is never called. These are the very tensors it would touch (its locked TensorDicts share
+        # them with the loss; in-place loads keep them), in matching order.
+        pairing = HardUpdate(loss_module) if tau == 1.0 else SoftUpdate(loss_module, tau=tau)
+        keys = list(pairing._sources.keys(True, True))
+        self._sources = [pairing._sources.get(key) for key in keys]
+        self._targets = [pairing._targets.get(("target_" + key[0], *key[1:])) for key in keys]
         self.calls = 0
         self.target_updates = 0
 

@@ -3,7 +3,7 @@ discounts, time-limit bootstrapping and PER weights; target updates through Torc
 
 import pytest
 import torch
-from tensordict import TensorDict
+from pendulum_samples import copy_critics_into_twin, pendulum_batch
 
 from tdrl.envs.make import EnvFactory
 from tdrl.models.q import (
@@ -26,24 +26,6 @@ def specs():
     return EnvFactory("Pendulum-v1").specs()
 
 
-def _batch(n=6):
-    torch.manual_seed(1)
-    return TensorDict(
-        {
-            "observation": torch.randn(n, 3),
-            "action": torch.rand(n, 1) * 4 - 2,
-            ("next", "observation"): torch.randn(n, 3),
-            ("next", "reward"): -torch.rand(n, 1) * 5,
-            ("next", "terminated"): torch.tensor([[False], [True], [False], [False], [False], [True]]),
-            ("next", "truncated"): torch.tensor([[False], [False], [True], [False], [False], [False]]),
-            ("next", "done"): torch.tensor([[False], [True], [True], [False], [False], [True]]),
-            "steps_to_next_obs": torch.tensor([[1], [1], [1], [3], [2], [1]]),
-            "priority_weight": torch.tensor([1.0, 0.5, 0.25, 0.8, 0.3, 0.9]),
-        },
-        batch_size=[n],
-    )
-
-
 def _pair(specs, alpha_init=0.7):
     """TorchRL's SACLoss and a FusedSACLoss sharing the actor, with the same critic and target parameters."""
     torch.manual_seed(0)
@@ -55,19 +37,15 @@ def _pair(specs, alpha_init=0.7):
             p.add_(0.3 * torch.randn_like(p))
     ours = FusedSACLoss(actor, make_twin_q(specs, hidden_sizes=HIDDEN, normalize_action=False), gamma=GAMMA,
                         alpha_init=alpha_init)
-    with torch.no_grad():
-        for src, dst in ((theirs.qvalue_network_params, ours.qvalue_network_params),
-                         (theirs.target_qvalue_network_params, ours.target_qvalue_network_params)):
-            for j, layer in enumerate(("0", "2", "4")):
-                dst["weights", str(j)].copy_(src["module", "net", layer, "weight"].transpose(-1, -2))
-                dst["biases", str(j)].copy_(src["module", "net", layer, "bias"][:, None, :])
+    copy_critics_into_twin(theirs.qvalue_network_params, ours.qvalue_network_params)
+    copy_critics_into_twin(theirs.target_qvalue_network_params, ours.target_qvalue_network_params)
     return theirs, ours, actor
 
 
 @pytest.mark.parametrize("drop", [(), ("priority_weight",), ("steps_to_next_obs",)])
 def test_losses_and_gradients_equal_torchrl(specs, drop):
     theirs, ours, actor = _pair(specs)
-    batch = _batch().exclude(*drop)
+    batch = pendulum_batch().exclude(*drop)
     torch.manual_seed(7)
     out_theirs = theirs(batch.clone())
     torch.manual_seed(7)
@@ -94,7 +72,7 @@ def test_losses_and_gradients_equal_torchrl(specs, drop):
 def test_nstep_and_time_limits_reach_the_target(specs):
     """Changing steps_to_next_obs or terminated changes loss_qvalue; truncated alone does not stop the bootstrap."""
     _, ours, _ = _pair(specs)
-    batch = _batch()
+    batch = pendulum_batch()
 
     def q_loss(b):
         torch.manual_seed(3)
@@ -133,7 +111,7 @@ def test_fixed_alpha_and_target_entropy(specs):
     loss = FusedSACLoss(make_tanh_gaussian_actor(specs, hidden_sizes=HIDDEN), make_twin_q(specs, hidden_sizes=HIDDEN),
                         alpha_init=0.2, fixed_alpha=True, target_entropy=-3.0)
     assert "log_alpha" not in dict(loss.named_parameters()) and float(loss.target_entropy) == -3.0
-    assert torch.allclose(loss(_batch())["alpha"], torch.tensor(0.2))
+    assert torch.allclose(loss(pendulum_batch())["alpha"], torch.tensor(0.2))
 
 
 def test_bad_input(specs):
@@ -150,7 +128,7 @@ def test_critic_and_actor_losses_reach_their_own_parameters(specs):
     critic = list(ours.qvalue_network.parameters())
     policy = [*actor.parameters(), ours.log_alpha]
     for method, own, other in ((ours.critic_loss, critic, policy), (ours.actor_loss, policy, critic)):
-        out = method(_batch())
+        out = method(pendulum_batch())
         total = sum(v for k, v in out.items() if k.startswith("loss_"))
         grads = torch.autograd.grad(total, own + other, allow_unused=True)
         assert all(g is not None and g.abs().sum() > 0 for g in grads[: len(own)]), method.__name__

@@ -4,7 +4,7 @@ target updates of actor and critics through TargetUpdate; bad input."""
 
 import pytest
 import torch
-from tensordict import TensorDict
+from pendulum_samples import copy_critics_into_twin, pendulum_batch
 
 from tdrl.envs.make import EnvFactory
 from tdrl.models.q import make_deterministic_actor, make_q_critic, make_twin_q
@@ -20,24 +20,6 @@ HIDDEN = (8, 8)
 @pytest.fixture(scope="module")
 def specs():
     return EnvFactory("Pendulum-v1").specs()
-
-
-def _batch(n=6):
-    torch.manual_seed(1)
-    return TensorDict(
-        {
-            "observation": torch.randn(n, 3),
-            "action": torch.rand(n, 1) * 4 - 2,
-            ("next", "observation"): torch.randn(n, 3),
-            ("next", "reward"): -torch.rand(n, 1) * 5,
-            ("next", "terminated"): torch.tensor([[False], [True], [False], [False], [False], [True]]),
-            ("next", "truncated"): torch.tensor([[False], [False], [True], [False], [False], [False]]),
-            ("next", "done"): torch.tensor([[False], [True], [True], [False], [False], [True]]),
-            "steps_to_next_obs": torch.tensor([[1], [1], [1], [3], [2], [1]]),
-            "priority_weight": torch.tensor([1.0, 0.5, 0.25, 0.8, 0.3, 0.9]),
-        },
-        batch_size=[n],
-    )
 
 
 def _pair(specs, ddpg=False):
@@ -60,14 +42,9 @@ def _pair(specs, ddpg=False):
             p.add_(0.3 * torch.randn_like(p))
     twin = make_twin_q(specs, hidden_sizes=HIDDEN, n_critics=1 if ddpg else 2, normalize_action=False)
     ours = FusedTD3Loss(actor, twin, gamma=GAMMA, **noise)
+    copy_critics_into_twin(q_params, ours.qvalue_network_params, stacked=not ddpg)
+    copy_critics_into_twin(q_target, ours.target_qvalue_network_params, stacked=not ddpg)
     with torch.no_grad():
-        for src, dst in ((q_params, ours.qvalue_network_params), (q_target, ours.target_qvalue_network_params)):
-            for j, layer in enumerate(("0", "2", "4")):
-                weight, bias = src["module", "net", layer, "weight"], src["module", "net", layer, "bias"]
-                if ddpg:  # one critic: add the stack dimension
-                    weight, bias = weight[None], bias[None]
-                dst["weights", str(j)].copy_(weight.transpose(-1, -2))
-                dst["biases", str(j)].copy_(bias[:, None, :])
         ours.target_actor_network_params.update_(theirs.target_actor_network_params["module"])
     return theirs, ours, actor
 
@@ -80,7 +57,7 @@ def _grads(params):
 @pytest.mark.parametrize("drop", [(), ("priority_weight",), ("steps_to_next_obs",)])
 def test_losses_and_gradients_equal_torchrl(specs, ddpg, drop):
     theirs, ours, actor = _pair(specs, ddpg)
-    batch = _batch().exclude(*drop)
+    batch = pendulum_batch().exclude(*drop)
     value_key = "loss_value" if ddpg else "loss_qvalue"
     results = []
     for loss in (theirs, ours):
@@ -103,7 +80,7 @@ def test_losses_and_gradients_equal_torchrl(specs, ddpg, drop):
 
 def test_target_noise_is_smoothing_and_time_limits_bootstrap(specs):
     _, ours, _ = _pair(specs)
-    batch = _batch()
+    batch = pendulum_batch()
 
     def q_loss(b, seed=3):
         torch.manual_seed(seed)
