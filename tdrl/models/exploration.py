@@ -136,12 +136,13 @@ class EpsilonGreedy(TensorDictModuleBase):
         """Set epsilon to its scheduled value after ``frames`` env frames (call once per iteration)."""
         self.eps.copy_(linear_epsilon(frames, self.eps_init, self.eps_final, self.start_frames, self.end_frames))
 
-    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+    def explore(self, action: torch.Tensor) -> torch.Tensor:
+        """``action`` with each entry replaced by a uniform random action with probability epsilon (the tensor-level
+        step of :meth:`forward`; collectors call it directly, skipping the TensorDict)."""
         mode = exploration_type()
         eps = self.eps if mode in (ExplorationType.RANDOM, None) else self.eps_eval
         if eps.ndim and self.env_ranks is not None:
             eps = eps[self.env_ranks]
-        action = tensordict.get(self.action_key)
         shape = action.shape
         if eps.ndim and (not shape or shape[-1] != eps.shape[-1]):
             raise ValueError(
@@ -153,7 +154,13 @@ class EpsilonGreedy(TensorDictModuleBase):
         if explore.any():
             random_action = torch.randint(self.n_actions, shape, device=action.device, dtype=action.dtype)
             action = torch.where(explore, random_action, action)
-            tensordict.set(self.action_key, action)
+        return action
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        action = tensordict.get(self.action_key)
+        explored = self.explore(action)
+        if explored is not action:
+            tensordict.set(self.action_key, explored)
         return tensordict
 
 

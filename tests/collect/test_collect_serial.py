@@ -318,6 +318,48 @@ def test_fast_path_samples_sac_tanh_normal_like_torchrl():
     assert out[True]["action"].abs().max() <= 2.0 and out[True]["action"].std() > 0.1
 
 
+@pytest.mark.parametrize("family", ["dqn", "td3"])
+def test_fast_path_runs_q_learning_action_heads_like_their_modules(family):
+    """QValueModule + EpsilonGreedy (vector epsilon mid-anneal) and AdditiveGaussianModule run as direct tensor steps,
+    with the actions, values and random draws of the modules themselves, in training and evaluation modes."""
+    from tensordict.nn import TensorDictSequential
+
+    from tdrl.collect.policy import _action_head_plan
+    from tdrl.models.exploration import EpsilonGreedy, make_gaussian_noise
+    from tdrl.models.q import make_deterministic_actor, make_q_actor
+
+    torch.manual_seed(0)
+    env_id = "CartPole-v1" if family == "dqn" else "Pendulum-v1"
+    specs = EnvFactory(env_id).specs()
+    if family == "dqn":
+        q_actor = make_q_actor(specs, hidden_sizes=[16])
+        head = EpsilonGreedy(specs.n_actions, eps_init=1.0, eps_final=0.1, eps_final_min=0.01, n_envs=4,
+                             end_frames=100)
+        head.set_frames(50)
+        policy = TensorDictSequential(q_actor, head)
+        heads = [q_actor[-1], head]
+    else:
+        head = make_gaussian_noise(specs, std=0.3)
+        policy = TensorDictSequential(make_deterministic_actor(specs, hidden_sizes=[16]), head)
+        heads = [head]
+    assert all(_action_head_plan(h) is not None for h in heads)  # not the generic TensorDict fallback
+    batches = {}
+    for mode in (ExplorationType.RANDOM, ExplorationType.DETERMINISTIC):
+        out = batches[mode] = {}
+        for fast in (True, False):
+            torch.manual_seed(7)
+            with SerialCollector(EnvFactory(env_id), policy, batch_B=4, batch_T=30, seed=2, fast_policy=fast,
+                                 exploration_type=mode) as c:
+                assert c.policy_step.compiled is fast
+                out[fast] = c.collect()
+        assert set(out[True].keys(True, True)) == set(out[False].keys(True, True))
+        assert (out[True] == out[False]).all()
+    if family == "dqn":  # some training actions explored, some greedy
+        train = batches[ExplorationType.RANDOM][True]
+        greedy = train["action"] == train["action_value"].argmax(-1)
+        assert greedy.any() and not greedy.all()
+
+
 def test_sequential_mlps_run_as_direct_calls_with_current_weights():
     """nn.Sequential / TorchRL MLP chains skip Module.__call__, follow in-place weight updates, and a hooked
     module is left to its own call."""

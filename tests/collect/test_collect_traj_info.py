@@ -56,6 +56,27 @@ def test_tracker_matches_per_step_loop(discount):
                 assert a == pytest.approx(b, rel=1e-9, abs=1e-9)
 
 
+def test_small_and_large_blocks_carry_episodes_across_each_other():
+    """One tracker fed blocks on both sides of SMALL_BLOCK (step-by-step and prefix-sum paths): episodes spanning
+    blocks of either kind, in the vectorised path's order (env, then time)."""
+    from tdrl.collect.traj_info import SMALL_BLOCK
+
+    rng = np.random.default_rng(3)
+    n = 4
+    tracker = EpisodeTracker(n, 0.97)
+    state = [_fresh() for _ in range(n)]
+    sizes = [1, 1, 60, 1, SMALL_BLOCK // n, SMALL_BLOCK // n + 1, 2, 45, 1]
+    for k in sizes * 3:
+        rewards = rng.integers(-1, 3, (n, k)).astype(np.float64)
+        dones = rng.random((n, k)) < 0.1
+        got = tracker.add(rewards, dones)
+        expected = _per_step_reference(rewards, dones, None, 0.97, state)
+        assert [(t, i) for t, i, _ in got] == sorted(((t, i) for t, i, _ in expected), key=lambda e: (e[1], e[0]))
+        expected = sorted(expected, key=lambda e: (e[1], e[0]))
+        for (_, _, a), (_, _, b) in zip(got, expected, strict=True):
+            assert a == pytest.approx(b, rel=1e-9, abs=1e-9)
+
+
 def test_long_blocks_with_small_discount_stay_finite():
     tracker = EpisodeTracker(2, 0.5)
     rewards = np.ones((2, 3000))
