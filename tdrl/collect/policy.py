@@ -268,16 +268,15 @@ def _action_head_plan(module: TensorDictModuleBase) -> Plan | None:
             env[chosen_key] = values.gather(-1, action.unsqueeze(-1))
 
         return greedy
-    if cls is EpsilonGreedy and cls.forward is EpsilonGreedy.forward:
+    if cls is EpsilonGreedy:
         key = unravel_key(module.action_key)
 
         def epsilon_greedy(env: Env) -> None:
             env[key] = module.explore(env[key])
 
         return epsilon_greedy
-    add_noise = getattr(module, "_add_noise", None)
-    if cls is AdditiveGaussianModule and callable(add_noise):
-        key = unravel_key(module.action_key)
+    if cls is AdditiveGaussianModule and callable(getattr(module, "_add_noise", None)):
+        key, add_noise = unravel_key(module.action_key), module._add_noise
 
         def gaussian_noise(env: Env) -> None:
             if exploration_type() in (ExplorationType.RANDOM, None):

@@ -1,7 +1,9 @@
-"""Shared by the fused continuous-loss tests: a tiny Pendulum replay sample, and TorchRL critic parameters copied
-into a TwinQ stack (so tdrl's and TorchRL's losses see the same critics)."""
+"""Shared by the fused continuous-loss tests: a tiny Pendulum replay sample, TorchRL critic parameters copied
+into a TwinQ stack (so tdrl's and TorchRL's losses see the same critics), and the time-limit bootstrap check."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -36,3 +38,16 @@ def copy_critics_into_twin(src: TensorDictBase, dst: TensorDictBase, stacked: bo
             weight, bias = weight[None], bias[None]
         dst["weights", str(j)].copy_(weight.transpose(-1, -2))
         dst["biases", str(j)].copy_(bias[:, None, :])
+
+
+def assert_time_limits_bootstrap(q_loss: Callable[[TensorDict], torch.Tensor], batch: TensorDict) -> None:
+    """``q_loss`` (a critic loss under a fixed seed) ignores a transition becoming truncated (the target still
+    bootstraps) and changes when it becomes terminated."""
+    base = q_loss(batch.clone())
+    truncated_only = batch.clone()
+    truncated_only["next", "truncated"][0] = True
+    truncated_only["next", "done"][0] = True
+    assert torch.allclose(base, q_loss(truncated_only))
+    terminated = batch.clone()
+    terminated["next", "terminated"][0] = True
+    assert not torch.allclose(base, q_loss(terminated))

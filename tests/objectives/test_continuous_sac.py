@@ -3,7 +3,7 @@ discounts, time-limit bootstrapping and PER weights; target updates through Torc
 
 import pytest
 import torch
-from pendulum_samples import copy_critics_into_twin, pendulum_batch
+from pendulum_samples import assert_time_limits_bootstrap, copy_critics_into_twin, pendulum_batch
 
 from tdrl.envs.make import EnvFactory
 from tdrl.models.q import (
@@ -78,17 +78,10 @@ def test_nstep_and_time_limits_reach_the_target(specs):
         torch.manual_seed(3)
         return ours(b)["loss_qvalue"]
 
-    base = q_loss(batch.clone())
     more_steps = batch.clone()
     more_steps["steps_to_next_obs"][0] = 5
-    assert not torch.allclose(base, q_loss(more_steps))
-    truncated_only = batch.clone()
-    truncated_only["next", "truncated"][0] = True
-    truncated_only["next", "done"][0] = True
-    assert torch.allclose(base, q_loss(truncated_only))
-    terminated = batch.clone()
-    terminated["next", "terminated"][0] = True
-    assert not torch.allclose(base, q_loss(terminated))
+    assert not torch.allclose(q_loss(batch.clone()), q_loss(more_steps))
+    assert_time_limits_bootstrap(q_loss, batch)
 
 
 def test_soft_target_update_and_parameter_groups(specs):
