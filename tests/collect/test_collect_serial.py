@@ -300,6 +300,30 @@ def test_fast_path_equals_general_path(env_id):
     assert (out[True] == out[False]).all()
 
 
+@pytest.mark.parametrize("n_actions", [2, 6, 18])
+def test_categorical_draw_is_torch_distributions_draw(n_actions):
+    """The direct Categorical draw gives torch.distributions' actions and log-probs under the same seed (also with
+    an extra batch dim and a masked -inf action), and refuses NaN logits as torch.multinomial does."""
+    from torch.distributions import Categorical
+
+    from tdrl.collect.policy import _sample_categorical
+
+    for seed in range(20):
+        torch.manual_seed(seed)
+        logits = torch.randn(5, 3, n_actions) * 3
+        logits[0, 0, 0] = -float("inf")
+        torch.manual_seed(100 + seed)
+        dist = Categorical(logits=logits)
+        expected = dist.sample()
+        after_torch = torch.rand(3)  # the generator state after torch's draw
+        torch.manual_seed(100 + seed)
+        action, log_prob = _sample_categorical(logits)
+        assert torch.equal(action, expected) and torch.equal(log_prob, dist.log_prob(expected))
+        assert torch.equal(torch.rand(3), after_torch)  # the same random numbers consumed
+    with pytest.raises(ValueError, match="NaN"):
+        _sample_categorical(torch.tensor([[0.0, float("nan")]]))
+
+
 def test_fast_path_samples_sac_tanh_normal_like_torchrl():
     """SAC's TanhNormal actor (action box [-2, 2]) is sampled directly, with the actions TorchRL would draw."""
     from tdrl.collect.policy import _probabilistic_plan
