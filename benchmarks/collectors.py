@@ -3,6 +3,9 @@
 Rows (``--json`` names):
 
 * ``raw-vector-mlp`` — **c**: gymnasium ``SyncVectorEnv(B)`` + the 2×64 tanh MLP, one batched forward per step.
+* ``raw-vector-mlp-2proc`` — c's loop split over 2 processes (``B/2`` envs each, no data kept): what the two cores
+  give c's own loop in this run (shared machines do not always give a run two full cores), the yardstick for the
+  2-process rows.
 * ``torchrl-best`` — the best of TorchRL's ``Collector(SerialEnv(8))``, ``MultiSyncCollector(2×SerialEnv(4))``
   and ``MultiSyncCollector(2×SerialEnv(16))`` (each also printed).
 * ``sb3-rollout`` — Stable-Baselines3 PPO ``collect_rollouts`` on ``DummyVecEnv(B)`` (value head, sampling).
@@ -216,6 +219,52 @@ def raw_row(env_id: str) -> Row:
     return Row("raw-vector-mlp", "mlp", run, B * T, vec.close)
 
 
+def _raw_loop_worker(env_id: str, n_envs: int, conn) -> None:
+    """One half of ``raw-vector-mlp-2proc``: c's loop over ``n_envs`` envs, ``T`` steps per request."""
+    torch.set_num_threads(1)
+    vec = gym.vector.SyncVectorEnv([functools.partial(gym.make, env_id) for _ in range(n_envs)])
+    obs, _ = vec.reset(seed=n_envs)
+    torch.manual_seed(0)
+    mlp = MLP(*env_dims(env_id))
+    conn.send("ready")
+    with torch.no_grad():
+        while conn.recv() == "run":
+            for _ in range(T):
+                obs, *_ = vec.step(mlp(torch.from_numpy(obs)).numpy())
+            conn.send("done")
+    vec.close()
+
+
+def raw_two_process_row(env_id: str) -> Row:
+    """c's loop split over two processes (``B/2`` envs each, nothing recorded, no data shared): what two
+    independent single-process loops deliver on this machine at that moment. A shared machine does not always
+    give a run two full cores (two busy vCPUs can land on one physical core); this row shows how much of the
+    ``>= 1.5x c`` a 2-process collector could get from the cores alone in the same run."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    pipes = [ctx.Pipe() for _ in range(WORKERS)]
+    procs = [ctx.Process(target=_raw_loop_worker, args=(env_id, B // WORKERS, child), daemon=True)
+             for _, child in pipes]
+    for proc in procs:
+        proc.start()
+    for parent, _ in pipes:
+        parent.recv()
+
+    def run() -> None:
+        for parent, _ in pipes:
+            parent.send("run")
+        for parent, _ in pipes:
+            parent.recv()
+
+    def close() -> None:
+        for (parent, _), proc in zip(pipes, procs, strict=True):
+            parent.send("stop")
+            proc.join(timeout=5)
+
+    return Row("raw-vector-mlp-2proc", "mlp", run, B * T, close)
+
+
 def tdrl_row(name: str, section: str, kind: str, env_id: str, policy) -> Row:
     from tdrl.collect import make_collector
     from tdrl.envs import EnvFactory
@@ -320,6 +369,8 @@ def main() -> None:
 
     for env_id in args.envs:
         env_rows: list[Row] = [raw_row(env_id)]
+        if "raw-vector-mlp-2proc" not in args.skip:
+            env_rows.append(raw_two_process_row(env_id))
         if "torchrl-best" not in args.skip:
             env_rows += [torchrl_row(c, env_id, 1024 if args.quick else 4096) for c in torchrl_configs]
         policy = mlp_policy(env_id)
@@ -365,6 +416,11 @@ def main() -> None:
             xt = f"{fps / best:15.1f}" if best else "              -"
             cpu = f"{r['frames_per_cpu_s']:13,.0f}" if r["frames_per_cpu_s"] else ""
             print(f"  {r['collector']:34s} {fps:12,.0f} {xc} {xt} {cpu}")
+        two = by_name.get("raw-vector-mlp-2proc")
+        if two and c:
+            print(f"  two cores this run: raw-vector-mlp-2proc = {two / c:.2f}x c; "
+                  + ", ".join(f"{k} = {by_name[k] / two:.2f}x of it" for k in ("tdrl-parallel", "tdrl-action-server")
+                              if k in by_name))
         sb3 = by_name.get("sb3-rollout")
         print(f"  PPO actor-critic (sampling, log-prob, value head)      {'x sb3-rollout':>15s}")
         for r in rows:
