@@ -201,9 +201,10 @@ def measure_interleaved(rows: list[Row], seconds: float, repeats: int, quiet: fl
 
 
 # ----------------------------------------------------------------------------- rows
-def raw_row(env_id: str) -> Row:
-    vec = gym.vector.SyncVectorEnv([functools.partial(gym.make, env_id) for _ in range(B)])
-    obs, _ = vec.reset(seed=0)
+def raw_loop(env_id: str, n_envs: int, seed: int = 0) -> tuple[Callable[[], None], Callable[[], None]]:
+    """c's loop: ``SyncVectorEnv(n_envs)`` + the MLP, one batched forward per step; ``(run T steps, close)``."""
+    vec = gym.vector.SyncVectorEnv([functools.partial(gym.make, env_id) for _ in range(n_envs)])
+    obs, _ = vec.reset(seed=seed)
     torch.manual_seed(0)
     mlp = MLP(*env_dims(env_id))
     state = {"obs": obs}
@@ -216,23 +217,23 @@ def raw_row(env_id: str) -> Row:
                 obs, *_ = vec.step(action)
         state["obs"] = obs
 
-    return Row("raw-vector-mlp", "mlp", run, B * T, vec.close)
+    return run, vec.close
+
+
+def raw_row(env_id: str) -> Row:
+    run, close = raw_loop(env_id, B)
+    return Row("raw-vector-mlp", "mlp", run, B * T, close)
 
 
 def _raw_loop_worker(env_id: str, n_envs: int, conn) -> None:
-    """One half of ``raw-vector-mlp-2proc``: c's loop over ``n_envs`` envs, ``T`` steps per request."""
+    """One half of ``raw-vector-mlp-2proc``: :func:`raw_loop` over ``n_envs`` envs, once per request."""
     torch.set_num_threads(1)
-    vec = gym.vector.SyncVectorEnv([functools.partial(gym.make, env_id) for _ in range(n_envs)])
-    obs, _ = vec.reset(seed=n_envs)
-    torch.manual_seed(0)
-    mlp = MLP(*env_dims(env_id))
+    run, close = raw_loop(env_id, n_envs, seed=n_envs)
     conn.send("ready")
-    with torch.no_grad():
-        while conn.recv() == "run":
-            for _ in range(T):
-                obs, *_ = vec.step(mlp(torch.from_numpy(obs)).numpy())
-            conn.send("done")
-    vec.close()
+    while conn.recv() == "run":
+        run()
+        conn.send("done")
+    close()
 
 
 def raw_two_process_row(env_id: str) -> Row:

@@ -117,12 +117,13 @@ class FusedTD3Loss(TwinCriticLoss):
             target = self.td0_target(tensordict, reward, next_q)  # [B, 1]
         q = stacked_mlp(self.critic_params(),
                         critic.inputs(tensordict.get(keys.observation), action))  # [n, B, 1]
+        error = q - target
         if self.loss_function == "l2":
-            per_critic = (q - target).pow(2)
+            per_critic = error.pow(2)
         else:
             per_critic = F.smooth_l1_loss(q, target.expand_as(q), reduction="none")
         loss = self.weighted_mean(per_critic.sum(0).squeeze(-1), tensordict)
-        return loss, {"td_error": (q - target).detach().pow(2).squeeze(-1)}
+        return loss, {"td_error": error.detach().pow(2).squeeze(-1)}
 
     def actor_loss(self, tensordict: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``loss_actor = -Q_1(s, mu(s))`` through detached critic parameters; gradients reach the actor only."""

@@ -70,9 +70,8 @@ def test_small_and_large_blocks_carry_episodes_across_each_other():
         rewards = rng.integers(-1, 3, (n, k)).astype(np.float64)
         dones = rng.random((n, k)) < 0.1
         got = tracker.add(rewards, dones)
-        expected = _per_step_reference(rewards, dones, None, 0.97, state)
-        assert [(t, i) for t, i, _ in got] == sorted(((t, i) for t, i, _ in expected), key=lambda e: (e[1], e[0]))
-        expected = sorted(expected, key=lambda e: (e[1], e[0]))
+        expected = sorted(_per_step_reference(rewards, dones, None, 0.97, state), key=lambda e: (e[1], e[0]))
+        assert [(t, i) for t, i, _ in got] == [(t, i) for t, i, _ in expected]
         for (_, _, a), (_, _, b) in zip(got, expected, strict=True):
             assert a == pytest.approx(b, rel=1e-9, abs=1e-9)
 

@@ -6,7 +6,6 @@ import torch
 from tensordict import TensorDict
 from torchrl.modules.distributions.utils import rsample_and_log_prob
 
-from tdrl.envs.make import EnvFactory
 from tdrl.models.q import make_deterministic_actor, make_q_critic, make_tanh_gaussian_actor
 from tdrl.objectives.continuous import (
     make_ddpg_loss,
@@ -17,11 +16,6 @@ from tdrl.objectives.continuous import (
 
 pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
 GAMMA = 0.9
-
-
-@pytest.fixture(scope="module")
-def specs():
-    return EnvFactory("Pendulum-v1").specs()
 
 
 def _batch():

@@ -5,7 +5,6 @@ import pytest
 import torch
 from pendulum_samples import assert_time_limits_bootstrap, copy_critics_into_twin, pendulum_batch
 
-from tdrl.envs.make import EnvFactory
 from tdrl.models.q import (
     make_deterministic_actor,
     make_q_critic,
@@ -19,11 +18,6 @@ from tdrl.objectives.update import TargetUpdate
 pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
 GAMMA = 0.9
 HIDDEN = (8, 8)
-
-
-@pytest.fixture(scope="module")
-def specs():
-    return EnvFactory("Pendulum-v1").specs()
 
 
 def _pair(specs, alpha_init=0.7):

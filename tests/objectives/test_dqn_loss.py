@@ -15,7 +15,7 @@ GAMMA = 0.9
 
 
 @pytest.fixture(scope="module")
-def specs():
+def specs():  # overrides conftest's Pendulum specs: DQN needs discrete actions
     return EnvFactory("CartPole-v1").specs()
 
 
