@@ -417,7 +417,9 @@ class AsyncTrainer:
                 try:
                     while True:
                         ctrl.queue.get_nowait()  # keep the pipe drained so the collector can exit
-                except (queue_module.Empty, OSError, ValueError):
+                except (queue_module.Empty, OSError, ValueError, EOFError):
+                    # EOFError: a discarded batch's shared-memory tensors cannot be received once the collector that
+                    # sent them has exited (torch hands their fds over a connection to the sender)
                     pass
                 process.join(POLL_S)
             for stop in (process.terminate, process.kill):

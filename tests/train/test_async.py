@@ -274,6 +274,24 @@ def test_sampling_more_than_the_round_allows_is_an_error(tmp_path):
     assert trainer.collector_pid is None
 
 
+@pytest.mark.timeout(90)
+def test_close_survives_messages_that_cannot_be_received(tmp_path):
+    """Draining the queue at close discards messages; one whose tensors went with the exited collector (EOFError
+    while unpickling) must not mask the error being raised or leave the process behind."""
+    trainer, _, _ = _trainer(tmp_path, n_itr=10_000)  # the collector is still running at close
+    with pytest.raises(RuntimeError, match="stop here"):
+        with trainer:
+            for _ in trainer:
+                process = trainer._process
+
+                def unreceivable():
+                    raise EOFError
+
+                trainer._ctrl.queue.get_nowait = unreceivable
+                raise RuntimeError("stop here")
+    assert trainer.collector_pid is None and not process.is_alive()
+
+
 @pytest.mark.timeout(120)
 def test_dqn_recipe_runs_async_from_its_config(tmp_path):
     """``python recipes/dqn.py trainer.kind=async``: same recipe, the collector in its own process."""
