@@ -5,7 +5,9 @@ runs ``importlib.util.find_spec("pandas")`` on every output write), more than th
 collector that is paid every step, so :class:`PolicyStep` *compiles* the policy tree once:
 
 * a plain ``TensorDictModule`` (incl. ``ValueOperator``, ``Actor``, ``SafeModule``) becomes a direct call of its
-  ``nn.Module`` on tensors taken from a dict;
+  ``nn.Module`` on tensors taken from a dict, and that module's layers are called directly too: ``nn.Sequential``
+  chains layer by layer, a user's own network through its ``torch.fx`` trace where that is safe
+  (:mod:`tdrl.collect.tracing`);
 * ``TensorDictSequential`` (incl. ``ProbabilisticActor``, ``QValueActor``, ``ActorValueOperator`` parts) becomes
   the sequence of its compiled children;
 * the distribution heads PPO/A2C/SAC use most — ``Categorical`` over ``logits``, TorchRL's ``IndependentNormal``
@@ -18,8 +20,9 @@ collector that is paid every step, so :class:`PolicyStep` *compiles* the policy 
 
 The compiled plan is checked against the policy's own forward on an example input, under the same RNG seed, in
 both RANDOM and DETERMINISTIC exploration; any difference in keys or values makes :class:`PolicyStep` fall back
-to calling the policy itself (``fast=False`` forces that). So the fast path is an optimisation, never a change
-of semantics.
+to calling the policy itself (``fast=False`` forces that). Before every batch the plan is rebuilt (and checked
+again) if a module it calls directly has changed since: a plain attribute, ``train()``/``eval()``, a child module
+or a hook. So the fast path is an optimisation, never a change of semantics.
 
 Recurrent policies follow TorchRL's convention: the policy reads ``("recurrent_state", "h")``-style keys and
 writes ``("next", "recurrent_state", "h")``. Any policy ``in_key`` that is neither the observation nor
@@ -54,6 +57,8 @@ from tensordict.nn.probabilistic import interaction_type
 from tensordict.utils import NestedKey, unravel_key
 from torch.nn.modules import module as _module_globals  # global hook registries, read every step
 
+from tdrl.collect.tracing import ACTIVATIONS, ModuleWatch, hooked, layer_function, traced_call
+
 __all__ = ["PolicyStep", "module_tensors", "policy_device"]
 
 Env = dict[NestedKey, torch.Tensor]
@@ -83,52 +88,31 @@ def _keys(keys: Any) -> list[NestedKey]:
     return [unravel_key(k) for k in keys]
 
 
-_ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
-    torch.nn.Tanh: torch.tanh,
-    torch.nn.ReLU: torch.relu,
-    torch.nn.Sigmoid: torch.sigmoid,
-    torch.nn.Identity: lambda x: x,
-}
-
-
-def _hooked(module: torch.nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks)
-
-
-def _linear_step(layer: torch.nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``layer(x)`` as ``F.linear`` on the layer's current tensors, read from its dicts: ``layer.weight`` goes
-    through ``nn.Module.__getattr__`` (~0.6 µs per read on this CPU, two reads per layer and step). A tensor in the
-    instance dict (tensordict's ``to_module`` puts plain tensors there) wins over ``_parameters``, as in attribute
-    lookup."""
-    attrs, params = layer.__dict__, layer._parameters
-
-    def step(x: torch.Tensor) -> torch.Tensor:
-        weight = attrs["weight"] if "weight" in attrs else params["weight"]
-        bias = attrs["bias"] if "bias" in attrs else params["bias"]
-        return torch.nn.functional.linear(x, weight, bias)
-
-    return step
-
-
-def _direct_call(module: torch.nn.Module) -> Callable[..., Any]:
-    """``module`` as a plain function: an ``nn.Sequential`` chain (TorchRL's ``MLP`` with one input included) of
-    ``Linear`` and elementwise activations runs as ``F.linear``/``torch.tanh`` calls on the layers' current
-    parameters, skipping ``nn.Module.__call__`` (about 2 µs per layer, as much as a 64-wide layer itself costs);
-    other children, and any module with hooks, are called as usual."""
+def _direct_call(module: torch.nn.Module, watches: list[ModuleWatch]) -> Callable[..., Any]:
+    """``module`` as a plain function, skipping ``nn.Module.__call__`` (about 2 µs per layer, as much as a 64-wide
+    layer itself costs): an ``nn.Sequential`` chain (subclasses that keep its ``forward``, and TorchRL's ``MLP`` with
+    one input) runs its children in turn, ``Linear`` layers and elementwise activations as functions
+    (:func:`~tdrl.collect.tracing.layer_function`); another network of the user's runs as its ``torch.fx`` trace
+    where that is safe (:func:`~tdrl.collect.tracing.traced_call`); a module with hooks, or anything else, is
+    called as usual. Each module made direct is appended to ``watches`` (rebuild the plan when one is stale)."""
     from torchrl.modules import MLP
 
+    sequential = isinstance(module, torch.nn.Sequential) and type(module).forward is torch.nn.Sequential.forward
     plain_mlp = type(module) is MLP and isinstance(module.out_features, int)
-    if (type(module) is not torch.nn.Sequential and not plain_mlp) or _hooked(module):
+    if hooked(module):
         return module
-    steps: list[Callable[[torch.Tensor], Any]] = []
-    for child in module:
-        if type(child) is torch.nn.Linear and not _hooked(child):
-            steps.append(_linear_step(child))
-        elif type(child) in _ACTIVATIONS and not _hooked(child):
-            steps.append(_ACTIVATIONS[type(child)])
-        else:
-            steps.append(_direct_call(child))
+    if not (sequential or plain_mlp):
+        traced = traced_call(module)
+        if traced is None:
+            return module
+        watches.append(ModuleWatch(module))
+        return traced
+    watches.append(ModuleWatch(module))
+    steps = [
+        layer_function(child) if type(child) is torch.nn.Linear or type(child) in ACTIVATIONS
+        else _direct_call(child, watches)
+        for child in module
+    ]
 
     def run(*inputs: torch.Tensor) -> Any:
         if len(inputs) != 1 or _module_globals._global_forward_hooks or _module_globals._global_forward_pre_hooks:
@@ -141,8 +125,8 @@ def _direct_call(module: torch.nn.Module) -> Callable[..., Any]:
     return run
 
 
-def _leaf_plan(module: TensorDictModule) -> Plan:
-    inner = _direct_call(module.module)
+def _leaf_plan(module: TensorDictModule, watches: list[ModuleWatch]) -> Plan:
+    inner = _direct_call(module.module, watches)
     in_keys = _keys(module.in_keys)
     out_keys = _keys(module.out_keys)
 
@@ -310,8 +294,9 @@ def _action_head_plan(module: TensorDictModuleBase) -> Plan | None:
     return None
 
 
-def _compile(module: TensorDictModuleBase, batch_size: torch.Size) -> Plan:
-    """Turn a policy tree into a function over a dict of tensors (see the module docstring)."""
+def _compile(module: TensorDictModuleBase, batch_size: torch.Size, watches: list[ModuleWatch]) -> Plan:
+    """Turn a policy tree into a function over a dict of tensors (see the module docstring); the modules made
+    direct calls are appended to ``watches``."""
     cls = type(module)
     if (
         isinstance(module, TensorDictModule)
@@ -323,14 +308,14 @@ def _compile(module: TensorDictModuleBase, batch_size: torch.Size) -> Plan:
         and module.method is None
         and not module.method_kwargs
     ):
-        return _leaf_plan(module)
+        return _leaf_plan(module, watches)
     if (
         isinstance(module, TensorDictSequential)
         and cls.forward in (TensorDictSequential.forward, ProbabilisticTensorDictSequential.forward)
         and not module._select_before_return
         and not module.partial_tolerant
     ):
-        children = [_compile(child, batch_size) for child in module._module_iter()]
+        children = [_compile(child, batch_size, watches) for child in module._module_iter()]
 
         def run(env: Env) -> None:
             for child in children:
@@ -407,13 +392,22 @@ class PolicyStep:
             value = reference.get(key) if key in self.out_keys else self.state[key]
             template.set(key, torch.zeros_like(value, device="cpu"))
         self.out_template = template
-        self._plan: Plan | None = _compile(policy, self.batch_size) if fast else None
-        if self._plan is not None and not self._plan_matches(example):
-            self._plan = None
+        self._example = example
+        self._plan: Plan | None = None
+        self._watches: list[ModuleWatch] = []
+        if fast:
+            self._build_plan()
 
     @property
     def compiled(self) -> bool:
         return self._plan is not None
+
+    def _build_plan(self) -> None:
+        """Compile the policy and keep the plan only if it reproduces the policy's forward."""
+        self._watches = []
+        self._plan = _compile(self.policy, self.batch_size, self._watches)
+        if not self._plan_matches(self._example):
+            self._plan, self._watches = None, []
 
     def _initial_state(self, example: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
         if not self.recurrent_keys:
@@ -465,7 +459,10 @@ class PolicyStep:
 
     @contextmanager
     def running(self) -> Iterator[None]:
-        """Context to hold around a batch of steps: no autograd, the collector's exploration type."""
+        """Context to hold around a batch of steps: no autograd, the collector's exploration type; first rebuilds
+        the plan if a module it calls directly has changed (a flag, ``train()``/``eval()``, a child, a hook)."""
+        if any(watch.stale() for watch in self._watches):
+            self._build_plan()
         with torch.no_grad(), set_interaction_type(self.exploration_type):
             yield
 
