@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -88,13 +89,23 @@ def _keys(keys: Any) -> list[NestedKey]:
     return [unravel_key(k) for k in keys]
 
 
-def _direct_call(module: torch.nn.Module, watches: list[ModuleWatch]) -> Callable[..., Any]:
+@dataclass
+class _Build:
+    """One compilation of a policy: whether users' networks may run as their traces, and the modules made direct
+    calls (the plan is rebuilt when one of them is stale)."""
+
+    trace: bool
+    watches: list[ModuleWatch] = field(default_factory=list)
+    traced: int = 0
+
+
+def _direct_call(module: torch.nn.Module, build: _Build) -> Callable[..., Any]:
     """``module`` as a plain function, skipping ``nn.Module.__call__`` (about 2 µs per layer, as much as a 64-wide
     layer itself costs): an ``nn.Sequential`` chain (subclasses that keep its ``forward``, and TorchRL's ``MLP`` with
     one input) runs its children in turn, ``Linear`` layers and elementwise activations as functions
     (:func:`~tdrl.collect.tracing.layer_function`); another network of the user's runs as its ``torch.fx`` trace
     where that is safe (:func:`~tdrl.collect.tracing.traced_call`); a module with hooks, or anything else, is
-    called as usual. Each module made direct is appended to ``watches`` (rebuild the plan when one is stale)."""
+    called as usual."""
     from torchrl.modules import MLP
 
     sequential = isinstance(module, torch.nn.Sequential) and type(module).forward is torch.nn.Sequential.forward
@@ -102,15 +113,16 @@ def _direct_call(module: torch.nn.Module, watches: list[ModuleWatch]) -> Callabl
     if hooked(module):
         return module
     if not (sequential or plain_mlp):
-        traced = traced_call(module)
+        traced = traced_call(module) if build.trace else None
         if traced is None:
             return module
-        watches.append(ModuleWatch(module))
+        build.watches.append(ModuleWatch(module))
+        build.traced += 1
         return traced
-    watches.append(ModuleWatch(module))
+    build.watches.append(ModuleWatch(module))
     steps = [
         layer_function(child) if type(child) is torch.nn.Linear or type(child) in ACTIVATIONS
-        else _direct_call(child, watches)
+        else _direct_call(child, build)
         for child in module
     ]
 
@@ -125,8 +137,8 @@ def _direct_call(module: torch.nn.Module, watches: list[ModuleWatch]) -> Callabl
     return run
 
 
-def _leaf_plan(module: TensorDictModule, watches: list[ModuleWatch]) -> Plan:
-    inner = _direct_call(module.module, watches)
+def _leaf_plan(module: TensorDictModule, build: _Build) -> Plan:
+    inner = _direct_call(module.module, build)
     in_keys = _keys(module.in_keys)
     out_keys = _keys(module.out_keys)
 
@@ -294,9 +306,8 @@ def _action_head_plan(module: TensorDictModuleBase) -> Plan | None:
     return None
 
 
-def _compile(module: TensorDictModuleBase, batch_size: torch.Size, watches: list[ModuleWatch]) -> Plan:
-    """Turn a policy tree into a function over a dict of tensors (see the module docstring); the modules made
-    direct calls are appended to ``watches``."""
+def _compile(module: TensorDictModuleBase, batch_size: torch.Size, build: _Build) -> Plan:
+    """Turn a policy tree into a function over a dict of tensors (see the module docstring)."""
     cls = type(module)
     if (
         isinstance(module, TensorDictModule)
@@ -308,14 +319,14 @@ def _compile(module: TensorDictModuleBase, batch_size: torch.Size, watches: list
         and module.method is None
         and not module.method_kwargs
     ):
-        return _leaf_plan(module, watches)
+        return _leaf_plan(module, build)
     if (
         isinstance(module, TensorDictSequential)
         and cls.forward in (TensorDictSequential.forward, ProbabilisticTensorDictSequential.forward)
         and not module._select_before_return
         and not module.partial_tolerant
     ):
-        children = [_compile(child, batch_size, watches) for child in module._module_iter()]
+        children = [_compile(child, batch_size, build) for child in module._module_iter()]
 
         def run(env: Env) -> None:
             for child in children:
@@ -403,11 +414,18 @@ class PolicyStep:
         return self._plan is not None
 
     def _build_plan(self) -> None:
-        """Compile the policy and keep the plan only if it reproduces the policy's forward."""
-        self._watches = []
-        self._plan = _compile(self.policy, self.batch_size, self._watches)
-        if not self._plan_matches(self._example):
-            self._plan, self._watches = None, []
+        """Compile the policy and keep the plan only if it reproduces the policy's forward; if a plan with traced
+        networks does not, try once more without tracing (a trace can take another branch than the real inputs,
+        e.g. on ``isinstance(x, torch.Tensor)``)."""
+        for trace in (True, False):
+            build = _Build(trace)
+            self._plan = _compile(self.policy, self.batch_size, build)
+            if self._plan_matches(self._example):
+                self._watches = build.watches
+                return
+            if not build.traced:
+                break
+        self._plan, self._watches = None, []
 
     def _initial_state(self, example: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
         if not self.recurrent_keys:

@@ -389,13 +389,13 @@ def test_sequential_mlps_run_as_direct_calls_with_current_weights():
     module is left to its own call."""
     from torchrl.modules import MLP
 
-    from tdrl.collect.policy import _direct_call
+    from tdrl.collect.policy import _Build, _direct_call
 
     torch.manual_seed(0)
     x = torch.randn(5, 4)
     nested = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(8, 3)))
     for module in (nested, MLP(in_features=4, out_features=2, num_cells=[8, 8], activation_class=torch.nn.Tanh)):
-        direct = _direct_call(module, [])
+        direct = _direct_call(module, _Build(trace=True))
         assert direct is not module
         assert torch.equal(direct(x), module(x))
         with torch.no_grad():
@@ -403,7 +403,7 @@ def test_sequential_mlps_run_as_direct_calls_with_current_weights():
         assert torch.equal(direct(x), module(x))
     seen = []
     nested[0].register_forward_hook(lambda *args: seen.append(1))
-    assert torch.equal(_direct_call(nested, [])(x), nested(x)) and len(seen) == 2  # the hooked layer ran as a module
+    assert torch.equal(_direct_call(nested, _Build(trace=True))(x), nested(x)) and len(seen) == 2  # the hooked layer ran as a module
 
 
 def test_torchrl_gae_and_clip_ppo_run_on_a_batch():

@@ -11,7 +11,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 
 from tdrl.collect import SerialCollector
-from tdrl.collect.policy import _direct_call
+from tdrl.collect.policy import _Build, _direct_call
 from tdrl.collect.tracing import traced_call
 from tdrl.envs import EnvFactory
 
@@ -45,6 +45,13 @@ class PythonRandom(torch.nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         greedy = self.lin(obs).argmax(-1)
         return torch.randint_like(greedy, 2) if random.random() < 0.5 else greedy
+
+
+class TensorCheck(PythonRandom):
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if isinstance(obs, torch.Tensor):  # a trace's input is a Proxy: the trace records the other branch
+            return self.lin(obs).argmax(-1)
+        return torch.zeros_like(obs[:, 0], dtype=torch.long)
 
 
 def _explore(values: torch.Tensor) -> torch.Tensor:
@@ -89,8 +96,21 @@ def test_a_custom_network_runs_as_its_trace_with_current_weights():
 def test_networks_whose_trace_could_differ_keep_their_own_call(cls):
     module = cls()
     assert traced_call(module) is None
-    assert _direct_call(module, []) is module
+    assert _direct_call(module, _Build(trace=True)) is module
     assert not hasattr(module, "calls")  # rejected before tracing ran the forward
+
+
+def test_a_trace_that_takes_another_branch_is_dropped_and_the_rest_stays_fast():
+    torch.manual_seed(0)
+    module = TensorCheck()
+    assert traced_call(module) is not None  # traceable, but not the module's computation on tensors
+    actions = {}
+    for fast in (True, False):
+        policy = TensorDictModule(module, ["observation"], ["action"])
+        with SerialCollector(EnvFactory("CartPole-v1"), policy, batch_B=3, batch_T=16, seed=1, fast_policy=fast) as c:
+            assert c.policy_step.compiled is fast  # the plan without the trace
+            actions[fast] = c.collect()["action"]
+    assert torch.equal(actions[True], actions[False]) and actions[True].any()
 
 
 def _collect(module: torch.nn.Module, fast: bool, change) -> list[torch.Tensor]:
