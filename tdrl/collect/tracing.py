@@ -82,7 +82,7 @@ def _user_function(obj: Any) -> types.FunctionType | None:
 
 def _pure(func: types.FunctionType, cls: type, seen: set[types.CodeType]) -> bool:
     """``func`` writes no attributes or globals and names nothing impure; nor do the user functions it can reach
-    (the globals it loads and the methods of ``cls`` it names)."""
+    (the globals it loads, and the methods it names in ``cls`` and its bases)."""
 
     def check(code: types.CodeType) -> bool:
         if code in seen:
@@ -96,8 +96,8 @@ def _pure(func: types.FunctionType, cls: type, seen: set[types.CodeType]) -> boo
                 return False
             if ins.opname == "LOAD_GLOBAL":
                 reached.append(_user_function(func.__globals__.get(ins.argval)))
-            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
-                reached.append(_user_function(inspect.getattr_static(cls, ins.argval, None)))
+            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):  # every class's method of that name (super() too)
+                reached += [_user_function(vars(k).get(ins.argval)) for k in cls.__mro__]
         nested = [c for c in code.co_consts if isinstance(c, types.CodeType)]
         return all(check(c) for c in nested) and all(f is None or _pure(f, cls, seen) for f in reached)
 

@@ -69,6 +69,11 @@ class Counting(PythonRandom):
         return self.lin(obs).argmax(-1)
 
 
+class InheritedRandom(PythonRandom):
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return super().forward(obs)
+
+
 class DataDependent(PythonRandom):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         out = self.lin(obs)
@@ -92,7 +97,7 @@ def test_a_custom_network_runs_as_its_trace_with_current_weights():
         assert len(seen) == 7  # MLP, Sequential and five layers
 
 
-@pytest.mark.parametrize("cls", [PythonRandom, HelperRandom, Counting, DataDependent])
+@pytest.mark.parametrize("cls", [PythonRandom, HelperRandom, InheritedRandom, Counting, DataDependent])
 def test_networks_whose_trace_could_differ_keep_their_own_call(cls):
     module = cls()
     assert traced_call(module) is None
