@@ -56,9 +56,15 @@ from tensordict.nn import (
 )
 from tensordict.nn.probabilistic import interaction_type
 from tensordict.utils import NestedKey, unravel_key
-from torch.nn.modules import module as _module_globals  # global hook registries, read every step
 
-from tdrl.collect.tracing import ACTIVATIONS, ModuleWatch, hooked, layer_function, traced_call
+from tdrl.collect.tracing import (
+    ACTIVATIONS,
+    ModuleWatch,
+    global_hooks,
+    hooked,
+    layer_function,
+    traced_call,
+)
 
 __all__ = ["PolicyStep", "module_tensors", "policy_device"]
 
@@ -91,12 +97,12 @@ def _keys(keys: Any) -> list[NestedKey]:
 
 @dataclass
 class _Build:
-    """One compilation of a policy: whether users' networks may run as their traces, and the modules made direct
-    calls (the plan is rebuilt when one of them is stale)."""
+    """One compilation of a policy: whether users' networks may run as their traces (and whether one did), and the
+    networks made direct calls (the plan is rebuilt when one of them is stale)."""
 
     trace: bool
+    traced: bool = False
     watches: list[ModuleWatch] = field(default_factory=list)
-    traced: int = 0
 
 
 def _direct_call(module: torch.nn.Module, build: _Build) -> Callable[..., Any]:
@@ -114,12 +120,8 @@ def _direct_call(module: torch.nn.Module, build: _Build) -> Callable[..., Any]:
         return module
     if not (sequential or plain_mlp):
         traced = traced_call(module) if build.trace else None
-        if traced is None:
-            return module
-        build.watches.append(ModuleWatch(module))
-        build.traced += 1
-        return traced
-    build.watches.append(ModuleWatch(module))
+        build.traced |= traced is not None
+        return module if traced is None else traced
     steps = [
         layer_function(child) if type(child) is torch.nn.Linear or type(child) in ACTIVATIONS
         else _direct_call(child, build)
@@ -127,7 +129,7 @@ def _direct_call(module: torch.nn.Module, build: _Build) -> Callable[..., Any]:
     ]
 
     def run(*inputs: torch.Tensor) -> Any:
-        if len(inputs) != 1 or _module_globals._global_forward_hooks or _module_globals._global_forward_pre_hooks:
+        if len(inputs) != 1 or global_hooks():
             return module(*inputs)
         x = inputs[0]
         for step in steps:
@@ -139,6 +141,8 @@ def _direct_call(module: torch.nn.Module, build: _Build) -> Callable[..., Any]:
 
 def _leaf_plan(module: TensorDictModule, build: _Build) -> Plan:
     inner = _direct_call(module.module, build)
+    if inner is not module.module:  # one watch over the whole network covers its direct-called parts
+        build.watches.append(ModuleWatch(module.module))
     in_keys = _keys(module.in_keys)
     out_keys = _keys(module.out_keys)
 

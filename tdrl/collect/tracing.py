@@ -16,7 +16,7 @@ are frozen into it. A module is therefore traced only when that cannot change it
   writes no attributes or globals and names no ``random``, clock or ``print`` (draws must be tensor ops, which
   the trace keeps);
 
-and :meth:`TracedCall.stale` reports when anything a trace may have read has changed since: a plain Python
+and :meth:`ModuleWatch.stale` reports when anything a trace may have read has changed since: a plain Python
 attribute of any module in the tree (``training``, flags, scales), its child modules, or its hooks.
 :class:`tdrl.collect.policy.PolicyStep` checks that before every batch and rebuilds, and compares the result with
 the module's own forward before using it.
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import fx
 
-__all__ = ["ACTIVATIONS", "ModuleWatch", "hooked", "layer_function", "traced_call"]
+__all__ = ["ACTIVATIONS", "ModuleWatch", "global_hooks", "hooked", "layer_function", "traced_call"]
 
 ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
     torch.nn.Tanh: torch.tanh,
@@ -53,6 +53,12 @@ _LIBRARIES = ("torch", "numpy", "math", "tensordict", "torchrl", "operator", "fu
 def hooked(module: torch.nn.Module) -> bool:
     return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
                 or module._backward_pre_hooks)
+
+
+def global_hooks() -> bool:
+    """Whether module hooks are registered for every module (then direct calls must go through the modules)."""
+    registry = torch.nn.modules.module
+    return bool(registry._global_forward_hooks or registry._global_forward_pre_hooks)
 
 
 def _state(module: torch.nn.Module) -> list[tuple[Any, ...]]:
@@ -194,11 +200,8 @@ def traced_call(module: torch.nn.Module) -> Callable[..., Any] | None:
         else:
             values[node] = flat.node_copy(node, values.__getitem__)
     forward = fx.GraphModule(torch.nn.Module(), flat).forward
-    hooks = torch.nn.modules.module
 
     def run(*inputs: Any) -> Any:
-        if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
-            return module(*inputs)
-        return forward(*inputs)
+        return module(*inputs) if global_hooks() else forward(*inputs)
 
     return run
