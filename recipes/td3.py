@@ -182,7 +182,8 @@ def main(cfg: Config) -> dict:
                                     gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed)
     collector = make_collector(cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
                                batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
-                               seed=cfg.run.seed, discount=cfg.loss.gamma)
+                               seed=cfg.run.seed, discount=cfg.loss.gamma,
+                               return_same_td=True)  # no copy per batch: each goes straight into the replay
     eval_collector = None
     if cfg.eval.n_envs:  # wait-reset over one time limit: each evaluation is n_envs whole episodes
         limit = cfg.eval.max_steps or specs.max_episode_steps or 1000

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dis
 import inspect
+import operator
 import types
 import warnings
 from collections.abc import Callable
@@ -59,21 +60,6 @@ def global_hooks() -> bool:
     """Whether module hooks are registered for every module (then direct calls must go through the modules)."""
     registry = torch.nn.modules.module
     return bool(registry._global_forward_hooks or registry._global_forward_pre_hooks)
-
-
-def _state(module: torch.nn.Module) -> list[tuple[Any, ...]]:
-    """What a trace of ``module`` may have read besides tensors, per module of the tree."""
-    return [
-        (m, hooked(m), tuple(m._modules.values()), {k: v for k, v in vars(m).items() if type(v) in _PLAIN})
-        for m in module.modules()
-    ]
-
-
-def _same_state(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> bool:
-    return len(a) == len(b) and all(
-        ma is mb and ha == hb and len(ca) == len(cb) and all(x is y for x, y in zip(ca, cb, strict=True)) and pa == pb
-        for (ma, ha, ca, pa), (mb, hb, cb, pb) in zip(a, b, strict=True)
-    )
 
 
 def _library(obj: Any) -> bool:
@@ -156,15 +142,54 @@ def _attribute_reader(owner: torch.nn.Module, name: str) -> Callable[[], Any]:
 
 
 class ModuleWatch:
-    """Remembers what a direct call of ``module`` was built from; :meth:`stale` says when to build it again."""
+    """Remembers what a direct call of ``module`` was built from; :meth:`stale` says when to build it again.
+
+    What counts, per module of the tree: its plain attributes (``bool``/``int``/``float``/``str``/``None`` values of
+    the instance dict, e.g. ``training``), whether it has hooks, and its child modules. Checked before every batch,
+    so at ``batch_T = 1`` (one env step per batch, the off-policy recipes) it must be cheap: a module whose instance
+    dict holds values of the same types in the same order, with equal plain values, is unchanged (C-level tuple
+    operations, ~1 µs per module); only otherwise are its plain attributes compared key by key (a tensor put into
+    the dict by ``to_module`` is not a change) and the snapshot renewed.
+    """
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
-        self.state = _state(module)
+        self.snapshots = [_Snapshot(m) for m in module.modules()]
 
     def stale(self) -> bool:
         """Whether a plain Python attribute, child module or hook in the tree changed since."""
-        return not _same_state(self.state, _state(self.module))
+        for i, snap in enumerate(self.snapshots):
+            if snap.same_structure():
+                if not snap.same_dict():
+                    renewed = _Snapshot(snap.module)
+                    if renewed.plain_attrs != snap.plain_attrs:
+                        return True
+                    self.snapshots[i] = renewed
+            else:
+                return True
+        return False
+
+
+class _Snapshot:
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module, self.dict = module, vars(module)
+        self.plain_attrs = {k: v for k, v in self.dict.items() if type(v) in _PLAIN}
+        keys = list(self.plain_attrs)
+        self.get_plain = operator.itemgetter(*keys, *keys) if keys else (lambda _: ())  # >= 2 keys: a tuple
+        self.plain_values = self.get_plain(self.dict)
+        self.types = tuple(map(type, self.dict.values()))
+        self.hooked = hooked(module)
+        self.children = tuple(module._modules.values())
+
+    def same_structure(self) -> bool:
+        return hooked(self.module) == self.hooked and tuple(self.module._modules.values()) == self.children
+
+    def same_dict(self) -> bool:
+        """Fast check: same value types in the same order and equal plain values (``False`` may be a false alarm)."""
+        try:
+            return tuple(map(type, self.dict.values())) == self.types and self.get_plain(self.dict) == self.plain_values
+        except KeyError:
+            return False
 
 
 def traced_call(module: torch.nn.Module) -> Callable[..., Any] | None:
@@ -178,14 +203,14 @@ def traced_call(module: torch.nn.Module) -> Callable[..., Any] | None:
     tracer = fx.Tracer()
     if not _traced_classes_pure(module, tracer):
         return None
-    before = _state(module)
+    watch = ModuleWatch(module)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             graph = tracer.trace(module)
     except Exception:  # untraceable forward: the module keeps its own call
         return None
-    if not _same_state(before, _state(module)):
+    if watch.stale():
         return None
     flat = fx.Graph()
     values: dict[fx.Node, fx.Node] = {}

@@ -28,6 +28,17 @@ class Shifted(torch.nn.Module):
         return (self.mlp(obs) + self.shift) % 2
 
 
+class OptionalShift(Shifted):
+    """``shift`` is read with a default: deleting the attribute changes what the module computes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shift = 1
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return (self.mlp(obs) + getattr(self, "shift", 0)) % 2
+
+
 class TrainingBranch(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -135,12 +146,13 @@ def _last_layer() -> torch.nn.Linear:
     return layer
 
 
-@pytest.mark.parametrize("case", ["attribute", "eval", "child", "hook"])
+@pytest.mark.parametrize("case", ["attribute", "deleted", "eval", "child", "hook"])
 def test_a_changed_module_rebuilds_the_plan_before_the_next_batch(case):
     """Whatever the trace could have frozen (a Python attribute, the training flag, a child module, a hook) is
     checked before every batch: the collected actions equal those of the module's own forward throughout."""
     changes = {
         "attribute": lambda m: setattr(m, "shift", 1),
+        "deleted": lambda m: delattr(m, "shift"),
         "eval": lambda m: m.eval(),
         "child": lambda m: setattr(m.mlp.net, "4", _last_layer()),
         "hook": lambda m: m.mlp.net[0].register_forward_hook(lambda module, args, out: -out),
@@ -148,5 +160,29 @@ def test_a_changed_module_rebuilds_the_plan_before_the_next_batch(case):
     actions = {}
     for fast in (True, False):
         torch.manual_seed(0)
-        actions[fast] = _collect(TrainingBranch() if case == "eval" else Shifted(), fast, changes[case])
+        module = {"eval": TrainingBranch, "deleted": OptionalShift}.get(case, Shifted)()
+        actions[fast] = _collect(module, fast, changes[case])
     assert all(torch.equal(a, b) for a, b in zip(actions[True], actions[False], strict=True))
+
+
+def test_module_watch_sees_plain_attributes_not_tensors_put_into_the_dict():
+    """A tensor stored on a module (a cache, a tensor ``to_module`` put into the instance dict) changes nothing a
+    plan froze (the plan reads tensors at call time); a new, changed or deleted plain attribute, ``eval()``, a child
+    or a hook does."""
+    from tdrl.collect.tracing import ModuleWatch
+
+    module = Shifted()
+    watch = ModuleWatch(module)
+    module.mlp.cache = torch.zeros(3)
+    assert not watch.stale()
+    module.mlp.cache = torch.ones(3)
+    del module.mlp.cache
+    assert not watch.stale()
+    for change in (lambda m: setattr(m.mlp, "scale", 2.0), lambda m: setattr(m, "shift", 1),
+                   lambda m: delattr(m, "shift"), lambda m: m.eval(),
+                   lambda m: m.mlp.register_forward_pre_hook(lambda *a: None),
+                   lambda m: setattr(m, "extra", torch.nn.Identity())):
+        module = Shifted()
+        watch = ModuleWatch(module)
+        change(module)
+        assert watch.stale()
