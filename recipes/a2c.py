@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 from torchrl.modules import set_recurrent_mode
 
-from tdrl.collect import make_collector
+from tdrl.collect import make_collector, start_workers_early
 from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig, parse_args
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
@@ -133,6 +133,7 @@ class Config:
 
 def main(cfg: Config) -> dict:
     # --- Build ----------------------------------------------------------------------------------------------
+    start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
     torch.set_num_threads(cfg.run.torch_threads)
     seed_everything(cfg.run.seed)
     device = torch.device(cfg.run.device)

@@ -32,7 +32,7 @@ from typing import Literal
 import torch
 from torchrl.modules import set_recurrent_mode
 
-from tdrl.collect import make_collector
+from tdrl.collect import make_collector, start_workers_early
 from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig, parse_args
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
@@ -159,6 +159,7 @@ def main(cfg: Config) -> dict:
         return launch_data_parallel(main, cfg, world_size=cfg.trainer.world_size, backend=cfg.trainer.backend,
                                     device=cfg.run.device)
     # --- Build ----------------------------------------------------------------------------------------------
+    start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
     torch.set_num_threads(cfg.run.torch_threads)
     seed_everything(rank_seed(cfg.run.seed))  # data-parallel ranks > 0 get their own streams
     device = torch.device(cfg.run.device)

@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 from tensordict.nn import TensorDictSequential
 
-from tdrl.collect import make_collector
+from tdrl.collect import make_collector, start_workers_early
 from tdrl.config import CheckpointConfig, ConfigError, LoggerConfig, RunConfig, parse_args
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
@@ -156,6 +156,7 @@ class Config:
 
 def main(cfg: Config) -> dict:
     # --- Build ----------------------------------------------------------------------------------------------
+    start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
     torch.set_num_threads(cfg.run.torch_threads)
     seed_everything(cfg.run.seed)
     device = torch.device(cfg.run.device)

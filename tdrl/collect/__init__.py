@@ -42,7 +42,7 @@ Same seed + deterministic policy ⇒ every tdrl kind yields exactly the serial c
 from tdrl.collect.action_server import ActionServerCollector
 from tdrl.collect.common import CollectorError
 from tdrl.collect.evaluation import EvalCollector
-from tdrl.collect.factory import COLLECTOR_KINDS, make_collector
+from tdrl.collect.factory import COLLECTOR_KINDS, make_collector, start_workers_early
 from tdrl.collect.parallel import ParallelCollector
 from tdrl.collect.policy import PolicyStep
 from tdrl.collect.serial import SerialCollector
@@ -61,5 +61,6 @@ __all__ = [
     "TRAJ_INFO_FIELDS",
     "TorchRLCollector",
     "make_collector",
+    "start_workers_early",
     "traj_info_stats",
 ]

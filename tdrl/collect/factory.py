@@ -14,10 +14,23 @@ from tdrl.collect.action_server import ActionServerCollector
 from tdrl.collect.parallel import ParallelCollector
 from tdrl.collect.serial import SerialCollector
 from tdrl.collect.torchrl_adapter import TorchRLCollector
+from tdrl.collect.workers import get_context
 
-__all__ = ["COLLECTOR_KINDS", "make_collector"]
+__all__ = ["COLLECTOR_KINDS", "make_collector", "start_workers_early"]
 
 COLLECTOR_KINDS = ("serial", "parallel", "action_server", "alternating", "torchrl")
+WORKER_KINDS = ("parallel", "action_server", "alternating")
+
+
+def start_workers_early(kind: str, start_method: str | None = None) -> None:
+    """Start the process tdrl's workers fork from now, for a collector of ``kind`` built later in this process.
+
+    That fork server imports torch and tensordict once (2.5-5 s on 2 cores) before the first worker can start. A
+    recipe calls this first, so the import runs while it builds its models and opens the run (W&B) instead of
+    after; the in-process kinds (``serial``, ``torchrl``) do nothing.
+    """
+    if kind in WORKER_KINDS:
+        get_context(start_method)
 
 
 def make_collector(

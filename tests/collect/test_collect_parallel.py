@@ -253,3 +253,35 @@ def test_action_server_with_policy_on_gpu():
         batch = c.collect()
     assert batch.device.type == "cuda" and batch["action"].dtype == torch.int64
     assert batch["next", "reward"].eq(1).all()
+
+
+EARLY_START_SCRIPT = """
+import os
+from multiprocessing import forkserver
+from tdrl.collect import start_workers_early
+start_workers_early("serial")
+start_workers_early("torchrl")
+assert forkserver._forkserver._forkserver_pid is None, "an in-process kind started a server"
+start_workers_early("parallel")
+pid = forkserver._forkserver._forkserver_pid
+os.kill(pid, 0)  # alive: it imports torch now, before any collector exists
+print(pid)
+"""
+
+
+def test_start_workers_early_starts_the_fork_server_only_for_worker_kinds():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", EARLY_START_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the server exits with the process that started it: no orphan
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"fork server {pid} outlived its process")
