@@ -148,25 +148,24 @@ class ModuleWatch:
     the instance dict, e.g. ``training``), whether it has hooks, and its child modules. Checked before every batch,
     so at ``batch_T = 1`` (one env step per batch, the off-policy recipes) it must be cheap: a module whose instance
     dict holds values of the same types in the same order, with equal plain values, is unchanged (C-level tuple
-    operations, ~1 µs per module); only otherwise are its plain attributes compared key by key (a tensor put into
-    the dict by ``to_module`` is not a change) and the snapshot renewed.
+    operations, ~1 µs per module); only otherwise are its plain attributes compared key by key (a tensor stored on
+    the module is not a change) and the snapshot renewed.
     """
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self.module = module
         self.snapshots = [_Snapshot(m) for m in module.modules()]
 
     def stale(self) -> bool:
         """Whether a plain Python attribute, child module or hook in the tree changed since."""
         for i, snap in enumerate(self.snapshots):
-            if snap.same_structure():
-                if not snap.same_dict():
-                    renewed = _Snapshot(snap.module)
-                    if renewed.plain_attrs != snap.plain_attrs:
-                        return True
-                    self.snapshots[i] = renewed
-            else:
+            if not snap.same_structure():
                 return True
+            if snap.same_dict():
+                continue
+            renewed = _Snapshot(snap.module)  # the slow comparison, on this module only
+            if renewed.plain_attrs != snap.plain_attrs:
+                return True
+            self.snapshots[i] = renewed  # only non-plain values changed: next time the fast check holds again
         return False
 
 
