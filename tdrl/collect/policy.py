@@ -61,6 +61,7 @@ from torchrl.data import Bounded  # loaded with tdrl.envs anyway
 from tdrl.collect.tracing import (
     ACTIVATIONS,
     ModuleWatch,
+    chain,
     global_hooks,
     hooked,
     layer_function,
@@ -113,13 +114,9 @@ def _direct_call(module: torch.nn.Module, build: _Build) -> Callable[..., Any]:
     (:func:`~tdrl.collect.tracing.layer_function`); another network of the user's runs as its ``torch.fx`` trace
     where that is safe (:func:`~tdrl.collect.tracing.traced_call`); a module with hooks, or anything else, is
     called as usual."""
-    from torchrl.modules import MLP
-
-    sequential = isinstance(module, torch.nn.Sequential) and type(module).forward is torch.nn.Sequential.forward
-    plain_mlp = type(module) is MLP and isinstance(module.out_features, int)
     if hooked(module):
         return module
-    if not (sequential or plain_mlp):
+    if not chain(module):
         traced = traced_call(module) if build.trace else None
         build.traced |= traced is not None
         return module if traced is None else traced

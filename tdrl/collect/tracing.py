@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import fx
 
-__all__ = ["ACTIVATIONS", "ModuleWatch", "global_hooks", "hooked", "layer_function", "traced_call"]
+__all__ = ["ACTIVATIONS", "ModuleWatch", "chain", "global_hooks", "hooked", "layer_function", "plain_layers", "traced_call"]
 
 ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
     torch.nn.Tanh: torch.tanh,
@@ -132,6 +132,35 @@ def layer_function(layer: torch.nn.Module) -> Callable[..., Any]:
         return layer(*args, **kwargs)
 
     return call
+
+
+def chain(module: torch.nn.Module) -> bool:
+    """Whether ``module`` calls its children in turn on one input: an ``nn.Sequential`` (or a subclass keeping its
+    ``forward``), or TorchRL's ``MLP`` with one input."""
+    from torchrl.modules import MLP
+
+    sequential = isinstance(module, torch.nn.Sequential) and type(module).forward is torch.nn.Sequential.forward
+    return sequential or (type(module) is MLP and isinstance(module.out_features, int))
+
+
+def plain_layers(module: torch.nn.Module) -> list[Callable[[torch.Tensor], torch.Tensor]] | None:
+    """The layers of a plain MLP as functions (:func:`layer_function`), in call order, or ``None``.
+
+    Plain: ``nn.Sequential`` chains (subclasses that keep its ``forward``, and TorchRL's ``MLP`` with one input),
+    nested, of ``Linear`` layers and elementwise activations, without hooks. Calling the functions in turn equals
+    calling the module while :class:`ModuleWatch` sees no change and no global hooks are registered.
+    """
+    if type(module) is torch.nn.Linear or type(module) in ACTIVATIONS:
+        return None if hooked(module) else [layer_function(module)]
+    if hooked(module) or not chain(module):
+        return None
+    layers: list[Callable[[torch.Tensor], torch.Tensor]] = []
+    for child in module:
+        inner = plain_layers(child)
+        if inner is None:
+            return None
+        layers += inner
+    return layers
 
 
 def _attribute_reader(owner: torch.nn.Module, name: str) -> Callable[[], Any]:

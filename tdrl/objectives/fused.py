@@ -72,7 +72,7 @@ class FusedLoss(LossModule):
         terminated = tensordict.get(("next", keys.terminated)).reshape(reward.shape)
         steps = tensordict.get(keys.steps_to_next_obs, None)
         discount = self.gamma if steps is None else self.gamma ** steps.reshape(reward.shape)
-        return reward + discount * (~terminated).to(reward.dtype) * next_value
+        return torch.where(terminated, reward, reward + discount * next_value)
 
     def weighted_mean(self, per_sample: torch.Tensor, tensordict: TensorDictBase) -> torch.Tensor:
         """Mean over the batch, or TorchRL's ``sum(w * l) / sum(w)`` when the sample carries PER weights."""
@@ -101,8 +101,20 @@ class TwinCriticLoss(FusedLoss):
                                                              no_convert=True)
         self._has_update_associated["qvalue_network"] = False
         self._param_keys = [(("weights", str(i)), ("biases", str(i))) for i in range(len(critic.weights))]
+        self._params_read: dict[bool, list[torch.Tensor]] = {}
 
     def critic_params(self, target: bool = False) -> list[torch.Tensor]:
-        """``[w0, b0, w1, b1, ...]`` of the online (or target) critics, the layout ``stacked_mlp`` takes."""
-        params = self.target_qvalue_network_params if target else self.qvalue_network_params
-        return [params.get(key) for pair in self._param_keys for key in pair]
+        """``[w0, b0, w1, b1, ...]`` of the online (or target) critics, the layout ``stacked_mlp`` takes.
+
+        Read from the parameter TensorDicts once (~40 us a read here, three per update) and kept: optimizers, polyak
+        updates and ``load_state_dict`` change these tensors in place; moving the module (``_apply``) reads again.
+        """
+        read = self._params_read.get(target)
+        if read is None:
+            params = self.target_qvalue_network_params if target else self.qvalue_network_params
+            read = self._params_read[target] = [params.get(key) for pair in self._param_keys for key in pair]
+        return read
+
+    def _apply(self, *args, **kwargs):
+        self._params_read = {}
+        return super()._apply(*args, **kwargs)

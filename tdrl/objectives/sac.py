@@ -45,7 +45,8 @@ from torch import nn
 from torch.nn import functional as F
 from torchrl.modules import TanhNormal
 
-from tdrl.models.q import TwinQ, stacked_mlp
+from tdrl.collect.tracing import ModuleWatch, global_hooks, hooked, plain_layers
+from tdrl.models.q import LogStdGaussianParams, TwinQ, stacked_mlp
 from tdrl.objectives.fused import STEPS_KEY, WEIGHT_KEY, TwinCriticLoss
 
 __all__ = ["FusedSACLoss"]
@@ -98,6 +99,11 @@ class FusedSACLoss(TwinCriticLoss):
         action_dim = int(low.numel())
         entropy = -float(action_dim) if target_entropy == "auto" else float(target_entropy)
         self.register_buffer("target_entropy", torch.tensor(entropy))
+        # the log-probability's constant: -d log sqrt(2 pi) - 2 d log 2 - sum log((high - low) / 2)
+        self.register_buffer("log_prob_offset",
+                             -action_dim * (_LOG_SQRT_2PI + 2 * math.log(2.0)) - self.action_scale.log().sum())
+        self._policy_layers: list | None = None
+        self._policy_watch: ModuleWatch | None = None
         log_alpha = torch.tensor(math.log(alpha_init))
         if fixed_alpha:
             self.register_buffer("log_alpha", log_alpha)
@@ -106,17 +112,37 @@ class FusedSACLoss(TwinCriticLoss):
 
     # --- pieces -----------------------------------------------------------------------------------------------
 
+    def policy_loc_log_std(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's Gaussian ``loc`` and ``log(scale)``.
+
+        For ``make_tanh_gaussian_actor``'s network (an MLP, then :class:`~tdrl.models.q.LogStdGaussianParams`) the
+        layers run as functions (:func:`~tdrl.collect.tracing.plain_layers`: ``nn.Module.__call__`` costs ~10 us per
+        layer here, two policy evaluations per update) and the log-std is read before its ``exp``; any other network
+        is called as usual. A change to the network's modules (:class:`~tdrl.collect.tracing.ModuleWatch`) rebuilds.
+        """
+        net = self.policy_net
+        if self._policy_watch is None or self._policy_watch.stale():
+            self._policy_layers, self._policy_watch = _plain_log_std_policy(net), ModuleWatch(net)
+        if self._policy_layers is None or global_hooks():
+            loc, scale = net(observation)
+            return loc, scale.log()
+        x = observation
+        for layer in self._policy_layers:
+            x = layer(x)
+        loc, log_std = x.chunk(2, -1)
+        head = net[-1]
+        return loc, log_std.clamp(head.log_std_min, head.log_std_max)
+
     def sample_and_log_prob(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised action in the box and its log-probability (TorchRL's ``TanhNormal``, same draws)."""
-        loc, scale = self.policy_net(observation)
+        loc, log_std = self.policy_loc_log_std(observation)
         noise = torch.empty_like(loc).normal_()
-        pre_tanh = loc + scale * noise
-        squashed = torch.tanh(pre_tanh)
-        action = self.action_loc + self.action_scale * squashed
-        log_normal = -0.5 * noise.pow(2) - scale.log() - _LOG_SQRT_2PI
+        pre_tanh = torch.addcmul(loc, log_std.exp(), noise)
+        action = torch.addcmul(self.action_loc, self.action_scale, torch.tanh(pre_tanh))
+        # log N(noise) - log|d action / d pre_tanh| per dimension, constants summed once (log_prob_offset):
         # log|d tanh(u)/du| = 2 (log 2 - u - softplus(-2u)) (numerically stable), plus the affine rescaling
-        log_jacobian = 2.0 * (math.log(2.0) - pre_tanh - F.softplus(-2.0 * pre_tanh)) + self.action_scale.log()
-        return action, (log_normal - log_jacobian).sum(-1)
+        per_dim = 2.0 * (pre_tanh + F.softplus(-2.0 * pre_tanh)) - log_std
+        return action, torch.addcmul(per_dim, noise, noise, value=-0.5).sum(-1) + self.log_prob_offset
 
     # --- loss -------------------------------------------------------------------------------------------------
 
@@ -159,3 +185,13 @@ class FusedSACLoss(TwinCriticLoss):
         out = self.critic_loss(tensordict)
         out.update(self.actor_loss(tensordict))
         return out
+
+
+def _plain_log_std_policy(net: nn.Module) -> list | None:
+    """The layers before the :class:`LogStdGaussianParams` head of ``nn.Sequential(mlp, head)`` as functions, or
+    ``None`` for any other network."""
+    if not (isinstance(net, nn.Sequential) and type(net).forward is nn.Sequential.forward and len(net) >= 2
+            and type(net[-1]) is LogStdGaussianParams and not hooked(net) and not hooked(net[-1])):
+        return None
+    layers = [plain_layers(child) for child in list(net)[:-1]]
+    return None if any(part is None for part in layers) else [f for part in layers for f in part]

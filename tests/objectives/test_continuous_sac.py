@@ -20,10 +20,10 @@ GAMMA = 0.9
 HIDDEN = (8, 8)
 
 
-def _pair(specs, alpha_init=0.7):
+def _pair(specs, alpha_init=0.7, scale_mapping="log_std"):
     """TorchRL's SACLoss and a FusedSACLoss sharing the actor, with the same critic and target parameters."""
     torch.manual_seed(0)
-    actor = make_tanh_gaussian_actor(specs, hidden_sizes=HIDDEN)
+    actor = make_tanh_gaussian_actor(specs, hidden_sizes=HIDDEN, scale_mapping=scale_mapping)
     theirs = make_sac_loss(actor, make_q_critic(specs, hidden_sizes=HIDDEN), specs.action_spec, gamma=GAMMA,
                            alpha_init=alpha_init)
     with torch.no_grad():
@@ -36,9 +36,10 @@ def _pair(specs, alpha_init=0.7):
     return theirs, ours, actor
 
 
+@pytest.mark.parametrize("scale_mapping", ["log_std", "softplus"])  # layers run as functions / the network called
 @pytest.mark.parametrize("drop", [(), ("priority_weight",), ("steps_to_next_obs",)])
-def test_losses_and_gradients_equal_torchrl(specs, drop):
-    theirs, ours, actor = _pair(specs)
+def test_losses_and_gradients_equal_torchrl(specs, drop, scale_mapping):
+    theirs, ours, actor = _pair(specs, scale_mapping=scale_mapping)
     batch = pendulum_batch().exclude(*drop)
     torch.manual_seed(7)
     out_theirs = theirs(batch.clone())
@@ -61,6 +62,22 @@ def test_losses_and_gradients_equal_torchrl(specs, drop):
     for a, b in zip(g_theirs, g_ours, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
     assert torch.allclose(w_theirs, ours.qvalue_network.weights[1].grad, atol=1e-5)
+
+
+def test_policy_layers_run_as_functions_until_the_network_changes(specs):
+    """The loss runs the policy MLP's layers without nn.Module calls, but a hook added later is honoured."""
+    _, ours, actor = _pair(specs)
+    obs = pendulum_batch()["observation"]
+    net = actor[0].module
+    loc, log_std = ours.policy_loc_log_std(obs)
+    ref_loc, ref_scale = net(obs)
+    assert ours._policy_layers is not None
+    assert torch.allclose(loc, ref_loc) and torch.allclose(log_std.exp(), ref_scale)
+    calls = []
+    first_linear = next(m for m in net.modules() if isinstance(m, torch.nn.Linear))
+    first_linear.register_forward_hook(lambda *_: calls.append(1))
+    ours.policy_loc_log_std(obs)
+    assert calls == [1] and ours._policy_layers is None
 
 
 def test_nstep_and_time_limits_reach_the_target(specs):

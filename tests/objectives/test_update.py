@@ -10,7 +10,7 @@ from tensordict.nn import TensorDictModule
 from torchrl.modules import QValueActor
 from torchrl.objectives import DQNLoss
 
-from tdrl.objectives.update import NonFiniteLossError, TargetUpdate, Updater
+from tdrl.objectives.update import NonFiniteLossError, TargetUpdate, Updater, _grad_norm
 
 
 def _linear():
@@ -65,6 +65,21 @@ def test_nan_gradient_from_finite_loss_is_not_stepped():
         updater.step({"loss_sqrt": loss})
     for p, q in zip(net.parameters(), before, strict=True):
         assert torch.equal(p, q)
+
+
+def test_finite_loss_and_norm_whose_sum_overflows_still_step():
+    """Loss and gradient norm are checked as one sum; a sum that only overflows float32 must not stop the run."""
+    p = torch.nn.Parameter(torch.ones(1))
+    updater = Updater(torch.optim.SGD([p], lr=1e-39))
+    out = updater.step({"loss_big": (p * 3e38).sum()})  # loss 3e38, gradient 3e38: finite, their sum is inf
+    assert out["grad_norm"].item() == pytest.approx(3e38, rel=1e-6)
+    assert updater.updates == 1 and p.item() < 1.0
+
+
+def test_grad_norm_is_torch_total_norm():
+    grads = [torch.randn(3, 4), torch.randn(5), torch.randn(2, 2, 2)]
+    assert torch.allclose(_grad_norm(grads), torch.nn.utils.get_total_norm(grads))
+    assert _grad_norm([]).item() == 0.0
 
 
 def test_lr_property_sets_every_group():
