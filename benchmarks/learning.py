@@ -385,8 +385,9 @@ def print_update_times(title: str, steps: dict[str, Callable[[], Any]], baseline
 
 def bench_sac_loss(repeats: int = 100) -> None:
     """One SAC update (256 Pendulum samples, [256, 256] MLPs, Adam, polyak targets): TorchRL's SACLoss (vmapped
-    critics, one backward), tdrl's FusedSACLoss as recipes/sac.py steps it (critics, then policy and alpha), and SB3's
-    ``SAC.train(gradient_steps=1)`` (which also samples its replay buffer)."""
+    critics, one backward), tdrl's FusedSACLoss as recipes/sac.py steps it (critics, then policy and alpha; fused
+    Adam), and SB3's ``SAC.train(gradient_steps=1)`` (which also samples its replay buffer); one torch thread each
+    (the micro-benchmarks' setting; the recipe runs two)."""
     from tensordict import TensorDict
 
     from tdrl.envs import EnvFactory
@@ -413,8 +414,9 @@ def bench_sac_loss(repeats: int = 100) -> None:
         loss = FusedSACLoss(make_tanh_gaussian_actor(specs), critic)
         critic_params = list(critic.parameters())
         policy_params = [p for p in loss.parameters() if all(p is not q for q in critic_params)]
-        critic_updater = Updater(torch.optim.Adam(critic_params, lr=1e-3), loss_keys=("loss_qvalue",))
-        policy_updater = Updater(torch.optim.Adam(policy_params, lr=1e-3), loss_keys=("loss_actor", "loss_alpha"),
+        critic_updater = Updater(torch.optim.Adam(critic_params, lr=1e-3, fused=True), loss_keys=("loss_qvalue",))
+        policy_updater = Updater(torch.optim.Adam(policy_params, lr=1e-3, fused=True),
+                                 loss_keys=("loss_actor", "loss_alpha"),
                                  target_update=TargetUpdate(loss, interval=1, tau=0.005))
 
         def step() -> None:
