@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import fx
 
-__all__ = ["ACTIVATIONS", "ModuleWatch", "chain", "global_hooks", "hooked", "layer_function", "plain_layers", "traced_call"]
+__all__ = ["ACTIVATIONS", "HeadedMLP", "ModuleWatch", "chain", "global_hooks", "hooked", "layer_function", "plain_layers", "traced_call"]
 
 ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
     torch.nn.Tanh: torch.tanh,
@@ -161,6 +161,46 @@ def plain_layers(module: torch.nn.Module) -> list[Callable[[torch.Tensor], torch
             return None
         layers += inner
     return layers
+
+
+class HeadedMLP:
+    """``nn.Sequential(*body, head)`` with a head of a known type, its body run as layer functions.
+
+    For losses that evaluate a policy network several times per update and compute the head's output themselves
+    (``nn.Module.__call__`` costs ~10 us per layer on a slow CPU). :meth:`body` returns the body's output, or
+    ``None`` when the network is not of that form, has hooks, or global hooks are registered: the caller then calls
+    the network. A change :class:`ModuleWatch` sees rebuilds. Copies and pickles carry only the network (the layer
+    functions close over its modules' dicts).
+    """
+
+    def __init__(self, net: torch.nn.Module, head_type: type) -> None:
+        self.net, self.head_type = net, head_type
+        self._layers: list[Callable[[torch.Tensor], torch.Tensor]] | None = None
+        self._watch: ModuleWatch | None = None
+
+    @property
+    def head(self) -> torch.nn.Module:
+        return self.net[-1]
+
+    def body(self, x: torch.Tensor) -> torch.Tensor | None:
+        if self._watch is None or self._watch.stale():
+            self._layers, self._watch = self._build(), ModuleWatch(self.net)
+        if self._layers is None or global_hooks():
+            return None
+        for layer in self._layers:
+            x = layer(x)
+        return x
+
+    def _build(self) -> list[Callable[[torch.Tensor], torch.Tensor]] | None:
+        net = self.net
+        if not (chain(net) and len(net) >= 2 and type(net[-1]) is self.head_type
+                and not hooked(net) and not hooked(net[-1])):
+            return None
+        parts = [plain_layers(child) for child in list(net)[:-1]]
+        return None if any(part is None for part in parts) else [f for part in parts for f in part]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"net": self.net, "head_type": self.head_type, "_layers": None, "_watch": None}
 
 
 def _attribute_reader(owner: torch.nn.Module, name: str) -> Callable[[], Any]:

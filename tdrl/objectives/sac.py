@@ -45,7 +45,7 @@ from torch import nn
 from torch.nn import functional as F
 from torchrl.modules import TanhNormal
 
-from tdrl.collect.tracing import ModuleWatch, global_hooks, hooked, plain_layers
+from tdrl.collect.tracing import HeadedMLP
 from tdrl.models.q import LogStdGaussianParams, TwinQ, stacked_mlp
 from tdrl.objectives.fused import STEPS_KEY, WEIGHT_KEY, TwinCriticLoss
 
@@ -102,8 +102,7 @@ class FusedSACLoss(TwinCriticLoss):
         # the log-probability's constant: -d log sqrt(2 pi) - 2 d log 2 - sum log((high - low) / 2)
         self.register_buffer("log_prob_offset",
                              -action_dim * (_LOG_SQRT_2PI + 2 * math.log(2.0)) - self.action_scale.log().sum())
-        self._policy_layers: list | None = None
-        self._policy_watch: ModuleWatch | None = None
+        self._policy = HeadedMLP(self.policy_net, LogStdGaussianParams)
         log_alpha = torch.tensor(math.log(alpha_init))
         if fixed_alpha:
             self.register_buffer("log_alpha", log_alpha)
@@ -116,21 +115,16 @@ class FusedSACLoss(TwinCriticLoss):
         """The policy's Gaussian ``loc`` and ``log(scale)``.
 
         For ``make_tanh_gaussian_actor``'s network (an MLP, then :class:`~tdrl.models.q.LogStdGaussianParams`) the
-        layers run as functions (:func:`~tdrl.collect.tracing.plain_layers`: ``nn.Module.__call__`` costs ~10 us per
+        layers run as functions (:class:`~tdrl.collect.tracing.HeadedMLP`: ``nn.Module.__call__`` costs ~10 us per
         layer here, two policy evaluations per update) and the log-std is read before its ``exp``; any other network
-        is called as usual. A change to the network's modules (:class:`~tdrl.collect.tracing.ModuleWatch`) rebuilds.
+        is called as usual.
         """
-        net = self.policy_net
-        if self._policy_watch is None or self._policy_watch.stale():
-            self._policy_layers, self._policy_watch = _plain_log_std_policy(net), ModuleWatch(net)
-        if self._policy_layers is None or global_hooks():
-            loc, scale = net(observation)
+        body = self._policy.body(observation)
+        if body is None:
+            loc, scale = self.policy_net(observation)
             return loc, scale.log()
-        x = observation
-        for layer in self._policy_layers:
-            x = layer(x)
-        loc, log_std = x.chunk(2, -1)
-        head = net[-1]
+        loc, log_std = body.chunk(2, -1)
+        head = self._policy.head
         return loc, log_std.clamp(head.log_std_min, head.log_std_max)
 
     def sample_and_log_prob(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,12 +180,3 @@ class FusedSACLoss(TwinCriticLoss):
         out.update(self.actor_loss(tensordict))
         return out
 
-
-def _plain_log_std_policy(net: nn.Module) -> list | None:
-    """The layers before the :class:`LogStdGaussianParams` head of ``nn.Sequential(mlp, head)`` as functions, or
-    ``None`` for any other network."""
-    if not (isinstance(net, nn.Sequential) and type(net).forward is nn.Sequential.forward and len(net) >= 2
-            and type(net[-1]) is LogStdGaussianParams and not hooked(net) and not hooked(net[-1])):
-        return None
-    layers = [plain_layers(child) for child in list(net)[:-1]]
-    return None if any(part is None for part in layers) else [f for part in layers for f in part]

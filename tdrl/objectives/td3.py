@@ -36,7 +36,8 @@ from tensordict.nn import TensorDictModule
 from tensordict.utils import NestedKey
 from torch.nn import functional as F
 
-from tdrl.models.q import TwinQ, stacked_mlp
+from tdrl.collect.tracing import HeadedMLP
+from tdrl.models.q import ScaledTanh, TwinQ, stacked_mlp
 from tdrl.objectives.fused import STEPS_KEY, WEIGHT_KEY, TwinCriticLoss
 
 __all__ = ["FusedTD3Loss"]
@@ -88,6 +89,9 @@ class FusedTD3Loss(TwinCriticLoss):
         self.actor_net = actor.module
         target_net = copy.deepcopy(actor.module).requires_grad_(False)
         self.target_actor_net = target_net
+        # make_deterministic_actor's MLP runs as layer functions (the target net once per update, the actor per policy
+        # update); any other network is called as usual
+        self._actor, self._target_actor = HeadedMLP(actor.module, ScaledTanh), HeadedMLP(target_net, ScaledTanh)
         self.actor_network_params = TensorDictParams(TensorDict.from_module(actor.module), no_convert=True)
         self.target_actor_network_params = TensorDictParams(TensorDict.from_module(target_net), no_convert=True)
         self._has_update_associated["actor_network"] = False
@@ -97,6 +101,15 @@ class FusedTD3Loss(TwinCriticLoss):
             self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32).clone())
         self.policy_noise, self.noise_clip = float(policy_noise), float(noise_clip)
         self.loss_function = loss_function
+
+    @staticmethod
+    def _act(policy: HeadedMLP, observation: torch.Tensor) -> torch.Tensor:
+        """``policy.net(observation)``, the body as layer functions where it is a plain MLP before a ``ScaledTanh``."""
+        body = policy.body(observation)
+        if body is None:
+            return policy.net(observation)
+        head = policy.head
+        return head.loc + head.half_range * torch.tanh(body)
 
     def value_loss(self, tensordict: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``loss_qvalue`` and ``{"td_error": [n_critics, B] squared errors}``; gradients reach the critics only."""
@@ -108,7 +121,7 @@ class FusedTD3Loss(TwinCriticLoss):
         if self.policy_noise > 0:  # drawn before the target actor runs, as TorchRL does (same random stream)
             noise = (torch.randn_like(action) * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
         with torch.no_grad():
-            next_action = self.target_actor_net(next_obs)
+            next_action = self._act(self._target_actor, next_obs)
             if self.policy_noise > 0:
                 next_action = next_action + noise
             if self.clip_action:
@@ -130,7 +143,7 @@ class FusedTD3Loss(TwinCriticLoss):
         keys = self.tensor_keys
         obs = tensordict.get(keys.observation)
         first = [p.detach()[:1] for p in self.critic_params()]
-        q = stacked_mlp(first, self.qvalue_network.inputs(obs, self.actor_net(obs)))[0].squeeze(-1)
+        q = stacked_mlp(first, self.qvalue_network.inputs(obs, self._act(self._actor, obs)))[0].squeeze(-1)
         loss = self.weighted_mean(-q, tensordict)
         return loss, {"state_action_value_actor": q.detach()}
 

@@ -1,6 +1,8 @@
 """FusedSACLoss equals TorchRL's SACLoss (same parameters, same random draws): losses and gradients, with n-step
 discounts, time-limit bootstrapping and PER weights; target updates through TorchRL's SoftUpdate; bad input."""
 
+import copy
+
 import pytest
 import torch
 from pendulum_samples import assert_time_limits_bootstrap, copy_critics_into_twin, pendulum_batch
@@ -71,13 +73,28 @@ def test_policy_layers_run_as_functions_until_the_network_changes(specs):
     net = actor[0].module
     loc, log_std = ours.policy_loc_log_std(obs)
     ref_loc, ref_scale = net(obs)
-    assert ours._policy_layers is not None
+    assert ours._policy._layers is not None
     assert torch.allclose(loc, ref_loc) and torch.allclose(log_std.exp(), ref_scale)
     calls = []
     first_linear = next(m for m in net.modules() if isinstance(m, torch.nn.Linear))
     first_linear.register_forward_hook(lambda *_: calls.append(1))
     ours.policy_loc_log_std(obs)
-    assert calls == [1] and ours._policy_layers is None
+    assert calls == [1] and ours._policy._layers is None
+
+
+def test_a_copied_loss_runs_its_own_policy_weights(specs):
+    """The layer functions close over the policy's modules: a deep copy must rebuild them for its own copy."""
+    _, ours, _ = _pair(specs)
+    obs = pendulum_batch()["observation"]
+    ours.policy_loc_log_std(obs)  # builds the layer functions
+    copied = copy.deepcopy(ours)
+    with torch.no_grad():
+        for p in copied.policy_net.parameters():
+            p.mul_(0.5)
+    loc, log_std = copied.policy_loc_log_std(obs)
+    ref_loc, ref_scale = copied.policy_net(obs)
+    assert torch.allclose(loc, ref_loc) and torch.allclose(log_std.exp(), ref_scale)
+    assert not torch.allclose(loc, ours.policy_loc_log_std(obs)[0])
 
 
 def test_nstep_and_time_limits_reach_the_target(specs):
