@@ -20,6 +20,10 @@ and :meth:`ModuleWatch.stale` reports when anything a trace may have read has ch
 attribute of any module in the tree (``training``, flags, scales), its child modules, or its hooks.
 :class:`tdrl.collect.policy.PolicyStep` checks that before every batch and rebuilds, and compares the result with
 the module's own forward before using it.
+
+Plain MLPs need no trace: :func:`plain_layers` lists their ``Linear`` layers and activations as functions, and
+:class:`HeadedMLP` runs the body of ``nn.Sequential(*mlp, head)`` that way for the losses that evaluate a policy
+several times per update (``FusedSACLoss``, ``FusedTD3Loss``) and compute its head themselves.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from typing import Any
 import torch
 from torch import fx
 
-__all__ = ["ACTIVATIONS", "HeadedMLP", "ModuleWatch", "chain", "global_hooks", "hooked", "layer_function", "plain_layers", "traced_call"]
+__all__ = ["ACTIVATIONS", "HeadedMLP", "ModuleWatch", "chain", "global_hooks", "hooked", "layer_function", "plain_layers",
+           "traced_call"]
 
 ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
     torch.nn.Tanh: torch.tanh,

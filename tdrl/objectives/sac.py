@@ -179,4 +179,3 @@ class FusedSACLoss(TwinCriticLoss):
         out = self.critic_loss(tensordict)
         out.update(self.actor_loss(tensordict))
         return out
-
