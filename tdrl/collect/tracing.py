@@ -23,7 +23,7 @@ the module's own forward before using it.
 
 Plain MLPs need no trace: :func:`plain_layers` lists their ``Linear`` layers and activations as functions, and
 :class:`HeadedMLP` runs the body of ``nn.Sequential(*mlp, head)`` that way for the losses that evaluate a policy
-several times per update (``FusedSACLoss``, ``FusedTD3Loss``) and compute its head themselves.
+several times per update (``FusedSACLoss``, ``FusedTD3Loss``).
 """
 
 from __future__ import annotations
@@ -171,10 +171,10 @@ def plain_layers(module: torch.nn.Module) -> list[Callable[[torch.Tensor], torch
 class HeadedMLP:
     """``nn.Sequential(*body, head)`` with a head of a known type, its body run as layer functions.
 
-    For losses that evaluate a policy network several times per update and compute the head's output themselves
-    (``nn.Module.__call__`` costs ~10 us per layer on a slow CPU). :meth:`body` returns the body's output, or
-    ``None`` when the network is not of that form, has hooks, or global hooks are registered: the caller then calls
-    the network. A change :class:`ModuleWatch` sees rebuilds. Copies and pickles carry only the network (the layer
+    For losses that evaluate a policy network several times per update (``nn.Module.__call__`` costs ~10 us per
+    layer on a slow CPU). Calling it equals calling the network. :meth:`body` returns the body's output alone (for a
+    caller that computes the head its own way, e.g. SAC reading the log-std before its ``exp``), or ``None`` when
+    the network is not of that form, has hooks, or global hooks are registered: the caller then calls the network. A change :class:`ModuleWatch` sees rebuilds. Copies and pickles carry only the network (the layer
     functions close over its modules' dicts).
     """
 
@@ -186,6 +186,11 @@ class HeadedMLP:
     @property
     def head(self) -> torch.nn.Module:
         return self.net[-1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``net(x)``: the body as layer functions, then the head's ``forward`` (checked unhooked), where possible."""
+        body = self.body(x)
+        return self.net(x) if body is None else self.head.forward(body)
 
     def body(self, x: torch.Tensor) -> torch.Tensor | None:
         if self._watch is None or self._watch.stale():

@@ -102,15 +102,6 @@ class FusedTD3Loss(TwinCriticLoss):
         self.policy_noise, self.noise_clip = float(policy_noise), float(noise_clip)
         self.loss_function = loss_function
 
-    @staticmethod
-    def _act(policy: HeadedMLP, observation: torch.Tensor) -> torch.Tensor:
-        """``policy.net(observation)``, the body as layer functions where it is a plain MLP before a ``ScaledTanh``."""
-        body = policy.body(observation)
-        if body is None:
-            return policy.net(observation)
-        head = policy.head
-        return head.loc + head.half_range * torch.tanh(body)
-
     def value_loss(self, tensordict: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``loss_qvalue`` and ``{"td_error": [n_critics, B] squared errors}``; gradients reach the critics only."""
         keys = self.tensor_keys
@@ -121,7 +112,7 @@ class FusedTD3Loss(TwinCriticLoss):
         if self.policy_noise > 0:  # drawn before the target actor runs, as TorchRL does (same random stream)
             noise = (torch.randn_like(action) * self.policy_noise).clamp(-self.noise_clip, self.noise_clip)
         with torch.no_grad():
-            next_action = self._act(self._target_actor, next_obs)
+            next_action = self._target_actor(next_obs)
             if self.policy_noise > 0:
                 next_action = next_action + noise
             if self.clip_action:
@@ -143,7 +134,7 @@ class FusedTD3Loss(TwinCriticLoss):
         keys = self.tensor_keys
         obs = tensordict.get(keys.observation)
         first = [p.detach()[:1] for p in self.critic_params()]
-        q = stacked_mlp(first, self.qvalue_network.inputs(obs, self._act(self._actor, obs)))[0].squeeze(-1)
+        q = stacked_mlp(first, self.qvalue_network.inputs(obs, self._actor(obs)))[0].squeeze(-1)
         loss = self.weighted_mean(-q, tensordict)
         return loss, {"state_action_value_actor": q.detach()}
 

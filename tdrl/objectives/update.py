@@ -156,13 +156,12 @@ class Updater:
         for term in terms[1:]:
             total = total + (term.sum() if term.numel() > 1 else term.reshape(()))
         params = self.params
-        for p in params:  # zero_grad(set_to_none=True) without the optimizer's wrappers (~20 us here)
-            p.grad = None
+        self._drop_grads()  # zero_grad(set_to_none=True) without the optimizer's wrappers (~20 us here)
         total.backward()
         # the norm is always computed: a finite loss can still give NaN/inf gradients, which must not be stepped
         norm = _grad_norm([p.grad for p in params if p.grad is not None])
         if not torch.isfinite(total + norm):  # one check (one sync) for both; the slow path tells them apart
-            self._raise_non_finite(keys, terms, total, norm)
+            self._raise_if_non_finite(keys, terms, total, norm)
         out = losses.detach() if isinstance(losses, TensorDictBase) else TensorDict(
             {k: v.detach() for k, v in losses.items()}
         )
@@ -176,7 +175,11 @@ class Updater:
         self.updates += 1
         return out
 
-    def _raise_non_finite(self, keys: Sequence[str], terms: Sequence[torch.Tensor], total: torch.Tensor,
+    def _drop_grads(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def _raise_if_non_finite(self, keys: Sequence[str], terms: Sequence[torch.Tensor], total: torch.Tensor,
                           norm: torch.Tensor) -> None:
         """Raise for a non-finite loss term (named) or gradient norm, gradients dropped; return if ``total + norm``
         only overflowed."""
@@ -184,8 +187,7 @@ class Updater:
                                                       if not torch.isfinite(t).all())
         if bad is None and torch.isfinite(norm):
             return
-        for p in self.params:
-            p.grad = None
+        self._drop_grads()
         if bad is not None:
             raise NonFiniteLossError(bad, self.updates, float(terms[keys.index(bad)].detach().sum()))
         raise NonFiniteLossError("grad_norm", self.updates, float(norm))
