@@ -11,6 +11,8 @@ does not (rlpyt's ``timeout``).
 from __future__ import annotations
 
 import difflib
+import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,12 +48,47 @@ def _check_registered(env_id: str) -> None:
         raise EnvError(f"unknown environment id '{env_id}'{hint}")
 
 
+def _is_mujoco(env_id: str) -> bool:
+    entry = gym.registry[env_id].entry_point
+    where = entry if isinstance(entry, str) else getattr(entry, "__module__", "") or ""
+    return "mujoco" in where
+
+
+def _mujoco_warning(message: str) -> None:
+    """MuJoCo's warning callback: the message as a Python ``RuntimeWarning``. It must not raise (an exception
+    cannot cross MuJoCo's C callback: the process aborts), so where warnings are errors it prints instead."""
+    try:
+        warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=1)
+    except Exception:
+        try:
+            print(f"MuJoCo warning: {message}", file=sys.stderr)
+        except Exception:  # no usable stderr (interpreter shutdown): drop the message rather than abort
+            pass
+
+
+def _route_mujoco_warnings() -> None:
+    """Send MuJoCo's compiler and loader warnings to Python's ``warnings`` unless a handler is already installed.
+
+    By default MuJoCo prints each warning to stderr and appends it to ``MUJOCO_LOG.TXT`` in the working directory:
+    with mujoco 4.0 and gymnasium 1.4 every HalfCheetah env built prints "compiler attribute 'settotalmass' is
+    deprecated", so a 32-env collector wrote 32 lines per process and left the file in the user's run directory.
+    As a ``RuntimeWarning`` it is shown once per message and process, and can be filtered. Process-wide (MuJoCo
+    has one handler); a handler set before (``mujoco.set_mju_user_warning``) is kept.
+    """
+    try:
+        import mujoco
+    except ImportError:  # gymnasium.make then raises DependencyNotInstalled, with the pip hint below
+        return
+    if mujoco.get_mju_user_warning() is None:
+        mujoco.set_mju_user_warning(_mujoco_warning)
+
+
 def make_env(env_id: str, seed: int | None = None, **kwargs: Any) -> gym.Env:
     """Build one gymnasium env by id, seeded, with the family's standard preprocessing.
 
     Atari ids get the standard DQN preprocessing (no-op reset, frame skip 4 with 2-frame max, 84×84 grey,
     4-frame stack, uint8; no reward clipping and no episodic life here — the algorithm clips, and the game
-    score stays the return).
+    score stays the return). MuJoCo ids first route MuJoCo's warnings to Python (:func:`_route_mujoco_warnings`).
 
     Args:
         env_id: a gymnasium id such as ``CartPole-v1``, ``HalfCheetah-v5`` or ``ALE/Pong-v5``.
@@ -75,6 +112,8 @@ def make_env(env_id: str, seed: int | None = None, **kwargs: Any) -> gym.Env:
             env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, noop_max=30)
             env = gym.wrappers.FrameStackObservation(env, 4)
         else:
+            if _is_mujoco(env_id):
+                _route_mujoco_warnings()
             env = gym.make(env_id, **kwargs)
     except gym.error.DependencyNotInstalled as e:
         raise EnvError(

@@ -1,6 +1,8 @@
 """Environment construction: ids, seeding, specs, pickling, clear errors."""
 
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -43,3 +45,41 @@ def test_missing_atari_extra_says_what_to_install():
         pass
     with pytest.raises(EnvError, match=r"pip install 'tdrl\[atari\]'"):
         make_env("ALE/Pong-v5")
+
+
+def test_mujoco_warnings_become_python_warnings_and_leave_no_log_file(tmp_path):
+    # A fresh process in an empty directory: MuJoCo's default handler would print every compiler warning and append
+    # it to MUJOCO_LOG.TXT there (mujoco 4.0 warns once per HalfCheetah env built).
+    script = (
+        "import warnings, mujoco\n"
+        "from tdrl.envs import make_env\n"
+        "envs = [make_env('HalfCheetah-v5') for _ in range(3)]\n"
+        "handler = mujoco.get_mju_user_warning()\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    handler('probe message')\n"
+        "assert [str(w.message) for w in caught] == ['MuJoCo: probe message'], caught\n"
+        "assert caught[0].category is RuntimeWarning\n"
+        "warnings.simplefilter('error')\n"
+        "handler('as error')  # must not raise: an exception in MuJoCo's C callback aborts the process\n"
+        "print('survived')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "survived" in out.stdout
+    assert "MuJoCo warning: as error" in out.stderr
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+    # one line per distinct message and process, not one per env
+    assert out.stderr.count("compiler attribute") <= 1
+
+
+def test_a_users_mujoco_warning_handler_is_kept():
+    mujoco = pytest.importorskip("mujoco")
+    before = mujoco.get_mju_user_warning()
+    messages = []
+    mujoco.set_mju_user_warning(messages.append)
+    try:
+        make_env("HalfCheetah-v5").close()
+        assert mujoco.get_mju_user_warning() == messages.append
+    finally:
+        mujoco.set_mju_user_warning(before)
