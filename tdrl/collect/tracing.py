@@ -39,8 +39,17 @@ from typing import Any
 import torch
 from torch import fx
 
-__all__ = ["ACTIVATIONS", "HeadedMLP", "ModuleWatch", "chain", "global_hooks", "hooked", "layer_function", "plain_layers",
-           "traced_call"]
+__all__ = [
+    "ACTIVATIONS",
+    "HeadedMLP",
+    "ModuleWatch",
+    "chain",
+    "global_hooks",
+    "hooked",
+    "layer_function",
+    "plain_layers",
+    "traced_call",
+]
 
 ACTIVATIONS: dict[type, Callable[[torch.Tensor], torch.Tensor]] = {
     torch.nn.Tanh: torch.tanh,
@@ -174,8 +183,9 @@ class HeadedMLP:
     For losses that evaluate a policy network several times per update (``nn.Module.__call__`` costs ~10 us per
     layer on a slow CPU). Calling it equals calling the network. :meth:`body` returns the body's output alone (for a
     caller that computes the head its own way, e.g. SAC reading the log-std before its ``exp``), or ``None`` when
-    the network is not of that form, has hooks, or global hooks are registered: the caller then calls the network. A change :class:`ModuleWatch` sees rebuilds. Copies and pickles carry only the network (the layer
-    functions close over its modules' dicts).
+    the network is not of that form, has hooks, or global hooks are registered: the caller then calls the network.
+    A change :class:`ModuleWatch` sees rebuilds. Copies and pickles carry only the network (the layer functions
+    close over its modules' dicts).
     """
 
     def __init__(self, net: torch.nn.Module, head_type: type) -> None:

@@ -397,8 +397,13 @@ class LogStdGaussianParams(nn.Module):
         self.log_std_min, self.log_std_max = log_std_min, log_std_max
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loc, log_std = self.loc_log_std(x)
+        return loc, log_std.exp()
+
+    def loc_log_std(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``loc`` and the clamped log-std, before its ``exp`` (SAC's log-probability reads it directly)."""
         loc, log_std = x.chunk(2, -1)
-        return loc, log_std.clamp(self.log_std_min, self.log_std_max).exp()
+        return loc, log_std.clamp(self.log_std_min, self.log_std_max)
 
 
 def make_tanh_gaussian_actor(

@@ -123,9 +123,7 @@ class FusedSACLoss(TwinCriticLoss):
         if body is None:
             loc, scale = self.policy_net(observation)
             return loc, scale.log()
-        loc, log_std = body.chunk(2, -1)
-        head = self._policy.head
-        return loc, log_std.clamp(head.log_std_min, head.log_std_max)
+        return self._policy.head.loc_log_std(body)
 
     def sample_and_log_prob(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised action in the box and its log-probability (TorchRL's ``TanhNormal``, same draws)."""

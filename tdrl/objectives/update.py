@@ -179,8 +179,9 @@ class Updater:
         for p in self.params:
             p.grad = None
 
-    def _raise_if_non_finite(self, keys: Sequence[str], terms: Sequence[torch.Tensor], total: torch.Tensor,
-                          norm: torch.Tensor) -> None:
+    def _raise_if_non_finite(
+        self, keys: Sequence[str], terms: Sequence[torch.Tensor], total: torch.Tensor, norm: torch.Tensor
+    ) -> None:
         """Raise for a non-finite loss term (named) or gradient norm, gradients dropped; return if ``total + norm``
         only overflowed."""
         bad = None if torch.isfinite(total) else next(k for k, t in zip(keys, terms, strict=True)
