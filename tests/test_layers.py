@@ -1,0 +1,136 @@
+"""The import layers of DESIGN §2, checked by an AST scan of every module (imports inside functions count too)."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Which tdrl layers each layer may import (besides itself and the bare ``tdrl`` package, which holds only
+# ``__version__``). DESIGN §2: recipes/, slurm/ -> train -> collect, replay, objectives -> envs, models -> utils;
+# recipes/ -> config, log, ckpt, launch -> utils. Entries the design leaves open are decided and commented here.
+LAYERS: dict[str, set[str]] = {
+    "tdrl.utils": set(),
+    # The typed configs and their override parser: a base every tool layer reads.
+    "tdrl.config": {"tdrl.utils"},
+    "tdrl.envs": {"tdrl.utils"},
+    # Models are built from an env's specs (``EnvSpecs``), so envs sits just below models.
+    "tdrl.models": {"tdrl.envs", "tdrl.utils"},
+    # The three siblings never import each other: they pass specs and callables.
+    "tdrl.collect": {"tdrl.envs", "tdrl.models", "tdrl.utils"},
+    "tdrl.replay": {"tdrl.envs", "tdrl.models", "tdrl.utils"},
+    "tdrl.objectives": {"tdrl.envs", "tdrl.models", "tdrl.utils"},
+    "tdrl.ckpt": {"tdrl.config", "tdrl.utils"},
+    # The run directory owns its checkpoints (``Run`` writes them through ``tdrl.ckpt``).
+    "tdrl.log": {"tdrl.ckpt", "tdrl.config", "tdrl.utils"},
+    # Launch starts recipes by path, never by import, so it needs no layer above the tools.
+    "tdrl.launch": {"tdrl.config", "tdrl.utils"},
+    # Trainers own evaluation, checkpoint and logging cadence (DESIGN §3), so train -> log, ckpt, config.
+    "tdrl.train": {
+        "tdrl.collect", "tdrl.replay", "tdrl.objectives", "tdrl.envs", "tdrl.models",
+        "tdrl.config", "tdrl.log", "tdrl.ckpt", "tdrl.utils",
+    },
+    # Command-line front ends over run directories and sweeps.
+    "tdrl.plot": {"tdrl.log", "tdrl.config", "tdrl.utils"},
+    "tdrl.cli": {"tdrl.launch", "tdrl.plot", "tdrl.log", "tdrl.config", "tdrl.utils"},
+}
+# Top-level folders outside the package: they may import any of tdrl, and tdrl never imports them.
+APPLICATIONS = ("recipes", "slurm")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> str | None:
+    """The LAYERS key ``module`` belongs to (``tdrl.collect.serial`` -> ``tdrl.collect``), or None."""
+    for layer in LAYERS:
+        if module == layer or module.startswith(layer + "."):
+            return layer
+    return None
+
+
+def imported_modules(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """Every module ``source`` imports, anywhere in the file, as (line, absolute dotted name)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                package = module.split(".")
+                package = package[: len(package) - node.level + (1 if is_package else 0)]
+                base = ".".join(package + ([base] if base else []))
+            for alias in node.names:  # ``from tdrl import collect`` imports the layer tdrl.collect
+                submodule = f"{base}.{alias.name}"
+                found.append((node.lineno, submodule if base == "tdrl" and layer_of(submodule) else base))
+    return found
+
+
+def check_module(source: str, module: str, is_package: bool = False) -> list[str]:
+    """The layer rules ``module`` (with text ``source``) breaks, one message each."""
+    problems = []
+    in_tdrl = module == "tdrl" or module.startswith("tdrl.")
+    layer = layer_of(module)
+    if in_tdrl and module != "tdrl" and layer is None:
+        return [f"{module}: not in the layer table of tests/test_layers.py; add it there"]
+    for line, target in imported_modules(source, module, is_package):
+        top = target.split(".")[0]
+        if top in APPLICATIONS and in_tdrl:
+            problems.append(f"{module}:{line} imports {target}: tdrl never imports {'/, '.join(APPLICATIONS)}/")
+        if top != "tdrl" or not in_tdrl or target == "tdrl":
+            continue
+        target_layer = layer_of(target)
+        if target_layer is None:
+            problems.append(f"{module}:{line} imports {target}, which is not in the layer table")
+        elif layer is not None and target_layer != layer and target_layer not in LAYERS[layer]:
+            problems.append(f"{module}:{line} imports {target}: {layer} may not import {target_layer}")
+    return problems
+
+
+def layer_violations(root: Path) -> list[str]:
+    """Scan ``tdrl/`` and the application folders under ``root`` and return every broken layer rule."""
+    problems = []
+    for folder in ("tdrl", *APPLICATIONS):
+        for path in sorted((root / folder).rglob("*.py")):
+            source = path.read_text()
+            problems += check_module(source, module_name(path, root), path.name == "__init__.py")
+    return problems
+
+
+def test_tdrl_respects_the_design_layers():
+    problems = layer_violations(ROOT)
+    assert not problems, "\n".join(problems)
+
+
+def test_a_planted_upward_import_is_reported(tmp_path):
+    models = tmp_path / "tdrl" / "models"
+    models.mkdir(parents=True)
+    (tmp_path / "tdrl" / "__init__.py").write_text("__version__ = '0'\n")
+    (models / "__init__.py").write_text("from tdrl.models.nets import MLP\n")
+    (models / "nets.py").write_text("import torch\nfrom tdrl.utils import seeding\n\nMLP = None\n")
+    (models / "bad.py").write_text("def build():\n    from tdrl.train import SyncTrainer\n    return SyncTrainer\n")
+    assert layer_violations(tmp_path) == [
+        "tdrl.models.bad:2 imports tdrl.train: tdrl.models may not import tdrl.train"
+    ]
+
+
+def test_sibling_application_and_relative_imports_are_reported():
+    assert check_module("import tdrl.collect.policy\n", "tdrl.objectives.sac") == [
+        "tdrl.objectives.sac:1 imports tdrl.collect.policy: tdrl.objectives may not import tdrl.collect"
+    ]
+    assert check_module("from .. import train\n", "tdrl.replay.buffer") == [
+        "tdrl.replay.buffer:1 imports tdrl.train: tdrl.replay may not import tdrl.train"
+    ]
+    assert check_module("from recipes.sac import Config\n", "tdrl.launch.job") == [
+        "tdrl.launch.job:1 imports recipes.sac: tdrl never imports recipes/, slurm/"
+    ]
+    assert check_module("from tdrl.newthing import x\n", "tdrl.utils.seeding") == [
+        "tdrl.utils.seeding:1 imports tdrl.newthing, which is not in the layer table"
+    ]
+    # Allowed: downward, within a layer, the bare package, and anything from the applications.
+    assert check_module("import tdrl\nfrom tdrl.models import MLP\nfrom . import batch\n", "tdrl.collect.serial") == []
+    assert check_module("from tdrl.collect import make_collector\n", "recipes.ppo") == []
