@@ -1,23 +1,16 @@
 """Transition replay: uniform or prioritized, n-step, optional frame de-duplication, shareable across processes.
 
-See :mod:`tdrl.replay` for the keys a sample carries. The buffer composes a :class:`~tdrl.replay.ring.StreamRing`
-(memmapped ``[B, T_cap]`` storage), an optional :class:`~tdrl.replay.prioritized.PrioritizedSampler` (``None`` means
-uniform) and an optional :class:`~tdrl.replay.frames.FrameStack` codec.
-
-Which starts are sampleable (absolute times ``a``, data complete up to ``d = write_done``):
-
-* ``a + n_step - 1 <= d - 1``: the whole n-step window is written (never crosses the write cursor); with a frame
-  stack one more step, because the next stack is rebuilt from the following step's frame;
-* ``a >= d - T_cap`` (not overwritten), and with a frame stack ``a >= d - T_cap + n_frames - 1`` once the ring has
-  wrapped (the stack's history frames must still be there);
-* the validity mask (``mask_key``, e.g. ``("collector", "mask")`` from wait-reset collectors) is True at ``a``.
+See :mod:`tdrl.replay` for the keys a sample carries. Composes a :class:`~tdrl.replay.ring.StreamRing`, an optional
+:class:`~tdrl.replay.prioritized.PrioritizedSampler` (``None``: uniform) and an optional
+:class:`~tdrl.replay.frames.FrameStack`. A start at absolute time ``a`` is sampleable once its whole n-step window
+(with a frame stack, one step more: the next stack's frame) is written, while it and the history frames of its stack
+are not overwritten, and where the validity mask (``mask_key``, from wait-reset collectors) is True.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,8 +19,8 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from tdrl.replay.nstep import nstep_returns
-from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
-from tdrl.replay.ring import StreamRing, nest
+from tdrl.replay.prioritized import PrioritizedSampler, check_priorities, priority_update_args
+from tdrl.replay.ring import StreamRing, gather_consistent, nest
 from tdrl.replay.schema import ReplayError, as_key, key_name
 
 __all__ = ["TransitionReplayBuffer"]
@@ -79,33 +72,26 @@ class TransitionReplayBuffer:
         self._synced = False
 
     def _ready(self) -> bool:
-        """Whether storage exists; adopts a layout another process allocated (buffers shared before the first
-        extend learn B, the schema and the sampler files lazily)."""
-        if not self.ring.allocated:
-            return False
-        if not self._synced:
-            self._mask_stored = self.mask_key is not None and self.mask_key in self.ring.schema.entries
-            if self.sampler is not None and self.sampler.capacity != self.ring.capacity:
-                self.sampler.attach(self.ring.capacity, self.ring.store.directory)
+        """Whether storage exists; adopts a layout another process allocated (a buffer shared before its first
+        extend learns B, the schema and the sampler files lazily)."""
+        if self.ring.allocated and not self._synced:
+            self._mask_stored = self.ring.stores(self.mask_key)
+            self.ring.attach(self.sampler, self.ring.capacity)
             self._synced = True
-        return True
+        return self.ring.allocated
 
-    # ------------------------------------------------------------------------------------------------ counters
     @property
     def write_count(self) -> int:
-        """Transitions written so far (all processes), ``B * steps``; a trainer throttles its replay ratio on it."""
-        return self.ring.write_done * self.ring.num_streams if self._ready() else 0
+        """Transitions written so far by any process; a trainer throttles its replay ratio on it."""
+        return self.ring.write_count
 
     @property
     def samples_drawn(self) -> int:
-        """Transitions sampled so far (summed over :meth:`sample` calls)."""
         return self.ring.store.counter("samples_drawn")
 
     def __len__(self) -> int:
         """Transitions currently stored."""
-        if not self._ready():
-            return 0
-        return min(self.ring.write_done, self.ring.time_capacity) * self.ring.num_streams
+        return self.ring.stored
 
     @property
     def lookback(self) -> int:
@@ -121,7 +107,6 @@ class TransitionReplayBuffer:
         lo = 0 if done <= self.ring.time_capacity else done - self.ring.time_capacity + self.lookback
         return lo, done - 1 - self.lookahead
 
-    # -------------------------------------------------------------------------------------------------- extend
     def extend(self, batch: TensorDictBase) -> None:
         """Write a ``[B, T]`` collector batch (or a flat ``[N]`` batch into a one-stream buffer).
 
@@ -131,7 +116,7 @@ class TransitionReplayBuffer:
         if not self._ready():
             self._allocate(batch)
         columns, steps = self.ring.check(batch)
-        priority = self._input_priority(batch, steps)
+        priority = self.ring.step_priorities(batch, self.priority_key, steps) if self.sampler else None
         frames = self.frame_stack.prepare(self.ring, batch, steps) if self.frame_stack is not None else None
         start = self.ring.store.begin_write(steps)
         if self.sampler is not None:
@@ -164,20 +149,6 @@ class TransitionReplayBuffer:
             self.sampler.bind(self.ring.capacity, self.ring.store.directory)
         self._ready()
 
-    def _input_priority(self, batch: TensorDictBase, steps: int) -> np.ndarray | None:
-        if self.sampler is None:
-            return None
-        value = batch.get(self.priority_key, None)
-        if value is None:
-            return None
-        expected = (self.ring.num_streams, steps)
-        if self.ring.flat_batches:
-            value = value.reshape(1, -1) if value.numel() == steps else value
-        if value.shape[:2] != expected or value.numel() != steps * self.ring.num_streams:
-            raise ReplayError(f"key {key_name(self.priority_key)!r} has shape {tuple(value.shape)}, expected "
-                              f"{list(batch.batch_size)} (one priority per step)")
-        return check_priorities(value, key_name(self.priority_key)).reshape(expected)
-
     def _activate(self, start: int, steps: int, priority: np.ndarray | None) -> None:
         """Give the new slots their priorities and make the newly complete windows sampleable."""
         new = self.ring.columns_of(start, start + steps)
@@ -192,7 +163,6 @@ class TransitionReplayBuffer:
     def _mask_at(self, index: np.ndarray) -> np.ndarray:
         return self.ring.flat[self.mask_key][torch.from_numpy(index)].reshape(-1).numpy()
 
-    # -------------------------------------------------------------------------------------------------- sample
     def sample(self, batch_size: int) -> TensorDict:
         """Draw ``batch_size`` transitions, with replacement, as a flat TensorDict ``[batch_size]`` (keys: see
         :mod:`tdrl.replay`). The batch may be larger than the transitions ready (SB3 starts learning at 100
@@ -206,31 +176,12 @@ class TransitionReplayBuffer:
         if not self._ready() or self.ready_count() < 1:
             raise ReplayError(f"no transition is ready to sample ({len(self)} stored; the newest {self.lookahead} "
                               "steps per stream wait for their n-step window)")
-        stream, time, values = self._draw(batch_size)
-        index = torch.from_numpy(self.ring.flat_index(stream, time))
-        out = self._gather(index, stream, time)
-        rows = np.arange(batch_size)
-        for _ in range(_MAX_REDRAWS):
-            # seqlock: rows whose slots a later write started overwriting during the gather are drawn again;
-            # rows that passed are final (their data was copied out before any overwrite)
-            stale = (time[rows] - self.lookback) < self.ring.write_started - self.ring.time_capacity
-            if not stale.any():
-                break
-            rows = rows[stale]
-            stream[rows], time[rows], new_values = self._draw(rows.size)
-            if values is not None:
-                values[rows] = new_values
-            index = torch.from_numpy(self.ring.flat_index(stream, time))
-            rows_t = torch.from_numpy(rows)
-            out[rows_t] = self._gather(index[rows_t], stream[rows], time[rows])
-        else:
-            raise ReplayError("sampling kept colliding with concurrent writes; the writer is lapping the buffer")
-        out.set("index", index)
+        stream, time, values, out = gather_consistent(self.ring, batch_size, self._draw, self._gather,
+                                                      lambda time: time - self.lookback)
+        out.set("index", torch.from_numpy(self.ring.flat_index(stream, time)))
         if values is not None:
             out.set("priority_weight", torch.from_numpy(self.sampler.importance_weights(values)))
-        store = self.ring.store
-        store.add_counter("samples_drawn", batch_size)
-        store.add_counter("sample_calls", 1)
+        self.ring.store.add_counter("samples_drawn", batch_size)
         return out
 
     def _draw(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -274,8 +225,9 @@ class TransitionReplayBuffer:
                 raise ReplayError(f"almost no valid steps: {key_name(self.mask_key)!r} is False nearly everywhere")
         return stream, time
 
-    def _gather(self, index: torch.Tensor, stream: np.ndarray, time: np.ndarray) -> TensorDict:
+    def _gather(self, stream: np.ndarray, time: np.ndarray) -> TensorDict:
         ring = self.ring
+        index = torch.from_numpy(ring.flat_index(stream, time))
         n = index.shape[0]
         if self.n_step == 1:
             last = index
@@ -294,7 +246,6 @@ class TransitionReplayBuffer:
             values.update(self.frame_stack.gather(ring, index, last))
         return nest(values, [n])
 
-    # ------------------------------------------------------------------------------------------------- priority
     def update_priority(self, index: torch.Tensor | TensorDictBase, priority: torch.Tensor | None = None) -> None:
         """Set new priorities (e.g. ``|TD error|``) for sampled transitions.
 
@@ -303,13 +254,8 @@ class TransitionReplayBuffer:
                 its ``"td_error"`` entry, as TorchRL losses write it).
             priority: one non-negative finite value per index.
         """
-        if self.sampler is None:
-            raise ReplayError("update_priority() needs a prioritized buffer (sampler=PrioritizedSampler(...))")
-        if isinstance(index, TensorDictBase):
-            if priority is None:
-                priority = index.get("td_error")
-            index = index.get("index")
-        index_np = torch.as_tensor(index).reshape(-1).cpu().numpy()
+        index, priority = priority_update_args(self.sampler, index, priority)
+        index_np = index.reshape(-1).cpu().numpy()
         priority_np = check_priorities(priority)
         if priority_np.size != index_np.size:
             raise ReplayError(f"priority has {priority_np.size} values for {index_np.size} indices")
@@ -318,11 +264,10 @@ class TransitionReplayBuffer:
         with self.ring.store.lock():
             self.sampler.update(index_np, priority_np, checked=True)
 
-    # ---------------------------------------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
         """Counters, layout, uniform RNG state and sampler state. The stored data is not included: it stays in
         ``scratch_dir``, and a buffer built on the same directory reopens it with :meth:`load_state_dict`."""
-        state = {"ring": self.ring.store.state_dict(), "rng": self.rng.bit_generator.state,
+        state = {"ring": self.ring.state_dict(), "rng": self.rng.bit_generator.state,
                  "n_step": self.n_step, "gamma": self.gamma}
         if self.sampler is not None:
             state["sampler"] = self.sampler.state_dict()
@@ -333,32 +278,16 @@ class TransitionReplayBuffer:
         copied there by :meth:`loads`)."""
         if state["n_step"] != self.n_step:
             raise ReplayError(f"state has n_step={state['n_step']}, this buffer n_step={self.n_step}")
-        self.ring.store.restore(state["ring"])
+        self.ring.load_state_dict(state["ring"])
         self._synced = False
-        if self.ring.store.meta is not None:
-            self.ring._adopt_meta()
-            if self.sampler is not None:
-                self.sampler.bind(self.ring.capacity, self.ring.store.directory)
-            self._ready()
+        self.ring.restore_sampler(self.sampler, self.ring.capacity, state.get("sampler"))
+        self._ready()
         self.rng.bit_generator.state = state["rng"]
-        if self.sampler is not None and "sampler" in state:
-            self.sampler.load_state_dict(state["sampler"])
 
     def dumps(self, path: str | os.PathLike) -> None:
-        """Write a complete copy (data files + state) to ``path``. When ``path`` is ``scratch_dir`` itself only
-        the state is written (the data is already there)."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        if self._ready() and path.resolve() != self.ring.store.directory.resolve():
-            self.ring.store.copy_files_to(path / "storage")
-        elif self._ready():
-            self.ring.store.flush()
-        torch.save(self.state_dict(), path / "replay_state.pt")
+        """Write a complete copy (data files + state) to ``path``; only the state when ``path`` is ``scratch_dir``."""
+        self.ring.dump(path, self.state_dict())
 
     def loads(self, path: str | os.PathLike) -> None:
         """Restore a copy written by :meth:`dumps` into this buffer's ``scratch_dir``."""
-        path = Path(path)
-        state = torch.load(path / "replay_state.pt", weights_only=False)
-        self.load_state_dict(state)
-        if self.ring.store.allocated and (path / "storage").exists():
-            self.ring.store.copy_files_from(path / "storage")
+        self.ring.load(path, self.load_state_dict)

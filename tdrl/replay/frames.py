@@ -68,7 +68,6 @@ class FrameStack:
     def keys(self) -> list[tuple[str, ...]]:
         return [self.key, self.next_key]
 
-    # ------------------------------------------------------------------------------------------------- layout
     def fields(self, batch: TensorDictBase, num_streams: int, time_capacity: int) -> dict[str, Any]:
         obs = batch.get(self.key, None)
         if obs is None or batch.get(self.next_key, None) is None:
@@ -84,7 +83,6 @@ class FrameStack:
             _WRITTEN: ((num_streams, 1), torch.int64),
         }
 
-    # ------------------------------------------------------------------------------------------------- writes
     def prepare(self, ring: Any, batch: TensorDictBase, steps: int) -> dict[str, Any]:
         """Validate the stacks and compute what :meth:`write` stores; raises before anything is written."""
         pixels = ring.field(_PIXELS)
@@ -189,7 +187,6 @@ class FrameStack:
                 pixels[b, : frames.shape[0] - first].copy_(frames[first:])
         ring.field(_WRITTEN)[:, 0] += torch.as_tensor([f.shape[0] for f in prepared["frames"]])
 
-    # ------------------------------------------------------------------------------------------------- reads
     def _stack(self, ring: Any, index: torch.Tensor, shift: int) -> torch.Tensor:
         """Stacks whose newest frame is ``shift`` frames after the newest frame of step ``index``."""
         pixels = ring.field(_PIXELS)

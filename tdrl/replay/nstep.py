@@ -1,18 +1,8 @@
 """n-step return windows, computed at sample time from the stored one-step rewards.
 
-For a start step ``t`` the window covers steps ``t .. t+k-1`` with ``k = min(n, first j such that done[t+j-1])``:
-it stops at the first ``done`` (``terminated`` or ``truncated``) inside the window. Then
-
-* ``reward_n = sum_{i<k} gamma^i * reward[t+i]``,
-* the next observation (and every other ``("next", ...)`` entry, ``done``/``terminated``/``truncated`` included) is
-  the one stored at step ``t+k-1``, i.e. the observation that followed the window's last action. For a time-limit
-  truncation that is the final observation before the reset, so the target bootstraps from it (rlpyt's
-  ``timeout``); for a termination ``("next", "terminated")`` is True and losses do not bootstrap;
-* ``steps_to_next_obs = k``: the bootstrap term is discounted by ``gamma ** k``. TorchRL's value estimators and
-  ``DistributionalDQNLoss`` read this key and raise their ``gamma`` to it.
-
-Computing at sample time (rather than rlpyt's stored ``return_`` array) costs one ``[batch, n]`` gather of rewards and
-done flags, and keeps stored data identical to what the collector produced.
+The window of start ``t`` is ``t .. t+k-1`` with ``k = min(n, steps up to and including the first done)``;
+``reward_n = sum_{i<k} gamma^i reward[t+i]`` and the bootstrap is discounted by ``gamma ** k``
+(``steps_to_next_obs``). Computing it at sample time keeps the stored data exactly what the collector produced.
 """
 
 from __future__ import annotations

@@ -1,26 +1,14 @@
 """Prioritized sampling (Schaul et al. 2016) on a float64 sum tree, behind TorchRL's ``Sampler`` interface.
 
-Why our own: TorchRL 0.14.1's ``PrioritizedSampler`` needs its C++ extension, which fails to import against torch
-2.13 (``SumSegmentTreeFp32 is not available``; pytorch/rl#3508). This sampler is pure numpy, so it works with
-``torchrl.data.ReplayBuffer`` (any 1-D storage, e.g. ``LazyMemmapStorage``) and inside tdrl's buffers.
+Ours because TorchRL 0.14.1's ``PrioritizedSampler`` needs its C++ extension, which fails to import against torch
+2.13 (pytorch/rl#3508). Pure numpy, so it works with ``torchrl.data.ReplayBuffer`` and inside tdrl's buffers.
 
-Semantics (rlpyt / Machin):
-
-* a leaf holds ``(priority + eps) ** alpha``; leaf ``i`` is drawn with probability ``P(i) = leaf_i / sum(leaves)``,
-  stratified (one draw per equal slice of the total mass, lower variance than i.i.d. draws);
-* new data gets ``default_priority`` (``None``: the largest priority seen so far, initially 1.0), or, in tdrl
-  buffers, the batch's own input priorities;
-* importance weights ``w_i = (N * P(i)) ** -beta``, normalised by the largest weight *in the batch* (rlpyt, Machin);
-  TorchRL losses read them from the ``priority_weight`` key;
-* ``beta`` goes linearly from ``beta_init`` to ``beta_final`` over ``beta_steps`` transitions added (rlpyt's
-  ``pri_beta_steps`` counts environment steps), then stays at ``beta_final``;
-* priorities must be finite and non-negative; anything else raises :class:`~tdrl.replay.schema.ReplayError`.
-
-A leaf whose value is 0 is invalid (not sampleable). tdrl buffers use that to hide slots whose n-step window is not
-complete yet or is being overwritten; :meth:`update_priority` never revives an invalid leaf.
-
-State lives in three numpy arrays (raw priorities, tree, scalars). Inside a tdrl buffer they are memmaps in the
-buffer's directory, so a collector process and a learner process share one tree (callers hold the store's lock).
+A leaf holds ``(priority + eps) ** alpha`` and is drawn stratified with probability ``leaf / total``. New data gets
+``default_priority`` (``None``: the largest priority seen, initially 1.0) or a batch's input priorities. Importance
+weights ``(N * P(i)) ** -beta`` are normalised by the batch maximum (rlpyt) and read by TorchRL losses from
+``priority_weight``; ``beta`` anneals linearly from ``beta_init`` to ``beta_final`` over ``beta_steps`` added
+transitions. A zero leaf is invalid: buffers hide incomplete or overwritten slots that way, and :meth:`update` never
+revives one. Inside a tdrl buffer the arrays are memmaps in its directory, so processes share one tree.
 """
 
 from __future__ import annotations
@@ -32,12 +20,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from tdrl.replay.schema import ReplayError
 from tdrl.replay.sum_tree import SumTree
 
-__all__ = ["PrioritizedSampler", "check_priorities"]
+__all__ = ["PrioritizedSampler", "check_priorities", "priority_update_args"]
 
 _STEPS, _MAX_PRIORITY = 0, 1
 
@@ -52,6 +41,17 @@ def check_priorities(priority: Any, name: str = "priority") -> np.ndarray:
     if np.any(array < 0):
         raise ReplayError(f"{name} contains negative values (min {array.min():.4g}); priorities must be >= 0")
     return array
+
+
+def priority_update_args(sampler: PrioritizedSampler | None, index: Any, priority: Any) -> tuple[torch.Tensor, Any]:
+    """``(index, priority)`` of a buffer's ``update_priority`` call, which may pass the sampled TensorDict itself
+    (then ``priority`` defaults to its ``"td_error"``, as TorchRL losses write it)."""
+    if sampler is None:
+        raise ReplayError("update_priority() needs a prioritized buffer (sampler=PrioritizedSampler(...))")
+    if isinstance(index, TensorDictBase):
+        priority = index.get("td_error") if priority is None else priority
+        index = index.get("index")
+    return torch.as_tensor(index), priority
 
 
 class PrioritizedSampler(Sampler):
@@ -96,7 +96,6 @@ class PrioritizedSampler(Sampler):
         if max_capacity is not None:
             self.bind(max_capacity)
 
-    # -------------------------------------------------------------------------------------------------- storage
     def bind(self, capacity: int, directory: str | os.PathLike | None = None) -> None:
         """Allocate the tree for ``capacity`` leaves, in RAM or as memmaps in ``directory`` (shared)."""
         self.capacity = int(capacity)
@@ -147,7 +146,6 @@ class PrioritizedSampler(Sampler):
     def bound(self) -> bool:
         return self.capacity is not None
 
-    # ----------------------------------------------------------------------------------------------- quantities
     @property
     def beta(self) -> float:
         """Current importance-weight exponent (annealed by transitions added)."""
@@ -174,7 +172,6 @@ class PrioritizedSampler(Sampler):
         """Raw priorities last assigned to ``index``."""
         return self._raw[np.asarray(index, dtype=np.int64)]
 
-    # ------------------------------------------------------------------------------------- core (buffers use)
     def advance(self, transitions: int) -> None:
         """Count added transitions for the beta schedule."""
         self._scalars[_STEPS] += transitions
@@ -242,7 +239,6 @@ class PrioritizedSampler(Sampler):
         index, values = self.draw_leaves(n)
         return index, self.importance_weights(values)
 
-    # ------------------------------------------------------------------------------- TorchRL Sampler interface
     def sample(self, storage: Any, batch_size: int) -> tuple[torch.Tensor, dict]:
         if len(storage) == 0:
             raise ReplayError("cannot sample from an empty storage")

@@ -1,24 +1,22 @@
 """``[B, T_cap]`` ring of per-environment time streams on a :class:`~tdrl.replay.storage.MemmapStore`.
 
-This is rlpyt's replay layout with TorchRL's time-last convention: every stored key is a memmapped tensor of shape
-``[B, T_cap, *per_step]``; a collector batch ``[B, T]`` is written at one universal time cursor shared by all ``B``
-streams (``T_cap = capacity // B``), wrapping at the end. Time order inside each stream is what n-step windows,
-frame stacks and sequences need. A flat ``[N]`` batch is one stream of ``N`` steps (``B = 1``).
+rlpyt's replay layout with TorchRL's time-last convention: every stored key is a memmapped ``[B, T_cap, *per_step]``
+tensor and a ``[B, T]`` batch is written at one time cursor shared by all streams, wrapping at the end, so n-step
+windows, frame stacks and sequences read consecutive steps. A flat ``[N]`` batch is one stream of ``N`` steps.
 
-Absolute time: step ``a`` (0, 1, 2, ... counted since the buffer was created) of every stream lives in slot
-``a % T_cap``; a sample is identified by ``(b, a)`` and its flat index ``b * T_cap + a % T_cap`` (the ``index``
-returned to users, also the prioritized sampler's leaf). The counters ``write_started``/``write_done`` are absolute
-times, which is how readers detect a slot overwritten during a gather (see :mod:`tdrl.replay.storage`).
+Step ``a`` (absolute, counted since creation) of stream ``b`` lives at flat index ``b * T_cap + a % T_cap`` (the
+``index`` users get back, and the prioritized sampler's leaf). ``write_started``/``write_done`` are absolute times,
+which is how readers detect a slot overwritten during a gather (:func:`gather_consistent`).
 
-Why not TorchRL's ``LazyMemmapStorage`` + ``RoundRobinWriter`` here: they cost ~110 us per ``extend`` and ~135 us per
-``sample`` on this machine (generic index conversion, ``MemoryMappedTensor`` dispatch), against ~3 us per field for a
-direct slice copy / ``index_select`` on a plain tensor view of the memmap.
+Not TorchRL's ``LazyMemmapStorage``: its generic index conversion and ``MemoryMappedTensor`` dispatch make every
+extend and sample an order of magnitude slower than a slice copy / ``index_select`` on a plain tensor view.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,35 +24,47 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
+from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
 from tdrl.replay.schema import BatchSchema, ReplayError, key_name
 from tdrl.replay.storage import MemmapStore
 
-__all__ = ["StreamRing", "nest"]
+__all__ = ["StreamRing", "gather_consistent", "nest"]
+
+_MAX_REDRAWS = 64
 
 
 def nest(flat: dict[tuple[str, ...], torch.Tensor], batch_size: Sequence[int]) -> TensorDict:
-    """Build a TensorDict from ``{nested key: tensor}`` whose shapes the caller guarantees.
-
-    Uses ``TensorDict._new_unsafe`` (skips per-value validation; ~10x cheaper than the checked constructor, which
-    was the largest single cost of a replay sample here), falling back to the public constructor if a tensordict
-    release drops it.
-    """
-    size = torch.Size(batch_size)
+    """Build a TensorDict from ``{nested key: tensor}``."""
     tree: dict[str, Any] = {}
     for key, value in flat.items():
         node = tree
         for part in key[:-1]:
             node = node.setdefault(part, {})
         node[key[-1]] = value
-    return _build(tree, size)
+    return TensorDict(tree, batch_size=batch_size)
 
 
-def _build(tree: dict[str, Any], size: torch.Size) -> TensorDict:
-    items = {k: _build(v, size) if isinstance(v, dict) else v for k, v in tree.items()}
-    new_unsafe = getattr(TensorDict, "_new_unsafe", None)
-    if new_unsafe is None:
-        return TensorDict(items, batch_size=size)
-    return new_unsafe(items, batch_size=size)
+def gather_consistent(ring: StreamRing, n: int, draw: Callable, gather: Callable, oldest_read: Callable) -> tuple:
+    """Draw and gather ``n`` samples that no concurrent write overwrote (the reader side of the seqlock).
+
+    ``draw(n) -> (stream, position, values)`` draws from the data complete now, ``gather(stream, position)`` copies
+    the rows out, and ``oldest_read(position)`` is the oldest absolute time a row reads. Rows whose oldest slot a
+    later write started overwriting during the gather are drawn again; rows that passed are final.
+    Returns ``(stream, position, values, gathered)``.
+    """
+    stream, position, values = draw(n)
+    out = gather(stream, position)
+    rows = np.arange(n)
+    for _ in range(_MAX_REDRAWS):
+        stale = oldest_read(position[rows]) < ring.write_started - ring.time_capacity
+        if not stale.any():
+            return stream, position, values, out
+        rows = rows[stale]
+        stream[rows], position[rows], new_values = draw(rows.size)
+        if values is not None:
+            values[rows] = new_values
+        out[torch.from_numpy(rows)] = gather(stream[rows], position[rows])
+    raise ReplayError("sampling kept colliding with concurrent writes; the writer is lapping the buffer")
 
 
 class StreamRing:
@@ -96,7 +106,6 @@ class StreamRing:
         if self.store.allocated:
             self._bind_fields()
 
-    # ------------------------------------------------------------------------------------------------ layout
     @property
     def allocated(self) -> bool:
         if not self.store.allocated and self.store.ensure_open():
@@ -121,8 +130,7 @@ class StreamRing:
             raise ReplayError(f"capacity={self.capacity_requested} is too small for B={num_streams} streams "
                               f"(needs at least {num_streams * self.time_multiple})")
         schema = BatchSchema.from_batch(batch, batch.batch_dims, self.keys, self.exclude_keys)
-        # keys packed into one [B, T_cap, width] array per (root | next, dtype): a sample then needs one gather per
-        # group instead of one per key, and reads each transition's row from neighbouring cache lines
+        # keys packed into one [B, T_cap, width] array per (root | next, dtype): one gather per group, not per key
         packing: dict[str, list] = {}
         widths: dict[str, tuple[int, torch.dtype]] = {}
         for key, (dtype, shape) in schema.entries.items():
@@ -140,6 +148,32 @@ class StreamRing:
                 "schema": schema.to_json(), "packing": packing, **extra_meta}
         self.store.allocate(fields, meta)
         self._adopt_meta()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.store.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Reopen the files in place with the layout and counters of :meth:`state_dict`."""
+        self.store.restore(state)
+        if self.store.meta is not None:
+            self._adopt_meta()
+
+    def dump(self, path: str | os.PathLike, state: dict[str, Any]) -> None:
+        """Save a buffer's ``state`` to ``path`` with a copy of the data files (unless ``path`` holds them)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        if self.allocated and path.resolve() != self.store.directory.resolve():
+            self.store.copy_files_to(path / "storage")
+        elif self.allocated:
+            self.store.flush()
+        torch.save(state, path / "replay_state.pt")
+
+    def load(self, path: str | os.PathLike, load_state_dict: Callable[[dict[str, Any]], None]) -> None:
+        """Restore what :meth:`dump` wrote: the buffer's state through ``load_state_dict``, then the data."""
+        path = Path(path)
+        load_state_dict(torch.load(path / "replay_state.pt", weights_only=False))
+        if self.store.allocated and (path / "storage").exists():
+            self.store.copy_files_from(path / "storage")
 
     def _adopt_meta(self) -> None:
         meta = self.store.meta
@@ -161,11 +195,50 @@ class StreamRing:
             self.groups.setdefault(group, []).append((key, offset, size, shape))
         self.group_flat = {g: self.store.fields[g].view(rows, -1) for g in self.groups}
 
+    def stores(self, key: tuple[str, ...] | None) -> bool:
+        return key is not None and key in self.schema.entries
+
+    def attach(self, sampler: PrioritizedSampler | None, leaves: int) -> None:
+        """Map the tree of a sampler another process bound (buffers shared before their first extend)."""
+        if sampler is not None and sampler.capacity != leaves:
+            sampler.attach(leaves, self.store.directory)
+
+    def restore_sampler(self, sampler: PrioritizedSampler | None, leaves: int, state: dict | None) -> None:
+        """After :meth:`load_state_dict`: rebind ``sampler``'s files to the reopened layout and load ``state``."""
+        if sampler is None:
+            return
+        if self.store.meta is not None:
+            sampler.bind(leaves, self.store.directory)
+        if state is not None:
+            sampler.load_state_dict(state)
+
+    @property
+    def write_count(self) -> int:
+        """Steps written by any process, over all streams."""
+        return self.write_done * self.num_streams if self.allocated else 0
+
+    @property
+    def stored(self) -> int:
+        """Steps currently held, over all streams."""
+        return min(self.write_done, self.time_capacity) * self.num_streams if self.allocated else 0
+
+    def step_priorities(self, batch: TensorDictBase, key: tuple[str, ...], steps: int) -> np.ndarray | None:
+        """The batch's per-step input priorities under ``key`` as ``[B, T]`` float64, or None when absent."""
+        value = batch.get(key, None)
+        if value is None:
+            return None
+        expected = (self.num_streams, steps)
+        if self.flat_batches and value.numel() == steps:
+            value = value.reshape(1, -1)
+        if value.shape[:2] != expected or value.numel() != steps * self.num_streams:
+            raise ReplayError(f"key {key_name(key)!r} has shape {tuple(value.shape)}, expected "
+                              f"{list(batch.batch_size)} (one priority per step)")
+        return check_priorities(value, key_name(key)).reshape(expected)
+
     def field(self, name: str) -> torch.Tensor:
         """An extra (codec-owned) field by name."""
         return self.store.fields[name]
 
-    # ------------------------------------------------------------------------------------------------- writes
     def check(self, batch: TensorDictBase) -> tuple[dict[tuple[str, ...], torch.Tensor], int]:
         """Validate a batch against the layout; returns its stored tensors as ``[B, T, ...]`` and ``T``."""
         if not isinstance(batch, TensorDictBase):
@@ -201,8 +274,7 @@ class StreamRing:
             target[:, : steps - first].copy_(value[:, first:])
 
     def write_columns(self, columns: dict[tuple[str, ...], torch.Tensor], start: int) -> None:
-        """Write every schema key of a checked batch: one ``torch.cat(..., out=)`` per packed group straight into the
-        ring (half the cost of a strided ``copy_`` per key; this is the extend hot path)."""
+        """Write every schema key of a checked batch: one ``torch.cat(..., out=)`` per packed group into the ring."""
         steps = next(iter(columns.values())).shape[1]
         slot = start % self.time_capacity
         first = min(steps, self.time_capacity - slot)
@@ -217,7 +289,6 @@ class StreamRing:
                 torch.cat([p.narrow(1, first, steps - first) for p in parts], dim=-1,
                           out=target.narrow(1, 0, steps - first))
 
-    # ----------------------------------------------------------------------------------------- time bookkeeping
     @property
     def write_done(self) -> int:
         return self.store.counter("write_done")
@@ -225,10 +296,6 @@ class StreamRing:
     @property
     def write_started(self) -> int:
         return self.store.counter("write_started")
-
-    def oldest(self, done: int) -> int:
-        """Absolute time of the oldest step still stored when ``done`` steps are complete."""
-        return max(0, done - self.time_capacity)
 
     def flat_index(self, stream: np.ndarray, time: np.ndarray) -> np.ndarray:
         """Flat index ``b * T_cap + a % T_cap`` of absolute step ``a`` in stream ``b``."""

@@ -114,7 +114,7 @@ class BatchSchema:
                                       f"store a selection)")
 
     def _is_ignored(self, key: tuple[str, ...]) -> bool:
-        """An ignored key, inside one, or a sub-tree holding one (e.g. ``recurrent_state`` for ``recurrent_state.h``)."""
+        """An ignored key, inside one, or a sub-tree holding one (``recurrent_state`` for ``recurrent_state.h``)."""
         return any(key[: len(k)] == k or k[: len(key)] == key for k in self.ignored)
 
     def to_json(self) -> dict[str, Any]:

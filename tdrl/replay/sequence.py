@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,8 +34,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
-from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
-from tdrl.replay.ring import StreamRing, nest
+from tdrl.replay.prioritized import PrioritizedSampler, check_priorities, priority_update_args
+from tdrl.replay.ring import StreamRing, gather_consistent, nest
 from tdrl.replay.schema import ReplayError, as_key, key_name
 
 __all__ = ["SequenceReplayBuffer", "sequence_priority"]
@@ -95,16 +94,12 @@ class SequenceReplayBuffer:
         self._synced = False
         self._mask_stored = False
 
-    # ------------------------------------------------------------------------------------------------- layout
     def _ready(self) -> bool:
-        if not self.ring.allocated:
-            return False
-        if not self._synced:
-            self._mask_stored = self.mask_key is not None and self.mask_key in self.ring.schema.entries
-            if self.sampler is not None and self.sampler.capacity != self.num_starts:
-                self.sampler.attach(self.num_starts, self.ring.store.directory)
+        if self.ring.allocated and not self._synced:
+            self._mask_stored = self.ring.stores(self.mask_key)
+            self.ring.attach(self.sampler, self.num_starts)
             self._synced = True
-        return True
+        return self.ring.allocated
 
     @property
     def starts_per_stream(self) -> int:
@@ -135,10 +130,9 @@ class SequenceReplayBuffer:
             self.sampler.bind(self.num_starts, self.ring.store.directory)
         self._ready()
 
-    # -------------------------------------------------------------------------------------------- counters
     @property
     def write_count(self) -> int:
-        return self.ring.write_done * self.ring.num_streams if self._ready() else 0
+        return self.ring.write_count
 
     @property
     def samples_drawn(self) -> int:
@@ -146,7 +140,7 @@ class SequenceReplayBuffer:
         return self.ring.store.counter("samples_drawn")
 
     def __len__(self) -> int:
-        return min(self.ring.write_done, self.ring.time_capacity) * self.ring.num_streams if self._ready() else 0
+        return self.ring.stored
 
     def start_range(self, done: int) -> tuple[int, int]:
         """``[lo, hi]`` start numbers (absolute time / interval) sampleable once ``done`` steps are complete."""
@@ -165,7 +159,6 @@ class SequenceReplayBuffer:
         streams = np.arange(self.ring.num_streams, dtype=np.int64)
         return (streams[:, None] * self.starts_per_stream + starts[None, :]).reshape(-1)
 
-    # ------------------------------------------------------------------------------------------------- extend
     def extend(self, batch: TensorDictBase) -> None:
         """Write a ``[B, T]`` collector batch; raises :class:`ReplayError` (writing nothing) on a bad batch."""
         if not self._ready():
@@ -184,7 +177,7 @@ class SequenceReplayBuffer:
                                   f"{tuple(value.shape[2:])}, the buffer stores {target.dtype} "
                                   f"{tuple(target.shape[2:])}")
             states[key] = value.cpu()
-        priority = self._input_priority(batch, steps)
+        priority = self.ring.step_priorities(batch, self.priority_key, steps) if self.sampler else None
         start = self.ring.store.begin_write(steps)
         first = (-start) % self.interval  # first step of this batch at a state boundary
         if self.sampler is not None:
@@ -200,15 +193,6 @@ class SequenceReplayBuffer:
         self.ring.store.end_write()
         if self.sampler is not None:
             self._activate(start, steps, priority, first)
-
-    def _input_priority(self, batch: TensorDictBase, steps: int) -> np.ndarray | None:
-        value = batch.get(self.priority_key, None)
-        if self.sampler is None or value is None:
-            return None
-        if value.numel() != self.ring.num_streams * steps or value.shape[:2] != batch.batch_size:
-            raise ReplayError(f"key {key_name(self.priority_key)!r} has shape {tuple(value.shape)}, expected "
-                              f"{list(batch.batch_size)}")
-        return check_priorities(value, key_name(self.priority_key)).reshape(self.ring.num_streams, steps)
 
     def _activate(self, start: int, steps: int, priority: np.ndarray | None, first: int) -> None:
         new_lo, new_hi = -(-start // self.interval), -(-(start + steps) // self.interval)
@@ -231,7 +215,6 @@ class SequenceReplayBuffer:
             self.sampler.activate(ready, valid=valid)
             self.sampler.advance(steps * self.ring.num_streams)
 
-    # ------------------------------------------------------------------------------------------------- sample
     def sample(self, batch_B: int) -> TensorDict:
         """Draw ``batch_B`` sequences as a TensorDict ``[batch_B, L]`` (see module docstring)."""
         if batch_B < 1:
@@ -239,25 +222,11 @@ class SequenceReplayBuffer:
         if not self._ready() or batch_B > self.ready_count():
             raise ReplayError(f"batch_B={batch_B} exceeds the {self.ready_count()} sequences ready to sample "
                               f"({len(self)} steps stored; a sequence needs L={self.seq_len} steps)")
-        stream, start_no, values = self._draw(batch_B)
-        out, states = self._gather(stream, start_no)
-        rows = np.arange(batch_B)
-        for _ in range(_MAX_REDRAWS):
-            # seqlock: sequences whose slots a later write overwrote during the gather are drawn again
-            stale = start_no[rows] * self.interval < self.ring.write_started - self.ring.time_capacity
-            if not stale.any():
-                break
-            rows = rows[stale]
-            stream[rows], start_no[rows], new_values = self._draw(rows.size)
-            if values is not None:
-                values[rows] = new_values
-            rows_t = torch.from_numpy(rows)
-            out[rows_t], new_states = self._gather(stream[rows], start_no[rows])
-            for key, value in new_states.items():
-                states[key][rows_t] = value
-        else:
-            raise ReplayError("sampling kept colliding with concurrent writes; the writer is lapping the buffer")
-        for key, value in states.items():  # stride-0 views along time: one stored state per sequence
+        stream, start_no, values, gathered = gather_consistent(self.ring, batch_B, self._draw, self._gather,
+                                                               lambda start_no: start_no * self.interval)
+        out = gathered["steps"]
+        for key in self.state_keys:  # stride-0 views along time: one stored state per sequence
+            value = gathered[key]
             out[key] = value.unsqueeze(1).expand(batch_B, self.seq_len, *value.shape[1:])
         leaf = stream * self.starts_per_stream + start_no % self.starts_per_stream
         out["index"] = torch.from_numpy(leaf).unsqueeze(1).expand(batch_B, self.seq_len)
@@ -265,7 +234,6 @@ class SequenceReplayBuffer:
             weights = self.sampler.importance_weights(values)
             out["priority_weight"] = torch.from_numpy(weights).unsqueeze(1).expand(batch_B, self.seq_len)
         self.ring.store.add_counter("samples_drawn", batch_B * self.seq_len)
-        self.ring.store.add_counter("sample_calls", 1)
         return out
 
     def _draw(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -295,20 +263,19 @@ class SequenceReplayBuffer:
             raise ReplayError(f"almost no valid starts: {key_name(self.mask_key)!r} is False nearly everywhere")
         return stream, start_no, None
 
-    def _gather(self, stream: np.ndarray, start_no: np.ndarray) -> tuple[TensorDict, dict]:
-        """Sequences ``[n, L]`` of the stored keys, and the stored initial states ``{key: [n, ...]}``."""
+    def _gather(self, stream: np.ndarray, start_no: np.ndarray) -> TensorDict:
+        """``[n]``: the sequences ``[n, L]`` of the stored keys under ``"steps"``, and each stored initial state."""
         n, L = stream.shape[0], self.seq_len
         times = start_no[:, None] * self.interval + np.arange(L)[None, :]
         index = torch.from_numpy(self.ring.flat_index(stream[:, None], times).reshape(-1))
         values = {k: v.view(n, L, *v.shape[1:]) for k, v in self.ring.gather_keys(index).items()}
         state_index = torch.from_numpy(stream * self.starts_per_stream + start_no % self.starts_per_stream)
-        states = {}
+        out = {("steps",): nest(values, [n, L])}
         for key in self.state_keys:
             field = self.ring.field("state." + key_name(key))
-            states[key] = torch.index_select(field.view(-1, *field.shape[2:]), 0, state_index)
-        return nest(values, [n, L]), states
+            out[key] = torch.index_select(field.view(-1, *field.shape[2:]), 0, state_index)
+        return nest(out, [n])
 
-    # ------------------------------------------------------------------------------------------------ priority
     def update_priority(self, index: torch.Tensor | TensorDictBase, priority: torch.Tensor | None = None) -> None:
         """New priorities for sampled sequences.
 
@@ -318,12 +285,7 @@ class SequenceReplayBuffer:
             priority: ``[batch_B]`` per-sequence priorities, or ``[batch_B, T]`` per-step TD errors reduced with
                 :func:`sequence_priority` (``eta = pri_eta``).
         """
-        if self.sampler is None:
-            raise ReplayError("update_priority() needs a prioritized buffer (sampler=PrioritizedSampler(...))")
-        if isinstance(index, TensorDictBase):
-            priority = index.get("td_error") if priority is None else priority
-            index = index.get("index")
-        index = torch.as_tensor(index)
+        index, priority = priority_update_args(self.sampler, index, priority)
         if index.ndim == 2:
             index = index[:, 0]
         priority = torch.as_tensor(priority)
@@ -335,39 +297,24 @@ class SequenceReplayBuffer:
         with self.ring.store.lock():
             self.sampler.update(index.cpu().numpy(), check_priorities(priority))
 
-    # --------------------------------------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
         """Counters, layout, RNG and sampler state; the data stays in ``scratch_dir`` (see :mod:`tdrl.replay`)."""
-        state = {"ring": self.ring.store.state_dict(), "rng": self.rng.bit_generator.state}
+        state = {"ring": self.ring.state_dict(), "rng": self.rng.bit_generator.state}
         if self.sampler is not None:
             state["sampler"] = self.sampler.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.ring.store.restore(state["ring"])
+        self.ring.load_state_dict(state["ring"])
         self._synced = False
-        if self.ring.store.meta is not None:
-            self.ring._adopt_meta()
-            if self.sampler is not None:
-                self.sampler.bind(self.num_starts, self.ring.store.directory)
-            self._ready()
+        self.ring.restore_sampler(self.sampler, self.num_starts, state.get("sampler"))
+        self._ready()
         self.rng.bit_generator.state = state["rng"]
-        if self.sampler is not None and "sampler" in state:
-            self.sampler.load_state_dict(state["sampler"])
 
     def dumps(self, path: str | os.PathLike) -> None:
         """Full copy (data + state) into ``path``; only the state when ``path`` is ``scratch_dir``."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        if self._ready() and path.resolve() != self.ring.store.directory.resolve():
-            self.ring.store.copy_files_to(path / "storage")
-        elif self._ready():
-            self.ring.store.flush()
-        torch.save(self.state_dict(), path / "replay_state.pt")
+        self.ring.dump(path, self.state_dict())
 
     def loads(self, path: str | os.PathLike) -> None:
         """Restore a copy written by :meth:`dumps` into this buffer's ``scratch_dir``."""
-        path = Path(path)
-        self.load_state_dict(torch.load(path / "replay_state.pt", weights_only=False))
-        if self.ring.store.allocated and (path / "storage").exists():
-            self.ring.store.copy_files_from(path / "storage")
+        self.ring.load(path, self.load_state_dict)

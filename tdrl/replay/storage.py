@@ -1,26 +1,16 @@
-"""Memmapped ring fields under one explicit directory, with counters and a lock shared across processes.
+"""Memmapped fields under one explicit directory, with counters and a lock shared across processes.
 
-:class:`MemmapStore` is the storage layer under every tdrl replay buffer. It owns a directory (always explicit,
-normally under the run directory: TorchRL's temporary default scratch dir installs its own SIGTERM handler, which
-breaks SLURM preemption) holding
+The directory is always explicit, normally under the run directory (TorchRL's temporary default installs its own
+SIGTERM handler, which breaks SLURM preemption). It holds one raw ``.bin`` file per field (an ``np.memmap`` viewed
+as a plain tensor: ``MemoryMappedTensor``'s ``__torch_function__`` dispatch makes every copy slower), ``meta.json``
+(layout), ``counters.i64`` (int64 counters every process reads and writes) and ``lock`` (an ``flock`` file, only
+around priority-tree updates).
 
-* one raw ``.bin`` file per field (an ``np.memmap`` viewed as a plain ``torch.Tensor``; ``MemoryMappedTensor`` is a
-  tensor subclass whose ``__torch_function__`` dispatch costs ~3x per copy/gather, measured here),
-* ``meta.json`` (field shapes/dtypes plus whatever the buffer records about its layout),
-* ``counters.i64``: int64 counters read and written by every process that holds the store
-  (``write_started``/``write_done`` implement the seqlock below; ``samples_drawn``, ``sample_calls``),
-* ``lock``: an ``fcntl.flock`` lock file, used only around priority-tree updates.
-
-Concurrency (one writer process, any number of readers): a write of ``T`` time steps first publishes
-``write_started += T``, then copies the data, then publishes ``write_done = write_started``. A reader draws indices
-from the data complete at ``write_done``, gathers, then re-reads ``write_started``: any slot whose absolute time is
-older than ``write_started - time_capacity`` may have been overwritten while it was read and is drawn again. On
-x86-64, aligned 8-byte loads/stores are atomic and stores (loads) are not reordered with stores (loads), which is all
-this seqlock needs. Data is never locked, so sampling never waits for an extend.
-
-Persistence: the files can stay where they are (cheap: ``state_dict`` holds only counters and layout; a buffer built
-on the same directory and given that state reopens them), or be copied with :meth:`copy_files_to` /
-:meth:`copy_files_from` (exact: the data cannot be overwritten after the checkpoint).
+Concurrency, one writer and any number of readers: a write of ``T`` steps publishes ``write_started += T``, copies
+the data, then publishes ``write_done = write_started``. A reader draws from the data complete at ``write_done``,
+gathers, then re-reads ``write_started``: any slot older than ``write_started - time_capacity`` may have been
+overwritten during the read and is drawn again. Aligned 8-byte loads and stores are atomic and not reordered on
+x86-64, which is all this seqlock needs; data is never locked, so sampling never waits for an extend.
 """
 
 from __future__ import annotations
@@ -40,7 +30,7 @@ import torch
 
 __all__ = ["MemmapStore"]
 
-_COUNTERS = ("write_started", "write_done", "samples_drawn", "sample_calls")
+_COUNTERS = ("write_started", "write_done", "samples_drawn")
 _N_COUNTERS = 8  # room for later counters without changing the file size
 
 
@@ -71,11 +61,10 @@ class MemmapStore:
             meta.unlink()
         self._init_process_state()
 
-    # ----------------------------------------------------------------------------------------------- process state
     def _init_process_state(self) -> None:
         self._counters_map = np.memmap(self.directory / "counters.i64", dtype=np.int64, mode="r+",
                                        shape=(_N_COUNTERS,))
-        # plain ndarray view: np.memmap's Python-level __getitem__ costs ~10 us per access on the hot path
+        # plain ndarray view: np.memmap's Python-level __getitem__ is slow on the hot path
         self._counters = self._counters_map.view(np.ndarray)
         self.fields: dict[str, torch.Tensor] = {}
         self._arrays: dict[str, np.memmap] = {}
@@ -95,7 +84,6 @@ class MemmapStore:
         if (self.directory / "meta.json").exists():
             self.open()
 
-    # ------------------------------------------------------------------------------------------------- allocation
     @property
     def allocated(self) -> bool:
         """Whether the fields exist (in this process)."""
@@ -142,9 +130,8 @@ class MemmapStore:
             self._arrays[name] = array
             self.fields[name] = torch.from_numpy(array)
 
-    # --------------------------------------------------------------------------------------------------- counters
     def counter(self, name: str) -> int:
-        """Current value of a shared counter (``write_started``, ``write_done``, ``samples_drawn``, ``sample_calls``)."""
+        """Current value of a shared counter (one of ``_COUNTERS``)."""
         return int(self._counters[_COUNTERS.index(name)])
 
     def set_counter(self, name: str, value: int) -> None:
@@ -167,7 +154,6 @@ class MemmapStore:
         """Publish the write begun by :meth:`begin_write` as complete."""
         self._counters[1] = self._counters[0]
 
-    # ------------------------------------------------------------------------------------------------------- lock
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Exclusive lock across threads and processes (``flock`` on ``directory/lock``).
@@ -187,7 +173,6 @@ class MemmapStore:
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
-    # ----------------------------------------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
         """Counters and layout (no data: the field files stay in :attr:`directory`)."""
         return {"counters": self.counters(), "meta": self.meta}

@@ -1,17 +1,13 @@
 """A float64 k-ary sum tree with vectorised batch updates and prefix-sum search.
 
-Why our own: TorchRL 0.14.1's C++ segment trees do not import against torch 2.13 (pytorch/rl#3508), and rlpyt
-found float32 trees return zero-priority leaves through rounding, so the tree is float64.
+Ours because TorchRL 0.14.1's C++ segment trees do not import against torch 2.13 (pytorch/rl#3508); float64 because
+rlpyt found float32 trees return zero-priority leaves through rounding. 16-ary rather than binary: a search reads
+each node's children from one or two cache lines and touches few levels (children gathered as a ``[k, batch]``
+block, prefix sums by one small triangular matmul, the top level by ``cumsum`` + ``searchsorted``). Updates
+recompute each touched parent from its children, so rounding never accumulates.
 
-Why this shape (measured on the 2-core reference box, 1M leaves, batches of 256): a numpy binary heap needs 20
-levels of random gathers, each a cache miss per element (find ~200 us, update ~150 us). A 16-ary tree reads each
-node's children from one or two cache lines, so a search touches 3 levels plus a small top level: children are
-gathered as a ``[k, batch]`` block, prefix sums come from one small matmul with a triangular matrix (numpy's
-``cumsum`` along a short axis is several times slower), and the top level (<= 256 nodes) is searched with
-``cumsum`` + ``searchsorted``. Updates recompute each touched parent from its children (no accumulated rounding).
-
-All levels live in one flat float64 array, so the tree can sit in shared memory (an ``np.memmap``) and be used by
-several processes; callers serialise access (see :meth:`tdrl.replay.storage.MemmapStore.lock`).
+All levels live in one flat float64 array, so the tree can sit in a shared ``np.memmap``; callers serialise access
+(:meth:`tdrl.replay.storage.MemmapStore.lock`).
 """
 
 from __future__ import annotations
