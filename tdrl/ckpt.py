@@ -55,6 +55,8 @@ from typing import Any, Literal
 
 import torch
 
+from tdrl.utils.process import pid_alive
+
 __all__ = [
     "SNAPSHOT_MODES",
     "CheckpointCorrupt",
@@ -136,20 +138,12 @@ def _write_error(target: Path, exc: OSError, previous: CheckpointInfo | None) ->
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         reason += " (disk full)"
-    kept = (
-        f"the previous checkpoint {previous.path} is intact"
-        if previous
-        else "no earlier checkpoint exists"
-    )
+    kept = f"the previous checkpoint {previous.path} is intact" if previous else "no earlier checkpoint exists"
     return CheckpointError(f"could not write checkpoint {target}: {reason} [{exc}]; {kept}")
 
 
 def write_checkpoint(
-    path: Path,
-    state: Mapping[str, Any],
-    *,
-    iteration: int,
-    extra_writers: Mapping[str, PathWriter] | None = None,
+    path: Path, state: Mapping[str, Any], *, iteration: int, extra_writers: Mapping[str, PathWriter] | None = None
 ) -> Path:
     """Write one checkpoint directory atomically: temp dir, fsync every file, manifest, rename, fsync parent.
 
@@ -189,9 +183,7 @@ def write_checkpoint(
             for fname in filenames:
                 file = Path(root) / fname
                 if file.is_symlink() or not file.is_file():
-                    raise CheckpointError(
-                        f"{file}: checkpoint files must be regular files (no links)"
-                    )
+                    raise CheckpointError(f"{file}: checkpoint files must be regular files (no links)")
                 sha, size = _hash_file(file, fsync=True)
                 files[file.relative_to(tmp).as_posix()] = {"sha256": sha, "size": size}
         manifest = {
@@ -242,9 +234,7 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
         if manifest.get("format") != FORMAT_VERSION or STATE_FILE not in files:
             raise ValueError(f"format {manifest.get('format')!r} or no {STATE_FILE} entry")
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise CheckpointCorrupt(
-            f"checkpoint {path}: manifest {MANIFEST} is unreadable ({e})"
-        ) from None
+        raise CheckpointCorrupt(f"checkpoint {path}: manifest {MANIFEST} is unreadable ({e})") from None
     for rel, expected in files.items():
         file = path / rel
         if not file.is_file():
@@ -263,10 +253,7 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def read_checkpoint(
-    path: Path,
-    *,
-    map_location: str | torch.device = "cpu",
-    extra_readers: Mapping[str, PathWriter] | None = None,
+    path: Path, *, map_location: str | torch.device = "cpu", extra_readers: Mapping[str, PathWriter] | None = None
 ) -> dict[str, Any]:
     """Verify a checkpoint, load its state, and hand each extra component's directory to its reader.
 
@@ -279,14 +266,10 @@ def read_checkpoint(
     try:
         state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=False)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is unusable
-        raise CheckpointCorrupt(
-            f"checkpoint {path}: {STATE_FILE} does not load ({type(e).__name__}: {e})"
-        ) from e
+        raise CheckpointCorrupt(f"checkpoint {path}: {STATE_FILE} does not load ({type(e).__name__}: {e})") from e
     for name, reader in (extra_readers or {}).items():
         if not (path / name).is_dir():
-            raise CheckpointError(
-                f"checkpoint {path} has no component {name!r} (it was saved without it)"
-            )
+            raise CheckpointError(f"checkpoint {path} has no component {name!r} (it was saved without it)")
         reader(path / name)
     return state
 
@@ -310,17 +293,10 @@ class Checkpointer:
     """
 
     def __init__(
-        self,
-        directory: Path,
-        *,
-        snapshot_mode: SnapshotMode = "last",
-        snapshot_gap: int = 10,
-        strict: bool = False,
+        self, directory: Path, *, snapshot_mode: SnapshotMode = "last", snapshot_gap: int = 10, strict: bool = False
     ) -> None:
         if snapshot_mode not in SNAPSHOT_MODES:
-            raise ValueError(
-                f"checkpoint.snapshot_mode={snapshot_mode!r} is not one of {list(SNAPSHOT_MODES)}"
-            )
+            raise ValueError(f"checkpoint.snapshot_mode={snapshot_mode!r} is not one of {list(SNAPSHOT_MODES)}")
         if snapshot_gap < 1:
             raise ValueError(f"checkpoint.snapshot_gap must be >= 1, got {snapshot_gap}")
         self.directory = Path(directory)
@@ -330,9 +306,7 @@ class Checkpointer:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise CheckpointError(
-                f"cannot create checkpoint directory {self.directory}: {e}"
-            ) from e
+            raise CheckpointError(f"cannot create checkpoint directory {self.directory}: {e}") from e
         self._remove_stale()
 
     def will_save(self, iteration: int) -> bool:
@@ -353,11 +327,7 @@ class Checkpointer:
         return sorted(found, key=lambda c: c.iteration)
 
     def save(
-        self,
-        state: Mapping[str, Any],
-        iteration: int,
-        *,
-        extra_writers: Mapping[str, PathWriter] | None = None,
+        self, state: Mapping[str, Any], iteration: int, *, extra_writers: Mapping[str, PathWriter] | None = None
     ) -> Path | None:
         """Write a checkpoint if the snapshot mode says so, then rotate old ones.
 
@@ -384,10 +354,7 @@ class Checkpointer:
         return target
 
     def load_latest(
-        self,
-        *,
-        map_location: str | torch.device = "cpu",
-        extra_readers: Mapping[str, PathWriter] | None = None,
+        self, *, map_location: str | torch.device = "cpu", extra_readers: Mapping[str, PathWriter] | None = None
     ) -> tuple[dict[str, Any], CheckpointInfo] | None:
         """Load the newest checkpoint that verifies; ``None`` if there is none.
 
@@ -396,14 +363,10 @@ class Checkpointer:
         """
         for info in reversed(self.list()):
             try:
-                state = read_checkpoint(
-                    info.path, map_location=map_location, extra_readers=extra_readers
-                )
+                state = read_checkpoint(info.path, map_location=map_location, extra_readers=extra_readers)
             except CheckpointCorrupt as e:
                 if self.strict:
-                    raise CheckpointCorrupt(
-                        f"{e}; strict resume is on (checkpoint.strict_resume=true)"
-                    ) from None
+                    raise CheckpointCorrupt(f"{e}; strict resume is on (checkpoint.strict_resume=true)") from None
                 moved = self._quarantine(info)
                 warnings.warn(
                     f"CORRUPT CHECKPOINT SKIPPED: {e}. Moved it to {moved}; falling back to the previous one.",
@@ -423,7 +386,7 @@ class Checkpointer:
                 shutil.rmtree(entry, ignore_errors=True)
             elif entry.name.startswith(".tmp-"):
                 pid = entry.name.rsplit("-", 2)[-2]
-                if not (pid.isdigit() and _alive(int(pid))) or int(pid) == os.getpid():
+                if not (pid.isdigit() and pid_alive(int(pid))) or int(pid) == os.getpid():
                     shutil.rmtree(entry, ignore_errors=True)
 
     def _rotate(self, keep: Path) -> None:
@@ -433,9 +396,7 @@ class Checkpointer:
         for info in self.list():
             if info.path == keep:
                 continue
-            if mode == "last" or (
-                mode == "gap_and_last" and info.iteration % self.snapshot_gap != 0
-            ):
+            if mode == "last" or (mode == "gap_and_last" and info.iteration % self.snapshot_gap != 0):
                 doomed = self.directory / f".del-{info.path.name}-{uuid.uuid4().hex[:8]}"
                 # Rename first: a kill mid-delete leaves a .del- dir, never a half-deleted itr_ dir.
                 os.rename(info.path, doomed)
@@ -444,9 +405,7 @@ class Checkpointer:
     def _quarantine(self, info: CheckpointInfo) -> Path:
         corrupt = self.directory / "corrupt"
         corrupt.mkdir(exist_ok=True)
-        target = (
-            corrupt / f"{info.path.name}-{time.strftime('%Y%m%d_%H%M%S')}-{uuid.uuid4().hex[:4]}"
-        )
+        target = corrupt / f"{info.path.name}-{time.strftime('%Y%m%d_%H%M%S')}-{uuid.uuid4().hex[:4]}"
         os.rename(info.path, target)
         return target
 
@@ -459,13 +418,3 @@ def _os_error_in_chain(exc: BaseException | None) -> OSError | None:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

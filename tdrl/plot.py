@@ -59,11 +59,7 @@ def find_runs(paths: Iterable[Path | str]) -> list[Path]:
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist")
-        found = (
-            [p]
-            if (p / "progress.csv").is_file()
-            else sorted(f.parent for f in p.rglob("progress.csv"))
-        )
+        found = [p] if (p / "progress.csv").is_file() else sorted(f.parent for f in p.rglob("progress.csv"))
         if not found:
             raise FileNotFoundError(f"no progress.csv at or below {p}")
         runs.update(dict.fromkeys(r.resolve() for r in found))
@@ -75,11 +71,7 @@ def _is_seed_key(key: str) -> bool:
 
 
 def _variant(run_dir: Path) -> dict[str, Any]:
-    for path in (
-        run_dir / "variant.json",
-        run_dir.parent / "variant.json",
-        run_dir / "config.json",
-    ):
+    for path in (run_dir / "variant.json", run_dir.parent / "variant.json", run_dir / "config.json"):
         if path.is_file():
             data = json.loads(path.read_text())
             flat = flatten(data) if isinstance(data, dict) else {"variant": data}
@@ -96,9 +88,7 @@ def group_runs(run_dirs: Sequence[Path]) -> list[CurveGroup]:
         groups.setdefault(key, (variant, []))[1].append(Path(run_dir))
     variants = [v for v, _ in groups.values()]
     all_keys = sorted({k for v in variants for k in v})
-    differing = [
-        k for k in all_keys if len({json.dumps(v.get(k), default=str) for v in variants}) > 1
-    ]
+    differing = [k for k in all_keys if len({json.dumps(v.get(k), default=str) for v in variants}) > 1]
     out = []
     for i, (variant, runs) in enumerate(groups.values()):
         label = ", ".join(f"{k}={variant.get(k)}" for k in differing) or _default_label(runs[0], i)
@@ -124,9 +114,7 @@ def _curve(run_dir: Path, metric: str) -> tuple[np.ndarray, np.ndarray] | None:
     return (x[keep], y[keep]) if keep.any() else None
 
 
-def _mean_and_band(
-    curves: list[tuple[np.ndarray, np.ndarray]],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _mean_and_band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean and 95% CI half-width over runs, on the x values shared by all (interpolated where they differ)."""
     xs = [c[0] for c in curves]
     if all(len(x) == len(xs[0]) and np.array_equal(x, xs[0]) for x in xs):
@@ -145,10 +133,7 @@ def _mean_and_band(
 
 
 def plot_learning_curves(
-    paths: Sequence[Path | str],
-    *,
-    metrics: Sequence[str] | None = None,
-    out_dir: Path | str | None = None,
+    paths: Sequence[Path | str], *, metrics: Sequence[str] | None = None, out_dir: Path | str | None = None
 ) -> dict[Path, int]:
     """Write one PNG per metric with one mean curve (and 95% band) per variant group.
 
@@ -175,15 +160,11 @@ def plot_learning_curves(
     if metrics is None:
         default = [m for m in DEFAULT_METRICS if m in available][:1]
         if not default:
-            raise ValueError(
-                f"no {' or '.join(DEFAULT_METRICS)} column in {len(runs)} run(s); pick one of {available}"
-            )
+            raise ValueError(f"no {' or '.join(DEFAULT_METRICS)} column in {len(runs)} run(s); pick one of {available}")
         metrics = default
     missing = [m for m in metrics if m not in available]
     if missing:
-        raise ValueError(
-            f"metric(s) {missing} not in progress.csv of {len(runs)} run(s); columns: {available}"
-        )
+        raise ValueError(f"metric(s) {missing} not in progress.csv of {len(runs)} run(s); columns: {available}")
     out = Path(out_dir) if out_dir is not None else Path(paths[0]) / "plots"
     out.mkdir(parents=True, exist_ok=True)
     written: dict[Path, int] = {}
@@ -219,9 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line: ``tdrl plot RUN_DIR... [--metric KEY ...] [--out DIR]``."""
     parser = argparse.ArgumentParser(prog="tdrl plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", help="run directories or folders above them")
-    parser.add_argument(
-        "--metric", nargs="+", default=None, help="progress.csv columns (default: return)"
-    )
+    parser.add_argument("--metric", nargs="+", default=None, help="progress.csv columns (default: return)")
     parser.add_argument("--out", default=None, help="output folder (default: <first path>/plots)")
     args = parser.parse_args(argv)
     try:

@@ -18,15 +18,7 @@ from tdrl.launch.distributed import DistEnv, init_distributed_from_slurm, slurm_
 from tdrl.launch.local import RunOutcome, launch_local
 from tdrl.launch.slots import Slot, SlotError, current_slot_cpus, make_slots
 from tdrl.launch.status import collect_results, format_status, sweep_status
-from tdrl.launch.sweep import (
-    Resources,
-    RunSpec,
-    Sweep,
-    SweepError,
-    SweepPlan,
-    load_sweep,
-    plan_sweep,
-)
+from tdrl.launch.sweep import Resources, RunSpec, Sweep, SweepError, SweepPlan, load_sweep, plan_sweep
 from tdrl.launch.variants import VariantLevel, load_variant, make_variants, save_variant
 
 __all__ = [

@@ -63,19 +63,13 @@ def _resources(args: argparse.Namespace, base: Resources) -> Resources:
         "gpus_per_run": "gpus_per_run",
         "runs_per_gpu": "runs_per_gpu",
     }
-    changes = {
-        field: getattr(args, opt)
-        for opt, field in mapping.items()
-        if getattr(args, opt, None) is not None
-    }
+    changes = {field: getattr(args, opt) for opt, field in mapping.items() if getattr(args, opt, None) is not None}
     return dataclasses.replace(base, **changes)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     plan = _plan(args)
-    print(
-        f"sweep '{plan.sweep.name}': recipe {plan.recipe}\n  {len(plan.runs)} runs in {plan.exp_dir}"
-    )
+    print(f"sweep '{plan.sweep.name}': recipe {plan.recipe}\n  {len(plan.runs)} runs in {plan.exp_dir}")
     for run in plan.runs:
         done = "  (done)" if run.is_done() else ""
         print(f"  {run.name}{done}\n    {' '.join(run.command(plan.recipe, 'python'))}")
@@ -136,21 +130,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 def build_parser(prog: str = "slurm/launch.py") -> argparse.ArgumentParser:
     """The argument parser (subcommands plan, local, slurm, status)."""
     p = argparse.ArgumentParser(
-        prog=prog,
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="command", required=True)
 
     def sweep_args(q: argparse.ArgumentParser) -> None:
         q.add_argument("sweep", help="sweep file (defines sweep = Sweep(...))")
-        q.add_argument(
-            "--root", help="parent of the experiment directory (default: the sweep's root)"
-        )
+        q.add_argument("--root", help="parent of the experiment directory (default: the sweep's root)")
 
-    q = sub.add_parser(
-        "plan", help="validate a sweep and print its runs and their commands (launches nothing)"
-    )
+    q = sub.add_parser("plan", help="validate a sweep and print its runs and their commands (launches nothing)")
     sweep_args(q)
     q.set_defaults(func=cmd_plan)
 
@@ -164,9 +152,7 @@ def build_parser(prog: str = "slurm/launch.py") -> argparse.ArgumentParser:
     q.add_argument("--rerun-done", action="store_true", help="also run those with a summary.json")
     q.set_defaults(func=cmd_local)
 
-    q = sub.add_parser(
-        "slurm", help="submit a sweep to SLURM as one job array (returns at once unless --wait)"
-    )
+    q = sub.add_parser("slurm", help="submit a sweep to SLURM as one job array (returns at once unless --wait)")
     sweep_args(q)
     q.add_argument("--partition", help="SLURM partition")
     q.add_argument("--time", type=parse_time_min, help="time limit: minutes or [D-]HH:MM:SS")
@@ -179,24 +165,14 @@ def build_parser(prog: str = "slurm/launch.py") -> argparse.ArgumentParser:
     q.add_argument("--max-requeues", type=int, help="requeues after time-outs before giving up")
     q.add_argument("--signal-delay", type=int, help="seconds before the time limit that USR2 comes")
     q.add_argument("--rerun-done", action="store_true", help="also submit runs with a summary.json")
-    q.add_argument(
-        "--wait", action="store_true", help="wait for every run to end and print the status"
-    )
-    q.add_argument(
-        "--poll", type=float, default=10.0, help="seconds between status polls with --wait"
-    )
+    q.add_argument("--wait", action="store_true", help="wait for every run to end and print the status")
+    q.add_argument("--poll", type=float, default=10.0, help="seconds between status polls with --wait")
     q.set_defaults(func=cmd_slurm)
 
-    q = sub.add_parser(
-        "status", help="each run's state and last progress row; --results collects summaries"
-    )
+    q = sub.add_parser("status", help="each run's state and last progress row; --results collects summaries")
     q.add_argument("exp_dir", help="experiment directory (holds sweep.json)")
-    q.add_argument(
-        "--columns", help="progress.csv columns of the last row to show, comma-separated, or 'all'"
-    )
-    q.add_argument(
-        "--results", action="store_true", help="write results.csv/json of the runs' summaries"
-    )
+    q.add_argument("--columns", help="progress.csv columns of the last row to show, comma-separated, or 'all'")
+    q.add_argument("--results", action="store_true", help="write results.csv/json of the runs' summaries")
     q.add_argument("--watch", type=float, help="refresh every this many seconds until all runs end")
     q.set_defaults(func=cmd_status)
     return p

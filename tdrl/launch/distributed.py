@@ -16,13 +16,7 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 
-__all__ = [
-    "DistEnv",
-    "export_dist_env",
-    "first_host",
-    "init_distributed_from_slurm",
-    "slurm_dist_env",
-]
+__all__ = ["DistEnv", "export_dist_env", "first_host", "init_distributed_from_slurm", "slurm_dist_env"]
 
 
 @dataclass(frozen=True)
@@ -55,20 +49,13 @@ def slurm_dist_env(port: int | None = None) -> DistEnv:
         RuntimeError: not inside a SLURM task (``SLURM_PROCID`` unset), naming the missing variable.
     """
     env = os.environ
-    missing = [
-        k
-        for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "SLURM_JOB_ID")
-        if k not in env
-    ]
+    missing = [k for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "SLURM_JOB_ID") if k not in env]
     if missing:
         raise RuntimeError(
             f"not inside a SLURM task ({', '.join(missing)} unset); start with srun or a tdrl SLURM sweep"
         )
     if port is None:
-        port = int(
-            env.get("MASTER_PORT")
-            or 20000 + int(re.sub(r"\D", "", env["SLURM_JOB_ID"]) or 0) % 40000
-        )
+        port = int(env.get("MASTER_PORT") or 20000 + int(re.sub(r"\D", "", env["SLURM_JOB_ID"]) or 0) % 40000)
     return DistEnv(
         rank=int(env["SLURM_PROCID"]),
         world_size=int(env["SLURM_NTASKS"]),

@@ -42,11 +42,7 @@ def _job_fields() -> dict[str, Any]:
     env = os.environ
     array = env.get("SLURM_ARRAY_JOB_ID")
     job = f"{array}_{env['SLURM_ARRAY_TASK_ID']}" if array else env.get("SLURM_JOB_ID", "")
-    return {
-        "job_id": job,
-        "restart": int(env.get("SLURM_RESTART_COUNT", "0")),
-        "host": socket.gethostname(),
-    }
+    return {"job_id": job, "restart": int(env.get("SLURM_RESTART_COUNT", "0")), "host": socket.gethostname()}
 
 
 def _follow_allocation() -> None:
@@ -76,9 +72,7 @@ class RecipeJob:
         _follow_allocation()
         rank = int(os.environ.get("SLURM_PROCID", "0"))
         if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-            export_dist_env(
-                slurm_dist_env()
-            )  # torchrun-style env:// variables for data-parallel trainers
+            export_dist_env(slurm_dist_env())  # torchrun-style env:// variables for data-parallel trainers
         if rank == 0:
             record_event(self.run_dir, "start", **_job_fields())
         try:
@@ -87,12 +81,7 @@ class RecipeJob:
             summary = module.main(cfg)
         except Exception as e:
             if rank == 0:
-                record_event(
-                    self.run_dir,
-                    "error",
-                    error=f"{type(e).__name__}: {e}",
-                    traceback=traceback.format_exc(),
-                )
+                record_event(self.run_dir, "error", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
             raise
         if summary is None:
             path = Path(self.run_dir) / "summary.json"

@@ -90,15 +90,11 @@ def _write_launched(plan: SweepPlan, launched: int) -> None:
     (plan.exp_dir / "num_launched.txt").write_text(text)
 
 
-def _start(
-    run: RunSpec, plan: SweepPlan, slot: Slot, python: str
-) -> tuple[subprocess.Popen, IO[bytes]]:
+def _start(run: RunSpec, plan: SweepPlan, slot: Slot, python: str) -> tuple[subprocess.Popen, IO[bytes]]:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     save_variant(run.variant, run.run_dir)
     log = open(run.run_dir / LOG_NAME, "ab")
-    log.write(
-        f"# tdrl launch {time.strftime('%Y-%m-%d %H:%M:%S')} slot {slot.index} ({slot.describe()})\n".encode()
-    )
+    log.write(f"# tdrl launch {time.strftime('%Y-%m-%d %H:%M:%S')} slot {slot.index} ({slot.describe()})\n".encode())
     log.flush()
     env = {**os.environ, **slot.env()}
     cpus = slot.cpus
@@ -118,9 +114,7 @@ def _in_child(cpus: tuple[int, ...]) -> None:
     """Runs in the run's process before exec: pin it to the slot, and have it get SIGTERM if the launcher dies."""
     os.sched_setaffinity(0, cpus)
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(
-            _PR_SET_PDEATHSIG, signal.SIGTERM
-        )  # Linux; no orphan runs
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)  # Linux; no orphan runs
     except (OSError, AttributeError):
         pass
 
@@ -199,10 +193,7 @@ def launch_local(
     free = list(slots)
     running: dict[int, tuple[RunSpec, Slot, subprocess.Popen, IO[bytes], float]] = {}
     launched = 0
-    print(
-        f"sweep '{plan.sweep.name}': {len(queue)} runs over {len(slots)} slots -> {plan.exp_dir}",
-        file=out,
-    )
+    print(f"sweep '{plan.sweep.name}': {len(queue)} runs over {len(slots)} slots -> {plan.exp_dir}", file=out)
 
     def on_term(signum: int, frame: Any) -> None:
         raise _Terminated()
@@ -216,9 +207,7 @@ def launch_local(
                 running[run.index] = (run, slot, process, log, time.monotonic())
                 launched += 1
                 _write_launched(plan, launched)
-                records[run.index].update(
-                    state="running", pid=process.pid, slot=slot.describe(), started=time.time()
-                )
+                records[run.index].update(state="running", pid=process.pid, slot=slot.describe(), started=time.time())
                 write_json(manifest_path, manifest)
                 print(f"  start  {run.name:<40} {slot.describe()}", file=out, flush=True)
             time.sleep(poll_s)
@@ -230,18 +219,10 @@ def launch_local(
                 rc = process.returncode
                 state = "completed" if rc == 0 else "failed"
                 outcome = RunOutcome(
-                    run,
-                    state,
-                    rc,
-                    run.run_dir / LOG_NAME,
-                    slot,
-                    time.monotonic() - t0,
-                    read_summary(run.run_dir),
+                    run, state, rc, run.run_dir / LOG_NAME, slot, time.monotonic() - t0, read_summary(run.run_dir)
                 )
                 outcomes[index] = outcome
-                records[index].update(
-                    state=state, returncode=rc, ended=time.time(), wall_s=round(outcome.wall_s, 2)
-                )
+                records[index].update(state=state, returncode=rc, ended=time.time(), wall_s=round(outcome.wall_s, 2))
                 write_json(manifest_path, manifest)
                 if rc == 0:
                     print(f"  done   {run.name:<40} {outcome.wall_s:.1f}s", file=out, flush=True)
@@ -257,16 +238,9 @@ def launch_local(
             _stop(process)
             log.close()
             outcomes[index] = RunOutcome(
-                run,
-                "interrupted",
-                process.returncode,
-                run.run_dir / LOG_NAME,
-                slot,
-                time.monotonic() - t0,
+                run, "interrupted", process.returncode, run.run_dir / LOG_NAME, slot, time.monotonic() - t0
             )
-            records[index].update(
-                state="interrupted", returncode=process.returncode, ended=time.time()
-            )
+            records[index].update(state="interrupted", returncode=process.returncode, ended=time.time())
         for run in queue:
             outcomes[run.index] = RunOutcome(run, "interrupted", None, run.run_dir / LOG_NAME)
         write_json(manifest_path, manifest)
@@ -303,14 +277,9 @@ def format_outcomes(outcomes: list[RunOutcome]) -> str:
                 str(o.log) if o.state == "failed" else "",
             ]
         )
-    counts = {
-        s: sum(o.state == s for o in outcomes)
-        for s in ("completed", "failed", "skipped", "interrupted")
-    }
+    counts = {s: sum(o.state == s for o in outcomes) for s in ("completed", "failed", "skipped", "interrupted")}
     head = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    table = format_table(
-        ["run", "state", "exit", "slot", "wall_s", "frames", "eval/return_mean", "log"], rows
-    )
+    table = format_table(["run", "state", "exit", "slot", "wall_s", "frames", "eval/return_mean", "log"], rows)
     return f"{table}\n{head}"
 
 

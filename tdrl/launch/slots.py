@@ -20,15 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = [
-    "Slot",
-    "SlotError",
-    "current_slot_cpus",
-    "detect_gpus",
-    "format_cpus",
-    "make_slots",
-    "parse_cpus",
-]
+__all__ = ["Slot", "SlotError", "current_slot_cpus", "detect_gpus", "format_cpus", "make_slots", "parse_cpus"]
 
 
 class SlotError(ValueError):
@@ -153,13 +145,9 @@ def make_slots(
     if cpus_per_run is not None and cpus_per_run < 1:
         raise SlotError(f"cpus_per_run={cpus_per_run}: a run needs at least 1 core")
     if gpus_per_run < 0 or runs_per_gpu < 1:
-        raise SlotError(
-            f"gpus_per_run={gpus_per_run}, runs_per_gpu={runs_per_gpu}: need >= 0 and >= 1"
-        )
+        raise SlotError(f"gpus_per_run={gpus_per_run}, runs_per_gpu={runs_per_gpu}: need >= 0 and >= 1")
     if runs_per_gpu > 1 and gpus_per_run != 1:
-        raise SlotError(
-            f"runs_per_gpu={runs_per_gpu} shares one GPU between runs, so gpus_per_run must be 1"
-        )
+        raise SlotError(f"runs_per_gpu={runs_per_gpu} shares one GPU between runs, so gpus_per_run must be 1")
     if cpus_per_run is not None and cpus_per_run > len(cpus):
         raise SlotError(f"cpus_per_run={cpus_per_run} but {have}")
 
@@ -187,7 +175,4 @@ def make_slots(
         if max_slots < 1:
             raise SlotError(f"max_slots={max_slots}: need at least 1")
         n_slots = min(n_slots, max_slots)
-    return [
-        Slot(index=i, cpus=cpus[i * per_run : (i + 1) * per_run], gpus=gpu_sets[i])
-        for i in range(n_slots)
-    ]
+    return [Slot(index=i, cpus=cpus[i * per_run : (i + 1) * per_run], gpus=gpu_sets[i]) for i in range(n_slots)]

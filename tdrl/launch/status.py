@@ -22,6 +22,7 @@ from typing import Any
 
 from tdrl.config import flatten
 from tdrl.launch.sweep import SweepError, SweepPlan
+from tdrl.utils.process import pid_alive
 
 __all__ = [
     "RunStatus",
@@ -79,9 +80,7 @@ class RunStatus:
 def format_table(headers: list[str], rows: list[list[str]]) -> str:
     """Plain aligned text table (no dependency on a table library)."""
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    keep = [
-        i for i, w in enumerate(widths) if any(r[i] for r in rows) or headers[i] in ("run", "state")
-    ]
+    keep = [i for i, w in enumerate(widths) if any(r[i] for r in rows) or headers[i] in ("run", "state")]
     line = lambda cells: "  ".join(cells[i].ljust(widths[i]) for i in keep).rstrip()  # noqa: E731
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
@@ -161,9 +160,7 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def _slurm_state(
-    record: dict[str, Any], queue: dict[str, tuple[str, str]] | None, run_dir: Path
-) -> tuple[str, str]:
+def _slurm_state(record: dict[str, Any], queue: dict[str, tuple[str, str]] | None, run_dir: Path) -> tuple[str, str]:
     result = _result(record.get("result", ""))
     if result is not None:
         kind, value = result
@@ -181,18 +178,6 @@ def _slurm_state(
     return "UNKNOWN", "not in the queue and no result (killed without a signal?)"
 
 
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_status(exp_dir: str | os.PathLike) -> list[RunStatus]:
     """The state of every run recorded in ``<exp_dir>/sweep.json``.
 
@@ -202,13 +187,11 @@ def sweep_status(exp_dir: str | os.PathLike) -> list[RunStatus]:
     exp_dir = Path(exp_dir)
     manifest_path = exp_dir / "sweep.json"
     if not manifest_path.is_file():
-        raise FileNotFoundError(
-            f"no sweep.json in '{exp_dir}': not an experiment directory launched by tdrl"
-        )
+        raise FileNotFoundError(f"no sweep.json in '{exp_dir}': not an experiment directory launched by tdrl")
     manifest = json.loads(manifest_path.read_text())
     backend = manifest.get("backend", "local")
     queue = squeue_states() if backend == "slurm" else None
-    launcher_alive = _pid_alive(manifest.get("launcher_pid")) if backend == "local" else False
+    launcher_alive = pid_alive(manifest.get("launcher_pid")) if backend == "local" else False
     out = []
     for record in manifest["runs"]:
         run_dir = Path(record["run_dir"])
@@ -259,15 +242,7 @@ def format_status(statuses: list[RunStatus], columns: list[str] | None = None) -
     cols = _pick_columns(statuses, columns)
     rows = []
     for s in statuses:
-        failed = s.state in (
-            "FAILED",
-            "UNKNOWN",
-            "CANCELLED",
-            "TIMEOUT",
-            "OUT_OF_MEMORY",
-            "NODE_FAIL",
-            "INTERRUPTED",
-        )
+        failed = s.state in ("FAILED", "UNKNOWN", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "INTERRUPTED")
         rows.append(
             [s.name, s.state, s.job_id, str(s.starts) if s.starts else "", str(s.rows)]
             + [s.last_row.get(c, "") for c in cols]
@@ -289,16 +264,9 @@ def collect_results(exp_dir: str | os.PathLike, write: bool = True) -> list[dict
     statuses = sweep_status(exp_dir)
     rows = []
     for s in statuses:
-        row: dict[str, Any] = {
-            "run": s.name,
-            "state": s.state,
-            "seed": s.seed,
-            "run_dir": str(s.run_dir),
-        }
+        row: dict[str, Any] = {"run": s.name, "state": s.state, "seed": s.seed, "run_dir": str(s.run_dir)}
         row.update({f"variant/{k}": v for k, v in flatten(s.variant).items()})
-        row.update(
-            {k: v for k, v in flatten(s.summary or {}).items() if not isinstance(v, (dict, list))}
-        )
+        row.update({k: v for k, v in flatten(s.summary or {}).items() if not isinstance(v, (dict, list))})
         rows.append(row)
     if write:
         exp_dir = Path(exp_dir)
@@ -325,12 +293,9 @@ def check_not_running(plan: SweepPlan) -> None:
     busy = [s for s in sweep_status(plan.exp_dir) if s.name in names and s.state not in TERMINAL]
     busy = [s for s in busy if s.state != "NO_QUEUE"]
     if busy:
-        listed = ", ".join(
-            f"{s.name} ({s.state}{' job ' + s.job_id if s.job_id else ''})" for s in busy[:5]
-        )
+        listed = ", ".join(f"{s.name} ({s.state}{' job ' + s.job_id if s.job_id else ''})" for s in busy[:5])
         jobs = sorted({s.job_id.split("_")[0] for s in busy if s.job_id})
         how = f"scancel {' '.join(jobs)}" if jobs else "stop its launcher"
         raise SweepError(
-            f"{len(busy)} run(s) of sweep '{plan.sweep.name}' are still active: {listed}; "
-            f"wait for them or {how} first"
+            f"{len(busy)} run(s) of sweep '{plan.sweep.name}' are still active: {listed}; wait for them or {how} first"
         )

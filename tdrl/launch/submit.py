@@ -25,13 +25,7 @@ from tdrl.launch.status import TERMINAL, RunStatus, check_not_running, format_st
 from tdrl.launch.sweep import Resources, RunSpec, SweepError, SweepPlan, write_json
 from tdrl.launch.variants import save_variant
 
-__all__ = [
-    "SubmittedRun",
-    "check_slurm_resources",
-    "make_executor",
-    "submit_sweep",
-    "wait_for_sweep",
-]
+__all__ = ["SubmittedRun", "check_slurm_resources", "make_executor", "submit_sweep", "wait_for_sweep"]
 
 
 @dataclass
@@ -69,11 +63,7 @@ def _partitions() -> dict[str, _Partition]:
     """Each partition's largest CPU count, memory and GPU count per node; {} when sinfo does not answer."""
     try:
         text = subprocess.run(
-            ["sinfo", "-h", "-o", "%P|%c|%m|%G"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
+            ["sinfo", "-h", "-o", "%P|%c|%m|%G"], capture_output=True, text=True, timeout=30, check=True
         ).stdout
     except (subprocess.SubprocessError, OSError):
         return {}
@@ -112,9 +102,7 @@ def check_slurm_resources(resources: Resources) -> None:
     if not partitions:
         return
     if r.partition and r.partition not in partitions:
-        raise SweepError(
-            f"unknown SLURM partition '{r.partition}'; partitions: {', '.join(sorted(partitions))}"
-        )
+        raise SweepError(f"unknown SLURM partition '{r.partition}'; partitions: {', '.join(sorted(partitions))}")
     name = r.partition or next((n for n, p in partitions.items() if p.default), None)
     part = partitions.get(name or "")
     if part is None:
@@ -135,9 +123,7 @@ def make_executor(folder: Path, resources: Resources, name: str, n_runs: int):
     import submitit
 
     r = resources
-    executor = submitit.AutoExecutor(
-        folder=folder, cluster="slurm", slurm_max_num_timeout=r.max_requeues
-    )
+    executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=r.max_requeues)
     params: dict = dict(
         name=name,
         timeout_min=int(r.time_min),
@@ -163,10 +149,7 @@ def make_executor(folder: Path, resources: Resources, name: str, n_runs: int):
 
 
 def submit_sweep(
-    plan: SweepPlan,
-    resources: Resources | None = None,
-    rerun_done: bool = False,
-    out: IO[str] | None = None,
+    plan: SweepPlan, resources: Resources | None = None, rerun_done: bool = False, out: IO[str] | None = None
 ) -> list[SubmittedRun]:
     """Submit the plan's runs (except finished ones, unless ``rerun_done``) as one job array; returns at once.
 
@@ -196,24 +179,14 @@ def submit_sweep(
         for run in todo:
             run.run_dir.mkdir(parents=True, exist_ok=True)
             save_variant(run.variant, run.run_dir)
-        executor = make_executor(
-            plan.exp_dir / "slurm" / "%j", resources, plan.sweep.name, len(todo)
-        )
+        executor = make_executor(plan.exp_dir / "slurm" / "%j", resources, plan.sweep.name, len(todo))
         with executor.batch():
-            jobs = [
-                executor.submit(RecipeJob(str(plan.recipe), list(r.overrides), str(r.run_dir)))
-                for r in todo
-            ]
+            jobs = [executor.submit(RecipeJob(str(plan.recipe), list(r.overrides), str(r.run_dir))) for r in todo]
         for run, job in zip(todo, jobs, strict=True):
-            sub = SubmittedRun(
-                run, str(job.job_id), job.paths.stdout, job.paths.stderr, job.paths.result_pickle
-            )
+            sub = SubmittedRun(run, str(job.job_id), job.paths.stdout, job.paths.stderr, job.paths.result_pickle)
             submitted.append(sub)
             manifest["runs"][run.index].update(
-                job_id=sub.job_id,
-                stdout=str(sub.stdout),
-                stderr=str(sub.stderr),
-                result=str(sub.result),
+                job_id=sub.job_id, stdout=str(sub.stdout), stderr=str(sub.stderr), result=str(sub.result)
             )
     manifest["submitted"] = time.time()
     write_json(plan.exp_dir / "sweep.json", manifest)
@@ -255,7 +228,5 @@ def wait_for_sweep(
             print(f"  waiting: {line}", file=out, flush=True)
             last = line
         if timeout_s is not None and time.monotonic() - t0 > timeout_s:
-            raise TimeoutError(
-                f"after {timeout_s:.0f}s still not finished: {line}\n{format_status(statuses)}"
-            )
+            raise TimeoutError(f"after {timeout_s:.0f}s still not finished: {line}\n{format_status(statuses)}")
         time.sleep(poll_s)

@@ -178,23 +178,14 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
 
 
 def _run_overrides(
-    sweep: Sweep,
-    cfg_keys: set[str],
-    log_dir: str,
-    seed: int,
-    variant: dict[str, Any],
-    run_dir: Path,
+    sweep: Sweep, cfg_keys: set[str], log_dir: str, seed: int, variant: dict[str, Any], run_dir: Path
 ) -> dict[str, Any]:
     values: dict[str, Any] = flatten(dict(sweep.overrides))  # dotted keys or nested sections
     values.update(flatten(variant))
     if "logger.group" in cfg_keys and "logger.group" not in values:
         values["logger.group"] = sweep.name  # one W&B group per sweep
     if "run.name" in cfg_keys and "run.name" not in values:
-        values["run.name"] = (
-            f"{sweep.name}-{log_dir.replace('/', '-')}-s{seed}"
-            if log_dir
-            else f"{sweep.name}-s{seed}"
-        )
+        values["run.name"] = f"{sweep.name}-{log_dir.replace('/', '-')}-s{seed}" if log_dir else f"{sweep.name}-s{seed}"
     values["run.seed"] = seed
     values["run.dir"] = str(run_dir)
     return values
@@ -221,9 +212,7 @@ def plan_sweep(sweep: Sweep, root: str | os.PathLike | None = None) -> SweepPlan
     if not _NAME.match(sweep.name or ""):
         raise SweepError(f"{where}: name must be letters, digits, '.', '_' or '-'")
     if not sweep.seeds or len(set(sweep.seeds)) != len(sweep.seeds):
-        raise SweepError(
-            f"{where}: seeds must be a non-empty list without repeats, got {sweep.seeds!r}"
-        )
+        raise SweepError(f"{where}: seeds must be a non-empty list without repeats, got {sweep.seeds!r}")
     if not all(isinstance(s, int) and not isinstance(s, bool) for s in sweep.seeds):
         raise SweepError(f"{where}: seeds must be integers, got {sweep.seeds!r}")
     search = [Path(sweep.source).parent] if sweep.source else []
@@ -237,9 +226,7 @@ def plan_sweep(sweep: Sweep, root: str | os.PathLike | None = None) -> SweepPlan
     cfg_keys = set(flatten(to_dict(base)))
     for key in ("run.dir", "run.seed"):
         if key not in cfg_keys:
-            raise SweepError(
-                f"{where}: recipe '{recipe}' Config has no '{key}' (use tdrl.config.RunConfig as 'run')"
-            )
+            raise SweepError(f"{where}: recipe '{recipe}' Config has no '{key}' (use tdrl.config.RunConfig as 'run')")
     exp_dir = (Path(root if root is not None else sweep.root) / sweep.name).resolve()
     runs = []
     for seed in sweep.seeds:  # rlpyt order: seeds outer, variants inner

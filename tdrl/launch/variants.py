@@ -60,25 +60,15 @@ def _check_level(index: int, level: VariantLevel) -> list[tuple[str, ...]]:
     if len(set(keys)) != len(keys):
         raise ValueError(f"{where}: a key appears twice")
     if len(level.values) != len(level.dir_names):
-        raise ValueError(
-            f"{where}: {len(level.values)} value sets but {len(level.dir_names)} dir_names"
-        )
+        raise ValueError(f"{where}: {len(level.values)} value sets but {len(level.dir_names)} dir_names")
     if not level.values:
         raise ValueError(f"{where}: no values")
     for i, combo in enumerate(level.values):
-        if (
-            isinstance(combo, (str, bytes))
-            or not isinstance(combo, Sequence)
-            or len(combo) != len(keys)
-        ):
-            raise ValueError(
-                f"{where}: values[{i}] = {combo!r} must be a list with one value per key ({len(keys)})"
-            )
+        if isinstance(combo, (str, bytes)) or not isinstance(combo, Sequence) or len(combo) != len(keys):
+            raise ValueError(f"{where}: values[{i}] = {combo!r} must be a list with one value per key ({len(keys)})")
     for name in level.dir_names:
         if not isinstance(name, str) or not _SAFE_DIR.match(name) or ".." in name.split("/"):
-            raise ValueError(
-                f"{where}: dir name {name!r} must be a relative path of letters, digits, ._=+-"
-            )
+            raise ValueError(f"{where}: dir name {name!r} must be a relative path of letters, digits, ._=+-")
     if len(set(level.dir_names)) != len(level.dir_names):
         raise ValueError(f"{where}: dir_names are not unique: {list(level.dir_names)}")
     return keys
@@ -88,9 +78,7 @@ def _set_nested(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None
     for part in path[:-1]:
         node = tree.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ValueError(
-                f"variant key {'.'.join(path)!r} goes below the value set for {part!r}"
-            )
+            raise ValueError(f"variant key {'.'.join(path)!r} goes below the value set for {part!r}")
         tree = node
     if isinstance(tree.get(path[-1]), dict):
         raise ValueError(f"variant key {'.'.join(path)!r} is a section already set by deeper keys")
@@ -115,9 +103,7 @@ def make_variants(*levels: VariantLevel) -> tuple[list[dict[str, Any]], list[str
         keys = _check_level(index, level)
         for key in keys:
             if key in seen:
-                raise ValueError(
-                    f"variant key {'.'.join(key)!r} is set by levels {seen[key]} and {index}"
-                )
+                raise ValueError(f"variant key {'.'.join(key)!r} is set by levels {seen[key]} and {index}")
             seen[key] = index
         crossed, crossed_dirs = [], []
         for variant, log_dir in zip(variants, log_dirs, strict=True):

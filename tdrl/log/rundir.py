@@ -36,14 +36,7 @@ __all__ = [
 CONFIG_FILE = "config.json"
 PARAMS_FILE = "params.json"
 RESUME_IGNORED_KEYS: frozenset[str] = frozenset(
-    {
-        "run.dir",
-        "run.root",
-        "run.force",
-        "logger.progress_bar",
-        "logger.wandb_mode",
-        "checkpoint.strict_resume",
-    }
+    {"run.dir", "run.root", "run.force", "logger.progress_bar", "logger.wandb_mode", "checkpoint.strict_resume"}
 )
 """Keys that may differ between a run and its relaunch: where it lives and how it is watched, not what it computes."""
 
@@ -59,9 +52,7 @@ def config_dict(config: Any) -> dict[str, Any]:
     elif isinstance(config, Mapping):
         nested = dict(config)
     else:
-        raise TypeError(
-            f"config must be a dataclass instance or a mapping, got {type(config).__name__}"
-        )
+        raise TypeError(f"config must be a dataclass instance or a mapping, got {type(config).__name__}")
     return json.loads(json.dumps(nested, default=str))
 
 
@@ -170,9 +161,7 @@ def check_writable(directory: Path) -> None:
             pass
 
 
-def check_resume_config(
-    directory: Path, config: Mapping[str, Any], *, force: bool
-) -> dict[str, tuple]:
+def check_resume_config(directory: Path, config: Mapping[str, Any], *, force: bool) -> dict[str, tuple]:
     """Compare the saved ``config.json`` with the config of the relaunch.
 
     Returns:
@@ -187,15 +176,9 @@ def check_resume_config(
         saved = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise RunDirError(f"cannot read {path} to resume this run: {e}") from e
-    diff = {
-        k: v for k, v in diff_configs(saved, dict(config)).items() if k not in RESUME_IGNORED_KEYS
-    }
+    diff = {k: v for k, v in diff_configs(saved, dict(config)).items() if k not in RESUME_IGNORED_KEYS}
     if diff and not force:
-        missing = "<absent>"
-        lines = "\n".join(
-            f"  {k}: saved {missing if not _present(a) else json.dumps(a)}, now {missing if not _present(b) else json.dumps(b)}"
-            for k, (a, b) in diff.items()
-        )
+        lines = "\n".join(f"  {k}: saved {_shown(a)}, now {_shown(b)}" for k, (a, b) in diff.items())
         raise ConfigError(
             f"run directory {directory} holds a run with a different config; differing keys:\n{lines}\n"
             "Relaunch with the saved config to resume, pass run.force=true to resume anyway, or choose another run.dir."
@@ -203,5 +186,6 @@ def check_resume_config(
     return diff
 
 
-def _present(value: Any) -> bool:
-    return isinstance(value, (str, int, float, bool, list, dict, type(None)))
+def _shown(value: Any) -> str:
+    present = isinstance(value, (str, int, float, bool, list, dict, type(None)))
+    return json.dumps(value) if present else "<absent>"

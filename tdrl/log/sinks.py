@@ -86,15 +86,10 @@ class ConsoleSink:
 
     def write(self, row: Row, step: int) -> None:
         """Advance the bar to ``step`` and print the row's headline numbers."""
-        ret_key = (
-            "eval/return_mean" if row.get("eval/return_mean") is not None else "train/return_mean"
-        )
+        ret_key = "eval/return_mean" if row.get("eval/return_mean") is not None else "train/return_mean"
         ret = _number(row, ret_key)
         fps = _number(row, "StepsPerSecond")
-        parts = [
-            f"itr {row['Iteration']}" if row.get("Iteration") is not None else "",
-            f"frames {step:,}",
-        ]
+        parts = [f"itr {row['Iteration']}" if row.get("Iteration") is not None else "", f"frames {step:,}"]
         if not math.isnan(fps):
             parts.append(f"{fps:,.0f} fps")
         for key in ("train/return_mean", "eval/return_mean"):

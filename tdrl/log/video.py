@@ -24,16 +24,12 @@ def _as_thwc_uint8(frames: Any) -> np.ndarray:
     if hasattr(frames, "detach"):
         frames = frames.detach().cpu().numpy()
     elif isinstance(frames, Sequence) and not isinstance(frames, np.ndarray):
-        frames = np.stack(
-            [np.asarray(f.detach().cpu() if hasattr(f, "detach") else f) for f in frames]
-        )
+        frames = np.stack([np.asarray(f.detach().cpu() if hasattr(f, "detach") else f) for f in frames])
     arr = np.asarray(frames)
     if arr.ndim == 3:  # grayscale [T, H, W]
         arr = arr[..., None]
     if arr.ndim != 4:
-        raise VideoError(
-            f"frames must be [T, H, W, C] or [T, C, H, W], got shape {tuple(arr.shape)}"
-        )
+        raise VideoError(f"frames must be [T, H, W, C] or [T, C, H, W], got shape {tuple(arr.shape)}")
     if arr.shape[-1] not in (1, 3, 4) and arr.shape[1] in (1, 3, 4):
         arr = arr.transpose(0, 2, 3, 1)  # [T, C, H, W] -> [T, H, W, C]
     if arr.shape[-1] not in (1, 3, 4):
@@ -72,9 +68,7 @@ def write_video(frames: Any, path: Path, *, fps: int = 30) -> Path:
         import imageio.v3 as iio
         import imageio_ffmpeg  # noqa: F401 - the encoder backend; fail with a clear message if absent
     except ImportError as e:
-        raise VideoError(
-            f"writing mp4 needs imageio and imageio-ffmpeg ({e}); pip install imageio-ffmpeg"
-        ) from e
+        raise VideoError(f"writing mp4 needs imageio and imageio-ffmpeg ({e}); pip install imageio-ffmpeg") from e
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     iio.imwrite(path, arr, fps=fps, codec="libx264", macro_block_size=2, plugin="FFMPEG")

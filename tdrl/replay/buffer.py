@@ -68,17 +68,9 @@ class TransitionReplayBuffer:
             exclude += frame_stack.keys
         self.ring = StreamRing(scratch_dir, capacity, keys=keys, exclude_keys=exclude)
         self.rng = np.random.default_rng(seed)
-        self._mask_stored = False
-        self._synced = False
 
     def _ready(self) -> bool:
-        """Whether storage exists; adopts a layout another process allocated (a buffer shared before its first
-        extend learns B, the schema and the sampler files lazily)."""
-        if self.ring.allocated and not self._synced:
-            self._mask_stored = self.ring.stores(self.mask_key)
-            self.ring.attach(self.sampler, self.ring.capacity)
-            self._synced = True
-        return self.ring.allocated
+        return self.ring.ready(self.sampler, self.mask_key)
 
     @property
     def write_count(self) -> int:
@@ -154,7 +146,7 @@ class TransitionReplayBuffer:
         new = self.ring.columns_of(start, start + steps)
         lo, hi = self.valid_range(start + steps)
         ready = self.ring.columns_of(max(lo, start - self.lookahead), hi + 1)
-        mask_ready = self._mask_at(ready) if self._mask_stored else None
+        mask_ready = self._mask_at(ready) if self.ring.mask_stored else None
         with self.ring.store.lock():
             self.sampler.assign(new, priority, valid=np.zeros(new.shape, dtype=bool))
             self.sampler.activate(ready, valid=mask_ready)
@@ -187,9 +179,7 @@ class TransitionReplayBuffer:
     def _draw(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """``(stream, absolute time, leaf values or None)`` of ``n`` draws from the data complete now."""
         if self.sampler is not None:
-            with self.ring.store.lock():
-                done = self.ring.write_done
-                leaves, values = self.sampler.draw_leaves(n)
+            leaves, values, done = self.ring.draw_leaves(self.sampler, n)
             stream, time = self.ring.absolute_time(leaves, done)
             return stream, time, values
         # lower bound from write_started: slots of a write in progress are never drawn
@@ -213,7 +203,7 @@ class TransitionReplayBuffer:
             raise ReplayError("no transitions ready to sample")
         stream, offset = np.divmod(self.rng.integers(0, per_stream * self.ring.num_streams, n), per_stream)
         time = lo + offset
-        if self._mask_stored:
+        if self.ring.mask_stored:
             for _ in range(_MAX_REDRAWS):
                 bad = ~self._mask_at(self.ring.flat_index(stream, time))
                 if not bad.any():
@@ -267,22 +257,14 @@ class TransitionReplayBuffer:
     def state_dict(self) -> dict[str, Any]:
         """Counters, layout, uniform RNG state and sampler state. The stored data is not included: it stays in
         ``scratch_dir``, and a buffer built on the same directory reopens it with :meth:`load_state_dict`."""
-        state = {"ring": self.ring.state_dict(), "rng": self.rng.bit_generator.state,
-                 "n_step": self.n_step, "gamma": self.gamma}
-        if self.sampler is not None:
-            state["sampler"] = self.sampler.state_dict()
-        return state
+        return {**self.ring.buffer_state(self.rng, self.sampler), "n_step": self.n_step, "gamma": self.gamma}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; the data files must be in this buffer's ``scratch_dir`` (same directory, or
         copied there by :meth:`loads`)."""
         if state["n_step"] != self.n_step:
             raise ReplayError(f"state has n_step={state['n_step']}, this buffer n_step={self.n_step}")
-        self.ring.load_state_dict(state["ring"])
-        self._synced = False
-        self.ring.restore_sampler(self.sampler, self.ring.capacity, state.get("sampler"))
-        self._ready()
-        self.rng.bit_generator.state = state["rng"]
+        self.ring.load_buffer_state(state, self.rng, self.sampler)
 
     def dumps(self, path: str | os.PathLike) -> None:
         """Write a complete copy (data files + state) to ``path``; only the state when ``path`` is ``scratch_dir``."""

@@ -91,6 +91,8 @@ class StreamRing:
         self.num_streams = 0
         self.time_capacity = 0
         self.flat_batches = False
+        self.synced = False
+        self.mask_stored = False
         self.fields: dict[tuple[str, ...], torch.Tensor] = {}
         self.flat: dict[tuple[str, ...], torch.Tensor] = {}
         self.groups: dict[str, list] = {}
@@ -149,15 +151,6 @@ class StreamRing:
         self.store.allocate(fields, meta)
         self._adopt_meta()
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.store.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Reopen the files in place with the layout and counters of :meth:`state_dict`."""
-        self.store.restore(state)
-        if self.store.meta is not None:
-            self._adopt_meta()
-
     def dump(self, path: str | os.PathLike, state: dict[str, Any]) -> None:
         """Save a buffer's ``state`` to ``path`` with a copy of the data files (unless ``path`` holds them)."""
         path = Path(path)
@@ -195,22 +188,44 @@ class StreamRing:
             self.groups.setdefault(group, []).append((key, offset, size, shape))
         self.group_flat = {g: self.store.fields[g].view(rows, -1) for g in self.groups}
 
-    def stores(self, key: tuple[str, ...] | None) -> bool:
-        return key is not None and key in self.schema.entries
+    @property
+    def num_leaves(self) -> int:
+        """Prioritized-sampler leaves: one per ``time_multiple`` steps (a sequence buffer's stored-state starts)."""
+        return self.capacity // self.time_multiple
 
-    def attach(self, sampler: PrioritizedSampler | None, leaves: int) -> None:
-        """Map the tree of a sampler another process bound (buffers shared before their first extend)."""
-        if sampler is not None and sampler.capacity != leaves:
-            sampler.attach(leaves, self.store.directory)
+    def ready(self, sampler: PrioritizedSampler | None, mask_key: tuple[str, ...] | None) -> bool:
+        """Whether storage exists. Adopts, once, a layout another process allocated (a buffer shared before its
+        first extend learns B, the schema and the sampler files lazily) and whether ``mask_key`` is stored."""
+        if self.allocated and not self.synced:
+            self.mask_stored = mask_key is not None and mask_key in self.schema.entries
+            if sampler is not None and sampler.capacity != self.num_leaves:
+                sampler.attach(self.num_leaves, self.store.directory)
+            self.synced = True
+        return self.allocated
 
-    def restore_sampler(self, sampler: PrioritizedSampler | None, leaves: int, state: dict | None) -> None:
-        """After :meth:`load_state_dict`: rebind ``sampler``'s files to the reopened layout and load ``state``."""
-        if sampler is None:
-            return
+    def draw_leaves(self, sampler: PrioritizedSampler, n: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """``(leaves, leaf values, write_done)``: ``n`` prioritized draws and the data they were drawn from."""
+        with self.store.lock():
+            return *sampler.draw_leaves(n), self.write_done
+
+    def buffer_state(self, rng: np.random.Generator, sampler: PrioritizedSampler | None) -> dict[str, Any]:
+        """A buffer's state: counters and layout, its RNG and its sampler (the data stays in the files)."""
+        state = {"ring": self.store.state_dict(), "rng": rng.bit_generator.state}
+        if sampler is not None:
+            state["sampler"] = sampler.state_dict()
+        return state
+
+    def load_buffer_state(self, state: dict, rng: np.random.Generator, sampler: PrioritizedSampler | None) -> None:
+        """Reopen the files in place with the layout and counters of :meth:`buffer_state`, then restore the rest."""
+        self.store.restore(state["ring"])
+        self.synced = False
         if self.store.meta is not None:
-            sampler.bind(leaves, self.store.directory)
-        if state is not None:
-            sampler.load_state_dict(state)
+            self._adopt_meta()
+            if sampler is not None:
+                sampler.bind(self.num_leaves, self.store.directory)
+        if sampler is not None and "sampler" in state:
+            sampler.load_state_dict(state["sampler"])
+        rng.bit_generator.state = state["rng"]
 
     @property
     def write_count(self) -> int:

@@ -91,15 +91,9 @@ class SequenceReplayBuffer:
         self.ring = StreamRing(scratch_dir, capacity, keys=keys, exclude_keys=exclude,
                                time_multiple=self.interval)
         self.rng = np.random.default_rng(seed)
-        self._synced = False
-        self._mask_stored = False
 
     def _ready(self) -> bool:
-        if self.ring.allocated and not self._synced:
-            self._mask_stored = self.ring.stores(self.mask_key)
-            self.ring.attach(self.sampler, self.num_starts)
-            self._synced = True
-        return self.ring.allocated
+        return self.ring.ready(self.sampler, self.mask_key)
 
     @property
     def starts_per_stream(self) -> int:
@@ -130,17 +124,17 @@ class SequenceReplayBuffer:
             self.sampler.bind(self.num_starts, self.ring.store.directory)
         self._ready()
 
-    @property
-    def write_count(self) -> int:
-        return self.ring.write_count
+    def __len__(self) -> int:
+        return self.ring.stored
 
     @property
     def samples_drawn(self) -> int:
         """Sequences sampled so far, times ``L`` (time steps replayed)."""
         return self.ring.store.counter("samples_drawn")
 
-    def __len__(self) -> int:
-        return self.ring.stored
+    @property
+    def write_count(self) -> int:
+        return self.ring.write_count
 
     def start_range(self, done: int) -> tuple[int, int]:
         """``[lo, hi]`` start numbers (absolute time / interval) sampleable once ``done`` steps are complete."""
@@ -204,7 +198,7 @@ class SequenceReplayBuffer:
         ready_lo = max(lo, hi_old + 1)
         ready = self._leaves(ready_lo, hi + 1)
         valid = None
-        if self._mask_stored and ready.size:
+        if self.ring.mask_stored and ready.size:
             streams = np.arange(self.ring.num_streams)[:, None]
             times = np.arange(ready_lo, hi + 1)[None, :] * self.interval
             index = torch.from_numpy(self.ring.flat_index(streams, times).reshape(-1))
@@ -239,9 +233,7 @@ class SequenceReplayBuffer:
     def _draw(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """``(stream, start number, leaf values or None)`` of ``n`` draws from the data complete now."""
         if self.sampler is not None:
-            with self.ring.store.lock():
-                done = self.ring.write_done
-                leaves, values = self.sampler.draw_leaves(n)
+            leaves, values, done = self.ring.draw_leaves(self.sampler, n)
             stream, slot = np.divmod(leaves, self.starts_per_stream)
             newest = (done - self.seq_len) // self.interval  # newest ready start number
             return stream, newest - (newest - slot) % self.starts_per_stream, values
@@ -254,7 +246,7 @@ class SequenceReplayBuffer:
         for _ in range(_MAX_REDRAWS):
             stream, offset = np.divmod(self.rng.integers(0, per_stream * self.ring.num_streams, n), per_stream)
             start_no = lo + offset
-            if not self._mask_stored:
+            if not self.ring.mask_stored:
                 break
             index = torch.from_numpy(self.ring.flat_index(stream, start_no * self.interval))
             if bool(self.ring.flat[self.mask_key][index].all()):
@@ -299,22 +291,15 @@ class SequenceReplayBuffer:
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, layout, RNG and sampler state; the data stays in ``scratch_dir`` (see :mod:`tdrl.replay`)."""
-        state = {"ring": self.ring.state_dict(), "rng": self.rng.bit_generator.state}
-        if self.sampler is not None:
-            state["sampler"] = self.sampler.state_dict()
-        return state
+        return self.ring.buffer_state(self.rng, self.sampler)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.ring.load_state_dict(state["ring"])
-        self._synced = False
-        self.ring.restore_sampler(self.sampler, self.num_starts, state.get("sampler"))
-        self._ready()
-        self.rng.bit_generator.state = state["rng"]
+        self.ring.load_buffer_state(state, self.rng, self.sampler)
 
     def dumps(self, path: str | os.PathLike) -> None:
         """Full copy (data + state) into ``path``; only the state when ``path`` is ``scratch_dir``."""
         self.ring.dump(path, self.state_dict())
 
     def loads(self, path: str | os.PathLike) -> None:
-        """Restore a copy written by :meth:`dumps` into this buffer's ``scratch_dir``."""
+        """Restore what :meth:`dumps` wrote."""
         self.ring.load(path, self.load_state_dict)

@@ -93,9 +93,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     """
     missing = [k for k in ("python", "numpy", "torch") if k not in state]
     if missing:
-        raise KeyError(
-            f"RNG state lacks {missing}; expected a dict from tdrl.utils.seeding.rng_state()"
-        )
+        raise KeyError(f"RNG state lacks {missing}; expected a dict from tdrl.utils.seeding.rng_state()")
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     np_state = state["numpy"]
