@@ -1,39 +1,22 @@
 """Atomic, checksummed checkpoints with rlpyt's snapshot modes.
 
-Why not ``torch.save(state, "params.pkl")`` (rlpyt) or ``torchrl.checkpoint``? Measured on these machines: a
-process killed while ``torch.save`` overwrote its file in place left an unloadable file 8 times out of 8, and
-``torchrl.checkpoint`` publishes atomically but keeps no checksums, so a truncated tensor file loads as zeros.
-Here every checkpoint is a directory that is written under a temporary name, fsynced, then renamed into place,
-with a manifest that records the sha256 and size of every file. A checkpoint whose files do not match its
-manifest is never loaded: it is named in a warning, moved aside, and the previous valid one is used
-(``strict=True`` makes that an error instead).
+Not ``torch.save`` over the old file (rlpyt): a process killed mid-write leaves an unloadable file. Not
+``torchrl.checkpoint``: it publishes atomically but keeps no checksums, so a truncated tensor file loads as zeros.
+Every checkpoint here is a directory written under a temporary name, fsynced, then renamed into place, with a
+manifest of the sha256 and size of every file. A checkpoint that does not match its manifest is never loaded: it
+is named in a warning, moved to ``corrupt/``, and the previous valid one is used (``strict=True``: an error).
 
-Layout of ``directory`` (usually ``<run_dir>/checkpoints``)::
+Layout of ``directory`` (usually ``<run_dir>/checkpoints``): ``itr_00000012/`` holding ``MANIFEST.json``,
+``state.pt`` and one folder per ``extra_writers`` entry (e.g. a replay buffer's ``dumps``); ``.tmp-*`` folders
+being written (stale ones are removed at start); ``corrupt/`` for those that failed verification.
 
-    itr_00000012/
-        MANIFEST.json      format, iteration, versions, {relative path: {sha256, size}} of every file
-        state.pt           torch.save(state)
-        replay/...         files written by ``extra_writers`` (e.g. a replay buffer's ``dumps``)
-    .tmp-itr_00000013-<pid>-<hex>/    a checkpoint being written (stale ones are removed at start)
-    corrupt/itr_00000011-<time>/      a checkpoint that failed verification, kept for inspection
+Snapshot modes (rlpyt's): ``none`` never writes; ``last`` keeps the newest; ``all`` keeps every one; ``gap``
+writes only when ``iteration % gap == 0``; ``gap_and_last`` keeps the multiples of ``gap`` plus the newest.
+Rotation runs only after the new checkpoint is published and deletes by renaming first, so a kill at any moment
+leaves at least one complete checkpoint once one has been written.
 
-Snapshot modes (rlpyt's, plus ``gap_and_last`` from its source):
-
-* ``none``: never write.  * ``last``: write every call, keep only the newest.  * ``all``: keep every one.
-* ``gap``: write only when ``iteration % gap == 0``, keep those.
-* ``gap_and_last``: write every call, keep the multiples of ``gap`` plus the newest.
-
-Rotation runs only after the new checkpoint is published, and deletes by renaming first, so a kill at any
-moment leaves at least one complete, verifiable checkpoint once one has been written.
-
-Loading uses ``torch.load(weights_only=False)`` because a checkpoint holds arbitrary python values (collector
-state, counters); only load checkpoint directories you wrote. The checksum guards against corruption, not
-against tampering.
-
-Example:
-    >>> ckpt = Checkpointer(tmp / "checkpoints", snapshot_mode="last")  # doctest: +SKIP
-    >>> ckpt.save({"model": model.state_dict()}, iteration=3, extra_writers={"replay": buffer.dumps})
-    >>> state, info = ckpt.load_latest(extra_readers={"replay": buffer.loads})
+Loading uses ``torch.load(weights_only=False)`` (checkpoints hold python values such as collector state): only
+load checkpoints you wrote. The checksum guards against corruption, not tampering.
 """
 
 from __future__ import annotations
@@ -57,17 +40,8 @@ import torch
 
 from tdrl.utils.process import pid_alive
 
-__all__ = [
-    "SNAPSHOT_MODES",
-    "CheckpointCorrupt",
-    "CheckpointError",
-    "CheckpointInfo",
-    "CheckpointWarning",
-    "Checkpointer",
-    "read_checkpoint",
-    "verify_checkpoint",
-    "write_checkpoint",
-]
+__all__ = ["SNAPSHOT_MODES", "CheckpointCorrupt", "CheckpointError", "CheckpointInfo", "CheckpointWarning",
+    "Checkpointer", "read_checkpoint", "verify_checkpoint", "write_checkpoint"]
 
 SnapshotMode = Literal["none", "last", "all", "gap", "gap_and_last"]
 SNAPSHOT_MODES: tuple[str, ...] = ("none", "last", "all", "gap", "gap_and_last")
@@ -187,11 +161,8 @@ def write_checkpoint(
                 sha, size = _hash_file(file, fsync=True)
                 files[file.relative_to(tmp).as_posix()] = {"sha256": sha, "size": size}
         manifest = {
-            "format": FORMAT_VERSION,
-            "iteration": int(iteration),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "versions": _versions(),
-            "files": dict(sorted(files.items())),
+            "format": FORMAT_VERSION, "iteration": int(iteration), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "versions": _versions(), "files": dict(sorted(files.items())),
         }
         with open(tmp / MANIFEST, "w") as f:
             json.dump(manifest, f, indent=1)

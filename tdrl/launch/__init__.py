@@ -21,28 +21,7 @@ from tdrl.launch.status import collect_results, format_status, sweep_status
 from tdrl.launch.sweep import Resources, RunSpec, Sweep, SweepError, SweepPlan, load_sweep, plan_sweep
 from tdrl.launch.variants import VariantLevel, load_variant, make_variants, save_variant
 
-__all__ = [
-    "DistEnv",
-    "Resources",
-    "RunOutcome",
-    "RunSpec",
-    "Slot",
-    "SlotError",
-    "Sweep",
-    "SweepError",
-    "SweepPlan",
-    "VariantLevel",
-    "collect_results",
-    "current_slot_cpus",
-    "format_status",
-    "init_distributed_from_slurm",
-    "launch_local",
-    "load_sweep",
-    "load_variant",
-    "make_slots",
-    "make_variants",
-    "plan_sweep",
-    "save_variant",
-    "slurm_dist_env",
-    "sweep_status",
-]
+__all__ = ["DistEnv", "Resources", "RunOutcome", "RunSpec", "Slot", "SlotError", "Sweep", "SweepError", "SweepPlan",
+    "VariantLevel", "collect_results", "current_slot_cpus", "format_status", "init_distributed_from_slurm",
+    "launch_local", "load_sweep", "load_variant", "make_slots", "make_variants", "plan_sweep", "save_variant",
+    "slurm_dist_env", "sweep_status"]

@@ -49,19 +49,10 @@ def _plan(args: argparse.Namespace) -> SweepPlan:
 
 def _resources(args: argparse.Namespace, base: Resources) -> Resources:
     mapping = {
-        "cpus": "cpus_per_run",
-        "gpus": "gpus_per_run",
-        "mem": "mem_gb",
-        "time": "time_min",
-        "partition": "partition",
-        "array_parallelism": "array_parallelism",
-        "tasks_per_node": "tasks_per_node",
-        "nodes": "nodes",
-        "max_requeues": "max_requeues",
-        "signal_delay": "signal_delay_s",
-        "cpus_per_run": "cpus_per_run",
-        "gpus_per_run": "gpus_per_run",
-        "runs_per_gpu": "runs_per_gpu",
+        "cpus": "cpus_per_run", "gpus": "gpus_per_run", "mem": "mem_gb", "time": "time_min", "partition": "partition",
+        "array_parallelism": "array_parallelism", "tasks_per_node": "tasks_per_node", "nodes": "nodes",
+        "max_requeues": "max_requeues", "signal_delay": "signal_delay_s", "cpus_per_run": "cpus_per_run",
+        "gpus_per_run": "gpus_per_run", "runs_per_gpu": "runs_per_gpu",
     }
     changes = {field: getattr(args, opt) for opt, field in mapping.items() if getattr(args, opt, None) is not None}
     return dataclasses.replace(base, **changes)
@@ -83,10 +74,7 @@ def cmd_local(args: argparse.Namespace) -> int:
     r = _resources(args, plan.sweep.resources)
     cpus = parse_cpus(args.cpu_list) if args.cpu_list else None
     slots = make_slots(
-        cpus_per_run=r.cpus_per_run,
-        gpus_per_run=r.gpus_per_run,
-        runs_per_gpu=r.runs_per_gpu,
-        cpus=cpus,
+        cpus_per_run=r.cpus_per_run, gpus_per_run=r.gpus_per_run, runs_per_gpu=r.runs_per_gpu, cpus=cpus,
         max_slots=args.max_parallel,
     )
     outcomes = launch_local(plan, slots, rerun_done=args.rerun_done)

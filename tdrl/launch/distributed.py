@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from datetime import timedelta
 
 __all__ = ["DistEnv", "export_dist_env", "first_host", "init_distributed_from_slurm", "slurm_dist_env"]
 
@@ -57,60 +56,31 @@ def slurm_dist_env(port: int | None = None) -> DistEnv:
     if port is None:
         port = int(env.get("MASTER_PORT") or 20000 + int(re.sub(r"\D", "", env["SLURM_JOB_ID"]) or 0) % 40000)
     return DistEnv(
-        rank=int(env["SLURM_PROCID"]),
-        world_size=int(env["SLURM_NTASKS"]),
-        local_rank=int(env.get("SLURM_LOCALID", "0")),
-        node_rank=int(env.get("SLURM_NODEID", "0")),
-        master_addr=env.get("MASTER_ADDR") or first_host(env["SLURM_JOB_NODELIST"]),
-        master_port=port,
+        rank=int(env["SLURM_PROCID"]), world_size=int(env["SLURM_NTASKS"]),
+        local_rank=int(env.get("SLURM_LOCALID", "0")), node_rank=int(env.get("SLURM_NODEID", "0")),
+        master_addr=env.get("MASTER_ADDR") or first_host(env["SLURM_JOB_NODELIST"]), master_port=port,
     )
 
 
 def export_dist_env(dist: DistEnv) -> None:
     """Set torch's ``env://`` variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``)."""
     os.environ.update(
-        RANK=str(dist.rank),
-        WORLD_SIZE=str(dist.world_size),
-        LOCAL_RANK=str(dist.local_rank),
-        GROUP_RANK=str(dist.node_rank),
-        MASTER_ADDR=dist.master_addr,
-        MASTER_PORT=str(dist.master_port),
+        RANK=str(dist.rank), WORLD_SIZE=str(dist.world_size), LOCAL_RANK=str(dist.local_rank),
+        GROUP_RANK=str(dist.node_rank), MASTER_ADDR=dist.master_addr, MASTER_PORT=str(dist.master_port),
     )
 
 
-def init_distributed_from_slurm(
-    backend: str | None = None, timeout_s: float = 300.0, port: int | None = None
-) -> DistEnv:
-    """Create the default torch.distributed process group from SLURM's variables.
+def init_distributed_from_slurm(backend: str = "auto", timeout_s: float = 300.0, port: int | None = None) -> DistEnv:
+    """Create the default torch.distributed process group from SLURM's variables and return this task's place.
 
-    Args:
-        backend: ``"gloo"`` or ``"nccl"``; default NCCL when this task sees a GPU, else gloo.
-        timeout_s: how long collectives (and the rendezvous) wait for the other ranks before raising.
-        port: rendezvous port (default ``MASTER_PORT`` or one derived from the job id).
-
-    Returns:
-        This process's :class:`DistEnv`. With CUDA, the current device is set to the local rank's GPU.
-
-    Raises:
-        RuntimeError: not in a SLURM task, or NCCL asked for without CUDA.
+    ``backend="auto"`` picks NCCL when this task sees a GPU (then the current device is the local rank's GPU),
+    else gloo; ``timeout_s`` bounds the rendezvous and collectives. See :func:`tdrl.utils.distributed.init_from_env`.
     """
     import torch
-    import torch.distributed as dist
+
+    from tdrl.utils.distributed import init_from_env  # torch only where a process group is made
 
     info = slurm_dist_env(port)
     export_dist_env(info)
-    cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
-    backend = backend or ("nccl" if cuda else "gloo")
-    if backend == "nccl" and not cuda:
-        raise RuntimeError("backend 'nccl' needs CUDA, and this task sees no GPU; use 'gloo'")
-    if cuda:
-        torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
-    if not dist.is_initialized():
-        dist.init_process_group(
-            backend,
-            init_method="env://",
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=timedelta(seconds=timeout_s),
-        )
+    init_from_env(backend, "cuda" if torch.cuda.is_available() and backend != "gloo" else "cpu", timeout_s)
     return info

@@ -75,10 +75,8 @@ def _write_root_files(plan: SweepPlan, slots: list[Slot], n_settings: int) -> No
     plan.exp_dir.mkdir(parents=True, exist_ok=True)
     header = [
         f"Experiment manager process ID: {os.getpid()}.",
-        f"Number of settings (experiments) to run: {n_settings}  ({len(plan.runs)} runs).",
-        f"Recipe: {plan.recipe}",
-        f"Slots: {len(slots)} ({'; '.join(s.describe() for s in slots)})",
-        "",
+        f"Number of settings (experiments) to run: {n_settings}  ({len(plan.runs)} runs).", f"Recipe: {plan.recipe}",
+        f"Slots: {len(slots)} ({'; '.join(s.describe() for s in slots)})", "",
     ]
     tree = format_tree([r.name for r in plan.runs])
     (plan.exp_dir / "experiments_tree.txt").write_text("\n".join(header) + tree + "\n")
@@ -99,11 +97,7 @@ def _start(run: RunSpec, plan: SweepPlan, slot: Slot, python: str) -> tuple[subp
     env = {**os.environ, **slot.env()}
     cpus = slot.cpus
     process = subprocess.Popen(
-        run.command(plan.recipe, python),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env=env,
+        run.command(plan.recipe, python), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         start_new_session=True,  # its own process group: stopping the sweep stops the run's workers too
         preexec_fn=lambda: _in_child(cpus),
     )
@@ -145,11 +139,7 @@ class _Terminated(Exception):
 
 
 def launch_local(
-    plan: SweepPlan,
-    slots: list[Slot],
-    python: str = sys.executable,
-    poll_s: float = 0.2,
-    rerun_done: bool = False,
+    plan: SweepPlan, slots: list[Slot], python: str = sys.executable, poll_s: float = 0.2, rerun_done: bool = False,
     out: IO[str] | None = None,
 ) -> list[RunOutcome]:
     """Run every run of ``plan`` over ``slots``, one run per slot at a time, and wait for all of them.
@@ -267,14 +257,10 @@ def format_outcomes(outcomes: list[RunOutcome]) -> str:
         progress = last_progress_row(o.run.run_dir)
         rows.append(
             [
-                o.run.name,
-                o.state,
-                "" if o.returncode is None else str(o.returncode),
-                o.slot.describe() if o.slot else "",
-                f"{o.wall_s:.1f}" if o.wall_s else "",
+                o.run.name, o.state, "" if o.returncode is None else str(o.returncode),
+                o.slot.describe() if o.slot else "", f"{o.wall_s:.1f}" if o.wall_s else "",
                 _fmt(summary.get("frames", progress[1].get("frames") if progress else None)),
-                _fmt(summary.get("eval/return_mean")),
-                str(o.log) if o.state == "failed" else "",
+                _fmt(summary.get("eval/return_mean")), str(o.log) if o.state == "failed" else "",
             ]
         )
     counts = {s: sum(o.state == s for o in outcomes) for s in ("completed", "failed", "skipped", "interrupted")}

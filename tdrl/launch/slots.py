@@ -46,12 +46,8 @@ class Slot:
         threads = str(len(self.cpus))
         gpus = ",".join(str(g) for g in self.gpus)
         out = {
-            "TDRL_SLOT": str(self.index),
-            "TDRL_SLOT_CPUS": format_cpus(self.cpus),
-            "TDRL_SLOT_GPUS": gpus,
-            "OMP_NUM_THREADS": threads,
-            "MKL_NUM_THREADS": threads,
-            "CUDA_VISIBLE_DEVICES": gpus,
+            "TDRL_SLOT": str(self.index), "TDRL_SLOT_CPUS": format_cpus(self.cpus), "TDRL_SLOT_GPUS": gpus,
+            "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "CUDA_VISIBLE_DEVICES": gpus,
         }
         if self.gpus:
             out["EGL_DEVICE_ID"] = str(self.gpus[0])
@@ -117,12 +113,8 @@ def detect_gpus() -> int:
 
 
 def make_slots(
-    cpus_per_run: int | None = None,
-    gpus_per_run: int = 0,
-    runs_per_gpu: int = 1,
-    cpus: tuple[int, ...] | list[int] | None = None,
-    n_gpus: int | None = None,
-    max_slots: int | None = None,
+    cpus_per_run: int | None = None, gpus_per_run: int = 0, runs_per_gpu: int = 1,
+    cpus: tuple[int, ...] | list[int] | None = None, n_gpus: int | None = None, max_slots: int | None = None,
 ) -> list[Slot]:
     """Cut the machine into equal slots, one run per slot at a time.
 

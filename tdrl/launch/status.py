@@ -24,34 +24,14 @@ from tdrl.config import flatten
 from tdrl.launch.sweep import SweepError, SweepPlan
 from tdrl.utils.process import pid_alive
 
-__all__ = [
-    "RunStatus",
-    "check_not_running",
-    "collect_results",
-    "format_status",
-    "format_table",
-    "last_progress_row",
-    "read_summary",
-    "sweep_status",
-]
+__all__ = ["RunStatus", "check_not_running", "collect_results", "format_status", "format_table", "last_progress_row",
+    "read_summary", "sweep_status"]
 
 DEFAULT_COLUMNS = ("frames", "CumSteps", "eval/return_mean", "train/return_mean")
-TERMINAL = frozenset(
-    {
-        "COMPLETED",
-        "FAILED",
-        "CANCELLED",
-        "TIMEOUT",
-        "OUT_OF_MEMORY",
-        "NODE_FAIL",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "SKIPPED",
-        "UNKNOWN",
-        "INTERRUPTED",
-    }
-)
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
+                      "DEADLINE", "SKIPPED", "UNKNOWN", "INTERRUPTED"})
 """States after which a run will not change without being launched again."""
+_FAILED = ("FAILED", "UNKNOWN", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "INTERRUPTED")
 
 
 @dataclass
@@ -129,11 +109,8 @@ def squeue_states() -> dict[str, tuple[str, str]] | None:
         return None
     try:
         text = subprocess.run(
-            ["squeue", "-h", "-r", "-t", "all", "-u", getpass.getuser(), "-o", "%i|%T|%r"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
+            ["squeue", "-h", "-r", "-t", "all", "-u", getpass.getuser(), "-o", "%i|%T|%r"], capture_output=True,
+            text=True, timeout=30, check=True,
         ).stdout
     except (subprocess.SubprocessError, OSError):
         return None
@@ -208,18 +185,10 @@ def sweep_status(exp_dir: str | os.PathLike) -> list[RunStatus]:
         events = _events(run_dir)
         out.append(
             RunStatus(
-                name=record["name"],
-                run_dir=run_dir,
-                state=state,
-                job_id=record.get("job_id", ""),
-                starts=sum(e.get("event") == "start" for e in events),
-                rows=progress[0] if progress else 0,
-                last_row=progress[1] if progress else {},
-                summary=read_summary(run_dir),
-                log=log,
-                error=error,
-                variant=record.get("variant", {}),
-                seed=record.get("seed"),
+                name=record["name"], run_dir=run_dir, state=state, job_id=record.get("job_id", ""),
+                starts=sum(e.get("event") == "start" for e in events), rows=progress[0] if progress else 0,
+                last_row=progress[1] if progress else {}, summary=read_summary(run_dir), log=log, error=error,
+                variant=record.get("variant", {}), seed=record.get("seed"),
             )
         )
     return out
@@ -242,7 +211,7 @@ def format_status(statuses: list[RunStatus], columns: list[str] | None = None) -
     cols = _pick_columns(statuses, columns)
     rows = []
     for s in statuses:
-        failed = s.state in ("FAILED", "UNKNOWN", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "INTERRUPTED")
+        failed = s.state in _FAILED
         rows.append(
             [s.name, s.state, s.job_id, str(s.starts) if s.starts else "", str(s.rows)]
             + [s.last_row.get(c, "") for c in cols]

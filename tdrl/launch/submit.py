@@ -125,10 +125,7 @@ def make_executor(folder: Path, resources: Resources, name: str, n_runs: int):
     r = resources
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=r.max_requeues)
     params: dict = dict(
-        name=name,
-        timeout_min=int(r.time_min),
-        cpus_per_task=r.cpus_per_run,
-        tasks_per_node=r.tasks_per_node,
+        name=name, timeout_min=int(r.time_min), cpus_per_task=r.cpus_per_run, tasks_per_node=r.tasks_per_node,
         nodes=r.nodes,
     )
     if r.gpus_per_run:

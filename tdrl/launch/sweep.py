@@ -132,17 +132,11 @@ class SweepPlan:
     def manifest(self, backend: str) -> dict[str, Any]:
         """The JSON record of this sweep written to ``<exp_dir>/sweep.json`` by the launchers."""
         return {
-            "name": self.sweep.name,
-            "recipe": str(self.recipe),
-            "sweep_file": self.sweep.source,
-            "backend": backend,
+            "name": self.sweep.name, "recipe": str(self.recipe), "sweep_file": self.sweep.source, "backend": backend,
             "resources": dataclasses.asdict(self.sweep.resources),
             "runs": [
                 {
-                    "name": r.name,
-                    "run_dir": str(r.run_dir),
-                    "seed": r.seed,
-                    "variant": r.variant,
+                    "name": r.name, "run_dir": str(r.run_dir), "seed": r.seed, "variant": r.variant,
                     "overrides": list(r.overrides),
                 }
                 for r in self.runs

@@ -20,18 +20,8 @@ from typing import IO, Any
 
 from tdrl.config import ConfigError, RunConfig, diff_configs
 
-__all__ = [
-    "CONFIG_FILE",
-    "PARAMS_FILE",
-    "RESUME_IGNORED_KEYS",
-    "RunDirError",
-    "check_resume_config",
-    "check_writable",
-    "claim_run_dir",
-    "config_dict",
-    "lock_run_dir",
-    "write_json_atomic",
-]
+__all__ = ["CONFIG_FILE", "PARAMS_FILE", "RESUME_IGNORED_KEYS", "RunDirError", "check_resume_config", "check_writable",
+    "claim_run_dir", "config_dict", "lock_run_dir", "write_json_atomic"]
 
 CONFIG_FILE = "config.json"
 PARAMS_FILE = "params.json"

@@ -62,25 +62,15 @@ class ConsoleSink:
     """
 
     def __init__(
-        self,
-        *,
-        name: str = "",
-        total_frames: int | None = None,
-        initial: int = 0,
-        progress_bar: bool = True,
+        self, *, name: str = "", total_frames: int | None = None, initial: int = 0, progress_bar: bool = True,
         bar_stream: IO[str] | None = None,
     ) -> None:
         from tqdm import tqdm
 
         self.name = name
         self._bar = tqdm(
-            total=total_frames,
-            initial=initial,
-            unit="frame",
-            unit_scale=True,
-            dynamic_ncols=True,
-            file=bar_stream if bar_stream is not None else sys.stderr,
-            disable=None if progress_bar else True,
+            total=total_frames, initial=initial, unit="frame", unit_scale=True, dynamic_ncols=True,
+            file=bar_stream if bar_stream is not None else sys.stderr, disable=None if progress_bar else True,
             desc=name or None,
         )
 

@@ -74,33 +74,16 @@ class WandbSink:
     """
 
     def __init__(
-        self,
-        *,
-        run_dir: Path,
-        run_id: str,
-        mode: str,
-        name: str,
-        project: str,
-        entity: str = "",
-        group: str = "",
-        config: Mapping[str, Any] | None = None,
-        job_type: str = "train",
+        self, *, run_dir: Path, run_id: str, mode: str, name: str, project: str, entity: str = "", group: str = "",
+        config: Mapping[str, Any] | None = None, job_type: str = "train",
     ) -> None:
         import wandb
 
         self._wandb = wandb
         self.run_id = run_id
         self._run: Any = wandb.init(
-            project=project or None,
-            entity=entity or None,
-            group=group or None,
-            name=name,
-            id=run_id,
-            resume="allow",
-            mode=mode,
-            job_type=job_type,
-            dir=os.environ.get("WANDB_DIR") or str(run_dir),
-            config=dict(config or {}),
+            project=project or None, entity=entity or None, group=group or None, name=name, id=run_id, resume="allow",
+            mode=mode, job_type=job_type, dir=os.environ.get("WANDB_DIR") or str(run_dir), config=dict(config or {}),
             reinit="create_new",
         )
         self._run.define_metric("frames")

@@ -37,15 +37,5 @@ from tdrl.replay.sequence import SequenceReplayBuffer, sequence_priority
 from tdrl.replay.storage import MemmapStore
 from tdrl.replay.sum_tree import SumTree
 
-__all__ = [
-    "FrameStack",
-    "MemmapStore",
-    "PrioritizedSampler",
-    "ReplayError",
-    "SequenceReplayBuffer",
-    "SumTree",
-    "TransitionReplayBuffer",
-    "check_priorities",
-    "nstep_returns",
-    "sequence_priority",
-]
+__all__ = ["FrameStack", "MemmapStore", "PrioritizedSampler", "ReplayError", "SequenceReplayBuffer", "SumTree",
+    "TransitionReplayBuffer", "check_priorities", "nstep_returns", "sequence_priority"]

@@ -13,7 +13,6 @@ revives one. Inside a tdrl buffer the arrays are memmaps in its directory, so pr
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -58,16 +57,11 @@ class PrioritizedSampler(Sampler):
     """Float64 sum-tree prioritized sampler.
 
     Args:
-        max_capacity: number of leaves. Optional inside tdrl buffers (they size it); required with
-            ``torchrl.data.ReplayBuffer``.
-        alpha: priority exponent (0 = uniform).
-        beta_init: importance-weight exponent at the start.
-        beta_final: importance-weight exponent after ``beta_steps`` transitions have been added.
-        beta_steps: transitions over which beta is annealed.
+        max_capacity: number of leaves; tdrl buffers size it, ``torchrl.data.ReplayBuffer`` needs it.
+        alpha: priority exponent (0 = uniform); ``beta_*``: the importance-weight exponent's schedule.
         eps: added to every priority so a zero TD error still leaves a small chance of replay.
         default_priority: priority of new data; ``None`` uses the largest priority seen so far.
-        branching: children per sum-tree node (see :class:`~tdrl.replay.sum_tree.SumTree`).
-        seed: seed of the sampler's own ``np.random.Generator``.
+        branching: children per sum-tree node; seed: of the sampler's own generator.
     """
 
     def __init__(self, max_capacity: int | None = None, *, alpha: float = 0.6, beta_init: float = 0.4,
@@ -273,11 +267,9 @@ class PrioritizedSampler(Sampler):
         if not self.bound:
             return {"capacity": None, "rng": self.rng.bit_generator.state}
         return {
-            "capacity": self.capacity,
-            "raw": torch.from_numpy(np.array(self._raw)),
+            "capacity": self.capacity, "raw": torch.from_numpy(np.array(self._raw)),
             "leaves": torch.from_numpy(np.array(self._tree.leaves)),
-            "scalars": torch.from_numpy(np.array(self._scalars)),
-            "rng": self.rng.bit_generator.state,
+            "scalars": torch.from_numpy(np.array(self._scalars)), "rng": self.rng.bit_generator.state,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -292,25 +284,12 @@ class PrioritizedSampler(Sampler):
         self._scalars[:] = state_dict["scalars"].numpy()
 
     def dumps(self, path: str | os.PathLike) -> None:
-        """Write the sampler state to the directory ``path`` (numpy files plus JSON)."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        state = self.state_dict()
-        meta = {"capacity": state["capacity"], "rng": state["rng"], "alpha": self.alpha, "eps": self.eps}
-        if state["capacity"] is not None:
-            for name in ("raw", "leaves", "scalars"):
-                np.save(path / f"{name}.npy", state[name].numpy())
-        (path / "sampler.json").write_text(json.dumps(meta))
+        """Write the sampler state into the directory ``path``."""
+        Path(path).mkdir(parents=True, exist_ok=True)
+        torch.save(self.state_dict(), Path(path) / "sampler.pt")
 
     def loads(self, path: str | os.PathLike) -> None:
-        """Restore the state written by :meth:`dumps`."""
-        path = Path(path)
-        meta = json.loads((path / "sampler.json").read_text())
-        state: dict[str, Any] = {"capacity": meta["capacity"], "rng": meta["rng"]}
-        if meta["capacity"] is not None:
-            for name in ("raw", "leaves", "scalars"):
-                state[name] = torch.from_numpy(np.load(path / f"{name}.npy"))
-        self.load_state_dict(state)
+        self.load_state_dict(torch.load(Path(path) / "sampler.pt", weights_only=False))
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(capacity={self.capacity}, alpha={self.alpha}, beta={self.beta:.3f}, "

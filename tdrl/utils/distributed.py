@@ -27,22 +27,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = [
-    "BACKENDS",
-    "DistributedSetupError",
-    "available_cpus",
-    "check_local_world_size",
-    "env_world",
-    "free_port",
-    "init_from_env",
-    "is_distributed",
-    "is_main_process",
-    "local_rank",
-    "rank",
-    "rank_seed",
-    "resolve_backend",
-    "world_size",
-]
+__all__ = ["BACKENDS", "DistributedSetupError", "available_cpus", "check_local_world_size", "env_world", "free_port",
+    "init_from_env", "is_distributed", "is_main_process", "local_rank", "rank", "rank_seed", "resolve_backend",
+    "world_size"]
 
 BACKENDS = ("auto", "gloo", "nccl")
 """Accepted backend names; ``auto`` picks NCCL for CUDA devices and gloo otherwise."""

@@ -71,10 +71,8 @@ def rng_state() -> dict[str, Any]:
         "python": random.getstate(),
         "numpy": {
             "bit_generator": np_state["bit_generator"],
-            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-            "pos": int(np_state["state"]["pos"]),
-            "has_gauss": int(np_state["has_gauss"]),
-            "gauss": float(np_state["gauss"]),
+            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)), "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]), "gauss": float(np_state["gauss"]),
         },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -101,8 +99,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         {
             "bit_generator": np_state["bit_generator"],
             "state": {"key": np_state["key"].numpy().astype(np.uint32), "pos": np_state["pos"]},
-            "has_gauss": np_state["has_gauss"],
-            "gauss": np_state["gauss"],
+            "has_gauss": np_state["has_gauss"], "gauss": np_state["gauss"],
         }
     )
     torch.set_rng_state(state["torch"])
