@@ -67,14 +67,8 @@ def _mujoco_warning(message: str) -> None:
 
 
 def _route_mujoco_warnings() -> None:
-    """Send MuJoCo's compiler and loader warnings to Python's ``warnings`` unless a handler is already installed.
-
-    By default MuJoCo prints each warning to stderr and appends it to ``MUJOCO_LOG.TXT`` in the working directory:
-    with mujoco 4.0 and gymnasium 1.4 every HalfCheetah env built prints "compiler attribute 'settotalmass' is
-    deprecated", so a 32-env collector wrote 32 lines per process and left the file in the user's run directory.
-    As a ``RuntimeWarning`` it is shown once per message and process, and can be filtered. Process-wide (MuJoCo
-    has one handler); a handler set before (``mujoco.set_mju_user_warning``) is kept.
-    """
+    """Send MuJoCo's warnings to Python's ``warnings`` (shown once, filterable) instead of stderr plus a
+    ``MUJOCO_LOG.TXT`` in the working directory once per env built. Keeps a handler installed before."""
     try:
         import mujoco
     except ImportError:  # gymnasium.make then raises DependencyNotInstalled, with the pip hint below
@@ -97,11 +91,6 @@ def make_env(env_id: str, seed: int | None = None, **kwargs: Any) -> gym.Env:
 
     Raises:
         EnvError: unknown id (with the nearest ids) or a missing extra (with the pip command).
-
-    Examples:
-        >>> env = make_env("CartPole-v1", seed=0)
-        >>> env.observation_space.shape
-        (4,)
     """
     _check_registered(env_id)
     try:

@@ -30,8 +30,9 @@ from typing import IO, Any
 
 from tdrl.launch.slots import Slot
 from tdrl.launch.status import check_not_running, format_table, last_progress_row, read_summary
-from tdrl.launch.sweep import RunSpec, SweepPlan, write_json
+from tdrl.launch.sweep import RunSpec, SweepPlan
 from tdrl.launch.variants import save_variant
+from tdrl.utils.files import write_json_atomic
 
 __all__ = ["RunOutcome", "launch_local"]
 
@@ -71,16 +72,14 @@ def format_tree(names: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _write_root_files(plan: SweepPlan, slots: list[Slot], n_settings: int) -> None:
+def write_root_files(plan: SweepPlan, details: list[str], launched: int = 0) -> None:
+    """rlpyt's ``experiments_tree.txt`` (``details``, then the tree of run directories) and ``num_launched.txt``."""
     plan.exp_dir.mkdir(parents=True, exist_ok=True)
-    header = [
-        f"Experiment manager process ID: {os.getpid()}.",
-        f"Number of settings (experiments) to run: {n_settings}  ({len(plan.runs)} runs).", f"Recipe: {plan.recipe}",
-        f"Slots: {len(slots)} ({'; '.join(s.describe() for s in slots)})", "",
-    ]
+    n = len({r.log_dir for r in plan.runs})
+    header = [f"Number of settings (experiments) to run: {n}  ({len(plan.runs)} runs).", f"Recipe: {plan.recipe}"]
     tree = format_tree([r.name for r in plan.runs])
-    (plan.exp_dir / "experiments_tree.txt").write_text("\n".join(header) + tree + "\n")
-    _write_launched(plan, 0)
+    (plan.exp_dir / "experiments_tree.txt").write_text("\n".join([*header, *details, "", tree]) + "\n")
+    _write_launched(plan, launched)
 
 
 def _write_launched(plan: SweepPlan, launched: int) -> None:
@@ -144,16 +143,9 @@ def launch_local(
 ) -> list[RunOutcome]:
     """Run every run of ``plan`` over ``slots``, one run per slot at a time, and wait for all of them.
 
-    Args:
-        plan: a validated sweep (:func:`tdrl.launch.sweep.plan_sweep`).
-        slots: hardware slots (:func:`tdrl.launch.slots.make_slots`); their number is the concurrency.
-        python: interpreter for the runs.
-        poll_s: how often finished runs are noticed.
-        rerun_done: also run those whose ``summary.json`` exists (they resume from their last checkpoint).
-        out: where progress lines and the summary table go (default stdout).
-
-    Returns:
-        One :class:`RunOutcome` per run, in plan order. A failed run does not raise; check ``state``.
+    ``slots`` (:func:`tdrl.launch.slots.make_slots`) set the concurrency; ``rerun_done`` also runs those with a
+    ``summary.json`` (they resume from their last checkpoint); progress lines and the summary table go to ``out``.
+    Returns one :class:`RunOutcome` per run, in plan order; a failed run does not raise.
 
     Raises:
         SweepError: an earlier launch of this sweep is still running some of its runs.
@@ -162,8 +154,8 @@ def launch_local(
     if not slots:
         raise ValueError("launch_local needs at least one slot")
     check_not_running(plan)
-    settings = {r.log_dir for r in plan.runs}
-    _write_root_files(plan, slots, len(settings))
+    slot_line = f"Slots: {len(slots)} ({'; '.join(s.describe() for s in slots)})"
+    write_root_files(plan, [f"Experiment manager process ID: {os.getpid()}.", slot_line])
     manifest = plan.manifest("local")
     manifest.update(launcher_pid=os.getpid(), slots=[s.describe() for s in slots])
     records = manifest["runs"]
@@ -179,7 +171,7 @@ def launch_local(
         else:
             queue.append(run)
     manifest_path = plan.exp_dir / "sweep.json"
-    write_json(manifest_path, manifest)
+    write_json_atomic(manifest_path, manifest)
     free = list(slots)
     running: dict[int, tuple[RunSpec, Slot, subprocess.Popen, IO[bytes], float]] = {}
     launched = 0
@@ -198,7 +190,7 @@ def launch_local(
                 launched += 1
                 _write_launched(plan, launched)
                 records[run.index].update(state="running", pid=process.pid, slot=slot.describe(), started=time.time())
-                write_json(manifest_path, manifest)
+                write_json_atomic(manifest_path, manifest)
                 print(f"  start  {run.name:<40} {slot.describe()}", file=out, flush=True)
             time.sleep(poll_s)
             for index in [i for i, (_, _, p, _, _) in running.items() if p.poll() is not None]:
@@ -213,7 +205,7 @@ def launch_local(
                 )
                 outcomes[index] = outcome
                 records[index].update(state=state, returncode=rc, ended=time.time(), wall_s=round(outcome.wall_s, 2))
-                write_json(manifest_path, manifest)
+                write_json_atomic(manifest_path, manifest)
                 if rc == 0:
                     print(f"  done   {run.name:<40} {outcome.wall_s:.1f}s", file=out, flush=True)
                 else:
@@ -233,7 +225,7 @@ def launch_local(
             records[index].update(state="interrupted", returncode=process.returncode, ended=time.time())
         for run in queue:
             outcomes[run.index] = RunOutcome(run, "interrupted", None, run.run_dir / LOG_NAME)
-        write_json(manifest_path, manifest)
+        write_json_atomic(manifest_path, manifest)
         raise
     finally:
         if previous is not None:

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import IO
 
 from tdrl.launch.job import RecipeJob
-from tdrl.launch.local import format_tree
+from tdrl.launch.local import write_root_files
 from tdrl.launch.status import TERMINAL, RunStatus, check_not_running, format_status, sweep_status
-from tdrl.launch.sweep import Resources, RunSpec, SweepError, SweepPlan, write_json
+from tdrl.launch.sweep import Resources, RunSpec, SweepError, SweepPlan
 from tdrl.launch.variants import save_variant
+from tdrl.utils.files import write_json_atomic
 
 __all__ = ["SubmittedRun", "check_slurm_resources", "make_executor", "submit_sweep", "wait_for_sweep"]
 
@@ -150,11 +151,7 @@ def submit_sweep(
 ) -> list[SubmittedRun]:
     """Submit the plan's runs (except finished ones, unless ``rerun_done``) as one job array; returns at once.
 
-    Args:
-        plan: a validated sweep.
-        resources: overrides ``plan.sweep.resources`` (e.g. from the command line).
-        rerun_done: also submit runs whose ``summary.json`` exists.
-        out: where the submission report goes (default stdout).
+    ``resources`` overrides ``plan.sweep.resources`` (e.g. from the command line).
 
     Raises:
         SweepError: the resources do not fit the cluster, or runs of this sweep are still queued or running
@@ -186,15 +183,8 @@ def submit_sweep(
                 job_id=sub.job_id, stdout=str(sub.stdout), stderr=str(sub.stderr), result=str(sub.result)
             )
     manifest["submitted"] = time.time()
-    write_json(plan.exp_dir / "sweep.json", manifest)
-    tree = format_tree([r.name for r in plan.runs])
-    (plan.exp_dir / "experiments_tree.txt").write_text(
-        f"Recipe: {plan.recipe}\nNumber of settings (experiments) to run: {len({r.log_dir for r in plan.runs})}"
-        f"  ({len(plan.runs)} runs).\nSLURM jobs: {', '.join(s.job_id for s in submitted) or 'none'}\n\n{tree}\n"
-    )
-    (plan.exp_dir / "num_launched.txt").write_text(
-        f"Experiments launched so far: {len(submitted)} out of {len(plan.runs)}.\n"
-    )
+    write_json_atomic(plan.exp_dir / "sweep.json", manifest)
+    write_root_files(plan, [f"SLURM jobs: {', '.join(s.job_id for s in submitted) or 'none'}"], len(submitted))
     skipped = len(plan.runs) - len(todo)
     array = submitted[0].job_id.split("_")[0] if submitted else "-"
     print(

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
-import json
 import os
 import re
 import sys
@@ -243,11 +242,3 @@ def plan_sweep(sweep: Sweep, root: str | os.PathLike | None = None) -> SweepPlan
                 )
             runs.append(RunSpec(len(runs), log_dir, seed, variant, run_dir, tuple(args)))
     return SweepPlan(sweep=sweep, recipe=recipe, exp_dir=exp_dir, runs=runs)
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file + rename), so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)

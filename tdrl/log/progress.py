@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tdrl.utils.files import write_atomic
+
 __all__ = ["ProgressCSV", "format_value", "read_progress", "read_progress_floats"]
 
 
@@ -127,12 +129,8 @@ class ProgressCSV:
         if self._file is not None:
             self._file.close()
             self._file = None
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w", newline="") as f:
-            writer = csv.writer(f, lineterminator="\n")
-            writer.writerow(self.header)
-            for r in rows:
-                writer.writerow([r.get(k, "") for k in self.header])
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(self.header)
+        writer.writerows([r.get(k, "") for k in self.header] for r in rows)
+        write_atomic(self.path, text.getvalue())

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tdrl.config import ConfigError, RunConfig, diff_configs
+from tdrl.utils.files import write_json_atomic
 
 __all__ = ["CONFIG_FILE", "PARAMS_FILE", "RESUME_IGNORED_KEYS", "RunDirError", "check_resume_config", "check_writable",
     "claim_run_dir", "config_dict", "lock_run_dir", "write_json_atomic"]
@@ -44,18 +45,6 @@ def config_dict(config: Any) -> dict[str, Any]:
     else:
         raise TypeError(f"config must be a dataclass instance or a mapping, got {type(config).__name__}")
     return json.loads(json.dumps(nested, default=str))
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to ``path`` via a temp file, fsync and rename (never a half-written file)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _safe_name(name: str) -> str:

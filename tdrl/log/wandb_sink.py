@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tdrl.utils.files import write_atomic
+
 __all__ = ["WandbSink", "load_or_create_run_id", "resolve_wandb_mode"]
 
 ID_FILE = "wandb_id.txt"
@@ -51,12 +53,7 @@ def load_or_create_run_id(run_dir: Path) -> str:
             return run_id
     alphabet = string.ascii_lowercase + string.digits
     run_id = "".join(secrets.choice(alphabet) for _ in range(8))
-    tmp = path.with_name(f".{ID_FILE}.tmp")
-    with open(tmp, "w") as f:
-        f.write(run_id + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, run_id + "\n")
     return run_id
 
 

@@ -35,16 +35,11 @@ class TransitionReplayBuffer:
         scratch_dir: directory for the memmapped storage (explicit; put it under the run directory).
         capacity: transitions held (``T_cap = capacity // B`` time steps per environment stream).
         sampler: ``None`` for uniform sampling, or a :class:`PrioritizedSampler`.
-        n_step: n-step return horizon (1 = one-step transitions; >1 needs ``[B, T]`` batches).
-        gamma: discount used for the n-step reward sum (use the same value in the loss).
+        n_step, gamma: n-step return horizon (> 1 needs ``[B, T]`` batches) and its discount (the loss's gamma).
         frame_stack: a :class:`~tdrl.replay.frames.FrameStack` to store stacked image observations once per frame.
-        mask_key: key of the per-step validity mask written by wait-reset collectors; steps where it is False are
-            never sampled. Ignored when the first batch lacks it.
-        priority_key: key of per-step input priorities in a batch (``[B, T]`` or ``[B, T, 1]``), used by a
-            prioritized sampler for new data instead of the default priority. Never stored.
-        keys: store only these keys (default: every tensor leaf of the first batch, and later batches must have
-            exactly those keys).
-        exclude_keys: keys never stored.
+        mask_key: per-step validity mask of wait-reset collectors; False steps are never sampled.
+        priority_key: per-step input priorities of a batch, for new data of a prioritized sampler; not stored.
+        keys, exclude_keys: store only these keys (default: every tensor leaf of the first batch) / never these.
         seed: seed of the uniform index generator.
     """
 

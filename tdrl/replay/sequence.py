@@ -53,20 +53,13 @@ class SequenceReplayBuffer:
     """Memmap-backed R2D1 sequence replay.
 
     Args:
-        scratch_dir: directory for the memmapped storage.
         capacity: time steps held over all streams (``T_cap = capacity // B``, a multiple of the interval).
-        batch_T: trained steps per sequence.
-        warmup_T: burn-in steps before them.
-        lookahead_T: extra steps after them (n-step targets).
+        batch_T, warmup_T, lookahead_T: trained steps per sequence, burn-in before them, n-step steps after.
         rnn_state_interval: store the recurrent state every this many steps; sequences start only there.
         state_keys: keys of the recurrent state the policy read at each step.
         sampler: ``None`` (uniform over stored starts) or a :class:`PrioritizedSampler` (one leaf per start).
         pri_eta: max/mean mix for per-step TD errors passed to :meth:`update_priority`.
-        mask_key: validity mask key; sequences never start at an invalid step.
-        priority_key: per-step input priority key (not stored).
-        keys: store only these keys (plus ``state_keys``).
-        exclude_keys: keys never stored.
-        seed: seed of the uniform index generator.
+        Others as in :class:`~tdrl.replay.buffer.TransitionReplayBuffer`; ``mask_key`` marks invalid starts.
     """
 
     def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, batch_T: int, warmup_T: int = 0,

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tdrl.utils.files import write_atomic
+
 __all__ = ["MemmapStore"]
 
 _COUNTERS = ("write_started", "write_done", "samples_drawn")
@@ -100,9 +102,7 @@ class MemmapStore:
                 in fields.items()}
         self.meta = {"fields": spec, **meta}
         self._map_fields(create=True)
-        tmp = self.directory / "meta.json.tmp"
-        tmp.write_text(json.dumps(self.meta, indent=1))
-        os.replace(tmp, self.directory / "meta.json")
+        write_atomic(self.directory / "meta.json", json.dumps(self.meta, indent=1))
 
     def open(self) -> None:
         """Map the fields described by ``meta.json`` (another process allocated them)."""

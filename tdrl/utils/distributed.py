@@ -9,12 +9,6 @@ definition of "which process am I". The process group itself is created either
 * by the local launcher in :mod:`tdrl.train.ddp`, which spawns the ranks on this machine.
 
 Everything here works without a process group too: a plain single process is rank 0 of a world of size 1.
-
-Examples:
-    >>> rank(), world_size(), is_main_process()
-    (0, 1, True)
-    >>> rank_seed(7)          # rank 0 keeps the run seed; other ranks get independent streams
-    7
 """
 
 from __future__ import annotations

@@ -8,14 +8,6 @@ with ``torch.save`` and loads with ``torch.load(weights_only=True)``.
 
 Per-environment seeds belong to the collector (its ``state_dict``); ``spawn_seeds`` derives independent,
 reproducible seeds for workers and environments from one run seed.
-
-Examples:
-    >>> seed_everything(3)
-    >>> state = rng_state()
-    >>> a = torch.rand(2)
-    >>> set_rng_state(state)
-    >>> torch.equal(a, torch.rand(2))
-    True
 """
 
 from __future__ import annotations

@@ -1,0 +1,25 @@
+"""Files that readers in other processes never see half-written: temp file, fsync, rename."""
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_atomic", "write_json_atomic"]
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically (the temp name holds the pid, so concurrent writers never mix)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", newline="") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    """:func:`write_atomic` of ``data`` as indented JSON (values JSON lacks become their ``str``)."""
+    write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
