@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 import torch
 
+from tdrl.utils.files import write_atomic
 from tdrl.utils.process import pid_alive
 
 __all__ = ["SNAPSHOT_MODES", "CheckpointCorrupt", "CheckpointError", "CheckpointInfo", "CheckpointWarning",
@@ -121,21 +122,10 @@ def write_checkpoint(
 ) -> Path:
     """Write one checkpoint directory atomically: temp dir, fsync every file, manifest, rename, fsync parent.
 
-    Args:
-        path: the final directory (``.../itr_00000012``); replaced if it exists.
-        state: nested dict of tensors, state dicts and python values, saved with ``torch.save``.
-        iteration: recorded in the manifest.
-        extra_writers: ``{name: writer}``; each ``writer(path / name)`` writes its own files (the directory
-            exists) before the manifest is computed, so those files are checksummed too.
-
-    Returns:
-        ``path``.
-
-    Raises:
-        OSError: a write failed (``torch.save`` reports some as ``RuntimeError``); the temp dir is removed and
-            nothing at ``path`` changed. :meth:`Checkpointer.save` turns these into :class:`CheckpointError`.
-        CheckpointError: an extra writer created a link instead of regular files.
-        ValueError: an extra writer name is not a plain directory name.
+    ``state`` is saved with ``torch.save``; each ``extra_writers[name](dir)`` writes its own files into ``dir``
+    before the manifest is computed, so they are checksummed too. An existing ``path`` is replaced. A failed write
+    raises its ``OSError`` (``torch.save`` reports some as ``RuntimeError``) with nothing at ``path`` changed;
+    :meth:`Checkpointer.save` turns these into :class:`CheckpointError`. Returns ``path``.
     """
     path = Path(path)
     extra_writers = dict(extra_writers or {})
@@ -164,10 +154,7 @@ def write_checkpoint(
             "format": FORMAT_VERSION, "iteration": int(iteration), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "versions": _versions(), "files": dict(sorted(files.items())),
         }
-        with open(tmp / MANIFEST, "w") as f:
-            json.dump(manifest, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
+        write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1))
         for d in reversed(dirs):
             _fsync_dir(d)
         old = None
@@ -186,14 +173,10 @@ def write_checkpoint(
 
 
 def verify_checkpoint(path: Path) -> dict[str, Any]:
-    """Check every file of a checkpoint against its manifest (size, then sha256).
-
-    Returns:
-        The manifest.
+    """Check every file of a checkpoint against its manifest (size, then sha256) and return the manifest.
 
     Raises:
-        CheckpointCorrupt: manifest missing or unreadable, a file missing, or a size/sha256 mismatch; the
-            message names the checkpoint, the file, and the expected and actual values.
+        CheckpointCorrupt: naming the checkpoint, the file, and the expected and actual values.
     """
     path = Path(path)
     manifest_path = path / MANIFEST

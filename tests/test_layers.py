@@ -19,7 +19,7 @@ LAYERS: dict[str, set[str]] = {
     "tdrl.collect": {"tdrl.envs", "tdrl.models", "tdrl.utils"},
     "tdrl.replay": {"tdrl.envs", "tdrl.models", "tdrl.utils"},
     "tdrl.objectives": {"tdrl.envs", "tdrl.models", "tdrl.utils"},
-    "tdrl.ckpt": {"tdrl.config", "tdrl.utils"},
+    "tdrl.ckpt": {"tdrl.utils"},
     # The run directory owns its checkpoints (``Run`` writes them through ``tdrl.ckpt``).
     "tdrl.log": {"tdrl.ckpt", "tdrl.config", "tdrl.utils"},
     # Launch starts recipes by path, never by import, so it needs no layer above the tools.

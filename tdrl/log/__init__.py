@@ -12,6 +12,22 @@ from tdrl.log.sinks import ConsoleSink, Sink, TensorBoardSink
 from tdrl.log.stats import STATISTICS, summarize, summarize_columns, summarize_records
 from tdrl.log.video import VideoError, write_video
 
-__all__ = ["RESERVED_COLUMNS", "STATISTICS", "WALL_TIME_COLUMNS", "ConsoleSink", "ProgressCSV", "Run", "RunDirError",
-    "Sink", "TensorBoardSink", "VideoError", "is_wall_time_column", "read_progress", "read_progress_floats",
-    "summarize", "summarize_columns", "summarize_records", "write_video"]
+__all__ = [
+    "RESERVED_COLUMNS",
+    "STATISTICS",
+    "WALL_TIME_COLUMNS",
+    "ConsoleSink",
+    "ProgressCSV",
+    "Run",
+    "RunDirError",
+    "Sink",
+    "TensorBoardSink",
+    "VideoError",
+    "is_wall_time_column",
+    "read_progress",
+    "read_progress_floats",
+    "summarize",
+    "summarize_columns",
+    "summarize_records",
+    "write_video",
+]
