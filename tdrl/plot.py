@@ -135,15 +135,10 @@ def _mean_and_band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndar
 def plot_learning_curves(
     paths: Sequence[Path | str], *, metrics: Sequence[str] | None = None, out_dir: Path | str | None = None
 ) -> dict[Path, int]:
-    """Write one PNG per metric with one mean curve (and 95% band) per variant group.
+    """Write one PNG per metric with one mean curve (and 95% band) per variant group; returns ``{png: curves}``.
 
-    Args:
-        paths: run directories or folders above them.
-        metrics: progress.csv columns to plot; default ``eval/return_mean``, else ``train/return_mean``.
-        out_dir: where PNGs go; default ``<first path>/plots`` (the run or sweep folder).
-
-    Returns:
-        ``{png path: number of curves drawn}``.
+    ``metrics`` default to ``eval/return_mean``, else ``train/return_mean``; PNGs go to ``out_dir`` (default
+    ``<first path>/plots``).
 
     Raises:
         FileNotFoundError: no runs found.

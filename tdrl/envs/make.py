@@ -83,11 +83,7 @@ def make_env(env_id: str, seed: int | None = None, **kwargs: Any) -> gym.Env:
     Atari ids get the standard DQN preprocessing (no-op reset, frame skip 4 with 2-frame max, 84×84 grey,
     4-frame stack, uint8; no reward clipping and no episodic life here — the algorithm clips, and the game
     score stays the return). MuJoCo ids first route MuJoCo's warnings to Python (:func:`_route_mujoco_warnings`).
-
-    Args:
-        env_id: a gymnasium id such as ``CartPole-v1``, ``HalfCheetah-v5`` or ``ALE/Pong-v5``.
-        seed: seed for the first reset and the action space.
-        **kwargs: passed to ``gymnasium.make``.
+    ``seed`` seeds the first reset and the action space; ``kwargs`` go to ``gymnasium.make``.
 
     Raises:
         EnvError: unknown id (with the nearest ids) or a missing extra (with the pip command).

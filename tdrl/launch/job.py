@@ -1,13 +1,10 @@
 """A recipe run as a submitit job that checkpoints and requeues itself (submitit's ``checkpoint`` protocol).
 
-submitit pickles a :class:`RecipeJob` into the job; on the node it loads the recipe file and calls
-``main(cfg)`` in the job's own process, so submitit's USR2 handler is in the process that trains. When SLURM
-signals a preemption or the coming time limit, submitit calls :meth:`RecipeJob.checkpoint`, which returns the same
-job to requeue; the requeued job runs the same command on the same ``run.dir``, and the recipe resumes from
-its last checkpoint there (recipes checkpoint atomically at iteration boundaries, so the work since then is
-redone and the end result is the same as an uninterrupted run). Only rank 0 is checkpointed (submitit).
-
-Each start, requeue and failure is appended to ``<run dir>/launch_events.jsonl`` by rank 0, for ``status``.
+The job loads the recipe file and calls ``main(cfg)`` in its own process, so submitit's USR2 handler lives in the
+process that trains. On preemption or the coming time limit submitit calls :meth:`RecipeJob.checkpoint`, which
+requeues the same job on the same ``run.dir``; the recipe resumes from its last checkpoint there (taken at an
+iteration boundary, so the result equals an uninterrupted run). Rank 0 appends each start, requeue and failure to
+``<run dir>/launch_events.jsonl`` for ``status``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """The local launcher: queue every run of a sweep over this machine's hardware slots (rlpyt's run_experiments).
 
-Each run is its own process, ``python <recipe> key=value ... run.dir=<run dir>``, pinned to its slot's cores
-and given the slot's environment (:meth:`tdrl.launch.slots.Slot.env`); its stdout and stderr go to
-``<run dir>/launch.log``. When a run ends, the next one in the queue takes its slot. A run that fails is recorded
-with its exit code and log path and the others go on. At the experiment root:
-
-* ``experiments_tree.txt`` -- launcher pid, counts, slots and the tree of run directories (rlpyt);
-* ``num_launched.txt`` -- "Experiments launched so far: k out of N." (rlpyt), rewritten at each launch;
-* ``sweep.json`` -- every run's variant, overrides, state, exit code, slot and log (read by ``status``).
-
-Stopping the launcher (Ctrl-C or SIGTERM) stops its runs (their process groups) before it returns, and a
-launcher killed outright (SIGKILL) takes its runs along (each gets SIGTERM by the kernel's parent-death signal).
-Runs whose ``summary.json`` exists are skipped unless ``rerun_done``; the others resume from their run directory.
+Each run is its own process, ``python <recipe> key=value ... run.dir=<run dir>``, pinned to its slot with the
+slot's environment, logging to ``<run dir>/launch.log``; when it ends the next run takes its slot, and a failed
+run is recorded without stopping the others. The experiment root gets rlpyt's ``experiments_tree.txt`` and
+``num_launched.txt`` and ``sweep.json`` (every run's variant, state, exit code, slot and log, read by ``status``).
+Stopping the launcher (Ctrl-C, SIGTERM) stops its runs' process groups; a launcher killed outright takes its runs
+along (parent-death signal). Runs with a ``summary.json`` are skipped unless ``rerun_done``; the others resume.
 """
 
 from __future__ import annotations

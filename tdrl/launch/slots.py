@@ -1,18 +1,11 @@
 """Hardware slots: how many runs go at once on this machine, and which CPU cores and GPUs each one gets.
 
-rlpyt encoded this as an "affinity code" with a dozen knobs (users found it confusing, rlpyt#125). Here a run
-asks for ``cpus_per_run`` cores and ``gpus_per_run`` GPUs, and the machine is cut into equal slots::
-
-    make_slots(cpus_per_run=2)                       # 8 cores, no GPU -> 4 slots of 2 cores
-    make_slots(gpus_per_run=1, runs_per_gpu=2)       # 8 cores, 2 GPUs -> 4 slots: 2 cores + a shared GPU each
-    make_slots(cpus_per_run=16)                      # 8 cores -> SlotError naming the request and the machine
-
-A run follows its slot through its process: the launcher pins it to the slot's cores
-(``os.sched_setaffinity``), so ``os.sched_getaffinity(0)`` *is* the slot inside the run, and it sets
-``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (torch's intra-op threads), ``CUDA_VISIBLE_DEVICES`` (the slot's GPUs,
-empty for CPU-only slots so a CPU run never grabs GPU 0), ``EGL_DEVICE_ID`` (headless rendering on the slot's
-GPU), and ``TDRL_SLOT`` / ``TDRL_SLOT_CPUS`` / ``TDRL_SLOT_GPUS`` for collectors that pin their workers within
-the slot (:func:`current_slot_cpus`).
+rlpyt's "affinity code" had a dozen knobs (rlpyt#125); here a run asks for ``cpus_per_run`` cores and
+``gpus_per_run`` GPUs and the machine is cut into equal slots (8 cores, ``cpus_per_run=2``: 4 slots). The launcher
+pins a run to its slot's cores, so ``os.sched_getaffinity(0)`` *is* the slot inside the run, and sets
+``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES`` (empty for CPU-only slots, so a CPU run never
+grabs GPU 0), ``EGL_DEVICE_ID`` and ``TDRL_SLOT*`` for collectors that pin their workers within the slot
+(:func:`current_slot_cpus`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Submit a sweep to SLURM as one job array through submitit (imported only here, when used).
 
-Every run becomes a :class:`tdrl.launch.job.RecipeJob` in one array (``--array=0-N%P``) with the sweep's
-resources (command-line values win). submitit's files go to ``<exp dir>/slurm/<job id>/``; the job ids and log
-paths are recorded in ``<exp dir>/sweep.json`` so ``status`` can follow the runs from any shell. Jobs requeue
-themselves on preemption and before their time limit (``--signal=USR2@signal_delay_s``; submitit counts a
-signal late in the time limit as a time-out, at most ``max_requeues`` of them) and resume from their run
-directory. Nothing is submitted unless every run's config validated and the resources fit the cluster.
+Every run becomes a :class:`tdrl.launch.job.RecipeJob` in one array (``--array=0-N%P``); submitit's files go to
+``<exp dir>/slurm/<job id>/`` and the job ids and logs to ``sweep.json``, so ``status`` follows the runs from any
+shell. Jobs requeue themselves on preemption and before their time limit (USR2 ``signal_delay_s`` early, at most
+``max_requeues`` time-outs) and resume from their run directory. Nothing is submitted unless every run's config
+validated and the resources fit the cluster.
 """
 
 from __future__ import annotations
