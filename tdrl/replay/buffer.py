@@ -25,8 +25,6 @@ from tdrl.replay.schema import ReplayError, as_key, key_name
 
 __all__ = ["TransitionReplayBuffer"]
 
-_MAX_REDRAWS = 64
-
 
 class TransitionReplayBuffer:
     """Memmap-backed transition replay with n-step returns.
@@ -141,14 +139,11 @@ class TransitionReplayBuffer:
         new = self.ring.columns_of(start, start + steps)
         lo, hi = self.valid_range(start + steps)
         ready = self.ring.columns_of(max(lo, start - self.lookahead), hi + 1)
-        mask_ready = self._mask_at(ready) if self.ring.mask_stored else None
+        mask_ready = self.ring.valid_at(*np.divmod(ready, self.ring.time_capacity))
         with self.ring.store.lock():
             self.sampler.assign(new, priority, valid=np.zeros(new.shape, dtype=bool))
             self.sampler.activate(ready, valid=mask_ready)
             self.sampler.advance(steps * self.ring.num_streams)
-
-    def _mask_at(self, index: np.ndarray) -> np.ndarray:
-        return self.ring.flat[self.mask_key][torch.from_numpy(index)].reshape(-1).numpy()
 
     def sample(self, batch_size: int) -> TensorDict:
         """Draw ``batch_size`` transitions, with replacement, as a flat TensorDict ``[batch_size]`` (keys: see
@@ -181,7 +176,7 @@ class TransitionReplayBuffer:
         started, done = self.ring.write_started, self.ring.write_done
         lo, hi = self.valid_range(done)
         lo = max(lo, self.valid_range(started)[0])
-        stream, time = self._draw_uniform(n, lo, hi)
+        stream, time = self.ring.draw_uniform(self.rng, n, lo, hi)
         return stream, time, None
 
     def ready_count(self, done: int | None = None) -> int:
@@ -191,24 +186,6 @@ class TransitionReplayBuffer:
         done = self.ring.write_done if done is None else done
         lo, hi = self.valid_range(done)
         return max(0, hi - lo + 1) * self.ring.num_streams
-
-    def _draw_uniform(self, n: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        per_stream = hi - lo + 1
-        if per_stream < 1:
-            raise ReplayError("no transitions ready to sample")
-        stream, offset = np.divmod(self.rng.integers(0, per_stream * self.ring.num_streams, n), per_stream)
-        time = lo + offset
-        if self.ring.mask_stored:
-            for _ in range(_MAX_REDRAWS):
-                bad = ~self._mask_at(self.ring.flat_index(stream, time))
-                if not bad.any():
-                    break
-                redraw = self.rng.integers(0, per_stream * self.ring.num_streams, int(bad.sum()))
-                stream[bad], offset = np.divmod(redraw, per_stream)
-                time[bad] = lo + offset
-            else:
-                raise ReplayError(f"almost no valid steps: {key_name(self.mask_key)!r} is False nearly everywhere")
-        return stream, time
 
     def _gather(self, stream: np.ndarray, time: np.ndarray) -> TensorDict:
         ring = self.ring

@@ -92,7 +92,7 @@ class StreamRing:
         self.time_capacity = 0
         self.flat_batches = False
         self.synced = False
-        self.mask_stored = False
+        self.mask_key: tuple[str, ...] | None = None  # the validity mask, when the buffer stores one
         self.fields: dict[tuple[str, ...], torch.Tensor] = {}
         self.flat: dict[tuple[str, ...], torch.Tensor] = {}
         self.groups: dict[str, list] = {}
@@ -197,11 +197,36 @@ class StreamRing:
         """Whether storage exists. Adopts, once, a layout another process allocated (a buffer shared before its
         first extend learns B, the schema and the sampler files lazily) and whether ``mask_key`` is stored."""
         if self.allocated and not self.synced:
-            self.mask_stored = mask_key is not None and mask_key in self.schema.entries
+            self.mask_key = mask_key if mask_key is not None and mask_key in self.schema.entries else None
             if sampler is not None and sampler.capacity != self.num_leaves:
                 sampler.attach(self.num_leaves, self.store.directory)
             self.synced = True
         return self.allocated
+
+    def valid_at(self, stream: np.ndarray, time: np.ndarray) -> np.ndarray | None:
+        """The validity mask at absolute steps ``(stream, time)``, flattened; None when none is stored."""
+        if self.mask_key is None:
+            return None
+        index = torch.from_numpy(np.asarray(self.flat_index(stream, time)).reshape(-1))
+        return self.flat[self.mask_key][index].reshape(-1).numpy()
+
+    def draw_uniform(self, rng: np.random.Generator, n: int, lo: int, hi: int, stride: int = 1) -> tuple:
+        """``(stream, position)`` of ``n`` uniform draws of positions ``lo..hi`` (absolute time / ``stride``) in every
+        stream, redrawing those whose step the validity mask marks invalid."""
+        per_stream = hi - lo + 1
+        if per_stream < 1:
+            raise ReplayError("nothing is ready to sample")
+        total = per_stream * self.num_streams
+        stream, position = np.divmod(rng.integers(0, total, n), per_stream)
+        position += lo
+        for _ in range(_MAX_REDRAWS):
+            valid = self.valid_at(stream, position * stride)
+            if valid is None or valid.all():
+                return stream, position
+            bad = ~valid
+            stream[bad], position[bad] = np.divmod(rng.integers(0, total, bad.sum()), per_stream)
+            position[bad] += lo
+        raise ReplayError(f"almost no valid steps: {key_name(self.mask_key)!r} is False nearly everywhere")
 
     def draw_leaves(self, sampler: PrioritizedSampler, n: int) -> tuple[np.ndarray, np.ndarray, int]:
         """``(leaves, leaf values, write_done)``: ``n`` prioritized draws and the data they were drawn from."""

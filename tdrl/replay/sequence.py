@@ -40,8 +40,6 @@ from tdrl.replay.schema import ReplayError, as_key, key_name
 
 __all__ = ["SequenceReplayBuffer", "sequence_priority"]
 
-_MAX_REDRAWS = 64
-
 
 def sequence_priority(td_error: torch.Tensor, eta: float = 0.9) -> torch.Tensor:
     """R2D1 sequence priority ``eta * max_t |td| + (1 - eta) * mean_t |td|`` over the last dim of ``[N, T]``."""
@@ -190,12 +188,8 @@ class SequenceReplayBuffer:
         lo, hi = self.start_range(start + steps)
         ready_lo = max(lo, hi_old + 1)
         ready = self._leaves(ready_lo, hi + 1)
-        valid = None
-        if self.ring.mask_stored and ready.size:
-            streams = np.arange(self.ring.num_streams)[:, None]
-            times = np.arange(ready_lo, hi + 1)[None, :] * self.interval
-            index = torch.from_numpy(self.ring.flat_index(streams, times).reshape(-1))
-            valid = self.ring.flat[self.mask_key][index].reshape(-1).numpy()
+        streams, times = np.arange(self.ring.num_streams)[:, None], np.arange(ready_lo, hi + 1)[None, :]
+        valid = self.ring.valid_at(streams, times * self.interval) if ready.size else None
         with self.ring.store.lock():
             if new.size:
                 self.sampler.assign(new, priority, valid=np.zeros(new.shape, dtype=bool))
@@ -233,19 +227,7 @@ class SequenceReplayBuffer:
         started, done = self.ring.write_started, self.ring.write_done
         lo, hi = self.start_range(done)
         lo = max(lo, self.start_range(started)[0])  # never draw slots a write in progress is replacing
-        per_stream = hi - lo + 1
-        if per_stream < 1:
-            raise ReplayError("no sequences ready to sample")
-        for _ in range(_MAX_REDRAWS):
-            stream, offset = np.divmod(self.rng.integers(0, per_stream * self.ring.num_streams, n), per_stream)
-            start_no = lo + offset
-            if not self.ring.mask_stored:
-                break
-            index = torch.from_numpy(self.ring.flat_index(stream, start_no * self.interval))
-            if bool(self.ring.flat[self.mask_key][index].all()):
-                break
-        else:
-            raise ReplayError(f"almost no valid starts: {key_name(self.mask_key)!r} is False nearly everywhere")
+        stream, start_no = self.ring.draw_uniform(self.rng, n, lo, hi, self.interval)
         return stream, start_no, None
 
     def _gather(self, stream: np.ndarray, start_no: np.ndarray) -> TensorDict:
