@@ -100,19 +100,20 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
     return events
 
 
-def squeue_states() -> dict[str, tuple[str, str]] | None:
-    """``{job_id: (STATE, reason)}`` for this user's jobs in the queue (array tasks as ``123_4``).
-
-    None when the queue cannot be read (no SLURM client, or the controller does not answer).
-    """
-    if shutil.which("squeue") is None:
+def slurm_query(*command: str) -> str | None:
+    """stdout of a SLURM client command; None when there is no client or the controller does not answer."""
+    if shutil.which(command[0]) is None:
         return None
     try:
-        text = subprocess.run(
-            ["squeue", "-h", "-r", "-t", "all", "-u", getpass.getuser(), "-o", "%i|%T|%r"], capture_output=True,
-            text=True, timeout=30, check=True,
-        ).stdout
+        return subprocess.run(list(command), capture_output=True, text=True, timeout=30, check=True).stdout
     except (subprocess.SubprocessError, OSError):
+        return None
+
+
+def squeue_states() -> dict[str, tuple[str, str]] | None:
+    """``{job_id: (STATE, reason)}`` for this user's jobs in the queue (array tasks as ``123_4``), or None."""
+    text = slurm_query("squeue", "-h", "-r", "-t", "all", "-u", getpass.getuser(), "-o", "%i|%T|%r")
+    if text is None:
         return None
     out = {}
     for line in text.splitlines():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from typing import IO
 
 from tdrl.launch.job import RecipeJob
 from tdrl.launch.local import write_root_files
-from tdrl.launch.status import TERMINAL, RunStatus, check_not_running, format_status, sweep_status
+from tdrl.launch.status import TERMINAL, RunStatus, check_not_running, format_status, slurm_query, sweep_status
 from tdrl.launch.sweep import Resources, RunSpec, SweepError, SweepPlan
 from tdrl.launch.variants import save_variant
 from tdrl.utils.files import write_json_atomic
@@ -61,11 +60,8 @@ def _gres_gpus(gres: str) -> int:
 
 def _partitions() -> dict[str, _Partition]:
     """Each partition's largest CPU count, memory and GPU count per node; {} when sinfo does not answer."""
-    try:
-        text = subprocess.run(
-            ["sinfo", "-h", "-o", "%P|%c|%m|%G"], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
+    text = slurm_query("sinfo", "-h", "-o", "%P|%c|%m|%G")
+    if text is None:
         return {}
     out: dict[str, _Partition] = {}
     for line in text.splitlines():
