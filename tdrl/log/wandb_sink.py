@@ -1,16 +1,11 @@
 """Weights & Biases mirror of a run's log rows (wandb is imported only when this sink is built).
 
-Decisions, from what was measured on these machines (research/ecosystem.md):
-
-* Offline by default, so nothing needs an account; ``wandb sync <run_dir>/wandb/offline-run-*`` uploads later.
-* The mode is passed to ``wandb.init`` explicitly and never written into ``os.environ`` (TorchRL's
-  ``WandbLogger(offline=True)`` sets ``WANDB_MODE`` for the whole process). :func:`resolve_wandb_mode` lets an
-  existing ``WANDB_MODE`` environment variable win over the config, so CI and tests can switch W&B off.
-* The run id is generated once and stored in ``<run_dir>/wandb_id.txt``; a resumed run passes it back with
-  ``resume="allow"``, so an online run continues the same W&B run after a requeue. W&B cannot resume
-  *offline* runs: each relaunch writes another ``offline-run-*-<id>`` directory with the same id.
-* Env frames are the step axis (``define_metric("*", step_metric="frames")``); W&B's own step is not used, so
-  rows re-logged after a resume never clash with W&B's monotonic step.
+Offline by default (no account needed; ``wandb sync`` uploads later). The mode goes to ``wandb.init`` explicitly and
+never into ``os.environ`` (TorchRL's ``WandbLogger(offline=True)`` sets ``WANDB_MODE`` for the whole process), and
+an existing ``WANDB_MODE`` wins over the config so CI can switch W&B off. The run id is stored in
+``<run_dir>/wandb_id.txt`` and passed back with ``resume="allow"``, so an online run continues after a requeue (W&B
+cannot resume offline runs: each relaunch writes another ``offline-run-*`` with the same id). Env frames are the
+step axis, so rows re-logged after a resume never clash with W&B's monotonic step.
 """
 
 from __future__ import annotations

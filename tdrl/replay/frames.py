@@ -1,24 +1,17 @@
 """Frame de-duplication for stacked image observations (Atari): each frame is stored once.
 
-A stacked observation ``[F, *frame]`` (oldest to newest) shares ``F - 1`` frames with the previous step's, so storing
-stacks costs ``F`` times the memory (``2F`` with the next observation). :class:`FrameStack` keeps one ring of single
-frames per environment stream and rebuilds both stacks when sampling:
+A stack ``[F, *frame]`` (oldest to newest) shares ``F - 1`` frames with the previous step's, so storing stacks costs
+``F`` times the memory (``2F`` with the next observation). :class:`FrameStack` keeps one ring of single frames per
+stream and rebuilds both stacks when sampling. Every step writes the newest frame of its ``observation``; a step that
+ends an episode also writes the final frame of its ``("next", "observation")`` right after, so a step's next stack
+always ends one frame later. Per step the ring stores the position of its newest frame and how many history frames
+belong to its episode (episode starts from ``is_init``, else the previous ``done``). Frames before an episode start
+are padding: zeros (``padding="zero"``, rlpyt) or the episode's first frame (``"reset"``, gymnasium's
+``FrameStackObservation``, used by ``tdrl.envs`` Atari presets); the first episode starts are checked against it.
 
-* every step writes the newest frame of its ``observation``; a step that ends an episode (``done``) also writes the
-  newest frame of its ``("next", "observation")``, the final frame, right after. So the frame following a step's
-  frame is always the newest frame of that step's next observation: ``next_pos = pos + 1``, reset or not;
-* per step the ring stores the position of its newest frame (``int64``) and how many of its history frames belong to
-  the current episode (``uint8``, ``min(steps since episode start, F - 1)``; episode starts come from ``is_init`` when
-  the batch has it, else from the previous step's ``done``);
-* frames from before an episode start are padding: zeros (``padding="zero"``, rlpyt) or copies of the episode's first
-  frame (``padding="reset"``, gymnasium's ``FrameStackObservation`` default, which ``tdrl.envs`` Atari presets use).
-  The first batch's episode starts are checked against the chosen padding, so a mismatch is an error, not silently
-  different stacks.
-
-Memory per transition is ``(1 + slack)`` frames instead of ``F`` (``2F`` for a buffer storing next observations):
-``slack`` (default 1/16) is room for the final frames of episodes ending inside the buffer, i.e. average episodes of at
-least 16 steps over any buffer-length window. If episodes are shorter, :meth:`prepare` raises before anything is
-written (raise ``slack``).
+Memory per transition is ``1 + slack`` frames; ``slack`` (default 1/16) is room for the final frames of episodes
+ending inside the buffer, i.e. episodes of at least 16 steps on average. Shorter ones make :meth:`prepare` raise
+before anything is written (raise ``slack``).
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """Sequence replay for recurrent agents (R2D1): sequences start only where a recurrent state was stored.
 
-Every ``rnn_state_interval`` steps of each environment stream (absolute times ``0, I, 2I, ...``) the buffer keeps the
-recurrent state the policy read at that step (``state_keys``, e.g. ``("recurrent_state", "h")``; the policy's
-``("next", <state key>)`` outputs are not stored). Only those steps start sequences, so every replayed sequence begins
-with a valid stored state, and state memory is ``1/I`` of storing it every step (rlpyt's
-``store_rnn_state_interval``).
+Every ``rnn_state_interval`` steps of each stream (absolute times ``0, I, 2I, ...``) the buffer keeps the recurrent
+state the policy read at that step (``state_keys``; ``("next", <state key>)`` is not stored). Only those steps start
+sequences, so each begins with a valid stored state at ``1/I`` of the memory (rlpyt's ``store_rnn_state_interval``).
 
-``sample(batch_B)`` returns a TensorDict ``[batch_B, L]`` with ``L = warmup_T + batch_T + lookahead_T``
-consecutive steps of one stream each (they may cross episode boundaries; ``is_init``/``("next", "done")`` and the
-validity mask tell the model and loss where):
+``sample(batch_B)`` returns ``[batch_B, L]``, ``L = warmup_T + batch_T + lookahead_T`` consecutive steps of one
+stream each (they may cross episodes; ``is_init``, ``done`` and the mask say where): every stored key; each state
+key's stored initial state broadcast along time (a stride-0 view; read ``[:, 0]``, as TorchRL's ``LSTMModule``
+takes it); ``index`` and, prioritized, ``priority_weight`` broadcast the same way. ``warmup_T`` steps burn in the
+state, ``batch_T`` train, ``lookahead_T`` complete the n-step targets of the last trained steps.
 
-* every stored key at its step (``observation``, ``action``, ``("next", "reward")``, ...);
-* each state key: the stored initial state, broadcast along time (a stride-0 view: read ``[:, 0]``), which is how
-  TorchRL's recurrent modules (``LSTMModule``/``GRUModule``) take a sequence's initial state;
-* ``index`` (start leaf) and, prioritized, ``priority_weight``: per-sequence values broadcast the same way.
-
-``warmup_T`` steps burn in the state (no loss), ``batch_T`` steps train, and ``lookahead_T`` (R2D1: the n-step
-horizon) extends the sequence so n-step targets of the last trained steps are complete.
-
-Prioritized (``sampler=PrioritizedSampler(...)``): one tree leaf per stored start. ``update_priority`` takes one
-priority per sequence, or per-step ``|TD|`` ``[batch_B, T]`` reduced as ``eta * max + (1 - eta) * mean`` (R2D1,
-``pri_eta=0.9``). Input priorities (``priority_key`` in a batch, ``[B, T]``) give each start the value at its step.
+Prioritized: one tree leaf per stored start; ``update_priority`` takes one priority per sequence, or per-step
+``|TD|`` ``[batch_B, T]`` reduced as ``eta * max + (1 - eta) * mean`` (R2D1, ``pri_eta=0.9``).
 """
 
 from __future__ import annotations
