@@ -232,18 +232,10 @@ def read_checkpoint(
 
 
 class Checkpointer:
-    """Writes checkpoints into one directory by snapshot mode and loads the newest valid one.
+    """Writes checkpoints into ``directory`` by snapshot mode (module docstring) and loads the newest valid one.
 
-    Args:
-        directory: where checkpoint directories live (created if missing).
-        snapshot_mode: ``none``, ``last``, ``all``, ``gap`` or ``gap_and_last`` (see the module docstring).
-        snapshot_gap: iterations between kept checkpoints in the ``gap`` modes.
-        strict: on load, raise :class:`CheckpointCorrupt` for a corrupt newest checkpoint instead of
-            warning and falling back to the previous valid one.
-
-    Raises:
-        ValueError: unknown ``snapshot_mode`` or ``snapshot_gap < 1``.
-        CheckpointError: ``directory`` cannot be created or written.
+    ``strict``: a corrupt newest checkpoint raises :class:`CheckpointCorrupt` on load instead of a warning and a
+    fallback to the previous valid one. Raises :class:`CheckpointError` when ``directory`` cannot be created.
     """
 
     def __init__(
@@ -283,10 +275,7 @@ class Checkpointer:
     def save(
         self, state: Mapping[str, Any], iteration: int, *, extra_writers: Mapping[str, PathWriter] | None = None
     ) -> Path | None:
-        """Write a checkpoint if the snapshot mode says so, then rotate old ones.
-
-        Returns:
-            The checkpoint directory, or ``None`` when the snapshot mode skips this iteration.
+        """Write a checkpoint if the snapshot mode says so (else return ``None``), then rotate old ones.
 
         Raises:
             CheckpointError: the write failed (disk full, read-only); earlier checkpoints are untouched.

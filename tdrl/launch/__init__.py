@@ -1,17 +1,8 @@
-"""Experiments: variants, hardware slots, a local launcher and SLURM sweeps through submitit.
-
-* :mod:`~tdrl.launch.variants` -- rlpyt's ``VariantLevel`` / ``make_variants`` (levels crossed in order),
-  ``variant.json``; variants merge strictly into a recipe's config (:func:`tdrl.config.merge_nested`).
-* :mod:`~tdrl.launch.sweep` -- ``Sweep`` files (recipe, levels, seeds, overrides, ``Resources``) planned into
-  validated runs before anything starts.
-* :mod:`~tdrl.launch.slots` -- hardware slots: cores/GPUs per run, pinning and the slot's environment.
-* :mod:`~tdrl.launch.local` -- the local launcher (rlpyt's ``run_experiments``).
-* :mod:`~tdrl.launch.submit` / :mod:`~tdrl.launch.job` -- SLURM job arrays through submitit, requeued on
-  preemption and time-out, resumed from the run directory.
-* :mod:`~tdrl.launch.status` -- each run's state and last progress row; results of finished runs.
-* :mod:`~tdrl.launch.distributed` -- torch.distributed from SLURM's variables for multi-task jobs.
-
-submitit is imported only when a sweep is submitted.
+"""Experiments: variants (:mod:`~tdrl.launch.variants`), sweep files planned into validated runs
+(:mod:`~tdrl.launch.sweep`), hardware slots (:mod:`~tdrl.launch.slots`), the local launcher
+(:mod:`~tdrl.launch.local`), SLURM job arrays through submitit that requeue and resume
+(:mod:`~tdrl.launch.submit`, :mod:`~tdrl.launch.job`; submitit is imported only when a sweep is submitted), run
+status and results (:mod:`~tdrl.launch.status`), and torch.distributed from SLURM (:mod:`~tdrl.launch.distributed`).
 """
 
 from tdrl.launch.distributed import DistEnv, init_distributed_from_slurm, slurm_dist_env

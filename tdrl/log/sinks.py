@@ -1,14 +1,7 @@
-"""Metric sinks that mirror progress.csv rows: console (tqdm), W&B, TensorBoard.
+"""Metric sinks that mirror progress.csv rows: console (tqdm) and TensorBoard (W&B: :mod:`tdrl.log.wandb_sink`).
 
-Every sink has the same three methods, so a run writes one row to all of them and a user can add their own:
-
-* ``write(row, step)``: one log row (``{key: number or None}``) at ``step`` env frames;
-* ``add_video(key, path, step)``: an mp4 already written under the run directory;
-* ``set_summary(summary)``: the run's final numbers;
-* ``close(exit_code=0)``: flush and release (``exit_code=1``: the run failed); idempotent.
-
-progress.csv itself (:class:`tdrl.log.progress.ProgressCSV`) is the source of truth and written first; the
-sinks here are mirrors and views. W&B lives in :mod:`tdrl.log.wandb_sink`.
+progress.csv (:class:`tdrl.log.progress.ProgressCSV`) is the source of truth and written first; a sink is a mirror
+with the methods of :class:`Sink`, so a run writes each row to all of them and users can add their own.
 """
 
 from __future__ import annotations
@@ -38,7 +31,7 @@ class Sink(Protocol):
         """Record the run's final numbers."""
 
     def close(self, exit_code: int = 0) -> None:
-        """Flush and release resources; idempotent."""
+        """Flush and release resources (``exit_code=1``: the run failed); idempotent."""
 
 
 def _number(row: Row, key: str) -> float:

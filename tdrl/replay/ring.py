@@ -8,6 +8,9 @@ Step ``a`` (absolute, counted since creation) of stream ``b`` lives at flat inde
 ``index`` users get back, and the prioritized sampler's leaf). ``write_started``/``write_done`` are absolute times,
 which is how readers detect a slot overwritten during a gather (:func:`gather_consistent`).
 
+The ring also holds what both buffers need around the data: lazy adoption of a layout another process allocated,
+input priorities, the uniform and prioritized draws, the seqlock gather and the buffer state for checkpoints.
+
 Not TorchRL's ``LazyMemmapStorage``: its generic index conversion and ``MemoryMappedTensor`` dispatch make every
 extend and sample an order of magnitude slower than a slice copy / ``index_select`` on a plain tensor view.
 """

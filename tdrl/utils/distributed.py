@@ -1,12 +1,8 @@
 """torch.distributed helpers for data-parallel training: rank queries, per-rank seeds, backend and size checks.
 
-These sit below every other tdrl layer so trainers (``tdrl.train``) and launchers (``tdrl.launch``) share one
-definition of "which process am I". The process group itself is created either
-
-* by :func:`init_from_env` from torch's ``env://`` variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-  ``MASTER_ADDR``, ``MASTER_PORT``), which ``torchrun`` sets and which ``tdrl.launch`` exports from SLURM's
-  variables for multi-task jobs, or
-* by the local launcher in :mod:`tdrl.train.ddp`, which spawns the ranks on this machine.
+These sit below every other tdrl layer so trainers and launchers share one definition of "which process am I".
+The process group comes from :func:`init_from_env` (torch's ``env://`` variables, set by ``torchrun`` or exported
+from SLURM's by :mod:`tdrl.launch.distributed`) or from the local launcher in :mod:`tdrl.train.ddp`.
 
 Everything here works without a process group too: a plain single process is rank 0 of a world of size 1.
 """
