@@ -48,14 +48,9 @@ def _plan(args: argparse.Namespace) -> SweepPlan:
 
 
 def _resources(args: argparse.Namespace, base: Resources) -> Resources:
-    mapping = {
-        "cpus": "cpus_per_run", "gpus": "gpus_per_run", "mem": "mem_gb", "time": "time_min", "partition": "partition",
-        "array_parallelism": "array_parallelism", "tasks_per_node": "tasks_per_node", "nodes": "nodes",
-        "max_requeues": "max_requeues", "signal_delay": "signal_delay_s", "cpus_per_run": "cpus_per_run",
-        "gpus_per_run": "gpus_per_run", "runs_per_gpu": "runs_per_gpu",
-    }
-    changes = {field: getattr(args, opt) for opt, field in mapping.items() if getattr(args, opt, None) is not None}
-    return dataclasses.replace(base, **changes)
+    """``base`` with the resource flags given on the command line (their ``dest`` is the field name)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(base) if getattr(args, f.name, None) is not None}
+    return dataclasses.replace(base, **given)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -143,15 +138,15 @@ def build_parser(prog: str = "slurm/launch.py") -> argparse.ArgumentParser:
     q = sub.add_parser("slurm", help="submit a sweep to SLURM as one job array (returns at once unless --wait)")
     sweep_args(q)
     q.add_argument("--partition", help="SLURM partition")
-    q.add_argument("--time", type=parse_time_min, help="time limit: minutes or [D-]HH:MM:SS")
-    q.add_argument("--cpus", type=int, help="CPUs per run (per task)")
-    q.add_argument("--gpus", type=int, help="GPUs per run (per node)")
-    q.add_argument("--mem", type=float, help="memory per run in GB")
+    q.add_argument("--time", dest="time_min", type=parse_time_min, help="time limit: minutes or [D-]HH:MM:SS")
+    q.add_argument("--cpus", dest="cpus_per_run", type=int, help="CPUs per run (per task)")
+    q.add_argument("--gpus", dest="gpus_per_run", type=int, help="GPUs per run (per node)")
+    q.add_argument("--mem", dest="mem_gb", type=float, help="memory per run in GB")
     q.add_argument("--array-parallelism", type=int, help="at most this many runs at once")
     q.add_argument("--tasks-per-node", type=int, help="processes per run (data-parallel ranks)")
     q.add_argument("--nodes", type=int, help="nodes per run")
     q.add_argument("--max-requeues", type=int, help="requeues after time-outs before giving up")
-    q.add_argument("--signal-delay", type=int, help="seconds before the time limit that USR2 comes")
+    q.add_argument("--signal-delay", dest="signal_delay_s", type=int, help="seconds before the time limit USR2 comes")
     q.add_argument("--rerun-done", action="store_true", help="also submit runs with a summary.json")
     q.add_argument("--wait", action="store_true", help="wait for every run to end and print the status")
     q.add_argument("--poll", type=float, default=10.0, help="seconds between status polls with --wait")
