@@ -202,6 +202,3 @@ class FrameStack:
     def gather(self, ring: Any, index: torch.Tensor, last: torch.Tensor) -> dict[tuple[str, ...], torch.Tensor]:
         """Rebuilt ``observation`` at the start steps and ``("next", "observation")`` after the window's last step."""
         return {self.key: self._stack(ring, index, 0), self.next_key: self._stack(ring, last, 1)}
-
-    def nbytes(self, ring: Any) -> int:
-        return sum(ring.field(n).numel() * ring.field(n).element_size() for n in (_PIXELS, _POS, _OFFSET, _WRITTEN))

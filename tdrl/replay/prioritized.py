@@ -128,7 +128,6 @@ class PrioritizedSampler(Sampler):
         if self._directory is not None:  # the other process maps the same files
             for name in ("_raw", "_tree", "_scalars"):
                 state.pop(name, None)
-        state["_rng"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
