@@ -357,7 +357,7 @@ class Run:
         ``StepsPerSecond``; with ``episodes`` (completed since the last row) ``NewCompletedTrajs`` and
         ``CumCompletedTrajs``; with ``updates`` (cumulative) ``CumUpdates`` and ``UpdatesPerSecond``; with
         ``update_batch_size`` too, ``ReplayRatio`` (samples trained on per new env frame, this interval) and
-        ``CumReplayRatio``. Then the metrics, e.g. from :func:`tdrl.log.stats.summarize_records`.
+        ``CumReplayRatio``. Then the metrics, e.g. from :func:`tdrl.utils.stats.summarize_records`.
 
         Args:
             metrics: ``{key: number}``; tensors and numpy scalars are converted; ``None`` leaves the cell empty.

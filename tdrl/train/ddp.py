@@ -47,7 +47,13 @@ import torch.distributed as dist
 from tensordict import TensorDictBase
 from torch import nn
 
-from tdrl.train.bookkeeping import Bookkeeper, metrics_to_floats
+from tdrl.train.bookkeeping import (
+    Bookkeeper,
+    CheckpointObjects,
+    frames_per_batch,
+    iteration_counts,
+    updates_per_iteration,
+)
 from tdrl.train.ddp_launch import DataParallelError, launch_data_parallel
 from tdrl.train.replicas import (
     GradientAllReduce,
@@ -56,10 +62,10 @@ from tdrl.train.replicas import (
     gather_to_main,
     replica_digest,
 )
-from tdrl.train.stats import episode_stats, eval_episodes, new_episodes
-from tdrl.train.sync import iteration_counts, updates_per_iteration
+from tdrl.train.sync import shutdown
 from tdrl.utils.distributed import rank, world_size
 from tdrl.utils.seeding import rng_state, set_rng_state
+from tdrl.utils.stats import metrics_to_floats
 
 __all__ = [
     "DataParallelError",
@@ -96,6 +102,7 @@ class DataParallelTrainer:
         log_interval_steps: env frames (all ranks) between log rows, evaluations and checkpoints.
         run: rank 0's ``tdrl.log.Run``; must be ``None`` on the other ranks.
         eval_collector: evaluation collector, used on rank 0 only (other ranks may pass ``None``).
+        replay: off-policy replay buffer of this rank; every batch is ``replay.extend``-ed before the loop body.
         log_traj_window: completed episodes (all ranks) kept for online statistics.
         frames_per_itr: this rank's frames per collector batch, when the collector does not say.
         replay_ratio: off-policy data reuse; with ``batch_size`` it sets :attr:`updates_per_itr`.
@@ -123,6 +130,7 @@ class DataParallelTrainer:
         log_interval_steps: int,
         run: Any = None,
         eval_collector: Any = None,
+        replay: Any = None,
         log_traj_window: int = 100,
         frames_per_itr: int | None = None,
         replay_ratio: float | None = None,
@@ -134,8 +142,6 @@ class DataParallelTrainer:
         stop_return: float | None = None,
         broadcast_buffers: bool = True,
     ) -> None:
-        if n_steps <= 0 or log_interval_steps <= 0:
-            raise ValueError(f"n_steps and log_interval_steps must be positive, got {n_steps}, {log_interval_steps}")
         self.rank, self.world_size = rank(), world_size()
         if run is not None and self.rank != 0:
             raise ValueError(f"rank {self.rank} was given a Run; open it on rank 0 only (tdrl.utils.distributed."
@@ -144,12 +150,13 @@ class DataParallelTrainer:
             raise ValueError("replay_ratio and batch_size go together (updates per iteration need both)")
         self.collector = collector
         self.eval_collector = eval_collector if self.rank == 0 else None
-        if self.rank != 0 and eval_collector is not None and hasattr(eval_collector, "shutdown"):
-            eval_collector.shutdown()  # only rank 0 evaluates
+        self.replay = replay
+        if self.rank != 0:
+            shutdown(eval_collector)  # only rank 0 evaluates
         self.modules = list(modules)
         if not self.modules:
             raise ValueError("modules: pass the replicated modules (e.g. the loss module) whose gradients to average")
-        self.local_frames_per_itr = int(frames_per_itr or _frames_per_batch(collector))
+        self.local_frames_per_itr = int(frames_per_itr or frames_per_batch(collector))
         self.frames_per_itr = self.local_frames_per_itr * self.world_size
         self.n_itr, self.log_interval_itrs = iteration_counts(n_steps, log_interval_steps, self.frames_per_itr)
         self.min_itr_learn = int(min_steps_learn) // self.frames_per_itr
@@ -159,20 +166,14 @@ class DataParallelTrainer:
         )
         ckpt_itrs = max(int(checkpoint_interval_steps) // self.frames_per_itr, 1) if checkpoint_interval_steps else 0
         self.checkpoint_interval_itrs = ckpt_itrs or self.log_interval_itrs
-        self.checkpoint_state = dict(checkpoint_state or {})
-        self.rank_state = dict(rank_state or {})
-        for name, obj in list(self.checkpoint_state.items()):
-            if hasattr(obj, "dumps") and hasattr(obj, "loads"):  # replay buffers: each rank has its own
-                self.rank_state[name] = self.checkpoint_state.pop(name)
-        for name, obj in {**self.checkpoint_state, **self.rank_state}.items():
-            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(f"checkpoint_state/rank_state['{name}'] ({type(obj).__name__}) has no "
-                                "state_dict/load_state_dict")
+        shared = CheckpointObjects(checkpoint_state)
+        self.objects = CheckpointObjects(shared.states)
+        # replay buffers: each rank has its own, and saves only its counters
+        self.rank_objects = CheckpointObjects({**(rank_state or {}), **shared.files}, files=False)
         self.stop_return = stop_return
         self.broadcast_buffers = broadcast_buffers
-        self.book = Bookkeeper(run=run, log_traj_window=log_traj_window,
+        self.book = Bookkeeper(run=run, frames_per_itr=self.frames_per_itr, log_traj_window=log_traj_window,
                                update_batch_size=batch_size * self.world_size if batch_size else None)
-        self.run = run
         self.resumed = False
         self.stopped_early = False
         self._pending_trajs: list[dict[str, float]] = []  # this rank's episodes not yet gathered into a row
@@ -228,7 +229,7 @@ class DataParallelTrainer:
         try:
             self._maybe_resume()
             if self.eval_collector is not None and self.book.itr == 0 and not self.resumed:
-                self._evaluate()
+                self.book.evaluate(self.eval_collector)
             if self._has_eval() and self.book.itr == 0 and not self.resumed:
                 self._log()
             batches = iter(self.collector)
@@ -243,13 +244,15 @@ class DataParallelTrainer:
                     self._warn_if_ranks_collect_the_same(batch)
                 first = False
                 self.book.frames += batch.numel() * self.world_size
-                self._pending_trajs.extend(new_episodes(self.collector))
+                self._pending_trajs.extend(self.collector.traj_infos)
+                if self.replay is not None:
+                    self.replay.extend(batch)
                 yield batch
                 self.book.itr += 1
                 itr = self.book.itr
                 if itr % self.log_interval_itrs == 0:
                     if self.eval_collector is not None:
-                        self._evaluate()
+                        self.book.evaluate(self.eval_collector)
                     self._log()
                     self._check_replicas()
                     self._check_stop()
@@ -258,14 +261,8 @@ class DataParallelTrainer:
             completed = True
         finally:
             self.book.end_session()
-            for c in (self.collector, self.eval_collector):
-                if c is not None and hasattr(c, "shutdown"):
-                    c.shutdown()
-            if self.run is not None:
-                if completed:
-                    self.run.finish(self.summary)
-                elif hasattr(self.run, "close"):
-                    self.run.close(exit_code=1)
+            shutdown(self.collector, self.eval_collector)
+            self.book.close_run(self.summary if completed else None)
 
     def _has_eval(self) -> bool:
         """Whether rank 0 evaluates (all ranks must agree, since logging is collective)."""
@@ -284,14 +281,6 @@ class DataParallelTrainer:
                           stacklevel=3)
 
     # --- rows, evaluation, checkpoints (collective: every rank calls them at the same iterations) ---------------
-
-    def _evaluate(self) -> None:
-        with self.book.timing_eval():
-            if hasattr(self.eval_collector, "update_policy_weights_"):
-                self.eval_collector.update_policy_weights_()
-            trajs = eval_episodes(self.eval_collector)
-        self.book.last_eval = episode_stats(trajs, prefix="eval/")
-        self.book.last_eval["eval/episodes"] = float(len(trajs))
 
     def _log(self) -> None:
         local = (self._pending_trajs, metrics_to_floats(self.book.metrics))
@@ -319,66 +308,35 @@ class DataParallelTrainer:
             )
 
     def _check_stop(self) -> None:
-        stop = False
-        if self.rank == 0 and self.stop_return is not None:
-            ret = self.book.last_eval.get("eval/return_mean") if self.eval_collector is not None else None
-            if ret is None:
-                ret = self.book.online_return()
-            stop = ret is not None and ret >= self.stop_return
-        self.stopped_early = bool(broadcast_from_main(stop))
+        self.stopped_early = bool(broadcast_from_main(self.rank == 0 and self.book.reached(self.stop_return)))
 
     def _rank_checkpoint(self) -> dict[str, Any]:
-        state: dict[str, Any] = {name: obj.state_dict() for name, obj in self.rank_state.items()}
-        if hasattr(self.collector, "state_dict"):
-            state["collector"] = self.collector.state_dict()
+        state = self.rank_objects.state_dict()
+        state["collector"] = self.collector.state_dict()
         state["rng"] = rng_state()
         state["pending_trajs"] = list(self._pending_trajs)
         return state
 
     def _save_checkpoint(self) -> None:
-        ranks = gather_to_main(self._rank_checkpoint())
-        if self.run is None:
-            return
-        state: dict[str, Any] = {name: obj.state_dict() for name, obj in self.checkpoint_state.items()}
-        state["trainer"] = {**self.book.state_dict(), "n_itr": self.n_itr, "frames_per_itr": self.frames_per_itr,
-                            "world_size": self.world_size}
-        state["ranks"] = ranks
-        self.run.save_checkpoint(state, self.book.itr, step=self.book.frames)
+        self.book.save_checkpoint(self.objects, ranks=gather_to_main(self._rank_checkpoint()),
+                                  world_size=self.world_size)
 
     def _maybe_resume(self) -> None:
         state = None
-        if self.run is not None and not self.resumed:
-            state = self.run.load_checkpoint()
+        if self.book.run is not None and not self.resumed:
+            state = self.book.run.load_checkpoint()
         state = broadcast_from_main(state)
         if not state:
             return
-        trainer = state["trainer"]
-        if trainer["world_size"] != self.world_size or trainer["frames_per_itr"] != self.frames_per_itr:
-            raise ValueError(
-                f"checkpoint was taken with world_size={trainer['world_size']} and {trainer['frames_per_itr']} "
-                f"frames per iteration; this run has world_size={self.world_size} and {self.frames_per_itr}"
-            )
-        for name, obj in self.checkpoint_state.items():
-            if name not in state:
-                raise KeyError(f"checkpoint has no '{name}' (it has {sorted(state)})")
-            obj.load_state_dict(state[name])
+        if state["world_size"] != self.world_size:
+            raise ValueError(f"checkpoint was taken with world_size={state['world_size']}; this run has "
+                             f"world_size={self.world_size}")
+        self.book.load_state_dict(state["trainer"])
+        self.objects.load_state_dict(state)
         mine = state["ranks"][self.rank]
-        for name, obj in self.rank_state.items():
-            obj.load_state_dict(mine[name])
-        if "collector" in mine and hasattr(self.collector, "load_state_dict"):
-            self.collector.load_state_dict(mine["collector"])
+        self.rank_objects.load_state_dict(mine)
+        self.collector.load_state_dict(mine["collector"])
         set_rng_state(mine["rng"])
         self._pending_trajs = list(mine["pending_trajs"])
-        self.book.load_state_dict(trainer)
         self.resumed = True
 
-
-def _frames_per_batch(collector: Any) -> int:
-    for attr in ("frames_per_batch", "frames_per_itr"):
-        value = getattr(collector, attr, None)
-        if value:
-            return int(value)
-    b, t = getattr(collector, "batch_B", None), getattr(collector, "batch_T", None)
-    if b and t:
-        return int(b) * int(t)
-    raise ValueError(f"cannot tell frames per batch of {type(collector).__name__}; pass frames_per_itr=")

@@ -281,18 +281,12 @@ def test_make_trainer_refuses_ddp_without_ranks_before_building_the_collector():
 
 @pytest.mark.timeout(120)
 def test_ppo_recipe_runs_data_parallel_from_its_config(tmp_path):
-    """``python recipes/ppo.py trainer.kind=ddp trainer.world_size=2``, with the recipe loaded by path under a
-    made-up module name (as tdrl.launch and the recipe tests load it): the ranks must find it."""
-    import importlib.util
-    import sys
-
+    """``python recipes/ppo.py trainer.kind=ddp trainer.world_size=2``, with the recipe loaded by path (as
+    tdrl.launch and the recipe tests load it): the ranks must find it."""
     from tdrl.config import apply_overrides
+    from tdrl.launch.recipe import load_recipe
 
-    path = Path(__file__).resolve().parents[2] / "recipes" / "ppo.py"
-    spec = importlib.util.spec_from_file_location("_ddp_test_recipe_ppo", path)
-    ppo = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = ppo
-    spec.loader.exec_module(ppo)
+    ppo = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / "ppo.py")
     cfg = apply_overrides(ppo.Config(), [
         "trainer.kind=ddp", "trainer.world_size=2", f"run.dir={tmp_path / 'run'}", "logger.wandb=false",
         "logger.progress_bar=false", "collector.batch_B=2", "collector.batch_T=32", "collector.total_frames=256",
