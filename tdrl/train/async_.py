@@ -72,7 +72,7 @@ from tdrl.train.async_collector import (
     collector_process_main,
     owed_updates,
 )
-from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, frames_per_batch, iteration_counts
+from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
 from tdrl.train.sync import shutdown
 from tdrl.utils.seeding import spawn_seeds
 
@@ -203,27 +203,15 @@ class AsyncTrainer:
 
     # --- what the recipe reads ----------------------------------------------------------------------------------
 
+    itr = book_counter("itr", "Collector iterations: the 0-based iteration inside the loop body, done ones outside.")
+    frames = book_counter("frames", "Env frames collected (all ranks).")
+    updates = book_counter("updates", "Gradient updates recorded.")
+    history = book_counter("history", "Log rows (on rank 0 under ddp).")
+
     @property
     def updates_due(self) -> int:
         """Gradient updates allowed in this round (fixed while the loop body runs)."""
         return self._due
-
-    @property
-    def itr(self) -> int:
-        """Collector iterations completed (and seen by the optimizer)."""
-        return self.book.itr
-
-    @property
-    def frames(self) -> int:
-        return self.book.frames
-
-    @property
-    def updates(self) -> int:
-        return self.book.updates
-
-    @property
-    def history(self) -> list[dict[str, float]]:
-        return self.book.history
 
     @property
     def collector_pid(self) -> int | None:

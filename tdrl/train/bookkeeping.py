@@ -1,8 +1,8 @@
 """The trainer core: counters, episode window, optimiser metrics, timers, evaluation, log rows, checkpoints.
 
-:class:`~tdrl.train.SyncTrainer`, :class:`~tdrl.train.DataParallelTrainer` and :class:`~tdrl.train.AsyncTrainer`
-keep their books in one :class:`Bookkeeper`, so their ``progress.csv`` rows, ``history`` entries, checkpoints and
-``summary.json`` read the same way:
+:class:`~tdrl.train.SyncTrainer` (on one process or on every rank of a data-parallel run) and
+:class:`~tdrl.train.AsyncTrainer` keep their books in one :class:`Bookkeeper`, so their ``progress.csv`` rows,
+``history`` entries, checkpoints and ``summary.json`` read the same way:
 
 * counters ``itr`` (collector iterations), ``frames`` (env frames, all ranks), ``updates`` (gradient updates),
   ``episodes`` (completed training episodes);
@@ -29,7 +29,8 @@ from tensordict import TensorDictBase
 
 from tdrl.utils.stats import summarize_metrics, summarize_records
 
-__all__ = ["Bookkeeper", "CheckpointObjects", "frames_per_batch", "iteration_counts", "updates_per_iteration"]
+__all__ = ["Bookkeeper", "CheckpointObjects", "book_counter", "frames_per_batch", "iteration_counts",
+           "updates_per_iteration"]
 
 
 def iteration_counts(n_steps: int, log_interval_steps: int, frames_per_itr: int) -> tuple[int, int]:
@@ -69,6 +70,11 @@ def frames_per_batch(collector: Any) -> int:
         return int(b) * int(t)
     raise ValueError(f"cannot tell the frames per batch of {type(collector).__name__} (no frames_per_batch, "
                      "batch_B x batch_T); pass frames_per_itr=")
+
+
+def book_counter(name: str, doc: str) -> property:
+    """A read-only trainer attribute that reads its :class:`Bookkeeper`'s (``trainer.itr`` is ``trainer.book.itr``)."""
+    return property(lambda trainer: getattr(trainer.book, name), doc=doc)
 
 
 class CheckpointObjects:

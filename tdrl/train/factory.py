@@ -34,7 +34,6 @@ from typing import Any, Literal
 from torch import nn
 
 from tdrl.train.async_ import AsyncTrainer
-from tdrl.train.ddp import DataParallelTrainer
 from tdrl.train.sync import SyncTrainer
 from tdrl.utils.distributed import (
     DistributedSetupError,
@@ -129,7 +128,7 @@ def make_trainer(
     policy: nn.Module | None = None,
     seed: int = 0,
     **kwargs: Any,
-) -> SyncTrainer | DataParallelTrainer | AsyncTrainer:
+) -> SyncTrainer | AsyncTrainer:
     """The trainer ``cfg.kind`` names, built from one set of arguments.
 
     Args:
@@ -171,9 +170,7 @@ def make_trainer(
     if built:
         collector = collector_factory()
     try:
-        if cfg.kind == "ddp":
-            return DataParallelTrainer(collector=collector, modules=modules, replay=replay, **kwargs)
-        return SyncTrainer(collector=collector, replay=replay, **kwargs)
+        return SyncTrainer(collector=collector, replay=replay, modules=modules, **kwargs)
     except BaseException:
         if built:
             collector.shutdown()  # no worker processes outlive a bad argument

@@ -23,7 +23,12 @@ from torch import nn
 
 from tdrl.utils.distributed import is_distributed, rank, world_size
 
-__all__ = ["GradientAllReduce", "broadcast_from_main", "broadcast_module_state", "gather_to_main", "replica_digest"]
+__all__ = ["GradientAllReduce", "ReplicaDivergenceError", "broadcast_from_main", "broadcast_module_state",
+           "gather_to_main", "replica_digest"]
+
+
+class ReplicaDivergenceError(RuntimeError):
+    """The replicated modules differ across ranks (a step was not averaged, or a rank changed them alone)."""
 
 
 def _unique_params(modules: Iterable[nn.Module]) -> list[nn.Parameter]:

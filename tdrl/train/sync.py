@@ -1,12 +1,12 @@
-"""The sync trainer: rlpyt's ``MinibatchRl`` / ``MinibatchRlEval`` as an iterator the recipe loops over.
+"""The sync trainer: rlpyt's ``MinibatchRl`` / ``MinibatchRlEval`` (and, on N ranks, ``SyncRl``) as an iterator the
+recipe loops over.
 
 Collection and optimisation alternate in one process. The trainer owns the loop mechanics (iteration count,
 weight sync to the collector, evaluation cadence, logging and checkpoint calls, resume, the summary); the recipe
 owns the algorithm, which stays visible in its ``for`` body::
 
     trainer = SyncTrainer(collector=collector, run=run, n_steps=100_000, log_interval_steps=10_000,
-                          eval_collector=eval_collector,
-                          checkpoint_state={"model": actor_critic, "updater": updater})
+                          eval_collector=eval_collector, checkpoint_state={"model": actor_critic, "updater": updater})
     for batch in trainer:                  # one collector batch, [B, T]; eval/log/checkpoint happen around it
         metrics = update(batch)            # the algorithm
         trainer.record(metrics, updates=n_updates)
@@ -34,39 +34,60 @@ Semantics (rlpyt, ``runners/minibatch_rl.py``):
     * ``collector.update_policy_weights_()`` is called before every batch (the recipe's update reaches the
       collector's workers); ``trainer.itr`` is the 0-based iteration inside the loop body, so schedules read
       ``lr_at(trainer.itr)`` (PPO's linear decay) or ``eps_at(trainer.frames)``.
-    * Checkpoints are taken at log boundaries (or every ``checkpoint_interval_steps``) and hold every object in
-      ``checkpoint_state`` (``state_dict``/``load_state_dict``; objects with ``dumps(dir)``/``loads(dir)``, such
-      as replay buffers, go through the Run's extra writers), the collector's state and the trainer's counters
-      and episode window; the Run adds the RNG states and its logger position. Launching again on the same run
-      directory resumes at the iteration after the last checkpoint, without re-evaluating iteration 0.
+    * Checkpoints are taken at log boundaries (or every ``checkpoint_interval_steps``) and hold the objects of
+      ``checkpoint_state``, the collector's state and the books (:class:`~tdrl.train.bookkeeping.Bookkeeper`,
+      which also writes the log rows); launching again on the same run directory resumes at the iteration after
+      the last checkpoint, bitwise, without re-evaluating iteration 0.
 
-Log rows go to ``run.log(metrics, step=frames, iteration=, updates=, update_batch_size=, episodes=)`` (the Run
-computes rlpyt's Iteration/CumSteps/CumTime/StepsPerSecond/CumUpdates/ReplayRatio columns); metrics are
-``train/<field>_{mean,std,median,min,max}`` over the episode window, ``eval/...`` over the last evaluation,
-five statistics per recorded optimiser metric (``loss/objective_mean``...), ``time/train_s`` and ``time/eval_s``.
-The summary adds ``train_s``, counters and ``curve`` (``[{frames, train_s, return_mean}]`` per log row).
+Data parallel (rlpyt's SyncRl, ``trainer.kind=ddp``): inside a process group (:func:`~tdrl.train.launch_data_parallel`,
+torchrun or a SLURM launch) every rank builds its own collector, replay and model copy and runs this same loop;
+``modules`` (the loss module) are copied from rank 0 at construction and their gradients are averaged over the
+ranks at the end of every backward pass (:mod:`tdrl.train.replicas`), so every rank takes the same step and the
+replicas stay bitwise equal (checked at every log row). No samples are exchanged; batch sizes are per rank (weak
+scaling: N ranks collect ``N * B * T`` frames per iteration), while ``n_steps``, ``log_interval_steps``,
+``min_steps_learn`` and the logged frames count all ranks. Rank 0 evaluates, logs and checkpoints, with every
+rank's episodes and optimiser metrics gathered into its rows. For a loss that is a minibatch mean, the averaged
+gradient equals that of the concatenated minibatches up to float summation order; whole runs differ from a single
+process (each rank draws its own env and sampling streams; PPO normalises advantages per rank).
 
-The ``run`` (``tdrl.log.Run``) is optional: without one the trainer keeps its log rows in :attr:`history` only,
-which is what the unit tests use. The collector follows tdrl's collector protocol (iteration,
-``update_policy_weights_()``, ``traj_infos``, ``shutdown()``, ``state_dict()``); the eval collector is
-:func:`tdrl.collect.make_eval_collector`'s (``evaluate()`` returns whole greedy episodes). The trainer shuts both
-down when the loop ends, however it ends; an interrupted run is closed without ``summary.json``.
+The ``run`` (``tdrl.log.Run``) is optional: without one the rows stay in :attr:`history`. The collector follows
+tdrl's collector protocol (iteration, ``update_policy_weights_()``, ``traj_infos``, ``shutdown()``,
+``state_dict()``); the eval collector is :func:`tdrl.collect.make_eval_collector`'s (``evaluate()`` returns whole
+greedy episodes). The trainer shuts both down when the loop ends, however it ends; an interrupted run is closed
+without ``summary.json``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import hashlib
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from tensordict import TensorDictBase
+from torch import nn
 
 from tdrl.train.bookkeeping import (
     Bookkeeper,
     CheckpointObjects,
+    book_counter,
     frames_per_batch,
     iteration_counts,
     updates_per_iteration,
 )
+from tdrl.train.replicas import (
+    GradientAllReduce,
+    ReplicaDivergenceError,
+    broadcast_from_main,
+    broadcast_module_state,
+    gather_to_main,
+    replica_digest,
+)
+from tdrl.utils.distributed import rank, world_size
+from tdrl.utils.seeding import rng_state, set_rng_state
+from tdrl.utils.stats import metrics_to_floats
 
 __all__ = ["SyncTrainer", "iteration_counts", "updates_per_iteration"]
 
@@ -78,28 +99,36 @@ def shutdown(*collectors: Any) -> None:
 
 
 class SyncTrainer:
-    """Alternate collection and optimisation with rlpyt's iteration, logging and evaluation semantics.
+    """Alternate collection and optimisation with rlpyt's iteration, logging and evaluation semantics, on one
+    process or on every rank of a process group.
 
     Args:
         collector: yields ``[B, T]`` TensorDicts; ``frames_per_batch`` (or ``batch_B``·``batch_T``) gives the
-            frames per iteration unless ``frames_per_itr`` is passed.
-        n_steps: total env frames to train for (rounded up to a whole log interval of iterations).
+            frames per iteration unless ``frames_per_itr`` is passed. Under ddp, this rank's collector (seed it
+            with :func:`tdrl.utils.distributed.rank_seed`).
+        n_steps: total env frames to train for (all ranks; rounded up to a whole log interval of iterations).
         log_interval_steps: env frames between log rows (and evaluations, and checkpoints by default).
-        run: a ``tdrl.log.Run`` (``log``, ``save_checkpoint``, ``load_checkpoint``, ``finish``); ``None`` keeps
-            rows in :attr:`history` only.
-        eval_collector: an evaluation collector (``evaluate()``), run at iteration 0 and at every log interval.
-            ``None`` reports online statistics of training episodes.
+        run: a ``tdrl.log.Run`` (``log``, ``save_checkpoint``, ``load_checkpoint``, ``finish``) on rank 0 only;
+            ``None`` keeps rows in :attr:`history` only.
+        eval_collector: an evaluation collector (``evaluate()``), run at iteration 0 and at every log interval
+            (on rank 0). ``None`` reports online statistics of training episodes.
         replay: off-policy replay buffer; every batch is ``replay.extend``-ed before the loop body runs.
+        modules: the replicated modules (the loss module) whose gradients are averaged over the ranks; required
+            on more than one rank, unused on one.
         log_traj_window: completed training episodes kept for online statistics.
-        frames_per_itr: frames per collector batch, when the collector does not say.
+        frames_per_itr: frames per collector batch (this rank's), when the collector does not say.
         replay_ratio: off-policy data reuse; with ``batch_size`` it sets :attr:`updates_per_itr`.
-        batch_size: minibatch size of one gradient update (off-policy).
+        batch_size: minibatch size of one gradient update (off-policy; per rank).
         min_steps_learn: env frames collected before the first update (:attr:`updates_due` is 0 until then).
         checkpoint_state: named objects with ``state_dict``/``load_state_dict`` (models, optimizers, updaters,
             schedules with state) or ``dumps``/``loads`` (replay buffers), saved in checkpoints and restored on
-            resume.
+            resume. Under ddp the ``dumps``/``loads`` ones are per rank: their ``state_dict`` (counters) is saved,
+            their data stays in each rank's scratch directory.
+        rank_state: objects that differ per rank (``state_dict``/``load_state_dict``), every rank's state saved.
         checkpoint_interval_steps: env frames between checkpoints; 0 means at every log row.
         stop_return: stop early once the evaluation (or online) mean return reaches this (benchmarks).
+        broadcast_buffers: ddp: after every iteration copy rank 0's buffers of ``modules`` to all ranks (DDP's
+            default; e.g. observation-normalisation statistics).
     """
 
     def __init__(
@@ -111,52 +140,65 @@ class SyncTrainer:
         run: Any = None,
         eval_collector: Any = None,
         replay: Any = None,
+        modules: Sequence[nn.Module] = (),
         log_traj_window: int = 100,
         frames_per_itr: int | None = None,
         replay_ratio: float | None = None,
         batch_size: int | None = None,
         min_steps_learn: int = 0,
         checkpoint_state: Mapping[str, Any] | None = None,
+        rank_state: Mapping[str, Any] | None = None,
         checkpoint_interval_steps: int = 0,
         stop_return: float | None = None,
+        broadcast_buffers: bool = True,
     ) -> None:
+        self.rank, self.world_size = rank(), world_size()
+        if run is not None and self.rank != 0:
+            raise ValueError(f"rank {self.rank} was given a Run; open it on rank 0 only (tdrl.utils.distributed."
+                             "is_main_process()) so one process owns the run directory")
         if (replay_ratio is None) != (batch_size is None):
             raise ValueError("replay_ratio and batch_size go together (updates per iteration need both)")
         self.collector = collector
-        self.eval_collector = eval_collector
+        self.eval_collector = eval_collector if self.rank == 0 else None
+        if self.rank != 0:
+            shutdown(eval_collector)  # only rank 0 evaluates
         self.replay = replay
-        self.frames_per_itr = int(frames_per_itr or frames_per_batch(collector))
+        self.local_frames_per_itr = int(frames_per_itr or frames_per_batch(collector))
+        self.frames_per_itr = self.local_frames_per_itr * self.world_size
         self.n_itr, self.log_interval_itrs = iteration_counts(n_steps, log_interval_steps, self.frames_per_itr)
         ckpt_itrs = int(checkpoint_interval_steps) // self.frames_per_itr
         self.checkpoint_interval_itrs = max(ckpt_itrs, 1) if checkpoint_interval_steps else self.log_interval_itrs
         self.min_itr_learn = int(min_steps_learn) // self.frames_per_itr
-        self.updates_per_itr = updates_per_iteration(replay_ratio, self.frames_per_itr, batch_size) \
+        self.updates_per_itr = updates_per_iteration(replay_ratio, self.local_frames_per_itr, batch_size) \
             if replay_ratio else 1
         self.objects = CheckpointObjects(checkpoint_state)
+        per_rank = dict(rank_state or {})
+        if self.world_size > 1:  # each rank has its own replay: its counters go with the rank's state
+            per_rank.update(self.objects.files)
+            self.objects.files = {}
+        self.rank_objects = CheckpointObjects(per_rank, files=False)
         self.stop_return = stop_return
         self.book = Bookkeeper(run=run, frames_per_itr=self.frames_per_itr, log_traj_window=log_traj_window,
-                               update_batch_size=batch_size)
+                               update_batch_size=batch_size * self.world_size if batch_size else None)
         self.resumed = False
         self.stopped_early = False
+        self._pending_trajs: list[dict[str, float]] = []  # this rank's episodes not yet gathered into a row
+        self.modules = list(modules)
+        self.broadcast_buffers = broadcast_buffers
+        self.grad_sync = None
+        if self.world_size > 1:
+            if not self.modules:
+                raise ValueError("modules: pass the replicated modules (e.g. the loss module) whose gradients to "
+                                 "average over the ranks")
+            broadcast_module_state(self.modules)  # every replica starts from rank 0's weights (DDP's constructor)
+            self.grad_sync = GradientAllReduce(self.modules)
 
     # --- What the recipe reads -------------------------------------------------------------------------------
 
-    @property
-    def itr(self) -> int:
-        """The 0-based iteration inside the loop body; completed iterations outside it."""
-        return self.book.itr
-
-    @property
-    def frames(self) -> int:
-        return self.book.frames
-
-    @property
-    def updates(self) -> int:
-        return self.book.updates
-
-    @property
-    def history(self) -> list[dict[str, float]]:
-        return self.book.history
+    itr = book_counter("itr", "Collector iterations: the 0-based iteration inside the loop body, done ones outside.")
+    frames = book_counter("frames", "Env frames collected (all ranks).")
+    updates = book_counter("updates", "Gradient updates recorded.")
+    history = book_counter("history", "Log rows (complete on rank 0; other ranks hold counters only).")
 
     @property
     def updates_due(self) -> int:
@@ -166,7 +208,7 @@ class SyncTrainer:
     @property
     def summary(self) -> dict[str, Any]:
         """``summary.json`` content: frames, wall and train seconds, last evaluation, counters, learning curve."""
-        return self.book.summary(stopped_early=self.stopped_early)
+        return self.book.summary(stopped_early=self.stopped_early, world_size=self.world_size)
 
     def record(self, metrics: Any = None, *, updates: int = 0) -> None:
         """Store this iteration's optimiser metrics (summarised at the next log row) and count gradient updates.
@@ -178,7 +220,15 @@ class SyncTrainer:
         """
         self.book.record(metrics, updates=updates)
 
-    # --- The loop --------------------------------------------------------------------------------------------
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's ``tensor`` along dim 0 (e.g. observations for global normalisation stats)."""
+        if self.world_size == 1:
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts)
+
+    # --- The loop (log rows, evaluation and checkpoints are collective: every rank reaches them together) -----
 
     def __iter__(self) -> Iterator[TensorDictBase]:
         book = self.book
@@ -186,16 +236,23 @@ class SyncTrainer:
         book.start_session()
         try:
             self._maybe_resume()
-            if self.eval_collector is not None and book.itr == 0 and not self.resumed:
-                book.evaluate(self.eval_collector)
-                book.log()  # rlpyt's MinibatchRlEval logs the untrained agent at iteration 0
+            if book.itr == 0 and not self.resumed and broadcast_from_main(self.eval_collector is not None):
+                if self.eval_collector is not None:
+                    book.evaluate(self.eval_collector)
+                self._log()  # rlpyt's MinibatchRlEval logs the untrained agent at iteration 0
             batches = iter(self.collector)
+            first = True
             while book.itr < self.n_itr and not self.stopped_early:
+                if not first and self.grad_sync is not None and self.broadcast_buffers:
+                    broadcast_module_state(self.modules, params=False)
                 # weights reach the collector's workers before every batch, also the first one after a resume
                 self.collector.update_policy_weights_()
                 batch = next(batches)
-                book.frames += batch.numel()
-                book.add_episodes(self.collector.traj_infos)
+                if first:
+                    self._warn_if_ranks_collect_the_same(batch)
+                first = False
+                book.frames += batch.numel() * self.world_size
+                self._pending_trajs.extend(self.collector.traj_infos)
                 if self.replay is not None:
                     self.replay.extend(batch)
                 yield batch
@@ -203,20 +260,80 @@ class SyncTrainer:
                 if book.itr % self.log_interval_itrs == 0:
                     if self.eval_collector is not None:
                         book.evaluate(self.eval_collector)
-                    book.log()
-                    self.stopped_early = book.reached(self.stop_return)
+                    self._log()
+                    self._check_replicas()
+                    stop = self.rank == 0 and book.reached(self.stop_return)
+                    self.stopped_early = bool(broadcast_from_main(stop))
                 if book.itr % self.checkpoint_interval_itrs == 0 or book.itr >= self.n_itr or self.stopped_early:
-                    book.save_checkpoint(self.objects, collector=self.collector.state_dict())
+                    self._save_checkpoint()
             completed = True
         finally:
             book.end_session()
             shutdown(self.collector, self.eval_collector)
             book.close_run(self.summary if completed else None)
 
+    def _log(self) -> None:
+        trajs, self._pending_trajs = self._pending_trajs, []
+        if self.world_size == 1:
+            self.book.add_episodes(trajs)
+            self.book.log()
+            return
+        gathered = gather_to_main((trajs, metrics_to_floats(self.book.metrics)))
+        self.book.metrics.clear()
+        if self.rank != 0:
+            return
+        self.book.add_episodes([t for rank_trajs, _ in gathered for t in rank_trajs])
+        reduce_s, self.grad_sync.reduce_s = self.grad_sync.reduce_s, 0.0
+        # rank 0's all-reduce time includes waiting for the other ranks
+        self.book.log({"time/allreduce_s": reduce_s}, metrics=[m for _, rank_m in gathered for m in rank_m])
+
+    def _warn_if_ranks_collect_the_same(self, batch: TensorDictBase) -> None:
+        if self.world_size == 1 or "observation" not in batch.keys():
+            return
+        obs = batch["observation"].contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+        digests = [None] * self.world_size
+        dist.all_gather_object(digests, hashlib.blake2b(obs.tobytes(), digest_size=16).hexdigest())
+        if len(set(digests)) == 1 and self.rank == 0:
+            warnings.warn("every rank collected the same first batch: seed each rank's collector differently "
+                          "(tdrl.utils.distributed.rank_seed), or the replicas average identical gradients",
+                          stacklevel=3)
+
+    def _check_replicas(self) -> None:
+        if self.world_size == 1:
+            return
+        digests = [None] * self.world_size
+        dist.all_gather_object(digests, replica_digest(self.modules, buffers=self.broadcast_buffers))
+        if len(set(digests)) != 1:
+            raise ReplicaDivergenceError(
+                f"the replicated modules differ across ranks at iteration {self.book.itr} (digests {digests}); "
+                "something changed parameters outside the averaged optimizer step on some rank")
+
+    # --- Checkpoints: shared objects from rank 0, every rank's own state gathered into rank 0's checkpoint ------
+
+    def _save_checkpoint(self) -> None:
+        mine = {**self.rank_objects.state_dict(), "collector": self.collector.state_dict(), "rng": rng_state(),
+                "pending_trajs": list(self._pending_trajs)}
+        self.book.save_checkpoint(self.objects, ranks=gather_to_main(mine), world_size=self.world_size)
+
     def _maybe_resume(self) -> None:
         if self.resumed:
             return
-        state = self.book.load_checkpoint(self.objects)
-        if state is not None:
-            self.collector.load_state_dict(state["collector"])
-            self.resumed = True
+        if self.world_size == 1:
+            state = self.book.load_checkpoint(self.objects)
+        else:  # rank 0 reads the checkpoint, every rank restores from it
+            state = self.book.run.load_checkpoint() if self.book.run is not None else None
+            state = broadcast_from_main(state)
+            if state:
+                self.book.load_state_dict(state["trainer"])
+                self.objects.load_state_dict(state)
+        if not state:
+            return
+        if state["world_size"] != self.world_size:
+            raise ValueError(f"checkpoint was taken with world_size={state['world_size']}; this run has "
+                             f"world_size={self.world_size}")
+        mine = state["ranks"][self.rank]
+        self.rank_objects.load_state_dict(mine)
+        self.collector.load_state_dict(mine["collector"])
+        set_rng_state(mine["rng"])
+        self._pending_trajs = list(mine["pending_trajs"])
+        self.resumed = True
