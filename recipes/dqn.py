@@ -222,7 +222,7 @@ def main(cfg: Config) -> dict:
                                 batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
                                 seed=cfg.run.seed, discount=cfg.loss.gamma,
                                 return_same_td=True)  # no copy per batch: each goes straight into the replay
-    # each evaluation: n_envs whole greedy episodes on their own envs
+    # each evaluation: n_envs whole episodes on their own envs, epsilon = exploration.eps_eval
     eval_collector = make_eval_collector(cfg.env.id, eval_policy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
                                          seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma)
     trainer = make_trainer(cfg.trainer, on_policy=False, collector_factory=collector_factory, replay=replay,

@@ -214,7 +214,8 @@ def _all_keys(cfg: Any, prefix: str = "") -> list[str]:
 
 def _unknown_key(key: str, cfg: Any) -> ConfigError:
     valid = _all_keys(cfg)
-    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    near = [k for k in valid if k.lower() == key.lower()]  # batch_b -> batch_B, before any fuzzy match
+    near = near or difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     if not near:  # try matching the last component only, e.g. 'lrr' -> 'optim.lr'
         tails = {k.rsplit(".", 1)[-1]: k for k in valid}
         hit = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=1, cutoff=0.6)
