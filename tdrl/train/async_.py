@@ -30,20 +30,16 @@ a larger ``max_lag_frames`` lets it run that many frames further ahead, ``None``
 collection at full speed, the ratio falls below the target when the optimizer is slower). With a bound, the
 optimizer also pays what it owes before every log row, so each row's ratio is within one minibatch of the target.
 
-Cadence counts collector iterations (rlpyt): after every iteration that completes a log (or checkpoint)
-interval, the collector reports its state and pauses; the optimizer evaluates (in this process, with the latest
-weights), writes the row -- frames, samples, updates and episodes are then one consistent snapshot -- and the
-checkpoint (models, optimizers, trainer counters, the collector's counters and RNG, and the replay's data), and
-releases it. New weights go to the collector after every ``updates_per_sync`` updates, through shared memory;
-the collector copies them in between batches, never stopping for it.
+Cadence counts collector iterations (rlpyt): at every log (or checkpoint) boundary the collector reports its state
+and pauses while the optimizer evaluates (here, with the latest weights), writes the row (one consistent snapshot
+of frames, samples, updates and episodes) and the checkpoint (including the collector's RNG and the replay's
+data). New weights reach the collector every ``updates_per_sync`` updates through shared memory, between batches.
 
 Failures: an exception in the collector process is re-raised here as :class:`AsyncTrainerError` with its
-traceback; a collector killed by a signal is noticed within ``POLL_S`` plus the current round; an exception here
-stops the collector (stop flag, then terminate/kill) before it propagates; if this process is killed, the
-collector process notices within 0.2 s and exits (its own worker processes watch it the same way). Use the
-trainer as a context manager, or call :meth:`AsyncTrainer.close`, when the loop body may raise: a generator
-abandoned by an exception is only finalised when the exception's traceback is released (an ``atexit`` hook
-covers the end of the interpreter).
+traceback, a collector killed by a signal is noticed within ``POLL_S`` plus the current round; an exception here
+stops the collector before it propagates; if this process is killed, the collector exits within 0.2 s. Use the
+trainer as a context manager (or call :meth:`AsyncTrainer.close`) when the loop body may raise: an abandoned
+generator is only finalised when the exception's traceback is released.
 
 Limitations: one collector process and one optimizer process (no multi-GPU optimizer); resume continues the
 counters, models and replay exactly, but the interleaving of collection and updates is timing-dependent, so a
