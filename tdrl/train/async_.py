@@ -199,10 +199,10 @@ class AsyncTrainer:
 
     # --- what the recipe reads ----------------------------------------------------------------------------------
 
-    itr = book_counter("itr", "Collector iterations: the 0-based iteration inside the loop body, done ones outside.")
-    frames = book_counter("frames", "Env frames collected (all ranks).")
+    itr = book_counter("itr", "Collector iterations completed (and seen by the optimizer).")
+    frames = book_counter("frames", "Env frames the collector process wrote into the replay.")
     updates = book_counter("updates", "Gradient updates recorded.")
-    history = book_counter("history", "Log rows (on rank 0 under ddp).")
+    history = book_counter("history", "Log rows.")
 
     @property
     def updates_due(self) -> int:

@@ -170,23 +170,21 @@ class Bookkeeper:
     def eval_s(self) -> float:
         return self._eval_s + self._session_eval_s
 
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
+    def paused(self) -> contextlib.AbstractContextManager[None]:
         """Leave the enclosed time out of training and evaluation time (starting worker processes)."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._session_paused_s += time.perf_counter() - start
+        return self._adding_time_to("_session_paused_s")
+
+    def timing_eval(self) -> contextlib.AbstractContextManager[None]:
+        """Count the enclosed time as evaluation (excluded from ``time/train_s`` and frames/s)."""
+        return self._adding_time_to("_session_eval_s")
 
     @contextlib.contextmanager
-    def timing_eval(self) -> Iterator[None]:
-        """Count the enclosed time as evaluation (excluded from ``time/train_s`` and frames/s)."""
+    def _adding_time_to(self, counter: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
             yield
         finally:
-            self._session_eval_s += time.perf_counter() - start
+            setattr(self, counter, getattr(self, counter) + time.perf_counter() - start)
 
     # --- what happened --------------------------------------------------------------------------------------
 
