@@ -19,8 +19,8 @@ from typing import Literal
 import torch
 from torchrl.modules import set_recurrent_mode
 
-from tdrl.collect import make_collector, start_workers_early
-from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig, parse_args
+from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+from tdrl.config import CheckpointConfig, CollectorConfig, EnvConfig, EvalConfig, LoggerConfig, RunConfig, parse_args
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
 from tdrl.models import make_actor_critic, make_recurrent_actor_critic
@@ -33,34 +33,6 @@ from tdrl.utils.seeding import seed_everything
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
-@dataclass
-class EnvConfig:
-    id: str = "CartPole-v1"
-    """Gymnasium id (discrete or continuous actions)."""
-
-
-@dataclass
-class CollectorConfig:
-    kind: Literal["serial", "parallel", "action_server"] = "serial"
-    """Collector: serial (one process), parallel (CPU workers), action_server (workers step, main process acts)."""
-    n_workers: int = 2
-    """Worker processes of the parallel/action_server collectors (must divide batch_B)."""
-    batch_B: int = 8
-    """Environments stepped together (rlpyt batch_B; the batch's first dim)."""
-    batch_T: int = 5
-    """Time steps per env per iteration, i.e. per gradient step (rlpyt batch_T)."""
-    total_frames: int = 500_000
-    """Env frames to train for (rlpyt n_steps; rounded up to a whole log interval)."""
-
-
-@dataclass
-class EvalConfig:
-    n_envs: int = 10
-    """Greedy evaluation episodes at iteration 0 and every log interval; 0 logs online training episodes."""
-    max_steps: int = 0
-    """Time limit of evaluation episodes; 0 uses the env's own (1000 if it has none)."""
-
-
 @dataclass
 class ModelConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
@@ -111,7 +83,7 @@ class OptimConfig:
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     """Environment."""
-    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_T=5, total_frames=500_000))
     """Training collector and budget."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Offline evaluation (rlpyt MinibatchRlEval)."""
@@ -160,13 +132,9 @@ def main(cfg: Config) -> dict:
     collector = make_collector(cfg.collector.kind, env_factory, ac.actor, batch_B=cfg.collector.batch_B,
                                batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
                                seed=cfg.run.seed, discount=cfg.loss.gamma, device=device)
-    eval_collector = None
-    if cfg.eval.n_envs:  # wait-reset over one time limit: each evaluation is exactly n_envs whole greedy episodes
-        limit = cfg.eval.max_steps or specs.max_episode_steps or 1000
-        eval_envs = EnvFactory(cfg.env.id, {"max_episode_steps": limit})
-        eval_collector = make_collector("serial", eval_envs, ac.greedy, batch_B=cfg.eval.n_envs, batch_T=limit,
-                                        seed=cfg.run.seed + 10_000, reset_mode="wait_reset",
-                                        exploration_type="deterministic", discount=cfg.loss.gamma)
+    # each evaluation: n_envs whole greedy episodes on their own envs
+    eval_collector = make_eval_collector(cfg.env.id, ac.greedy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
+                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma)
     trainer = SyncTrainer(collector=collector, eval_collector=eval_collector, run=run,
                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
                           checkpoint_interval_steps=cfg.checkpoint.interval_steps, stop_return=cfg.stop_return,

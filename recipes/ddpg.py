@@ -16,13 +16,21 @@ frames.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from tensordict.nn import TensorDictSequential
 
-from tdrl.collect import make_collector, start_workers_early
-from tdrl.config import CheckpointConfig, ConfigError, LoggerConfig, RunConfig, parse_args
+from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+from tdrl.config import (
+    CheckpointConfig,
+    CollectorConfig,
+    ConfigError,
+    EnvConfig,
+    EvalConfig,
+    LoggerConfig,
+    RunConfig,
+    parse_args,
+)
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
 from tdrl.models import make_deterministic_actor, make_gaussian_noise, make_twin_q
@@ -37,34 +45,6 @@ REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "rewar
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
-@dataclass
-class EnvConfig:
-    id: str = "Pendulum-v1"
-    """Gymnasium id with a bounded continuous (Box) action space."""
-
-
-@dataclass
-class CollectorConfig:
-    kind: Literal["serial", "parallel", "action_server"] = "serial"
-    """Collector: serial (one process), parallel (CPU workers), action_server (workers step, main process acts)."""
-    n_workers: int = 2
-    """Worker processes of the parallel/action_server collectors (must divide batch_B)."""
-    batch_B: int = 1
-    """Environments stepped together (rlpyt batch_B)."""
-    batch_T: int = 1
-    """Time steps per env per iteration (rlpyt batch_T)."""
-    total_frames: int = 30_000
-    """Env frames to train for (rlpyt n_steps)."""
-
-
-@dataclass
-class EvalConfig:
-    n_envs: int = 10
-    """Noise-free evaluation episodes at iteration 0 and every log interval; 0: online statistics."""
-    max_steps: int = 0
-    """Time limit of evaluation episodes; 0 uses the env's own (1000 if it has none)."""
-
-
 @dataclass
 class ModelConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
@@ -115,9 +95,10 @@ class OptimConfig:
 
 @dataclass
 class Config:
-    env: EnvConfig = field(default_factory=EnvConfig)
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(id="Pendulum-v1"))
     """Environment."""
-    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    collector: CollectorConfig = field(
+        default_factory=lambda: CollectorConfig(batch_B=1, batch_T=1, total_frames=30_000))
     """Training collector and budget."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Offline evaluation (rlpyt MinibatchRlEval)."""
@@ -174,14 +155,10 @@ def main(cfg: Config) -> dict:
                                batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
                                seed=cfg.run.seed, discount=cfg.loss.gamma,
                                return_same_td=True)  # no copy per batch: each goes straight into the replay
-    eval_collector = None
-    if cfg.eval.n_envs:  # wait-reset over one time limit: each evaluation is n_envs whole episodes
-        limit = cfg.eval.max_steps or specs.max_episode_steps or 1000
-        eval_collector = make_collector("serial", EnvFactory(cfg.env.id, {"max_episode_steps": limit}), actor,
-                                        batch_B=cfg.eval.n_envs, batch_T=limit, seed=cfg.run.seed + 10_000,
-                                        reset_mode="wait_reset", exploration_type="deterministic",
-                                        discount=cfg.loss.gamma)
-    trainer = SyncTrainer(collector=collector, eval_collector=eval_collector, run=run,
+    # each evaluation: n_envs whole greedy episodes on their own envs
+    eval_collector = make_eval_collector(cfg.env.id, actor, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
+                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma)
+    trainer = SyncTrainer(collector=collector, replay=replay, eval_collector=eval_collector, run=run,
                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
                           replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
                           min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
@@ -196,8 +173,7 @@ def main(cfg: Config) -> dict:
         return updater.step(loss(sample))
 
     # --- Loop -----------------------------------------------------------------------------------------------
-    for batch in trainer:
-        replay.extend(batch)
+    for _ in trainer:  # the trainer put the new frames into the replay
         metrics = [update() for _ in range(trainer.updates_due)]
         trainer.record(metrics, updates=len(metrics))
     return trainer.summary

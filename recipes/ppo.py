@@ -32,8 +32,8 @@ from typing import Literal
 import torch
 from torchrl.modules import set_recurrent_mode
 
-from tdrl.collect import make_collector, start_workers_early
-from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig, parse_args
+from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+from tdrl.config import CheckpointConfig, CollectorConfig, EnvConfig, EvalConfig, LoggerConfig, RunConfig, parse_args
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
 from tdrl.models import make_actor_critic, make_recurrent_actor_critic
@@ -47,34 +47,6 @@ from tdrl.utils.seeding import seed_everything
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
-@dataclass
-class EnvConfig:
-    id: str = "CartPole-v1"
-    """Gymnasium id (discrete or continuous actions)."""
-
-
-@dataclass
-class CollectorConfig:
-    kind: Literal["serial", "parallel", "action_server"] = "serial"
-    """Collector: serial (one process), parallel (CPU workers), action_server (workers step, main process acts)."""
-    n_workers: int = 2
-    """Worker processes of the parallel/action_server collectors (must divide batch_B)."""
-    batch_B: int = 8
-    """Environments stepped together (rlpyt batch_B; the batch's first dim)."""
-    batch_T: int = 32
-    """Time steps per env per iteration (rlpyt batch_T; the batch's second dim)."""
-    total_frames: int = 100_000
-    """Env frames to train for (rlpyt n_steps; rounded up to a whole log interval)."""
-
-
-@dataclass
-class EvalConfig:
-    n_envs: int = 10
-    """Greedy evaluation episodes at iteration 0 and every log interval; 0 logs online training episodes."""
-    max_steps: int = 0
-    """Time limit of evaluation episodes; 0 uses the env's own (1000 if it has none)."""
-
-
 @dataclass
 class ModelConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
@@ -184,13 +156,10 @@ def main(cfg: Config) -> dict:
     collector = make_collector(cfg.collector.kind, env_factory, ac.actor, batch_B=cfg.collector.batch_B,
                                batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
                                seed=rank_seed(cfg.run.seed), discount=cfg.loss.gamma, device=device)
-    eval_collector = None
-    if cfg.eval.n_envs and is_main_process():  # wait-reset over one time limit: each evaluation is exactly n_envs whole greedy episodes
-        limit = cfg.eval.max_steps or specs.max_episode_steps or 1000
-        eval_envs = EnvFactory(cfg.env.id, {"max_episode_steps": limit})
-        eval_collector = make_collector("serial", eval_envs, ac.greedy, batch_B=cfg.eval.n_envs, batch_T=limit,
-                                        seed=cfg.run.seed + 10_000, reset_mode="wait_reset",
-                                        exploration_type="deterministic", discount=cfg.loss.gamma)
+    # each evaluation: n_envs whole greedy episodes on their own envs; rank 0 evaluates
+    eval_collector = make_eval_collector(cfg.env.id, ac.greedy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
+                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma) \
+        if is_main_process() else None
     trainer = make_trainer(cfg.trainer, on_policy=True, collector=collector, modules=[loss],
                            eval_collector=eval_collector, run=run,
                            n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,

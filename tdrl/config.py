@@ -7,8 +7,11 @@ name the full dotted key and suggest the nearest valid one, raised before any en
 Field documentation is the string literal written under each field (CleanRL style); ``--help`` lists every
 field with its type, default and that text.
 
-The shared infrastructure sections (``RunConfig``, ``LoggerConfig``, ``CheckpointConfig``) live here so every
-recipe spells the common keys the same way (``run.root``, ``run.dir``, ``run.seed``).
+The sections every recipe has live here, so every recipe spells the common keys the same way (``env.id``,
+``collector.batch_B``, ``eval.n_envs``, ``run.dir``, ``run.seed``...): ``EnvConfig``, ``CollectorConfig``,
+``EvalConfig``, ``RunConfig``, ``LoggerConfig``, ``CheckpointConfig``. A recipe changes their defaults with
+``field(default_factory=lambda: CollectorConfig(batch_B=1, batch_T=1))`` and validates what it does not support
+(e.g. a collector kind) itself, naming the key.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from typing import Any, Literal, TypeVar
 
 __all__ = [
     "CheckpointConfig",
+    "CollectorConfig",
     "ConfigError",
+    "EnvConfig",
+    "EvalConfig",
     "LoggerConfig",
     "RunConfig",
     "apply_overrides",
@@ -49,6 +55,40 @@ class ConfigError(ValueError):
 
 
 # --- Shared sections -------------------------------------------------------------------------------------
+
+
+@dataclass
+class EnvConfig:
+    """The training environment."""
+
+    id: str = "CartPole-v1"
+    """Gymnasium id (classic control, MuJoCo ``HalfCheetah-v5``, Atari ``ALE/Pong-v5``)."""
+
+
+@dataclass
+class CollectorConfig:
+    """The training collector and the run's budget."""
+
+    kind: Literal["serial", "parallel", "action_server"] = "serial"
+    """serial (one process), parallel (CPU workers), action_server (workers step, main process acts)."""
+    n_workers: int = 2
+    """Worker processes of the parallel/action_server collectors (must divide batch_B)."""
+    batch_B: int = 8
+    """Environments stepped together (rlpyt batch_B; the batch's first dim)."""
+    batch_T: int = 32
+    """Time steps per env per iteration (rlpyt batch_T; the batch's second dim)."""
+    total_frames: int = 100_000
+    """Env frames to train for (rlpyt n_steps; rounded up to a whole log interval)."""
+
+
+@dataclass
+class EvalConfig:
+    """Offline evaluation (rlpyt MinibatchRlEval): whole greedy episodes on dedicated envs."""
+
+    n_envs: int = 10
+    """Evaluation episodes at iteration 0 and every log interval; 0 logs online training episodes instead."""
+    max_steps: int = 0
+    """Time limit of evaluation episodes; 0 uses the env's own (1000 if it has none)."""
 
 
 @dataclass
@@ -174,7 +214,8 @@ def _all_keys(cfg: Any, prefix: str = "") -> list[str]:
 
 def _unknown_key(key: str, cfg: Any) -> ConfigError:
     valid = _all_keys(cfg)
-    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    near = [k for k in valid if k.lower() == key.lower()]  # batch_b -> batch_B, before any fuzzy match
+    near = near or difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     if not near:  # try matching the last component only, e.g. 'lrr' -> 'optim.lr'
         tails = {k.rsplit(".", 1)[-1]: k for k in valid}
         hit = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=1, cutoff=0.6)

@@ -6,7 +6,10 @@ from typing import Literal
 import pytest
 
 from tdrl.config import (
+    CollectorConfig,
     ConfigError,
+    EnvConfig,
+    EvalConfig,
     RunConfig,
     apply_overrides,
     config_help,
@@ -83,3 +86,22 @@ def test_parse_args_exits_2_on_error(capsys):
         parse_args(Cfg(), ["optim.lrr=1"])
     assert exit_info.value.code == 2
     assert "did you mean 'optim.lr'" in capsys.readouterr().err
+
+
+@dataclass
+class RecipeLike:
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(id="Pendulum-v1"))
+    collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_B=1, batch_T=1))
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def test_shared_sections_keep_recipe_defaults_and_strict_overrides():
+    cfg = apply_overrides(RecipeLike(), ["collector.batch_T=4", "eval.n_envs=0"])
+    assert (cfg.env.id, cfg.collector.batch_B, cfg.collector.batch_T, cfg.eval.n_envs) == ("Pendulum-v1", 1, 4, 0)
+    assert RecipeLike().collector.total_frames == CollectorConfig().total_frames  # untouched fields keep theirs
+    with pytest.raises(ConfigError, match="did you mean 'collector.batch_B'"):
+        apply_overrides(RecipeLike(), ["collector.batch_b=2"])
+    with pytest.raises(ConfigError, match="collector.kind"):
+        apply_overrides(RecipeLike(), ["collector.kind=threads"])
+    with pytest.raises(ConfigError, match="eval.n_envs"):
+        apply_overrides(RecipeLike(), ["eval.n_envs=two"])

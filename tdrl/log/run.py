@@ -34,15 +34,9 @@ Run directory (``<run.root>/<yyyymmdd>/<hhmmss>_<name>/run_<seed>/`` or ``run.di
 Exact resume at iteration boundaries: launching again on a directory that holds ``config.json`` resumes it
 (``run.dir`` set explicitly; automatic names are never reused). The saved config must match, key by key
 (except :data:`tdrl.log.rundir.RESUME_IGNORED_KEYS`), unless ``run.force``. ``load_checkpoint`` restores the
-newest valid checkpoint's state, the python/numpy/torch RNG states captured when it was saved, and the
-logger's position: progress.csv rows written after that checkpoint are dropped (they are re-run), and the
-cumulative counters continue. Call it after building everything and right before the loop, so that RNG draws
-made while building are the same in both runs. What the caller's state must hold for bitwise resume: model,
-optimizer and LR-schedule state dicts, counters, collector ``state_dict`` (env seeds), metric accumulators of a
-partially filled log interval, and the replay buffer (``extra_writers``).
-
-Wall-time columns (:data:`WALL_TIME_COLUMNS` and any ``time/`` key) differ between runs; every other column of
-progress.csv is deterministic given the seed.
+newest valid checkpoint's state, the RNG states captured when it was saved, and the logger's position
+(progress.csv rows written after that checkpoint are dropped: they are re-run). Call it after building everything,
+right before the loop, so that RNG draws made while building are the same in both runs.
 
 One process owns a run directory (an ``flock`` on ``.lock``, released when the process dies): a second
 ``Run.open`` on it fails while the first is alive. In distributed training only rank 0 opens the Run.
@@ -60,6 +54,7 @@ from typing import IO, Any
 
 from tdrl.ckpt import Checkpointer, CheckpointError, CheckpointInfo, PathWriter
 from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig
+from tdrl.log.columns import RESERVED_COLUMNS, WALL_TIME_COLUMNS, is_wall_time_column, metric_value
 from tdrl.log.progress import ProgressCSV
 from tdrl.log.rundir import (
     CONFIG_FILE,
@@ -78,51 +73,11 @@ from tdrl.utils.seeding import rng_state, set_rng_state
 
 __all__ = ["RESERVED_COLUMNS", "WALL_TIME_COLUMNS", "Run", "is_wall_time_column"]
 
-RESERVED_COLUMNS: tuple[str, ...] = (
-    "Iteration",
-    "CumSteps",
-    "CumTime",
-    "StepsPerSecond",
-    "NewCompletedTrajs",
-    "CumCompletedTrajs",
-    "CumUpdates",
-    "UpdatesPerSecond",
-    "ReplayRatio",
-    "CumReplayRatio",
-)
-"""Columns :meth:`Run.log` computes itself (rlpyt's names); metrics may not use them."""
-WALL_TIME_COLUMNS: frozenset[str] = frozenset({"CumTime", "StepsPerSecond", "UpdatesPerSecond"})
-"""Columns that depend on wall-clock time, hence differ between otherwise identical runs."""
 _POSITION_FORMAT = 1
 
 
-def is_wall_time_column(key: str) -> bool:
-    """True for columns measured in wall-clock time (excluded when comparing runs)."""
-    return key in WALL_TIME_COLUMNS or key.startswith("time/")
-
-
-def _number(key: str, value: Any) -> float | int | None:
-    if value is None:
-        return None
-    if hasattr(value, "item") and not isinstance(value, (int, float)):  # tensor or numpy scalar
-        try:
-            value = value.item()
-        except (ValueError, RuntimeError):
-            raise TypeError(
-                f"metric {key!r}: expected a scalar, got shape {tuple(value.shape)}"
-            ) from None
-    if isinstance(value, bool):
-        return int(value)
-    if not isinstance(value, (int, float)):
-        raise TypeError(
-            f"metric {key!r}: expected a real number, got {type(value).__name__} {value!r}"
-        )
-    return value
-
-
-def _add_wandb_sink(
-    sinks: list[Any], directory: Path, logger: LoggerConfig, config: dict[str, Any], name: str
-) -> str | None:
+def _add_wandb_sink(sinks: list[Any], directory: Path, logger: LoggerConfig, config: dict[str, Any],
+                    name: str) -> str | None:
     """Append a W&B sink unless W&B is off or disabled; returns the persisted run id (``None`` when off)."""
     if not logger.wandb:
         return None
@@ -132,18 +87,8 @@ def _add_wandb_sink(
     if mode == "disabled":
         return None
     run_id = load_or_create_run_id(directory)
-    sinks.append(
-        WandbSink(
-            run_dir=directory,
-            run_id=run_id,
-            mode=mode,
-            name=name,
-            project=logger.project,
-            entity=logger.entity,
-            group=logger.group,
-            config=config,
-        )
-    )
+    sinks.append(WandbSink(run_dir=directory, run_id=run_id, mode=mode, name=name, project=logger.project,
+                           entity=logger.entity, group=logger.group, config=config))
     return run_id
 
 
@@ -165,21 +110,10 @@ class Run:
             :meth:`close`.
     """
 
-    def __init__(
-        self,
-        directory: Path,
-        *,
-        name: str,
-        resumed: bool,
-        checkpointer: Checkpointer,
-        progress: ProgressCSV,
-        sinks: Sequence[Sink] = (),
-        debug_log: DebugLog | None = None,
-        log_interval_steps: int = 0,
-        checkpoint_interval_steps: int = 0,
-        wandb_id: str | None = None,
-        lock: IO[str] | None = None,
-    ) -> None:
+    def __init__(self, directory: Path, *, name: str, resumed: bool, checkpointer: Checkpointer,
+                 progress: ProgressCSV, sinks: Sequence[Sink] = (), debug_log: DebugLog | None = None,
+                 log_interval_steps: int = 0, checkpoint_interval_steps: int = 0, wandb_id: str | None = None,
+                 lock: IO[str] | None = None) -> None:
         self.dir = Path(directory)
         self.name = name
         self.resumed = resumed
@@ -200,18 +134,9 @@ class Run:
     # --- construction -------------------------------------------------------------------------------------
 
     @classmethod
-    def open(
-        cls,
-        *,
-        config: Any,
-        run: RunConfig,
-        logger: LoggerConfig | None = None,
-        checkpoint: CheckpointConfig | None = None,
-        name: str = "run",
-        total_frames: int | None = None,
-        sinks: Sequence[Sink] = (),
-        tee: bool = True,
-    ) -> Run:
+    def open(cls, *, config: Any, run: RunConfig, logger: LoggerConfig | None = None,
+             checkpoint: CheckpointConfig | None = None, name: str = "run", total_frames: int | None = None,
+             sinks: Sequence[Sink] = (), tee: bool = True) -> Run:
         """Create or resume a run directory and open its logs and sinks; prints the directory.
 
         Args:
@@ -240,55 +165,27 @@ class Run:
         check_writable(directory)
         lock = lock_run_dir(directory)
         try:
-            return cls._open_locked(
-                directory,
-                resumed,
-                lock,
-                config=cfg,
-                run=run,
-                logger=logger,
-                checkpoint=checkpoint,
-                name=name,
-                total_frames=total_frames,
-                sinks=sinks,
-                tee=tee,
-            )
+            return cls._open_locked(directory, resumed, lock, config=cfg, run=run, logger=logger,
+                                    checkpoint=checkpoint, name=name, total_frames=total_frames, sinks=sinks, tee=tee)
         except BaseException:
             lock.close()
             raise
 
     @classmethod
-    def _open_locked(
-        cls,
-        directory: Path,
-        resumed: bool,
-        lock: IO[str],
-        *,
-        config: dict[str, Any],
-        run: RunConfig,
-        logger: LoggerConfig,
-        checkpoint: CheckpointConfig,
-        name: str,
-        total_frames: int | None,
-        sinks: Sequence[Sink],
-        tee: bool,
-    ) -> Run:
+    def _open_locked(cls, directory: Path, resumed: bool, lock: IO[str], *, config: dict[str, Any], run: RunConfig,
+                     logger: LoggerConfig, checkpoint: CheckpointConfig, name: str, total_frames: int | None,
+                     sinks: Sequence[Sink], tee: bool) -> Run:
         diff: dict[str, tuple] = {}
         if resumed:
             diff = check_resume_config(directory, config, force=run.force)
             if diff:  # forced: keep the config the run started with next to the new one
                 shutil.copy2(
-                    directory / CONFIG_FILE,
-                    directory / f"config.before-{time.strftime('%Y%m%d_%H%M%S')}.json",
+                    directory / CONFIG_FILE, directory / f"config.before-{time.strftime('%Y%m%d_%H%M%S')}.json"
                 )
         write_json_atomic(directory / CONFIG_FILE, config)
         write_json_atomic(directory / PARAMS_FILE, {**config, "name": name, "run_ID": run.seed})
-        checkpointer = Checkpointer(
-            directory / "checkpoints",
-            snapshot_mode=checkpoint.snapshot_mode,
-            snapshot_gap=checkpoint.snapshot_gap,
-            strict=checkpoint.strict_resume,
-        )
+        checkpointer = Checkpointer(directory / "checkpoints", snapshot_mode=checkpoint.snapshot_mode,
+                                    snapshot_gap=checkpoint.snapshot_gap, strict=checkpoint.strict_resume)
         debug_log = DebugLog(directory / "debug.log") if tee else None
         built: list[Any] = []
         try:
@@ -296,18 +193,10 @@ class Run:
             state = "resuming" if resumed else "new"
             print(f"tdrl: {state} run {name!r} in {directory} ({stamp})", flush=True)
             if diff:
-                warnings.warn(
-                    f"run.force=true: resuming despite changes in {sorted(diff)}", stacklevel=4
-                )
+                warnings.warn(f"run.force=true: resuming despite changes in {sorted(diff)}", stacklevel=4)
             bar_stream = debug_log.terminal_stderr if debug_log else None
-            built.append(
-                ConsoleSink(
-                    name=name,
-                    total_frames=total_frames,
-                    progress_bar=logger.progress_bar,
-                    bar_stream=bar_stream,
-                )
-            )
+            built.append(ConsoleSink(name=name, total_frames=total_frames, progress_bar=logger.progress_bar,
+                                     bar_stream=bar_stream))
             wandb_id = _add_wandb_sink(built, directory, logger, config, f"{name}-s{run.seed}")
             if logger.tensorboard:
                 tb = make_tensorboard_sink(directory / "tensorboard")
@@ -319,27 +208,17 @@ class Run:
             if debug_log is not None:
                 debug_log.close()
             raise
-        return cls(
-            directory,
-            name=name,
-            resumed=resumed,
-            checkpointer=checkpointer,
-            progress=ProgressCSV(directory / "progress.csv"),
-            sinks=[*built, *sinks],
-            debug_log=debug_log,
-            log_interval_steps=logger.log_interval_steps,
-            checkpoint_interval_steps=checkpoint.interval_steps or logger.log_interval_steps,
-            wandb_id=wandb_id,
-            lock=lock,
-        )
+        return cls(directory, name=name, resumed=resumed, checkpointer=checkpointer,
+                   progress=ProgressCSV(directory / "progress.csv"), sinks=[*built, *sinks], debug_log=debug_log,
+                   log_interval_steps=logger.log_interval_steps,
+                   checkpoint_interval_steps=checkpoint.interval_steps or logger.log_interval_steps, wandb_id=wandb_id,
+                   lock=lock)
 
     # --- logging ------------------------------------------------------------------------------------------
 
     def log_due(self, step: int) -> bool:
         """Whether ``step`` crossed a multiple of ``log_interval_steps`` since the last logged step."""
-        return (
-            self._log_interval <= 0 or step // self._log_interval > self._step // self._log_interval
-        )
+        return self._log_interval <= 0 or step // self._log_interval > self._step // self._log_interval
 
     def log(
         self,
@@ -357,7 +236,7 @@ class Run:
         ``StepsPerSecond``; with ``episodes`` (completed since the last row) ``NewCompletedTrajs`` and
         ``CumCompletedTrajs``; with ``updates`` (cumulative) ``CumUpdates`` and ``UpdatesPerSecond``; with
         ``update_batch_size`` too, ``ReplayRatio`` (samples trained on per new env frame, this interval) and
-        ``CumReplayRatio``. Then the metrics, e.g. from :func:`tdrl.log.stats.summarize_records`.
+        ``CumReplayRatio``. Then the metrics, e.g. from :func:`tdrl.utils.stats.summarize_records`.
 
         Args:
             metrics: ``{key: number}``; tensors and numpy scalars are converted; ``None`` leaves the cell empty.
@@ -374,8 +253,7 @@ class Run:
             raise RuntimeError(f"run {self.dir} is finished; cannot log")
         if not self._position_known:
             warnings.warn(
-                f"resumed run {self.dir} logged before load_checkpoint(); progress.csv starts over",
-                stacklevel=2,
+                f"resumed run {self.dir} logged before load_checkpoint(); progress.csv starts over", stacklevel=2
             )
             self._set_position(None)
         now = time.perf_counter()
@@ -392,31 +270,23 @@ class Run:
             row["CumCompletedTrajs"] = self._episodes
         if updates is not None:
             row["CumUpdates"] = int(updates)
-            row["UpdatesPerSecond"] = (
-                (updates - self._updates) / elapsed if elapsed > 0 else math.nan
-            )
+            row["UpdatesPerSecond"] = (updates - self._updates) / elapsed if elapsed > 0 else math.nan
             if update_batch_size:
                 new_frames = step - self._step
                 row["ReplayRatio"] = (
-                    (updates - self._updates) * update_batch_size / new_frames
-                    if new_frames > 0
-                    else math.nan
+                    (updates - self._updates) * update_batch_size / new_frames if new_frames > 0 else math.nan
                 )
                 row["CumReplayRatio"] = updates * update_batch_size / step if step > 0 else math.nan
         for key, value in metrics.items():
             if key in RESERVED_COLUMNS:
-                raise ValueError(
-                    f"metric key {key!r} is a column Run.log computes itself; rename it"
-                )
-            row[key] = _number(key, value)
+                raise ValueError(f"metric key {key!r} is a column Run.log computes itself; rename it")
+            row[key] = metric_value(key, value)
         self.progress.write(row)
         for sink in list(self.sinks):
             try:
                 sink.write(row, int(step))
             except Exception as e:  # noqa: BLE001 - a mirror failing must not stop training
-                warnings.warn(
-                    f"log sink {type(sink).__name__} failed ({e!r}); disabling it", stacklevel=2
-                )
+                warnings.warn(f"log sink {type(sink).__name__} failed ({e!r}); disabling it", stacklevel=2)
                 self.sinks.remove(sink)
         self._step, self._last_time = int(step), now
         self._updates = int(updates) if updates is not None else self._updates
@@ -441,10 +311,7 @@ class Run:
 
     def checkpoint_due(self, step: int) -> bool:
         """Whether ``step`` crossed a multiple of ``checkpoint.interval_steps`` since the last checkpoint."""
-        return (
-            self._ckpt_interval <= 0
-            or step // self._ckpt_interval > self._ckpt_step // self._ckpt_interval
-        )
+        return self._ckpt_interval <= 0 or step // self._ckpt_interval > self._ckpt_step // self._ckpt_interval
 
     def save_checkpoint(
         self,
@@ -511,22 +378,15 @@ class Run:
         Returns:
             The ``state`` given to :meth:`save_checkpoint`.
         """
-        loaded = self.checkpointer.load_latest(
-            map_location=map_location, extra_readers=extra_readers
-        )
+        loaded = self.checkpointer.load_latest(map_location=map_location, extra_readers=extra_readers)
         if loaded is None:
             if self.resumed and self.progress.num_rows:
-                print(
-                    f"tdrl: no valid checkpoint in {self.checkpointer.directory}; starting over",
-                    flush=True,
-                )
+                print(f"tdrl: no valid checkpoint in {self.checkpointer.directory}; starting over", flush=True)
             self._set_position(None)
             return None
         payload, info = loaded
         if not isinstance(payload, dict) or not {"state", "run", "rng"} <= payload.keys():
-            raise CheckpointError(
-                f"{info.path} was not written by Run.save_checkpoint (keys state/run/rng)"
-            )
+            raise CheckpointError(f"{info.path} was not written by Run.save_checkpoint (keys state/run/rng)")
         self._set_position(payload["run"])
         if restore_rng:
             set_rng_state(payload["rng"])
@@ -579,10 +439,7 @@ class Run:
         }
         for key, value in (summary or {}).items():
             out[key] = value.item() if hasattr(value, "item") else value
-        out = {
-            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in out.items()
-        }
+        out = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
         write_json_atomic(self.dir / "summary.json", out)
         for sink in self.sinks:
             sink.set_summary(out)

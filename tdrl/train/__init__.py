@@ -1,30 +1,29 @@
-"""Trainers: loop mechanics around a recipe's visible update (rlpyt's runners).
+"""Trainers: loop mechanics around a recipe's visible update (rlpyt's runners), one core for all three.
 
-``SyncTrainer`` is rlpyt's MinibatchRl/MinibatchRlEval: collect a ``[B, T]`` batch, let the recipe update,
-log/evaluate/checkpoint at intervals. See :mod:`tdrl.train.sync` for the API and semantics.
-
-``DataParallelTrainer`` is rlpyt's SyncRl (one replica per process, gradients all-reduced, :mod:`tdrl.train.ddp`),
-``AsyncTrainer`` its AsyncRl (collector process + optimizer on a shared replay, :mod:`tdrl.train.async_`);
+``SyncTrainer`` is rlpyt's MinibatchRl/MinibatchRlEval and, on the ranks of a process group started by
+:func:`launch_data_parallel`, its SyncRl (one replica per process, gradients all-reduced; :mod:`tdrl.train.sync`);
+``AsyncTrainer`` is its AsyncRl (collector process + optimizer on a shared replay, :mod:`tdrl.train.async_`). Both
+keep their counters, rows, evaluation and checkpoints in a :class:`~tdrl.train.bookkeeping.Bookkeeper`.
 ``make_trainer``/``TrainerConfig`` pick one by ``trainer.kind`` (:mod:`tdrl.train.factory`).
 """
 
-from tdrl.train.stats import episode_stats, scalar_stats
-from tdrl.train.sync import SyncTrainer, iteration_counts, updates_per_iteration
+from tdrl.train.async_ import AsyncTrainer, AsyncTrainerError
+from tdrl.train.bookkeeping import Bookkeeper, iteration_counts, updates_per_iteration
+from tdrl.train.ddp_launch import DataParallelError, launch_data_parallel
+from tdrl.train.factory import TrainerConfig, check_min_steps_learn, check_trainer, make_trainer
+from tdrl.train.sync import SyncTrainer
 
-__all__ = ["SyncTrainer", "episode_stats", "iteration_counts", "scalar_stats", "updates_per_iteration"]
-
-from tdrl.train.async_ import AsyncTrainer, AsyncTrainerError  # noqa: E402
-from tdrl.train.ddp import DataParallelError, DataParallelTrainer, launch_data_parallel  # noqa: E402
-from tdrl.train.factory import TrainerConfig, check_min_steps_learn, check_trainer, make_trainer  # noqa: E402
-
-__all__ += [
+__all__ = [
     "AsyncTrainer",
     "AsyncTrainerError",
+    "Bookkeeper",
     "DataParallelError",
-    "DataParallelTrainer",
+    "SyncTrainer",
     "TrainerConfig",
     "check_min_steps_learn",
     "check_trainer",
+    "iteration_counts",
     "launch_data_parallel",
     "make_trainer",
+    "updates_per_iteration",
 ]

@@ -2,20 +2,19 @@
 (rlpyt's AsyncRl / AsyncRlEval), with the replay ratio honoured (astooke/rlpyt#138 reports rlpyt's async mode
 did not honour it).
 
-The recipe's loop keeps its shape; each iteration is one *optimizer round* instead of one collector batch (the
-collector process already wrote its batches into the replay, so there is no batch here)::
+The loop contract is the sync trainer's for a trainer given a ``replay``: the trainer fills the replay (here the
+collector process writes each batch into it), and the loop body runs ``trainer.updates_due`` updates. Each
+iteration is one *optimizer round* rather than one collector batch, and yields its ``updates_due`` (an ``int``:
+there is no batch in this process)::
 
     trainer = AsyncTrainer(collector_factory=partial(make_collector, "serial", env_factory, actor, batch_B=8,
                                                      batch_T=64, seed=seed),
                            replay=replay, policy=actor, n_steps=..., log_interval_steps=...,
                            replay_ratio=32, batch_size=256, min_steps_learn=10_000, run=run,
                            eval_collector=eval_collector, checkpoint_state={"model": ..., "updater": ...})
-    for batch in trainer:                      # None: one optimizer round
-        if batch is not None:
-            replay.extend(batch)               # (sync trainers only)
-        for _ in range(trainer.updates_due):   # what the throttle allows now
-            metrics.append(updater.step(loss(replay.sample(256))))
-        trainer.record(metrics, updates=n)
+    for _ in trainer:                          # the same body as with SyncTrainer(..., replay=replay)
+        metrics = [updater.step(loss(replay.sample(256))) for _ in range(trainer.updates_due)]
+        trainer.record(metrics, updates=len(metrics))
 
 Throttle (the replay ratio): with ``W`` transitions written and ``S`` transitions sampled (the shared replay's
 ``write_count`` and ``samples_drawn``), a round offers ``floor((replay_ratio * (W - learn_start) - S) /
@@ -31,20 +30,16 @@ a larger ``max_lag_frames`` lets it run that many frames further ahead, ``None``
 collection at full speed, the ratio falls below the target when the optimizer is slower). With a bound, the
 optimizer also pays what it owes before every log row, so each row's ratio is within one minibatch of the target.
 
-Cadence counts collector iterations (rlpyt): after every iteration that completes a log (or checkpoint)
-interval, the collector reports its state and pauses; the optimizer evaluates (in this process, with the latest
-weights), writes the row -- frames, samples, updates and episodes are then one consistent snapshot -- and the
-checkpoint (models, optimizers, trainer counters, the collector's counters and RNG, and the replay's data), and
-releases it. New weights go to the collector after every ``updates_per_sync`` updates, through shared memory;
-the collector copies them in between batches, never stopping for it.
+Cadence counts collector iterations (rlpyt): at every log (or checkpoint) boundary the collector reports its state
+and pauses while the optimizer evaluates (here, with the latest weights), writes the row (one consistent snapshot
+of frames, samples, updates and episodes) and the checkpoint (including the collector's RNG and the replay's
+data). New weights reach the collector every ``updates_per_sync`` updates through shared memory, between batches.
 
 Failures: an exception in the collector process is re-raised here as :class:`AsyncTrainerError` with its
-traceback; a collector killed by a signal is noticed within ``POLL_S`` plus the current round; an exception here
-stops the collector (stop flag, then terminate/kill) before it propagates; if this process is killed, the
-collector process notices within 0.2 s and exits (its own worker processes watch it the same way). Use the
-trainer as a context manager, or call :meth:`AsyncTrainer.close`, when the loop body may raise: a generator
-abandoned by an exception is only finalised when the exception's traceback is released (an ``atexit`` hook
-covers the end of the interpreter).
+traceback, a collector killed by a signal is noticed within ``POLL_S`` plus the current round; an exception here
+stops the collector before it propagates; if this process is killed, the collector exits within 0.2 s. Use the
+trainer as a context manager (or call :meth:`AsyncTrainer.close`) when the loop body may raise: an abandoned
+generator is only finalised when the exception's traceback is released.
 
 Limitations: one collector process and one optimizer process (no multi-GPU optimizer); resume continues the
 counters, models and replay exactly, but the interleaving of collection and updates is timing-dependent, so a
@@ -73,9 +68,8 @@ from tdrl.train.async_collector import (
     collector_process_main,
     owed_updates,
 )
-from tdrl.train.bookkeeping import Bookkeeper
-from tdrl.train.stats import episode_stats, eval_episodes
-from tdrl.train.sync import iteration_counts
+from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
+from tdrl.train.sync import shutdown
 from tdrl.utils.seeding import spawn_seeds
 
 __all__ = ["AsyncTrainer", "AsyncTrainerError"]
@@ -160,8 +154,6 @@ class AsyncTrainer:
         if replay_ratio is None or batch_size is None or replay_ratio <= 0 or batch_size < 1:
             raise ValueError(f"the async trainer throttles on replay_ratio and batch_size; got replay_ratio="
                              f"{replay_ratio!r}, batch_size={batch_size!r}")
-        if n_steps <= 0 or log_interval_steps <= 0:
-            raise ValueError(f"n_steps and log_interval_steps must be positive, got {n_steps}, {log_interval_steps}")
         if updates_per_sync < 1:
             raise ValueError(f"updates_per_sync must be >= 1, got {updates_per_sync}")
         if max_lag_frames is not None and max_lag_frames < 0:
@@ -169,21 +161,15 @@ class AsyncTrainer:
         self.collector_factory = collector_factory
         self.replay = replay
         self.policy = policy
-        self.frames_per_itr = int(frames_per_itr or _factory_frames(collector_factory))
+        self.frames_per_itr = int(frames_per_itr or frames_per_batch(collector_factory))
         self.n_itr, self.log_interval_itrs = iteration_counts(n_steps, log_interval_steps, self.frames_per_itr)
         ckpt_itrs = max(int(checkpoint_interval_steps) // self.frames_per_itr, 1) if checkpoint_interval_steps else 0
         self.checkpoint_interval_itrs = ckpt_itrs or self.log_interval_itrs
         self.replay_ratio, self.batch_size = float(replay_ratio), int(batch_size)
         self.learn_start_frames = int(min_steps_learn) // self.frames_per_itr * self.frames_per_itr
-        self.run = run
         self.eval_collector = eval_collector
-        # the replay is always checkpointed (below); other objects that write their own files use dumps/loads
-        self.checkpoint_state = {n: o for n, o in (checkpoint_state or {}).items() if o is not replay}
-        self._file_state = {n: o for n, o in self.checkpoint_state.items() if hasattr(o, "dumps") and hasattr(o, "loads")}
-        for name, obj in self.checkpoint_state.items():
-            if name not in self._file_state and not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(f"checkpoint_state['{name}'] ({type(obj).__name__}) has neither "
-                                "state_dict/load_state_dict nor dumps/loads")
+        # the replay is always checkpointed (below), by checkpoint_replay's rule
+        self.objects = CheckpointObjects({n: o for n, o in (checkpoint_state or {}).items() if o is not replay})
         self.checkpoint_replay = checkpoint_replay
         self.stop_return = stop_return
         self.samples_to_buffer = samples_to_buffer
@@ -192,7 +178,8 @@ class AsyncTrainer:
         self.collector_seed = spawn_seeds(seed, 1)[0]
         self.collector_threads = collector_threads
         self.start_timeout_s = start_timeout_s
-        self.book = Bookkeeper(run=run, log_traj_window=log_traj_window, update_batch_size=self.batch_size)
+        self.book = Bookkeeper(run=run, frames_per_itr=self.frames_per_itr, log_traj_window=log_traj_window,
+                               update_batch_size=self.batch_size)
         self.resumed = False
         self.stopped_early = False
         self._due = 0
@@ -212,27 +199,15 @@ class AsyncTrainer:
 
     # --- what the recipe reads ----------------------------------------------------------------------------------
 
+    itr = book_counter("itr", "Collector iterations completed (and seen by the optimizer).")
+    frames = book_counter("frames", "Env frames the collector process wrote into the replay.")
+    updates = book_counter("updates", "Gradient updates recorded.")
+    history = book_counter("history", "Log rows.")
+
     @property
     def updates_due(self) -> int:
         """Gradient updates allowed in this round (fixed while the loop body runs)."""
         return self._due
-
-    @property
-    def itr(self) -> int:
-        """Collector iterations completed (and seen by the optimizer)."""
-        return self.book.itr
-
-    @property
-    def frames(self) -> int:
-        return self.book.frames
-
-    @property
-    def updates(self) -> int:
-        return self.book.updates
-
-    @property
-    def history(self) -> list[dict[str, float]]:
-        return self.book.history
 
     @property
     def collector_pid(self) -> int | None:
@@ -247,18 +222,16 @@ class AsyncTrainer:
         """Store this round's optimiser metrics and count its gradient updates."""
         self.book.record(metrics, updates=updates)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**self.book.state_dict(), "n_itr": self.n_itr, "frames_per_itr": self.frames_per_itr}
-
     # --- the loop -----------------------------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[None]:
+    def __iter__(self) -> Iterator[int]:
         completed = False
         self.book.start_session()
         try:
             self._maybe_resume()
             if self.eval_collector is not None and self.book.itr == 0 and not self.resumed:
-                self._evaluate()  # before the collector starts: nothing is collected while it runs
+                # before the collector starts: nothing is collected while it runs
+                self.book.evaluate(self.eval_collector)
                 self.book.log(self._row_extra())
             with self.book.paused():  # process start-up is not training time (SyncTrainer gets built collectors)
                 self._start_collector()
@@ -284,10 +257,10 @@ class AsyncTrainer:
             self.book.end_session()
             self.close(completed=completed)
 
-    def _round(self, due: int) -> Iterator[None]:
+    def _round(self, due: int) -> Iterator[int]:
         self._due = min(due, self.updates_per_sync)
         before = self.replay.samples_drawn
-        yield None
+        yield self._due
         drawn = self.replay.samples_drawn - before
         allowed, self._due = self._due * self.batch_size, 0
         if drawn > allowed:
@@ -429,14 +402,8 @@ class AsyncTrainer:
             ctrl.queue.close()
             ctrl.queue.cancel_join_thread()
         _LIVE.discard(self)
-        if self.eval_collector is not None and hasattr(self.eval_collector, "shutdown"):
-            self.eval_collector.shutdown()
-        if self.run is not None:
-            run, self.run = self.run, None
-            if completed:
-                run.finish(self.summary)
-            elif hasattr(run, "close"):
-                run.close(exit_code=1)
+        shutdown(self.eval_collector)
+        self.book.close_run(self.summary if completed else None)
 
     def __enter__(self) -> AsyncTrainer:
         return self
@@ -453,9 +420,9 @@ class AsyncTrainer:
         final = itr >= self.n_itr
         if itr % self.log_interval_itrs == 0 or final:
             if self.eval_collector is not None:
-                self._evaluate()
+                self.book.evaluate(self.eval_collector)
             self.book.log(self._row_extra())
-            self._check_stop()
+            self.stopped_early = self.book.reached(self.stop_return)
         self._collector_state, self._collector_rng = info["collector_state"], info["rng"]
         if itr % self.checkpoint_interval_itrs == 0 or final or self.stopped_early:
             self._save_checkpoint()
@@ -486,67 +453,22 @@ class AsyncTrainer:
         self._updates_at_version = {v: u for v, u in self._updates_at_version.items() if v >= self._last_version}
         return extra
 
-    def _evaluate(self) -> None:
-        with self.book.timing_eval():
-            if hasattr(self.eval_collector, "update_policy_weights_"):
-                self.eval_collector.update_policy_weights_()
-            trajs = eval_episodes(self.eval_collector)
-        self.book.last_eval = episode_stats(trajs, prefix="eval/")
-        self.book.last_eval["eval/episodes"] = float(len(trajs))
-
-    def _check_stop(self) -> None:
-        if self.stop_return is None:
-            return
-        ret = self.book.last_eval.get("eval/return_mean") if self.eval_collector is not None else None
-        if ret is None:
-            ret = self.book.online_return()
-        self.stopped_early = ret is not None and ret >= self.stop_return
-
     def _save_checkpoint(self) -> None:
-        if self.run is None:
-            return
-        state: dict[str, Any] = {name: obj.state_dict() for name, obj in self.checkpoint_state.items()
-                                 if name not in self._file_state}
-        state["trainer"] = self.state_dict()
-        state["collector"] = self._collector_state
-        state["collector_rng"] = self._collector_rng
-        writers = {name: obj.dumps for name, obj in self._file_state.items()}
+        writers, state = {}, {"collector": self._collector_state, "collector_rng": self._collector_rng}
         if self.checkpoint_replay:
             writers["replay"] = self.replay.dumps
         else:
             state["replay_state"] = self.replay.state_dict()
-        self.run.save_checkpoint(state, self.book.itr, step=self.book.frames, extra_writers=writers or None)
+        self.book.save_checkpoint(self.objects, writers, **state)
 
     def _maybe_resume(self) -> None:
-        if self.run is None or self.resumed:
+        if self.resumed:
             return
-        readers = {name: obj.loads for name, obj in self._file_state.items()}
-        if self.checkpoint_replay:
-            readers["replay"] = self.replay.loads
-        state = self.run.load_checkpoint(extra_readers=readers or None)
-        if not state:
+        readers = {"replay": self.replay.loads} if self.checkpoint_replay else None
+        state = self.book.load_checkpoint(self.objects, readers)
+        if state is None:
             return
-        trainer = state["trainer"]
-        if trainer["frames_per_itr"] != self.frames_per_itr:
-            raise ValueError(f"checkpoint was taken with {trainer['frames_per_itr']} frames per iteration, this run "
-                             f"has {self.frames_per_itr}: the collector's B×T changed")
-        for name, obj in self.checkpoint_state.items():
-            if name in self._file_state:
-                continue
-            if name not in state:
-                raise KeyError(f"checkpoint has no '{name}' (it has {sorted(state)})")
-            obj.load_state_dict(state[name])
         if not self.checkpoint_replay:
             self.replay.load_state_dict(state["replay_state"])
-        self.book.load_state_dict(trainer)
         self._collector_state, self._collector_rng = state["collector"], state["collector_rng"]
         self.resumed = True
-
-
-def _factory_frames(factory: Any) -> int:
-    keywords = getattr(factory, "keywords", None) or {}
-    b, t = keywords.get("batch_B"), keywords.get("batch_T")
-    if b and t:
-        return int(b) * int(t)
-    raise ValueError("cannot tell the frames per collector batch from collector_factory; pass frames_per_itr= "
-                     "(batch_B * batch_T)")

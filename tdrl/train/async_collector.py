@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 
-from tdrl.train.stats import new_episodes
 from tdrl.utils.seeding import rng_state, seed_everything, set_rng_state
 
 __all__ = ["CollectorProcessSpec", "Control", "collector_process_main", "owed_updates"]
@@ -208,7 +207,7 @@ def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> 
         collect_s = time.perf_counter() - start
         replay.extend(spec.samples_to_buffer(batch) if spec.samples_to_buffer is not None else batch)
         info: dict[str, Any] = {
-            "itr": itr, "frames": int(batch.numel()), "episodes": new_episodes(collector), "collect_s": collect_s,
+            "itr": itr, "frames": int(batch.numel()), "episodes": collector.traj_infos, "collect_s": collect_s,
             "lag_wait_s": lag_wait_s, "weights_version": version,
         }
         done = itr + 1

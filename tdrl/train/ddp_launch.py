@@ -139,7 +139,8 @@ def _failure_report(directory: str, error: ProcessException, world: int) -> str:
                 stamp, trace = pickle.load(f)
             failures.append((stamp, index, trace))
     if not failures:  # killed by a signal: no traceback
-        return f"rank {error.error_index} of {world} failed (pid {error.error_pid}); the other ranks were stopped. {error}"
+        return (f"rank {error.error_index} of {world} failed (pid {error.error_pid}); the other ranks were stopped. "
+                f"{error}")
     failures.sort()
     _, first, trace = failures[0]
     later = [index for _, index, _ in failures[1:]]

@@ -18,7 +18,8 @@ A recipe adds a :class:`TrainerConfig` section and three small pieces::
         trainer = make_trainer(cfg.trainer, on_policy=True, collector=collector, modules=[loss], run=run, ...)
 
 Off-policy recipes pass ``collector_factory`` (the collector is built in the collector process when async),
-``replay`` and ``policy``, and skip ``replay.extend`` when the async trainer yields ``None``.
+``replay`` (every trainer fills it: sync and ddp in this process, async in the collector process) and ``policy``;
+their loop body is ``for _ in trainer:`` then ``trainer.updates_due`` updates, whatever the kind.
 
     python recipes/ppo.py trainer.kind=ddp trainer.world_size=2
     python recipes/sac.py trainer.kind=async
@@ -33,7 +34,6 @@ from typing import Any, Literal
 from torch import nn
 
 from tdrl.train.async_ import AsyncTrainer
-from tdrl.train.ddp import DataParallelTrainer
 from tdrl.train.sync import SyncTrainer
 from tdrl.utils.distributed import (
     DistributedSetupError,
@@ -128,7 +128,7 @@ def make_trainer(
     policy: nn.Module | None = None,
     seed: int = 0,
     **kwargs: Any,
-) -> SyncTrainer | DataParallelTrainer | AsyncTrainer:
+) -> SyncTrainer | AsyncTrainer:
     """The trainer ``cfg.kind`` names, built from one set of arguments.
 
     Args:
@@ -137,7 +137,7 @@ def make_trainer(
         collector: the training collector (sync and ddp), or ``None`` to build it with ``collector_factory``.
         collector_factory: picklable callable building the collector (async: in the collector process).
         modules: the replicated modules whose gradients ddp averages (the loss module).
-        replay: the replay buffer (async: shared with the collector process).
+        replay: the replay buffer the trainer fills with every batch (async: shared with the collector process).
         policy: the module whose weights the async collector receives.
         seed: run seed (async: seeds the collector process).
         **kwargs: the trainers' common keyword arguments (``n_steps``, ``log_interval_steps``, ``run``,
@@ -152,7 +152,8 @@ def make_trainer(
         raise ValueError(f"trainer.kind={cfg.kind} needs the collector (or collector_factory)")
     if cfg.kind == "ddp":
         if not modules:
-            raise ValueError("trainer.kind=ddp needs the replicated modules whose gradients it averages (modules=[loss])")
+            raise ValueError("trainer.kind=ddp needs the replicated modules whose gradients it averages "
+                             "(modules=[loss])")
         if not is_distributed() and cfg.world_size > 1:
             raise ValueError(f"trainer.kind=ddp with trainer.world_size={cfg.world_size}, but no process group: this "
                              "recipe must start its ranks with tdrl.train.launch_data_parallel before building them")
@@ -160,7 +161,7 @@ def make_trainer(
         if collector_factory is None or policy is None:
             raise ValueError("trainer.kind=async needs collector_factory (the collector is built in its own process) "
                              "and the policy whose weights it receives")
-        if collector is not None and hasattr(collector, "shutdown"):
+        if collector is not None:
             collector.shutdown()
         return AsyncTrainer(collector_factory=collector_factory, replay=replay, policy=policy, seed=seed,
                             updates_per_sync=cfg.updates_per_sync,
@@ -169,10 +170,8 @@ def make_trainer(
     if built:
         collector = collector_factory()
     try:
-        if cfg.kind == "ddp":
-            return DataParallelTrainer(collector=collector, modules=modules, **kwargs)
-        return SyncTrainer(collector=collector, **kwargs)
+        return SyncTrainer(collector=collector, replay=replay, modules=modules, **kwargs)
     except BaseException:
-        if built and hasattr(collector, "shutdown"):
+        if built:
             collector.shutdown()  # no worker processes outlive a bad argument
         raise

@@ -23,29 +23,25 @@ from torch import nn
 
 from tdrl.utils.distributed import is_distributed, rank, world_size
 
-__all__ = ["GradientAllReduce", "broadcast_from_main", "broadcast_module_state", "gather_to_main", "replica_digest"]
+__all__ = ["GradientAllReduce", "ReplicaDivergenceError", "broadcast_from_main", "broadcast_module_state",
+           "gather_to_main", "replica_digest"]
+
+
+class ReplicaDivergenceError(RuntimeError):
+    """The replicated modules differ across ranks (a step was not averaged, or a rank changed them alone)."""
+
+
+def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor once (modules may share parameters, e.g. a loss holding the actor and a critic using it)."""
+    return list({id(t): t for t in tensors}.values())
 
 
 def _unique_params(modules: Iterable[nn.Module]) -> list[nn.Parameter]:
-    seen: set[int] = set()
-    out = []
-    for module in modules:
-        for p in module.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                out.append(p)
-    return out
+    return _unique(p for m in modules for p in m.parameters())
 
 
 def _unique_buffers(modules: Iterable[nn.Module]) -> list[torch.Tensor]:
-    seen: set[int] = set()
-    out = []
-    for module in modules:
-        for b in module.buffers():
-            if id(b) not in seen:
-                seen.add(id(b))
-                out.append(b)
-    return out
+    return _unique(b for m in modules for b in m.buffers())
 
 
 def _by_dtype_device(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:

@@ -1,12 +1,12 @@
-"""The sync trainer: rlpyt's ``MinibatchRl`` / ``MinibatchRlEval`` as an iterator the recipe loops over.
+"""The sync trainer: rlpyt's ``MinibatchRl`` / ``MinibatchRlEval`` (and, on N ranks, ``SyncRl``) as an iterator the
+recipe loops over.
 
 Collection and optimisation alternate in one process. The trainer owns the loop mechanics (iteration count,
 weight sync to the collector, evaluation cadence, logging and checkpoint calls, resume, the summary); the recipe
 owns the algorithm, which stays visible in its ``for`` body::
 
     trainer = SyncTrainer(collector=collector, run=run, n_steps=100_000, log_interval_steps=10_000,
-                          eval_collector=eval_collector,
-                          checkpoint_state={"model": actor_critic, "updater": updater})
+                          eval_collector=eval_collector, checkpoint_state={"model": actor_critic, "updater": updater})
     for batch in trainer:                  # one collector batch, [B, T]; eval/log/checkpoint happen around it
         metrics = update(batch)            # the algorithm
         trainer.record(metrics, updates=n_updates)
@@ -15,9 +15,8 @@ owns the algorithm, which stays visible in its ``for`` body::
 Off-policy recipes ask the trainer how many gradient updates this iteration owes (rlpyt's ``replay_ratio`` and
 ``min_steps_learn``)::
 
-    trainer = SyncTrainer(..., replay_ratio=8, batch_size=256, min_steps_learn=1_000)
-    for batch in trainer:
-        replay.extend(batch.reshape(-1))
+    trainer = SyncTrainer(..., replay=replay, replay_ratio=8, batch_size=256, min_steps_learn=1_000)
+    for _ in trainer:                          # the trainer put the batch into the replay
         for _ in range(trainer.updates_due):   # 0 before min_steps_learn, then updates_per_itr
             metrics.append(updater.step(loss(replay.sample())))
 
@@ -35,83 +34,101 @@ Semantics (rlpyt, ``runners/minibatch_rl.py``):
     * ``collector.update_policy_weights_()`` is called before every batch (the recipe's update reaches the
       collector's workers); ``trainer.itr`` is the 0-based iteration inside the loop body, so schedules read
       ``lr_at(trainer.itr)`` (PPO's linear decay) or ``eps_at(trainer.frames)``.
-    * Checkpoints are taken at log boundaries (or every ``checkpoint_interval_steps``) and hold every object in
-      ``checkpoint_state`` (``state_dict``/``load_state_dict``; objects with ``dumps(dir)``/``loads(dir)``, such
-      as replay buffers, go through the Run's extra writers), the collector's state and the trainer's counters
-      and episode window; the Run adds the RNG states and its logger position. Launching again on the same run
-      directory resumes at the iteration after the last checkpoint, without re-evaluating iteration 0.
+    * Checkpoints are taken at log boundaries (or every ``checkpoint_interval_steps``) and hold the objects of
+      ``checkpoint_state``, the collector's state and the books (:class:`~tdrl.train.bookkeeping.Bookkeeper`,
+      which also writes the log rows); launching again on the same run directory resumes at the iteration after
+      the last checkpoint, bitwise, without re-evaluating iteration 0.
 
-Log rows go to ``run.log(metrics, step=frames, iteration=, updates=, update_batch_size=, episodes=)`` (the Run
-computes rlpyt's Iteration/CumSteps/CumTime/StepsPerSecond/CumUpdates/ReplayRatio columns); metrics are
-``train/<field>_{mean,std,median,min,max}`` over the episode window, ``eval/...`` over the last evaluation,
-five statistics per recorded optimiser metric (``loss/objective_mean``...), ``time/train_s`` and ``time/eval_s``.
-The summary adds ``train_s``, counters and ``curve`` (``[{frames, train_s, return_mean}]`` per log row).
+Data parallel (rlpyt's SyncRl, ``trainer.kind=ddp``): inside a process group (:func:`~tdrl.train.launch_data_parallel`,
+torchrun or a SLURM launch) every rank builds its own collector, replay and model copy and runs this same loop;
+``modules`` (the loss module) are copied from rank 0 at construction and their gradients are averaged over the
+ranks at the end of every backward pass (:mod:`tdrl.train.replicas`), so every rank takes the same step and the
+replicas stay bitwise equal (checked at every log row). No samples are exchanged; batch sizes are per rank (weak
+scaling: N ranks collect ``N * B * T`` frames per iteration), while ``n_steps``, ``log_interval_steps``,
+``min_steps_learn`` and the logged frames count all ranks. Rank 0 evaluates, logs and checkpoints, with every
+rank's episodes and optimiser metrics gathered into its rows. For a loss that is a minibatch mean, the averaged
+gradient equals that of the concatenated minibatches up to float summation order; whole runs differ from a single
+process (each rank draws its own env and sampling streams; PPO normalises advantages per rank).
 
-The ``run`` (``tdrl.log.Run``) is optional: without one the trainer keeps its log rows in :attr:`history` only,
-which is what the unit tests use. Collectors are duck-typed on TorchRL's collector protocol (iteration,
-``update_policy_weights_()``, ``shutdown()``, ``state_dict()``); the eval collector is anything with
-``evaluate()`` or a tdrl collector (one ``collect()``, its ``traj_infos``). The trainer shuts both down when the
-loop ends, however it ends; an interrupted run is closed without ``summary.json``.
+The ``run`` (``tdrl.log.Run``) is optional: without one the rows stay in :attr:`history`. The collector follows
+tdrl's collector protocol (iteration, ``update_policy_weights_()``, ``traj_infos``, ``shutdown()``,
+``state_dict()``); the eval collector is :func:`tdrl.collect.make_eval_collector`'s (``evaluate()`` returns whole
+greedy episodes). The trainer shuts both down when the loop ends, however it ends; an interrupted run is closed
+without ``summary.json``.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from collections import deque
+import hashlib
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from tensordict import TensorDictBase
+from torch import nn
 
-from tdrl.train.stats import episode_stats, eval_episodes, new_episodes, scalar_stats
+from tdrl.train.bookkeeping import (
+    Bookkeeper,
+    CheckpointObjects,
+    book_counter,
+    frames_per_batch,
+    iteration_counts,
+    updates_per_iteration,
+)
+from tdrl.train.replicas import (
+    GradientAllReduce,
+    ReplicaDivergenceError,
+    broadcast_from_main,
+    broadcast_module_state,
+    gather_to_main,
+    replica_digest,
+)
+from tdrl.utils.distributed import rank, world_size
+from tdrl.utils.seeding import rng_state, set_rng_state
+from tdrl.utils.stats import metrics_to_floats
 
 __all__ = ["SyncTrainer", "iteration_counts", "updates_per_iteration"]
 
 
-def iteration_counts(n_steps: int, log_interval_steps: int, frames_per_itr: int) -> tuple[int, int]:
-    """rlpyt's ``get_n_itr``: ``(n_itr, log_interval_itrs)`` with ``n_itr`` rounded up to a log boundary."""
-    if frames_per_itr <= 0:
-        raise ValueError(f"frames_per_itr must be positive, got {frames_per_itr}")
-    log_interval_itrs = max(int(log_interval_steps) // frames_per_itr, 1)
-    n_itr = max(int(n_steps) // frames_per_itr, 1)
-    if n_itr % log_interval_itrs:
-        n_itr += log_interval_itrs - n_itr % log_interval_itrs
-    return n_itr, log_interval_itrs
-
-
-def updates_per_iteration(replay_ratio: float, frames_per_itr: int, batch_size: int) -> int:
-    """rlpyt's off-policy update count: ``max(1, round(replay_ratio * frames_per_itr / batch_size))``.
-
-    ``replay_ratio`` is data consumed by the optimiser over data generated by the collector (e.g. 8 means every
-    transition is sampled about 8 times).
-    """
-    if replay_ratio <= 0 or batch_size <= 0:
-        raise ValueError(f"replay_ratio and batch_size must be positive, got {replay_ratio}, {batch_size}")
-    return max(1, round(replay_ratio * frames_per_itr / batch_size))
+def shutdown(*collectors: Any) -> None:
+    for c in collectors:
+        if c is not None:
+            c.shutdown()
 
 
 class SyncTrainer:
-    """Alternate collection and optimisation with rlpyt's iteration, logging and evaluation semantics.
+    """Alternate collection and optimisation with rlpyt's iteration, logging and evaluation semantics, on one
+    process or on every rank of a process group.
 
     Args:
         collector: yields ``[B, T]`` TensorDicts; ``frames_per_batch`` (or ``batch_B``·``batch_T``) gives the
-            frames per iteration unless ``frames_per_itr`` is passed.
-        n_steps: total env frames to train for (rounded up to a whole log interval of iterations).
+            frames per iteration unless ``frames_per_itr`` is passed. Under ddp, this rank's collector (seed it
+            with :func:`tdrl.utils.distributed.rank_seed`).
+        n_steps: total env frames to train for (all ranks; rounded up to a whole log interval of iterations).
         log_interval_steps: env frames between log rows (and evaluations, and checkpoints by default).
-        run: a ``tdrl.log.Run`` (``log``, ``save_checkpoint``, ``load_checkpoint``, ``finish``); ``None`` keeps
-            rows in :attr:`history` only.
-        eval_collector: an evaluation collector (greedy policy, own envs); evaluated at iteration 0 and at
-            every log interval. ``None`` reports online statistics of training episodes.
+        run: a ``tdrl.log.Run`` (``log``, ``save_checkpoint``, ``load_checkpoint``, ``finish``) on rank 0 only;
+            ``None`` keeps rows in :attr:`history` only.
+        eval_collector: an evaluation collector (``evaluate()``), run at iteration 0 and at every log interval
+            (on rank 0). ``None`` reports online statistics of training episodes.
+        replay: off-policy replay buffer; every batch is ``replay.extend``-ed before the loop body runs.
+        modules: the replicated modules (the loss module) whose gradients are averaged over the ranks; required
+            on more than one rank, unused on one.
         log_traj_window: completed training episodes kept for online statistics.
-        frames_per_itr: frames per collector batch, when the collector does not say.
+        frames_per_itr: frames per collector batch (this rank's), when the collector does not say.
         replay_ratio: off-policy data reuse; with ``batch_size`` it sets :attr:`updates_per_itr`.
-        batch_size: minibatch size of one gradient update (off-policy).
+        batch_size: minibatch size of one gradient update (off-policy; per rank).
         min_steps_learn: env frames collected before the first update (:attr:`updates_due` is 0 until then).
         checkpoint_state: named objects with ``state_dict``/``load_state_dict`` (models, optimizers, updaters,
-            replay buffers, schedules with state) saved in checkpoints and restored on resume.
+            schedules with state) or ``dumps``/``loads`` (replay buffers), saved in checkpoints and restored on
+            resume. Under ddp the ``dumps``/``loads`` ones are per rank: their ``state_dict`` (counters) is saved,
+            their data stays in each rank's scratch directory.
+        rank_state: objects that differ per rank (``state_dict``/``load_state_dict``), every rank's state saved.
         checkpoint_interval_steps: env frames between checkpoints; 0 means at every log row.
         stop_return: stop early once the evaluation (or online) mean return reaches this (benchmarks).
+        broadcast_buffers: ddp: after every iteration copy rank 0's buffers of ``modules`` to all ranks (DDP's
+            default; e.g. observation-normalisation statistics).
     """
 
     def __init__(
@@ -122,288 +139,201 @@ class SyncTrainer:
         log_interval_steps: int,
         run: Any = None,
         eval_collector: Any = None,
+        replay: Any = None,
+        modules: Sequence[nn.Module] = (),
         log_traj_window: int = 100,
         frames_per_itr: int | None = None,
         replay_ratio: float | None = None,
         batch_size: int | None = None,
         min_steps_learn: int = 0,
         checkpoint_state: Mapping[str, Any] | None = None,
+        rank_state: Mapping[str, Any] | None = None,
         checkpoint_interval_steps: int = 0,
         stop_return: float | None = None,
+        broadcast_buffers: bool = True,
     ) -> None:
-        if n_steps <= 0 or log_interval_steps <= 0:
-            raise ValueError(f"n_steps and log_interval_steps must be positive, got {n_steps}, {log_interval_steps}")
-        self.collector = collector
-        self.eval_collector = eval_collector
-        self.run = run
-        self.frames_per_itr = int(frames_per_itr or _frames_per_batch(collector))
-        self.n_itr, self.log_interval_itrs = iteration_counts(n_steps, log_interval_steps, self.frames_per_itr)
-        self.log_traj_window = log_traj_window
-        self.min_itr_learn = int(min_steps_learn) // self.frames_per_itr
-        self.batch_size = batch_size
+        self.rank, self.world_size = rank(), world_size()
+        if run is not None and self.rank != 0:
+            raise ValueError(f"rank {self.rank} was given a Run; open it on rank 0 only (tdrl.utils.distributed."
+                             "is_main_process()) so one process owns the run directory")
         if (replay_ratio is None) != (batch_size is None):
             raise ValueError("replay_ratio and batch_size go together (updates per iteration need both)")
-        self.updates_per_itr = (
-            updates_per_iteration(replay_ratio, self.frames_per_itr, batch_size) if replay_ratio else 1
-        )
-        self.checkpoint_state = dict(checkpoint_state or {})
-        # objects that write their own files (replay buffers: ``dumps(dir)``/``loads(dir)``) are checkpointed
-        # through the Run's extra writers; the rest through ``state_dict``/``load_state_dict``
-        self._file_state = {n: o for n, o in self.checkpoint_state.items() if hasattr(o, "dumps") and hasattr(o, "loads")}
-        for name, obj in self.checkpoint_state.items():
-            if name not in self._file_state and not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(
-                    f"checkpoint_state['{name}'] ({type(obj).__name__}) has neither state_dict/load_state_dict "
-                    "nor dumps/loads"
-                )
-        ckpt_itrs = max(int(checkpoint_interval_steps) // self.frames_per_itr, 1) if checkpoint_interval_steps else 0
-        self.checkpoint_interval_itrs = ckpt_itrs or self.log_interval_itrs
+        self.collector = collector
+        self.eval_collector = eval_collector if self.rank == 0 else None
+        if self.rank != 0:
+            shutdown(eval_collector)  # only rank 0 evaluates
+        self.replay = replay
+        self.local_frames_per_itr = int(frames_per_itr or frames_per_batch(collector))
+        self.frames_per_itr = self.local_frames_per_itr * self.world_size
+        self.n_itr, self.log_interval_itrs = iteration_counts(n_steps, log_interval_steps, self.frames_per_itr)
+        ckpt_itrs = int(checkpoint_interval_steps) // self.frames_per_itr
+        self.checkpoint_interval_itrs = max(ckpt_itrs, 1) if checkpoint_interval_steps else self.log_interval_itrs
+        self.min_itr_learn = int(min_steps_learn) // self.frames_per_itr
+        self.updates_per_itr = updates_per_iteration(replay_ratio, self.local_frames_per_itr, batch_size) \
+            if replay_ratio else 1
+        self.objects = CheckpointObjects(checkpoint_state)
+        per_rank = dict(rank_state or {})
+        if self.world_size > 1:  # each rank has its own replay: its counters go with the rank's state
+            per_rank.update(self.objects.files)
+            self.objects.files = {}
+        self.rank_objects = CheckpointObjects(per_rank, files=False)
         self.stop_return = stop_return
-
-        # Counters (checkpointed). ``itr`` is the iteration being run inside the loop body, and the number of
-        # completed iterations outside it.
-        self.itr = 0
-        self.frames = 0
-        self.updates = 0
-        self.episodes = 0
-        self._train_s = 0.0  # wall time minus evaluation time, summed over (resumed) sessions
-        self._eval_s = 0.0
-        self._traj_window: deque[dict[str, float]] = deque(maxlen=log_traj_window)
-        self._new_trajs: list[dict[str, float]] = []
-        self._metrics: list[Mapping[str, Any]] = []
-        self._frames_at_log = 0
-        self._updates_at_log = 0
-        self._train_s_at_log = 0.0
-        self.last_eval: dict[str, float] = {}
-        self.history: list[dict[str, float]] = []
-        self.curve: list[dict[str, float]] = []
+        self.book = Bookkeeper(run=run, frames_per_itr=self.frames_per_itr, log_traj_window=log_traj_window,
+                               update_batch_size=batch_size * self.world_size if batch_size else None)
         self.resumed = False
         self.stopped_early = False
-        self._session_start = 0.0
+        self._pending_trajs: list[dict[str, float]] = []  # this rank's episodes not yet gathered into a row
+        self.modules = list(modules)
+        self.broadcast_buffers = broadcast_buffers
+        self.grad_sync = None
+        if self.world_size > 1:
+            if not self.modules:
+                raise ValueError("modules: pass the replicated modules (e.g. the loss module) whose gradients to "
+                                 "average over the ranks")
+            broadcast_module_state(self.modules)  # every replica starts from rank 0's weights (DDP's constructor)
+            self.grad_sync = GradientAllReduce(self.modules)
 
     # --- What the recipe reads -------------------------------------------------------------------------------
+
+    itr = book_counter("itr", "Collector iterations: the 0-based iteration inside the loop body, done ones outside.")
+    frames = book_counter("frames", "Env frames collected (all ranks).")
+    updates = book_counter("updates", "Gradient updates recorded.")
+    history = book_counter("history", "Log rows (complete on rank 0; other ranks hold counters only).")
 
     @property
     def updates_due(self) -> int:
         """Gradient updates this iteration owes: 0 before ``min_steps_learn``, then ``updates_per_itr``."""
-        return 0 if self.itr < self.min_itr_learn else self.updates_per_itr
-
-    @property
-    def train_s(self) -> float:
-        """Wall-clock seconds spent collecting and optimising so far (evaluation excluded)."""
-        live = time.perf_counter() - self._session_start if self._session_start else 0.0
-        return self._train_s + live - self._session_eval_s
+        return 0 if self.book.itr < self.min_itr_learn else self.updates_per_itr
 
     @property
     def summary(self) -> dict[str, Any]:
         """``summary.json`` content: frames, wall and train seconds, last evaluation, counters, learning curve."""
-        out: dict[str, Any] = {
-            "frames": self.frames,
-            "wall_s": round(self.train_s + self._eval_s + self._session_eval_s, 3),
-            "train_s": round(self.train_s, 3),
-            "iterations": self.itr,
-            "updates": self.updates,
-            "episodes": self.episodes,
-            "eval/return_mean": self.last_eval.get("eval/return_mean", float("nan")),
-        }
-        online = episode_stats(list(self._traj_window), prefix="train/")
-        if "train/return_mean" in online:
-            out["train/return_mean"] = online["train/return_mean"]
-        out["stopped_early"] = self.stopped_early
-        out["curve"] = self.curve
-        return out
+        return self.book.summary(stopped_early=self.stopped_early, world_size=self.world_size)
 
     def record(self, metrics: Any = None, *, updates: int = 0) -> None:
-        """Store this iteration's optimiser metrics (averaged at the next log row) and count gradient updates.
+        """Store this iteration's optimiser metrics (summarised at the next log row) and count gradient updates.
 
         Args:
-            metrics: a TensorDict or mapping of scalars/tensors, or a sequence of them (e.g. one per update).
-                Keys ``loss_x`` are logged as ``loss/x``; other bare keys under ``train/``; keys with a ``/``
-                as given.
+            metrics: a TensorDict or mapping of scalars, or a sequence of them (e.g. one per update); keys are
+                renamed by :func:`tdrl.utils.stats.metric_name` (``loss_x`` → ``loss/x``).
             updates: gradient updates done this iteration (``CumUpdates``, replay ratio, updates/s).
         """
-        self.updates += int(updates)
-        if metrics is None:
-            return
-        if isinstance(metrics, (TensorDictBase, Mapping)):
-            self._metrics.append(metrics)
-        elif isinstance(metrics, Sequence):
-            self._metrics.extend(metrics)
-        else:
-            raise TypeError(f"record() takes a TensorDict, a mapping or a list of them, got {type(metrics).__name__}")
+        self.book.record(metrics, updates=updates)
 
-    # --- The loop --------------------------------------------------------------------------------------------
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's ``tensor`` along dim 0 (e.g. observations for global normalisation stats)."""
+        if self.world_size == 1:
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts)
+
+    # --- The loop (log rows, evaluation and checkpoints are collective: every rank reaches them together) -----
 
     def __iter__(self) -> Iterator[TensorDictBase]:
+        book = self.book
         completed = False
-        self._session_start = time.perf_counter()
-        self._session_eval_s = 0.0
+        book.start_session()
         try:
             self._maybe_resume()
-            if self.eval_collector is not None and self.itr == 0 and not self.resumed:
-                self._evaluate()
+            if book.itr == 0 and not self.resumed and broadcast_from_main(self.eval_collector is not None):
+                if self.eval_collector is not None:
+                    book.evaluate(self.eval_collector)
                 self._log()  # rlpyt's MinibatchRlEval logs the untrained agent at iteration 0
             batches = iter(self.collector)
-            while self.itr < self.n_itr and not self.stopped_early:
+            first = True
+            while book.itr < self.n_itr and not self.stopped_early:
+                if not first and self.grad_sync is not None and self.broadcast_buffers:
+                    broadcast_module_state(self.modules, params=False)
                 # weights reach the collector's workers before every batch, also the first one after a resume
                 self.collector.update_policy_weights_()
                 batch = next(batches)
-                self.frames += batch.numel()
-                trajs = new_episodes(self.collector)
-                self.episodes += len(trajs)
-                self._traj_window.extend(trajs)
-                self._new_trajs.extend(trajs)
+                if first:
+                    self._warn_if_ranks_collect_the_same(batch)
+                first = False
+                book.frames += batch.numel() * self.world_size
+                self._pending_trajs.extend(self.collector.traj_infos)
+                if self.replay is not None:
+                    self.replay.extend(batch)
                 yield batch
-                self.itr += 1
-                if self.itr % self.log_interval_itrs == 0:
+                book.itr += 1
+                if book.itr % self.log_interval_itrs == 0:
                     if self.eval_collector is not None:
-                        self._evaluate()
+                        book.evaluate(self.eval_collector)
                     self._log()
-                    self._check_stop()
-                if self.itr % self.checkpoint_interval_itrs == 0 or self.itr >= self.n_itr or self.stopped_early:
+                    self._check_replicas()
+                    stop = self.rank == 0 and book.reached(self.stop_return)
+                    self.stopped_early = bool(broadcast_from_main(stop))
+                if book.itr % self.checkpoint_interval_itrs == 0 or book.itr >= self.n_itr or self.stopped_early:
                     self._save_checkpoint()
             completed = True
         finally:
-            self._train_s = self.train_s
-            self._eval_s += self._session_eval_s
-            self._session_eval_s = 0.0
-            self._session_start = 0.0
-            for c in (self.collector, self.eval_collector):
-                if c is not None and hasattr(c, "shutdown"):
-                    c.shutdown()
-            if self.run is not None:
-                if completed:
-                    self.run.finish(self.summary)
-                elif hasattr(self.run, "close"):
-                    self.run.close(exit_code=1)  # no summary.json: the run did not finish
-
-    # --- Evaluation, logging, checkpoints -------------------------------------------------------------------
-
-    def _evaluate(self) -> None:
-        start = time.perf_counter()
-        if hasattr(self.eval_collector, "update_policy_weights_"):
-            self.eval_collector.update_policy_weights_()
-        trajs = eval_episodes(self.eval_collector)
-        self.last_eval = episode_stats(trajs, prefix="eval/")
-        self.last_eval["eval/episodes"] = float(len(trajs))
-        self._session_eval_s += time.perf_counter() - start
+            book.end_session()
+            shutdown(self.collector, self.eval_collector)
+            book.close_run(self.summary if completed else None)
 
     def _log(self) -> None:
-        train_s = self.train_s
-        d_frames = self.frames - self._frames_at_log
-        d_updates = self.updates - self._updates_at_log
-        d_time = max(train_s - self._train_s_at_log, 1e-9)
-        metrics: dict[str, float] = {
-            "time/train_s": train_s,  # rlpyt's CumTrainTime: wall time minus evaluation
-            "time/eval_s": self._eval_s + self._session_eval_s,
-            "time/train_fps": d_frames / d_time if self.itr else 0.0,
-        }
-        metrics.update(episode_stats(list(self._traj_window), prefix="train/"))
-        metrics.update(scalar_stats(self._metrics))
-        if self.eval_collector is not None:
-            metrics.update(self.last_eval)
-        new_episodes_count = len(self._new_trajs)
-        self._metrics.clear()
-        self._new_trajs.clear()
-        self._frames_at_log, self._updates_at_log, self._train_s_at_log = self.frames, self.updates, train_s
-        counters = {"iteration": self.itr, "frames": self.frames, "updates": self.updates,
-                    "episodes": self.episodes, "new_episodes": new_episodes_count}
-        if self.batch_size and self.frames:
-            counters["replay_ratio"] = d_updates * self.batch_size / max(d_frames, 1)
-            counters["cum_replay_ratio"] = self.updates * self.batch_size / self.frames
-        self.history.append({**counters, **metrics})
-        ret = metrics.get("eval/return_mean", metrics.get("train/return_mean"))
-        if ret is not None and math.isfinite(ret):
-            self.curve.append({"frames": self.frames, "train_s": round(train_s, 3), "return_mean": ret})
-        if self.run is not None:
-            self.run.log(metrics, step=self.frames, iteration=self.itr, updates=self.updates,
-                         update_batch_size=self.batch_size, episodes=new_episodes_count)
-
-    def _check_stop(self) -> None:
-        if self.stop_return is None:
+        trajs, self._pending_trajs = self._pending_trajs, []
+        if self.world_size == 1:
+            self.book.add_episodes(trajs)
+            self.book.log()
             return
-        ret = self.last_eval.get("eval/return_mean") if self.eval_collector is not None else None
-        if ret is None:
-            ret = episode_stats(list(self._traj_window)).get("return_mean")
-        if ret is not None and ret >= self.stop_return:
-            self.stopped_early = True
+        gathered = gather_to_main((trajs, metrics_to_floats(self.book.metrics)))
+        self.book.metrics.clear()
+        if self.rank != 0:
+            return
+        self.book.add_episodes([t for rank_trajs, _ in gathered for t in rank_trajs])
+        reduce_s, self.grad_sync.reduce_s = self.grad_sync.reduce_s, 0.0
+        # rank 0's all-reduce time includes waiting for the other ranks
+        self.book.log({"time/allreduce_s": reduce_s}, metrics=[m for _, rank_m in gathered for m in rank_m])
 
-    def state_dict(self) -> dict[str, Any]:
-        """Counters, episode window, timers and logged curve: everything the trainer needs to resume."""
-        return {
-            "itr": self.itr,
-            "frames": self.frames,
-            "updates": self.updates,
-            "episodes": self.episodes,
-            "train_s": self.train_s,
-            "eval_s": self._eval_s + self._session_eval_s,
-            "traj_window": list(self._traj_window),
-            "frames_at_log": self._frames_at_log,
-            "updates_at_log": self._updates_at_log,
-            "train_s_at_log": self._train_s_at_log,
-            "last_eval": dict(self.last_eval),
-            "curve": list(self.curve),
-            "n_itr": self.n_itr,
-            "frames_per_itr": self.frames_per_itr,
-        }
+    def _warn_if_ranks_collect_the_same(self, batch: TensorDictBase) -> None:
+        if self.world_size == 1 or "observation" not in batch.keys():
+            return
+        obs = batch["observation"].contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+        digests = [None] * self.world_size
+        dist.all_gather_object(digests, hashlib.blake2b(obs.tobytes(), digest_size=16).hexdigest())
+        if len(set(digests)) == 1 and self.rank == 0:
+            warnings.warn("every rank collected the same first batch: seed each rank's collector differently "
+                          "(tdrl.utils.distributed.rank_seed), or the replicas average identical gradients",
+                          stacklevel=3)
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("frames_per_itr", self.frames_per_itr) != self.frames_per_itr:
-            raise ValueError(
-                f"checkpoint was taken with {state['frames_per_itr']} frames per iteration, this run has "
-                f"{self.frames_per_itr}: the collector's B×T changed"
-            )
-        self.itr, self.frames = int(state["itr"]), int(state["frames"])
-        self.updates, self.episodes = int(state["updates"]), int(state["episodes"])
-        self._train_s, self._eval_s = float(state["train_s"]), float(state["eval_s"])
-        self._traj_window = deque(state["traj_window"], maxlen=self.log_traj_window)
-        self._frames_at_log, self._updates_at_log = int(state["frames_at_log"]), int(state["updates_at_log"])
-        self._train_s_at_log = float(state["train_s_at_log"])
-        self.last_eval = dict(state["last_eval"])
-        self.curve = list(state["curve"])
-        # wall time restarts in this session: pretend the session began now
-        self._session_start = time.perf_counter()
+    def _check_replicas(self) -> None:
+        if self.world_size == 1:
+            return
+        digests = [None] * self.world_size
+        dist.all_gather_object(digests, replica_digest(self.modules, buffers=self.broadcast_buffers))
+        if len(set(digests)) != 1:
+            raise ReplicaDivergenceError(
+                f"the replicated modules differ across ranks at iteration {self.book.itr} (digests {digests}); "
+                "something changed parameters outside the averaged optimizer step on some rank")
+
+    # --- Checkpoints: shared objects from rank 0, every rank's own state gathered into rank 0's checkpoint ------
 
     def _save_checkpoint(self) -> None:
-        if self.run is None:
-            return
-        state: dict[str, Any] = {name: obj.state_dict() for name, obj in self.checkpoint_state.items()
-                                 if name not in self._file_state}
-        state["trainer"] = self.state_dict()
-        if hasattr(self.collector, "state_dict"):
-            state["collector"] = self.collector.state_dict()
-        writers = {name: obj.dumps for name, obj in self._file_state.items()}
-        # the Run adds the RNG states and its logger position to the checkpoint
-        self.run.save_checkpoint(state, self.itr, step=self.frames, extra_writers=writers or None)
+        mine = {**self.rank_objects.state_dict(), "collector": self.collector.state_dict(), "rng": rng_state(),
+                "pending_trajs": list(self._pending_trajs)}
+        self.book.save_checkpoint(self.objects, ranks=gather_to_main(mine), world_size=self.world_size)
 
     def _maybe_resume(self) -> None:
-        if self.run is None or self.resumed:
+        if self.resumed:
             return
-        readers = {name: obj.loads for name, obj in self._file_state.items()}
-        state = self.run.load_checkpoint(extra_readers=readers or None)  # restores RNG states too
+        if self.world_size == 1:
+            state = self.book.load_checkpoint(self.objects)
+        else:  # rank 0 reads the checkpoint, every rank restores from it
+            state = self.book.run.load_checkpoint() if self.book.run is not None else None
+            state = broadcast_from_main(state)
+            if state:
+                self.book.load_state_dict(state["trainer"])
+                self.objects.load_state_dict(state)
         if not state:
             return
-        for name, obj in self.checkpoint_state.items():
-            if name in self._file_state:
-                continue
-            if name not in state:
-                raise KeyError(f"checkpoint has no '{name}' (it has {sorted(state)})")
-            obj.load_state_dict(state[name])
-        self.load_state_dict(state["trainer"])
-        if "collector" in state and hasattr(self.collector, "load_state_dict"):
-            self.collector.load_state_dict(state["collector"])
+        if state["world_size"] != self.world_size:
+            raise ValueError(f"checkpoint was taken with world_size={state['world_size']}; this run has "
+                             f"world_size={self.world_size}")
+        mine = state["ranks"][self.rank]
+        self.rank_objects.load_state_dict(mine)
+        self.collector.load_state_dict(mine["collector"])
+        set_rng_state(mine["rng"])
+        self._pending_trajs = list(mine["pending_trajs"])
         self.resumed = True
-
-
-def _frames_per_batch(collector: Any) -> int:
-    for attr in ("frames_per_batch", "frames_per_itr"):
-        value = getattr(collector, attr, None)
-        if value:
-            return int(value)
-    b, t = getattr(collector, "batch_B", None), getattr(collector, "batch_T", None)
-    if b and t:
-        return int(b) * int(t)
-    raise ValueError(
-        f"cannot tell frames per batch of {type(collector).__name__}: it has no frames_per_batch/batch_B×batch_T; "
-        "pass frames_per_itr="
-    )

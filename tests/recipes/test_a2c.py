@@ -3,7 +3,6 @@ config errors, NaN stopping the run, and the CLI."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -15,21 +14,13 @@ import pytest
 import torch
 
 from tdrl.config import ConfigError, apply_overrides
+from tdrl.launch.recipe import load_recipe
 from tdrl.objectives.update import NonFiniteLossError
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 
-def load_recipe(name: str):
-    """recipes/ is not a package: load the script as a module (registered, so its dataclasses resolve)."""
-    spec = importlib.util.spec_from_file_location(f"_recipe_{name}", RECIPES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-a2c = load_recipe("a2c")
+a2c = load_recipe(RECIPES / "a2c.py")
 
 TINY = [
     "collector.batch_B=4", "collector.batch_T=8", "collector.total_frames=256", "logger.log_interval_steps=128",

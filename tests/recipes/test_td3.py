@@ -3,7 +3,6 @@ counts from replay_ratio/min_steps_learn, bad input before anything starts, the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -13,21 +12,13 @@ from pathlib import Path
 import pytest
 
 from tdrl.config import ConfigError, apply_overrides
+from tdrl.launch.recipe import load_recipe
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
 
 
-def load_recipe(name: str):
-    """recipes/ is not a package: load the script as a module (registered, so its dataclasses resolve)."""
-    spec = importlib.util.spec_from_file_location(f"_recipe_{name}", RECIPES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-td3 = load_recipe("td3")
+td3 = load_recipe(RECIPES / "td3.py")
 
 TINY = [
     "collector.total_frames=240", "logger.log_interval_steps=120", "eval.n_envs=2", "eval.max_steps=20",

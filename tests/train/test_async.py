@@ -80,8 +80,8 @@ def _trainer(tmp_path, *, n_itr=20, log_itrs=5, run=None, max_lag_frames=None, f
 def _train(trainer, parts, on_round=None):
     loss, updater, replay = parts
     with trainer:
-        for batch in trainer:
-            assert batch is None
+        for due in trainer:  # an optimizer round: the collector process already filled the replay
+            assert isinstance(due, int) and due == trainer.updates_due
             if on_round is not None:
                 on_round(trainer)
             metrics = [updater.step(loss(replay.sample(32))) for _ in range(trainer.updates_due)]
@@ -249,8 +249,8 @@ def test_on_policy_algorithm_is_refused_for_async(tmp_path):
     with pytest.raises(ValueError, match="trainer.kind=async needs an off-policy algorithm"):
         check_trainer(TrainerConfig(kind="async"), on_policy=True)
     with pytest.raises(ValueError, match="trainer.kind=async needs an off-policy algorithm"):
-        make_trainer(TrainerConfig(kind="async"), on_policy=True, collector_factory=object, policy=torch.nn.Linear(1, 1),
-                     n_steps=10, log_interval_steps=10)
+        make_trainer(TrainerConfig(kind="async"), on_policy=True, collector_factory=object,
+                     policy=torch.nn.Linear(1, 1), n_steps=10, log_interval_steps=10)
     factory, policy, *_ = _dqn(tmp_path)
     with pytest.raises(ValueError, match="needs an off-policy algorithm with a replay buffer"):
         AsyncTrainer(collector_factory=factory, replay=None, policy=policy, n_steps=640, log_interval_steps=64,
@@ -295,17 +295,12 @@ def test_close_survives_messages_that_cannot_be_received(tmp_path):
 @pytest.mark.timeout(120)
 def test_dqn_recipe_runs_async_from_its_config(tmp_path):
     """``python recipes/dqn.py trainer.kind=async``: same recipe, the collector in its own process."""
-    import importlib.util
     import json
-    import sys
 
     from tdrl.config import apply_overrides
+    from tdrl.launch.recipe import load_recipe
 
-    path = Path(__file__).resolve().parents[2] / "recipes" / "dqn.py"
-    spec = importlib.util.spec_from_file_location("_async_test_recipe_dqn", path)
-    dqn = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = dqn
-    spec.loader.exec_module(dqn)
+    dqn = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / "dqn.py")
     cfg = apply_overrides(dqn.Config(), [
         "trainer.kind=async", f"run.dir={tmp_path / 'run'}", "logger.wandb=false", "logger.progress_bar=false",
         "collector.batch_B=4", "collector.batch_T=16", "collector.total_frames=1024", "optim.min_steps_learn=256",

@@ -18,14 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tdrl.train.ddp import (
-    DataParallelError,
-    DataParallelTrainer,
-    GradientAllReduce,
-    broadcast_module_state,
-    launch_data_parallel,
-    replica_digest,
-)
+from tdrl.train import DataParallelError, SyncTrainer, launch_data_parallel
+from tdrl.train.replicas import GradientAllReduce, broadcast_module_state, replica_digest
 from tdrl.utils.distributed import (
     DistributedSetupError,
     available_cpus,
@@ -116,8 +110,8 @@ def _tiny_ppo(run_dir: str, n_steps: int, crash_rank: int = -1, crash_itr: int =
         run = Run.open(config={"test": "ddp"}, run=RunConfig(dir=run_dir),
                        logger=LoggerConfig(log_interval_steps=256, wandb=False, progress_bar=False), name="tiny",
                        tee=False)
-    trainer = DataParallelTrainer(collector=collector, modules=[loss], run=run, n_steps=n_steps,
-                                  log_interval_steps=256, checkpoint_state={"model": ac, "updater": updater})
+    trainer = SyncTrainer(collector=collector, modules=[loss], run=run, n_steps=n_steps,
+                          log_interval_steps=256, checkpoint_state={"model": ac, "updater": updater})
     equal, first_digest = [], None
     for batch in trainer:
         if first_digest is None:
@@ -214,12 +208,12 @@ def test_rank_seeds_are_distinct_and_rank_zero_keeps_the_run_seed():
 
 
 def test_run_on_a_nonzero_rank_is_refused(monkeypatch):
-    import tdrl.train.ddp as ddp_module
+    import tdrl.train.sync as sync_module
 
-    monkeypatch.setattr(ddp_module, "rank", lambda: 1)
+    monkeypatch.setattr(sync_module, "rank", lambda: 1)
     with pytest.raises(ValueError, match="open it on rank 0 only"):
-        DataParallelTrainer(collector=object(), modules=[nn.Linear(1, 1)], run=object(), n_steps=10,
-                            log_interval_steps=10, frames_per_itr=1)
+        SyncTrainer(collector=object(), modules=[nn.Linear(1, 1)], run=object(), n_steps=10,
+                    log_interval_steps=10, frames_per_itr=1)
 
 
 def test_single_process_world_of_one_runs_in_process():
@@ -281,18 +275,12 @@ def test_make_trainer_refuses_ddp_without_ranks_before_building_the_collector():
 
 @pytest.mark.timeout(120)
 def test_ppo_recipe_runs_data_parallel_from_its_config(tmp_path):
-    """``python recipes/ppo.py trainer.kind=ddp trainer.world_size=2``, with the recipe loaded by path under a
-    made-up module name (as tdrl.launch and the recipe tests load it): the ranks must find it."""
-    import importlib.util
-    import sys
-
+    """``python recipes/ppo.py trainer.kind=ddp trainer.world_size=2``, with the recipe loaded by path (as
+    tdrl.launch and the recipe tests load it): the ranks must find it."""
     from tdrl.config import apply_overrides
+    from tdrl.launch.recipe import load_recipe
 
-    path = Path(__file__).resolve().parents[2] / "recipes" / "ppo.py"
-    spec = importlib.util.spec_from_file_location("_ddp_test_recipe_ppo", path)
-    ppo = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = ppo
-    spec.loader.exec_module(ppo)
+    ppo = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / "ppo.py")
     cfg = apply_overrides(ppo.Config(), [
         "trainer.kind=ddp", "trainer.world_size=2", f"run.dir={tmp_path / 'run'}", "logger.wandb=false",
         "logger.progress_bar=false", "collector.batch_B=2", "collector.batch_T=32", "collector.total_frames=256",

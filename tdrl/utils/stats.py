@@ -1,0 +1,150 @@
+"""The one place where per-episode and per-update values become log columns (rlpyt's ``record_tabular_misc_stat``).
+
+rlpyt wrote ``ReturnAverage, ReturnStd, ReturnMedian, ReturnMin, ReturnMax`` for every TrajInfo field and
+optimiser value. tdrl writes the same five statistics (population std, as ``np.std``) under metric keys::
+
+    rlpyt            tdrl
+    ReturnAverage    train/return_mean      (evaluation episodes: eval/return_mean)
+    ReturnStd        train/return_std
+    LengthMax        train/length_max
+    LossAverage      loss/q_mean            (a recorded ``loss_q``, one value per update since the last row)
+
+Episode fields are the collectors' TrajInfo names in snake case (``DiscountedReturn`` → ``discounted_return``);
+fields starting with ``_`` are private and never logged. Optimiser metrics (what a recipe passes to
+``trainer.record``) are renamed by :func:`metric_name`: ``loss_x`` → ``loss/x``, other bare keys → ``train/x``,
+keys holding a ``/`` as given. This module sits in ``tdrl.utils`` so that trainers, the run logger and user scripts
+all share it.
+
+Examples:
+    >>> summarize_records([{"Return": 1.0, "Length": 10}, {"Return": 3.0, "Length": 30}], "train/")[
+    ...     "train/return_mean"]
+    2.0
+    >>> summarize_metrics([{"loss_q": 0.5}, {"loss_q": 1.5}])["loss/q_max"]
+    1.5
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+__all__ = [
+    "STATISTICS",
+    "metric_name",
+    "metrics_to_floats",
+    "summarize",
+    "summarize_columns",
+    "summarize_metrics",
+    "summarize_records",
+]
+
+STATISTICS: tuple[str, ...] = ("mean", "std", "median", "min", "max")
+"""Column suffixes, in the order they are written (rlpyt's Average, Std, Median, Min, Max)."""
+
+
+def summarize(key: str, values: Iterable[float] | Any) -> dict[str, float]:
+    """``{key_mean, key_std, key_median, key_min, key_max}`` of ``values`` (all ``nan`` when empty).
+
+    Args:
+        key: column prefix, e.g. ``"train/return"``.
+        values: numbers, a numpy array or a tensor (any shape; flattened).
+    """
+    if isinstance(values, torch.Tensor):
+        values = values.detach().to("cpu", torch.float64).reshape(-1).numpy()
+    try:
+        arr = np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"statistic {key!r}: values must be real numbers ({e})") from None
+    if arr.size == 0:
+        return {f"{key}_{s}": math.nan for s in STATISTICS}
+    return {f"{key}_mean": float(arr.mean()), f"{key}_std": float(arr.std()), f"{key}_median": float(np.median(arr)),
+            f"{key}_min": float(arr.min()), f"{key}_max": float(arr.max())}
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+def summarize_records(records: Sequence[Mapping[str, float]], prefix: str = "train/",
+                      fields: Sequence[str] | None = None) -> dict[str, float]:
+    """Statistics of each field over per-episode dicts (TrajInfos), under ``<prefix><snake_field>_<stat>``.
+
+    Args:
+        records: e.g. ``collector.traj_infos`` or ``eval_collector.evaluate()``.
+        prefix: ``"train/"``, ``"eval/"``.
+        fields: the fields to summarise; given, a field with no values yields ``nan`` columns (so an interval in
+            which no episode ended still writes its columns). Default: every public field seen, in order; no
+            columns at all when there are no records.
+    """
+    if fields is None:
+        fields = [k for k in dict.fromkeys(k for r in records for k in r) if not k.startswith("_")]
+    out: dict[str, float] = {}
+    for name in fields:
+        out.update(summarize(f"{prefix}{_snake(name)}", [float(r[name]) for r in records if name in r]))
+    return out
+
+
+def summarize_columns(columns: Mapping[str, Iterable[float] | Any], prefix: str = "") -> dict[str, float]:
+    """Statistics of each named series, e.g. one optimiser value per update: ``{"loss/actor": [...]}``."""
+    out: dict[str, float] = {}
+    for name, values in columns.items():
+        out.update(summarize(f"{prefix}{name}", values))
+    return out
+
+
+def metric_name(key: str | tuple[str, ...]) -> str:
+    """Log key of a recorded optimiser metric: ``loss_x`` → ``loss/x``, ``x`` → ``train/x``, ``a/b`` as given."""
+    if isinstance(key, tuple):
+        key = "/".join(key)
+    if "/" in key:
+        return key
+    if key.startswith("loss_"):
+        return "loss/" + key[len("loss_"):]
+    return "train/" + key
+
+
+def _scalars(metrics: Iterable[Any]) -> Iterable[dict[str, Any]]:
+    for m in metrics:
+        items = m.items(include_nested=True, leaves_only=True) if isinstance(m, TensorDictBase) else m.items()
+        row: dict[str, Any] = {}
+        for key, value in items:
+            if isinstance(value, torch.Tensor):
+                if value.numel() == 1:
+                    row[metric_name(key)] = value.detach().reshape(())
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                row[metric_name(key)] = float(value)
+        yield row
+
+
+def metrics_to_floats(metrics: Iterable[Any]) -> list[dict[str, float]]:
+    """Recorded metric entries (TensorDicts or mappings) as ``{log key: float}`` dicts, cheap to pickle.
+
+    Nested TensorDict keys join with ``/``; entries that are not scalars are dropped.
+    """
+    return [{k: float(v) for k, v in row.items()} for row in _scalars(metrics)]
+
+
+def summarize_metrics(metrics: Iterable[Any]) -> dict[str, float]:
+    """Per key, the five statistics over a list of metric TensorDicts/mappings (one per update), renamed by
+    :func:`metric_name`: recorded ``loss_objective`` values become ``loss/objective_mean``, ``..._std``, ...
+
+    Tensors are stacked and copied to the host once per key (not one ``.item()`` sync per update).
+    """
+    series: dict[str, list[Any]] = {}
+    for row in _scalars(metrics):
+        for name, value in row.items():
+            series.setdefault(name, []).append(value)
+    out: dict[str, float] = {}
+    for name, values in series.items():
+        if all(isinstance(v, torch.Tensor) for v in values):
+            values = torch.stack([v.to(torch.float64) for v in values])
+        else:
+            values = [float(v) for v in values]
+        out.update(summarize(name, values))
+    return out
