@@ -29,8 +29,8 @@ from torchrl.data import TensorSpec
 from torchrl.objectives import DDPGLoss, SACLoss, TD3Loss, ValueEstimators
 
 from tdrl.models.q import TwinQ
-from tdrl.objectives.fused import STEPS_KEY, WEIGHT_KEY
 from tdrl.objectives.td3 import FusedTD3Loss
+from tdrl.objectives.terms import STEPS_KEY, WEIGHT_KEY
 
 __all__ = ["make_ddpg_loss", "make_sac_loss", "make_td3_loss", "timeouts_as_terminal"]
 
