@@ -14,8 +14,8 @@ TorchRL evaluates in a single vmapped call. tdrl adds:
   for a [-1, 1] box), and losses default to the papers' squared error rather than TorchRL's ``smooth_l1``.
 
 Given a :class:`~tdrl.models.q.TwinQ` critic (``make_twin_q``), the DDPG and TD3 factories return
-:class:`tdrl.objectives.td3.FusedTD3Loss` instead: the same terms (tested equal) on plain tensors, ~3x cheaper per
-update on CPU. Target updates are the caller's (``tdrl.objectives.update.TargetUpdate`` with ``tau``).
+:class:`tdrl.objectives.td3.FusedTD3Loss`: the same terms (tested equal) on plain tensors. Target updates are the
+caller's (``tdrl.objectives.update.TargetUpdate`` with ``tau``).
 """
 
 from __future__ import annotations

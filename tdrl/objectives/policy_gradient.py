@@ -1,16 +1,11 @@
-"""PPO and A2C objectives for feed-forward actor-critics on plain tensors (TorchRL's losses, less overhead).
+"""PPO and A2C objectives for feed-forward actor-critics on plain tensors: TorchRL's losses, less overhead.
 
-TorchRL's ``ClipPPOLoss``/``A2CLoss`` reach the networks through generic TensorDict modules (distribution
-parameters written to and read from TensorDicts, functional parameter swapping); on CartPole-sized MLPs that
-machinery costs more than the networks. :class:`ActorCriticLoss` computes the same terms with direct module calls
-on :class:`tdrl.models.ActorCritic`'s plain-tensor view (``distribution(obs)``, ``value(obs)``). Equality with
-TorchRL's losses (values and gradients) is tested in ``tests/objectives/test_policy_gradient.py``; the speed-up is
-measured by ``python benchmarks/learning.py --losses`` (one full update step: loss, backward, clip, Adam; 256
-samples; shared 2-core machine): PPO 4.0 ms with TorchRL's loss vs 2.7 ms (1.5×), A2C 3.1 vs 2.3 ms (1.3×).
-
-:func:`make_ppo_loss` / :func:`make_a2c_loss` return it for feed-forward models and TorchRL's own loss for
-recurrent ones (which must replay sequences through ``LSTMModule``), with the same output keys and the same
-schedulable ``clip_epsilon`` buffer, so a recipe does not care which it got.
+TorchRL's ``ClipPPOLoss``/``A2CLoss`` reach the networks through TensorDict modules (distribution parameters written
+to and read from TensorDicts, functional parameter swaps), which on CartPole-sized MLPs costs more than the networks.
+:class:`ActorCriticLoss` computes the same terms (tested equal in values and gradients) with direct calls of
+:class:`tdrl.models.ActorCritic`'s plain-tensor methods (``distribution(obs)``, ``value(obs)``).
+:func:`make_ppo_loss`/:func:`make_a2c_loss` return it for feed-forward models and TorchRL's loss for recurrent
+ones (which replay sequences through ``LSTMModule``), with the same output keys and schedulable ``clip_epsilon``.
 
 Terms (rlpyt / TorchRL conventions; ``A`` is the advantage, ``R`` the value target, ``r = pi/pi_old``):
 
