@@ -293,14 +293,19 @@ TASKS: list[Task] = [
 # --- GAE micro-benchmark ------------------------------------------------------------------------------------------
 
 
+CLOCK: Callable[[], float] = time.perf_counter
+"""Clock of the micro-benchmarks and profiles; ``--cpu-time`` sets ``time.process_time`` (this process's CPU time:
+on a shared machine it moves far less with the load than wall-clock, and with one torch thread it is the work)."""
+
+
 def ms_per_call(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
     """Milliseconds per call of ``fn`` over ``repeats`` calls, after ``warmup`` untimed ones."""
     for _ in range(warmup):
         fn()
-    start = time.perf_counter()
+    start = CLOCK()
     for _ in range(repeats):
         fn()
-    return (time.perf_counter() - start) / repeats * 1e3
+    return (CLOCK() - start) / repeats * 1e3
 
 
 def bench_gae(repeats: int = 300) -> None:
@@ -336,7 +341,7 @@ def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
     """One update of ``algo`` as its recipe steps it (recipe batch size, networks and optimizers), with TorchRL's
     loss and with tdrl's plain-tensor twin of it: ``{"torchrl": step, "tdrl": step}``."""
     from tensordict import TensorDict
-    from torchrl.objectives import A2CLoss, ClipPPOLoss
+    from torchrl.objectives import ClipPPOLoss
 
     from tdrl.envs import EnvFactory
     from tdrl.models import make_actor_critic
@@ -349,7 +354,7 @@ def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
     )
     from tdrl.objectives.continuous import make_ddpg_loss, make_sac_loss, make_td3_loss
     from tdrl.objectives.dqn import make_dqn_loss
-    from tdrl.objectives.policy_gradient import ActorCriticLoss
+    from tdrl.objectives.policy_gradient import PPOLoss
     from tdrl.objectives.sac import FusedSACLoss
     from tdrl.objectives.update import TargetUpdate, Updater
 
@@ -359,21 +364,17 @@ def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
     def step_on(updater: Updater, loss: Any, td: Any) -> Callable[[], Any]:
         return lambda: updater.step(loss(td.clone(False)))
 
-    if algo in ("ppo", "a2c"):  # recipes: 8 x 32 CartPole steps per minibatch (PPO), 8 x 5 per update (A2C)
-        n = 256 if algo == "ppo" else 40
+    if algo == "ppo":  # recipe: 8 x 32 CartPole steps per minibatch
+        n = 256
         ac = make_actor_critic(EnvFactory("CartPole-v1").specs())
         td = TensorDict({"observation": torch.randn(n, 4)}, [n])
         with torch.no_grad():
             ac.actor(td)
         td["advantage"], td["value_target"] = torch.randn(n, 1), torch.randn(n, 1)
-        ppo = algo == "ppo"
-        ours = ActorCriticLoss(ac, clip_epsilon=0.2 if ppo else None, critic_coeff=0.5, entropy_coeff=0.0,
-                               normalize_advantage=ppo)
-        theirs = ClipPPOLoss(ac.actor, ac.critic, clip_epsilon=0.2, entropy_coeff=0.0, critic_coeff=0.5,
-                             loss_critic_type="l2", normalize_advantage=True) if ppo else \
-            A2CLoss(ac.actor, ac.critic, entropy_coeff=0.0, critic_coeff=0.5, loss_critic_type="l2")
-        return {name: step_on(Updater(adam(ac.parameters()), max_grad_norm=0.5), loss, td)
-                for name, loss in (("torchrl", theirs), ("tdrl", ours))}
+        kwargs = dict(clip_epsilon=0.2, critic_coeff=0.5, entropy_coeff=0.0, normalize_advantage=True)
+        losses = (("torchrl", ClipPPOLoss(ac.actor, ac.critic, loss_critic_type="l2", **kwargs)),
+                  ("tdrl", PPOLoss(ac, **kwargs)))
+        return {name: step_on(Updater(adam(ac.parameters()), max_grad_norm=0.5), loss, td) for name, loss in losses}
     if algo == "dqn":  # recipe: 64 CartPole samples, dueling [256, 256], double DQN, Huber
         n = 64
         td = TensorDict({"observation": torch.randn(n, 4), "action": torch.randint(0, 2, (n,)),
@@ -431,7 +432,7 @@ def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
     return steps
 
 
-LOSS_ALGOS = ("ppo", "a2c", "dqn", "sac", "td3", "ddpg")
+LOSS_ALGOS = ("ppo", "dqn", "sac", "td3", "ddpg")  # the recipes whose loss is a tdrl twin
 
 
 def bench_losses(algos: list[str], threads: int | None = None, repeats: int = 100) -> dict[str, dict[str, float]]:
@@ -453,8 +454,8 @@ def bench_losses(algos: list[str], threads: int | None = None, repeats: int = 10
 
 
 def _use_torchrl_loss(recipe: Any, algo: str) -> None:
-    """Point a loaded DQN/PPO/A2C recipe at TorchRL's loss instead of tdrl's twin (the recipe's calls fit both)."""
-    from torchrl.objectives import A2CLoss, ClipPPOLoss
+    """Point a loaded DQN/PPO recipe at TorchRL's loss instead of tdrl's twin (the recipe's calls fit both)."""
+    from torchrl.objectives import ClipPPOLoss
 
     from tdrl.objectives.dqn import make_dqn_loss
 
@@ -469,37 +470,37 @@ def _use_torchrl_loss(recipe: Any, algo: str) -> None:
 
     if algo == "dqn":
         recipe.make_dqn_loss = functools.partial(make_dqn_loss, fused=False)
-    elif algo == "ppo":
+    else:
         recipe.make_ppo_loss = lambda ac, **kw: RecipeKeysPPO(ac.actor, ac.critic, loss_critic_type="l2", **kw)
-    elif algo == "a2c":
-        recipe.make_a2c_loss = lambda ac, **kw: A2CLoss(ac.actor, ac.critic, loss_critic_type="l2", **kw)
 
 
 def bench_iteration(algos: list[str], threads: int | None = None, rounds: int = 3) -> None:
     """Whole recipe iterations (collect, replay, update) at the recipe's defaults, evaluation off, tdrl's twin vs
-    TorchRL's loss, in ms per iteration (best of ``rounds`` interleaved runs). DQN, PPO, A2C: both run in the recipe
+    TorchRL's loss, in ms per iteration (best of ``rounds`` interleaved runs). DQN, PPO: both run in the recipe
     (TorchRL's loss takes the recipe's calls). SAC, TD3, DDPG (one update per iteration): the recipe runs with the
     twin, and TorchRL's figure adds the per-update difference of :func:`bench_losses`."""
     from tdrl.config import apply_overrides
 
-    budgets = {"ppo": 6_400, "a2c": 12_000, "dqn": 3_000, "sac": 600, "td3": 1_600, "ddpg": 1_600}
+    budgets = {"ppo": 6_400, "dqn": 3_000, "sac": 600, "td3": 1_600, "ddpg": 1_600}
     per_update = bench_losses([a for a in algos if a in ("sac", "td3", "ddpg")], threads)
     print(f"{'iteration':10s} {'torchrl ms':>11s} {'tdrl ms':>8s} {'tdrl gain':>10s} {'updates/it':>11s}")
     for algo in algos:
         best: dict[str, float] = {}
         updates = 0.0
         for _ in range(rounds):
-            for variant in ("tdrl", "torchrl") if algo in ("dqn", "ppo", "a2c") else ("tdrl",):
+            for variant in ("tdrl", "torchrl") if algo in ("dqn", "ppo") else ("tdrl",):
                 recipe = load_recipe(algo)
                 if variant == "torchrl":
                     _use_torchrl_loss(recipe, algo)
                 with tempfile.TemporaryDirectory() as tmp:
+                    start = CLOCK()
                     summary = recipe.main(apply_overrides(recipe.Config(), [
                         f"collector.total_frames={budgets[algo]}", f"run.root={tmp}", "eval.n_envs=0",
                         "logger.wandb=false", "logger.progress_bar=false", "checkpoint.snapshot_mode=none",
                         f"logger.log_interval_steps={budgets[algo]}",
                         *([f"run.torch_threads={threads}"] if threads else [])]))
-                best[variant] = min(best.get(variant, math.inf), summary["train_s"] / summary["iterations"] * 1e3)
+                    seconds = CLOCK() - start  # the whole run: start-up included, the same for both losses
+                best[variant] = min(best.get(variant, math.inf), seconds / summary["iterations"] * 1e3)
                 updates = summary["updates"] / summary["iterations"]
         if "torchrl" not in best:
             best["torchrl"] = best["tdrl"] + updates * (per_update[algo]["torchrl"] - per_update[algo]["tdrl"])
@@ -541,11 +542,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         + ",".join(LOSS_ALGOS))
     parser.add_argument("--iteration", default="", metavar="ALGOS",
                         help="only the whole-iteration profile (recipe defaults), TorchRL's loss vs tdrl's twin")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="--losses/--iteration measure this process's CPU time (serial collectors, one thread)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for --losses/--iteration (default: each recipe's run.torch_threads)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.gae or args.losses or args.iteration:
+        global CLOCK
+        CLOCK = time.process_time if args.cpu_time else time.perf_counter
         if args.gae:
             bench_gae()
         if args.losses:

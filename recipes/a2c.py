@@ -149,7 +149,7 @@ def main(cfg: Config) -> dict:
                     **model_kwargs).to(device)
 
     advantage = GAE(ac.critic, gamma=cfg.loss.gamma, lmbda=cfg.loss.gae_lambda)  # TorchRL's GAE, one critic call
-    # TorchRL's A2CLoss terms; on plain tensors for feed-forward models (same values, less overhead)
+    # TorchRL's A2CLoss (squared value error)
     loss = make_a2c_loss(ac, entropy_coeff=cfg.loss.entropy_coeff, critic_coeff=0.5 * cfg.loss.value_loss_coeff)
     if cfg.optim.name == "rmsprop":
         optim = torch.optim.RMSprop(loss.parameters(), lr=cfg.optim.lr, alpha=0.99, eps=cfg.optim.eps, foreach=True)
