@@ -45,6 +45,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(ROOT))  # this checkout's tdrl, as its recipes expect (not another installed copy)
 from collectors import wait_until_quiet  # noqa: E402  (the collectors benchmark's /proc/stat check)
 
 # each run starts from torch's own thread count: recipes set theirs (run.torch_threads), SB3 keeps torch's default,
