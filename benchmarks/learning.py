@@ -12,9 +12,8 @@ of wall-clock to threshold is measured side by side.
     python benchmarks/learning.py --tasks sac-pendulum --stop --quiet 0.1          # each run waits for idle cores
     python benchmarks/learning.py --tasks ppo-cartpole --seeds 0,1,2 --json out.json
     python benchmarks/learning.py --tasks ppo-halfcheetah --no-sb3 --stop         # long (not in the default set)
-    python benchmarks/learning.py --gae --losses                                  # micro: tdrl vs TorchRL, ms/call
-    python benchmarks/learning.py --sac-loss                                      # micro: SAC update, tdrl/TorchRL/SB3
-    python benchmarks/learning.py --dqn-loss                                      # micro: DQN update, tdrl/TorchRL
+    python benchmarks/learning.py --gae --losses all                              # micro: tdrl vs TorchRL, ms/call
+    python benchmarks/learning.py --iteration all          # whole recipe iterations: TorchRL's loss vs tdrl's twin
 
 Run it from a temporary directory (MuJoCo writes MUJOCO_LOG.TXT into the cwd) and when the machine is quiet:
 wall-clock numbers on a shared 2-core machine are noisy, so compare the tdrl/SB3 ratio within one run.
@@ -46,6 +45,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(ROOT))  # this checkout's tdrl, as its recipes expect (not another installed copy)
 from collectors import wait_until_quiet  # noqa: E402  (the collectors benchmark's /proc/stat check)
 
 # each run starts from torch's own thread count: recipes set theirs (run.torch_threads), SB3 keeps torch's default,
@@ -294,14 +294,19 @@ TASKS: list[Task] = [
 # --- GAE micro-benchmark ------------------------------------------------------------------------------------------
 
 
+CLOCK: Callable[[], float] = time.perf_counter
+"""Clock of the micro-benchmarks and profiles; ``--cpu-time`` sets ``time.process_time`` (this process's CPU time:
+on a shared machine it moves far less with the load than wall-clock, and with one torch thread it is the work)."""
+
+
 def ms_per_call(fn: Callable[[], Any], repeats: int, warmup: int) -> float:
     """Milliseconds per call of ``fn`` over ``repeats`` calls, after ``warmup`` untimed ones."""
     for _ in range(warmup):
         fn()
-    start = time.perf_counter()
+    start = CLOCK()
     for _ in range(repeats):
         fn()
-    return (time.perf_counter() - start) / repeats * 1e3
+    return (CLOCK() - start) / repeats * 1e3
 
 
 def bench_gae(repeats: int = 300) -> None:
@@ -333,139 +338,175 @@ def bench_gae(repeats: int = 300) -> None:
         print(f"{B:>3d}x{T:<4d} {best['torchrl']:11.3f} {best['tdrl']:8.3f} {best['torchrl'] / best['tdrl']:8.2f}x")
 
 
-def bench_losses(repeats: int = 200) -> None:
-    """One full update (loss, backward, clip, Adam) on 256 CartPole samples: TorchRL's losses vs tdrl's."""
+def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
+    """One update of ``algo`` as its recipe steps it (recipe batch size, networks and optimizers), with TorchRL's
+    loss and with tdrl's plain-tensor twin of it: ``{"torchrl": step, "tdrl": step}``."""
     from tensordict import TensorDict
-    from torchrl.objectives import A2CLoss, ClipPPOLoss
+    from torchrl.objectives import ClipPPOLoss
 
     from tdrl.envs import EnvFactory
     from tdrl.models import make_actor_critic
-    from tdrl.objectives.policy_gradient import ActorCriticLoss
-    from tdrl.objectives.update import Updater
-
-    ac = make_actor_critic(EnvFactory("CartPole-v1").specs())
-    td = TensorDict({"observation": torch.randn(256, 4)}, [256])
-    with torch.no_grad():
-        ac.actor(td)
-    td["advantage"], td["value_target"] = torch.randn(256, 1), torch.randn(256, 1)
-    losses = {
-        "ppo torchrl": ClipPPOLoss(ac.actor, ac.critic, clip_epsilon=0.2, entropy_coeff=0.0, critic_coeff=0.5,
-                                   loss_critic_type="l2", normalize_advantage=True),
-        "ppo tdrl": ActorCriticLoss(ac, clip_epsilon=0.2, critic_coeff=0.5, entropy_coeff=0.0,
-                                    normalize_advantage=True),
-        "a2c torchrl": A2CLoss(ac.actor, ac.critic, entropy_coeff=0.0, critic_coeff=0.5, loss_critic_type="l2"),
-        "a2c tdrl": ActorCriticLoss(ac, clip_epsilon=None, critic_coeff=0.5, entropy_coeff=0.0),
-    }
-    best: dict[str, float] = {}
-    for _ in range(3):  # interleaved rounds, best of each: the machine is shared
-        for name, loss in losses.items():
-            updater = Updater(torch.optim.Adam(ac.parameters(), lr=1e-5), max_grad_norm=0.5)
-
-            def step(updater: Any = updater, loss: Any = loss) -> None:
-                updater.step(loss(td))
-
-            best[name] = min(best.get(name, math.inf), ms_per_call(step, repeats, warmup=20))
-    print(f"{'update step (256 samples)':28s} {'torchrl ms':>11s} {'tdrl ms':>8s} {'speed-up':>9s}")
-    for algo in ("ppo", "a2c"):
-        ours, theirs = best[f"{algo} tdrl"], best[f"{algo} torchrl"]
-        print(f"{algo:28s} {theirs:11.3f} {ours:8.3f} {theirs / ours:8.2f}x")
-
-
-def print_update_times(title: str, steps: dict[str, Callable[[], Any]], baseline: str, repeats: int) -> None:
-    """Time each update ``repeats`` times in 5 interleaved rounds (best round each: the machine is shared) and print
-    milliseconds and the ratio to ``baseline``."""
-    best: dict[str, float] = {}
-    for _ in range(5):
-        for name, step in steps.items():
-            best[name] = min(best.get(name, math.inf), ms_per_call(step, repeats, warmup=10))
-    print(f"{title:24s} {'ms':>7s} {'vs tdrl':>8s}")
-    for name, ms in best.items():
-        print(f"{name:24s} {ms:7.2f} {ms / best[baseline]:7.2f}x")
-
-
-def bench_sac_loss(repeats: int = 100) -> None:
-    """One SAC update (256 Pendulum samples, [256, 256] MLPs, Adam, polyak targets): TorchRL's SACLoss (vmapped
-    critics, one backward), tdrl's FusedSACLoss as recipes/sac.py steps it (critics, then policy and alpha; fused
-    Adam), and SB3's ``SAC.train(gradient_steps=1)`` (which also samples its replay buffer); one torch thread each
-    (the micro-benchmarks' setting; the recipe runs two)."""
-    from tensordict import TensorDict
-
-    from tdrl.envs import EnvFactory
-    from tdrl.models.q import make_q_critic, make_tanh_gaussian_actor, make_twin_q
-    from tdrl.objectives.continuous import make_sac_loss
+    from tdrl.models.q import (
+        make_deterministic_actor,
+        make_q_actor,
+        make_q_critic,
+        make_tanh_gaussian_actor,
+        make_twin_q,
+    )
+    from tdrl.objectives.continuous import make_ddpg_loss, make_sac_loss, make_td3_loss
+    from tdrl.objectives.dqn import make_dqn_loss
+    from tdrl.objectives.policy_gradient import PPOLoss
     from tdrl.objectives.sac import FusedSACLoss
     from tdrl.objectives.update import TargetUpdate, Updater
 
-    specs = EnvFactory("Pendulum-v1").specs()
-    n = 256
-    td = TensorDict({"observation": torch.randn(n, 3), "action": torch.rand(n, 1) * 4 - 2,
-                     ("next", "observation"): torch.randn(n, 3), ("next", "reward"): -torch.rand(n, 1) * 16,
-                     ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool),
-                     ("next", "done"): torch.zeros(n, 1, dtype=torch.bool)}, [n])
+    def adam(params: Any) -> torch.optim.Optimizer:
+        return torch.optim.Adam(list(params), lr=1e-4, fused=True)
 
-    def torchrl_update() -> Callable[[], Any]:
-        loss = make_sac_loss(make_tanh_gaussian_actor(specs), make_q_critic(specs), specs.action_spec)
-        updater = Updater(torch.optim.Adam(loss.parameters(), lr=1e-3),
-                          target_update=TargetUpdate(loss, interval=1, tau=0.005))
+    def step_on(updater: Updater, loss: Any, td: Any) -> Callable[[], Any]:
         return lambda: updater.step(loss(td.clone(False)))
 
-    def fused_update() -> Callable[[], Any]:
-        critic = make_twin_q(specs)
-        loss = FusedSACLoss(make_tanh_gaussian_actor(specs), critic)
-        critic_params = list(critic.parameters())
-        policy_params = [p for p in loss.parameters() if all(p is not q for q in critic_params)]
-        critic_updater = Updater(torch.optim.Adam(critic_params, lr=1e-3, fused=True), loss_keys=("loss_qvalue",))
-        policy_updater = Updater(torch.optim.Adam(policy_params, lr=1e-3, fused=True),
-                                 loss_keys=("loss_actor", "loss_alpha"),
-                                 target_update=TargetUpdate(loss, interval=1, tau=0.005))
+    if algo == "ppo":  # recipe: 8 x 32 CartPole steps per minibatch
+        n = 256
+        ac = make_actor_critic(EnvFactory("CartPole-v1").specs())
+        td = TensorDict({"observation": torch.randn(n, 4)}, [n])
+        with torch.no_grad():
+            ac.actor(td)
+        td["advantage"], td["value_target"] = torch.randn(n, 1), torch.randn(n, 1)
+        kwargs = dict(clip_epsilon=0.2, critic_coeff=0.5, entropy_coeff=0.0, normalize_advantage=True)
+        losses = (("torchrl", ClipPPOLoss(ac.actor, ac.critic, loss_critic_type="l2", **kwargs)),
+                  ("tdrl", PPOLoss(ac, **kwargs)))
+        return {name: step_on(Updater(adam(ac.parameters()), max_grad_norm=0.5), loss, td) for name, loss in losses}
+    if algo == "dqn":  # recipe: 64 CartPole samples, dueling [256, 256], double DQN, Huber
+        n = 64
+        td = TensorDict({"observation": torch.randn(n, 4), "action": torch.randint(0, 2, (n,)),
+                         ("next", "observation"): torch.randn(n, 4), ("next", "reward"): torch.rand(n, 1),
+                         ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool)}, [n])
+        steps = {}
+        for name, fused in (("torchrl", False), ("tdrl", True)):
+            actor = make_q_actor(EnvFactory("CartPole-v1").specs(), hidden_sizes=[256, 256], dueling=True)
+            loss = make_dqn_loss(actor, double_dqn=True, fused=fused)
+            updater = Updater(adam(actor.parameters()), max_grad_norm=10.0,
+                              target_update=TargetUpdate(loss, interval=312))
+            steps[name] = (lambda u=updater, f=loss: u.step(f(td.clone(False)).rename_key_("loss", "loss_q")))
+        return steps
+    specs = EnvFactory("Pendulum-v1").specs()  # SAC 256 samples, TD3 100, DDPG 64; [256, 256] MLPs
+    n = {"sac": 256, "td3": 100, "ddpg": 64}[algo]
+    td = TensorDict({"observation": torch.randn(n, 3), "action": torch.rand(n, 1) * 4 - 2,
+                     ("next", "observation"): torch.randn(n, 3), ("next", "reward"): -torch.rand(n, 1) * 16,
+                     ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool)}, [n])
+    steps = {}
+    for name in ("torchrl", "tdrl"):
+        critic = make_twin_q(specs, n_critics=1 if algo == "ddpg" else 2) if name == "tdrl" else make_q_critic(specs)
+        if algo == "sac" and name == "torchrl":  # TorchRL-sota: one optimizer on the three terms' sum
+            loss = make_sac_loss(make_tanh_gaussian_actor(specs), critic, specs.action_spec)
+            updater = Updater(adam(loss.parameters()), target_update=TargetUpdate(loss, interval=1, tau=0.005))
+            steps[name] = step_on(updater, loss, td)
+        elif algo == "sac":  # recipes/sac.py: the critics first, then the policy and alpha
+            actor = make_tanh_gaussian_actor(specs)
+            loss = FusedSACLoss(actor, critic)
+            critic_up = Updater(adam(critic.parameters()), loss_keys=("loss_qvalue",))
+            policy_up = Updater(adam([*actor.parameters(), loss.log_alpha]), loss_keys=("loss_actor", "loss_alpha"),
+                                target_update=TargetUpdate(loss, interval=1, tau=0.005))
+            steps[name] = (lambda c=critic_up, p=policy_up, f=loss: (c.step(f.critic_loss(td)),
+                                                                     p.step(f.actor_loss(td))))
+        elif algo == "ddpg":  # one optimizer over actor and critic
+            loss = make_ddpg_loss(make_deterministic_actor(specs), critic)
+            updater = Updater(adam(p for p in loss.parameters() if p.requires_grad),
+                              target_update=TargetUpdate(loss, interval=1, tau=0.005))
+            steps[name] = step_on(updater, loss, td)
+        else:  # TD3: the critics every update, the actor every second
+            loss = make_td3_loss(make_deterministic_actor(specs), critic, specs.action_spec)
+            trained = [(k, p) for k, p in loss.named_parameters() if p.requires_grad]
+            critic_up = Updater(adam(p for k, p in trained if "qvalue" in k), loss_keys=("loss_qvalue",))
+            actor_up = Updater(adam(p for k, p in trained if "actor" in k), loss_keys=("loss_actor",))
+            target = TargetUpdate(loss, interval=1, tau=0.005)
 
-        def step() -> None:
-            critic_updater.step(loss.critic_loss(td))
-            policy_updater.step(loss.actor_loss(td))
+            def td3_step(loss: Any = loss, critic_up: Updater = critic_up, actor_up: Updater = actor_up,
+                         target: TargetUpdate = target) -> None:
+                sample = td.clone(False)
+                critic_up.step({"loss_qvalue": loss.value_loss(sample)[0]})
+                if critic_up.updates % 2 == 0:
+                    actor_up.step({"loss_actor": loss.actor_loss(sample)[0]})
+                target.step()
 
-        return step
-
-    steps = {"torchrl SACLoss": torchrl_update(), "tdrl FusedSACLoss": fused_update()}
-    if importlib.util.find_spec("stable_baselines3") is not None:
-        from stable_baselines3 import SAC
-
-        sb3 = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, learning_starts=0, device="cpu", verbose=0)
-        sb3.learn(300)  # fills its buffer
-        steps["sb3 SAC.train"] = lambda: sb3.train(gradient_steps=1, batch_size=n)
-    print_update_times("SAC update (256 samples)", steps, "tdrl FusedSACLoss", repeats)
+            steps[name] = td3_step
+    return steps
 
 
-def bench_dqn_loss(repeats: int = 300) -> None:
-    """One double-DQN update (64 CartPole samples, dueling [256, 256], Huber, fused Adam): TorchRL's ``DQNLoss``
-    against tdrl's ``FusedDQNLoss`` (equal values and gradients, tests/objectives/test_dqn_loss.py)."""
-    from tensordict import TensorDict
+LOSS_ALGOS = ("ppo", "dqn", "sac", "td3", "ddpg")  # the recipes whose loss is a tdrl twin
 
-    from tdrl.envs import EnvFactory
-    from tdrl.models.q import make_q_actor
+
+def bench_losses(algos: list[str], threads: int | None = None, repeats: int = 100) -> dict[str, dict[str, float]]:
+    """Milliseconds per update, TorchRL's loss vs tdrl's twin, each as its recipe steps it, on the recipe's thread
+    count unless ``threads`` is given (best of 3 interleaved rounds: the machine is shared)."""
+    out = {}
+    print(f"{'update':10s} {'torchrl ms':>11s} {'tdrl ms':>8s} {'speed-up':>9s}")
+    for algo in algos:
+        torch.set_num_threads(threads or load_recipe(algo).Config().run.torch_threads)
+        steps = _update_steps(algo)
+        best: dict[str, float] = {}
+        for _ in range(3):
+            for name, step in steps.items():
+                best[name] = min(best.get(name, math.inf), ms_per_call(step, repeats, warmup=10))
+        out[algo] = best
+        print(f"{algo:10s} {best['torchrl']:11.3f} {best['tdrl']:8.3f} {best['torchrl'] / best['tdrl']:8.2f}x",
+              flush=True)
+    return out
+
+
+def _use_torchrl_loss(recipe: Any, algo: str) -> None:
+    """Point a loaded DQN/PPO recipe at TorchRL's loss instead of tdrl's twin (the recipe's calls fit both)."""
+    from torchrl.objectives import ClipPPOLoss
+
     from tdrl.objectives.dqn import make_dqn_loss
 
-    specs = EnvFactory("CartPole-v1").specs()
-    n = 64
-    td = TensorDict({"observation": torch.randn(n, 4), "action": torch.randint(0, 2, (n,)),
-                     ("next", "observation"): torch.randn(n, 4), ("next", "reward"): torch.rand(n, 1),
-                     ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool),
-                     ("next", "done"): torch.zeros(n, 1, dtype=torch.bool),
-                     "steps_to_next_obs": torch.full((n, 1), 3)}, [n])
+    class RecipeKeysPPO(ClipPPOLoss):  # the recipe keeps loss.in_keys in its minibatches (GAE already ran)
+        @property
+        def in_keys(self) -> list[str]:
+            return ["observation", "action", "action_log_prob", "advantage", "value_target"]
 
-    def update(make: Callable[..., Any]) -> Callable[[], Any]:
-        loss = make(make_q_actor(specs, hidden_sizes=[256, 256], dueling=True), gamma=0.99, double_dqn=True)
-        optimizer = torch.optim.Adam(loss.value_network_params.values(True, True), lr=1e-3, fused=True)
+        @in_keys.setter
+        def in_keys(self, value: Any) -> None:
+            pass
 
-        def step() -> None:
-            optimizer.zero_grad()
-            loss(td.clone(False))["loss"].backward()
-            optimizer.step()
+    if algo == "dqn":
+        recipe.make_dqn_loss = functools.partial(make_dqn_loss, fused=False)
+    else:
+        recipe.make_ppo_loss = lambda ac, **kw: RecipeKeysPPO(ac.actor, ac.critic, loss_critic_type="l2", **kw)
 
-        return step
 
-    steps = {"torchrl DQNLoss": update(functools.partial(make_dqn_loss, fused=False)),
-             "tdrl FusedDQNLoss": update(make_dqn_loss)}
-    print_update_times("DQN update (64 samples)", steps, "tdrl FusedDQNLoss", repeats)
+def bench_iteration(algos: list[str], threads: int | None = None, rounds: int = 3) -> None:
+    """Whole recipe iterations (collect, replay, update) at the recipe's defaults, evaluation off, tdrl's twin vs
+    TorchRL's loss, in ms per iteration (best of ``rounds`` interleaved runs). DQN, PPO: both run in the recipe
+    (TorchRL's loss takes the recipe's calls). SAC, TD3, DDPG (one update per iteration): the recipe runs with the
+    twin, and TorchRL's figure adds the per-update difference of :func:`bench_losses`."""
+    from tdrl.config import apply_overrides
+
+    budgets = {"ppo": 6_400, "dqn": 3_000, "sac": 600, "td3": 1_600, "ddpg": 1_600}
+    per_update = bench_losses([a for a in algos if a in ("sac", "td3", "ddpg")], threads)
+    print(f"{'iteration':10s} {'torchrl ms':>11s} {'tdrl ms':>8s} {'tdrl gain':>10s} {'updates/it':>11s}")
+    for algo in algos:
+        best: dict[str, float] = {}
+        updates = 0.0
+        for _ in range(rounds):
+            for variant in ("tdrl", "torchrl") if algo in ("dqn", "ppo") else ("tdrl",):
+                recipe = load_recipe(algo)
+                if variant == "torchrl":
+                    _use_torchrl_loss(recipe, algo)
+                with tempfile.TemporaryDirectory() as tmp:
+                    start = CLOCK()
+                    summary = recipe.main(apply_overrides(recipe.Config(), [
+                        f"collector.total_frames={budgets[algo]}", f"run.root={tmp}", "eval.n_envs=0",
+                        "logger.wandb=false", "logger.progress_bar=false", "checkpoint.snapshot_mode=none",
+                        f"logger.log_interval_steps={budgets[algo]}",
+                        *([f"run.torch_threads={threads}"] if threads else [])]))
+                    seconds = CLOCK() - start  # the whole run: start-up included, the same for both losses
+                best[variant] = min(best.get(variant, math.inf), seconds / summary["iterations"] * 1e3)
+                updates = summary["updates"] / summary["iterations"]
+        if "torchrl" not in best:
+            best["torchrl"] = best["tdrl"] + updates * (per_update[algo]["torchrl"] - per_update[algo]["tdrl"])
+        print(f"{algo:10s} {best['torchrl']:11.3f} {best['tdrl']:8.3f} {best['torchrl'] / best['tdrl'] - 1:10.0%} "
+              f"{updates:11.2f}", flush=True)
 
 
 # --- Report -----------------------------------------------------------------------------------------------------
@@ -497,20 +538,26 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         help="before each run, wait (up to 10 min) until other processes use less than this fraction "
                              "of the machine (/proc/stat; e.g. 0.1): 2-thread updates slow 3-4x on a shared core")
     parser.add_argument("--gae", action="store_true", help="only the GAE micro-benchmark (tdrl vs TorchRL)")
-    parser.add_argument("--losses", action="store_true", help="only the PPO/A2C update-step micro-benchmark")
-    parser.add_argument("--sac-loss", action="store_true", help="only the SAC update micro-benchmark (vs TorchRL, SB3)")
-    parser.add_argument("--dqn-loss", action="store_true", help="only the DQN update micro-benchmark (vs TorchRL)")
+    parser.add_argument("--losses", default="", metavar="ALGOS",
+                        help="only the per-update micro-benchmark, TorchRL's loss vs tdrl's twin: 'all' or some of "
+                        + ",".join(LOSS_ALGOS))
+    parser.add_argument("--iteration", default="", metavar="ALGOS",
+                        help="only the whole-iteration profile (recipe defaults), TorchRL's loss vs tdrl's twin")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="--losses/--iteration measure this process's CPU time (serial collectors, one thread)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads for --losses/--iteration (default: each recipe's run.torch_threads)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    if args.gae or args.losses or args.sac_loss or args.dqn_loss:
+    if args.gae or args.losses or args.iteration:
+        global CLOCK
+        CLOCK = time.process_time if args.cpu_time else time.perf_counter
         if args.gae:
             bench_gae()
         if args.losses:
-            bench_losses()
-        if args.sac_loss:
-            bench_sac_loss()
-        if args.dqn_loss:
-            bench_dqn_loss()
+            bench_losses(list(LOSS_ALGOS) if args.losses == "all" else args.losses.split(","), args.threads)
+        if args.iteration:
+            bench_iteration(list(LOSS_ALGOS) if args.iteration == "all" else args.iteration.split(","), args.threads)
         return []
     names = [n for n in args.tasks.split(",") if n]
     unknown = set(names) - {t.name for t in TASKS}

@@ -138,6 +138,8 @@ class OptimConfig:
     """Target update factor; 1.0 copies, <1 is polyak averaging (rlpyt target_update_tau)."""
     max_grad_norm: float = 10.0
     """Gradient norm clip (rlpyt clip_grad_norm)."""
+    compile: bool = False
+    """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""
 
 
 @dataclass
@@ -204,7 +206,7 @@ def main(cfg: Config) -> dict:
     loss = make_dqn_loss(q_actor, gamma=cfg.loss.gamma, double_dqn=cfg.loss.double,
                          loss_function=cfg.loss.loss_function)
     target_update = TargetUpdate(loss, interval=cfg.optim.target_update_interval, tau=cfg.optim.target_update_tau)
-    optimizer = torch.optim.Adam(loss.value_network_params.values(True, True), lr=cfg.optim.lr,
+    optimizer = torch.optim.Adam(q_actor.parameters(), lr=cfg.optim.lr,
                                  eps=cfg.optim.adam_eps, fused=True)
     updater = Updater(optimizer, max_grad_norm=cfg.optim.max_grad_norm,
                       target_update=target_update)
@@ -237,9 +239,11 @@ def main(cfg: Config) -> dict:
                            duration=cfg.collector.total_frames)
 
     # --- Update ---------------------------------------------------------------------------------------------
+    compute_loss = torch.compile(loss) if cfg.optim.compile else loss
+
     def update():
         sample = replay.sample(cfg.optim.batch_size)
-        metrics = updater.step(loss(sample).rename_key_("loss", "loss_q"))  # logged as loss/q
+        metrics = updater.step(compute_loss(sample).rename_key_("loss", "loss_q"))  # logged as loss/q
         if sampler is not None:
             replay.update_priority(sample["index"],
                                    dqn_priorities(sample, categorical=cfg.model.categorical, delta_clip=delta_clip))

@@ -97,6 +97,8 @@ class OptimConfig:
     """Adam epsilon."""
     max_grad_norm: float = 0.5
     """Gradient norm clip (rlpyt clip_grad_norm)."""
+    compile: bool = False
+    """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""
 
 
 @dataclass
@@ -168,6 +170,8 @@ def main(cfg: Config) -> dict:
     decay = LinearSchedule(1.0, 0.0 if cfg.loss.linear_decay else 1.0, duration=trainer.n_itr)
 
     # --- Update ---------------------------------------------------------------------------------------------
+    compute_loss = torch.compile(loss) if cfg.optim.compile else loss
+
     def minibatches(batch):
         """Random minibatches of a [B, T] batch: over steps (feed-forward) or over envs (recurrent: whole sequences)."""
         if ac.recurrent:
@@ -184,7 +188,7 @@ def main(cfg: Config) -> dict:
         for _ in range(cfg.loss.epochs):
             for minibatch in minibatches(batch):
                 with set_recurrent_mode(ac.recurrent):
-                    metrics.append(updater.step(loss(minibatch)))
+                    metrics.append(updater.step(compute_loss(minibatch)))
         return metrics
 
     # --- Loop -----------------------------------------------------------------------------------------------

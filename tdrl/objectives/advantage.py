@@ -1,11 +1,8 @@
 """GAE on ``[B, T]`` collector batches with one critic forward: TorchRL's kernels, less overhead.
 
 TorchRL's ``GAE`` module computes the same thing but calls the critic twice through its generic value-network
-machinery (parameter swapping, optional vmap), which costs more than the small MLP itself. Measured with
-``python benchmarks/learning.py --gae`` on the shared 2-core machine (CartPole 2×64 MLP critic): 0.85 ms vs 0.32 ms
-per call on an 8×5 batch (2.7×), 1.0 vs 0.48 ms on 16×8 (2.1×), 2.2 vs 1.2 ms on 8×64 (1.9×), 6.0 vs 3.7 ms on
-16×128 (1.6×). PPO and A2C call it once per iteration, so for A2C's short batches it was the largest cost after the
-env steps. The recursion itself is
+machinery (parameter swaps, optional vmap), which costs more than a small MLP; PPO and A2C call it once per
+iteration, and for A2C's short batches it was the largest cost after the env steps. The recursion itself is
 TorchRL's (``generalized_advantage_estimate``, vectorised for long batches).
 
 Semantics are TorchRL's (and rlpyt's ``*_tl`` variants): ``("next", "done")`` cuts the advantage trace between

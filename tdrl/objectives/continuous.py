@@ -14,8 +14,10 @@ TorchRL evaluates in a single vmapped call. tdrl adds:
   for a [-1, 1] box), and losses default to the papers' squared error rather than TorchRL's ``smooth_l1``.
 
 Given a :class:`~tdrl.models.q.TwinQ` critic (``make_twin_q``), the DDPG and TD3 factories return
-:class:`tdrl.objectives.td3.FusedTD3Loss` instead: the same terms (tested equal) on plain tensors, ~3x cheaper per
-update on CPU. Target updates are the caller's (``tdrl.objectives.update.TargetUpdate`` with ``tau``).
+:class:`tdrl.objectives.td3.FusedTD3Loss`: the same terms (tested equal) on plain tensors. Target updates are the
+caller's (``tdrl.objectives.update.TargetUpdate`` with ``tau``). Arguments every factory takes: ``gamma`` (discount
+per env step), ``loss_function`` (the critic's regression loss), ``steps_key`` (per-sample steps to the bootstrap
+observation) and ``weight_key`` (PER importance weights).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from torchrl.data import TensorSpec
 from torchrl.objectives import DDPGLoss, SACLoss, TD3Loss, ValueEstimators
 
 from tdrl.models.q import TwinQ
-from tdrl.objectives.fused import STEPS_KEY, WEIGHT_KEY
 from tdrl.objectives.td3 import FusedTD3Loss
+from tdrl.objectives.terms import STEPS_KEY, WEIGHT_KEY
 
 __all__ = ["make_ddpg_loss", "make_sac_loss", "make_td3_loss", "timeouts_as_terminal"]
 
@@ -80,10 +82,6 @@ def make_ddpg_loss(
         critic: ``Q(s, a)`` (``observation``, ``action`` -> ``state_action_value``), e.g. ``make_q_critic``
             (TorchRL's ``DDPGLoss``, loss key ``loss_value``), or a one-critic ``TwinQ`` (``FusedTD3Loss``, loss key
             ``loss_qvalue``).
-        gamma: discount per env step.
-        loss_function: critic regression loss.
-        steps_key: per-sample steps to the bootstrap observation (n-step replay).
-        weight_key: PER importance weights.
     """
     if isinstance(critic, TwinQ):
         if critic.n_critics != 1:
@@ -116,27 +114,16 @@ def make_td3_loss(
         critic: one ``Q(s, a)`` critic (TorchRL's ``TD3Loss`` stacks two parameter sets, ``num_qvalue_nets=2``), or
             a two-critic ``TwinQ`` (``FusedTD3Loss``).
         action_spec: bounded action spec (target actions are clipped to it).
-        gamma: discount per env step.
         target_noise: std of the target-action noise, relative to the half-width of the action box.
         target_noise_clip: clip of that noise, same units.
-        loss_function: critic regression loss.
-        steps_key: per-sample steps to the bootstrap observation.
-        weight_key: PER importance weights.
     """
     scale = _half_range(action_spec)
     if isinstance(critic, TwinQ):
         return FusedTD3Loss(actor, critic, action_low=action_spec.space.low, action_high=action_spec.space.high,
                             gamma=gamma, policy_noise=target_noise * scale, noise_clip=target_noise_clip * scale,
                             loss_function=_loss_fn(loss_function), steps_key=steps_key, weight_key=weight_key)
-    loss = TD3Loss(
-        actor,
-        critic,
-        action_spec=action_spec,
-        num_qvalue_nets=2,
-        policy_noise=target_noise * scale,
-        noise_clip=target_noise_clip * scale,
-        loss_function=_loss_fn(loss_function),
-    )
+    loss = TD3Loss(actor, critic, action_spec=action_spec, num_qvalue_nets=2, policy_noise=target_noise * scale,
+                   noise_clip=target_noise_clip * scale, loss_function=_loss_fn(loss_function))
     return _wire(loss, gamma, steps_key, weight_key)
 
 
@@ -162,25 +149,12 @@ def make_sac_loss(
         actor: tanh-Gaussian ``ProbabilisticActor`` (``make_tanh_gaussian_actor``).
         critic: one ``Q(s, a)`` critic; TorchRL stacks two parameter sets evaluated with one vmap.
         action_spec: bounded action spec (``target_entropy="auto"`` is ``-action_dim``).
-        gamma: discount per env step.
         alpha_init: initial entropy temperature.
         fixed_alpha: keep alpha at ``alpha_init`` (rlpyt ``fixed_alpha``).
         target_entropy: entropy target of the automatic tuning, or ``"auto"``.
-        loss_function: critic regression loss.
-        steps_key: per-sample steps to the bootstrap observation.
-        weight_key: PER importance weights.
     """
-    loss = SACLoss(
-        actor,
-        critic,
-        num_qvalue_nets=2,
-        loss_function=_loss_fn(loss_function),
-        alpha_init=alpha_init,
-        fixed_alpha=fixed_alpha,
-        target_entropy=target_entropy,
-        action_spec=action_spec,
-        delay_qvalue=True,
-    )
+    loss = SACLoss(actor, critic, num_qvalue_nets=2, loss_function=_loss_fn(loss_function), alpha_init=alpha_init,
+                   fixed_alpha=fixed_alpha, target_entropy=target_entropy, action_spec=action_spec, delay_qvalue=True)
     return _wire(loss, gamma, steps_key, weight_key)
 
 

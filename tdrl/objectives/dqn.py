@@ -1,58 +1,41 @@
-"""DQN and categorical DQN (C51) on TorchRL's loss modules, wired for tdrl's replay samples.
+"""DQN and categorical DQN (C51): TorchRL's ``DQNLoss``/``DistributionalDQNLoss`` maths, wired for tdrl's replay.
 
-TorchRL's ``DQNLoss`` (target network, double DQN, Huber/MSE, TD(0) with per-sample ``gamma ** steps``) and
-``DistributionalDQNLoss`` (C51 projection, per-sample ``gamma ** steps``) define the maths; DQN runs it as
-:class:`FusedDQNLoss`, the same values and gradients on plain tensors, 1.5x faster per update. tdrl adds the glue they
-lack:
+DQN runs as :class:`FusedDQNLoss`, ``DQNLoss``'s values and gradients (tested) with the online network called
+directly instead of through parameter swaps. tdrl adds the glue TorchRL's losses lack:
 
-* **n-step bootstrap discount.** An n-step replay sample carries the discounted n-step reward sum in
-  ``("next", "reward")``, the observation at the window's end in ``("next", "observation")`` and the number of
-  steps to it in ``steps_key`` (fewer than n where the episode ended inside the window; ``terminated`` then stops
-  the bootstrap). The losses are pointed at that key, so the bootstrap is ``gamma ** steps`` per sample.
-* **Importance-sampling weights** of prioritized replay are read from ``weight_key`` (``priority_weight``).
-  TorchRL reduces weighted losses as ``sum(w * l) / sum(w)`` (self-normalised), rlpyt as ``mean(w * l)`` with
-  ``w`` max-normalised; both are proportional per batch, so they differ only by a per-batch learning-rate scale.
-* **Priorities** in rlpyt's units (:func:`dqn_priorities`): TorchRL writes the *squared* TD error as ``td_error``;
-  rlpyt prioritises by ``|delta|`` clipped to ``delta_clip``. Feeding the squared error would silently square the
-  PER exponent (alpha 0.6 -> 1.2). For C51 the priority is the per-sample cross-entropy TorchRL writes (as in
-  Hessel et al.'s reference implementation).
+* **n-step bootstrap discount**: ``gamma ** steps_to_next_obs`` per sample (:mod:`tdrl.objectives.terms`).
+* **Importance-sampling weights** of prioritized replay, read from ``priority_weight`` and reduced as TorchRL does
+  (``sum(w l) / sum(w)``; rlpyt's ``mean(w l)`` with max-normalised ``w`` differs by a per-batch scale).
+* **Priorities** in rlpyt's units (:func:`dqn_priorities`): ``|delta|`` clipped to ``delta_clip``, not the squared
+  error TorchRL writes as ``td_error`` (which would square the PER exponent). C51: the per-sample cross-entropy.
 
-Loss names follow rlpyt's ``delta_clip``: ``"huber"`` is the Huber loss with delta 1 (rlpyt's default
-``delta_clip=1``; ``smooth_l1`` is exactly that), ``"mse"`` the squared error (rlpyt ``delta_clip=None``).
-
-Target updates are the caller's (``tdrl.objectives.update.TargetUpdate``): rlpyt counts
-``target_update_interval`` in gradient updates.
+``"huber"`` is Huber with delta 1 (rlpyt's ``delta_clip=1``), ``"mse"`` the squared error. Target updates are the
+caller's (``tdrl.objectives.update.TargetUpdate``, counted in gradient updates as rlpyt does).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Literal
 
 import torch
-from tensordict import TensorDict, TensorDictBase, TensorDictParams
+from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 from torch.nn import functional as F
 from torchrl.modules import DistributionalQValueActor, QValueActor
-from torchrl.objectives import DistributionalDQNLoss, DQNLoss, ValueEstimators
+from torchrl.objectives import DistributionalDQNLoss, DQNLoss, LossModule, ValueEstimators
 
-from tdrl.objectives.fused import STEPS_KEY, WEIGHT_KEY, FusedLoss, ReplaySampleKeys
+from tdrl.objectives.terms import STEPS_KEY, WEIGHT_KEY, td0_target, weighted_mean
 
-__all__ = ["STEPS_KEY", "WEIGHT_KEY", "FusedDQNLoss", "dqn_priorities", "ReplaySampleKeys", "make_dqn_loss"]
+__all__ = ["FusedDQNLoss", "dqn_priorities", "make_dqn_loss"]
 
 _LOSS_FUNCTIONS = {"huber": "smooth_l1", "mse": "l2"}
 
 
-class FusedDQNLoss(FusedLoss):
-    """TorchRL's ``DQNLoss`` (TD(0) target with ``gamma ** steps``, optional double DQN, Huber or squared error,
-    PER-weighted mean, squared TD error written as ``td_error``) computed on plain tensors.
-
-    ``DQNLoss`` swaps parameter TensorDicts into the network for each of its three Q evaluations and builds
-    TensorDicts around every output; with CartPole-sized nets that machinery is a third of an update (one
-    double-DQN update, dueling [256, 256], batch 64, fused Adam: 2.5 ms against 1.65 ms here;
-    ``benchmarks/learning.py --dqn-loss``). The online network is called directly on its own parameters; only the
-    target evaluation swaps in ``target_value_network_params``, which TorchRL's ``HardUpdate``/``SoftUpdate``
-    (:class:`tdrl.objectives.update.TargetUpdate`) drive as for ``DQNLoss``. Values and gradients equal
-    ``DQNLoss`` (tested).
+class FusedDQNLoss(LossModule):
+    """``DQNLoss`` (TD(0) target with ``gamma ** steps``, optional double DQN, Huber or squared error, PER-weighted
+    mean, squared TD error written as ``td_error``) on plain tensors: the online network and its copy
+    ``target_q_net`` (updated by ``TargetUpdate``) are called directly, without parameter swaps.
 
     Args:
         q_actor: ``QValueActor`` from :func:`tdrl.models.q.make_q_actor` (``n_atoms == 1``), integer actions.
@@ -71,34 +54,34 @@ class FusedDQNLoss(FusedLoss):
         steps_key: NestedKey = STEPS_KEY,
         weight_key: NestedKey = WEIGHT_KEY,
     ) -> None:
-        super().__init__(gamma=gamma, steps_key=steps_key, weight_key=weight_key)
+        super().__init__()
         if not isinstance(q_actor, QValueActor):
             raise ValueError(f"FusedDQNLoss needs a QValueActor (make_q_actor), got {type(q_actor).__name__}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        self.register_buffer("gamma", torch.tensor(float(gamma)))
+        self.steps_key, self.weight_key = steps_key, weight_key
         self.value_network = q_actor
         self.q_net = q_actor[0].module  # observation -> action values [..., n_actions]
-        self.value_network_params = TensorDictParams(TensorDict.from_module(q_actor), no_convert=True)
-        self.target_value_network_params = TensorDictParams(self.value_network_params.data.clone(), no_convert=True)
-        self._has_update_associated["value_network"] = False
+        self.target_q_net = copy.deepcopy(self.q_net).requires_grad_(False)
         self.double_dqn = double_dqn
         self.huber = loss_function == "huber"
 
-    def forward(self, tensordict: TensorDictBase) -> TensorDict:
-        keys = self.tensor_keys
-        next_obs = tensordict.get(("next", keys.observation))
-        reward = tensordict.get(("next", keys.reward)).reshape(tensordict.batch_size)
-        action = tensordict.get(keys.action).long().unsqueeze(-1)
-        q_sa = self.q_net(tensordict.get(keys.observation)).gather(-1, action).squeeze(-1)
+    def forward(self, sample: TensorDictBase) -> TensorDict:
+        next_obs = sample.get(("next", "observation"))
+        reward = sample.get(("next", "reward")).reshape(sample.batch_size)
+        action = sample.get("action").long().unsqueeze(-1)
+        q_sa = self.q_net(sample.get("observation")).gather(-1, action).squeeze(-1)
         with torch.no_grad():
-            with self.target_value_network_params.to_module(self.value_network):
-                q_next = self.q_net(next_obs)
+            q_next = self.target_q_net(next_obs)
             if self.double_dqn:
                 bootstrap = q_next.gather(-1, self.q_net(next_obs).argmax(-1, keepdim=True)).squeeze(-1)
             else:
                 bootstrap = q_next.max(-1).values
-            target = self.td0_target(tensordict, reward, bootstrap)
+            target = td0_target(sample, reward, bootstrap, self.gamma, self.steps_key)
         per_sample = F.smooth_l1_loss(q_sa, target, reduction="none") if self.huber else (q_sa - target).pow(2)
-        tensordict.set(keys.priority, (q_sa - target).detach().pow(2))
-        return TensorDict(loss=self.weighted_mean(per_sample, tensordict))
+        sample.set("td_error", (q_sa - target).detach().pow(2))
+        return TensorDict(loss=weighted_mean(per_sample, sample, self.weight_key))
 
 
 def make_dqn_loss(

@@ -1,34 +1,28 @@
-"""PPO and A2C objectives for feed-forward actor-critics on plain tensors (TorchRL's losses, less overhead).
+"""PPO's loss for feed-forward actor-critics on plain tensors (TorchRL's ``ClipPPOLoss`` terms, less overhead), and
+A2C's, which is TorchRL's ``A2CLoss``.
 
-TorchRL's ``ClipPPOLoss``/``A2CLoss`` reach the networks through generic TensorDict modules (distribution
-parameters written to and read from TensorDicts, functional parameter swapping); on CartPole-sized MLPs that
-machinery costs more than the networks. :class:`ActorCriticLoss` computes the same terms with direct module calls
-on :class:`tdrl.models.ActorCritic`'s plain-tensor view (``distribution(obs)``, ``value(obs)``). Equality with
-TorchRL's losses (values and gradients) is tested in ``tests/objectives/test_policy_gradient.py``; the speed-up is
-measured by ``python benchmarks/learning.py --losses`` (one full update step: loss, backward, clip, Adam; 256
-samples; shared 2-core machine): PPO 4.0 ms with TorchRL's loss vs 2.7 ms (1.5×), A2C 3.1 vs 2.3 ms (1.3×).
+``ClipPPOLoss`` reaches the networks through TensorDict modules (distribution parameters written to and read from
+TensorDicts, functional parameter swaps), which on CartPole-sized MLPs costs more than the networks, and PPO runs
+several minibatch updates per collected batch, so :class:`PPOLoss` pays over the recipe's whole iteration (A2C's
+single update per short batch does not: it uses ``A2CLoss``). It computes ``ClipPPOLoss``'s terms (tested equal in
+values and gradients) with direct calls of :class:`tdrl.models.ActorCritic`'s ``distribution(obs)`` and
+``value(obs)``. :func:`make_ppo_loss` returns it for feed-forward models and ``ClipPPOLoss`` for recurrent ones
+(which replay sequences through ``LSTMModule``), with the same output keys and schedulable ``clip_epsilon``.
 
-:func:`make_ppo_loss` / :func:`make_a2c_loss` return it for feed-forward models and TorchRL's own loss for
-recurrent ones (which must replay sequences through ``LSTMModule``), with the same output keys and the same
-schedulable ``clip_epsilon`` buffer, so a recipe does not care which it got.
+Terms (``A`` the advantage, ``R`` the value target, ``r = pi/pi_old``):
 
-Terms (rlpyt / TorchRL conventions; ``A`` is the advantage, ``R`` the value target, ``r = pi/pi_old``):
-
-* PPO: ``loss_objective = -mean(min(r A, clip(r, 1-eps, 1+eps) A))``; A2C (``clip_epsilon=None``):
-  ``loss_objective = -mean(log pi(a|s) A)``;
+* ``loss_objective = -mean(min(r A, clip(r, 1-eps, 1+eps) A))``;
 * ``loss_critic = critic_coeff * mean((V(s) - R)^2)`` (rlpyt's ``value_loss_coeff * 0.5`` is ``critic_coeff``);
 * ``loss_entropy = -entropy_coeff * mean(H)`` (Monte-Carlo ``-log pi(a~)`` for distributions without a closed form,
   e.g. tanh-squashed Gaussians);
 * ``normalize_advantage``: ``(A - mean) / max(std, 1e-6)`` over the minibatch (sample std, as TorchRL).
 
-Keys read: ``observation``, ``action``, ``action_log_prob`` (PPO), ``advantage``, ``value_target``.
-Keys written: ``loss_objective``, ``loss_critic``, ``loss_entropy``, ``entropy``, and for PPO ``clip_fraction``,
-``kl_approx`` (mean of ``log pi_old - log pi``).
+Keys read: ``observation``, ``action``, ``action_log_prob``, ``advantage``, ``value_target``. Keys written:
+``loss_objective``, ``loss_critic``, ``loss_entropy``, ``entropy``, ``clip_fraction``, ``kl_approx`` (mean of
+``log pi_old - log pi``).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -36,15 +30,15 @@ from torchrl.objectives import A2CLoss, ClipPPOLoss, LossModule
 
 from tdrl.models.policies import ActorCritic
 
-__all__ = ["ActorCriticLoss", "make_a2c_loss", "make_ppo_loss"]
+__all__ = ["PPOLoss", "make_a2c_loss", "make_ppo_loss"]
 
 
-class ActorCriticLoss(LossModule):
-    """Clipped PPO (``clip_epsilon`` set) or A2C (``clip_epsilon=None``) loss for a feed-forward ActorCritic.
+class PPOLoss(LossModule):
+    """Clipped PPO loss for a feed-forward ActorCritic; see the module docstring.
 
     Args:
         model: a feed-forward :class:`~tdrl.models.ActorCritic`.
-        clip_epsilon: PPO likelihood-ratio clip (a schedulable buffer, like TorchRL's), or ``None`` for A2C.
+        clip_epsilon: likelihood-ratio clip (a schedulable buffer, like TorchRL's).
         critic_coeff: weight of the squared value error.
         entropy_coeff: weight of the entropy bonus.
         normalize_advantage: standardise advantages per call (minibatch).
@@ -54,42 +48,35 @@ class ActorCriticLoss(LossModule):
         self,
         model: ActorCritic,
         *,
-        clip_epsilon: float | None,
+        clip_epsilon: float,
         critic_coeff: float,
         entropy_coeff: float,
         normalize_advantage: bool = False,
     ) -> None:
         super().__init__()
         if model.recurrent:
-            raise ValueError("ActorCriticLoss is for feed-forward models; use make_ppo_loss/make_a2c_loss")
+            raise ValueError("PPOLoss is for feed-forward models; use make_ppo_loss")
         self.model = model
-        self.ppo = clip_epsilon is not None
-        self.register_buffer("clip_epsilon", torch.tensor(float(clip_epsilon if self.ppo else math.nan)))
+        self.register_buffer("clip_epsilon", torch.tensor(float(clip_epsilon)))
         self.critic_coeff, self.entropy_coeff = float(critic_coeff), float(entropy_coeff)
         self.normalize_advantage = normalize_advantage
         #: every key forward reads (select them before minibatch indexing: fewer tensors to gather)
-        self.in_keys = ["observation", "action", *(["action_log_prob"] if self.ppo else []), "advantage",
-                        "value_target"]
+        self.in_keys = ["observation", "action", "action_log_prob", "advantage", "value_target"]
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
-        obs, action = td.get("observation"), td.get("action")
+        obs = td.get("observation")
         advantage = td.get("advantage").reshape(-1)
         if self.normalize_advantage and advantage.numel() > 1:
             advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
         dist = self.model.distribution(obs)
-        log_prob = dist.log_prob(action).reshape(-1)
-        out = TensorDict()
-        if self.ppo:
-            log_weight = log_prob - td.get("action_log_prob").reshape(-1)
-            eps = self.clip_epsilon
-            clipped = log_weight.clamp((-eps).log1p(), eps.log1p())
-            gain = torch.minimum(log_weight.exp() * advantage, clipped.exp() * advantage)
-            out.set("loss_objective", -gain.mean())
-            with torch.no_grad():
-                out.set("clip_fraction", (clipped != log_weight).float().mean())
-                out.set("kl_approx", (-log_weight).mean())
-        else:
-            out.set("loss_objective", -(log_prob * advantage).mean())
+        log_weight = dist.log_prob(td.get("action")).reshape(-1) - td.get("action_log_prob").reshape(-1)
+        eps = self.clip_epsilon
+        clipped = log_weight.clamp((-eps).log1p(), eps.log1p())
+        gain = torch.minimum(log_weight.exp() * advantage, clipped.exp() * advantage)
+        out = TensorDict(loss_objective=-gain.mean())
+        with torch.no_grad():
+            out.set("clip_fraction", (clipped != log_weight).float().mean())
+            out.set("kl_approx", (-log_weight).mean())
         value = self.model.value(obs)
         out.set("loss_critic", self.critic_coeff * (value - td.get("value_target")).pow(2).mean())
         try:
@@ -110,17 +97,15 @@ def make_ppo_loss(
     entropy_coeff: float,
     normalize_advantage: bool,
 ) -> LossModule:
-    """PPO loss: :class:`ActorCriticLoss` for feed-forward models, TorchRL's ``ClipPPOLoss`` for recurrent ones."""
+    """PPO loss: :class:`PPOLoss` for feed-forward models, TorchRL's ``ClipPPOLoss`` for recurrent ones."""
     if model.recurrent:
         return ClipPPOLoss(model.actor, model.critic, clip_epsilon=clip_epsilon, entropy_coeff=entropy_coeff,
                            critic_coeff=critic_coeff, loss_critic_type="l2", normalize_advantage=normalize_advantage)
-    return ActorCriticLoss(model, clip_epsilon=clip_epsilon, critic_coeff=critic_coeff, entropy_coeff=entropy_coeff,
-                           normalize_advantage=normalize_advantage)
+    return PPOLoss(model, clip_epsilon=clip_epsilon, critic_coeff=critic_coeff, entropy_coeff=entropy_coeff,
+                   normalize_advantage=normalize_advantage)
 
 
-def make_a2c_loss(model: ActorCritic, *, critic_coeff: float, entropy_coeff: float) -> LossModule:
-    """A2C loss: :class:`ActorCriticLoss` for feed-forward models, TorchRL's ``A2CLoss`` for recurrent ones."""
-    if model.recurrent:
-        return A2CLoss(model.actor, model.critic, entropy_coeff=entropy_coeff, critic_coeff=critic_coeff,
-                       loss_critic_type="l2")
-    return ActorCriticLoss(model, clip_epsilon=None, critic_coeff=critic_coeff, entropy_coeff=entropy_coeff)
+def make_a2c_loss(model: ActorCritic, *, critic_coeff: float, entropy_coeff: float) -> A2CLoss:
+    """A2C loss: TorchRL's ``A2CLoss`` with a squared value error, for feed-forward and recurrent models."""
+    return A2CLoss(model.actor, model.critic, entropy_coeff=entropy_coeff, critic_coeff=critic_coeff,
+                   loss_critic_type="l2")

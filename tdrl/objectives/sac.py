@@ -1,39 +1,26 @@
-"""SAC loss with fused twin critics: TorchRL's ``SACLoss`` terms at a lower cost per update.
+"""SAC's loss with stacked twin critics: TorchRL's ``SACLoss`` terms (tested equal) at a lower cost per update.
 
-TorchRL's ``SACLoss`` spends several milliseconds per update outside the networks on this CPU (TensorDict
-parameter swaps for each critic and target evaluation, distribution objects, vmap bookkeeping, a ``find_spec``
-per module output): with 256-wide MLPs its update is ~1.2x SB3's (``benchmarks/learning.py --losses``). The
-objective itself is small, so :class:`FusedSACLoss` computes the same three terms on plain tensors:
+TorchRL's ``SACLoss`` evaluates its critics through TensorDict parameter swaps and vmap, which on CPU costs more than
+the 256-wide networks; the recipe's whole iteration is dominated by the update (one per env step), so the stacked
+form pays (figures in ``docs/`` and the commit that kept it). The critics are one :class:`~tdrl.models.q.TwinQ`
+(one ``baddbmm`` per layer for both); the tanh-Gaussian policy is the network inside the recipe's TorchRL
+``ProbabilisticActor``, sampled as TorchRL's ``TanhNormal`` with ``low``/``high`` (same random draws).
 
-* the twin critics are one :class:`~tdrl.models.q.TwinQ` (stacked weights, one ``baddbmm`` per layer for both;
-  optionally reading actions rescaled to [-1, 1]); online, target and detached evaluations pass parameter lists
-  instead of swapping module state;
-* the tanh-Gaussian policy is the network inside the recipe's TorchRL ``ProbabilisticActor`` (the collector keeps
-  acting with the TorchRL actor); samples and log-probabilities follow TorchRL's ``TanhNormal`` with
-  ``low``/``high`` (Normal log-density, minus the tanh and affine log-Jacobians).
+Terms, as ``SACLoss`` (v2, no value net), with PER weights ``w`` (``sum(w l) / sum(w)``):
 
-Terms, as TorchRL's ``SACLoss`` (v2, no state-value net), per sample ``i`` with PER weights ``w`` (sum-normalised):
+* ``loss_qvalue = sum_k (Q_k(s, a) - y)^2``, ``y = r + gamma^steps (1 - terminated)
+  (min_k Qtarget_k(s', a') - alpha log pi(a'|s'))``, ``a' ~ pi(s')``;
+* ``loss_actor = alpha log pi(a~|s) - min_k Q_k(s, a~)`` through detached critics;
+* ``loss_alpha = -log_alpha (log pi(a~|s) + target_entropy)`` with a detached log-probability.
 
-* ``loss_qvalue = sum_k (Q_k(s, a) - y)^2`` with ``y = r + gamma^steps * (1 - terminated) *
-  (min_k Qtarget_k(s', a') - alpha * log pi(a'|s'))``, ``a' ~ pi(s')``;
-* ``loss_actor = alpha * log pi(a~|s) - min_k Q_k(s, a~)`` through detached critic parameters;
-* ``loss_alpha = -log_alpha * (log pi(a~|s) + target_entropy)`` with a detached log-probability.
-
-``forward`` returns the three terms from the same parameters (TorchRL's semantics; they reach disjoint parameters,
-so one optimizer can minimise their sum). :meth:`FusedSACLoss.critic_loss` and :meth:`FusedSACLoss.actor_loss` give
-the critic term and the policy/temperature terms separately, for SB3's order (step the critics, then compute the
-policy loss against the updated critics; ``recipes/sac.py``). Target critics are ``target_qvalue_network_params``,
-so TorchRL's ``SoftUpdate`` (``tdrl.objectives.update.TargetUpdate``) works unchanged. Equality with TorchRL's
-``SACLoss`` (same parameters, same random draws; critics reading raw actions) is tested.
-
-in_keys: ``observation``, ``action``, ``("next", "observation")``, ``("next", "reward")``,
-``("next", "terminated")``, optional ``steps_to_next_obs`` and ``priority_weight``. out_keys: ``loss_actor``,
-``loss_qvalue``, ``loss_alpha``, ``alpha``, ``entropy``; writes ``td_error`` (max over critics of ``|Q - y|``)
-into the sample.
+:meth:`FusedSACLoss.critic_loss` and :meth:`FusedSACLoss.actor_loss` split them for SB3's order (step the critics,
+then the policy against the updated critics). ``td_error`` (max over critics of ``|Q - y|``) is written into the
+sample. The target critics are the copy ``target_qvalue_network`` (polyak-updated by ``TargetUpdate``).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Literal
 
@@ -44,18 +31,18 @@ from tensordict.utils import NestedKey
 from torch import nn
 from torch.nn import functional as F
 from torchrl.modules import TanhNormal
+from torchrl.objectives import LossModule
 
-from tdrl.collect.tracing import HeadedMLP
 from tdrl.models.q import LogStdGaussianParams, TwinQ, stacked_mlp
-from tdrl.objectives.fused import STEPS_KEY, WEIGHT_KEY, TwinCriticLoss
+from tdrl.objectives.terms import STEPS_KEY, WEIGHT_KEY, td0_target, weighted_mean
 
 __all__ = ["FusedSACLoss"]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
-class FusedSACLoss(TwinCriticLoss):
-    """SAC (Haarnoja et al. 2018, no value network) with fused twin critics; see the module docstring.
+class FusedSACLoss(LossModule):
+    """SAC (Haarnoja et al. 2018, no value network) with stacked twin critics; see the module docstring.
 
     Args:
         actor: tanh-Gaussian ``ProbabilisticActor`` (``make_tanh_gaussian_actor``): its first module maps
@@ -69,7 +56,8 @@ class FusedSACLoss(TwinCriticLoss):
         weight_key: key of the PER importance weights.
 
     Raises:
-        ValueError: an actor that is not a TanhNormal ``ProbabilisticActor``, or a bad ``gamma``.
+        ValueError: an actor that is not a TanhNormal ``ProbabilisticActor``, a critic that is not a ``TwinQ``, or
+            ``gamma`` outside [0, 1].
     """
 
     out_keys = ["loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy"]
@@ -86,14 +74,22 @@ class FusedSACLoss(TwinCriticLoss):
         steps_key: NestedKey = STEPS_KEY,
         weight_key: NestedKey = WEIGHT_KEY,
     ) -> None:
+        super().__init__()
         head = actor[-1] if isinstance(actor, ProbabilisticTensorDictSequential) else None
         if head is None or getattr(head, "distribution_class", None) is not TanhNormal:
             raise ValueError("FusedSACLoss needs a TanhNormal ProbabilisticActor (make_tanh_gaussian_actor)")
-        super().__init__(critic, gamma=gamma, steps_key=steps_key, weight_key=weight_key)
-        low = torch.as_tensor(head.distribution_kwargs["low"], dtype=torch.float32)
-        high = torch.as_tensor(head.distribution_kwargs["high"], dtype=torch.float32)
+        if not isinstance(critic, TwinQ):
+            raise ValueError(f"FusedSACLoss needs a TwinQ critic (make_twin_q), got {type(critic).__name__}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        self.register_buffer("gamma", torch.tensor(float(gamma)))
+        self.steps_key, self.weight_key = steps_key, weight_key
         self.actor_network = actor
         self.policy_net = actor[0].module  # observation -> (loc, scale)
+        self.qvalue_network = critic
+        self.target_qvalue_network = copy.deepcopy(critic).requires_grad_(False)
+        low = torch.as_tensor(head.distribution_kwargs["low"], dtype=torch.float32)
+        high = torch.as_tensor(head.distribution_kwargs["high"], dtype=torch.float32)
         self.register_buffer("action_loc", (high + low) / 2)
         self.register_buffer("action_scale", (high - low) / 2)
         action_dim = int(low.numel())
@@ -102,28 +98,23 @@ class FusedSACLoss(TwinCriticLoss):
         # the log-probability's constant: -d log sqrt(2 pi) - 2 d log 2 - sum log((high - low) / 2)
         self.register_buffer("log_prob_offset",
                              -action_dim * (_LOG_SQRT_2PI + 2 * math.log(2.0)) - self.action_scale.log().sum())
-        self._policy = HeadedMLP(self.policy_net, LogStdGaussianParams)
         log_alpha = torch.tensor(math.log(alpha_init))
         if fixed_alpha:
             self.register_buffer("log_alpha", log_alpha)
         else:
             self.log_alpha = nn.Parameter(log_alpha)
 
-    # --- pieces -----------------------------------------------------------------------------------------------
-
     def policy_loc_log_std(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The policy's Gaussian ``loc`` and ``log(scale)``.
-
-        For ``make_tanh_gaussian_actor``'s network (an MLP, then :class:`~tdrl.models.q.LogStdGaussianParams`) the
-        layers run as functions (:class:`~tdrl.collect.tracing.HeadedMLP`: ``nn.Module.__call__`` costs ~10 us per
-        layer here, two policy evaluations per update) and the log-std is read before its ``exp``; any other network
-        is called as usual.
-        """
-        body = self._policy.body(observation)
-        if body is None:
-            loc, scale = self.policy_net(observation)
-            return loc, scale.log()
-        return self._policy.head.loc_log_std(body)
+        """The policy's Gaussian ``loc`` and ``log(scale)`` (read before the ``exp`` when the network ends with a
+        :class:`~tdrl.models.q.LogStdGaussianParams`, as ``make_tanh_gaussian_actor``'s does)."""
+        net = self.policy_net
+        if isinstance(net, nn.Sequential) and isinstance(net[-1], LogStdGaussianParams):
+            h = observation
+            for i in range(len(net) - 1):
+                h = net[i](h)
+            return net[-1].loc_log_std(h)
+        loc, scale = net(observation)
+        return loc, scale.log()
 
     def sample_and_log_prob(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised action in the box and its log-probability (TorchRL's ``TanhNormal``, same draws)."""
@@ -136,44 +127,39 @@ class FusedSACLoss(TwinCriticLoss):
         per_dim = 2.0 * (pre_tanh + F.softplus(-2.0 * pre_tanh)) - log_std
         return action, torch.addcmul(per_dim, noise, noise, value=-0.5).sum(-1) + self.log_prob_offset
 
-    # --- loss -------------------------------------------------------------------------------------------------
-
-    def critic_loss(self, tensordict: TensorDictBase) -> TensorDict:
-        """``loss_qvalue`` (writes ``td_error`` into ``tensordict``); gradients reach the critics only."""
-        keys = self.tensor_keys
-        obs = tensordict.get(keys.observation)
-        next_obs = tensordict.get(("next", keys.observation))
-        reward = tensordict.get(("next", keys.reward))
+    def critic_loss(self, sample: TensorDictBase) -> TensorDict:
+        """``loss_qvalue`` (writes ``td_error`` into ``sample``); gradients reach the critics only."""
+        obs, next_obs = sample.get("observation"), sample.get(("next", "observation"))
+        reward = sample.get(("next", "reward"))
         alpha = self.log_alpha.detach().exp()
         critic = self.qvalue_network
         with torch.no_grad():  # clipped double-Q soft target
             next_action, next_log_prob = self.sample_and_log_prob(next_obs)
-            next_q = stacked_mlp(self.critic_params(target=True), critic.inputs(next_obs, next_action)).min(0).values
-            target = self.td0_target(tensordict, reward, next_q - alpha * next_log_prob[..., None])
-        q = stacked_mlp(self.critic_params(),
-                        critic.inputs(obs, tensordict.get(keys.action)))  # [n, B, 1]
-        error = q - target
-        tensordict.set(keys.priority, error.detach().abs().max(0).values)
-        return TensorDict(loss_qvalue=self.weighted_mean(error.pow(2).sum(0).squeeze(-1), tensordict))
+            next_q = stacked_mlp(self.target_qvalue_network.flat_params(),
+                                 critic.inputs(next_obs, next_action)).min(0).values
+            target = td0_target(sample, reward, next_q - alpha * next_log_prob[..., None], self.gamma, self.steps_key)
+        error = critic(obs, sample.get("action")) - target  # [n, B, 1]
+        sample.set("td_error", error.detach().abs().max(0).values)
+        return TensorDict(loss_qvalue=weighted_mean(error.pow(2).sum(0).squeeze(-1), sample, self.weight_key))
 
-    def actor_loss(self, tensordict: TensorDictBase) -> TensorDict:
-        """``loss_actor`` (through detached critics) and ``loss_alpha`` (through a detached log-probability),
-        with ``alpha`` and ``entropy``; gradients reach the policy and ``log_alpha`` only."""
-        keys = self.tensor_keys
-        obs = tensordict.get(keys.observation)
+    def actor_loss(self, sample: TensorDictBase) -> TensorDict:
+        """``loss_actor`` (through detached critics), ``loss_alpha`` (through a detached log-probability), ``alpha``
+        and ``entropy``; gradients reach the policy and ``log_alpha`` only."""
+        obs = sample.get("observation")
         alpha = self.log_alpha.detach().exp()
         action, log_prob = self.sample_and_log_prob(obs)
-        detached = [p.detach() for p in self.critic_params()]
+        detached = [p.detach() for p in self.qvalue_network.flat_params()]
         q = stacked_mlp(detached, self.qvalue_network.inputs(obs, action)).min(0).values
         return TensorDict(
-            loss_actor=self.weighted_mean(alpha * log_prob - q.squeeze(-1), tensordict),
-            loss_alpha=self.weighted_mean(-self.log_alpha * (log_prob.detach() + self.target_entropy), tensordict),
+            loss_actor=weighted_mean(alpha * log_prob - q.squeeze(-1), sample, self.weight_key),
+            loss_alpha=weighted_mean(-self.log_alpha * (log_prob.detach() + self.target_entropy), sample,
+                                     self.weight_key),
             alpha=alpha,
             entropy=-log_prob.detach().mean(),
         )
 
-    def forward(self, tensordict: TensorDictBase) -> TensorDict:
-        """All terms from the same parameters (TorchRL's ``SACLoss`` semantics and random-draw order)."""
-        out = self.critic_loss(tensordict)
-        out.update(self.actor_loss(tensordict))
+    def forward(self, sample: TensorDictBase) -> TensorDict:
+        """All terms from the same parameters (``SACLoss``'s semantics and random-draw order)."""
+        out = self.critic_loss(sample)
+        out.update(self.actor_loss(sample))
         return out

@@ -10,9 +10,9 @@ advances the target networks, and returns the detached metrics (with ``grad_norm
     metrics = updater.step(loss(minibatch))        # TensorDict of detached scalars
 
 Target networks follow rlpyt: ``target_update_interval`` counts *gradient updates* and ``tau`` is the polyak
-factor (1.0 = hard copy). :class:`TargetUpdate` uses TorchRL's ``HardUpdate``/``SoftUpdate`` to pair each target with
-its source (and to validate the loss), counts, and applies the update as one ``torch._foreach_lerp_``/``_copy_`` over
-those pairs (TorchRL's TensorDict-level step costs ~0.5 ms per SAC update on CPU, the foreach ~30 us)::
+factor (1.0 = hard copy). :class:`TargetUpdate` pairs each ``target_X`` child of the loss with ``X`` (TorchRL's
+``target_X_params``, tdrl's target networks) and updates them tensor by tensor (TorchRL's TensorDict-level
+``SoftUpdate`` step costs several times more on CPU; TorchRL's losses then warn once that updates are manual)::
 
     updater = Updater(optim, target_update=TargetUpdate(dqn_loss, interval=312))         # hard, every 312
     updater = Updater(optim, target_update=TargetUpdate(sac_loss, interval=1, tau=0.005))  # soft, every update
@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.objectives import HardUpdate, SoftUpdate
 
 __all__ = ["NonFiniteLossError", "TargetUpdate", "Updater"]
 
@@ -49,15 +48,6 @@ class NonFiniteLossError(FloatingPointError):
         self.key, self.update, self.value = key, update, value
 
 
-def _grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Global L2 norm of ``grads``: ``torch.nn.utils.get_total_norm``'s value without its grouping by device and
-    dtype (~40 us here), which only gradients on several devices need."""
-    try:
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    except RuntimeError:  # no gradients, or several devices
-        return torch.nn.utils.get_total_norm(grads)
-
-
 class TargetUpdate:
     """Target-network update counted in gradient updates: every ``interval`` calls, polyak with ``tau``.
 
@@ -73,13 +63,21 @@ class TargetUpdate:
         if not 0.0 < tau <= 1.0:
             raise ValueError(f"target update tau must be in (0, 1], got {tau}")
         self.interval, self.tau = int(interval), float(tau)
-        # TorchRL's updater validates the loss and pairs each trained source with its target (copying it there);
-        # its own step is never called. These are the very tensors it would touch (its locked TensorDicts share
-        # them with the loss; in-place loads keep them), in matching order.
-        pairing = HardUpdate(loss_module) if tau == 1.0 else SoftUpdate(loss_module, tau=tau)
-        keys = list(pairing._sources.keys(True, True))
-        self._sources = [pairing._sources.get(key) for key in keys]
-        self._targets = [pairing._targets.get(("target_" + key[0], *key[1:])) for key in keys]
+        # TorchRL's convention: a child target_X (target_X_params in TorchRL's losses) is the target of the child X
+        children = dict(loss_module.named_children())
+        self.sources: list[torch.Tensor] = []
+        self.targets: list[torch.Tensor] = []
+        for name, target in children.items():
+            if name.startswith("target_") and name[len("target_"):] in children:
+                sources = children[name[len("target_"):]].state_dict(keep_vars=True)
+                for key, tensor in target.state_dict(keep_vars=True).items():
+                    self.sources.append(sources[key])
+                    self.targets.append(tensor)
+        if not self.targets:
+            raise ValueError(f"{type(loss_module).__name__} has no target networks (children named target_*)")
+        with torch.no_grad():  # targets start as copies of their sources, as TorchRL's updaters make them
+            for target, source in zip(self.targets, self.sources, strict=True):
+                target.copy_(source)
         self.calls = 0
         self.target_updates = 0
 
@@ -89,10 +87,11 @@ class TargetUpdate:
         if self.calls % self.interval:
             return False
         with torch.no_grad():
-            if self.tau == 1.0:
-                torch._foreach_copy_(self._targets, self._sources)
-            else:
-                torch._foreach_lerp_(self._targets, self._sources, self.tau)
+            for target, source in zip(self.targets, self.sources, strict=True):
+                if self.tau < 1.0 and target.is_floating_point():
+                    target.lerp_(source, self.tau)
+                else:
+                    target.copy_(source)
         self.target_updates += 1
         return True
 
@@ -156,10 +155,10 @@ class Updater:
         for term in terms[1:]:
             total = total + (term.sum() if term.numel() > 1 else term.reshape(()))
         params = self.params
-        self._drop_grads()  # zero_grad(set_to_none=True) without the optimizer's wrappers (~20 us here)
+        self._drop_grads()  # zero_grad(set_to_none=True), for exactly these parameters
         total.backward()
         # the norm is always computed: a finite loss can still give NaN/inf gradients, which must not be stepped
-        norm = _grad_norm([p.grad for p in params if p.grad is not None])
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         if not torch.isfinite(total + norm):  # one check (one sync) for both; the slow path tells them apart
             self._raise_if_non_finite(keys, terms, total, norm)
         out = losses.detach() if isinstance(losses, TensorDictBase) else TensorDict(

@@ -29,15 +29,15 @@ def pendulum_batch(n: int = 6) -> TensorDict:
 
 
 @torch.no_grad()
-def copy_critics_into_twin(src: TensorDictBase, dst: TensorDictBase, stacked: bool = True) -> None:
+def copy_critics_into_twin(src: TensorDictBase, dst: torch.nn.Module, stacked: bool = True) -> None:
     """Copy ``make_q_critic`` parameters as TorchRL holds them (``stacked``: one set per critic, as TD3Loss and
-    SACLoss expand them; else a single set, as DDPGLoss) into a ``TwinQ``'s ``weights``/``biases`` layout."""
+    SACLoss expand them; else a single set, as DDPGLoss) into a ``TwinQ``'s ``weights``/``biases``."""
     for j, layer in enumerate(("0", "2", "4")):
         weight, bias = src["module", "net", layer, "weight"], src["module", "net", layer, "bias"]
         if not stacked:
             weight, bias = weight[None], bias[None]
-        dst["weights", str(j)].copy_(weight.transpose(-1, -2))
-        dst["biases", str(j)].copy_(bias[:, None, :])
+        dst.weights[j].copy_(weight.transpose(-1, -2))
+        dst.biases[j].copy_(bias[:, None, :])
 
 
 def assert_time_limits_bootstrap(q_loss: Callable[[TensorDict], torch.Tensor], batch: TensorDict) -> None:

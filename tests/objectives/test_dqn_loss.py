@@ -40,12 +40,17 @@ def _batch():
 
 
 def _perturb_target(loss):
+    targets = loss.target_q_net.parameters() if isinstance(loss, FusedDQNLoss) else \
+        loss.target_value_network_params.values(True, True)
     with torch.no_grad():
-        for p in loss.target_value_network_params.values(True, True):
+        for p in targets:
             p.add_(0.3 * torch.randn_like(p))
 
 
 def _q(loss, obs, target=False):
+    if isinstance(loss, FusedDQNLoss):
+        with torch.no_grad():
+            return (loss.target_q_net if target else loss.q_net)(obs)
     params = loss.target_value_network_params if target else loss.value_network_params
     with torch.no_grad(), params.to_module(loss.value_network):
         return loss.value_network(TensorDict(observation=obs, batch_size=obs.shape[:1]))["action_value"]
@@ -73,7 +78,8 @@ def test_dqn_loss_equals_hand_computed(specs, double, loss_function):
     discount = GAMMA ** batch["steps_to_next_obs"].squeeze(-1).float()
     y = batch["next", "reward"].squeeze(-1) + discount * not_term * bootstrap
     delta = q_sa - y
-    per_sample = torch.where(delta.abs() < 1, 0.5 * delta**2, delta.abs() - 0.5) if loss_function == "huber" else delta**2
+    huber = torch.where(delta.abs() < 1, 0.5 * delta**2, delta.abs() - 0.5)
+    per_sample = huber if loss_function == "huber" else delta**2
     w = batch["priority_weight"]
     expected = (w * per_sample).sum() / w.sum()
     assert torch.allclose(out, expected, atol=1e-6), (out, expected)
@@ -149,16 +155,13 @@ def test_unweighted_without_weight_key(specs):
 def test_target_update_counts_gradient_updates(specs):
     torch.manual_seed(0)
     loss = make_dqn_loss(make_q_actor(specs, hidden_sizes=(8,)), gamma=GAMMA)
-    updater = Updater(
-        torch.optim.SGD(loss.value_network_params.values(True, True), lr=0.1),
-        loss_keys=("loss",),
-        target_update=TargetUpdate(loss, interval=3),
-    )
-    target0 = loss.target_value_network_params.clone()
+    updater = Updater(torch.optim.SGD(loss.q_net.parameters(), lr=0.1), loss_keys=("loss",),
+                      target_update=TargetUpdate(loss, interval=3))
+    target0 = TensorDict.from_module(loss.target_q_net).clone()
     batch = _batch()
     for k in range(1, 7):
         updater.step(loss(batch.clone()))
-        online, target = loss.value_network_params.data, loss.target_value_network_params
+        online, target = TensorDict.from_module(loss.q_net), TensorDict.from_module(loss.target_q_net)
         if k % 3 == 0:
             assert (online == target).all(), k
             target0 = target.clone()
@@ -217,7 +220,8 @@ def test_nstep_replay_sample_gives_the_nstep_target(specs, tmp_path):
 
     # the n-step target rebuilt from the raw episode: sum of discounted rewards up to the first done or n steps,
     # bootstrapped from the observation after the window unless the window ended in a termination
-    r, term, done = batch["next", "reward"][0, :, 0], batch["next", "terminated"][0, :, 0], batch["next", "done"][0, :, 0]
+    nxt = batch["next"][0]
+    r, term, done = nxt["reward"][:, 0], nxt["terminated"][:, 0], nxt["done"][:, 0]
     targets = []
     for t in sample["index"].tolist():  # one stream: the flat index is the time step
         g, k = 0.0, 0
@@ -266,7 +270,8 @@ def test_fused_dqn_loss_equals_torchrl_values_gradients_and_td_error(specs, doub
     assert isinstance(fused, FusedDQNLoss)
     _perturb_target(fused)
     with torch.no_grad():
-        reference.target_value_network_params.update_(fused.target_value_network_params)
+        reference.target_value_network_params["module", "0", "module"].update_(
+            TensorDict.from_module(fused.target_q_net))
     out = {}
     for name, loss in (("fused", fused), ("torchrl", reference)):
         batch = _batch()

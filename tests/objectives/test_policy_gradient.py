@@ -1,5 +1,5 @@
-"""ActorCriticLoss equals TorchRL's ClipPPOLoss / A2CLoss (values and gradients) on feed-forward models, and the
-factories hand recurrent models to TorchRL's losses."""
+"""PPOLoss equals TorchRL's ClipPPOLoss (values and gradients) on feed-forward models; recurrent PPO and every A2C
+get TorchRL's losses."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torchrl.objectives import A2CLoss, ClipPPOLoss
 
 from tdrl.envs import EnvFactory
 from tdrl.models import make_actor_critic, make_recurrent_actor_critic
-from tdrl.objectives.policy_gradient import ActorCriticLoss, make_a2c_loss, make_ppo_loss
+from tdrl.objectives.policy_gradient import PPOLoss, make_a2c_loss, make_ppo_loss
 
 
 def _minibatch(ac, obs_size, n=64):
@@ -39,30 +39,18 @@ def test_ppo_equals_torchrl_clip_ppo(env_id, dist, normalize):
     ac = make_actor_critic(specs, distribution=dist)
     td = _minibatch(ac, specs.observation_spec.shape[0])
     kw = dict(critic_coeff=0.5, entropy_coeff=0.01, normalize_advantage=normalize)
-    ours = ActorCriticLoss(ac, clip_epsilon=0.2, **kw)(td.clone())
+    ours = PPOLoss(ac, clip_epsilon=0.2, **kw)(td.clone())
     theirs = ClipPPOLoss(ac.actor, ac.critic, clip_epsilon=0.2, loss_critic_type="l2", **kw)(td.clone())
     for key in ("loss_objective", "loss_critic", "loss_entropy", "entropy", "clip_fraction", "kl_approx"):
         torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-6, msg=key)
     assert 0 < ours["clip_fraction"] < 1
     keys = ("loss_objective", "loss_critic", "loss_entropy")
-    g_ours = _grads(ac, ActorCriticLoss(ac, clip_epsilon=0.2, **kw)(td.clone()), keys)
+    g_ours = _grads(ac, PPOLoss(ac, clip_epsilon=0.2, **kw)(td.clone()), keys)
     g_theirs = _grads(ac, ClipPPOLoss(ac.actor, ac.critic, clip_epsilon=0.2, loss_critic_type="l2", **kw)(td.clone()),
                       keys)
     assert g_ours.keys() == g_theirs.keys()
     for name in g_ours:
         torch.testing.assert_close(g_ours[name], g_theirs[name], rtol=1e-4, atol=1e-6, msg=name)
-
-
-def test_a2c_equals_torchrl_a2c():
-    specs = EnvFactory("CartPole-v1").specs()
-    torch.manual_seed(0)
-    ac = make_actor_critic(specs)
-    td = _minibatch(ac, 4)
-    ours = ActorCriticLoss(ac, clip_epsilon=None, critic_coeff=0.5, entropy_coeff=0.01)(td.clone())
-    theirs = A2CLoss(ac.actor, ac.critic, critic_coeff=0.5, entropy_coeff=0.01, loss_critic_type="l2")(td.clone())
-    for key in ("loss_objective", "loss_critic", "loss_entropy"):
-        torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-6, msg=key)
-    assert "clip_fraction" not in ours.keys()
 
 
 def test_clip_schedule_buffer_changes_the_objective():
@@ -78,7 +66,7 @@ def test_clip_schedule_buffer_changes_the_objective():
 def test_tanh_normal_entropy_is_estimated():
     specs = EnvFactory("Pendulum-v1").specs()
     ac = make_actor_critic(specs, distribution="tanh_normal")
-    out = ActorCriticLoss(ac, clip_epsilon=0.2, critic_coeff=0.5, entropy_coeff=0.01)(_minibatch(ac, 3))
+    out = PPOLoss(ac, clip_epsilon=0.2, critic_coeff=0.5, entropy_coeff=0.01)(_minibatch(ac, 3))
     assert torch.isfinite(out["entropy"]) and out["loss_entropy"].requires_grad
 
 
@@ -88,6 +76,8 @@ def test_factories_use_torchrl_losses_for_recurrent_models():
     assert isinstance(make_ppo_loss(rec, clip_epsilon=0.2, critic_coeff=0.5, entropy_coeff=0.0,
                                     normalize_advantage=True), ClipPPOLoss)
     assert isinstance(make_a2c_loss(rec, critic_coeff=0.5, entropy_coeff=0.0), A2CLoss)
-    assert isinstance(make_a2c_loss(make_actor_critic(specs), critic_coeff=0.5, entropy_coeff=0.0), ActorCriticLoss)
+    assert isinstance(make_ppo_loss(make_actor_critic(specs), clip_epsilon=0.2, critic_coeff=0.5, entropy_coeff=0.0,
+                                    normalize_advantage=True), PPOLoss)
+    assert isinstance(make_a2c_loss(make_actor_critic(specs), critic_coeff=0.5, entropy_coeff=0.0), A2CLoss)
     with pytest.raises(ValueError, match="feed-forward"):
-        ActorCriticLoss(rec, clip_epsilon=0.2, critic_coeff=0.5, entropy_coeff=0.0)
+        PPOLoss(rec, clip_epsilon=0.2, critic_coeff=0.5, entropy_coeff=0.0)
