@@ -1,11 +1,14 @@
-"""Models: plain torsos (``nets``, ``conv``), actor-critic factories (``policies``), Q-models (``q``), exploration."""
+"""Models: plain torsos (``nets``, ``conv``), actor-critic factories (``policies``), Q-models (``q``), exploration,
+and the acting contract collectors call (``acting``)."""
 
+from tdrl.models.acting import Acting, ActingSequential, DeterministicPolicy, ProbabilisticPolicy
 from tdrl.models.conv import AtariConv
-from tdrl.models.exploration import EpsilonGreedy, make_gaussian_noise
+from tdrl.models.exploration import EpsilonGreedy, GaussianNoise, make_gaussian_noise
 from tdrl.models.nets import MLP, ObsNorm
 from tdrl.models.policies import ActorCritic, make_actor_critic, make_recurrent_actor_critic
 from tdrl.models.q import (
     DuelingHead,
+    QActor,
     QNetwork,
     make_deterministic_actor,
     make_q_actor,
@@ -15,6 +18,12 @@ from tdrl.models.q import (
 
 __all__ = [
     "MLP",
+    "Acting",
+    "ActingSequential",
+    "DeterministicPolicy",
+    "GaussianNoise",
+    "ProbabilisticPolicy",
+    "QActor",
     "ActorCritic",
     "AtariConv",
     "DuelingHead",

@@ -14,22 +14,22 @@ annealing at frame 0 and anneals with a Python loop over frames. rlpyt semantics
   log-spaced between ``eps_final_min`` and ``eps_final``;
 * evaluation uses ``eps_eval`` (rlpyt: 0.001), not zero, so a deterministic policy cannot loop forever.
 
-Gaussian noise is TorchRL's ``AdditiveGaussianModule`` (it fits), built by :func:`make_gaussian_noise` with the
-noise scaled to the action box.
+:class:`GaussianNoise` adds action noise scaled to the action box (:func:`make_gaussian_noise`). Both also act on
+tensors (:mod:`tdrl.models.acting`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torchrl.envs.utils import ExplorationType, exploration_type
-from torchrl.modules import AdditiveGaussianModule
 
-__all__ = ["EpsilonGreedy", "linear_epsilon", "make_gaussian_noise", "vector_epsilon"]
+__all__ = ["EpsilonGreedy", "GaussianNoise", "linear_epsilon", "make_gaussian_noise", "vector_epsilon"]
 
 
 def vector_epsilon(n_envs: int, eps_final: float, eps_final_min: float | None) -> torch.Tensor:
@@ -136,11 +136,10 @@ class EpsilonGreedy(TensorDictModuleBase):
         """Set epsilon to its scheduled value after ``frames`` env frames (call once per iteration)."""
         self.eps.copy_(linear_epsilon(frames, self.eps_init, self.eps_final, self.start_frames, self.end_frames))
 
-    def explore(self, action: torch.Tensor) -> torch.Tensor:
-        """``action`` with each entry replaced by a uniform random action with probability epsilon (the tensor-level
-        step of :meth:`forward`; collectors call it directly, skipping the TensorDict)."""
-        mode = exploration_type()
-        eps = self.eps if mode in (ExplorationType.RANDOM, None) else self.eps_eval
+    def explore(self, action: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        """``action`` with each entry replaced by a uniform random action with probability epsilon (``eps_eval``
+        when ``deterministic``)."""
+        eps = self.eps_eval if deterministic else self.eps
         if eps.ndim and self.env_ranks is not None:
             eps = eps[self.env_ranks]
         shape = action.shape
@@ -157,40 +156,61 @@ class EpsilonGreedy(TensorDictModuleBase):
         return action
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        action = tensordict.get(self.action_key)
-        explored = self.explore(action)
-        if explored is not action:
-            tensordict.set(self.action_key, explored)
-        return tensordict
+        return tensordict.set(self.action_key, self.explore(tensordict.get(self.action_key), _deterministic()))
+
+    def act(
+        self, observation: torch.Tensor, inputs: Mapping[NestedKey, torch.Tensor], *, deterministic: bool
+    ) -> dict[NestedKey, torch.Tensor]:
+        return {self.action_key: self.explore(inputs[self.action_key], deterministic)}
 
 
-def make_gaussian_noise(specs, *, std: float = 0.1, action_key: NestedKey = "action") -> AdditiveGaussianModule:
-    """Additive Gaussian exploration noise for deterministic policies (DDPG, TD3), clipped to the action box.
+def _deterministic() -> bool:
+    """Whether TorchRL's current exploration type turns exploration off (anything but RANDOM)."""
+    return exploration_type() not in (ExplorationType.RANDOM, None)
 
-    The noise standard deviation is ``std`` times the half-width of the action box, so ``std=0.1`` means
-    10 % of the range whatever the env's units (rlpyt's ``action_std`` on a [-1, 1] box; SB3's ``NormalActionNoise``
-    on its rescaled actions). Constant over training, as in rlpyt and the TD3 paper.
+
+class GaussianNoise(TensorDictModuleBase):
+    """Adds ``N(0, std)`` noise to ``action`` and clamps it into ``[low, high]``, under RANDOM exploration only.
 
     Args:
-        specs: env specs (bounded continuous action space).
-        std: noise std relative to the half-width of the action box.
-        action_key: key of the action to perturb.
+        std: per-dimension noise standard deviation (in action units).
+        low: action box low.
+        high: action box high.
+        action_key: key of the action read and overwritten.
+    """
 
-    Returns:
-        TorchRL's ``AdditiveGaussianModule`` (active under ``ExplorationType.RANDOM`` only).
+    def __init__(self, std: torch.Tensor, low: torch.Tensor, high: torch.Tensor, action_key: NestedKey = "action"):
+        super().__init__()
+        self.in_keys, self.out_keys, self.action_key = [action_key], [action_key], action_key
+        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32))
+        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
+
+    def add_noise(self, action: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        if deterministic:
+            return action
+        return torch.clamp(action + torch.randn_like(action) * self.std, self.low, self.high)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return tensordict.set(self.action_key, self.add_noise(tensordict.get(self.action_key), _deterministic()))
+
+    def act(
+        self, observation: torch.Tensor, inputs: Mapping[NestedKey, torch.Tensor], *, deterministic: bool
+    ) -> dict[NestedKey, torch.Tensor]:
+        return {self.action_key: self.add_noise(inputs[self.action_key], deterministic)}
+
+
+def make_gaussian_noise(specs, *, std: float = 0.1, action_key: NestedKey = "action") -> GaussianNoise:
+    """Additive Gaussian exploration noise for deterministic policies (DDPG, TD3), clipped to the action box.
+
+    The noise std is ``std`` times the half-width of the action box, so ``std=0.1`` means 10 % of the range
+    whatever the env's units (rlpyt's ``action_std`` on a [-1, 1] box; SB3's ``NormalActionNoise``), constant over
+    training as in rlpyt and the TD3 paper.
     """
     spec = specs.action_spec
     if not spec.dtype.is_floating_point or not hasattr(spec.space, "low"):
         raise ValueError(
             f"Gaussian action noise needs a bounded continuous action space, got {type(spec).__name__}"
         )
-    half_range = ((spec.space.high - spec.space.low) / 2).float()
-    return AdditiveGaussianModule(
-        spec,
-        sigma_init=float(std),
-        sigma_end=float(std),
-        annealing_num_steps=1,
-        mean=0.0,
-        std=half_range.tolist(),
-        action_key=action_key,
-    )
+    low, high = spec.space.low.float(), spec.space.high.float()
+    return GaussianNoise(std * (high - low) / 2, low, high, action_key)

@@ -41,6 +41,7 @@ from torchrl.modules import (
 )
 
 from tdrl.envs.make import EnvSpecs
+from tdrl.models.acting import ProbabilisticPolicy
 from tdrl.models.nets import MLP, ObsNorm
 
 __all__ = ["ActorCritic", "GaussianHead", "make_actor_critic", "make_recurrent_actor_critic"]
@@ -53,41 +54,28 @@ class ActorCritic(nn.Module):
     """Container of a policy-gradient agent's modules (one ``state_dict`` for checkpoints).
 
     Attributes:
-        actor: ``ProbabilisticActor`` sampling actions (training collection and the loss).
+        actor: the policy sampling actions (training collection and the loss).
         critic: value network writing ``state_value``.
         greedy: deterministic view of ``actor`` for evaluation (shares parameters).
         obs_norm: shared observation normaliser, or ``None``.
         recurrent: whether the modules contain an LSTM (batches must be replayed as sequences).
 
-    Feed-forward models also expose the same computation on plain tensors, without TensorDict machinery
-    (:meth:`distribution`, :meth:`value`), which :class:`tdrl.objectives.policy_gradient.ActorCriticLoss` uses.
+    Feed-forward models also expose the computation on plain tensors (:meth:`distribution`, :meth:`value`), which
+    :class:`tdrl.objectives.policy_gradient.ActorCriticLoss` uses.
     """
 
-    def __init__(
-        self,
-        actor: ProbabilisticActor,
-        critic: TensorDictModule,
-        greedy: ProbabilisticActor,
-        obs_norm: ObsNorm | None,
-        recurrent: bool,
-    ) -> None:
+    def __init__(self, actor: ProbabilisticActor, critic: TensorDictModule, greedy: ProbabilisticActor,
+                 obs_norm: ObsNorm | None, recurrent: bool) -> None:
         super().__init__()
         self.actor, self.critic, self.obs_norm = actor, critic, obs_norm
         self.recurrent = recurrent
         self.__dict__["greedy"] = greedy  # not a submodule: its parameters are the actor's
 
     def distribution(self, observation: torch.Tensor) -> torch.distributions.Distribution:
-        """The actor's action distribution at ``observation`` (feed-forward models), as the actor builds it."""
+        """The actor's action distribution at ``observation`` (feed-forward models)."""
         if self.recurrent:
             raise NotImplementedError("recurrent models need their state: call .actor on a TensorDict")
-        params_module, dist_module = self.actor.module[0], self.actor.module[-1]
-        out = params_module.module(observation)
-        values = dict(zip(params_module.out_keys, out if isinstance(out, tuple) else (out,), strict=True))
-        params = {arg: values[key] for arg, key in zip(dist_module.dist_keys, dist_module.in_keys, strict=True)}
-        cls, kwargs = dist_module.distribution_class, dict(dist_module.distribution_kwargs)
-        if issubclass(cls, torch.distributions.Categorical):
-            kwargs["validate_args"] = False  # argument checks cost more than the rest of a CartPole-sized update
-        return cls(**params, **kwargs)
+        return self.actor.distribution(self.actor.params(observation))
 
     def value(self, observation: torch.Tensor) -> torch.Tensor:
         """``V(observation)`` of shape ``[..., 1]`` (feed-forward models)."""
@@ -131,26 +119,22 @@ def _resolve_distribution(specs: EnvSpecs, distribution: Distribution) -> str:
     return distribution
 
 
-def _probabilistic_actor(
-    module: TensorDictModule, specs: EnvSpecs, dist: str, interaction: InteractionType
-) -> ProbabilisticActor:
+def _probabilistic_actor(net: nn.Module, specs: EnvSpecs, dist: str, interaction: InteractionType,
+                        recurrent: bool = False) -> ProbabilisticActor:
+    """A :class:`ProbabilisticPolicy` over ``net`` (it acts on tensors); over a recurrent TensorDict module, TorchRL's
+    ``ProbabilisticActor`` (collectors run it on TensorDicts)."""
     if dist == "categorical":
-        in_keys, cls, kwargs = ["logits"], torch.distributions.Categorical, {}
+        keys, cls, kwargs = ["logits"], torch.distributions.Categorical, {}
     elif dist == "normal":
-        in_keys, cls, kwargs = ["loc", "scale"], IndependentNormal, {}
+        keys, cls, kwargs = ["loc", "scale"], IndependentNormal, {}
     else:
-        spec = specs.action_spec
-        in_keys, cls = ["loc", "scale"], TanhNormal
-        kwargs = {"low": spec.space.low, "high": spec.space.high}
-    return ProbabilisticActor(
-        module,
-        in_keys=in_keys,
-        spec=specs.action_spec,
-        distribution_class=cls,
-        distribution_kwargs=kwargs,
-        return_log_prob=True,
-        default_interaction_type=interaction,
-    )
+        keys, cls = ["loc", "scale"], TanhNormal
+        kwargs = {"low": specs.action_spec.space.low, "high": specs.action_spec.space.high}
+    if recurrent:
+        return ProbabilisticActor(net, in_keys=keys, spec=specs.action_spec, distribution_class=cls,
+                                  distribution_kwargs=kwargs, return_log_prob=True,
+                                  default_interaction_type=interaction)
+    return ProbabilisticPolicy(net, keys, specs.action_spec, cls, kwargs, default_interaction_type=interaction)
 
 
 def _policy_head(in_features: int, specs: EnvSpecs, dist: str, hidden: Sequence[int], activation: str,
@@ -197,12 +181,12 @@ def make_actor_critic(
     dist = _resolve_distribution(specs, distribution)
     obs_norm = ObsNorm(obs_size, clip=norm_obs_clip) if normalize_observation else None
     pre = [obs_norm] if obs_norm is not None else []
-    head, head_keys = _policy_head(obs_size, specs, dist, hidden_sizes, activation, init_log_std)
-    policy_module = TensorDictModule(nn.Sequential(*pre, head) if pre else head, ["observation"], head_keys)
+    head, _ = _policy_head(obs_size, specs, dist, hidden_sizes, activation, init_log_std)
+    policy_net = nn.Sequential(*pre, head) if pre else head
     value_net = MLP(obs_size, 1, hidden_sizes, activation, output_gain=1.0)
     critic = ValueOperator(nn.Sequential(*pre, value_net) if pre else value_net, in_keys=["observation"])
-    actor = _probabilistic_actor(policy_module, specs, dist, InteractionType.RANDOM)
-    greedy = _probabilistic_actor(policy_module, specs, dist, InteractionType.DETERMINISTIC)
+    actor = _probabilistic_actor(policy_net, specs, dist, InteractionType.RANDOM)
+    greedy = _probabilistic_actor(policy_net, specs, dist, InteractionType.DETERMINISTIC)
     return ActorCritic(actor, critic, greedy, obs_norm, recurrent=False)
 
 
@@ -242,6 +226,6 @@ def make_recurrent_actor_critic(
     policy_module = TensorDictSequential(embed, core, TensorDictModule(head, ["features"], head_keys))
     value_head = TensorDictModule(MLP(lstm_size, 1, (), activation, output_gain=1.0), ["features"], ["state_value"])
     critic = TensorDictSequential(embed, core, value_head)
-    actor = _probabilistic_actor(policy_module, specs, dist, InteractionType.RANDOM)
-    greedy = _probabilistic_actor(policy_module, specs, dist, InteractionType.DETERMINISTIC)
+    actor = _probabilistic_actor(policy_module, specs, dist, InteractionType.RANDOM, recurrent=True)
+    greedy = _probabilistic_actor(policy_module, specs, dist, InteractionType.DETERMINISTIC, recurrent=True)
     return ActorCritic(actor, critic, greedy, obs_norm, recurrent=True)

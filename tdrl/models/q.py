@@ -23,27 +23,29 @@ are scaled inside the model; vector observations get an MLP torso.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
-from tensordict.nn import NormalParamExtractor, TensorDictModule
+from tensordict.nn import NormalParamExtractor
+from tensordict.utils import NestedKey
 from torch import nn
 from torchrl.data import Bounded, Categorical, OneHot, TensorSpec
 from torchrl.modules import (
     MLP,
     DistributionalQValueActor,
-    ProbabilisticActor,
     QValueActor,
     TanhNormal,
     ValueOperator,
 )
 
+from tdrl.models.acting import DeterministicPolicy, ProbabilisticPolicy
 from tdrl.models.conv import AtariConv
 
 __all__ = [
     "DuelingHead",
     "LogStdGaussianParams",
+    "QActor",
     "QNetwork",
     "ScaledTanh",
     "StateActionValue",
@@ -173,6 +175,17 @@ def _obs_dim(spec: TensorSpec) -> int:
     return int(spec.shape[0])
 
 
+class QActor(QValueActor):
+    """TorchRL's greedy ``QValueActor`` (categorical actions), acting on tensors too (:mod:`tdrl.models.acting`)."""
+
+    def act(
+        self, observation: torch.Tensor, inputs: Mapping[NestedKey, torch.Tensor], *, deterministic: bool
+    ) -> dict[NestedKey, torch.Tensor]:
+        values = self.module[0].module(observation)
+        action = torch.argmax(values, dim=-1)  # QValueModule's categorical action and chosen value
+        return {"action": action, "action_value": values, "chosen_action_value": values.gather(-1, action[..., None])}
+
+
 def make_q_actor(
     specs,
     *,
@@ -182,7 +195,7 @@ def make_q_actor(
     n_atoms: int = 1,
     v_min: float = -10.0,
     v_max: float = 10.0,
-) -> QValueActor | DistributionalQValueActor:
+) -> QActor | DistributionalQValueActor:
     """Greedy Q-value actor for DQN (``n_atoms == 1``) or categorical DQN (C51).
 
     Args:
@@ -227,7 +240,7 @@ def make_q_actor(
     net = QNetwork(torso, feature_size, n_actions, head_sizes, dueling=dueling, n_atoms=n_atoms)
     action_spec = Categorical(n_actions, shape=(), dtype=torch.int64)
     if n_atoms == 1:
-        return QValueActor(net, in_keys=["observation"], spec=action_spec)
+        return QActor(net, in_keys=["observation"], spec=action_spec)
     support = torch.linspace(v_min, v_max, n_atoms)
     return DistributionalQValueActor(net, in_keys=["observation"], spec=action_spec, support=support)
 
@@ -371,7 +384,7 @@ def make_q_critic(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> ValueOp
     return ValueOperator(net, in_keys=["observation", "action"], out_keys=["state_action_value"])
 
 
-def make_deterministic_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> TensorDictModule:
+def make_deterministic_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> DeterministicPolicy:
     """Deterministic policy ``mu(s)`` squashed into the action box (rlpyt's ``MuMlpModel``).
 
     ``observation`` -> ``action``. Exploration noise is added by a separate module
@@ -382,7 +395,7 @@ def make_deterministic_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256))
     """
     low, high = _bounds(specs)
     net = nn.Sequential(_mlp(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes), ScaledTanh(low, high))
-    return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
+    return DeterministicPolicy(net)
 
 
 class LogStdGaussianParams(nn.Module):
@@ -411,7 +424,7 @@ def make_tanh_gaussian_actor(
     *,
     hidden_sizes: Sequence[int] = (256, 256),
     scale_mapping: Literal["log_std", "softplus"] = "log_std",
-) -> ProbabilisticActor:
+) -> ProbabilisticPolicy:
     """Tanh-squashed Gaussian policy for SAC: ``observation`` -> ``loc``, ``scale``, ``action``.
 
     The action is a ``TanhNormal`` sample rescaled into the action box; under
@@ -434,12 +447,5 @@ def make_tanh_gaussian_actor(
     else:
         raise ValueError(f"scale_mapping must be 'log_std' or 'softplus', got {scale_mapping!r}")
     net = nn.Sequential(_mlp(_obs_dim(specs.observation_spec), 2 * low.numel(), hidden_sizes), params)
-    module = TensorDictModule(net, in_keys=["observation"], out_keys=["loc", "scale"])
-    return ProbabilisticActor(
-        module,
-        in_keys=["loc", "scale"],
-        spec=specs.action_spec,
-        distribution_class=TanhNormal,
-        distribution_kwargs={"low": low, "high": high},
-        return_log_prob=False,
-    )
+    return ProbabilisticPolicy(net, ["loc", "scale"], specs.action_spec, TanhNormal, {"low": low, "high": high},
+                               return_log_prob=False)
