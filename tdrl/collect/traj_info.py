@@ -132,7 +132,8 @@ class EpisodeTracker:
         tail_stop = np.maximum(stops, tail)
         tail_len = tail_stop - tail
         self._ret += c_ret[idx, tail_stop] - c_ret[idx, tail]
-        tail_disc = np.divide(c_disc[idx, tail_stop] - c_disc[idx, tail], pows[tail], out=np.zeros(n), where=tail_len > 0)
+        tail_sum = c_disc[idx, tail_stop] - c_disc[idx, tail]
+        tail_disc = np.divide(tail_sum, pows[tail], out=np.zeros(n), where=tail_len > 0)
         self._disc_ret += self._disc_pow * tail_disc
         self._disc_pow *= pows[tail_len]
         self._len += tail_len

@@ -3,7 +3,7 @@
 Workers are started with the ``spawn`` method (safe with torch threads, same behaviour on every OS). Each owns
 a contiguous slice of envs and talks to the main process through:
 
-* a duplex ``Pipe`` for per-batch commands and replies (``("collect", ...)`` → ``("done", episodes)``), and for
+* a duplex ``Pipe`` for per-batch commands and replies (``("collect", exploration)`` → ``("done", episodes)``), and for
   errors: a worker that raises sends ``("error", traceback_text)`` and exits;
 * shared-memory TensorDicts (the ``[B]`` step buffer and the ``[B, T]`` batch) that it writes directly;
 * for the action server, two semaphores per worker for the per-step handshake.
@@ -23,8 +23,8 @@ import signal
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -34,38 +34,43 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.common import CollectorError
+from tdrl.collect.runner import SliceSettings
 from tdrl.collect.stepping import env_seed
 from tdrl.collect.traj_info import pack_entries
 
-__all__ = ["WorkerSpec", "WorkerPool", "POLL_S"]
+__all__ = ["POLL_S", "WorkerPool", "WorkerSpec", "get_context", "worker_specs"]
 
 POLL_S = 0.25  # how often blocked waits check that the other side is alive
 
 
 @dataclass
 class WorkerSpec:
-    """Everything a worker needs (pickled once at spawn)."""
+    """Everything a worker needs (pickled once at start; shared-memory tensors stay shared)."""
 
     rank: int
     lo: int
     hi: int
-    env_factory: Callable[..., Any]
+    settings: SliceSettings
     step_td: TensorDictBase
     batch: TensorDictBase
-    seed: int
-    wait_reset: bool
-    discount: float
-    game_score: bool
-    max_decorrelation_steps: int
     policy: TensorDictModuleBase | None = None
-    shared_weights: list[torch.Tensor] | None = None
-    exploration_type: InteractionType = InteractionType.RANDOM
-    fast_policy: bool = True
-    transform: Any = None
+    exploration: InteractionType = InteractionType.RANDOM
+    compile: bool = False
     obs_ready: Any = None
     actions_ready: Any = None
     spin_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def worker_specs(settings: SliceSettings, n_procs: int, step_td: TensorDictBase, batch: TensorDictBase,
+                 **kwargs: Any) -> list[WorkerSpec]:
+    """One spec per worker, each over ``B / n_procs`` contiguous envs; ``kwargs`` are per-worker lists
+    (``obs_ready``, ``actions_ready``) or shared values."""
+    per = int(batch.batch_size[0]) // n_procs
+    return [
+        WorkerSpec(w, w * per, (w + 1) * per, settings, step_td, batch,
+                   **{k: v[w] if isinstance(v, list) else v for k, v in kwargs.items()})
+        for w in range(n_procs)
+    ]
 
 
 def _signal_name(code: int | None) -> str:
@@ -120,56 +125,27 @@ class _ParentWatch:
 
 def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of a worker process: build the slice, then serve commands until ``close``."""
-    from tdrl.collect.policy import module_tensors
-    from tdrl.collect.runner import (
-        SliceRunner,  # imported here: spawn children import as little as possible
-    )
+    from tdrl.collect.runner import SliceRunner  # imported here: spawn children import as little as possible
 
     torch.set_num_threads(1)
     watch = _ParentWatch(conn)
     runner = None
     try:
-        torch.manual_seed(env_seed(spec.seed, 1_000_000 + spec.rank))
+        torch.manual_seed(env_seed(spec.settings.seed, 1_000_000 + spec.rank))
         # The step arrays are written env by env; keep them private to this worker (neighbouring workers' rows
         # share cache lines) except what the action server reads: the observation and is_init.
         step_td = spec.step_td.clone()
         if spec.obs_ready is not None:
             for key in ("observation", "is_init"):
                 step_td.set(key, spec.step_td.get(key))
-        runner = SliceRunner(
-            spec.env_factory,
-            spec.lo,
-            spec.hi,
-            step_td,
-            spec.batch,
-            spec.policy,
-            seed=spec.seed,
-            wait_reset=spec.wait_reset,
-            discount=spec.discount,
-            game_score=spec.game_score,
-            max_decorrelation_steps=spec.max_decorrelation_steps,
-            exploration_type=spec.exploration_type,
-            fast_policy=spec.fast_policy,
-            transform=spec.transform,
-        )
-        local_weights = (
-            module_tensors(spec.policy) if spec.policy is not None and spec.shared_weights is not None else None
-        )
-        version = -1
+        runner = SliceRunner(spec.settings, spec.lo, spec.hi, step_td, spec.batch, spec.policy, spec.exploration,
+                             spec.compile)
         conn.send(("ready", os.getpid()))
         while True:
             cmd = watch.recv(conn)
             kind = cmd[0]
             if kind == "collect":
-                _, new_version, exploration = cmd
-                if local_weights is not None and new_version != version:
-                    with torch.no_grad():
-                        for local, shared in zip(local_weights, spec.shared_weights, strict=True):
-                            local.copy_(shared)
-                    version = new_version
-                if runner.policy_step is not None and exploration is not None:
-                    runner.policy_step.exploration_type = exploration
-                conn.send(("done", pack_entries(runner.run_batch())))
+                conn.send(("done", pack_entries(runner.run_batch(cmd[1]))))
                 runner.finish_batch()
             elif kind == "serve":
                 wait = functools.partial(watch.acquire, spin_s=spec.spin_s)
@@ -228,7 +204,7 @@ class WorkerPool:
     def __init__(
         self, specs: Sequence[WorkerSpec], start_timeout: float = 120.0, start_method: str | None = None
     ) -> None:
-        self._closed = False
+        self.closed = False
         self.procs: list[Any] = []
         self.conns: list[Connection] = []
         self._pending: dict[int, list[Any]] = {}
@@ -342,9 +318,9 @@ class WorkerPool:
 
     def shutdown(self, timeout: float = 2.0) -> None:
         """Ask workers to exit, then terminate/kill stragglers; idempotent."""
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         _POOLS.discard(self)
         for conn, proc in zip(self.conns, self.procs, strict=True):
             if proc.is_alive():
