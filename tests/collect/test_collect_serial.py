@@ -408,25 +408,3 @@ def test_atari_traj_infos_carry_game_score():
         infos = c.traj_infos
     ret = stairs_return(4, 0.99)[0]
     assert len(infos) == 2 and all(i["GameScore"] == i["Return"] == pytest.approx(ret) for i in infos)
-
-
-def test_gaussian_noise_step_draws_and_clips_like_the_module():
-    """The collectors' step for AdditiveGaussianModule gives the module's own values from the same draws, inside and
-    outside the action box (clipped), for any batch size, and refuses a negative std as torch.normal does."""
-    from tdrl.collect.policy import _add_gaussian_noise
-    from tdrl.models.exploration import make_gaussian_noise
-
-    head = make_gaussian_noise(EnvFactory("Pendulum-v1").specs(), std=0.5)
-    for n in (1, 3, 16, 33):
-        action = torch.linspace(-3.0, 3.0, n + 2)[1:-1].reshape(n, 1)  # for n >= 16 some beyond the [-2, 2] box
-        torch.manual_seed(n)
-        expected = head._add_noise(action)
-        torch.manual_seed(n)
-        got = _add_gaussian_noise(head, action)
-        assert torch.equal(got, expected) and got.abs().max() <= 2.0
-        assert not torch.equal(got, head._add_noise(action))  # fresh draws differ: the comparison is not vacuous
-    head.std.fill_(-1.0)
-    with pytest.raises(RuntimeError, match="std >= 0"):
-        head._add_noise(torch.zeros(2, 1))
-    with pytest.raises(RuntimeError, match="std >= 0"):
-        _add_gaussian_noise(head, torch.zeros(2, 1))
