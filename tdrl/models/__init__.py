@@ -1,7 +1,7 @@
 """Models: plain torsos (``nets``, ``conv``), actor-critic factories (``policies``), Q-models (``q``), exploration,
 and the acting contract collectors call (``acting``)."""
 
-from tdrl.models.acting import Acting, ActingSequential, DeterministicPolicy, ProbabilisticPolicy
+from tdrl.models.acting import Acting, ActingSequential, ObservationModule, ProbabilisticPolicy
 from tdrl.models.conv import AtariConv
 from tdrl.models.exploration import EpsilonGreedy, GaussianNoise, make_gaussian_noise
 from tdrl.models.nets import MLP, ObsNorm
@@ -20,7 +20,7 @@ __all__ = [
     "MLP",
     "Acting",
     "ActingSequential",
-    "DeterministicPolicy",
+    "ObservationModule",
     "GaussianNoise",
     "ProbabilisticPolicy",
     "QActor",

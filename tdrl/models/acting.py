@@ -20,7 +20,7 @@ from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequentia
 from tensordict.utils import NestedKey
 from torchrl.modules import ProbabilisticActor
 
-__all__ = ["Acting", "ActingSequential", "DeterministicPolicy", "ProbabilisticPolicy"]
+__all__ = ["Acting", "ActingSequential", "ObservationModule", "ProbabilisticPolicy"]
 
 
 @runtime_checkable
@@ -54,16 +54,17 @@ class ActingSequential(TensorDictSequential):
         return out
 
 
-class DeterministicPolicy(TensorDictModule):
-    """``observation -> action`` through ``net`` (DDPG/TD3's actor)."""
+class ObservationModule(TensorDictModule):
+    """``observation -> out_key`` through ``net``: DDPG/TD3's actor (``action``), a value head (``state_value``)."""
 
-    def __init__(self, net: torch.nn.Module) -> None:
-        super().__init__(net, in_keys=["observation"], out_keys=["action"])
+    def __init__(self, net: torch.nn.Module, out_key: str = "action") -> None:
+        super().__init__(net, in_keys=["observation"], out_keys=[out_key])
+        self.out_key = out_key
 
     def act(
         self, observation: torch.Tensor, inputs: Mapping[NestedKey, torch.Tensor], *, deterministic: bool
     ) -> dict[NestedKey, torch.Tensor]:
-        return {"action": self.module(observation)}
+        return {self.out_key: self.module(observation)}
 
 
 class ProbabilisticPolicy(ProbabilisticActor):
@@ -100,15 +101,12 @@ class ProbabilisticPolicy(ProbabilisticActor):
             return_log_prob=return_log_prob,
             default_interaction_type=default_interaction_type,
         )
+        self.__dict__["net"] = net  # a plain reference (its parameters are registered once, under ``module``)
         self.param_keys = list(param_keys)
         self.dist_class, self.dist_kwargs = distribution_class, dict(distribution_kwargs or {})
         if issubclass(distribution_class, torch.distributions.Categorical):
             self.dist_kwargs["validate_args"] = False  # checks only; the values are the same
         self.action_log_prob_key = self.module[-1].log_prob_key if return_log_prob else None
-
-    @property
-    def net(self) -> torch.nn.Module:
-        return self.module[0].module
 
     def params(self, observation: torch.Tensor) -> dict[str, torch.Tensor]:
         """The distribution parameters at ``observation``."""

@@ -1,21 +1,11 @@
-"""Exploration for the Q-learning families: epsilon-greedy (linear annealing, per-env vector epsilon) and
-additive Gaussian action noise.
+"""Exploration for the Q-learning families: epsilon-greedy and Gaussian action noise, both acting on tensors too.
 
-Both follow TorchRL's exploration convention: they act under ``ExplorationType.RANDOM`` (the default while
-collecting) and step aside under ``set_exploration_type(ExplorationType.DETERMINISTIC)`` (evaluation), so an
-eval collector needs no second policy.
-
-:class:`EpsilonGreedy` is tdrl's own because TorchRL's ``EGreedyModule`` has a scalar epsilon only, starts
-annealing at frame 0 and anneals with a Python loop over frames. rlpyt semantics kept here:
-
-* epsilon stays at ``eps_init`` until ``start_frames`` (usually ``min_steps_learn``), then falls linearly to
-  ``eps_final`` at ``end_frames``;
-* vector epsilon (Ape-X, rlpyt's ``eps_final_min``): env ``i`` of ``n_envs`` anneals to its own final value,
-  log-spaced between ``eps_final_min`` and ``eps_final``;
-* evaluation uses ``eps_eval`` (rlpyt: 0.001), not zero, so a deterministic policy cannot loop forever.
-
-:class:`GaussianNoise` adds action noise scaled to the action box (:func:`make_gaussian_noise`). Both also act on
-tensors (:mod:`tdrl.models.acting`).
+Both follow TorchRL's convention: they explore under ``ExplorationType.RANDOM`` and step aside under any other
+type (evaluation), so an evaluator needs no second policy. :class:`EpsilonGreedy` is tdrl's own because TorchRL's
+``EGreedyModule`` has a scalar epsilon only and anneals from frame 0; rlpyt's semantics are kept: ``eps_init`` until
+``start_frames``, then linear to ``eps_final`` at ``end_frames``; vector epsilon (Ape-X, ``eps_final_min``:
+per-env final values log-spaced up to ``eps_final``); evaluation with ``eps_eval`` (0.001, so a deterministic policy
+cannot loop forever).
 """
 
 from __future__ import annotations
@@ -30,6 +20,8 @@ from tensordict.utils import NestedKey
 from torchrl.envs.utils import ExplorationType, exploration_type
 
 __all__ = ["EpsilonGreedy", "GaussianNoise", "linear_epsilon", "make_gaussian_noise", "vector_epsilon"]
+
+ENV_INDEX_KEY = ("collector", "env_index")
 
 
 def vector_epsilon(n_envs: int, eps_final: float, eps_final_min: float | None) -> torch.Tensor:
@@ -60,32 +52,23 @@ def linear_epsilon(
 class EpsilonGreedy(TensorDictModuleBase):
     """Replace the greedy ``action`` by a uniform random action with probability epsilon, per env.
 
-    Append it after a greedy Q actor: ``TensorDictSequential(q_actor, EpsilonGreedy(n_actions, ...))``.
+    Append it after a greedy Q actor: ``ActingSequential(q_actor, EpsilonGreedy(n_actions, ...))``.
 
     Args:
         n_actions: number of discrete actions (actions are int64 indices).
         eps_init: epsilon before ``start_frames``.
         eps_final: final epsilon (the largest final value when ``eps_final_min`` is set).
         eps_final_min: smallest per-env final epsilon (vector epsilon); None for one shared epsilon.
-        n_envs: number of envs the module acts for; the batch's last dim must equal it when vector epsilon is on.
+        n_envs: number of envs the module acts for (vector epsilon).
         start_frames: env frames before annealing starts (rlpyt: ``min_steps_learn``).
         end_frames: env frames at which epsilon reaches its final value (rlpyt: ``eps_steps``).
-        eps_eval: epsilon under ``ExplorationType.DETERMINISTIC`` / ``MODE`` (evaluation).
+        eps_eval: epsilon under any exploration type but RANDOM (evaluation).
         action_key: key of the greedy action (read and overwritten).
 
-    in_keys: ``action`` (int64 ``[*batch]``); out_keys: ``action``.
-
-    Epsilon lives in a buffer (``eps``), so it travels with ``state_dict()``/weight syncs to collector copies;
-    :meth:`set_frames` moves it along the schedule.
-
-    Examples:
-        >>> from tensordict import TensorDict
-        >>> greedy = EpsilonGreedy(3, eps_init=1.0, eps_final=0.1, eps_final_min=0.01, n_envs=4, end_frames=100)
-        >>> greedy.set_frames(100)
-        >>> greedy.eps
-        tensor([0.0100, 0.0215, 0.0464, 0.1000])
-        >>> greedy(TensorDict(action=torch.zeros(4, dtype=torch.long), batch_size=[4]))["action"].shape
-        torch.Size([4])
+    With vector epsilon the module also reads ``("collector", "env_index")`` (the global indices of the envs in the
+    batch, which tdrl's collectors provide), so a worker's copy acting for a slice of the envs uses their epsilons.
+    Epsilon lives in a buffer (``eps``): it travels with ``state_dict()`` and weight syncs; :meth:`set_frames` moves
+    it along the schedule.
     """
 
     def __init__(
@@ -107,47 +90,33 @@ class EpsilonGreedy(TensorDictModuleBase):
         for name, value in (("eps_init", eps_init), ("eps_final", eps_final), ("eps_eval", eps_eval)):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
-        self.in_keys = [action_key]
+        self.vector = eps_final_min is not None
+        self.in_keys = [action_key, ENV_INDEX_KEY] if self.vector else [action_key]
         self.out_keys = [action_key]
         self.action_key = action_key
         self.n_actions = int(n_actions)
         self.start_frames, self.end_frames = int(start_frames), int(end_frames)
-        self.vector = eps_final_min is not None
         final = vector_epsilon(n_envs, eps_final, eps_final_min) if self.vector else torch.tensor(float(eps_final))
         self.register_buffer("eps_init", torch.tensor(float(eps_init)))
         self.register_buffer("eps_final", final)
         self.register_buffer("eps", torch.full_like(final, float(eps_init)))
         self.register_buffer("eps_eval", torch.tensor(float(eps_eval)))
-        self.env_ranks: slice | None = None
-
-    def set_env_ranks(self, env_ranks: slice | range | None) -> None:
-        """Act for envs ``env_ranks`` of the ``n_envs`` only (rlpyt's ``collector_initialize(global_B, env_ranks)``).
-
-        A collector worker stepping a slice of the envs with its own copy of the policy calls this, so the copy
-        uses its envs' epsilons. The ``eps`` buffer keeps all ``n_envs`` values, so weight syncs still fit.
-        """
-        if isinstance(env_ranks, range):
-            if env_ranks.step != 1:
-                raise ValueError(f"env_ranks must be contiguous, got {env_ranks}")
-            env_ranks = slice(env_ranks.start, env_ranks.stop)
-        self.env_ranks = env_ranks
 
     def set_frames(self, frames: int) -> None:
         """Set epsilon to its scheduled value after ``frames`` env frames (call once per iteration)."""
         self.eps.copy_(linear_epsilon(frames, self.eps_init, self.eps_final, self.start_frames, self.end_frames))
 
-    def explore(self, action: torch.Tensor, deterministic: bool) -> torch.Tensor:
+    def explore(self, action: torch.Tensor, deterministic: bool, env_index: torch.Tensor | None = None) -> torch.Tensor:
         """``action`` with each entry replaced by a uniform random action with probability epsilon (``eps_eval``
-        when ``deterministic``)."""
+        when ``deterministic``); ``env_index`` picks the envs' epsilons from a vector."""
         eps = self.eps_eval if deterministic else self.eps
-        if eps.ndim and self.env_ranks is not None:
-            eps = eps[self.env_ranks]
+        if eps.ndim and env_index is not None:
+            eps = eps[env_index]
         shape = action.shape
         if eps.ndim and (not shape or shape[-1] != eps.shape[-1]):
             raise ValueError(
-                f"vector epsilon is set for {eps.shape[-1]} envs but the action batch is {tuple(shape)}: "
-                "build EpsilonGreedy with n_envs equal to the number of envs this policy steps, or call "
-                "set_env_ranks() on a copy that steps a slice of them"
+                f"vector epsilon is set for {eps.shape[-1]} envs but the action batch is {tuple(shape)}: build "
+                "EpsilonGreedy with n_envs equal to the number of envs, or pass ('collector', 'env_index')"
             )
         explore = torch.rand(shape, device=action.device) < eps.to(action.device)
         if explore.any():
@@ -156,12 +125,13 @@ class EpsilonGreedy(TensorDictModuleBase):
         return action
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return tensordict.set(self.action_key, self.explore(tensordict.get(self.action_key), _deterministic()))
+        action = self.explore(tensordict.get(self.action_key), _deterministic(), tensordict.get(ENV_INDEX_KEY, None))
+        return tensordict.set(self.action_key, action)
 
     def act(
         self, observation: torch.Tensor, inputs: Mapping[NestedKey, torch.Tensor], *, deterministic: bool
     ) -> dict[NestedKey, torch.Tensor]:
-        return {self.action_key: self.explore(inputs[self.action_key], deterministic)}
+        return {self.action_key: self.explore(inputs[self.action_key], deterministic, inputs.get(ENV_INDEX_KEY))}
 
 
 def _deterministic() -> bool:

@@ -1,13 +1,7 @@
-"""Plain ``nn.Module`` torsos: no TensorDict keys, no specs (those live in :mod:`tdrl.models.policies`).
-
-* :class:`MLP`: fully connected layers with orthogonal initialisation (the standard for policy gradients: hidden
-  gain √2, a small gain on a policy head so the initial policy is near uniform, 1 on a value head).
-* :class:`ObsNorm`: running mean/variance observation normaliser kept *inside* the model, as rlpyt's
-  ``MujocoFfModel(normalize_observation=True)`` does: its statistics are buffers, so they travel with the
-  weights to collector workers and into checkpoints, and the policy sees the same normalisation everywhere.
-
-Recurrent cores are TorchRL's ``LSTMModule`` (it handles ``is_init`` resets, stored initial states and
-``[B, T]`` sequences); :func:`tdrl.models.policies.make_recurrent_actor_critic` builds one.
+"""Plain ``nn.Module`` torsos (no TensorDict keys, no specs): :class:`MLP` with orthogonal initialisation (hidden
+gain √2, a small gain on a policy head so the initial policy is near uniform) and :class:`ObsNorm`, a running
+observation normaliser kept inside the model (rlpyt's ``normalize_observation``) so its statistics travel with the
+weights to collector workers and checkpoints.
 """
 
 from __future__ import annotations
@@ -17,10 +11,12 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 __all__ = ["MLP", "ObsNorm", "activation_class"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
+_FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "elu": F.elu, "silu": F.silu}
 
 
 def activation_class(name: str) -> type[nn.Module]:
@@ -33,6 +29,9 @@ def activation_class(name: str) -> type[nn.Module]:
 
 class MLP(nn.Sequential):
     """Linear layers with an activation between them; orthogonally initialised, zero biases.
+
+    ``forward`` runs the layers as functions (``F.linear`` and the activation): a collector calls a small MLP once
+    per step, and ``nn.Module.__call__`` per layer costs as much as the layer. Hooks on the layers are not called.
 
     Args:
         in_features: input size (flattened observation size).
@@ -64,6 +63,17 @@ class MLP(nn.Sequential):
             layers.append(_init(nn.Linear(size, out_features), output_gain))
         super().__init__(*layers)
         self.out_features = out_features if out_features is not None else size
+        self.linears = [layer for layer in layers if isinstance(layer, nn.Linear)]  # the same modules, unregistered
+        self.activate_last = out_features is None
+        self.activation = _FUNCTIONS[activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = len(self.linears) - 1
+        for i, layer in enumerate(self.linears):
+            x = F.linear(x, layer.weight, layer.bias)
+            if i < last or self.activate_last:
+                x = self.activation(x)
+        return x
 
 
 def _init(layer: nn.Linear, gain: float) -> nn.Linear:

@@ -1,27 +1,16 @@
-"""Actor-critic factories for policy-gradient algorithms, built from env specs the TorchRL way.
+"""Actor-critic factories for policy-gradient algorithms, built from env specs.
 
-:func:`make_actor_critic` returns an :class:`ActorCritic` holding
+:class:`ActorCritic` holds ``actor`` (a :class:`~tdrl.models.acting.ProbabilisticPolicy` writing ``action``,
+``action_log_prob`` and its distribution parameters), ``critic`` (``observation`` -> ``state_value``), ``greedy``
+(the actor in deterministic mode, sharing its parameters, for evaluation) and ``obs_norm``. Discrete actions use a
+``Categorical`` over logits; continuous ones a Gaussian with a state-independent learned log-std (rlpyt's
+``MujocoFfModel``), ``"normal"`` or ``"tanh_normal"`` (squashed into the action bounds).
 
-* ``actor``: a TorchRL ``ProbabilisticActor`` — the collection policy and the loss's actor. It reads
-  ``observation`` and writes ``action`` and ``action_log_prob`` (TorchRL 0.14's log-prob key) plus its
-  distribution parameters (``logits``, or ``loc``/``scale``);
-* ``critic``: a ``ValueOperator`` reading ``observation`` and writing ``state_value``;
-* ``greedy``: the same actor in deterministic mode (argmax / distribution mode) for evaluation collectors; it
-  shares parameters with ``actor``;
-* ``obs_norm``: the :class:`~tdrl.models.nets.ObsNorm` both networks read through, or ``None``.
-
-Distributions: discrete actions (``Categorical`` spec) use ``torch.distributions.Categorical`` over logits;
-continuous actions use a Gaussian with a state-independent learned ``log_std`` (rlpyt's ``MujocoFfModel``,
-``init_log_std``), either ``"normal"`` (unbounded; MuJoCo clamps controls to their range) or
-``"tanh_normal"`` (squashed into the action bounds, log-prob corrected).
-
-:func:`make_recurrent_actor_critic` puts TorchRL's ``LSTMModule`` between an MLP embedding and the heads, shared
-by actor and critic (rlpyt's ``MujocoLstmModel``/``AtariLstmModel``). It reads ``is_init`` and the stored state
-``("recurrent_state", "h" | "c")`` and writes ``("next", "recurrent_state", "h" | "c")``, the convention tdrl's
-collectors follow (they keep the state per env and zero it at episode starts). Under
-``torchrl.modules.set_recurrent_mode(True)`` a ``[B, T]`` batch is replayed as B sequences starting from the
-state stored at t=0 (and reset wherever ``is_init`` marks an episode start), which is how recurrent PPO/A2C
-train on collector batches.
+:func:`make_recurrent_actor_critic` puts TorchRL's ``LSTMModule`` between an MLP embedding and the heads (rlpyt's
+``MujocoLstmModel``). It reads ``is_init`` and ``("recurrent_state", "h" | "c")`` and writes ``("next",
+"recurrent_state", "h" | "c")``, the convention tdrl's collectors follow; under
+``torchrl.modules.set_recurrent_mode(True)`` a ``[B, T]`` batch is replayed as B sequences from the state stored at
+t=0, which is how recurrent PPO/A2C train. Recurrent actors run on TensorDicts (no ``act``).
 """
 
 from __future__ import annotations
@@ -37,11 +26,10 @@ from torchrl.modules import (
     LSTMModule,
     ProbabilisticActor,
     TanhNormal,
-    ValueOperator,
 )
 
 from tdrl.envs.make import EnvSpecs
-from tdrl.models.acting import ProbabilisticPolicy
+from tdrl.models.acting import ObservationModule, ProbabilisticPolicy
 from tdrl.models.nets import MLP, ObsNorm
 
 __all__ = ["ActorCritic", "GaussianHead", "make_actor_critic", "make_recurrent_actor_critic"]
@@ -170,12 +158,6 @@ def make_actor_critic(
     Raises:
         ValueError: image or multi-dimensional observations, or a distribution that does not fit the actions.
 
-    Examples:
-        >>> from tdrl.envs import EnvFactory
-        >>> ac = make_actor_critic(EnvFactory("CartPole-v1").specs())
-        >>> from tensordict import TensorDict
-        >>> ac.actor(TensorDict({"observation": torch.zeros(3, 4)}, [3]))["action"].shape
-        torch.Size([3])
     """
     obs_size = _obs_size(specs)
     dist = _resolve_distribution(specs, distribution)
@@ -184,7 +166,7 @@ def make_actor_critic(
     head, _ = _policy_head(obs_size, specs, dist, hidden_sizes, activation, init_log_std)
     policy_net = nn.Sequential(*pre, head) if pre else head
     value_net = MLP(obs_size, 1, hidden_sizes, activation, output_gain=1.0)
-    critic = ValueOperator(nn.Sequential(*pre, value_net) if pre else value_net, in_keys=["observation"])
+    critic = ObservationModule(nn.Sequential(*pre, value_net) if pre else value_net, "state_value")
     actor = _probabilistic_actor(policy_net, specs, dist, InteractionType.RANDOM)
     greedy = _probabilistic_actor(policy_net, specs, dist, InteractionType.DETERMINISTIC)
     return ActorCritic(actor, critic, greedy, obs_norm, recurrent=False)

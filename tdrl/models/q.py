@@ -1,24 +1,11 @@
 """Q-networks and the actors/critics of the Q-learning families (DQN, C51, DDPG, TD3, SAC).
 
-Plain ``nn.Module`` networks (:class:`QNetwork`, :class:`DuelingHead`, :class:`StateActionValue`,
-:class:`ScaledTanh`) plus ``make_*`` factories that wrap them in the TorchRL modules TorchRL's losses expect:
-
-============================  =============================================  ==========================================
-factory                       in_keys -> out_keys                            used by
-============================  =============================================  ==========================================
-:func:`make_q_actor`          ``observation`` -> ``action``,                 ``DQNLoss`` (QValueActor) or
-                              ``action_value`` (+ ``chosen_action_value``)   ``DistributionalDQNLoss`` (C51)
-:func:`make_q_critic`         ``observation``, ``action`` ->                 ``DDPGLoss``, ``TD3Loss``, ``SACLoss``
-                              ``state_action_value``
-:func:`make_deterministic_    ``observation`` -> ``action`` (in bounds)      ``DDPGLoss``, ``TD3Loss``
-actor`
-:func:`make_tanh_gaussian_    ``observation`` -> ``loc``, ``scale``,         ``SACLoss``
-actor`                        ``action`` (TanhNormal sample, in bounds)
-============================  =============================================  ==========================================
-
-For C51 ``action_value`` holds log-probabilities ``[*batch, n_atoms, n_actions]`` (TorchRL's layout: atoms
-before actions). Image observations (uint8 ``[C, H, W]``) get the :class:`~tdrl.models.conv.AtariConv` torso and
-are scaled inside the model; vector observations get an MLP torso.
+Plain ``nn.Module`` networks plus ``make_*`` factories wrapping them in the TorchRL modules TorchRL's losses expect:
+:func:`make_q_actor` (``observation`` -> ``action``, ``action_value``, ``chosen_action_value``; C51's
+``action_value`` holds log-probabilities ``[*batch, n_atoms, n_actions]``), :func:`make_q_critic` (``observation``,
+``action`` -> ``state_action_value``), :func:`make_deterministic_actor` (``observation`` -> ``action``) and
+:func:`make_tanh_gaussian_actor` (``observation`` -> ``loc``, ``scale``, ``action``). Image observations (uint8
+``[C, H, W]``) get the :class:`~tdrl.models.conv.AtariConv` torso; vector observations an MLP torso.
 """
 
 from __future__ import annotations
@@ -39,7 +26,7 @@ from torchrl.modules import (
     ValueOperator,
 )
 
-from tdrl.models.acting import DeterministicPolicy, ProbabilisticPolicy
+from tdrl.models.acting import ObservationModule, ProbabilisticPolicy
 from tdrl.models.conv import AtariConv
 
 __all__ = [
@@ -83,11 +70,8 @@ def _mlp(in_features: int, out_features: int, hidden_sizes: Sequence[int], activ
 
 
 class DuelingHead(nn.Module):
-    """Dueling head: ``Q = V + (A - mean_a A)``, optionally over a distribution of atoms.
-
-    As in rlpyt's ``DuelingHeadModel``, the advantage stream has one bias shared by all actions (per-action
-    biases would be cancelled by the mean anyway) and the gradient flowing back into the torso is scaled by
-    ``grad_scale`` (1/sqrt(2) in the paper), because two streams backpropagate into it.
+    """Dueling head: ``Q = V + (A - mean_a A)``, optionally over atoms (rlpyt's ``DuelingHeadModel``: one advantage
+    bias shared by all actions, the torso's gradient scaled by ``grad_scale`` as two streams backpropagate into it).
 
     Args:
         in_features: torso feature size.
@@ -214,11 +198,6 @@ def make_q_actor(
     Raises:
         ValueError: continuous action space, or bad atom settings.
 
-    Examples:
-        >>> from tdrl.envs import EnvFactory
-        >>> actor = make_q_actor(EnvFactory("CartPole-v1").specs(), dueling=True)
-        >>> actor.out_keys
-        ['action', 'action_value', 'chosen_action_value']
     """
     if not isinstance(specs.action_spec, (Categorical, OneHot)) or len(specs.action_spec.shape) > 0:
         raise ValueError(
@@ -384,7 +363,7 @@ def make_q_critic(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> ValueOp
     return ValueOperator(net, in_keys=["observation", "action"], out_keys=["state_action_value"])
 
 
-def make_deterministic_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> DeterministicPolicy:
+def make_deterministic_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> ObservationModule:
     """Deterministic policy ``mu(s)`` squashed into the action box (rlpyt's ``MuMlpModel``).
 
     ``observation`` -> ``action``. Exploration noise is added by a separate module
@@ -395,7 +374,7 @@ def make_deterministic_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256))
     """
     low, high = _bounds(specs)
     net = nn.Sequential(_mlp(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes), ScaledTanh(low, high))
-    return DeterministicPolicy(net)
+    return ObservationModule(net)
 
 
 class LogStdGaussianParams(nn.Module):
