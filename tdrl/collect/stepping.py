@@ -162,14 +162,6 @@ class EnvSlice:
         self.is_init[:] = True
         self._publish_reset(np.arange(n))
 
-    def restart(self) -> None:
-        """Reset every env (unseeded: each continues its own random stream), e.g. before an evaluation."""
-        for i, env in enumerate(self.envs):
-            self.raw_obs[i] = env.reset()[0]
-        self.is_init[:] = True
-        self.idle[:] = False
-        self._publish_reset(np.arange(len(self.envs)))
-
     def _publish_reset(self, rows: np.ndarray) -> None:
         """Make ``raw_obs[rows]`` (fresh episode starts) the policy's observation, transformed if needed."""
         if self.transform is not None and len(rows):

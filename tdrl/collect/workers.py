@@ -1,17 +1,12 @@
-"""Worker processes for the parallel collectors, and their supervision.
+"""Worker processes of the parallel and action-server engines, and their supervision.
 
-Workers are started with the ``spawn`` method (safe with torch threads, same behaviour on every OS). Each owns
-a contiguous slice of envs and talks to the main process through:
-
-* a duplex ``Pipe`` for per-batch commands and replies (``("collect", exploration)`` → ``("done", episodes)``), and for
-  errors: a worker that raises sends ``("error", traceback_text)`` and exits;
-* shared-memory TensorDicts (the ``[B]`` step buffer and the ``[B, T]`` batch) that it writes directly;
-* for the action server, two semaphores per worker for the per-step handshake.
-
-Supervision: the main process waits with ``multiprocessing.connection.wait`` on the pipes *and* the process
-sentinels, so a worker killed by a signal is noticed at once; per-step semaphore waits time out every
-``POLL_S`` seconds to check liveness. Workers poll their parent the same way and exit when it is gone, so no
-worker outlives the main process. :meth:`WorkerPool.shutdown` is idempotent and also runs at interpreter exit.
+Each worker owns a contiguous slice of envs and talks to the main process through a duplex ``Pipe`` (per-batch
+commands and replies; a worker that raises sends ``("error", traceback)`` and exits), shared-memory TensorDicts
+it writes directly (the ``[B]`` step arrays and the ``[B, T]`` batch) and, for the action server, two semaphores
+per worker for the per-step handshake. The main process waits on the pipes *and* the process sentinels, so a
+killed worker is noticed at once; semaphore waits time out every ``POLL_S`` seconds to check liveness. Workers
+poll their parent the same way and exit when it is gone. :meth:`WorkerPool.shutdown` is idempotent and also runs
+at interpreter exit.
 """
 
 from __future__ import annotations
