@@ -20,7 +20,10 @@ from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequentia
 from tensordict.utils import NestedKey
 from torchrl.modules import ProbabilisticActor
 
-__all__ = ["Acting", "ActingSequential", "ObservationModule", "ProbabilisticPolicy"]
+__all__ = ["Acting", "ActingSequential", "Inputs", "ObservationModule", "Outputs", "ProbabilisticPolicy"]
+
+Inputs = Mapping[NestedKey, torch.Tensor]
+Outputs = dict[NestedKey, torch.Tensor]
 
 
 @runtime_checkable
@@ -28,9 +31,7 @@ class Acting(Protocol):
     """A policy that acts on tensors: ``observation`` ``[n, *obs]`` and the other keys it reads (``is_init``,
     recurrent state, ``("collector", "env_index")``, or what earlier modules of a sequence wrote) in ``inputs``."""
 
-    def act(
-        self, observation: torch.Tensor, inputs: Mapping[NestedKey, torch.Tensor], *, deterministic: bool
-    ) -> dict[NestedKey, torch.Tensor]: ...
+    def act(self, observation: torch.Tensor, inputs: Inputs, *, deterministic: bool) -> Outputs: ...
 
 
 class ActingSequential(TensorDictSequential):
@@ -43,9 +44,7 @@ class ActingSequential(TensorDictSequential):
                 raise TypeError(f"{type(module).__name__} has no act(); use TensorDictSequential for it")
         super().__init__(*modules)
 
-    def act(
-        self, observation: torch.Tensor, inputs: Mapping[NestedKey, torch.Tensor], *, deterministic: bool
-    ) -> dict[NestedKey, torch.Tensor]:
+    def act(self, observation: torch.Tensor, inputs: Inputs, *, deterministic: bool) -> Outputs:
         seen, out = dict(inputs), {}
         for module in self.module:
             written = module.act(observation, seen, deterministic=deterministic)
@@ -61,9 +60,7 @@ class ObservationModule(TensorDictModule):
         super().__init__(net, in_keys=["observation"], out_keys=[out_key])
         self.out_key = out_key
 
-    def act(
-        self, observation: torch.Tensor, inputs: Mapping[NestedKey, torch.Tensor], *, deterministic: bool
-    ) -> dict[NestedKey, torch.Tensor]:
+    def act(self, observation: torch.Tensor, inputs: Inputs, *, deterministic: bool) -> Outputs:
         return {self.out_key: self.module(observation)}
 
 
@@ -81,17 +78,9 @@ class ProbabilisticPolicy(ProbabilisticActor):
         default_interaction_type: used outside any ``set_exploration_type`` context.
     """
 
-    def __init__(
-        self,
-        net: torch.nn.Module,
-        param_keys: list[str],
-        spec,
-        distribution_class: type,
-        distribution_kwargs: dict | None = None,
-        *,
-        return_log_prob: bool = True,
-        default_interaction_type: InteractionType = InteractionType.RANDOM,
-    ) -> None:
+    def __init__(self, net: torch.nn.Module, param_keys: list[str], spec, distribution_class: type,
+            distribution_kwargs: dict | None = None, *, return_log_prob: bool = True,
+            default_interaction_type: InteractionType = InteractionType.RANDOM) -> None:
         super().__init__(
             TensorDictModule(net, in_keys=["observation"], out_keys=param_keys),
             in_keys=param_keys,
@@ -116,10 +105,8 @@ class ProbabilisticPolicy(ProbabilisticActor):
     def distribution(self, params: Mapping[str, torch.Tensor]) -> torch.distributions.Distribution:
         return self.dist_class(**params, **self.dist_kwargs)
 
-    def act(
-        self, observation: torch.Tensor, inputs: Mapping[NestedKey, torch.Tensor], *, deterministic: bool
-    ) -> dict[NestedKey, torch.Tensor]:
-        out: dict[NestedKey, torch.Tensor] = self.params(observation)
+    def act(self, observation: torch.Tensor, inputs: Inputs, *, deterministic: bool) -> Outputs:
+        out: Outputs = self.params(observation)
         dist = self.distribution(out)
         log_prob = None
         if deterministic:  # tensordict's DETERMINISTIC: deterministic_sample, else the mode (Categorical)

@@ -11,13 +11,14 @@ cannot loop forever).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torchrl.envs.utils import ExplorationType, exploration_type
+
+from tdrl.models.acting import Inputs, Outputs
 
 __all__ = ["EpsilonGreedy", "GaussianNoise", "linear_epsilon", "make_gaussian_noise", "vector_epsilon"]
 
@@ -71,19 +72,9 @@ class EpsilonGreedy(TensorDictModuleBase):
     it along the schedule.
     """
 
-    def __init__(
-        self,
-        n_actions: int,
-        *,
-        eps_init: float = 1.0,
-        eps_final: float = 0.01,
-        eps_final_min: float | None = None,
-        n_envs: int = 1,
-        start_frames: int = 0,
-        end_frames: int = 1_000_000,
-        eps_eval: float = 0.001,
-        action_key: NestedKey = "action",
-    ) -> None:
+    def __init__(self, n_actions: int, *, eps_init: float = 1.0, eps_final: float = 0.01,
+            eps_final_min: float | None = None, n_envs: int = 1, start_frames: int = 0, end_frames: int = 1_000_000,
+            eps_eval: float = 0.001, action_key: NestedKey = "action") -> None:
         super().__init__()
         if n_actions < 1:
             raise ValueError(f"n_actions must be >= 1, got {n_actions}")
@@ -128,9 +119,7 @@ class EpsilonGreedy(TensorDictModuleBase):
         action = self.explore(tensordict.get(self.action_key), _deterministic(), tensordict.get(ENV_INDEX_KEY, None))
         return tensordict.set(self.action_key, action)
 
-    def act(
-        self, observation: torch.Tensor, inputs: Mapping[NestedKey, torch.Tensor], *, deterministic: bool
-    ) -> dict[NestedKey, torch.Tensor]:
+    def act(self, observation: torch.Tensor, inputs: Inputs, *, deterministic: bool) -> Outputs:
         return {self.action_key: self.explore(inputs[self.action_key], deterministic, inputs.get(ENV_INDEX_KEY))}
 
 
@@ -164,9 +153,7 @@ class GaussianNoise(TensorDictModuleBase):
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         return tensordict.set(self.action_key, self.add_noise(tensordict.get(self.action_key), _deterministic()))
 
-    def act(
-        self, observation: torch.Tensor, inputs: Mapping[NestedKey, torch.Tensor], *, deterministic: bool
-    ) -> dict[NestedKey, torch.Tensor]:
+    def act(self, observation: torch.Tensor, inputs: Inputs, *, deterministic: bool) -> Outputs:
         return {self.action_key: self.add_noise(inputs[self.action_key], deterministic)}
 
 

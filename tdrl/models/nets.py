@@ -28,31 +28,16 @@ def activation_class(name: str) -> type[nn.Module]:
 
 
 class MLP(nn.Sequential):
-    """Linear layers with an activation between them; orthogonally initialised, zero biases.
+    """Linear layers with an activation (``tanh``, ``relu``, ``elu``, ``silu``) between them; orthogonally
+    initialised, zero biases. ``out_features=None`` ends with the last hidden layer and its activation (a torso);
+    ``output_gain`` is the output layer's gain (0.01 for a policy head, 1.0 for a value head).
 
     ``forward`` runs the layers as functions (``F.linear`` and the activation): a collector calls a small MLP once
     per step, and ``nn.Module.__call__`` per layer costs as much as the layer. Hooks on the layers are not called.
-
-    Args:
-        in_features: input size (flattened observation size).
-        out_features: output size; ``None`` ends with the last hidden layer and its activation (a torso).
-        hidden_sizes: hidden layer widths.
-        activation: ``"tanh"``, ``"relu"``, ``"elu"`` or ``"silu"``.
-        output_gain: orthogonal gain of the output layer (0.01 for a policy head, 1.0 for a value head).
-
-    Examples:
-        >>> MLP(4, 2, hidden_sizes=(64, 64))(torch.zeros(8, 4)).shape
-        torch.Size([8, 2])
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int | None,
-        hidden_sizes: Sequence[int] = (64, 64),
-        activation: str = "tanh",
-        output_gain: float = 1.0,
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int | None, hidden_sizes: Sequence[int] = (64, 64),
+            activation: str = "tanh", output_gain: float = 1.0) -> None:
         act = activation_class(activation)
         layers: list[nn.Module] = []
         size = in_features

@@ -39,17 +39,9 @@ RECURRENT_KEYS = (("recurrent_state", "h"), ("recurrent_state", "c"))
 
 
 class ActorCritic(nn.Module):
-    """Container of a policy-gradient agent's modules (one ``state_dict`` for checkpoints).
-
-    Attributes:
-        actor: the policy sampling actions (training collection and the loss).
-        critic: value network writing ``state_value``.
-        greedy: deterministic view of ``actor`` for evaluation (shares parameters).
-        obs_norm: shared observation normaliser, or ``None``.
-        recurrent: whether the modules contain an LSTM (batches must be replayed as sequences).
-
-    Feed-forward models also expose the computation on plain tensors (:meth:`distribution`, :meth:`value`), which
-    :class:`tdrl.objectives.policy_gradient.ActorCriticLoss` uses.
+    """Container of a policy-gradient agent's modules (one ``state_dict`` for checkpoints): ``actor``, ``critic``,
+    ``greedy`` (the deterministic actor, sharing its parameters), ``obs_norm`` and ``recurrent``. Feed-forward models
+    also compute on plain tensors (:meth:`distribution`, :meth:`value`) for the losses.
     """
 
     def __init__(self, actor: ProbabilisticActor, critic: TensorDictModule, greedy: ProbabilisticActor,
@@ -133,31 +125,17 @@ def _policy_head(in_features: int, specs: EnvSpecs, dist: str, hidden: Sequence[
     return GaussianHead(loc_net, specs.n_actions, init_log_std), ["loc", "scale"]
 
 
-def make_actor_critic(
-    specs: EnvSpecs,
-    *,
-    hidden_sizes: Sequence[int] = (64, 64),
-    activation: str = "tanh",
-    distribution: Distribution = "auto",
-    init_log_std: float = 0.0,
-    normalize_observation: bool = False,
-    norm_obs_clip: float = 10.0,
-) -> ActorCritic:
-    """Feed-forward actor and critic MLPs (separate networks) for flat observations.
+def make_actor_critic(specs: EnvSpecs, *, hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh",
+        distribution: Distribution = "auto", init_log_std: float = 0.0, normalize_observation: bool = False,
+        norm_obs_clip: float = 10.0) -> ActorCritic:
+    """Feed-forward actor and critic MLPs (separate networks, ``hidden_sizes`` each) for flat observations.
 
-    Args:
-        specs: the env's specs (``EnvFactory.specs()``).
-        hidden_sizes: hidden widths of both MLPs.
-        activation: ``tanh`` (default, as rlpyt/SB3 for PPO), ``relu``, ``elu`` or ``silu``.
-        distribution: ``auto`` (categorical for discrete, tanh_normal for continuous) or an explicit one;
-            one that does not fit the action space raises.
-        init_log_std: initial log standard deviation of Gaussian policies.
-        normalize_observation: read observations through a shared running :class:`ObsNorm`.
-        norm_obs_clip: clip of normalised observations.
+    ``distribution``: ``auto`` (categorical for discrete, tanh_normal for continuous actions) or an explicit one that
+    fits the action space; ``init_log_std`` of Gaussian policies; ``normalize_observation`` reads observations through
+    a shared running :class:`ObsNorm` clipped at ``norm_obs_clip``.
 
     Raises:
         ValueError: image or multi-dimensional observations, or a distribution that does not fit the actions.
-
     """
     obs_size = _obs_size(specs)
     dist = _resolve_distribution(specs, distribution)
@@ -172,17 +150,9 @@ def make_actor_critic(
     return ActorCritic(actor, critic, greedy, obs_norm, recurrent=False)
 
 
-def make_recurrent_actor_critic(
-    specs: EnvSpecs,
-    *,
-    hidden_sizes: Sequence[int] = (64,),
-    lstm_size: int = 64,
-    activation: str = "tanh",
-    distribution: Distribution = "auto",
-    init_log_std: float = 0.0,
-    normalize_observation: bool = False,
-    norm_obs_clip: float = 10.0,
-) -> ActorCritic:
+def make_recurrent_actor_critic(specs: EnvSpecs, *, hidden_sizes: Sequence[int] = (64,), lstm_size: int = 64,
+        activation: str = "tanh", distribution: Distribution = "auto", init_log_std: float = 0.0,
+        normalize_observation: bool = False, norm_obs_clip: float = 10.0) -> ActorCritic:
     """MLP embedding → LSTM core (shared) → policy and value heads, with stored recurrent state.
 
     Args:
