@@ -16,16 +16,12 @@ is used from the next step on. With ``policy=None`` workers take random actions 
 
 from __future__ import annotations
 
-from typing import Any
-
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.batch import PolicyWriter
-from tdrl.collect.common import load_weights, sorted_infos
 from tdrl.collect.policy import PolicyStep
 from tdrl.collect.runner import OBS_KEYS, SliceSettings, allocate
-from tdrl.collect.traj_info import unpack_entries
 from tdrl.collect.workers import WorkerPool, get_context, worker_specs
 
 __all__ = ["ActionServerEngine"]
@@ -44,24 +40,13 @@ class ActionServerEngine:
         start_timeout, start_method: as :class:`~tdrl.collect.parallel.ParallelEngine`.
     """
 
-    def __init__(
-        self,
-        settings: SliceSettings,
-        policy: TensorDictModuleBase | None,
-        *,
-        batch_B: int,
-        batch_T: int,
-        n_workers: int = 2,
-        alternating: bool = False,
-        exploration: InteractionType = InteractionType.RANDOM,
-        compile: bool = False,
-        start_timeout: float = 120.0,
-        start_method: str | None = None,
-        spin_s: float = 0.0005,
-    ) -> None:
+    def __init__(self, settings: SliceSettings, policy: TensorDictModuleBase | None, *, batch_B: int, batch_T: int,
+            n_workers: int = 2, alternating: bool = False, exploration: InteractionType = InteractionType.RANDOM,
+            compile: bool = False, start_timeout: float = 120.0, start_method: str | None = None,
+            spin_s: float = 0.0005) -> None:
         n_groups = 2 if alternating else 1
+        self.transform = None  # applied where the envs are stepped, with its own state there
         self.batch_B, self.batch_T, self.policy, self.spin_s = batch_B, batch_T, policy, spin_s
-        self.pool: WorkerPool | None = None
         ctx = get_context(start_method)  # a fork server (if used) starts up while we build specs and buffers
         self.specs, self.step_td, self.buffer = allocate(settings, policy, batch_B, batch_T, exploration)
         self.step_td.share_memory_()
@@ -87,21 +72,9 @@ class ActionServerEngine:
         self.pool = WorkerPool(specs, start_timeout=start_timeout, start_method=start_method)
 
     def run(self, exploration: InteractionType) -> tuple[TensorDictBase, list[dict[str, float]]]:
-        pool = self.pool
-        if pool is None or pool.closed:
-            raise RuntimeError("collector is shut down")
-        try:
-            if not self.policy_steps:
-                pool.send(("collect", exploration))
-            else:
-                pool.send(("serve",))
-                self._serve(pool, exploration)
-            replies = pool.gather("done")
-        except BaseException:
-            # A policy error, Ctrl-C or a worker failure mid-batch leaves the per-step handshake out of step.
-            self.shutdown()
-            raise
-        return self.buffer, sorted_infos([entry for reply in replies for entry in unpack_entries(reply[1])])
+        if not self.policy_steps:  # random actions: the workers sample them
+            return self.buffer, self.pool.run_batch(("collect", exploration))
+        return self.buffer, self.pool.run_batch(("serve",), lambda: self._serve(self.pool, exploration))
 
     def _serve(self, pool: WorkerPool, exploration: InteractionType) -> None:
         obs_ready, actions_ready, acquire, spin_s = self.obs_ready, self.actions_ready, pool.acquire, self.spin_s
@@ -117,20 +90,5 @@ class ActionServerEngine:
                     for w in ranks:
                         actions_ready[w].release()
 
-    def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
-        """The policy here is the caller's object itself; given weights are loaded into it."""
-        load_weights(self.policy, policy_or_weights)
-
-    @property
-    def worker_pids(self) -> list[int]:
-        return list(self.pool.pids) if self.pool is not None else []
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pass
-
     def shutdown(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
+        self.pool.shutdown()

@@ -56,9 +56,7 @@ class ColumnWriter:
         lo, hi: rows of the batch written.
     """
 
-    def __init__(
-        self, batch: TensorDictBase, keys: list[NestedKey], source: TensorDictBase, lo: int, hi: int
-    ) -> None:
+    def __init__(self, batch: TensorDictBase, keys: list[NestedKey], source: TensorDictBase, lo: int, hi: int) -> None:
         self.pairs = [(batch.get(k).numpy()[lo:hi], source.get(k).numpy()[lo:hi]) for k in keys]
 
     def __call__(self, t: int) -> None:

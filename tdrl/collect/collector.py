@@ -16,23 +16,23 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
-from tdrl.collect.common import FrameBudget, active_exploration, to_interaction_type
+from tdrl.collect.common import FrameBudget, active_exploration, load_weights, to_interaction_type
 
 __all__ = ["BatchCollector", "Engine"]
 
 
 class Engine(Protocol):
-    """Produces batches for a :class:`BatchCollector`."""
+    """Produces batches for a :class:`BatchCollector` with the current weights of ``policy`` (``None``: random
+    actions); ``transform`` is the step transform applied in this process, if any (its state is the collector's)."""
 
     batch_B: int
     batch_T: int
+    policy: torch.nn.Module | None
+    transform: Any
 
     def run(self, exploration: InteractionType) -> tuple[TensorDictBase, list[dict[str, float]]]:
         """One batch (an engine may reuse its buffer) and the episodes finished during it."""
 
-    def update_policy_weights_(self, policy_or_weights: Any = None) -> None: ...
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
     def shutdown(self) -> None: ...
 
 
@@ -52,15 +52,8 @@ class BatchCollector:
         frames: frames yielded so far.
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        *,
-        total_frames: int = -1,
-        exploration_type: InteractionType | str | None = None,
-        device: torch.device | str | None = None,
-        return_same_td: bool = False,
-    ) -> None:
+    def __init__(self, engine: Engine, *, total_frames: int = -1, exploration_type: InteractionType | str | None = None,
+            device: torch.device | str | None = None, return_same_td: bool = False) -> None:
         self.engine = engine
         self.batch_B, self.batch_T = engine.batch_B, engine.batch_T
         self.budget = FrameBudget(total_frames, self.batch_B * self.batch_T)
@@ -96,18 +89,20 @@ class BatchCollector:
         return len(self.budget)
 
     def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
-        """Load given weights (a module, a TensorDict of parameters or a ``state_dict``) into the policy and make
-        the engine use the policy's current weights (TorchRL's protocol)."""
-        self.engine.update_policy_weights_(policy_or_weights)
+        """Load given weights (a module, a TensorDict of parameters or a ``state_dict``) into the policy. Engines act
+        with the policy's current weights at every batch anyway (TorchRL's protocol)."""
+        load_weights(self.engine.policy, policy_or_weights)
 
     def state_dict(self) -> dict[str, Any]:
-        """Counters (``frames``, ``iter``) and the engine's (e.g. a transform's statistics). Env state is not
-        captured: resuming restarts episodes."""
-        return {**self.budget.state_dict(), **self.engine.state_dict()}
+        """Counters (``frames``, ``iter``) and the state of a transform applied in this process (running
+        statistics). Env state is not captured: resuming restarts episodes."""
+        transform = self.engine.transform
+        return {**self.budget.state_dict(), **({"transform": transform.state_dict()} if transform else {})}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.budget.load_state_dict(state_dict)
-        self.engine.load_state_dict(state_dict)
+        if "transform" in state_dict and self.engine.transform is not None:
+            self.engine.transform.load_state_dict(state_dict["transform"])
 
     def shutdown(self) -> None:
         """Stop the engine's envs and processes; safe to call more than once."""

@@ -57,16 +57,8 @@ class EvalCollector:
         self.shutdown()
 
 
-def make_eval_collector(
-    env_id: str,
-    policy: TensorDictModuleBase | None,
-    *,
-    n_envs: int,
-    max_steps: int = 0,
-    seed: int,
-    discount: float = 0.99,
-    env_kwargs: dict | None = None,
-) -> EvalCollector | None:
+def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_envs: int, max_steps: int = 0, seed: int,
+        discount: float = 0.99, env_kwargs: dict | None = None) -> EvalCollector | None:
     """The evaluator every recipe uses, or ``None`` when ``n_envs == 0`` (no evaluation).
 
     Args:

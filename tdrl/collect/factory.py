@@ -42,26 +42,12 @@ def start_workers_early(kind: str, start_method: str | None = None) -> None:
         get_context(start_method)
 
 
-def make_collector(
-    kind: str,
-    env_factory: Callable[..., Any],
-    policy: TensorDictModuleBase | None = None,
-    *,
-    batch_B: int,
-    batch_T: int,
-    n_workers: int = 2,
-    total_frames: int = -1,
-    seed: int = 0,
-    reset_mode: str = "reset_at_once",
-    max_decorrelation_steps: int = 0,
-    discount: float = 0.99,
-    transform: Any = None,
-    exploration_type: InteractionType | str | None = None,
-    device: torch.device | str | None = None,
-    return_same_td: bool = False,
-    compile: bool = False,
-    **engine_kwargs: Any,
-) -> BatchCollector:
+def make_collector(kind: str, env_factory: Callable[..., Any], policy: TensorDictModuleBase | None = None, *,
+        batch_B: int, batch_T: int, n_workers: int = 2, total_frames: int = -1, seed: int = 0,
+        reset_mode: str = "reset_at_once", max_decorrelation_steps: int = 0, discount: float = 0.99,
+        transform: Any = None, exploration_type: InteractionType | str | None = None,
+        device: torch.device | str | None = None, return_same_td: bool = False, compile: bool = False,
+        **engine_kwargs: Any) -> BatchCollector:
     """A :class:`~tdrl.collect.collector.BatchCollector` of ``kind`` yielding ``[batch_B, batch_T]`` TensorDicts.
 
     Args:

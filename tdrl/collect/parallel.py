@@ -13,16 +13,13 @@ seed: reproducible run to run, but not the serial engine's samples.
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
-from tdrl.collect.common import load_weights, sorted_infos
 from tdrl.collect.policy import module_tensors
 from tdrl.collect.runner import SliceSettings, allocate
-from tdrl.collect.traj_info import unpack_entries
 from tdrl.collect.workers import WorkerPool, get_context, worker_specs
 
 __all__ = ["ParallelEngine"]
@@ -42,21 +39,11 @@ class ParallelEngine:
             The workers are stopped before the error propagates.
     """
 
-    def __init__(
-        self,
-        settings: SliceSettings,
-        policy: TensorDictModuleBase | None,
-        *,
-        batch_B: int,
-        batch_T: int,
-        n_workers: int = 2,
-        exploration: InteractionType = InteractionType.RANDOM,
-        compile: bool = False,
-        start_timeout: float = 120.0,
-        start_method: str | None = None,
-    ) -> None:
+    def __init__(self, settings: SliceSettings, policy: TensorDictModuleBase | None, *, batch_B: int, batch_T: int,
+            n_workers: int = 2, exploration: InteractionType = InteractionType.RANDOM, compile: bool = False,
+            start_timeout: float = 120.0, start_method: str | None = None) -> None:
+        self.transform = None  # applied where the envs are stepped, with its own state there
         self.batch_B, self.batch_T, self.n_workers, self.policy = batch_B, batch_T, n_workers, policy
-        self.pool: WorkerPool | None = None
         get_context(start_method)  # a fork server (if used) starts up while we build specs and buffers
         self.worker_policy = None
         if policy is not None:
@@ -80,33 +67,8 @@ class ParallelEngine:
                 dst.copy_(src)
 
     def run(self, exploration: InteractionType) -> tuple[TensorDictBase, list[dict[str, float]]]:
-        pool = self.pool
-        if pool is None or pool.closed:
-            raise RuntimeError("collector is shut down")
-        try:
-            self._sync_weights()
-            pool.send(("collect", exploration))
-            replies = pool.gather("done")
-        except BaseException:
-            # Interrupted mid-batch (Ctrl-C, a worker failure): workers and main are out of step; stop them.
-            self.shutdown()
-            raise
-        return self.buffer, sorted_infos([entry for reply in replies for entry in unpack_entries(reply[1])])
-
-    def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
-        """Weights are copied before every batch anyway; given weights are loaded into the policy first."""
-        load_weights(self.policy, policy_or_weights)
-
-    @property
-    def worker_pids(self) -> list[int]:
-        return list(self.pool.pids) if self.pool is not None else []
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pass
+        self._sync_weights()
+        return self.buffer, self.pool.run_batch(("collect", exploration))
 
     def shutdown(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
+        self.pool.shutdown()

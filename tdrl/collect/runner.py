@@ -50,13 +50,8 @@ class SliceSettings:
         return bool(getattr(self.env_factory, "is_atari", False))
 
 
-def allocate(
-    settings: SliceSettings,
-    policy: TensorDictModuleBase | None,
-    batch_B: int,
-    batch_T: int,
-    exploration: InteractionType,
-) -> tuple[EnvSpecs, TensorDict, TensorDict]:
+def allocate(settings: SliceSettings, policy: TensorDictModuleBase | None, batch_B: int, batch_T: int,
+        exploration: InteractionType) -> tuple[EnvSpecs, TensorDict, TensorDict]:
     """The env specs, the ``[B]`` step TensorDict and the zero ``[B, T]`` batch with the policy's output keys
     (only ``action`` for ``policy=None``: random actions)."""
     specs = env_specs(settings.env_factory)
@@ -83,17 +78,9 @@ class SliceRunner:
         compile: ``torch.compile`` the policy's ``act``.
     """
 
-    def __init__(
-        self,
-        settings: SliceSettings,
-        lo: int,
-        hi: int,
-        step_td: TensorDictBase,
-        batch: TensorDictBase,
-        policy: TensorDictModuleBase | None,
-        exploration: InteractionType = InteractionType.RANDOM,
-        compile: bool = False,
-    ) -> None:
+    def __init__(self, settings: SliceSettings, lo: int, hi: int, step_td: TensorDictBase, batch: TensorDictBase,
+            policy: TensorDictModuleBase | None, exploration: InteractionType = InteractionType.RANDOM,
+            compile: bool = False) -> None:
         self.lo, self.hi = lo, hi
         self.batch = batch
         self.n_total, self.batch_T = int(batch.batch_size[0]), int(batch.batch_size[1])

@@ -6,12 +6,10 @@ deterministic policy, and ``breakpoint()`` works inside the policy or the env.
 
 from __future__ import annotations
 
-from typing import Any
-
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
-from tdrl.collect.common import load_weights, sorted_infos
+from tdrl.collect.common import sorted_infos
 from tdrl.collect.runner import SliceRunner, SliceSettings, allocate
 
 __all__ = ["SerialEngine"]
@@ -20,37 +18,18 @@ __all__ = ["SerialEngine"]
 class SerialEngine:
     """Steps ``batch_B`` envs and runs the caller's policy object (``None``: random actions) in this process."""
 
-    def __init__(
-        self,
-        settings: SliceSettings,
-        policy: TensorDictModuleBase | None,
-        *,
-        batch_B: int,
-        batch_T: int,
-        exploration: InteractionType = InteractionType.RANDOM,
-        compile: bool = False,
-    ) -> None:
+    def __init__(self, settings: SliceSettings, policy: TensorDictModuleBase | None, *, batch_B: int, batch_T: int,
+            exploration: InteractionType = InteractionType.RANDOM, compile: bool = False) -> None:
         self.batch_B, self.batch_T, self.policy = batch_B, batch_T, policy
         self.specs, step_td, self.buffer = allocate(settings, policy, batch_B, batch_T, exploration)
         self.runner = SliceRunner(settings, 0, batch_B, step_td, self.buffer, policy, exploration, compile)
         self.policy_step = self.runner.policy_step
+        self.transform = self.runner.envs.transform  # applied here: its statistics are the collector's state
 
     def run(self, exploration: InteractionType) -> tuple[TensorDictBase, list[dict[str, float]]]:
         entries = self.runner.run_batch(exploration)
         self.runner.finish_batch()
         return self.buffer, sorted_infos(entries)
-
-    def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
-        load_weights(self.policy, policy_or_weights)
-
-    def state_dict(self) -> dict[str, Any]:
-        transform = self.runner.envs.transform
-        return {"transform": transform.state_dict()} if transform is not None else {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        transform = self.runner.envs.transform
-        if "transform" in state_dict and transform is not None:
-            transform.load_state_dict(state_dict["transform"])
 
     def shutdown(self) -> None:
         self.runner.close()

@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
-from tdrl.collect.common import load_weights, sorted_infos
+from tdrl.collect.common import sorted_infos
 from tdrl.collect.runner import SliceSettings
 from tdrl.collect.traj_info import EpisodeTracker
 
@@ -52,23 +52,16 @@ class TorchRLEngine:
     appended to each TorchRL env (any TorchRL transform).
     """
 
-    def __init__(
-        self,
-        settings: SliceSettings,
-        policy: TensorDictModuleBase | None,
-        *,
-        batch_B: int,
-        batch_T: int,
-        n_workers: int = 2,
-        exploration: InteractionType = InteractionType.RANDOM,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, settings: SliceSettings, policy: TensorDictModuleBase | None, *, batch_B: int, batch_T: int,
+            n_workers: int = 2, exploration: InteractionType = InteractionType.RANDOM,
+            device: torch.device | str | None = None) -> None:
         from torchrl.collectors import Collector, MultiSyncCollector
 
         if settings.wait_reset:
             raise ValueError("reset_mode='wait_reset' is not available with TorchRL's collectors; use a tdrl kind")
         if settings.max_decorrelation_steps:
             raise ValueError("max_decorrelation_steps is not available with TorchRL's collectors; use a tdrl kind")
+        self.transform = None  # applied where the envs are stepped, with its own state there
         self.batch_B, self.batch_T, self.policy = batch_B, batch_T, policy
         self.tracker = EpisodeTracker(batch_B, discount=settings.discount, game_score=settings.game_score)
         kwargs = dict(
@@ -87,23 +80,13 @@ class TorchRLEngine:
         self.batches = iter(self.collector)
 
     def run(self, exploration: InteractionType) -> tuple[TensorDictBase, list[dict[str, float]]]:
-        """One batch (TorchRL fixes the exploration type when it is built)."""
+        """One batch with the policy's current weights (TorchRL fixes the exploration type when it is built)."""
+        self.collector.update_policy_weights_()
         batch = next(self.batches).reshape(self.batch_B, self.batch_T)
         batch.set(("collector", "mask"), torch.ones(self.batch_B, self.batch_T, dtype=torch.bool))
         rewards = batch.get(("next", "reward")).reshape(self.batch_B, self.batch_T).numpy()
         dones = batch.get(("next", "done")).reshape(self.batch_B, self.batch_T).numpy()
         return batch, sorted_infos(self.tracker.add(rewards, dones))
-
-    def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
-        """Load given weights into the policy (if any), then let TorchRL push them to its workers."""
-        load_weights(self.policy, policy_or_weights)
-        self.collector.update_policy_weights_()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pass
 
     def shutdown(self) -> None:
         self.collector.shutdown()

@@ -18,7 +18,7 @@ import signal
 import time
 import traceback
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -28,10 +28,10 @@ import torch.multiprocessing as mp
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
-from tdrl.collect.common import CollectorError
+from tdrl.collect.common import CollectorError, sorted_infos
 from tdrl.collect.runner import SliceSettings
 from tdrl.collect.stepping import env_seed
-from tdrl.collect.traj_info import pack_entries
+from tdrl.collect.traj_info import pack_entries, unpack_entries
 
 __all__ = ["POLL_S", "WorkerPool", "WorkerSpec", "get_context", "worker_specs"]
 
@@ -223,6 +223,22 @@ class WorkerPool:
     @property
     def n(self) -> int:
         return len(self.procs)
+
+    def run_batch(self, command: tuple, serve: Callable[[], None] | None = None) -> list[dict[str, float]]:
+        """Send ``command`` to every worker, run ``serve`` (the action server's per-step loop) meanwhile, and return
+        the episodes the workers finished, in (step, env) order. Any failure or interruption mid-batch leaves the
+        workers out of step with this process: they are stopped before the error propagates."""
+        if self.closed:
+            raise RuntimeError("collector is shut down")
+        try:
+            self.send(command)
+            if serve is not None:
+                serve()
+            replies = self.gather("done")
+        except BaseException:
+            self.shutdown()
+            raise
+        return sorted_infos([entry for reply in replies for entry in unpack_entries(reply[1])])
 
     def send(self, message: tuple, ranks: Sequence[int] | None = None) -> None:
         for rank in range(self.n) if ranks is None else ranks:
