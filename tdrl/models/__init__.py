@@ -10,34 +10,17 @@ from tdrl.models.q import (
     DuelingHead,
     QActor,
     QNetwork,
+    TwinQ,
     make_deterministic_actor,
     make_q_actor,
     make_q_critic,
     make_tanh_gaussian_actor,
+    make_twin_q,
 )
 
 __all__ = [
-    "MLP",
-    "Acting",
-    "ActingSequential",
-    "ObservationModule",
-    "GaussianNoise",
-    "ProbabilisticPolicy",
-    "QActor",
-    "ActorCritic",
-    "AtariConv",
-    "DuelingHead",
-    "EpsilonGreedy",
-    "ObsNorm",
-    "QNetwork",
-    "make_actor_critic",
-    "make_deterministic_actor",
-    "make_gaussian_noise",
-    "make_q_actor",
-    "make_q_critic",
-    "make_recurrent_actor_critic",
-    "make_tanh_gaussian_actor",
+    "MLP", "Acting", "ActingSequential", "ActorCritic", "AtariConv", "DuelingHead", "EpsilonGreedy", "GaussianNoise",
+    "ObsNorm", "ObservationModule", "ProbabilisticPolicy", "QActor", "QNetwork", "TwinQ", "make_actor_critic",
+    "make_deterministic_actor", "make_gaussian_noise", "make_q_actor", "make_q_critic", "make_recurrent_actor_critic",
+    "make_tanh_gaussian_actor", "make_twin_q",
 ]
-from tdrl.models.q import TwinQ, make_twin_q  # noqa: E402
-
-__all__ += ["TwinQ", "make_twin_q"]

@@ -51,25 +51,14 @@ def linear_epsilon(
 
 
 class EpsilonGreedy(TensorDictModuleBase):
-    """Replace the greedy ``action`` by a uniform random action with probability epsilon, per env.
+    """Replace the greedy ``action`` by a uniform random action with probability epsilon, per env; append it to a
+    greedy Q actor: ``ActingSequential(q_actor, EpsilonGreedy(n_actions, ...))``.
 
-    Append it after a greedy Q actor: ``ActingSequential(q_actor, EpsilonGreedy(n_actions, ...))``.
-
-    Args:
-        n_actions: number of discrete actions (actions are int64 indices).
-        eps_init: epsilon before ``start_frames``.
-        eps_final: final epsilon (the largest final value when ``eps_final_min`` is set).
-        eps_final_min: smallest per-env final epsilon (vector epsilon); None for one shared epsilon.
-        n_envs: number of envs the module acts for (vector epsilon).
-        start_frames: env frames before annealing starts (rlpyt: ``min_steps_learn``).
-        end_frames: env frames at which epsilon reaches its final value (rlpyt: ``eps_steps``).
-        eps_eval: epsilon under any exploration type but RANDOM (evaluation).
-        action_key: key of the greedy action (read and overwritten).
-
-    With vector epsilon the module also reads ``("collector", "env_index")`` (the global indices of the envs in the
-    batch, which tdrl's collectors provide), so a worker's copy acting for a slice of the envs uses their epsilons.
-    Epsilon lives in a buffer (``eps``): it travels with ``state_dict()`` and weight syncs; :meth:`set_frames` moves
-    it along the schedule.
+    Epsilon is ``eps_init`` until ``start_frames`` (rlpyt's ``min_steps_learn``), then linear to ``eps_final`` at
+    ``end_frames``; with ``eps_final_min``, env ``i`` of ``n_envs`` anneals to its own final value (vector epsilon), and
+    the module also reads ``("collector", "env_index")`` (tdrl's collectors provide it) so a worker's copy acting for a
+    slice of the envs uses their epsilons. ``eps_eval`` applies under any exploration type but RANDOM. Epsilon lives in
+    a buffer (``eps``): it travels with ``state_dict()`` and weight syncs; :meth:`set_frames` moves it along.
     """
 
     def __init__(self, n_actions: int, *, eps_init: float = 1.0, eps_final: float = 0.01,

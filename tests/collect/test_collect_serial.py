@@ -371,6 +371,7 @@ def test_update_policy_weights_from_state_dict():
 
     policy = TensorDictModule(ConstantAction(0), ["observation"], ["action"])
     with SerialCollector(StairsFactory(), policy, batch_B=2, batch_T=4) as c:
+        assert not c.engine.policy_step.acting  # a user's TensorDictModule runs on a TensorDict of its in_keys
         assert c.collect()["action"].eq(0).all()
         other = TensorDictModule(ConstantAction(1), ["observation"], ["action"])
         c.update_policy_weights_(other.state_dict())
