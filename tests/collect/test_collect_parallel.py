@@ -285,3 +285,29 @@ def test_start_workers_early_starts_the_fork_server_only_for_worker_kinds():
         time.sleep(0.1)
     else:
         pytest.fail(f"fork server {pid} outlived its process")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["parallel", "action_server"])
+def test_acting_model_gives_serial_batches_and_follows_weight_updates(kind):
+    """A tdrl model (called through act() in the workers or the server) reproduces the serial batches (the same
+    actions and env data; logits up to float rounding, as matmuls over B/W rows round differently), and an in-place
+    weight update in the main process reaches the next batch."""
+    from tdrl.models import make_actor_critic
+
+    torch.manual_seed(0)
+    greedy = make_actor_critic(EnvFactory("CartPole-v1").specs()).greedy
+    kwargs = dict(batch_B=4, batch_T=30, seed=3, exploration_type="deterministic")
+    with make_collector("serial", EnvFactory("CartPole-v1"), greedy, **kwargs) as serial:
+        expected = serial.collect()
+    with make_collector(kind, EnvFactory("CartPole-v1"), greedy, n_workers=2, **kwargs) as c:
+        got = c.collect()
+        for key in expected.keys(True, True):
+            if key in ("logits", "action_log_prob"):
+                torch.testing.assert_close(got[key], expected[key])
+            else:
+                assert torch.equal(got[key], expected[key]), key
+        with torch.no_grad():
+            for p in greedy.parameters():
+                p.zero_()  # logits all 0: the greedy action is 0 everywhere
+        assert c.collect()["action"].eq(0).all()
