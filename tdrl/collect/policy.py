@@ -119,7 +119,7 @@ class PolicyStep:
         elif compile:
             warnings.warn(f"compile=True needs a policy with act(); {type(policy).__name__} runs uncompiled",
                           stacklevel=2)
-        self._act = torch.compile(policy.act) if compile and self.acting else getattr(policy, "act", None)
+        self._act = (torch.compile(policy.act) if compile else policy.act) if self.acting else None
 
     def _check_act(self, inputs: Env) -> None:
         """``act`` must write the keys the TensorDict forward writes (the contract of :mod:`tdrl.models.acting`);
