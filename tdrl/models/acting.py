@@ -65,17 +65,9 @@ class ObservationModule(TensorDictModule):
 
 
 class ProbabilisticPolicy(ProbabilisticActor):
-    """TorchRL's ``ProbabilisticActor`` over a plain network ``net: observation -> distribution parameters``.
-
-    Args:
-        net: returns the parameters named ``param_keys`` (a tensor, or a tuple in that order).
-        param_keys: distribution keyword arguments and output keys, e.g. ``["logits"]`` or ``["loc", "scale"]``.
-        spec: the action spec.
-        distribution_class: e.g. ``torch.distributions.Categorical``, TorchRL's ``IndependentNormal``,
-            ``TanhNormal``.
-        distribution_kwargs: extra constructor arguments (``low``/``high`` of a ``TanhNormal``).
-        return_log_prob: also write ``action_log_prob``.
-        default_interaction_type: used outside any ``set_exploration_type`` context.
+    """TorchRL's ``ProbabilisticActor`` over a plain network ``net: observation -> distribution parameters``, named
+    ``param_keys`` (a tensor, or a tuple in that order; e.g. ``["logits"]`` or ``["loc", "scale"]``), which are also
+    the ``distribution_class`` keyword arguments (with ``distribution_kwargs``: a ``TanhNormal``'s ``low``/``high``).
     """
 
     def __init__(self, net: torch.nn.Module, param_keys: list[str], spec, distribution_class: type,

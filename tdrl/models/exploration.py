@@ -118,13 +118,8 @@ def _deterministic() -> bool:
 
 
 class GaussianNoise(TensorDictModuleBase):
-    """Adds ``N(0, std)`` noise to ``action`` and clamps it into ``[low, high]``, under RANDOM exploration only.
-
-    Args:
-        std: per-dimension noise standard deviation (in action units).
-        low: action box low.
-        high: action box high.
-        action_key: key of the action read and overwritten.
+    """Adds ``N(0, std)`` noise (``std`` per action dimension, in action units) to ``action`` and clamps it into
+    ``[low, high]``, under RANDOM exploration only.
     """
 
     def __init__(self, std: torch.Tensor, low: torch.Tensor, high: torch.Tensor, action_key: NestedKey = "action"):

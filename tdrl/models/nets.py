@@ -68,15 +68,9 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
 
 
 class ObsNorm(nn.Module):
-    """Normalise by running mean and variance, then clip: ``clamp((x - mean) / sqrt(var + eps), ±clip)``.
-
-    The statistics change only when :meth:`update` is called with a batch of observations (the recipe calls it
-    once per collector batch), never in ``forward``, so collection and training see identical inputs.
-
-    Args:
-        shape: observation shape (without batch dims).
-        clip: clip of the normalised value (rlpyt ``norm_obs_clip=10``).
-        eps: variance floor (rlpyt ``norm_obs_var_clip=1e-6``).
+    """Normalise by running mean and variance, then clip: ``clamp((x - mean) / sqrt(var + eps), ±clip)`` (rlpyt:
+    ``clip=10``, ``eps=1e-6``). The statistics change only in :meth:`update` (the recipe calls it once per batch),
+    never in ``forward``, so collection and training see identical inputs.
     """
 
     def __init__(self, shape: Sequence[int] | int, clip: float = 10.0, eps: float = 1e-6) -> None:

@@ -153,14 +153,8 @@ def make_actor_critic(specs: EnvSpecs, *, hidden_sizes: Sequence[int] = (64, 64)
 def make_recurrent_actor_critic(specs: EnvSpecs, *, hidden_sizes: Sequence[int] = (64,), lstm_size: int = 64,
         activation: str = "tanh", distribution: Distribution = "auto", init_log_std: float = 0.0,
         normalize_observation: bool = False, norm_obs_clip: float = 10.0) -> ActorCritic:
-    """MLP embedding → LSTM core (shared) → policy and value heads, with stored recurrent state.
-
-    Args:
-        specs: the env's specs.
-        hidden_sizes: widths of the embedding MLP before the LSTM.
-        lstm_size: LSTM hidden size.
-        activation, distribution, init_log_std, normalize_observation, norm_obs_clip: as
-            :func:`make_actor_critic`.
+    """MLP embedding (``hidden_sizes``) -> LSTM core (``lstm_size``, shared) -> policy and value heads, with stored
+    recurrent state; other arguments as :func:`make_actor_critic`.
     """
     obs_size = _obs_size(specs)
     dist = _resolve_distribution(specs, distribution)
