@@ -8,11 +8,14 @@ Rows (``--json`` names):
   2-process rows.
 * ``torchrl-best`` — the best of TorchRL's ``Collector(SerialEnv(8))``, ``MultiSyncCollector(2×SerialEnv(4))``
   and ``MultiSyncCollector(2×SerialEnv(16))`` (each also printed).
+* ``envpool`` — envpool's own C++ thread pool (``num_threads=2``, ``B`` envs) + the same MLP, one batched forward
+  per step (skipped, with the reason printed, when envpool cannot be imported: ``pip install 'tdrl[bench]'``).
 * ``sb3-rollout`` — Stable-Baselines3 PPO ``collect_rollouts`` on ``DummyVecEnv(B)`` (value head, sampling).
-* ``tdrl-serial``, ``tdrl-parallel``, ``tdrl-action-server``, ``tdrl-alternating`` — tdrl's collectors with the
-  same deterministic MLP, ``B = 2 workers × 16 envs``, ``T = 128``.
-* PPO section: ``tdrl-serial-ppo``/``tdrl-parallel-ppo``/``tdrl-action-server-ppo`` run a PPO actor-critic (``ProbabilisticActor`` +
-  ``ValueOperator``, sampling and log-prob) against ``sb3-rollout``.
+* ``tdrl-serial``, ``tdrl-parallel``, ``tdrl-action-server``, ``tdrl-alternating`` — tdrl's collectors with a tdrl
+  model of the same 2×64 tanh MLP (:class:`tdrl.models.MLP` in an ``ObservationModule``, called through the acting
+  contract), ``B = 2 workers × 16 envs``, ``T = 128``; ``--compile`` runs its ``act`` through ``torch.compile``.
+* PPO section: ``tdrl-serial-ppo``/``tdrl-parallel-ppo``/``tdrl-action-server-ppo`` run tdrl's PPO actor-critic
+  (``make_actor_critic``: sampling, log-prob and the value head, 2×64 tanh MLPs) against ``sb3-rollout``.
 * ``tdrl-parallel-startup`` — seconds to build a 2-worker, 32-env HalfCheetah collector in a fresh process
   (cold: first collector of the process; warm: the next one).
 
@@ -21,8 +24,8 @@ a load-independent efficiency figure for shared machines (a 2-worker collector o
 twice its frames per CPU-second).
 
 Each row: one warm-up batch, then ``--repeats`` timed runs of at least ``--seconds`` each, taken round-robin
-over all rows of an env (so load changes during the run hit every row alike); the median is reported. Torch runs with one thread. Run from a temporary directory (MuJoCo writes ``MUJOCO_LOG.TXT`` into the
-working directory): ``cd $(mktemp -d) && python /path/to/benchmarks/collectors.py``.
+over all rows of an env (so load changes during the run hit every row alike); the median is reported. Torch runs
+with one thread. Run from a temporary directory: ``cd $(mktemp -d) && python /path/to/benchmarks/collectors.py``.
 
 Usage::
 
@@ -76,37 +79,47 @@ def env_dims(env_id: str) -> tuple[int, int, bool]:
     return n_in, n_out, discrete
 
 
+class DeterministicMLP(torch.nn.Module):
+    """The same 2×64 tanh MLP and head as :class:`MLP`, on :class:`tdrl.models.MLP` (whose forward runs its layers
+    as functions)."""
+
+    def __init__(self, n_in: int, n_out: int, discrete: bool) -> None:
+        from tdrl.models import MLP as TdrlMLP
+
+        super().__init__()
+        self.net = TdrlMLP(n_in, n_out, (64, 64), "tanh")
+        self.discrete = discrete
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        out = self.net(obs)
+        return out.argmax(-1) if self.discrete else torch.tanh(out)
+
+
+def tdrl_mlp_policy(env_id: str):
+    """The MLP rows' network as a tdrl model: it acts on tensors (:mod:`tdrl.models.acting`)."""
+    from tdrl.models import ObservationModule
+
+    torch.manual_seed(0)
+    return ObservationModule(DeterministicMLP(*env_dims(env_id)))
+
+
+def tdrl_ppo_policy(env_id: str):
+    """tdrl's PPO actor and critic (2×64 tanh MLPs), both acting on tensors."""
+    from tdrl.envs import EnvFactory
+    from tdrl.models import ActingSequential, make_actor_critic
+
+    torch.manual_seed(0)
+    specs = EnvFactory(env_id).specs()
+    ac = make_actor_critic(specs, distribution="categorical" if specs.discrete else "normal")
+    return ActingSequential(ac.actor, ac.critic)
+
+
 def mlp_policy(env_id: str):
     from tensordict.nn import TensorDictModule
 
     torch.manual_seed(0)
     n_in, n_out, discrete = env_dims(env_id)
     return TensorDictModule(MLP(n_in, n_out, discrete), ["observation"], ["action"])
-
-
-def ppo_policy(env_id: str):
-    """PPO actor-critic as TorchRL builds it: Categorical or state-independent-scale Normal, plus a value head."""
-    from tensordict.nn import AddStateIndependentNormalScale, TensorDictModule, TensorDictSequential
-    from torch.distributions import Categorical
-    from torchrl.modules import IndependentNormal, ProbabilisticActor, ValueOperator
-
-    torch.manual_seed(0)
-    n_in, n_out, discrete = env_dims(env_id)
-
-    def mlp(n: int) -> torch.nn.Module:
-        return torch.nn.Sequential(
-            torch.nn.Linear(n_in, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, n)
-        )
-
-    if discrete:
-        actor = ProbabilisticActor(TensorDictModule(mlp(n_out), ["observation"], ["logits"]), in_keys=["logits"],
-                                   distribution_class=Categorical, return_log_prob=True)
-    else:
-        body = torch.nn.Sequential(mlp(n_out), AddStateIndependentNormalScale(n_out))
-        actor = ProbabilisticActor(TensorDictModule(body, ["observation"], ["loc", "scale"]), in_keys=["loc", "scale"],
-                                   distribution_class=IndependentNormal, return_log_prob=True)
-    value = ValueOperator(mlp(1), in_keys=["observation"])
-    return TensorDictSequential(actor, value)
 
 
 # ----------------------------------------------------------------------------- timing
@@ -266,11 +279,35 @@ def raw_two_process_row(env_id: str) -> Row:
     return Row("raw-vector-mlp-2proc", "mlp", run, B * T, close)
 
 
-def tdrl_row(name: str, section: str, kind: str, env_id: str, policy) -> Row:
+def envpool_row(env_id: str) -> Row | None:
+    """envpool's C++ thread pool (2 threads) stepping ``B`` envs + the MLP, one batched forward per step."""
+    try:
+        import envpool
+    except Exception as err:  # not installed, or built for another numpy/python
+        print(f"  envpool row skipped: cannot import envpool ({err}); pip install 'tdrl[bench]'", flush=True)
+        return None
+    env = envpool.make_gymnasium(env_id, num_envs=B, batch_size=B, num_threads=WORKERS, seed=0)
+    obs, _ = env.reset()
+    torch.manual_seed(0)
+    mlp = MLP(*env_dims(env_id))
+    state = {"obs": obs}
+
+    def run() -> None:
+        obs = state["obs"]
+        with torch.no_grad():
+            for _ in range(T):
+                obs, *_ = env.step(mlp(torch.from_numpy(obs)).numpy())
+        state["obs"] = obs
+
+    return Row("envpool", "mlp", run, B * T, env.close)
+
+
+def tdrl_row(name: str, section: str, kind: str, env_id: str, policy, compile: bool = False) -> Row:
     from tdrl.collect import make_collector
     from tdrl.envs import EnvFactory
 
-    collector = make_collector(kind, EnvFactory(env_id), policy, batch_B=B, batch_T=T, n_workers=WORKERS, seed=0)
+    collector = make_collector(kind, EnvFactory(env_id), policy, batch_B=B, batch_T=T, n_workers=WORKERS, seed=0,
+                               compile=compile)
     return Row(name, section, collector.collect, B * T, collector.shutdown)
 
 
@@ -314,11 +351,11 @@ STARTUP_SCRIPT = """
 import os, sys, time, torch
 sys.path.insert(0, {bench_dir!r})
 torch.set_num_threads(1)
-from collectors import mlp_policy
+from collectors import tdrl_mlp_policy
 from tdrl.collect import ParallelCollector
 from tdrl.envs import EnvFactory
 if __name__ == "__main__":
-    policy = mlp_policy("HalfCheetah-v5")
+    policy = tdrl_mlp_policy("HalfCheetah-v5")
     times = []
     for _ in range(2):
         start = time.perf_counter()
@@ -345,6 +382,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="seconds per timed repeat (3; quick 0.5)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per row (3; quick 1)")
     parser.add_argument("--skip", nargs="*", default=[], help="row names to skip (e.g. torchrl-best sb3-rollout)")
+    parser.add_argument("--compile", action="store_true", help="tdrl rows: torch.compile the policy's act")
     parser.add_argument("--quiet", type=float, default=None, metavar="FRACTION",
                         help="shared machines: start each timed repeat only when other processes use less than "
                              "FRACTION of the cores (e.g. 0.1)")
@@ -372,20 +410,22 @@ def main() -> None:
         env_rows: list[Row] = [raw_row(env_id)]
         if "raw-vector-mlp-2proc" not in args.skip:
             env_rows.append(raw_two_process_row(env_id))
+        if "envpool" not in args.skip:
+            env_rows += [row for row in [envpool_row(env_id)] if row is not None]
         if "torchrl-best" not in args.skip:
             env_rows += [torchrl_row(c, env_id, 1024 if args.quick else 4096) for c in torchrl_configs]
-        policy = mlp_policy(env_id)
+        policy = tdrl_mlp_policy(env_id)
         for kind in ("serial", "parallel", "action_server", "alternating"):
             name = "tdrl-" + kind.replace("_", "-")
             if name not in args.skip:
-                env_rows.append(tdrl_row(name, "mlp", kind, env_id, policy))
+                env_rows.append(tdrl_row(name, "mlp", kind, env_id, policy, args.compile))
         if "sb3-rollout" not in args.skip:
             env_rows.append(sb3_row(env_id))
-        ppo = ppo_policy(env_id)
+        ppo = tdrl_ppo_policy(env_id)
         for kind in ("serial", "parallel", "action_server"):
             name = f"tdrl-{kind.replace('_', '-')}-ppo"
             if name not in args.skip:
-                env_rows.append(tdrl_row(name, "ppo", kind, env_id, ppo))
+                env_rows.append(tdrl_row(name, "ppo", kind, env_id, ppo, args.compile))
         try:
             measure_interleaved(env_rows, seconds, repeats, args.quiet)
         finally:
@@ -417,6 +457,11 @@ def main() -> None:
             xt = f"{fps / best:15.1f}" if best else "              -"
             cpu = f"{r['frames_per_cpu_s']:13,.0f}" if r["frames_per_cpu_s"] else ""
             print(f"  {r['collector']:34s} {fps:12,.0f} {xc} {xt} {cpu}")
+        parallel = by_name.get("tdrl-parallel")
+        if parallel:
+            ratios = [f"{parallel / by_name[k]:.2f}x {label}" for k, label in (("envpool", "envpool"),
+                                                                             ("raw-vector-mlp", "c")) if by_name.get(k)]
+            print(f"  tdrl-parallel = {', '.join(ratios)}")
         two = by_name.get("raw-vector-mlp-2proc")
         if two and c:
             print(f"  two cores this run: raw-vector-mlp-2proc = {two / c:.2f}x c; "

@@ -22,45 +22,53 @@ API (TorchRL collector protocol)::
 * ``traj_infos``: ``{"Length", "Return", "NonzeroRewards", "DiscountedReturn"}`` (+ ``"GameScore"`` on Atari)
   per episode finished during the last batch, computed on the env's raw reward.
 
-Kinds (``make_collector(kind, ...)``; each class is also built directly with keyword arguments):
+Kinds (``make_collector(kind, ...)``), each a :class:`BatchCollector` over an engine:
 
 ==================  ===========================================================================================
-``serial``          :class:`SerialCollector` — one process, ``breakpoint()`` works; the debugging twin.
-``parallel``        :class:`ParallelCollector` — ``n_workers`` processes, each stepping ``B/W`` envs with its own
-                    CPU policy copy, writing a shared-memory batch (rlpyt's CpuSampler). Fastest on CPU.
-``action_server``   :class:`ActionServerCollector` — workers step envs; one batched forward per step in this
-                    process on the policy's device (rlpyt's GpuSampler).
-``alternating``     :class:`ActionServerCollector` with ``alternating=True`` — two worker groups so stepping and
-                    inference overlap (rlpyt's AlternatingSampler).
-``torchrl``         :class:`TorchRLCollector` — TorchRL's ``Collector``/``MultiSyncCollector`` behind this API.
+``serial``          one process, ``breakpoint()`` works; the debugging twin (``SerialCollector(...)`` for short).
+``parallel``        ``n_workers`` processes, each stepping ``B/W`` envs with its own CPU policy copy, writing a
+                    shared-memory batch (rlpyt's CpuSampler). Fastest on CPU.
+``action_server``   workers step envs; one batched forward per step in this process on the policy's device
+                    (rlpyt's GpuSampler).
+``alternating``     two action-server worker groups so stepping and inference overlap (rlpyt's AlternatingSampler).
+``torchrl``         TorchRL's ``Collector``/``MultiSyncCollector`` behind this API.
 ==================  ===========================================================================================
 
-Same seed + deterministic policy ⇒ every tdrl kind yields exactly the serial collector's batches.
-:class:`EvalCollector` runs greedy evaluations on its own envs (``evaluate()`` → TrajInfos).
+tdrl's models implement :class:`tdrl.models.acting.Acting` and are called on tensors; any other TorchRL policy
+runs on a TensorDict of its in_keys. Same seed + deterministic policy => every tdrl kind yields exactly the serial
+collector's batches. :func:`make_eval_collector` runs whole greedy episodes on its own envs (``evaluate()``).
 """
 
-from tdrl.collect.action_server import ActionServerCollector
-from tdrl.collect.common import CollectorError
-from tdrl.collect.evaluation import EvalCollector
-from tdrl.collect.factory import COLLECTOR_KINDS, make_collector, start_workers_early
-from tdrl.collect.parallel import ParallelCollector
+from tdrl.collect.collector import BatchCollector
+from tdrl.collect.common import Collector, CollectorError
+from tdrl.collect.evaluation import EvalCollector, make_eval_collector
+from tdrl.collect.factory import (
+    COLLECTOR_KINDS,
+    ActionServerCollector,
+    ParallelCollector,
+    SerialCollector,
+    TorchRLCollector,
+    make_collector,
+    start_workers_early,
+)
 from tdrl.collect.policy import PolicyStep
-from tdrl.collect.serial import SerialCollector
-from tdrl.collect.torchrl_adapter import TorchRLCollector
 from tdrl.collect.traj_info import TRAJ_INFO_FIELDS, EpisodeTracker, traj_info_stats
 
 __all__ = [
-    "ActionServerCollector",
-    "ParallelCollector",
     "COLLECTOR_KINDS",
+    "TRAJ_INFO_FIELDS",
+    "ActionServerCollector",
+    "BatchCollector",
+    "Collector",
     "CollectorError",
-    "EvalCollector",
     "EpisodeTracker",
+    "EvalCollector",
+    "ParallelCollector",
     "PolicyStep",
     "SerialCollector",
-    "TRAJ_INFO_FIELDS",
     "TorchRLCollector",
     "make_collector",
+    "make_eval_collector",
     "start_workers_early",
     "traj_info_stats",
 ]

@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
-__all__ = ["allocate_batch", "ColumnWriter", "finish_slice"]
+__all__ = ["ColumnWriter", "PolicyWriter", "allocate_batch", "finish_slice"]
 
 MASK_KEY = ("collector", "mask")
 TRAJ_KEY = ("collector", "traj_ids")
@@ -46,7 +46,7 @@ def allocate_batch(
 class ColumnWriter:
     """Copies ``[n]`` step arrays into column ``t`` of rows ``lo:hi`` of the batch, through numpy views.
 
-    A numpy strided row copy costs ~0.4 µs against ~2 µs for ``tensor[:, t].copy_``; the views are built once.
+    A numpy strided row copy is several times cheaper than ``tensor[:, t].copy_``; the views are built once.
 
     Args:
         batch: the ``[B, T]`` batch (or shared-memory buffer).
@@ -56,14 +56,23 @@ class ColumnWriter:
         lo, hi: rows of the batch written.
     """
 
-    def __init__(
-        self, batch: TensorDictBase, keys: list[NestedKey], source: TensorDictBase, lo: int, hi: int
-    ) -> None:
+    def __init__(self, batch: TensorDictBase, keys: list[NestedKey], source: TensorDictBase, lo: int, hi: int) -> None:
         self.pairs = [(batch.get(k).numpy()[lo:hi], source.get(k).numpy()[lo:hi]) for k in keys]
 
     def __call__(self, t: int) -> None:
         for dst, src in self.pairs:
             dst[:, t] = src
+
+
+class PolicyWriter:
+    """Writes policy outputs (a dict of ``[n, ...]`` tensors) into column ``t`` of batch rows ``lo:hi``."""
+
+    def __init__(self, batch: TensorDictBase, keys: list[NestedKey], lo: int, hi: int) -> None:
+        self.pairs = [(key, batch.get(key).numpy()[lo:hi]) for key in keys]
+
+    def __call__(self, t: int, out: dict[NestedKey, torch.Tensor]) -> None:
+        for key, dst in self.pairs:
+            dst[:, t] = out[key].cpu().numpy()
 
 
 def finish_slice(

@@ -1,33 +1,28 @@
-"""Pieces every collector kind shares: argument checks, specs, the frame budget, policy-output writing."""
+"""What every collector kind shares: the :class:`Collector` protocol, argument checks, the frame budget."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType
-from tensordict.utils import NestedKey
+from torchrl.envs.utils import exploration_type
 
 from tdrl.envs.make import EnvSpecs
 
 __all__ = [
     "RESET_MODES",
-    "active_exploration",
-    "BufferedCollector",
-    "ClosesOnExit",
-    "CollectorBase",
+    "Collector",
     "CollectorError",
     "FrameBudget",
-    "PolicyWriter",
+    "active_exploration",
     "check_batch_args",
     "env_specs",
-    "game_score_of",
     "load_weights",
     "sorted_infos",
-    "random_action_template",
     "to_interaction_type",
 ]
 
@@ -38,7 +33,28 @@ class CollectorError(RuntimeError):
     """A collector worker died or an env raised; the message names the worker and carries its traceback."""
 
 
-def check_batch_args(batch_B: int, batch_T: int, reset_mode: str, n_workers: int | None = None) -> None:
+class Collector(Protocol):
+    """TorchRL's collector protocol, as tdrl's trainers use it.
+
+    Iterating yields ``[batch_B, batch_T]`` TensorDicts until ``total_frames`` (``-1``: forever); ``collect()``
+    returns one batch; ``traj_infos`` holds the episodes finished during the last one.
+    """
+
+    frames: int
+    frames_per_batch: int
+    traj_infos: list[dict[str, float]]
+
+    def __iter__(self) -> Iterator[TensorDictBase]: ...
+    def collect(self) -> TensorDictBase: ...
+    def update_policy_weights_(self, policy_or_weights: Any = None) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+    def shutdown(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+
+def check_batch_args(batch_B: int, batch_T: int, reset_mode: str, n_workers: int = 1) -> None:
     """Validate the common collector arguments, naming the offending one."""
     if not isinstance(batch_B, int) or batch_B < 1:
         raise ValueError(f"batch_B must be a positive int (number of envs), got {batch_B!r}")
@@ -46,11 +62,10 @@ def check_batch_args(batch_B: int, batch_T: int, reset_mode: str, n_workers: int
         raise ValueError(f"batch_T must be a positive int (time steps per batch), got {batch_T!r}")
     if reset_mode not in RESET_MODES:
         raise ValueError(f"reset_mode must be one of {RESET_MODES}, got {reset_mode!r}")
-    if n_workers is not None:
-        if not isinstance(n_workers, int) or n_workers < 1:
-            raise ValueError(f"n_workers must be a positive int, got {n_workers!r}")
-        if batch_B % n_workers:
-            raise ValueError(f"batch_B={batch_B} must be divisible by n_workers={n_workers}")
+    if not isinstance(n_workers, int) or n_workers < 1:
+        raise ValueError(f"n_workers must be a positive int, got {n_workers!r}")
+    if batch_B % n_workers:
+        raise ValueError(f"batch_B={batch_B} must be divisible by n_workers={n_workers}")
 
 
 def env_specs(env_factory: Callable[..., Any]) -> EnvSpecs:
@@ -63,16 +78,6 @@ def env_specs(env_factory: Callable[..., Any]) -> EnvSpecs:
         return EnvSpecs.from_env(env)
     finally:
         env.close()
-
-
-def game_score_of(env_factory: Any) -> bool:
-    """Atari envs report ``GameScore`` in their TrajInfos."""
-    return bool(getattr(env_factory, "is_atari", False))
-
-
-def random_action_template(specs: EnvSpecs, n: int) -> TensorDict:
-    """Policy template for ``policy=None``: only ``action`` (from the action spec)."""
-    return TensorDict({"action": specs.action_spec.zero((n,))}, batch_size=[n])
 
 
 def to_interaction_type(value: InteractionType | str | None, default: InteractionType | None) -> InteractionType | None:
@@ -88,23 +93,17 @@ def to_interaction_type(value: InteractionType | str | None, default: Interactio
         raise ValueError(f"exploration_type must be one of {names}, got {value!r}") from None
 
 
-def active_exploration(explicit: InteractionType | None) -> InteractionType:
+def active_exploration(explicit: InteractionType | str | None) -> InteractionType:
     """Exploration type for the next batch: the collector's own if given, else the one active in the caller
-    (TorchRL's ``set_exploration_type`` context around ``collect()``/iteration), else RANDOM (TorchRL's
-    collector default)."""
-    if explicit is not None:
-        return explicit
-    from tensordict.nn.probabilistic import interaction_type
-
-    return interaction_type() or InteractionType.RANDOM
+    (TorchRL's ``set_exploration_type`` around ``collect()``), else RANDOM (TorchRL's collector default)."""
+    return to_interaction_type(explicit, None) or exploration_type() or InteractionType.RANDOM
 
 
 class FrameBudget:
     """TorchRL's ``total_frames`` semantics: keep yielding batches until ``total_frames`` (``-1``: forever)."""
 
-    def __init__(self, total_frames: int, frames_per_batch: int) -> None:
-        if total_frames is None:
-            total_frames = -1
+    def __init__(self, total_frames: int | None, frames_per_batch: int) -> None:
+        total_frames = -1 if total_frames is None else total_frames
         if total_frames == 0 or total_frames < -1:
             raise ValueError(f"total_frames must be positive or -1 (endless), got {total_frames}")
         self.total_frames = int(total_frames)
@@ -132,27 +131,16 @@ class FrameBudget:
         self.batches = int(state["iter"])
 
 
-class PolicyWriter:
-    """Writes policy outputs (a dict of ``[n, ...]`` tensors) into column ``t`` of batch rows ``lo:hi``."""
-
-    def __init__(self, batch: TensorDictBase, keys: list[NestedKey], lo: int, hi: int) -> None:
-        self.pairs = [(key, batch.get(key).numpy()[lo:hi]) for key in keys]
-
-    def __call__(self, t: int, out: dict[NestedKey, torch.Tensor]) -> None:
-        for key, dst in self.pairs:
-            value = out[key]
-            if value.device.type != "cpu":
-                value = value.cpu()
-            dst[:, t] = value.numpy()
-
-
 def sorted_infos(entries: list[tuple[int, int, dict[str, float]]]) -> list[dict[str, float]]:
     """Order finished episodes by (time step, env index): the same order whichever process stepped them."""
     return [info for _, _, info in sorted(entries, key=lambda e: (e[0], e[1]))]
 
 
-def load_weights(policy: torch.nn.Module, weights: Any) -> None:
-    """Copy weights (a module, a TensorDict of parameters, or a ``state_dict``) into ``policy`` in place."""
+def load_weights(policy: torch.nn.Module | None, weights: Any) -> None:
+    """Copy weights (a module, a TensorDict of parameters, or a ``state_dict``) into ``policy`` in place; nothing
+    to do for ``None`` or the policy itself."""
+    if policy is None or weights is None or weights is policy:
+        return
     if isinstance(weights, torch.nn.Module):
         policy.load_state_dict(weights.state_dict())
     elif isinstance(weights, TensorDictBase):
@@ -163,84 +151,3 @@ def load_weights(policy: torch.nn.Module, weights: Any) -> None:
         raise TypeError(
             f"policy_or_weights must be a module, a TensorDict of parameters or a state_dict, got {type(weights)}"
         )
-
-
-class ClosesOnExit:
-    """Context manager and finaliser calling an idempotent ``shutdown()`` (collectors own processes and envs)."""
-
-    def shutdown(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.shutdown()
-
-    def __del__(self) -> None:
-        try:
-            self.shutdown()
-        except Exception:  # a half-built or already-finalised collector: nothing left to release
-            pass
-
-
-class CollectorBase(ClosesOnExit):
-    """TorchRL's collector protocol over a frame budget: iteration until ``total_frames``, ``len``, the frame
-    counters and their ``state_dict``, context management. A subclass sets ``budget``, ``batch_B`` and ``batch_T``
-    and provides ``collect()`` and an idempotent ``shutdown()``."""
-
-    budget: FrameBudget
-    batch_B: int
-    batch_T: int
-
-    def collect(self) -> TensorDictBase:
-        raise NotImplementedError
-
-    @property
-    def frames(self) -> int:
-        return self.budget.frames
-
-    @property
-    def frames_per_batch(self) -> int:
-        return self.batch_B * self.batch_T
-
-    def __iter__(self) -> Iterator[TensorDictBase]:
-        while self.budget.remaining():
-            yield self.collect()
-
-    def __len__(self) -> int:
-        return len(self.budget)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Counters (``frames``, ``iter``). Env state is not captured: resuming restarts episodes."""
-        return self.budget.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.budget.load_state_dict(state_dict)
-
-
-class BufferedCollector(CollectorBase):
-    """A tdrl collector writing each batch into its preallocated ``buffer``: the exploration-type switch and the
-    rule for what ``collect()`` hands out. A subclass also sets ``_exploration_arg``, ``buffer``, ``device`` and
-    ``return_same_td``."""
-
-    buffer: TensorDictBase
-    device: torch.device
-    return_same_td: bool
-    _exploration_arg: InteractionType | None
-
-    @property
-    def exploration_type(self) -> InteractionType | None:
-        """The fixed exploration type, or ``None`` to follow the caller's ``set_exploration_type``."""
-        return self._exploration_arg
-
-    @exploration_type.setter
-    def exploration_type(self, value: InteractionType | str | None) -> None:
-        self._exploration_arg = to_interaction_type(value, None)
-
-    def _yielded_batch(self) -> TensorDictBase:
-        """The batch handed to the caller: the buffer itself (``return_same_td``, CPU), else a copy on ``device``
-        (the next ``collect()`` overwrites the buffer)."""
-        if self.return_same_td and self.device.type == "cpu":
-            return self.buffer
-        return self.buffer.to(self.device) if self.device.type != "cpu" else self.buffer.clone()

@@ -1,169 +1,80 @@
-"""Evaluation collector (rlpyt's eval collectors): its own envs, greedy policy, episode statistics only.
+"""Evaluation: ``n_envs`` whole greedy episodes per call, on the evaluator's own envs.
 
-Each :meth:`EvalCollector.evaluate` call resets its envs (seeded on the first call, continuing each env's own
-random stream afterwards, so successive evaluations see new initial states but a run is reproducible), steps
-them with the policy under ``exploration_type`` (DETERMINISTIC by default: argmax / distribution mode) for at
-most ``max_steps`` env steps in total, and returns the TrajInfos of the episodes that *finished*; episodes still
-running at the step limit are dropped. With ``max_trajectories`` the evaluation stops as soon as that many
-episodes finished.
-
-Bias warning (as in rlpyt): episodes longer than ``max_steps / n_envs`` can never finish, so short episodes are
-over-represented unless ``max_steps / n_envs`` is well above the episode length; a warning is issued when it is
-below the env's time limit.
-
-Eval envs run in the calling process on the caller's policy object (always the current weights), with seeds
-derived from ``seed`` — pass a different seed from the training collector's.
+Each :meth:`EvalCollector.evaluate` runs one wait-reset batch of ``max_steps`` steps on envs whose time limit is
+``max_steps``: every env plays exactly one whole episode (later envs do not favour short episodes, as a step budget
+shared by all envs would), with the policy under DETERMINISTIC exploration (argmax / distribution mode; an
+``EpsilonGreedy`` uses its ``eps_eval``). The envs are seeded from ``seed`` once, and each continues its own
+random stream afterwards: successive evaluations see new initial states, and a run is reproducible.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable
 from typing import Any
 
-from tensordict.nn import InteractionType, TensorDictModuleBase
+from tensordict.nn import TensorDictModuleBase
 
-from tdrl.collect.common import (
-    ClosesOnExit,
-    env_specs,
-    game_score_of,
-    load_weights,
-    sorted_infos,
-    to_interaction_type,
-)
-from tdrl.collect.policy import PolicyStep
-from tdrl.collect.runner import OBS_KEYS
-from tdrl.collect.stepping import EnvSlice, make_step_td
+from tdrl.collect.collector import BatchCollector
+from tdrl.collect.factory import make_collector
+from tdrl.envs import EnvFactory
 
-__all__ = ["EvalCollector"]
+__all__ = ["EvalCollector", "make_eval_collector"]
 
 
-class EvalCollector(ClosesOnExit):
-    """Offline evaluation of a policy on ``n_envs`` dedicated envs.
-
-    Args:
-        env_factory: env constructor (same kind as the training collector's).
-        policy: TorchRL policy (``None``: random actions, e.g. a baseline).
-        n_envs: eval envs stepped together (rlpyt's ``eval_n_envs``).
-        max_steps: env steps per evaluation, summed over envs (rlpyt's ``eval_max_steps``).
-        max_trajectories: stop once this many episodes finished (rlpyt's ``eval_max_trajectories``).
-        seed: seed of the eval envs.
-        discount: discount of ``DiscountedReturn``.
-        exploration_type: DETERMINISTIC (default, greedy) or e.g. RANDOM, or its name.
-        transform: TorchRL transform applied batched each step (use frozen statistics for evaluation).
+class EvalCollector:
+    """Runs whole greedy episodes with a serial collector; ``evaluate()`` returns their TrajInfos.
 
     Attributes:
-        traj_infos: the episodes of the last evaluation.
+        collector: the wait-reset serial collector stepping the eval envs.
+        traj_infos: the episodes of the last evaluation, in env order.
     """
 
-    def __init__(
-        self,
-        env_factory: Callable[..., Any],
-        policy: TensorDictModuleBase | None,
-        *,
-        n_envs: int = 1,
-        max_steps: int,
-        max_trajectories: int | None = None,
-        seed: int = 1,
-        discount: float = 0.99,
-        exploration_type: InteractionType | str | None = None,
-        transform: Any = None,
-    ) -> None:
-        if not isinstance(n_envs, int) or n_envs < 1:
-            raise ValueError(f"n_envs must be a positive int, got {n_envs!r}")
-        if not isinstance(max_steps, int) or max_steps < n_envs:
-            raise ValueError(f"max_steps must be an int >= n_envs ({n_envs}), got {max_steps!r}")
-        if max_trajectories is not None and max_trajectories < 1:
-            raise ValueError(f"max_trajectories must be positive or None, got {max_trajectories!r}")
-        self.n_envs = n_envs
-        self.max_steps = max_steps
-        self.max_trajectories = max_trajectories
-        self.policy = policy
+    def __init__(self, collector: BatchCollector) -> None:
+        self.collector = collector
         self.traj_infos: list[dict[str, float]] = []
-        specs = env_specs(env_factory)
-        self.steps_per_env = max_steps // n_envs
-        if specs.max_episode_steps and self.steps_per_env < specs.max_episode_steps:
-            warnings.warn(
-                f"EvalCollector: max_steps / n_envs = {self.steps_per_env} is below the env's time limit "
-                f"({specs.max_episode_steps}): long episodes cannot finish and short ones are over-represented",
-                stacklevel=2,
-            )
-        self.step_td = make_step_td(n_envs, specs.observation_spec, transform)
-        self.envs = EnvSlice(
-            env_factory,
-            range(n_envs),
-            self.step_td,
-            seed=seed,
-            wait_reset=False,
-            batch_T=1,
-            discount=discount,
-            game_score=game_score_of(env_factory),
-            transform=transform,
-        )
-        self._started = False
-        self._closed = False
-        exploration = to_interaction_type(exploration_type, InteractionType.DETERMINISTIC)
-        try:
-            self.envs.start(0)
-            self._started = True
-            self.policy_step = (
-                PolicyStep(policy, self.step_td.select(*OBS_KEYS).clone(), exploration_type=exploration)
-                if policy is not None
-                else None
-            )
-        except BaseException:
-            self.envs.close()
-            raise
-        self._actions = specs.action_spec.zero((n_envs,)).numpy()
-        self._fresh = True
 
     def evaluate(self) -> list[dict[str, float]]:
-        """Run one evaluation and return the finished episodes' TrajInfos (also kept in :attr:`traj_infos`)."""
-        if self._closed:
-            raise RuntimeError("eval collector is shut down")
-        envs, policy_step = self.envs, self.policy_step
-        if not self._fresh:
-            envs.restart()
-        self._fresh = False
-        envs.tracker = type(envs.tracker)(self.n_envs, envs.tracker.discount, envs.tracker.game_score)
-        obs, is_init = self.step_td.get("observation"), self.step_td.get("is_init")
-        finished: list[tuple[int, int, dict[str, float]]] = []
-        if policy_step is not None:
-            policy_step.reset_state()
-        for t in range(self.steps_per_env):
-            if policy_step is not None:
-                with policy_step.running():
-                    action = policy_step(obs, is_init)["action"]
-                self._actions[:] = action.cpu().numpy()
-            else:
-                envs.sample_actions(self._actions)
-            envs.step(0, self._actions)
-            if envs.done.any():
-                finished += [(t, i, info) for _, i, info in envs.batch_traj_infos(None)]
-                if self.max_trajectories is not None and len(finished) >= self.max_trajectories:
-                    break
-            else:
-                envs.batch_traj_infos(None)
-        infos = sorted_infos(finished)
-        if self.max_trajectories is not None:
-            infos = infos[: self.max_trajectories]
-        self.traj_infos = infos
-        return infos
-
-    __call__ = evaluate
+        """One episode per env (the policy's current weights): their TrajInfos (``Return``, ``Length``...)."""
+        self.collector.collect()
+        self.traj_infos = self.collector.traj_infos
+        return self.traj_infos
 
     def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
-        """Runs the caller's policy itself; given weights are loaded into it."""
-        if self.policy is not None and policy_or_weights is not None and policy_or_weights is not self.policy:
-            load_weights(self.policy, policy_or_weights)
+        self.collector.update_policy_weights_(policy_or_weights)
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        return self.collector.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        pass
+        self.collector.load_state_dict(state_dict)
 
     def shutdown(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.envs.close()
+        self.collector.shutdown()
+
+    def __enter__(self) -> EvalCollector:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_envs: int, max_steps: int = 0, seed: int,
+        discount: float = 0.99, env_kwargs: dict | None = None) -> EvalCollector | None:
+    """The evaluator every recipe uses, or ``None`` when ``n_envs == 0`` (no evaluation).
+
+    Args:
+        env_id: gymnasium id (built with :class:`tdrl.envs.EnvFactory`).
+        policy: the policy evaluated (its current weights at each call; ``None``: random actions).
+        n_envs: episodes per evaluation, one per env.
+        max_steps: episode time limit; 0 takes the env's own (1000 when it has none).
+        seed: seed of the eval envs (use another than the training collector's).
+        discount: discount of the TrajInfo ``DiscountedReturn``.
+        env_kwargs: extra ``gymnasium.make`` arguments.
+    """
+    if n_envs == 0:
+        return None
+    kwargs = dict(env_kwargs or {})
+    limit = max_steps or EnvFactory(env_id, kwargs).specs().max_episode_steps or 1000
+    factory = EnvFactory(env_id, {**kwargs, "max_episode_steps": limit})
+    return EvalCollector(make_collector("serial", factory, policy, batch_B=n_envs, batch_T=limit, seed=seed,
+                                        reset_mode="wait_reset", exploration_type="deterministic",
+                                        discount=discount, return_same_td=True))

@@ -9,105 +9,109 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
-from tdrl.collect.batch import ColumnWriter, finish_slice
-from tdrl.collect.common import PolicyWriter
+from tdrl.collect.batch import ColumnWriter, PolicyWriter, allocate_batch, finish_slice
+from tdrl.collect.common import env_specs
 from tdrl.collect.policy import PolicyStep
-from tdrl.collect.stepping import STEP_NEXT_KEYS, EnvSlice
+from tdrl.collect.stepping import STEP_NEXT_KEYS, EnvSlice, make_step_td
+from tdrl.envs.make import EnvSpecs
 
-__all__ = ["SliceRunner", "OBS_KEYS"]
+__all__ = ["OBS_KEYS", "SliceRunner", "SliceSettings", "allocate"]
 
 OBS_KEYS = ["observation", "is_init"]
 Entries = list[tuple[int, int, dict[str, float]]]
+
+
+@dataclass
+class SliceSettings:
+    """How a collector's envs are built and stepped (the same for every slice; pickled to workers).
+
+    ``seed``: env ``i`` gets ``env_seed(seed, i)``; ``wait_reset``: finished envs idle until the batch ends (their
+    steps are masked); ``max_decorrelation_steps``: up to this many random steps per env at start-up;
+    ``discount``: of the TrajInfo ``DiscountedReturn``; ``transform``: a TorchRL transform applied batched where
+    the envs are stepped (:mod:`tdrl.collect.transforms`).
+    """
+
+    env_factory: Callable[..., Any]
+    seed: int = 0
+    wait_reset: bool = False
+    max_decorrelation_steps: int = 0
+    discount: float = 0.99
+    transform: Any = None
+
+    @property
+    def game_score(self) -> bool:
+        """Atari envs report ``GameScore`` in their TrajInfos."""
+        return bool(getattr(self.env_factory, "is_atari", False))
+
+
+def allocate(settings: SliceSettings, policy: TensorDictModuleBase | None, batch_B: int, batch_T: int,
+        exploration: InteractionType) -> tuple[EnvSpecs, TensorDict, TensorDict]:
+    """The env specs, the ``[B]`` step TensorDict and the zero ``[B, T]`` batch with the policy's output keys
+    (only ``action`` for ``policy=None``: random actions)."""
+    specs = env_specs(settings.env_factory)
+    step_td = make_step_td(batch_B, specs.observation_spec, settings.transform)
+    if policy is None:
+        template = TensorDict({"action": specs.action_spec.zero((batch_B,))}, batch_size=[batch_B])
+    else:
+        example = step_td.select(*OBS_KEYS).clone()
+        template = PolicyStep(policy, example, exploration_type=exploration).out_template
+    return specs, step_td, allocate_batch(batch_B, batch_T, step_td, template)
 
 
 class SliceRunner:
     """Collects rows ``lo:hi`` of a ``[B, T]`` batch.
 
     Args:
-        env_factory: env constructor.
+        settings: how envs are built and stepped.
         lo, hi: env rows owned (global indices).
         step_td: ``[B]`` step TensorDict (shared when several processes use it).
         batch: ``[B, T]`` batch buffer (shared likewise).
         policy: policy run here (a private copy in workers), or ``None`` (random actions, or actions written
             into the batch by an action server).
-        seed, wait_reset, discount, game_score, max_decorrelation_steps: see :class:`SerialCollector`.
-        exploration_type: exploration type of ``policy``.
-        fast_policy: allow the compiled policy path.
-        transform: TorchRL transform applied batched over this slice after every step.
+        exploration: exploration type of ``policy`` (set again before each batch).
+        compile: ``torch.compile`` the policy's ``act``.
     """
 
-    def __init__(
-        self,
-        env_factory: Callable[..., Any],
-        lo: int,
-        hi: int,
-        step_td: TensorDictBase,
-        batch: TensorDictBase,
-        policy: TensorDictModuleBase | None,
-        *,
-        seed: int,
-        wait_reset: bool,
-        discount: float,
-        game_score: bool,
-        max_decorrelation_steps: int,
-        exploration_type: InteractionType = InteractionType.RANDOM,
-        fast_policy: bool = True,
-        transform: Any = None,
-    ) -> None:
+    def __init__(self, settings: SliceSettings, lo: int, hi: int, step_td: TensorDictBase, batch: TensorDictBase,
+            policy: TensorDictModuleBase | None, exploration: InteractionType = InteractionType.RANDOM,
+            compile: bool = False) -> None:
         self.lo, self.hi = lo, hi
         self.batch = batch
-        self.n_total = int(batch.batch_size[0])
-        self.batch_T = int(batch.batch_size[1])
-        self.wait_reset = wait_reset
-        self.envs = EnvSlice(
-            env_factory,
-            range(lo, hi),
-            step_td,
-            seed=seed,
-            wait_reset=wait_reset,
-            batch_T=self.batch_T,
-            discount=discount,
-            game_score=game_score,
-            transform=transform,
-        )
+        self.n_total, self.batch_T = int(batch.batch_size[0]), int(batch.batch_size[1])
+        self.wait_reset = settings.wait_reset
+        self.envs = EnvSlice(settings, range(lo, hi), step_td, batch_T=self.batch_T)
         try:
-            self.envs.start(max_decorrelation_steps)
+            self.envs.start(settings.max_decorrelation_steps)
             rows = step_td[lo:hi]
-            self.obs = rows.get("observation")
-            self.is_init = rows.get("is_init")
-            self.policy_step = (
-                PolicyStep(
-                    policy,
-                    rows.select(*OBS_KEYS).clone(),
-                    exploration_type=exploration_type,
-                    fast=fast_policy,
-                    env_offset=lo,
-                )
-                if policy is not None
-                else None
-            )
+            self.obs, self.is_init = rows.get("observation"), rows.get("is_init")
+            self.policy_step = None
+            if policy is not None:
+                example = rows.select(*OBS_KEYS).clone()
+                self.policy_step = PolicyStep(policy, example, exploration_type=exploration, env_offset=lo,
+                                              compile=compile)
         except BaseException:
             self.envs.close()
             raise
         self.write_obs = ColumnWriter(batch, OBS_KEYS, step_td, lo, hi)
         self.write_next = ColumnWriter(batch, list(STEP_NEXT_KEYS), step_td, lo, hi)
-        self.write_policy = (
-            PolicyWriter(batch, list(self.policy_step.out_template.keys(True, True)), lo, hi)
-            if self.policy_step is not None
-            else None
-        )
+        self.write_policy = None
+        if self.policy_step is not None:
+            self.write_policy = PolicyWriter(batch, list(self.policy_step.out_template.keys(True, True)), lo, hi)
         self.actions = batch.get("action").numpy()[lo:hi]
 
-    def run_batch(self) -> Entries:
+    def run_batch(self, exploration: InteractionType) -> Entries:
         """Collect ``T`` steps of this slice (policy here or random actions); returns finished episodes."""
         envs, policy_step, actions = self.envs, self.policy_step, self.actions
         write_obs, write_next, write_policy = self.write_obs, self.write_next, self.write_policy
         obs, is_init = self.obs, self.is_init
+        if policy_step is not None:
+            policy_step.exploration_type = exploration
         with policy_step.running() if policy_step is not None else nullcontext():
             for t in range(self.batch_T):
                 write_obs(t)
@@ -132,7 +136,7 @@ class SliceRunner:
         last = self.batch_T - 1
         obs_ready.release()  # the step arrays already hold the first observation
         for t in range(self.batch_T):
-            write_obs(t)  # while the server computes actions from the same (read-only) step arrays
+            write_obs(t)
             wait(actions_ready)
             envs.step(t, actions[:, t])
             if t < last:

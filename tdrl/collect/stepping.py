@@ -18,10 +18,9 @@ collectors reproduce the serial one exactly.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -29,7 +28,7 @@ from tensordict import TensorDict, TensorDictBase
 from tdrl.collect.traj_info import EpisodeTracker
 from tdrl.collect.transforms import StepTransform, probe_observation
 
-__all__ = ["EnvSlice", "env_seed", "make_step_td", "STEP_NEXT_KEYS"]
+__all__ = ["STEP_NEXT_KEYS", "EnvSlice", "env_seed", "make_step_td"]
 
 STEP_NEXT_KEYS = (
     ("next", "observation"),
@@ -38,39 +37,6 @@ STEP_NEXT_KEYS = (
     ("next", "terminated"),
     ("next", "truncated"),
 )
-
-
-_PASS_THROUGH = (gym.wrappers.TimeLimit, gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)
-
-
-def direct_step(env: Any) -> tuple[Callable[[Any], tuple], Any] | None:
-    """``(step, time_limit)`` that steps ``env`` below the outer layers ``gymnasium.make`` adds, or ``None``.
-
-    ``gymnasium.make`` wraps every env in ``TimeLimit(OrderEnforcing(PassiveEnvChecker(env)))``. Once the env has
-    been reset and stepped once, the two inner layers only forward the call (the checker checks the first two
-    steps only), and ``TimeLimit`` counts steps. At ~0.5 µs per env step these layers cost a cheap env (CartPole, ~6 µs)
-    8 %; the hot loop therefore calls the innermost ``step`` and applies the time limit itself, on the
-    ``TimeLimit`` wrapper's own counter, exactly as ``TimeLimit.step`` does (reset, ``env.spec`` and everything
-    else still go through the wrappers). ``None`` until both inner layers are past their first call, or when the
-    outer layers are anything else (then the env is stepped as it is).
-    """
-    time_limit = None
-    inner = env
-    while type(inner) in _PASS_THROUGH:
-        if type(inner) is gym.wrappers.TimeLimit:
-            if time_limit is not None:
-                return None
-            time_limit = inner
-        elif type(inner) is gym.wrappers.OrderEnforcing and not inner._has_reset:
-            return None
-        elif type(inner) is gym.wrappers.PassiveEnvChecker and not (
-            inner.checked_step and getattr(inner, "checked_data_reuse", True)
-        ):
-            return None
-        inner = inner.env
-    if inner is env:
-        return None
-    return inner.step, time_limit
 
 
 def env_seed(seed: int, env_index: int) -> int:
@@ -109,49 +75,34 @@ def make_step_td(n_envs: int, obs_spec: Any, transform: Any = None) -> TensorDic
 
 
 class EnvSlice:
-    """Owns gymnasium envs ``env_indices`` of a collector and steps them one at a time.
+    """Owns gymnasium envs ``env_indices`` of a collector and steps them one at a time, as ``gymnasium.make``
+    returns them.
 
     Args:
-        env_factory: picklable callable returning one gymnasium env (e.g. :class:`tdrl.envs.EnvFactory`).
+        settings: the collector's :class:`~tdrl.collect.runner.SliceSettings` (factory, seed, wait-reset,
+            discount, transform).
         env_indices: global indices of the envs in the collector's batch (rows of the step TensorDict).
         step_td: the collector's ``[B]`` step TensorDict (see module docstring); only rows ``env_indices``
             (contiguous) are touched.
-        seed: collector seed; env ``i`` uses :func:`env_seed`.
-        wait_reset: rlpyt's wait-reset mode: an env that finishes idles until :meth:`finish_batch`.
         batch_T: time steps per batch (sizes the local reward/done record for episode statistics).
-        discount: discount of ``DiscountedReturn``.
-        game_score: add ``GameScore`` to the TrajInfos (Atari).
-        transform: optional TorchRL transform applied batched after every step (:mod:`tdrl.collect.transforms`).
     """
 
-    def __init__(
-        self,
-        env_factory: Callable[..., Any],
-        env_indices: Sequence[int],
-        step_td: TensorDictBase,
-        *,
-        seed: int,
-        wait_reset: bool,
-        batch_T: int,
-        discount: float = 0.99,
-        game_score: bool = False,
-        transform: Any = None,
-    ) -> None:
+    def __init__(self, settings: Any, env_indices: Sequence[int], step_td: TensorDictBase, *, batch_T: int) -> None:
         self.env_indices = list(env_indices)
         lo, hi = self.env_indices[0], self.env_indices[-1] + 1
         if self.env_indices != list(range(lo, hi)):
             raise ValueError("env_indices must be contiguous")
         self.lo, self.hi = lo, hi
-        self.seed = seed
-        self.wait_reset = wait_reset
+        self.wait_reset = settings.wait_reset
         self.batch_T = batch_T
         n = hi - lo
-        self.seeds = [env_seed(seed, i) for i in self.env_indices]
-        self.envs = [env_factory() for _ in range(n)]
+        self.seeds = [env_seed(settings.seed, i) for i in self.env_indices]
+        self.envs = [settings.env_factory() for _ in range(n)]
         self.obs = step_td["observation"].numpy()[lo:hi]
         self.is_init = step_td["is_init"].numpy()[lo:hi, 0]
         self.next_obs = step_td["next", "observation"].numpy()[lo:hi]
         self.reward = step_td["next", "reward"].numpy()[lo:hi, 0]
+        transform = settings.transform
         self.transform = StepTransform(transform) if transform is not None else None
         if self.transform is not None:
             # Envs write raw values here; the transform publishes into the step TensorDict.
@@ -167,12 +118,8 @@ class EnvSlice:
         self.idle = np.zeros(n, dtype=bool)
         self.rewards_block = np.zeros((n, batch_T), dtype=np.float32)
         self.dones_block = np.zeros((n, batch_T), dtype=bool)
-        self.tracker = EpisodeTracker(n, discount=discount, game_score=game_score)
+        self.tracker = EpisodeTracker(n, discount=settings.discount, game_score=settings.game_score)
         self.episode_count = np.zeros(n, dtype=np.int64)
-        # (step, TimeLimit or None) per env: ``env.step`` until :func:`direct_step` can bypass the pass-through
-        # wrappers (they must have seen their first steps), re-checked over the first hot steps
-        self._steppers: list[tuple[Callable[[Any], tuple], Any]] = [(env.step, None) for env in self.envs]
-        self._stepper_checks = 3
 
     def __len__(self) -> int:
         return len(self.envs)
@@ -215,14 +162,6 @@ class EnvSlice:
         self.is_init[:] = True
         self._publish_reset(np.arange(n))
 
-    def restart(self) -> None:
-        """Reset every env (unseeded: each continues its own random stream), e.g. before an evaluation."""
-        for i, env in enumerate(self.envs):
-            self.raw_obs[i] = env.reset()[0]
-        self.is_init[:] = True
-        self.idle[:] = False
-        self._publish_reset(np.arange(len(self.envs)))
-
     def _publish_reset(self, rows: np.ndarray) -> None:
         """Make ``raw_obs[rows]`` (fresh episode starts) the policy's observation, transformed if needed."""
         if self.transform is not None and len(rows):
@@ -247,16 +186,10 @@ class EnvSlice:
         resets: list[tuple[int, Any]] = []
         idle = self.idle
         wait_reset = self.wait_reset
-        steppers = self._steppers
         for i in range(len(envs)):
             if wait_reset and idle[i]:
                 continue
-            step, time_limit = steppers[i]
-            obs, r, term, trunc, _ = step(actions[i])
-            if time_limit is not None:  # gymnasium's TimeLimit.step, on the wrapper's own counter
-                time_limit._elapsed_steps += 1
-                if time_limit._elapsed_steps >= time_limit._max_episode_steps:
-                    trunc = True
+            obs, r, term, trunc, _ = envs[i].step(actions[i])
             next_obs[i] = obs
             reward[i] = r
             terminated[i] = term
@@ -284,9 +217,6 @@ class EnvSlice:
                 self._publish_reset(rows)
         self.rewards_block[:, t] = reward
         self.dones_block[:, t] = self.done
-        if self._stepper_checks:
-            self._stepper_checks -= 1
-            self._steppers = [direct_step(env) or (env.step, None) for env in envs]
 
     def batch_traj_infos(self, valid: np.ndarray | None) -> list[tuple[int, int, dict[str, float]]]:
         """Episodes finished in this batch as ``(t, global_env_index, traj_info)``."""

@@ -1,18 +1,10 @@
 """Per-episode statistics (rlpyt's TrajInfo), tracked per env and vectorised per batch.
 
-A collector reports one plain ``dict`` per finished episode::
-
-    {"Length": 200, "Return": 200.0, "NonzeroRewards": 200, "DiscountedReturn": 86.6}
-
-plus ``"GameScore"`` for Atari. Statistics are computed from the **environment's own reward** (before any
-collector transform such as ``RewardScaling``), so ``Return`` is the score a paper would report. tdrl's Atari
-envs do not clip rewards, so ``GameScore`` equals ``Return`` unless the env reports ``info["game_score"]``
-itself (not used in the collectors' fast path). Fields whose names start with ``_`` are never logged (rlpyt's
-convention), so users may add private bookkeeping.
-
-Episodes that began before a batch carry their partial sums across batches; random decorrelation steps at
-start-up count toward the first episode of each env (that episode really did last that long) but episodes
-that *finish* during decorrelation are dropped.
+A collector reports one plain ``dict`` per finished episode, ``{"Length", "Return", "NonzeroRewards",
+"DiscountedReturn"}`` (plus ``"GameScore"`` on Atari), computed from the **env's own reward** (before any collector
+transform), so ``Return`` is the score a paper would report. Fields starting with ``_`` are never logged (rlpyt's
+convention). Episodes carry their partial sums across batches; decorrelation steps count toward each env's first
+episode, but episodes that *finish* during decorrelation are dropped.
 """
 
 from __future__ import annotations
@@ -132,7 +124,8 @@ class EpisodeTracker:
         tail_stop = np.maximum(stops, tail)
         tail_len = tail_stop - tail
         self._ret += c_ret[idx, tail_stop] - c_ret[idx, tail]
-        tail_disc = np.divide(c_disc[idx, tail_stop] - c_disc[idx, tail], pows[tail], out=np.zeros(n), where=tail_len > 0)
+        tail_sum = c_disc[idx, tail_stop] - c_disc[idx, tail]
+        tail_disc = np.divide(tail_sum, pows[tail], out=np.zeros(n), where=tail_len > 0)
         self._disc_ret += self._disc_pow * tail_disc
         self._disc_pow *= pows[tail_len]
         self._len += tail_len
@@ -182,20 +175,6 @@ class EpisodeTracker:
             self._ret[i], self._disc_ret[i], self._disc_pow[i] = ret, disc, disc_pow
             self._len[i], self._nonzero[i] = length, nonzero
         return out
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Partial sums of the running episodes (for checkpoints at batch boundaries)."""
-        return {
-            "ret": self._ret.copy(),
-            "disc_ret": self._disc_ret.copy(),
-            "disc_pow": self._disc_pow.copy(),
-            "len": self._len.copy(),
-            "nonzero": self._nonzero.copy(),
-        }
-
-    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        for name in ("ret", "disc_ret", "disc_pow", "len", "nonzero"):
-            getattr(self, f"_{name}")[:] = state[name]
 
 
 def pack_entries(entries: list[tuple[int, int, dict[str, float]]]) -> tuple[tuple[str, ...], np.ndarray]:

@@ -65,14 +65,8 @@ class StepTransform:
             out = self.transform._reset(TensorDict(batch_size=n), TensorDict({"observation": obs}, n))
         return out.get("observation").numpy()
 
-    def step(
-        self,
-        raw_next_obs: np.ndarray,
-        raw_reward: np.ndarray,
-        done: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def step(self, raw_next_obs: np.ndarray, raw_reward: np.ndarray, done: np.ndarray, terminated: np.ndarray,
+            truncated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Transformed ``(next_observation [n, ...], reward [n])`` of one step."""
         n = torch.Size([raw_next_obs.shape[0]])
         next_td = TensorDict(

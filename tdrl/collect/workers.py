@@ -1,17 +1,12 @@
-"""Worker processes for the parallel collectors, and their supervision.
+"""Worker processes of the parallel and action-server engines, and their supervision.
 
-Workers are started with the ``spawn`` method (safe with torch threads, same behaviour on every OS). Each owns
-a contiguous slice of envs and talks to the main process through:
-
-* a duplex ``Pipe`` for per-batch commands and replies (``("collect", ...)`` → ``("done", episodes)``), and for
-  errors: a worker that raises sends ``("error", traceback_text)`` and exits;
-* shared-memory TensorDicts (the ``[B]`` step buffer and the ``[B, T]`` batch) that it writes directly;
-* for the action server, two semaphores per worker for the per-step handshake.
-
-Supervision: the main process waits with ``multiprocessing.connection.wait`` on the pipes *and* the process
-sentinels, so a worker killed by a signal is noticed at once; per-step semaphore waits time out every
-``POLL_S`` seconds to check liveness. Workers poll their parent the same way and exit when it is gone, so no
-worker outlives the main process. :meth:`WorkerPool.shutdown` is idempotent and also runs at interpreter exit.
+Each worker owns a contiguous slice of envs and talks to the main process through a duplex ``Pipe`` (per-batch
+commands and replies; a worker that raises sends ``("error", traceback)`` and exits), shared-memory TensorDicts
+it writes directly (the ``[B]`` step arrays and the ``[B, T]`` batch) and, for the action server, two semaphores
+per worker for the per-step handshake. The main process waits on the pipes *and* the process sentinels, so a
+killed worker is noticed at once; semaphore waits time out every ``POLL_S`` seconds to check liveness. Workers
+poll their parent the same way and exit when it is gone. :meth:`WorkerPool.shutdown` is idempotent and also runs
+at interpreter exit.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -33,39 +28,44 @@ import torch.multiprocessing as mp
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
-from tdrl.collect.common import CollectorError
+from tdrl.collect.common import CollectorError, sorted_infos
+from tdrl.collect.runner import SliceSettings
 from tdrl.collect.stepping import env_seed
-from tdrl.collect.traj_info import pack_entries
+from tdrl.collect.traj_info import pack_entries, unpack_entries
 
-__all__ = ["WorkerSpec", "WorkerPool", "POLL_S"]
+__all__ = ["POLL_S", "WorkerPool", "WorkerSpec", "get_context", "worker_specs"]
 
 POLL_S = 0.25  # how often blocked waits check that the other side is alive
 
 
 @dataclass
 class WorkerSpec:
-    """Everything a worker needs (pickled once at spawn)."""
+    """Everything a worker needs (pickled once at start; shared-memory tensors stay shared)."""
 
     rank: int
     lo: int
     hi: int
-    env_factory: Callable[..., Any]
+    settings: SliceSettings
     step_td: TensorDictBase
     batch: TensorDictBase
-    seed: int
-    wait_reset: bool
-    discount: float
-    game_score: bool
-    max_decorrelation_steps: int
     policy: TensorDictModuleBase | None = None
-    shared_weights: list[torch.Tensor] | None = None
-    exploration_type: InteractionType = InteractionType.RANDOM
-    fast_policy: bool = True
-    transform: Any = None
+    exploration: InteractionType = InteractionType.RANDOM
+    compile: bool = False
     obs_ready: Any = None
     actions_ready: Any = None
     spin_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def worker_specs(settings: SliceSettings, n_procs: int, step_td: TensorDictBase, batch: TensorDictBase,
+                 **kwargs: Any) -> list[WorkerSpec]:
+    """One spec per worker, each over ``B / n_procs`` contiguous envs; ``kwargs`` are per-worker lists
+    (``obs_ready``, ``actions_ready``) or shared values."""
+    per = int(batch.batch_size[0]) // n_procs
+    return [
+        WorkerSpec(w, w * per, (w + 1) * per, settings, step_td, batch,
+                   **{k: v[w] if isinstance(v, list) else v for k, v in kwargs.items()})
+        for w in range(n_procs)
+    ]
 
 
 def _signal_name(code: int | None) -> str:
@@ -120,56 +120,27 @@ class _ParentWatch:
 
 def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of a worker process: build the slice, then serve commands until ``close``."""
-    from tdrl.collect.policy import module_tensors
-    from tdrl.collect.runner import (
-        SliceRunner,  # imported here: spawn children import as little as possible
-    )
+    from tdrl.collect.runner import SliceRunner  # imported here: spawn children import as little as possible
 
     torch.set_num_threads(1)
     watch = _ParentWatch(conn)
     runner = None
     try:
-        torch.manual_seed(env_seed(spec.seed, 1_000_000 + spec.rank))
+        torch.manual_seed(env_seed(spec.settings.seed, 1_000_000 + spec.rank))
         # The step arrays are written env by env; keep them private to this worker (neighbouring workers' rows
         # share cache lines) except what the action server reads: the observation and is_init.
         step_td = spec.step_td.clone()
         if spec.obs_ready is not None:
             for key in ("observation", "is_init"):
                 step_td.set(key, spec.step_td.get(key))
-        runner = SliceRunner(
-            spec.env_factory,
-            spec.lo,
-            spec.hi,
-            step_td,
-            spec.batch,
-            spec.policy,
-            seed=spec.seed,
-            wait_reset=spec.wait_reset,
-            discount=spec.discount,
-            game_score=spec.game_score,
-            max_decorrelation_steps=spec.max_decorrelation_steps,
-            exploration_type=spec.exploration_type,
-            fast_policy=spec.fast_policy,
-            transform=spec.transform,
-        )
-        local_weights = (
-            module_tensors(spec.policy) if spec.policy is not None and spec.shared_weights is not None else None
-        )
-        version = -1
+        runner = SliceRunner(spec.settings, spec.lo, spec.hi, step_td, spec.batch, spec.policy, spec.exploration,
+                             spec.compile)
         conn.send(("ready", os.getpid()))
         while True:
             cmd = watch.recv(conn)
             kind = cmd[0]
             if kind == "collect":
-                _, new_version, exploration = cmd
-                if local_weights is not None and new_version != version:
-                    with torch.no_grad():
-                        for local, shared in zip(local_weights, spec.shared_weights, strict=True):
-                            local.copy_(shared)
-                    version = new_version
-                if runner.policy_step is not None and exploration is not None:
-                    runner.policy_step.exploration_type = exploration
-                conn.send(("done", pack_entries(runner.run_batch())))
+                conn.send(("done", pack_entries(runner.run_batch(cmd[1]))))
                 runner.finish_batch()
             elif kind == "serve":
                 wait = functools.partial(watch.acquire, spin_s=spec.spin_s)
@@ -228,7 +199,7 @@ class WorkerPool:
     def __init__(
         self, specs: Sequence[WorkerSpec], start_timeout: float = 120.0, start_method: str | None = None
     ) -> None:
-        self._closed = False
+        self.closed = False
         self.procs: list[Any] = []
         self.conns: list[Connection] = []
         self._pending: dict[int, list[Any]] = {}
@@ -252,6 +223,22 @@ class WorkerPool:
     @property
     def n(self) -> int:
         return len(self.procs)
+
+    def run_batch(self, command: tuple, serve: Callable[[], None] | None = None) -> list[dict[str, float]]:
+        """Send ``command`` to every worker, run ``serve`` (the action server's per-step loop) meanwhile, and return
+        the episodes the workers finished, in (step, env) order. Any failure or interruption mid-batch leaves the
+        workers out of step with this process: they are stopped before the error propagates."""
+        if self.closed:
+            raise RuntimeError("collector is shut down")
+        try:
+            self.send(command)
+            if serve is not None:
+                serve()
+            replies = self.gather("done")
+        except BaseException:
+            self.shutdown()
+            raise
+        return sorted_infos([entry for reply in replies for entry in unpack_entries(reply[1])])
 
     def send(self, message: tuple, ranks: Sequence[int] | None = None) -> None:
         for rank in range(self.n) if ranks is None else ranks:
@@ -342,9 +329,9 @@ class WorkerPool:
 
     def shutdown(self, timeout: float = 2.0) -> None:
         """Ask workers to exit, then terminate/kill stragglers; idempotent."""
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         _POOLS.discard(self)
         for conn, proc in zip(self.conns, self.procs, strict=True):
             if proc.is_alive():

@@ -1,34 +1,26 @@
-"""Models: plain torsos (``nets``, ``conv``), actor-critic factories (``policies``), Q-models (``q``), exploration."""
+"""Models: plain torsos (``nets``, ``conv``), actor-critic factories (``policies``), Q-models (``q``), exploration,
+and the acting contract collectors call (``acting``)."""
 
+from tdrl.models.acting import Acting, ActingSequential, ObservationModule, ProbabilisticPolicy
 from tdrl.models.conv import AtariConv
-from tdrl.models.exploration import EpsilonGreedy, make_gaussian_noise
+from tdrl.models.exploration import EpsilonGreedy, GaussianNoise, make_gaussian_noise
 from tdrl.models.nets import MLP, ObsNorm
 from tdrl.models.policies import ActorCritic, make_actor_critic, make_recurrent_actor_critic
 from tdrl.models.q import (
     DuelingHead,
+    QActor,
     QNetwork,
+    TwinQ,
     make_deterministic_actor,
     make_q_actor,
     make_q_critic,
     make_tanh_gaussian_actor,
+    make_twin_q,
 )
 
 __all__ = [
-    "MLP",
-    "ActorCritic",
-    "AtariConv",
-    "DuelingHead",
-    "EpsilonGreedy",
-    "ObsNorm",
-    "QNetwork",
-    "make_actor_critic",
-    "make_deterministic_actor",
-    "make_gaussian_noise",
-    "make_q_actor",
-    "make_q_critic",
-    "make_recurrent_actor_critic",
-    "make_tanh_gaussian_actor",
+    "MLP", "Acting", "ActingSequential", "ActorCritic", "AtariConv", "DuelingHead", "EpsilonGreedy", "GaussianNoise",
+    "ObsNorm", "ObservationModule", "ProbabilisticPolicy", "QActor", "QNetwork", "TwinQ", "make_actor_critic",
+    "make_deterministic_actor", "make_gaussian_noise", "make_q_actor", "make_q_critic", "make_recurrent_actor_critic",
+    "make_tanh_gaussian_actor", "make_twin_q",
 ]
-from tdrl.models.q import TwinQ, make_twin_q  # noqa: E402
-
-__all__ += ["TwinQ", "make_twin_q"]

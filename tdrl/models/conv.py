@@ -16,32 +16,15 @@ __all__ = ["AtariConv"]
 
 
 class AtariConv(nn.Module):
-    """Conv stack for stacked Atari frames; accepts any leading batch dims.
+    """Conv stack for stacked Atari frames (Nature DQN sizes by default), any leading batch dims.
 
-    Args:
-        image_shape: ``(C, H, W)`` of one observation (e.g. ``(4, 84, 84)`` for four stacked grey frames).
-        channels: output channels per conv layer (Nature DQN: 32, 64, 64).
-        kernel_sizes: kernel size per layer.
-        strides: stride per layer.
-        paddings: padding per layer (default 0).
-
-    Input ``[*batch, C, H, W]`` uint8 (float inputs are taken as already scaled); output
-    ``[*batch, output_size]`` float32.
-
-    Examples:
-        >>> torso = AtariConv((4, 84, 84))
-        >>> torso(torch.zeros(2, 3, 4, 84, 84, dtype=torch.uint8)).shape
-        torch.Size([2, 3, 3136])
+    Input ``[*batch, C, H, W]`` uint8 (float inputs are taken as already scaled), ``image_shape = (C, H, W)``;
+    output ``[*batch, output_size]`` float32.
     """
 
-    def __init__(
-        self,
-        image_shape: Sequence[int],
-        channels: Sequence[int] = (32, 64, 64),
-        kernel_sizes: Sequence[int] = (8, 4, 3),
-        strides: Sequence[int] = (4, 2, 1),
-        paddings: Sequence[int] | None = None,
-    ) -> None:
+    def __init__(self, image_shape: Sequence[int], channels: Sequence[int] = (32, 64, 64),
+            kernel_sizes: Sequence[int] = (8, 4, 3), strides: Sequence[int] = (4, 2, 1),
+            paddings: Sequence[int] | None = None) -> None:
         super().__init__()
         if len(image_shape) != 3:
             raise ValueError(f"image_shape must be (C, H, W), got {tuple(image_shape)}")

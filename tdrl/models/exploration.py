@@ -1,21 +1,11 @@
-"""Exploration for the Q-learning families: epsilon-greedy (linear annealing, per-env vector epsilon) and
-additive Gaussian action noise.
+"""Exploration for the Q-learning families: epsilon-greedy and Gaussian action noise, both acting on tensors too.
 
-Both follow TorchRL's exploration convention: they act under ``ExplorationType.RANDOM`` (the default while
-collecting) and step aside under ``set_exploration_type(ExplorationType.DETERMINISTIC)`` (evaluation), so an
-eval collector needs no second policy.
-
-:class:`EpsilonGreedy` is tdrl's own because TorchRL's ``EGreedyModule`` has a scalar epsilon only, starts
-annealing at frame 0 and anneals with a Python loop over frames. rlpyt semantics kept here:
-
-* epsilon stays at ``eps_init`` until ``start_frames`` (usually ``min_steps_learn``), then falls linearly to
-  ``eps_final`` at ``end_frames``;
-* vector epsilon (Ape-X, rlpyt's ``eps_final_min``): env ``i`` of ``n_envs`` anneals to its own final value,
-  log-spaced between ``eps_final_min`` and ``eps_final``;
-* evaluation uses ``eps_eval`` (rlpyt: 0.001), not zero, so a deterministic policy cannot loop forever.
-
-Gaussian noise is TorchRL's ``AdditiveGaussianModule`` (it fits), built by :func:`make_gaussian_noise` with the
-noise scaled to the action box.
+Both follow TorchRL's convention: they explore under ``ExplorationType.RANDOM`` and step aside under any other
+type (evaluation), so an evaluator needs no second policy. :class:`EpsilonGreedy` is tdrl's own because TorchRL's
+``EGreedyModule`` has a scalar epsilon only and anneals from frame 0; rlpyt's semantics are kept: ``eps_init`` until
+``start_frames``, then linear to ``eps_final`` at ``end_frames``; vector epsilon (Ape-X, ``eps_final_min``:
+per-env final values log-spaced up to ``eps_final``); evaluation with ``eps_eval`` (0.001, so a deterministic policy
+cannot loop forever).
 """
 
 from __future__ import annotations
@@ -27,9 +17,12 @@ from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from tensordict.utils import NestedKey
 from torchrl.envs.utils import ExplorationType, exploration_type
-from torchrl.modules import AdditiveGaussianModule
 
-__all__ = ["EpsilonGreedy", "linear_epsilon", "make_gaussian_noise", "vector_epsilon"]
+from tdrl.models.acting import Inputs, Outputs
+
+__all__ = ["EpsilonGreedy", "GaussianNoise", "linear_epsilon", "make_gaussian_noise", "vector_epsilon"]
+
+ENV_INDEX_KEY = ("collector", "env_index")
 
 
 def vector_epsilon(n_envs: int, eps_final: float, eps_final_min: float | None) -> torch.Tensor:
@@ -58,97 +51,52 @@ def linear_epsilon(
 
 
 class EpsilonGreedy(TensorDictModuleBase):
-    """Replace the greedy ``action`` by a uniform random action with probability epsilon, per env.
+    """Replace the greedy ``action`` by a uniform random action with probability epsilon, per env; append it to a
+    greedy Q actor: ``ActingSequential(q_actor, EpsilonGreedy(n_actions, ...))``.
 
-    Append it after a greedy Q actor: ``TensorDictSequential(q_actor, EpsilonGreedy(n_actions, ...))``.
-
-    Args:
-        n_actions: number of discrete actions (actions are int64 indices).
-        eps_init: epsilon before ``start_frames``.
-        eps_final: final epsilon (the largest final value when ``eps_final_min`` is set).
-        eps_final_min: smallest per-env final epsilon (vector epsilon); None for one shared epsilon.
-        n_envs: number of envs the module acts for; the batch's last dim must equal it when vector epsilon is on.
-        start_frames: env frames before annealing starts (rlpyt: ``min_steps_learn``).
-        end_frames: env frames at which epsilon reaches its final value (rlpyt: ``eps_steps``).
-        eps_eval: epsilon under ``ExplorationType.DETERMINISTIC`` / ``MODE`` (evaluation).
-        action_key: key of the greedy action (read and overwritten).
-
-    in_keys: ``action`` (int64 ``[*batch]``); out_keys: ``action``.
-
-    Epsilon lives in a buffer (``eps``), so it travels with ``state_dict()``/weight syncs to collector copies;
-    :meth:`set_frames` moves it along the schedule.
-
-    Examples:
-        >>> from tensordict import TensorDict
-        >>> greedy = EpsilonGreedy(3, eps_init=1.0, eps_final=0.1, eps_final_min=0.01, n_envs=4, end_frames=100)
-        >>> greedy.set_frames(100)
-        >>> greedy.eps
-        tensor([0.0100, 0.0215, 0.0464, 0.1000])
-        >>> greedy(TensorDict(action=torch.zeros(4, dtype=torch.long), batch_size=[4]))["action"].shape
-        torch.Size([4])
+    Epsilon is ``eps_init`` until ``start_frames`` (rlpyt's ``min_steps_learn``), then linear to ``eps_final`` at
+    ``end_frames``; with ``eps_final_min``, env ``i`` of ``n_envs`` anneals to its own final value (vector epsilon), and
+    the module also reads ``("collector", "env_index")`` (tdrl's collectors provide it) so a worker's copy acting for a
+    slice of the envs uses their epsilons. ``eps_eval`` applies under any exploration type but RANDOM. Epsilon lives in
+    a buffer (``eps``): it travels with ``state_dict()`` and weight syncs; :meth:`set_frames` moves it along.
     """
 
-    def __init__(
-        self,
-        n_actions: int,
-        *,
-        eps_init: float = 1.0,
-        eps_final: float = 0.01,
-        eps_final_min: float | None = None,
-        n_envs: int = 1,
-        start_frames: int = 0,
-        end_frames: int = 1_000_000,
-        eps_eval: float = 0.001,
-        action_key: NestedKey = "action",
-    ) -> None:
+    def __init__(self, n_actions: int, *, eps_init: float = 1.0, eps_final: float = 0.01,
+            eps_final_min: float | None = None, n_envs: int = 1, start_frames: int = 0, end_frames: int = 1_000_000,
+            eps_eval: float = 0.001, action_key: NestedKey = "action") -> None:
         super().__init__()
         if n_actions < 1:
             raise ValueError(f"n_actions must be >= 1, got {n_actions}")
         for name, value in (("eps_init", eps_init), ("eps_final", eps_final), ("eps_eval", eps_eval)):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
-        self.in_keys = [action_key]
+        self.vector = eps_final_min is not None
+        self.in_keys = [action_key, ENV_INDEX_KEY] if self.vector else [action_key]
         self.out_keys = [action_key]
         self.action_key = action_key
         self.n_actions = int(n_actions)
         self.start_frames, self.end_frames = int(start_frames), int(end_frames)
-        self.vector = eps_final_min is not None
         final = vector_epsilon(n_envs, eps_final, eps_final_min) if self.vector else torch.tensor(float(eps_final))
         self.register_buffer("eps_init", torch.tensor(float(eps_init)))
         self.register_buffer("eps_final", final)
         self.register_buffer("eps", torch.full_like(final, float(eps_init)))
         self.register_buffer("eps_eval", torch.tensor(float(eps_eval)))
-        self.env_ranks: slice | None = None
-
-    def set_env_ranks(self, env_ranks: slice | range | None) -> None:
-        """Act for envs ``env_ranks`` of the ``n_envs`` only (rlpyt's ``collector_initialize(global_B, env_ranks)``).
-
-        A collector worker stepping a slice of the envs with its own copy of the policy calls this, so the copy
-        uses its envs' epsilons. The ``eps`` buffer keeps all ``n_envs`` values, so weight syncs still fit.
-        """
-        if isinstance(env_ranks, range):
-            if env_ranks.step != 1:
-                raise ValueError(f"env_ranks must be contiguous, got {env_ranks}")
-            env_ranks = slice(env_ranks.start, env_ranks.stop)
-        self.env_ranks = env_ranks
 
     def set_frames(self, frames: int) -> None:
         """Set epsilon to its scheduled value after ``frames`` env frames (call once per iteration)."""
         self.eps.copy_(linear_epsilon(frames, self.eps_init, self.eps_final, self.start_frames, self.end_frames))
 
-    def explore(self, action: torch.Tensor) -> torch.Tensor:
-        """``action`` with each entry replaced by a uniform random action with probability epsilon (the tensor-level
-        step of :meth:`forward`; collectors call it directly, skipping the TensorDict)."""
-        mode = exploration_type()
-        eps = self.eps if mode in (ExplorationType.RANDOM, None) else self.eps_eval
-        if eps.ndim and self.env_ranks is not None:
-            eps = eps[self.env_ranks]
+    def explore(self, action: torch.Tensor, deterministic: bool, env_index: torch.Tensor | None = None) -> torch.Tensor:
+        """``action`` with each entry replaced by a uniform random action with probability epsilon (``eps_eval``
+        when ``deterministic``); ``env_index`` picks the envs' epsilons from a vector."""
+        eps = self.eps_eval if deterministic else self.eps
+        if eps.ndim and env_index is not None:
+            eps = eps[env_index]
         shape = action.shape
         if eps.ndim and (not shape or shape[-1] != eps.shape[-1]):
             raise ValueError(
-                f"vector epsilon is set for {eps.shape[-1]} envs but the action batch is {tuple(shape)}: "
-                "build EpsilonGreedy with n_envs equal to the number of envs this policy steps, or call "
-                "set_env_ranks() on a copy that steps a slice of them"
+                f"vector epsilon is set for {eps.shape[-1]} envs but the action batch is {tuple(shape)}: build "
+                "EpsilonGreedy with n_envs equal to the number of envs, or pass ('collector', 'env_index')"
             )
         explore = torch.rand(shape, device=action.device) < eps.to(action.device)
         if explore.any():
@@ -157,40 +105,53 @@ class EpsilonGreedy(TensorDictModuleBase):
         return action
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        action = tensordict.get(self.action_key)
-        explored = self.explore(action)
-        if explored is not action:
-            tensordict.set(self.action_key, explored)
-        return tensordict
+        action = self.explore(tensordict.get(self.action_key), _deterministic(), tensordict.get(ENV_INDEX_KEY, None))
+        return tensordict.set(self.action_key, action)
+
+    def act(self, observation: torch.Tensor, inputs: Inputs, *, deterministic: bool) -> Outputs:
+        return {self.action_key: self.explore(inputs[self.action_key], deterministic, inputs.get(ENV_INDEX_KEY))}
 
 
-def make_gaussian_noise(specs, *, std: float = 0.1, action_key: NestedKey = "action") -> AdditiveGaussianModule:
+def _deterministic() -> bool:
+    """Whether TorchRL's current exploration type turns exploration off (anything but RANDOM)."""
+    return exploration_type() not in (ExplorationType.RANDOM, None)
+
+
+class GaussianNoise(TensorDictModuleBase):
+    """Adds ``N(0, std)`` noise (``std`` per action dimension, in action units) to ``action`` and clamps it into
+    ``[low, high]``, under RANDOM exploration only.
+    """
+
+    def __init__(self, std: torch.Tensor, low: torch.Tensor, high: torch.Tensor, action_key: NestedKey = "action"):
+        super().__init__()
+        self.in_keys, self.out_keys, self.action_key = [action_key], [action_key], action_key
+        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32))
+        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
+
+    def add_noise(self, action: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        if deterministic:
+            return action
+        return torch.clamp(action + torch.randn_like(action) * self.std, self.low, self.high)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return tensordict.set(self.action_key, self.add_noise(tensordict.get(self.action_key), _deterministic()))
+
+    def act(self, observation: torch.Tensor, inputs: Inputs, *, deterministic: bool) -> Outputs:
+        return {self.action_key: self.add_noise(inputs[self.action_key], deterministic)}
+
+
+def make_gaussian_noise(specs, *, std: float = 0.1, action_key: NestedKey = "action") -> GaussianNoise:
     """Additive Gaussian exploration noise for deterministic policies (DDPG, TD3), clipped to the action box.
 
-    The noise standard deviation is ``std`` times the half-width of the action box, so ``std=0.1`` means
-    10 % of the range whatever the env's units (rlpyt's ``action_std`` on a [-1, 1] box; SB3's ``NormalActionNoise``
-    on its rescaled actions). Constant over training, as in rlpyt and the TD3 paper.
-
-    Args:
-        specs: env specs (bounded continuous action space).
-        std: noise std relative to the half-width of the action box.
-        action_key: key of the action to perturb.
-
-    Returns:
-        TorchRL's ``AdditiveGaussianModule`` (active under ``ExplorationType.RANDOM`` only).
+    The noise std is ``std`` times the half-width of the action box, so ``std=0.1`` means 10 % of the range
+    whatever the env's units (rlpyt's ``action_std`` on a [-1, 1] box; SB3's ``NormalActionNoise``), constant over
+    training as in rlpyt and the TD3 paper.
     """
     spec = specs.action_spec
     if not spec.dtype.is_floating_point or not hasattr(spec.space, "low"):
         raise ValueError(
             f"Gaussian action noise needs a bounded continuous action space, got {type(spec).__name__}"
         )
-    half_range = ((spec.space.high - spec.space.low) / 2).float()
-    return AdditiveGaussianModule(
-        spec,
-        sigma_init=float(std),
-        sigma_end=float(std),
-        annealing_num_steps=1,
-        mean=0.0,
-        std=half_range.tolist(),
-        action_key=action_key,
-    )
+    low, high = spec.space.low.float(), spec.space.high.float()
+    return GaussianNoise(std * (high - low) / 2, low, high, action_key)

@@ -1,13 +1,7 @@
-"""Plain ``nn.Module`` torsos: no TensorDict keys, no specs (those live in :mod:`tdrl.models.policies`).
-
-* :class:`MLP`: fully connected layers with orthogonal initialisation (the standard for policy gradients: hidden
-  gain √2, a small gain on a policy head so the initial policy is near uniform, 1 on a value head).
-* :class:`ObsNorm`: running mean/variance observation normaliser kept *inside* the model, as rlpyt's
-  ``MujocoFfModel(normalize_observation=True)`` does: its statistics are buffers, so they travel with the
-  weights to collector workers and into checkpoints, and the policy sees the same normalisation everywhere.
-
-Recurrent cores are TorchRL's ``LSTMModule`` (it handles ``is_init`` resets, stored initial states and
-``[B, T]`` sequences); :func:`tdrl.models.policies.make_recurrent_actor_critic` builds one.
+"""Plain ``nn.Module`` torsos (no TensorDict keys, no specs): :class:`MLP` with orthogonal initialisation (hidden
+gain √2, a small gain on a policy head so the initial policy is near uniform) and :class:`ObsNorm`, a running
+observation normaliser kept inside the model (rlpyt's ``normalize_observation``) so its statistics travel with the
+weights to collector workers and checkpoints.
 """
 
 from __future__ import annotations
@@ -17,10 +11,12 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 __all__ = ["MLP", "ObsNorm", "activation_class"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
+_FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "elu": F.elu, "silu": F.silu}
 
 
 def activation_class(name: str) -> type[nn.Module]:
@@ -32,28 +28,16 @@ def activation_class(name: str) -> type[nn.Module]:
 
 
 class MLP(nn.Sequential):
-    """Linear layers with an activation between them; orthogonally initialised, zero biases.
+    """Linear layers with an activation (``tanh``, ``relu``, ``elu``, ``silu``) between them; orthogonally
+    initialised, zero biases. ``out_features=None`` ends with the last hidden layer and its activation (a torso);
+    ``output_gain`` is the output layer's gain (0.01 for a policy head, 1.0 for a value head).
 
-    Args:
-        in_features: input size (flattened observation size).
-        out_features: output size; ``None`` ends with the last hidden layer and its activation (a torso).
-        hidden_sizes: hidden layer widths.
-        activation: ``"tanh"``, ``"relu"``, ``"elu"`` or ``"silu"``.
-        output_gain: orthogonal gain of the output layer (0.01 for a policy head, 1.0 for a value head).
-
-    Examples:
-        >>> MLP(4, 2, hidden_sizes=(64, 64))(torch.zeros(8, 4)).shape
-        torch.Size([8, 2])
+    ``forward`` runs the layers as functions (``F.linear`` and the activation): a collector calls a small MLP once
+    per step, and ``nn.Module.__call__`` per layer costs as much as the layer. Hooks on the layers are not called.
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int | None,
-        hidden_sizes: Sequence[int] = (64, 64),
-        activation: str = "tanh",
-        output_gain: float = 1.0,
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int | None, hidden_sizes: Sequence[int] = (64, 64),
+            activation: str = "tanh", output_gain: float = 1.0) -> None:
         act = activation_class(activation)
         layers: list[nn.Module] = []
         size = in_features
@@ -64,6 +48,17 @@ class MLP(nn.Sequential):
             layers.append(_init(nn.Linear(size, out_features), output_gain))
         super().__init__(*layers)
         self.out_features = out_features if out_features is not None else size
+        self.linears = [layer for layer in layers if isinstance(layer, nn.Linear)]  # the same modules, unregistered
+        self.activate_last = out_features is None
+        self.activation = _FUNCTIONS[activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = len(self.linears) - 1
+        for i, layer in enumerate(self.linears):
+            x = F.linear(x, layer.weight, layer.bias)
+            if i < last or self.activate_last:
+                x = self.activation(x)
+        return x
 
 
 def _init(layer: nn.Linear, gain: float) -> nn.Linear:
@@ -73,15 +68,9 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
 
 
 class ObsNorm(nn.Module):
-    """Normalise by running mean and variance, then clip: ``clamp((x - mean) / sqrt(var + eps), ±clip)``.
-
-    The statistics change only when :meth:`update` is called with a batch of observations (the recipe calls it
-    once per collector batch), never in ``forward``, so collection and training see identical inputs.
-
-    Args:
-        shape: observation shape (without batch dims).
-        clip: clip of the normalised value (rlpyt ``norm_obs_clip=10``).
-        eps: variance floor (rlpyt ``norm_obs_var_clip=1e-6``).
+    """Normalise by running mean and variance, then clip: ``clamp((x - mean) / sqrt(var + eps), ±clip)`` (rlpyt:
+    ``clip=10``, ``eps=1e-6``). The statistics change only in :meth:`update` (the recipe calls it once per batch),
+    never in ``forward``, so collection and training see identical inputs.
     """
 
     def __init__(self, shape: Sequence[int] | int, clip: float = 10.0, eps: float = 1e-6) -> None:

@@ -1,27 +1,16 @@
-"""Actor-critic factories for policy-gradient algorithms, built from env specs the TorchRL way.
+"""Actor-critic factories for policy-gradient algorithms, built from env specs.
 
-:func:`make_actor_critic` returns an :class:`ActorCritic` holding
+:class:`ActorCritic` holds ``actor`` (a :class:`~tdrl.models.acting.ProbabilisticPolicy` writing ``action``,
+``action_log_prob`` and its distribution parameters), ``critic`` (``observation`` -> ``state_value``), ``greedy``
+(the actor in deterministic mode, sharing its parameters, for evaluation) and ``obs_norm``. Discrete actions use a
+``Categorical`` over logits; continuous ones a Gaussian with a state-independent learned log-std (rlpyt's
+``MujocoFfModel``), ``"normal"`` or ``"tanh_normal"`` (squashed into the action bounds).
 
-* ``actor``: a TorchRL ``ProbabilisticActor`` — the collection policy and the loss's actor. It reads
-  ``observation`` and writes ``action`` and ``action_log_prob`` (TorchRL 0.14's log-prob key) plus its
-  distribution parameters (``logits``, or ``loc``/``scale``);
-* ``critic``: a ``ValueOperator`` reading ``observation`` and writing ``state_value``;
-* ``greedy``: the same actor in deterministic mode (argmax / distribution mode) for evaluation collectors; it
-  shares parameters with ``actor``;
-* ``obs_norm``: the :class:`~tdrl.models.nets.ObsNorm` both networks read through, or ``None``.
-
-Distributions: discrete actions (``Categorical`` spec) use ``torch.distributions.Categorical`` over logits;
-continuous actions use a Gaussian with a state-independent learned ``log_std`` (rlpyt's ``MujocoFfModel``,
-``init_log_std``), either ``"normal"`` (unbounded; MuJoCo clamps controls to their range) or
-``"tanh_normal"`` (squashed into the action bounds, log-prob corrected).
-
-:func:`make_recurrent_actor_critic` puts TorchRL's ``LSTMModule`` between an MLP embedding and the heads, shared
-by actor and critic (rlpyt's ``MujocoLstmModel``/``AtariLstmModel``). It reads ``is_init`` and the stored state
-``("recurrent_state", "h" | "c")`` and writes ``("next", "recurrent_state", "h" | "c")``, the convention tdrl's
-collectors follow (they keep the state per env and zero it at episode starts). Under
-``torchrl.modules.set_recurrent_mode(True)`` a ``[B, T]`` batch is replayed as B sequences starting from the
-state stored at t=0 (and reset wherever ``is_init`` marks an episode start), which is how recurrent PPO/A2C
-train on collector batches.
+:func:`make_recurrent_actor_critic` puts TorchRL's ``LSTMModule`` between an MLP embedding and the heads (rlpyt's
+``MujocoLstmModel``). It reads ``is_init`` and ``("recurrent_state", "h" | "c")`` and writes ``("next",
+"recurrent_state", "h" | "c")``, the convention tdrl's collectors follow; under
+``torchrl.modules.set_recurrent_mode(True)`` a ``[B, T]`` batch is replayed as B sequences from the state stored at
+t=0, which is how recurrent PPO/A2C train. Recurrent actors run on TensorDicts (no ``act``).
 """
 
 from __future__ import annotations
@@ -37,10 +26,10 @@ from torchrl.modules import (
     LSTMModule,
     ProbabilisticActor,
     TanhNormal,
-    ValueOperator,
 )
 
 from tdrl.envs.make import EnvSpecs
+from tdrl.models.acting import ObservationModule, ProbabilisticPolicy
 from tdrl.models.nets import MLP, ObsNorm
 
 __all__ = ["ActorCritic", "GaussianHead", "make_actor_critic", "make_recurrent_actor_critic"]
@@ -50,44 +39,23 @@ RECURRENT_KEYS = (("recurrent_state", "h"), ("recurrent_state", "c"))
 
 
 class ActorCritic(nn.Module):
-    """Container of a policy-gradient agent's modules (one ``state_dict`` for checkpoints).
-
-    Attributes:
-        actor: ``ProbabilisticActor`` sampling actions (training collection and the loss).
-        critic: value network writing ``state_value``.
-        greedy: deterministic view of ``actor`` for evaluation (shares parameters).
-        obs_norm: shared observation normaliser, or ``None``.
-        recurrent: whether the modules contain an LSTM (batches must be replayed as sequences).
-
-    Feed-forward models also expose the same computation on plain tensors, without TensorDict machinery
-    (:meth:`distribution`, :meth:`value`), which :class:`tdrl.objectives.policy_gradient.ActorCriticLoss` uses.
+    """Container of a policy-gradient agent's modules (one ``state_dict`` for checkpoints): ``actor``, ``critic``,
+    ``greedy`` (the deterministic actor, sharing its parameters), ``obs_norm`` and ``recurrent``. Feed-forward models
+    also compute on plain tensors (:meth:`distribution`, :meth:`value`) for the losses.
     """
 
-    def __init__(
-        self,
-        actor: ProbabilisticActor,
-        critic: TensorDictModule,
-        greedy: ProbabilisticActor,
-        obs_norm: ObsNorm | None,
-        recurrent: bool,
-    ) -> None:
+    def __init__(self, actor: ProbabilisticActor, critic: TensorDictModule, greedy: ProbabilisticActor,
+                 obs_norm: ObsNorm | None, recurrent: bool) -> None:
         super().__init__()
         self.actor, self.critic, self.obs_norm = actor, critic, obs_norm
         self.recurrent = recurrent
         self.__dict__["greedy"] = greedy  # not a submodule: its parameters are the actor's
 
     def distribution(self, observation: torch.Tensor) -> torch.distributions.Distribution:
-        """The actor's action distribution at ``observation`` (feed-forward models), as the actor builds it."""
+        """The actor's action distribution at ``observation`` (feed-forward models)."""
         if self.recurrent:
             raise NotImplementedError("recurrent models need their state: call .actor on a TensorDict")
-        params_module, dist_module = self.actor.module[0], self.actor.module[-1]
-        out = params_module.module(observation)
-        values = dict(zip(params_module.out_keys, out if isinstance(out, tuple) else (out,), strict=True))
-        params = {arg: values[key] for arg, key in zip(dist_module.dist_keys, dist_module.in_keys, strict=True)}
-        cls, kwargs = dist_module.distribution_class, dict(dist_module.distribution_kwargs)
-        if issubclass(cls, torch.distributions.Categorical):
-            kwargs["validate_args"] = False  # argument checks cost more than the rest of a CartPole-sized update
-        return cls(**params, **kwargs)
+        return self.actor.distribution(self.actor.params(observation))
 
     def value(self, observation: torch.Tensor) -> torch.Tensor:
         """``V(observation)`` of shape ``[..., 1]`` (feed-forward models)."""
@@ -131,26 +99,22 @@ def _resolve_distribution(specs: EnvSpecs, distribution: Distribution) -> str:
     return distribution
 
 
-def _probabilistic_actor(
-    module: TensorDictModule, specs: EnvSpecs, dist: str, interaction: InteractionType
-) -> ProbabilisticActor:
+def _probabilistic_actor(net: nn.Module, specs: EnvSpecs, dist: str, interaction: InteractionType,
+                        recurrent: bool = False) -> ProbabilisticActor:
+    """A :class:`ProbabilisticPolicy` over ``net`` (it acts on tensors); over a recurrent TensorDict module, TorchRL's
+    ``ProbabilisticActor`` (collectors run it on TensorDicts)."""
     if dist == "categorical":
-        in_keys, cls, kwargs = ["logits"], torch.distributions.Categorical, {}
+        keys, cls, kwargs = ["logits"], torch.distributions.Categorical, {}
     elif dist == "normal":
-        in_keys, cls, kwargs = ["loc", "scale"], IndependentNormal, {}
+        keys, cls, kwargs = ["loc", "scale"], IndependentNormal, {}
     else:
-        spec = specs.action_spec
-        in_keys, cls = ["loc", "scale"], TanhNormal
-        kwargs = {"low": spec.space.low, "high": spec.space.high}
-    return ProbabilisticActor(
-        module,
-        in_keys=in_keys,
-        spec=specs.action_spec,
-        distribution_class=cls,
-        distribution_kwargs=kwargs,
-        return_log_prob=True,
-        default_interaction_type=interaction,
-    )
+        keys, cls = ["loc", "scale"], TanhNormal
+        kwargs = {"low": specs.action_spec.space.low, "high": specs.action_spec.space.high}
+    if recurrent:
+        return ProbabilisticActor(net, in_keys=keys, spec=specs.action_spec, distribution_class=cls,
+                                  distribution_kwargs=kwargs, return_log_prob=True,
+                                  default_interaction_type=interaction)
+    return ProbabilisticPolicy(net, keys, specs.action_spec, cls, kwargs, default_interaction_type=interaction)
 
 
 def _policy_head(in_features: int, specs: EnvSpecs, dist: str, hidden: Sequence[int], activation: str,
@@ -161,70 +125,36 @@ def _policy_head(in_features: int, specs: EnvSpecs, dist: str, hidden: Sequence[
     return GaussianHead(loc_net, specs.n_actions, init_log_std), ["loc", "scale"]
 
 
-def make_actor_critic(
-    specs: EnvSpecs,
-    *,
-    hidden_sizes: Sequence[int] = (64, 64),
-    activation: str = "tanh",
-    distribution: Distribution = "auto",
-    init_log_std: float = 0.0,
-    normalize_observation: bool = False,
-    norm_obs_clip: float = 10.0,
-) -> ActorCritic:
-    """Feed-forward actor and critic MLPs (separate networks) for flat observations.
+def make_actor_critic(specs: EnvSpecs, *, hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh",
+        distribution: Distribution = "auto", init_log_std: float = 0.0, normalize_observation: bool = False,
+        norm_obs_clip: float = 10.0) -> ActorCritic:
+    """Feed-forward actor and critic MLPs (separate networks, ``hidden_sizes`` each) for flat observations.
 
-    Args:
-        specs: the env's specs (``EnvFactory.specs()``).
-        hidden_sizes: hidden widths of both MLPs.
-        activation: ``tanh`` (default, as rlpyt/SB3 for PPO), ``relu``, ``elu`` or ``silu``.
-        distribution: ``auto`` (categorical for discrete, tanh_normal for continuous) or an explicit one;
-            one that does not fit the action space raises.
-        init_log_std: initial log standard deviation of Gaussian policies.
-        normalize_observation: read observations through a shared running :class:`ObsNorm`.
-        norm_obs_clip: clip of normalised observations.
+    ``distribution``: ``auto`` (categorical for discrete, tanh_normal for continuous actions) or an explicit one that
+    fits the action space; ``init_log_std`` of Gaussian policies; ``normalize_observation`` reads observations through
+    a shared running :class:`ObsNorm` clipped at ``norm_obs_clip``.
 
     Raises:
         ValueError: image or multi-dimensional observations, or a distribution that does not fit the actions.
-
-    Examples:
-        >>> from tdrl.envs import EnvFactory
-        >>> ac = make_actor_critic(EnvFactory("CartPole-v1").specs())
-        >>> from tensordict import TensorDict
-        >>> ac.actor(TensorDict({"observation": torch.zeros(3, 4)}, [3]))["action"].shape
-        torch.Size([3])
     """
     obs_size = _obs_size(specs)
     dist = _resolve_distribution(specs, distribution)
     obs_norm = ObsNorm(obs_size, clip=norm_obs_clip) if normalize_observation else None
     pre = [obs_norm] if obs_norm is not None else []
-    head, head_keys = _policy_head(obs_size, specs, dist, hidden_sizes, activation, init_log_std)
-    policy_module = TensorDictModule(nn.Sequential(*pre, head) if pre else head, ["observation"], head_keys)
+    head, _ = _policy_head(obs_size, specs, dist, hidden_sizes, activation, init_log_std)
+    policy_net = nn.Sequential(*pre, head) if pre else head
     value_net = MLP(obs_size, 1, hidden_sizes, activation, output_gain=1.0)
-    critic = ValueOperator(nn.Sequential(*pre, value_net) if pre else value_net, in_keys=["observation"])
-    actor = _probabilistic_actor(policy_module, specs, dist, InteractionType.RANDOM)
-    greedy = _probabilistic_actor(policy_module, specs, dist, InteractionType.DETERMINISTIC)
+    critic = ObservationModule(nn.Sequential(*pre, value_net) if pre else value_net, "state_value")
+    actor = _probabilistic_actor(policy_net, specs, dist, InteractionType.RANDOM)
+    greedy = _probabilistic_actor(policy_net, specs, dist, InteractionType.DETERMINISTIC)
     return ActorCritic(actor, critic, greedy, obs_norm, recurrent=False)
 
 
-def make_recurrent_actor_critic(
-    specs: EnvSpecs,
-    *,
-    hidden_sizes: Sequence[int] = (64,),
-    lstm_size: int = 64,
-    activation: str = "tanh",
-    distribution: Distribution = "auto",
-    init_log_std: float = 0.0,
-    normalize_observation: bool = False,
-    norm_obs_clip: float = 10.0,
-) -> ActorCritic:
-    """MLP embedding → LSTM core (shared) → policy and value heads, with stored recurrent state.
-
-    Args:
-        specs: the env's specs.
-        hidden_sizes: widths of the embedding MLP before the LSTM.
-        lstm_size: LSTM hidden size.
-        activation, distribution, init_log_std, normalize_observation, norm_obs_clip: as
-            :func:`make_actor_critic`.
+def make_recurrent_actor_critic(specs: EnvSpecs, *, hidden_sizes: Sequence[int] = (64,), lstm_size: int = 64,
+        activation: str = "tanh", distribution: Distribution = "auto", init_log_std: float = 0.0,
+        normalize_observation: bool = False, norm_obs_clip: float = 10.0) -> ActorCritic:
+    """MLP embedding (``hidden_sizes``) -> LSTM core (``lstm_size``, shared) -> policy and value heads, with stored
+    recurrent state; other arguments as :func:`make_actor_critic`.
     """
     obs_size = _obs_size(specs)
     dist = _resolve_distribution(specs, distribution)
@@ -242,6 +172,6 @@ def make_recurrent_actor_critic(
     policy_module = TensorDictSequential(embed, core, TensorDictModule(head, ["features"], head_keys))
     value_head = TensorDictModule(MLP(lstm_size, 1, (), activation, output_gain=1.0), ["features"], ["state_value"])
     critic = TensorDictSequential(embed, core, value_head)
-    actor = _probabilistic_actor(policy_module, specs, dist, InteractionType.RANDOM)
-    greedy = _probabilistic_actor(policy_module, specs, dist, InteractionType.DETERMINISTIC)
+    actor = _probabilistic_actor(policy_module, specs, dist, InteractionType.RANDOM, recurrent=True)
+    greedy = _probabilistic_actor(policy_module, specs, dist, InteractionType.DETERMINISTIC, recurrent=True)
     return ActorCritic(actor, critic, greedy, obs_norm, recurrent=True)

@@ -1,24 +1,11 @@
 """Q-networks and the actors/critics of the Q-learning families (DQN, C51, DDPG, TD3, SAC).
 
-Plain ``nn.Module`` networks (:class:`QNetwork`, :class:`DuelingHead`, :class:`StateActionValue`,
-:class:`ScaledTanh`) plus ``make_*`` factories that wrap them in the TorchRL modules TorchRL's losses expect:
-
-============================  =============================================  ==========================================
-factory                       in_keys -> out_keys                            used by
-============================  =============================================  ==========================================
-:func:`make_q_actor`          ``observation`` -> ``action``,                 ``DQNLoss`` (QValueActor) or
-                              ``action_value`` (+ ``chosen_action_value``)   ``DistributionalDQNLoss`` (C51)
-:func:`make_q_critic`         ``observation``, ``action`` ->                 ``DDPGLoss``, ``TD3Loss``, ``SACLoss``
-                              ``state_action_value``
-:func:`make_deterministic_    ``observation`` -> ``action`` (in bounds)      ``DDPGLoss``, ``TD3Loss``
-actor`
-:func:`make_tanh_gaussian_    ``observation`` -> ``loc``, ``scale``,         ``SACLoss``
-actor`                        ``action`` (TanhNormal sample, in bounds)
-============================  =============================================  ==========================================
-
-For C51 ``action_value`` holds log-probabilities ``[*batch, n_atoms, n_actions]`` (TorchRL's layout: atoms
-before actions). Image observations (uint8 ``[C, H, W]``) get the :class:`~tdrl.models.conv.AtariConv` torso and
-are scaled inside the model; vector observations get an MLP torso.
+Plain ``nn.Module`` networks plus ``make_*`` factories wrapping them in the TorchRL modules TorchRL's losses expect:
+:func:`make_q_actor` (``observation`` -> ``action``, ``action_value``, ``chosen_action_value``; C51's
+``action_value`` holds log-probabilities ``[*batch, n_atoms, n_actions]``), :func:`make_q_critic` (``observation``,
+``action`` -> ``state_action_value``), :func:`make_deterministic_actor` (``observation`` -> ``action``) and
+:func:`make_tanh_gaussian_actor` (``observation`` -> ``loc``, ``scale``, ``action``). Image observations (uint8
+``[C, H, W]``) get the :class:`~tdrl.models.conv.AtariConv` torso; vector observations an MLP torso.
 """
 
 from __future__ import annotations
@@ -27,23 +14,24 @@ from collections.abc import Sequence
 from typing import Literal
 
 import torch
-from tensordict.nn import NormalParamExtractor, TensorDictModule
+from tensordict.nn import NormalParamExtractor
 from torch import nn
 from torchrl.data import Bounded, Categorical, OneHot, TensorSpec
 from torchrl.modules import (
     MLP,
     DistributionalQValueActor,
-    ProbabilisticActor,
     QValueActor,
     TanhNormal,
     ValueOperator,
 )
 
+from tdrl.models.acting import Inputs, ObservationModule, Outputs, ProbabilisticPolicy
 from tdrl.models.conv import AtariConv
 
 __all__ = [
     "DuelingHead",
     "LogStdGaussianParams",
+    "QActor",
     "QNetwork",
     "ScaledTanh",
     "StateActionValue",
@@ -81,30 +69,14 @@ def _mlp(in_features: int, out_features: int, hidden_sizes: Sequence[int], activ
 
 
 class DuelingHead(nn.Module):
-    """Dueling head: ``Q = V + (A - mean_a A)``, optionally over a distribution of atoms.
-
-    As in rlpyt's ``DuelingHeadModel``, the advantage stream has one bias shared by all actions (per-action
-    biases would be cancelled by the mean anyway) and the gradient flowing back into the torso is scaled by
-    ``grad_scale`` (1/sqrt(2) in the paper), because two streams backpropagate into it.
-
-    Args:
-        in_features: torso feature size.
-        n_actions: number of discrete actions.
-        hidden_sizes: hidden layers of each stream (rlpyt's Atari model uses one layer of 512).
-        n_atoms: 1 for scalar Q-values; >1 for categorical (C51) logits.
-        grad_scale: gradient scale into the torso; 1 disables it.
-
-    Output: ``[*batch, n_actions]`` for ``n_atoms == 1``, else logits ``[*batch, n_atoms, n_actions]``.
+    """Dueling head: ``Q = V + (A - mean_a A)``, optionally over atoms (rlpyt's ``DuelingHeadModel``: one advantage
+    bias shared by all actions, the torso's gradient scaled by ``grad_scale`` as two streams backpropagate into it).
+    ``hidden_sizes`` are each stream's hidden layers. Output ``[*batch, n_actions]``, or ``[*batch, n_atoms,
+    n_actions]`` logits for ``n_atoms > 1``.
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        n_actions: int,
-        hidden_sizes: Sequence[int] = (),
-        n_atoms: int = 1,
-        grad_scale: float = 2**-0.5,
-    ) -> None:
+    def __init__(self, in_features: int, n_actions: int, hidden_sizes: Sequence[int] = (), n_atoms: int = 1,
+            grad_scale: float = 2**-0.5) -> None:
         super().__init__()
         self.n_actions, self.n_atoms, self.grad_scale = n_actions, n_atoms, grad_scale
         hidden = list(hidden_sizes)
@@ -127,26 +99,10 @@ class DuelingHead(nn.Module):
 
 
 class QNetwork(nn.Module):
-    """Torso + Q head. Output ``[*batch, n_actions]`` or C51 logits ``[*batch, n_atoms, n_actions]``.
+    """Torso + Q head (dueling or an MLP): ``[*batch, n_actions]``, or C51 logits ``[*batch, n_atoms, n_actions]``."""
 
-    Args:
-        torso: maps an observation to features (``nn.Identity`` for none).
-        feature_size: the torso's output size.
-        n_actions: number of discrete actions.
-        head_sizes: hidden layers after the torso (per stream when dueling).
-        dueling: use a :class:`DuelingHead`.
-        n_atoms: 1 for scalar Q-values, >1 for categorical DQN.
-    """
-
-    def __init__(
-        self,
-        torso: nn.Module,
-        feature_size: int,
-        n_actions: int,
-        head_sizes: Sequence[int] = (),
-        dueling: bool = False,
-        n_atoms: int = 1,
-    ) -> None:
+    def __init__(self, torso: nn.Module, feature_size: int, n_actions: int, head_sizes: Sequence[int] = (),
+            dueling: bool = False, n_atoms: int = 1) -> None:
         super().__init__()
         self.torso, self.n_actions, self.n_atoms = torso, n_actions, n_atoms
         if dueling:
@@ -173,6 +129,15 @@ def _obs_dim(spec: TensorSpec) -> int:
     return int(spec.shape[0])
 
 
+class QActor(QValueActor):
+    """TorchRL's greedy ``QValueActor`` (categorical actions), acting on tensors too (:mod:`tdrl.models.acting`)."""
+
+    def act(self, observation: torch.Tensor, inputs: Inputs, *, deterministic: bool) -> Outputs:
+        values = self.module[0].module(observation)
+        action = torch.argmax(values, dim=-1)  # QValueModule's categorical action and chosen value
+        return {"action": action, "action_value": values, "chosen_action_value": values.gather(-1, action[..., None])}
+
+
 def make_q_actor(
     specs,
     *,
@@ -182,30 +147,16 @@ def make_q_actor(
     n_atoms: int = 1,
     v_min: float = -10.0,
     v_max: float = 10.0,
-) -> QValueActor | DistributionalQValueActor:
-    """Greedy Q-value actor for DQN (``n_atoms == 1``) or categorical DQN (C51).
+) -> QActor | DistributionalQValueActor:
+    """Greedy Q-value actor for DQN (``n_atoms == 1``, a :class:`QActor` writing ``action``, ``action_value`` and
+    ``chosen_action_value``) or C51 (TorchRL's ``DistributionalQValueActor``; ``action_value`` holds log-probabilities
+    over atoms ``v_min..v_max``).
 
-    Args:
-        specs: :class:`tdrl.envs.EnvSpecs` of one env (needs a discrete action space).
-        hidden_sizes: MLP torso layers for vector observations, ignored for images (conv torso).
-        head_sizes: hidden layers after the torso (rlpyt's Atari model: ``(512,)``; defaults to that for images).
-        dueling: dueling head.
-        n_atoms: atoms of the return distribution; 1 means plain DQN, 51 is C51.
-        v_min: lowest atom (C51's ``V_min``).
-        v_max: highest atom (C51's ``V_max``).
-
-    Returns:
-        A ``QValueActor`` writing ``action`` (int64 index), ``action_value`` and ``chosen_action_value``, or a
-        ``DistributionalQValueActor`` writing ``action`` and ``action_value`` (log-probabilities over atoms).
+    ``hidden_sizes`` are the MLP torso of vector observations (images get :class:`AtariConv`); ``head_sizes`` the
+    hidden layers after the torso (``(512,)`` for images by default, as rlpyt's Atari model).
 
     Raises:
         ValueError: continuous action space, or bad atom settings.
-
-    Examples:
-        >>> from tdrl.envs import EnvFactory
-        >>> actor = make_q_actor(EnvFactory("CartPole-v1").specs(), dueling=True)
-        >>> actor.out_keys
-        ['action', 'action_value', 'chosen_action_value']
     """
     if not isinstance(specs.action_spec, (Categorical, OneHot)) or len(specs.action_spec.shape) > 0:
         raise ValueError(
@@ -227,7 +178,7 @@ def make_q_actor(
     net = QNetwork(torso, feature_size, n_actions, head_sizes, dueling=dueling, n_atoms=n_atoms)
     action_spec = Categorical(n_actions, shape=(), dtype=torch.int64)
     if n_atoms == 1:
-        return QValueActor(net, in_keys=["observation"], spec=action_spec)
+        return QActor(net, in_keys=["observation"], spec=action_spec)
     support = torch.linspace(v_min, v_max, n_atoms)
     return DistributionalQValueActor(net, in_keys=["observation"], spec=action_spec, support=support)
 
@@ -358,31 +309,21 @@ def make_twin_q(
 
 
 def make_q_critic(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> ValueOperator:
-    """``Q(s, a)`` critic: ``observation``, ``action`` -> ``state_action_value`` ``[*batch, 1]``.
-
-    Pass one critic to TorchRL's ``TD3Loss``/``SACLoss`` with ``num_qvalue_nets=2``: the loss keeps the twin
-    parameter sets stacked and evaluates both critics in one vectorised (vmap) call.
-
-    Raises:
-        ValueError: discrete actions.
+    """``Q(s, a)`` critic: ``observation``, ``action`` -> ``state_action_value`` ``[*batch, 1]`` (discrete actions
+    raise).
     """
     low, _ = _bounds(specs)
     net = StateActionValue(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes)
     return ValueOperator(net, in_keys=["observation", "action"], out_keys=["state_action_value"])
 
 
-def make_deterministic_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> TensorDictModule:
-    """Deterministic policy ``mu(s)`` squashed into the action box (rlpyt's ``MuMlpModel``).
-
-    ``observation`` -> ``action``. Exploration noise is added by a separate module
-    (:func:`tdrl.models.exploration.make_gaussian_noise`).
-
-    Raises:
-        ValueError: discrete actions.
+def make_deterministic_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> ObservationModule:
+    """Deterministic policy ``mu(s)`` squashed into the action box (rlpyt's ``MuMlpModel``): ``observation`` ->
+    ``action``; exploration noise is a separate module (:func:`tdrl.models.exploration.make_gaussian_noise`).
     """
     low, high = _bounds(specs)
     net = nn.Sequential(_mlp(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes), ScaledTanh(low, high))
-    return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
+    return ObservationModule(net)
 
 
 class LogStdGaussianParams(nn.Module):
@@ -406,25 +347,14 @@ class LogStdGaussianParams(nn.Module):
         return loc, log_std.clamp(self.log_std_min, self.log_std_max)
 
 
-def make_tanh_gaussian_actor(
-    specs,
-    *,
-    hidden_sizes: Sequence[int] = (256, 256),
-    scale_mapping: Literal["log_std", "softplus"] = "log_std",
-) -> ProbabilisticActor:
-    """Tanh-squashed Gaussian policy for SAC: ``observation`` -> ``loc``, ``scale``, ``action``.
+def make_tanh_gaussian_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256),
+        scale_mapping: Literal["log_std", "softplus"] = "log_std") -> ProbabilisticPolicy:
+    """Tanh-squashed Gaussian policy for SAC: ``observation`` -> ``loc``, ``scale``, ``action`` (a ``TanhNormal``
+    sample in the action box; its deterministic sample under DETERMINISTIC exploration).
 
-    The action is a ``TanhNormal`` sample rescaled into the action box; under
-    ``set_exploration_type(DETERMINISTIC)`` (evaluation) it is the distribution's deterministic sample.
-
-    Args:
-        specs: env specs with a bounded continuous action space.
-        hidden_sizes: MLP layers.
-        scale_mapping: ``"log_std"`` (``exp`` of a clamped log-std, :class:`LogStdGaussianParams`; learnt Pendulum in
-            fewer frames over six seeds here) or ``"softplus"`` (TorchRL's biased softplus, scale >= 1e-4).
-
-    Raises:
-        ValueError: discrete actions, or an unknown ``scale_mapping``.
+    ``scale_mapping``: ``"log_std"`` (``exp`` of a clamped log-std, :class:`LogStdGaussianParams`; learnt Pendulum in
+    fewer frames over six seeds) or ``"softplus"`` (TorchRL's biased softplus, scale >= 1e-4). Discrete actions or an
+    unknown mapping raise ``ValueError``.
     """
     low, high = _bounds(specs)
     if scale_mapping == "log_std":
@@ -434,12 +364,5 @@ def make_tanh_gaussian_actor(
     else:
         raise ValueError(f"scale_mapping must be 'log_std' or 'softplus', got {scale_mapping!r}")
     net = nn.Sequential(_mlp(_obs_dim(specs.observation_spec), 2 * low.numel(), hidden_sizes), params)
-    module = TensorDictModule(net, in_keys=["observation"], out_keys=["loc", "scale"])
-    return ProbabilisticActor(
-        module,
-        in_keys=["loc", "scale"],
-        spec=specs.action_spec,
-        distribution_class=TanhNormal,
-        distribution_kwargs={"low": low, "high": high},
-        return_log_prob=False,
-    )
+    return ProbabilisticPolicy(net, ["loc", "scale"], specs.action_spec, TanhNormal, {"low": low, "high": high},
+                               return_log_prob=False)

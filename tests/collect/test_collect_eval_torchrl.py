@@ -4,50 +4,36 @@ from __future__ import annotations
 
 import pytest
 import torch
-from collect_helpers import StairsFactory, mlp_policy, stairs_return
-from tensordict.nn import TensorDictModule
-from torch.distributions import Categorical
-from torchrl.modules import ProbabilisticActor
+from collect_helpers import mlp_policy
+from torchrl.envs.utils import ExplorationType
 
-from tdrl.collect import EvalCollector, make_collector
+from tdrl.collect import make_collector, make_eval_collector
 from tdrl.envs import EnvFactory
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_eval_max_steps_drops_unfinished_episodes():
-    discount = 0.9
-    with EvalCollector(StairsFactory(length=4), None, n_envs=3, max_steps=30, discount=discount) as ev:
-        infos = ev.evaluate()  # 10 steps per env: 2 finished episodes each, the third is cut off
-        assert len(infos) == 6
-        ret, disc, nonzero = stairs_return(4, discount)
-        assert all(i == pytest.approx({"Length": 4, "Return": ret, "NonzeroRewards": nonzero,
-                                       "DiscountedReturn": disc}) for i in infos)
-        assert ev.evaluate() == infos  # every evaluation starts from fresh episodes
-        assert ev.traj_infos == infos
+def test_no_evaluator_without_envs():
+    assert make_eval_collector("CartPole-v1", None, n_envs=0, seed=0) is None
 
 
-def test_eval_max_trajectories_stops_early():
-    with EvalCollector(StairsFactory(length=4), None, n_envs=3, max_steps=3000, max_trajectories=4) as ev:
-        assert len(ev.evaluate()) == 4
+def test_eval_runs_one_whole_greedy_episode_per_env():
+    from tdrl.models import make_actor_critic
 
-
-def test_eval_runs_greedy_policy_and_warns_on_short_budget():
     torch.manual_seed(0)
-    actor = ProbabilisticActor(TensorDictModule(torch.nn.Linear(4, 2), ["observation"], ["logits"]),
-                               in_keys=["logits"], distribution_class=Categorical)
-    with pytest.warns(UserWarning, match="over-represented"):
-        ev = EvalCollector(EnvFactory("CartPole-v1"), actor, n_envs=2, max_steps=200)
-    with ev:
-        first = ev.evaluate()
-    with EvalCollector(EnvFactory("CartPole-v1"), actor, n_envs=2, max_steps=2000, seed=1) as ev2:
-        greedy = ev2.evaluate()
-    with EvalCollector(EnvFactory("CartPole-v1"), actor, n_envs=2, max_steps=2000, seed=1) as ev3:
-        assert ev3.evaluate() == greedy  # deterministic policy + same seed: same episodes
-    assert greedy and all(i["Length"] <= 500 for i in greedy)
-    assert isinstance(first, list)
-    with pytest.raises(ValueError, match="max_steps"):
-        EvalCollector(StairsFactory(), None, n_envs=4, max_steps=2)
+    greedy = make_actor_critic(EnvFactory("CartPole-v1").specs()).greedy
+    with make_eval_collector("CartPole-v1", greedy, n_envs=3, max_steps=15, seed=5, discount=0.9) as ev:
+        first, second = ev.evaluate(), ev.evaluate()
+        assert ev.traj_infos == second
+        assert ev.collector.engine.policy_step.exploration_type is ExplorationType.DETERMINISTIC
+    for infos in (first, second):
+        assert len(infos) == 3 and all(1 <= i["Length"] <= 15 for i in infos)
+        assert all(i["DiscountedReturn"] == pytest.approx(sum(0.9**k for k in range(i["Length"]))) for i in infos)
+    assert first != second  # each env continues its own random stream: new initial states
+    with make_eval_collector("CartPole-v1", greedy, n_envs=3, max_steps=15, seed=5, discount=0.9) as again:
+        assert again.evaluate() == first  # same seed, deterministic policy: the same episodes
+    with make_eval_collector("CartPole-v1", greedy, n_envs=1, seed=5) as own_limit:
+        assert own_limit.collector.batch_T == 500  # CartPole-v1's own time limit
 
 
 @pytest.mark.timeout(180)

@@ -64,7 +64,7 @@ def test_same_batches_as_serial(kind):
     with make_collector(kind, EnvFactory("CartPole-v1"), policy, n_workers=2, **kwargs) as c:
         got = [c.collect() for _ in range(2)]
         infos = c.traj_infos
-        pids = c.worker_pids
+        pids = c.engine.pool.pids
     for a, b in zip(expected, got, strict=True):
         _assert_same(a, b)
     assert infos == expected_infos and infos
@@ -139,7 +139,7 @@ def test_greedy_context_reaches_workers(kind):
 def test_raising_env_surfaces_with_worker_and_traceback(kind):
     policy = mlp_policy(2, 2, discrete=True)
     c = make_collector(kind, StairsFactory(length=4, fail_at=30), policy, batch_B=4, batch_T=50, n_workers=2)
-    pids = c.worker_pids
+    pids = c.engine.pool.pids
     start = time.monotonic()
     with pytest.raises(CollectorError) as info:
         c.collect()
@@ -155,7 +155,7 @@ def test_raising_env_surfaces_with_worker_and_traceback(kind):
 @pytest.mark.timeout(60)
 def test_worker_killed_mid_batch_raises_within_5s():
     c = make_collector("parallel", SuicideFactory(at=40), None, batch_B=4, batch_T=1000, n_workers=2)
-    pids = c.worker_pids
+    pids = c.engine.pool.pids
     start = time.monotonic()
     with pytest.raises(CollectorError, match=r"collector worker \d \(pid \d+\) died with exit code -9 \(SIGKILL\)"):
         c.collect()
@@ -168,7 +168,7 @@ def test_action_server_worker_killed_between_batches():
     policy = mlp_policy(4, 2, discrete=True)
     c = make_collector("action_server", EnvFactory("CartPole-v1"), policy, batch_B=4, batch_T=20, n_workers=2)
     c.collect()
-    pids = c.worker_pids
+    pids = c.engine.pool.pids
     os.kill(pids[1], signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(CollectorError, match="collector worker 1"):
@@ -187,7 +187,7 @@ from tdrl.collect import ParallelCollector
 if __name__ == "__main__":
     c = ParallelCollector(StairsFactory(), None, batch_B=4, batch_T=10, n_workers=2)
     c.collect()
-    print(*c.worker_pids, flush=True)
+    print(*c.engine.pool.pids, flush=True)
     time.sleep(120)
 """
 
@@ -226,8 +226,8 @@ def test_action_server_policy_error_shuts_down_cleanly():
             return torch.zeros(obs.shape[0], dtype=torch.long)
 
     c = make_collector("action_server", StairsFactory(), TensorDictModule(Boom(), ["observation"], ["action"]),
-                       batch_B=4, batch_T=20, n_workers=2, fast_policy=False)
-    pids = c.worker_pids
+                       batch_B=4, batch_T=20, n_workers=2)
+    pids = c.engine.pool.pids
     with pytest.raises(RuntimeError, match="policy exploded"):
         c.collect()
     _assert_no_orphans(pids)
@@ -285,3 +285,29 @@ def test_start_workers_early_starts_the_fork_server_only_for_worker_kinds():
         time.sleep(0.1)
     else:
         pytest.fail(f"fork server {pid} outlived its process")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["parallel", "action_server"])
+def test_acting_model_gives_serial_batches_and_follows_weight_updates(kind):
+    """A tdrl model (called through act() in the workers or the server) reproduces the serial batches (the same
+    actions and env data; logits up to float rounding, as matmuls over B/W rows round differently), and an in-place
+    weight update in the main process reaches the next batch."""
+    from tdrl.models import make_actor_critic
+
+    torch.manual_seed(0)
+    greedy = make_actor_critic(EnvFactory("CartPole-v1").specs()).greedy
+    kwargs = dict(batch_B=4, batch_T=30, seed=3, exploration_type="deterministic")
+    with make_collector("serial", EnvFactory("CartPole-v1"), greedy, **kwargs) as serial:
+        expected = serial.collect()
+    with make_collector(kind, EnvFactory("CartPole-v1"), greedy, n_workers=2, **kwargs) as c:
+        got = c.collect()
+        for key in expected.keys(True, True):
+            if key in ("logits", "action_log_prob"):
+                torch.testing.assert_close(got[key], expected[key])
+            else:
+                assert torch.equal(got[key], expected[key]), key
+        with torch.no_grad():
+            for p in greedy.parameters():
+                p.zero_()  # logits all 0: the greedy action is 0 everywhere
+        assert c.collect()["action"].eq(0).all()

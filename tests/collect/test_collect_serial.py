@@ -48,7 +48,8 @@ def test_time_is_last_and_transitions_chain():
     same = batch["observation"][:, 1:] == batch["next", "observation"][:, :-1]
     assert same.all(-1)[~done[:, :-1]].all()
     assert batch["is_init"][:, 1:, 0][done[:, :-1]].all()
-    assert not torch.equal(batch["observation"][:, 1:][done[:, :-1]], batch["next", "observation"][:, :-1][done[:, :-1]])
+    ends = done[:, :-1]
+    assert not torch.equal(batch["observation"][:, 1:][ends], batch["next", "observation"][:, :-1][ends])
     # Batches chain too: the first observation of a batch is the last next-observation (or a reset).
     cont = ~done[:, -1]
     assert torch.equal(second["observation"][cont, 0], batch["next", "observation"][cont, -1])
@@ -104,9 +105,9 @@ def test_truncated_is_not_terminated():
     assert torch.equal(batch["next", "done"], batch["next", "truncated"])
 
 
-def test_hot_loop_steps_below_gymnasium_make_wrappers_with_the_same_results():
-    """After their first steps, envs are stepped below TimeLimit/OrderEnforcing/PassiveEnvChecker with the time
-    limit applied by the loop: the batches equal stepping the wrapped envs, through many time-limit truncations."""
+def test_batches_equal_stepping_gymnasium_envs_through_time_limits():
+    """The batches equal stepping ``gymnasium.make`` envs seeded as the collector seeds them, through many time-limit
+    truncations."""
     import gymnasium as gym
 
     from tdrl.collect.stepping import env_seed
@@ -114,9 +115,6 @@ def test_hot_loop_steps_below_gymnasium_make_wrappers_with_the_same_results():
     factory = EnvFactory("CartPole-v1", {"max_episode_steps": 7})
     with SerialCollector(factory, None, batch_B=3, batch_T=30, seed=4) as c:
         batches = [c.collect().clone() for _ in range(2)]
-        steppers = c.runner.envs._steppers
-        assert all(limit is not None and step.__self__ is env.unwrapped
-                   for (step, limit), env in zip(steppers, c.runner.envs.envs, strict=True))
     actions = torch.cat([b["action"] for b in batches], 1)
     expected = {k: torch.cat([b["next", k] for b in batches], 1) for k in ("observation", "reward", "terminated",
                                                                           "truncated")}
@@ -132,25 +130,6 @@ def test_hot_loop_steps_below_gymnasium_make_wrappers_with_the_same_results():
                                              expected["truncated"][i, t, 0].item()), (i, t)
             if term or trunc:
                 env.reset()
-
-
-def test_custom_outer_wrappers_are_stepped_as_they_are():
-    import gymnasium as gym
-
-    from tdrl.collect.stepping import direct_step
-
-    env = gym.wrappers.RecordEpisodeStatistics(gym.make("CartPole-v1"))
-    env.reset(seed=0)
-    env.step(0)
-    env.step(0)
-    assert direct_step(env) is None
-    plain = EnvFactory("CartPole-v1")()
-    assert direct_step(plain) is None  # not stepped yet: the env checker has its first steps to check
-    plain.reset(seed=0)
-    plain.step(0)
-    plain.step(0)
-    step, limit = direct_step(plain)
-    assert step.__self__ is plain.unwrapped and limit is plain
 
 
 def test_reset_at_once_stores_final_observation():
@@ -245,7 +224,7 @@ def test_policy_outputs_are_stored_and_exploration_type_respected():
 
     policy = TensorDictSequential(actor, value)
     with SerialCollector(EnvFactory("CartPole-v1"), policy, batch_B=4, batch_T=32, seed=0) as c:
-        assert c.policy_step.compiled
+        assert not c.engine.policy_step.acting  # a user's TensorDictSequential: the TensorDict path
         batch = c.collect()
     for key in ("logits", "action_log_prob", "state_value"):
         assert key in batch.keys(True, True), key
@@ -268,142 +247,76 @@ def test_policy_outputs_are_stored_and_exploration_type_respected():
     assert not torch.equal(outside["action"], outside["logits"].argmax(-1))
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_fast_path_equals_general_path(env_id):
-    """The compiled policy (direct Categorical / IndependentNormal sampling) gives the policy's own outputs."""
-    from tensordict.nn import AddStateIndependentNormalScale
-    from torch.distributions import Categorical
-    from torchrl.modules import IndependentNormal, ProbabilisticActor, ValueOperator
+def _tdrl_policies():
+    from tdrl.models import ActingSequential, EpsilonGreedy, make_actor_critic, make_gaussian_noise
+    from tdrl.models.q import make_deterministic_actor, make_q_actor, make_tanh_gaussian_actor
 
-    torch.manual_seed(0)
-    if env_id == "CartPole-v1":
-        net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
-        actor = ProbabilisticActor(TensorDictModule(net, ["observation"], ["logits"]), in_keys=["logits"],
-                                   distribution_class=Categorical, return_log_prob=True)
-        value = ValueOperator(torch.nn.Linear(4, 1), in_keys=["observation"])
-    else:
-        net = torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1),
-                                  AddStateIndependentNormalScale(1))
-        actor = ProbabilisticActor(TensorDictModule(net, ["observation"], ["loc", "scale"]), in_keys=["loc", "scale"],
-                                   distribution_class=IndependentNormal, return_log_prob=True)
-        value = ValueOperator(torch.nn.Linear(3, 1), in_keys=["observation"])
+    cartpole, pendulum = EnvFactory("CartPole-v1").specs(), EnvFactory("Pendulum-v1").specs()
+    eps = EpsilonGreedy(2, eps_init=1.0, eps_final=0.1, eps_final_min=0.01, n_envs=4, end_frames=100)
+    eps.set_frames(50)
+    return {
+        "ppo_categorical": ("CartPole-v1", make_actor_critic(cartpole).actor),
+        "ppo_normal": ("Pendulum-v1", make_actor_critic(pendulum, distribution="normal").actor),
+        "ppo_tanh_normal": ("Pendulum-v1", make_actor_critic(pendulum).actor),
+        "sac": ("Pendulum-v1", make_tanh_gaussian_actor(pendulum, hidden_sizes=[16])),
+        "td3": ("Pendulum-v1", ActingSequential(make_deterministic_actor(pendulum, hidden_sizes=[16]),
+                                                make_gaussian_noise(pendulum, std=0.3))),
+        "dqn": ("CartPole-v1", ActingSequential(make_q_actor(cartpole, hidden_sizes=[16]), eps)),
+    }
+
+
+@pytest.mark.parametrize("name", ["ppo_categorical", "ppo_normal", "ppo_tanh_normal", "sac", "td3", "dqn"])
+def test_acting_policies_give_the_batches_of_their_tensordict_forward(name):
+    """tdrl's models are called through act(); the batches equal those of the same model run on TensorDicts, in
+    training (same random draws) and evaluation modes."""
     from tensordict.nn import TensorDictSequential
 
-    policy = TensorDictSequential(actor, value)
-    out = {}
-    for fast in (True, False):
-        torch.manual_seed(7)
-        with SerialCollector(EnvFactory(env_id), policy, batch_B=3, batch_T=20, seed=2, fast_policy=fast) as c:
-            assert c.policy_step.compiled is fast
-            out[fast] = c.collect()
-    assert set(out[True].keys(True, True)) == set(out[False].keys(True, True))
-    assert (out[True] == out[False]).all()
-
-
-@pytest.mark.parametrize("n_actions", [2, 6, 18])
-def test_categorical_draw_is_torch_distributions_draw(n_actions):
-    """The direct Categorical draw gives torch.distributions' actions and log-probs under the same seed (also with
-    an extra batch dim and a masked -inf action), and refuses NaN logits as torch.multinomial does."""
-    from torch.distributions import Categorical
-
-    from tdrl.collect.policy import _sample_categorical
-
-    for seed in range(20):
-        torch.manual_seed(seed)
-        logits = torch.randn(5, 3, n_actions) * 3
-        logits[0, 0, 0] = -float("inf")
-        torch.manual_seed(100 + seed)
-        dist = Categorical(logits=logits)
-        expected = dist.sample()
-        after_torch = torch.rand(3)  # the generator state after torch's draw
-        torch.manual_seed(100 + seed)
-        action, log_prob = _sample_categorical(logits)
-        assert torch.equal(action, expected) and torch.equal(log_prob, dist.log_prob(expected))
-        assert torch.equal(torch.rand(3), after_torch)  # the same random numbers consumed
-    with pytest.raises(ValueError, match="NaN"):
-        _sample_categorical(torch.tensor([[0.0, float("nan")]]))
-
-
-def test_fast_path_samples_sac_tanh_normal_like_torchrl():
-    """SAC's TanhNormal actor (action box [-2, 2]) is sampled directly, with the actions TorchRL would draw."""
-    from tdrl.collect.policy import _probabilistic_plan
-    from tdrl.models.q import make_tanh_gaussian_actor
-
     torch.manual_seed(0)
-    actor = make_tanh_gaussian_actor(EnvFactory("Pendulum-v1").specs(), hidden_sizes=[16])
-    assert _probabilistic_plan(actor.module[-1], torch.Size([3])) is not None  # not the generic fallback
-    out = {}
-    for fast in (True, False):
-        torch.manual_seed(7)
-        with SerialCollector(EnvFactory("Pendulum-v1"), actor, batch_B=3, batch_T=20, seed=2, fast_policy=fast) as c:
-            assert c.policy_step.compiled is fast
-            out[fast] = c.collect()
-    assert (out[True] == out[False]).all()
-    assert out[True]["action"].abs().max() <= 2.0 and out[True]["action"].std() > 0.1
-
-
-@pytest.mark.parametrize("family", ["dqn", "td3"])
-def test_fast_path_runs_q_learning_action_heads_like_their_modules(family):
-    """QValueModule + EpsilonGreedy (vector epsilon mid-anneal) and AdditiveGaussianModule run as direct tensor steps,
-    with the actions, values and random draws of the modules themselves, in training and evaluation modes."""
-    from tensordict.nn import TensorDictSequential
-
-    from tdrl.collect.policy import _action_head_plan
-    from tdrl.models.exploration import EpsilonGreedy, make_gaussian_noise
-    from tdrl.models.q import make_deterministic_actor, make_q_actor
-
-    torch.manual_seed(0)
-    env_id = "CartPole-v1" if family == "dqn" else "Pendulum-v1"
-    specs = EnvFactory(env_id).specs()
-    if family == "dqn":
-        q_actor = make_q_actor(specs, hidden_sizes=[16])
-        head = EpsilonGreedy(specs.n_actions, eps_init=1.0, eps_final=0.1, eps_final_min=0.01, n_envs=4,
-                             end_frames=100)
-        head.set_frames(50)
-        policy = TensorDictSequential(q_actor, head)
-        heads = [q_actor[-1], head]
-    else:
-        head = make_gaussian_noise(specs, std=0.3)
-        policy = TensorDictSequential(make_deterministic_actor(specs, hidden_sizes=[16]), head)
-        heads = [head]
-    assert all(_action_head_plan(h) is not None for h in heads)  # not the generic TensorDict fallback
-    batches = {}
+    env_id, policy = _tdrl_policies()[name]
     for mode in (ExplorationType.RANDOM, ExplorationType.DETERMINISTIC):
-        out = batches[mode] = {}
-        for fast in (True, False):
+        out = {}
+        for acting in (True, False):
             torch.manual_seed(7)
-            with SerialCollector(EnvFactory(env_id), policy, batch_B=4, batch_T=30, seed=2, fast_policy=fast,
-                                 exploration_type=mode) as c:
-                assert c.policy_step.compiled is fast
-                out[fast] = c.collect()
+            p = policy if acting else TensorDictSequential(policy)  # a plain sequential has no act()
+            with SerialCollector(EnvFactory(env_id), p, batch_B=4, batch_T=30, seed=2, exploration_type=mode) as c:
+                assert c.engine.policy_step.acting is acting
+                out[acting] = c.collect()
         assert set(out[True].keys(True, True)) == set(out[False].keys(True, True))
-        assert (out[True] == out[False]).all()
-    if family == "dqn":  # some training actions explored, some greedy
-        train = batches[ExplorationType.RANDOM][True]
-        greedy = train["action"] == train["action_value"].argmax(-1)
-        assert greedy.any() and not greedy.all()
+        assert (out[True] == out[False]).all(), (name, mode)
+    if name == "dqn":  # some training actions explored, some greedy
+        assert 0 < (out[True]["action"] == out[True]["action_value"].argmax(-1)).float().mean() <= 1
 
 
-def test_sequential_mlps_run_as_direct_calls_with_current_weights():
-    """nn.Sequential / TorchRL MLP chains skip Module.__call__, follow in-place weight updates, and a hooked
-    module is left to its own call."""
-    from torchrl.modules import MLP
+def test_act_writing_other_keys_than_forward_is_refused():
+    from tdrl.models.q import make_deterministic_actor
 
-    from tdrl.collect.policy import _Build, _direct_call
+    class Liar(type(make_deterministic_actor(EnvFactory("Pendulum-v1").specs(), hidden_sizes=[8]))):
+        def act(self, observation, inputs, *, deterministic):
+            return {"action": self.module(observation), "extra": observation}
+
+    liar = make_deterministic_actor(EnvFactory("Pendulum-v1").specs(), hidden_sizes=[8])
+    liar.__class__ = Liar
+    with pytest.raises(TypeError, match="act writes"):
+        SerialCollector(EnvFactory("Pendulum-v1"), liar, batch_B=2, batch_T=4)
+
+
+@pytest.mark.slow
+def test_compiled_act_gives_the_same_batches():
+    """compile=True runs the PPO actor's act through torch.compile: the same greedy actions, the same values up to
+    float rounding (fused kernels)."""
+    from tdrl.models import make_actor_critic
 
     torch.manual_seed(0)
-    x = torch.randn(5, 4)
-    nested = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(8, 3)))
-    for module in (nested, MLP(in_features=4, out_features=2, num_cells=[8, 8], activation_class=torch.nn.Tanh)):
-        direct = _direct_call(module, _Build(trace=True))
-        assert direct is not module
-        assert torch.equal(direct(x), module(x))
-        with torch.no_grad():
-            next(module.parameters()).add_(1.0)  # as a weight sync does
-        assert torch.equal(direct(x), module(x))
-    seen = []
-    nested[0].register_forward_hook(lambda *args: seen.append(1))
-    assert torch.equal(_direct_call(nested, _Build(trace=True))(x), nested(x)) and len(seen) == 2  # the hooked layer ran as a module
+    actor = make_actor_critic(EnvFactory("CartPole-v1").specs()).actor
+    out = {}
+    for compile in (False, True):
+        torch.manual_seed(7)
+        with SerialCollector(EnvFactory("CartPole-v1"), actor, batch_B=4, batch_T=16, seed=2,
+                             exploration_type="deterministic", compile=compile) as c:
+            out[compile] = c.collect()
+    assert torch.equal(out[True]["action"], out[False]["action"])
+    for key in ("logits", "action_log_prob"):
+        torch.testing.assert_close(out[True][key], out[False][key])
 
 
 def test_torchrl_gae_and_clip_ppo_run_on_a_batch():
@@ -458,6 +371,7 @@ def test_update_policy_weights_from_state_dict():
 
     policy = TensorDictModule(ConstantAction(0), ["observation"], ["action"])
     with SerialCollector(StairsFactory(), policy, batch_B=2, batch_T=4) as c:
+        assert not c.engine.policy_step.acting  # a user's TensorDictModule runs on a TensorDict of its in_keys
         assert c.collect()["action"].eq(0).all()
         other = TensorDictModule(ConstantAction(1), ["observation"], ["action"])
         c.update_policy_weights_(other.state_dict())
@@ -482,7 +396,6 @@ def test_torchrl_lstm_and_egreedy_dqn_policies():
     q = QValueActor(MLP(in_features=4, out_features=2, num_cells=[16]), in_keys=["observation"], spec=Categorical(2))
     dqn = TensorDictSequential(q, EGreedyModule(Categorical(2), eps_init=0.5, eps_end=0.5))
     with SerialCollector(EnvFactory("CartPole-v1"), dqn, batch_B=4, batch_T=100) as c:
-        assert c.policy_step.compiled
         batch = c.collect()
     greedy = (batch["action"] == batch["action_value"].argmax(-1)).float().mean()
     assert 0.6 < greedy < 0.9  # eps=0.5 over 2 actions: ~75% greedy
@@ -496,25 +409,3 @@ def test_atari_traj_infos_carry_game_score():
         infos = c.traj_infos
     ret = stairs_return(4, 0.99)[0]
     assert len(infos) == 2 and all(i["GameScore"] == i["Return"] == pytest.approx(ret) for i in infos)
-
-
-def test_gaussian_noise_step_draws_and_clips_like_the_module():
-    """The collectors' step for AdditiveGaussianModule gives the module's own values from the same draws, inside and
-    outside the action box (clipped), for any batch size, and refuses a negative std as torch.normal does."""
-    from tdrl.collect.policy import _add_gaussian_noise
-    from tdrl.models.exploration import make_gaussian_noise
-
-    head = make_gaussian_noise(EnvFactory("Pendulum-v1").specs(), std=0.5)
-    for n in (1, 3, 16, 33):
-        action = torch.linspace(-3.0, 3.0, n + 2)[1:-1].reshape(n, 1)  # for n >= 16 some beyond the [-2, 2] box
-        torch.manual_seed(n)
-        expected = head._add_noise(action)
-        torch.manual_seed(n)
-        got = _add_gaussian_noise(head, action)
-        assert torch.equal(got, expected) and got.abs().max() <= 2.0
-        assert not torch.equal(got, head._add_noise(action))  # fresh draws differ: the comparison is not vacuous
-    head.std.fill_(-1.0)
-    with pytest.raises(RuntimeError, match="std >= 0"):
-        head._add_noise(torch.zeros(2, 1))
-    with pytest.raises(RuntimeError, match="std >= 0"):
-        _add_gaussian_noise(head, torch.zeros(2, 1))

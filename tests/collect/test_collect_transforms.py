@@ -29,7 +29,8 @@ def _norm_and_scale():
 
 
 def test_observation_norm_and_reward_scaling_serial():
-    with make_collector("serial", StairsFactory(length=4), None, batch_B=2, batch_T=8, transform=_norm_and_scale()) as c:
+    factory = StairsFactory(length=4)
+    with make_collector("serial", factory, None, batch_B=2, batch_T=8, transform=_norm_and_scale()) as c:
         batch = c.collect()
         infos = c.traj_infos
     k_obs = torch.tensor([0, 1, 2, 3] * 2, dtype=torch.float32)

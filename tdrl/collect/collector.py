@@ -1,0 +1,127 @@
+""":class:`BatchCollector`: the one implementation of the :class:`~tdrl.collect.common.Collector` protocol.
+
+Every collector kind is a ``BatchCollector`` over an *engine* that produces one ``[batch_B, batch_T]`` batch per
+call: :class:`~tdrl.collect.serial.SerialEngine` (this process), :class:`~tdrl.collect.parallel.ParallelEngine`
+(worker processes), :class:`~tdrl.collect.action_server.ActionServerEngine` (workers step, this process acts) or
+:class:`~tdrl.collect.torchrl_adapter.TorchRLEngine`. The collector adds what they share: the frame budget and
+iteration, the exploration type of each batch, what ``collect()`` hands out, weights and shutdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol, Self
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import InteractionType
+
+from tdrl.collect.common import FrameBudget, active_exploration, load_weights, to_interaction_type
+
+__all__ = ["BatchCollector", "Engine"]
+
+
+class Engine(Protocol):
+    """Produces batches for a :class:`BatchCollector` with the current weights of ``policy`` (``None``: random
+    actions); ``transform`` is the step transform applied in this process, if any (its state is the collector's)."""
+
+    batch_B: int
+    batch_T: int
+    policy: torch.nn.Module | None
+    transform: Any
+
+    def run(self, exploration: InteractionType) -> tuple[TensorDictBase, list[dict[str, float]]]:
+        """One batch (an engine may reuse its buffer) and the episodes finished during it."""
+
+    def shutdown(self) -> None: ...
+
+
+class BatchCollector:
+    """Yields the engine's ``[batch_B, batch_T]`` batches until ``total_frames`` (``-1``: forever).
+
+    Args:
+        engine: the batch producer (built by :func:`tdrl.collect.make_collector`).
+        total_frames: iteration stops once this many frames were yielded.
+        exploration_type: TorchRL exploration type the policy runs under, or its name; ``None`` follows the
+            caller's ``set_exploration_type`` at each batch and is RANDOM outside one (as TorchRL's collectors).
+        device: device of the yielded batches.
+        return_same_td: yield the engine's buffer itself (no copy; overwritten by the next batch).
+
+    Attributes:
+        traj_infos: TrajInfo dicts of the episodes that finished during the last batch, in (step, env) order.
+        frames: frames yielded so far.
+    """
+
+    def __init__(self, engine: Engine, *, total_frames: int = -1, exploration_type: InteractionType | str | None = None,
+            device: torch.device | str | None = None, return_same_td: bool = False) -> None:
+        self.engine = engine
+        self.batch_B, self.batch_T = engine.batch_B, engine.batch_T
+        self.budget = FrameBudget(total_frames, self.batch_B * self.batch_T)
+        self.exploration_type = to_interaction_type(exploration_type, None)
+        self.device = torch.device("cpu" if device is None else device)
+        self.return_same_td = return_same_td
+        self.traj_infos: list[dict[str, float]] = []
+        self.closed = False
+
+    @property
+    def frames(self) -> int:
+        return self.budget.frames
+
+    @property
+    def frames_per_batch(self) -> int:
+        return self.batch_B * self.batch_T
+
+    def collect(self) -> TensorDictBase:
+        """Collect one batch (rlpyt's ``obtain_samples``); sets :attr:`traj_infos`."""
+        if self.closed:
+            raise RuntimeError("collector is shut down")
+        batch, self.traj_infos = self.engine.run(active_exploration(self.exploration_type))
+        self.budget.count()
+        if self.device.type != "cpu":
+            return batch.to(self.device)
+        return batch if self.return_same_td else batch.clone()
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        while self.budget.remaining():
+            yield self.collect()
+
+    def __len__(self) -> int:
+        return len(self.budget)
+
+    def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
+        """Load given weights (a module, a TensorDict of parameters or a ``state_dict``) into the policy. Engines act
+        with the policy's current weights at every batch anyway (TorchRL's protocol)."""
+        load_weights(self.engine.policy, policy_or_weights)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters (``frames``, ``iter``) and the state of a transform applied in this process (running
+        statistics). Env state is not captured: resuming restarts episodes."""
+        transform = self.engine.transform
+        return {**self.budget.state_dict(), **({"transform": transform.state_dict()} if transform else {})}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.budget.load_state_dict(state_dict)
+        if "transform" in state_dict and self.engine.transform is not None:
+            self.engine.transform.load_state_dict(state_dict["transform"])
+
+    def shutdown(self) -> None:
+        """Stop the engine's envs and processes; safe to call more than once."""
+        if not self.closed:
+            self.closed = True
+            self.engine.shutdown()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # a half-built or already-finalised collector: nothing left to release
+            pass
+
+    def __repr__(self) -> str:
+        return f"BatchCollector({type(self.engine).__name__}, batch_B={self.batch_B}, batch_T={self.batch_T}, " \
+               f"frames={self.frames})"
