@@ -15,8 +15,9 @@ updates per second, the achieved replay ratio (samples drawn / frames since lear
 frames/s and updates/s over the sync row's.
 
 Section 2 -- data-parallel weak scaling on CPU: ``recipes/ppo.py trainer.kind=ddp`` on CartPole-v1, each rank
-``B x T`` frames per iteration and the same epochs/minibatches, ``world_size`` 1 vs 2 (gloo, spawned ranks). Columns: total frames/s over all ranks,
-updates/s (each update averages one minibatch per rank), and the 2-rank/1-rank ratio (ideal 2.0 when each rank has
+``B x T`` frames per iteration and the same epochs/minibatches, ``world_size`` 1 vs 2 (gloo, spawned ranks).
+Columns: total frames/s over all ranks, updates/s (each update averages one minibatch per rank), and the
+2-rank/1-rank ratio (ideal 2.0 when each rank has
 a free core).
 
 Each row is run ``--repeats`` times and the median is reported; ``uptime`` load is printed before and after

@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from tensordict.nn import TensorDictSequential
 
 from tdrl.collect import make_collector, make_eval_collector, start_workers_early
 from tdrl.config import (
@@ -33,7 +32,7 @@ from tdrl.config import (
 )
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
-from tdrl.models import make_deterministic_actor, make_gaussian_noise, make_twin_q
+from tdrl.models import chain_policy, make_deterministic_actor, make_gaussian_noise, make_twin_q
 from tdrl.objectives.continuous import make_ddpg_loss, timeouts_as_terminal
 from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import TransitionReplayBuffer
@@ -138,7 +137,7 @@ def main(cfg: Config) -> dict:
                           "(use recipes/dqn.py)")
     actor = make_deterministic_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
     critic = make_twin_q(specs, hidden_sizes=cfg.model.hidden_sizes, n_critics=1, normalize_action=False).to(device)
-    policy = TensorDictSequential(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
+    policy = chain_policy(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
     loss = make_ddpg_loss(actor, critic, gamma=cfg.loss.gamma).to(device)  # a TwinQ critic: FusedTD3Loss
     # one optimizer, two rates: loss_actor sees the critic through detached parameters, so the sum is separable
     optimizer = torch.optim.Adam([

@@ -32,7 +32,6 @@ from functools import partial
 from typing import Literal
 
 import torch
-from tensordict.nn import TensorDictSequential
 
 from tdrl.collect import make_collector, make_eval_collector, start_workers_early
 from tdrl.config import (
@@ -47,7 +46,7 @@ from tdrl.config import (
 )
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
-from tdrl.models import EpsilonGreedy, make_q_actor
+from tdrl.models import EpsilonGreedy, chain_policy, make_q_actor
 from tdrl.objectives.dqn import dqn_priorities, make_dqn_loss
 from tdrl.objectives.schedules import LinearSchedule
 from tdrl.objectives.update import TargetUpdate, Updater
@@ -198,9 +197,9 @@ def main(cfg: Config) -> dict:
         eps_final_min=cfg.exploration.eps_final_min, n_envs=cfg.collector.batch_B,
         start_frames=cfg.optim.min_steps_learn, end_frames=cfg.exploration.eps_steps, eps_eval=cfg.exploration.eps_eval,
     ).to(device)
-    policy = TensorDictSequential(q_actor, exploration)
+    policy = chain_policy(q_actor, exploration)
     eps_eval = cfg.exploration.eps_eval  # evaluation acts with its own scalar epsilon, whatever the envs
-    eval_policy = TensorDictSequential(q_actor, EpsilonGreedy(specs.n_actions, eps_init=eps_eval, eps_final=eps_eval,
+    eval_policy = chain_policy(q_actor, EpsilonGreedy(specs.n_actions, eps_init=eps_eval, eps_final=eps_eval,
                                                               eps_eval=eps_eval)).to(device)
 
     loss = make_dqn_loss(q_actor, gamma=cfg.loss.gamma, double_dqn=cfg.loss.double,

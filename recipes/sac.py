@@ -1,14 +1,14 @@
 """SAC: Soft Actor-Critic (Haarnoja et al. 2018, arXiv:1812.05905), rlpyt's semantics, TorchRL's SACLoss objective.
 
-Tanh-squashed Gaussian policy, twin Q critics with polyak targets, automatic entropy tuning towards
-``-action_dim`` (measured in the [-1, 1]-rescaled action space, as SB3 and the paper's [-1, 1] tasks). The loss is
-tdrl's ``FusedSACLoss``: TorchRL's SACLoss terms (equal values and gradients, tested) with the twin critics stacked
-into one batched matmul per layer, 1.36x faster per update than TorchRL's SACLoss on CPU. Each update steps the
-critics first, then the policy and alpha against the updated critics (SB3's order). Off-policy cadence as
+Tanh-squashed Gaussian policy, twin Q critics with polyak targets, automatic entropy tuning towards ``-action_dim``
+(measured in the [-1, 1]-rescaled action space, as SB3 and the paper's [-1, 1] tasks). The loss is tdrl's
+``FusedSACLoss``: TorchRL's SACLoss terms (equal values and gradients, tested) with the twin critics stacked into one
+batched matmul per layer (faster than TorchRL's SACLoss on CPU: benchmarks/learning.py --losses sac). Each update
+steps the critics first, then the policy and alpha against the updated critics (SB3's order). Off-policy cadence as
 rlpyt: ``optim.replay_ratio`` (samples drawn per env frame; 256 with batch 256 = one update per frame) sets the
-updates per iteration, none before ``optim.min_steps_learn`` frames. Time limits bootstrap (``truncated``), terminals do not
-(``loss.bootstrap_timelimit=false`` treats both as terminal). Defaults solve Pendulum-v1 (greedy evaluation
->= -200) within 20k frames.
+updates per iteration, none before ``optim.min_steps_learn`` frames. Time limits bootstrap (``truncated``), terminals
+do not (``loss.bootstrap_timelimit=false`` treats both as terminal). Defaults solve Pendulum-v1 (greedy evaluation >=
+-200) within 20k frames.
 
     python recipes/sac.py                                          # Pendulum-v1
     python recipes/sac.py collector.kind=parallel collector.batch_B=2 collector.n_workers=2

@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from tensordict.nn import TensorDictSequential
 
 from tdrl.collect import make_collector, make_eval_collector, start_workers_early
 from tdrl.config import (
@@ -39,7 +38,7 @@ from tdrl.config import (
 )
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
-from tdrl.models import make_deterministic_actor, make_gaussian_noise, make_twin_q
+from tdrl.models import chain_policy, make_deterministic_actor, make_gaussian_noise, make_twin_q
 from tdrl.objectives.continuous import make_td3_loss, timeouts_as_terminal
 from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import TransitionReplayBuffer
@@ -151,7 +150,7 @@ def main(cfg: Config) -> dict:
                           "(use recipes/dqn.py)")
     actor = make_deterministic_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
     critic = make_twin_q(specs, hidden_sizes=cfg.model.hidden_sizes, normalize_action=False).to(device)
-    policy = TensorDictSequential(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
+    policy = chain_policy(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
     loss = make_td3_loss(actor, critic, specs.action_spec, gamma=cfg.loss.gamma, target_noise=cfg.loss.target_noise,
                          target_noise_clip=cfg.loss.target_noise_clip).to(device)  # TwinQ critics: FusedTD3Loss
     critic_updater = Updater(torch.optim.Adam(critic.parameters(), lr=cfg.optim.critic_lr, fused=True),

@@ -20,7 +20,9 @@ from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequentia
 from tensordict.utils import NestedKey
 from torchrl.modules import ProbabilisticActor
 
-__all__ = ["Acting", "ActingSequential", "Inputs", "ObservationModule", "Outputs", "ProbabilisticPolicy"]
+__all__ = [
+    "Acting", "ActingSequential", "Inputs", "ObservationModule", "Outputs", "ProbabilisticPolicy", "chain_policy",
+]
 
 Inputs = Mapping[NestedKey, torch.Tensor]
 Outputs = dict[NestedKey, torch.Tensor]
@@ -51,6 +53,14 @@ class ActingSequential(TensorDictSequential):
             seen.update(written)
             out.update(written)
         return out
+
+
+def chain_policy(*modules: TensorDictModule) -> TensorDictSequential:
+    """``modules`` in sequence as one policy: an :class:`ActingSequential` when every module acts (the collectors'
+    tensor path), else a plain ``TensorDictSequential`` (e.g. C51's TorchRL actor, which has no ``act``)."""
+    if all(isinstance(module, Acting) for module in modules):
+        return ActingSequential(*modules)
+    return TensorDictSequential(*modules)
 
 
 class ObservationModule(TensorDictModule):
