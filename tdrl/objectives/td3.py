@@ -69,7 +69,7 @@ class FusedTD3Loss(LossModule):
         weight_key: NestedKey = WEIGHT_KEY,
     ) -> None:
         super().__init__()
-        if type(actor) is not TensorDictModule or list(actor.in_keys) != ["observation"]:
+        if not isinstance(actor, TensorDictModule) or list(actor.in_keys) != ["observation"]:
             raise ValueError("FusedTD3Loss needs a TensorDictModule actor reading 'observation' "
                              "(make_deterministic_actor)")
         if not isinstance(critic, TwinQ):
