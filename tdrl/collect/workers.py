@@ -184,9 +184,8 @@ class WorkerPool:
         try:
             for spec in specs:
                 parent, child = ctx.Pipe(duplex=True)
-                proc = ctx.Process(
-                    target=_worker_main, args=(spec, child), name=f"tdrl-collector-worker-{spec.rank}", daemon=True
-                )
+                proc = ctx.Process(target=_worker_main, args=(spec, child), name=f"tdrl-collector-worker-{spec.rank}",
+                                   daemon=True)
                 proc.start()
                 child.close()
                 self.procs.append(proc)
