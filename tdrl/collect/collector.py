@@ -59,7 +59,7 @@ class BatchCollector:
         if total_frames == 0 or total_frames < -1:
             raise ValueError(f"total_frames must be positive or -1 (endless), got {total_frames}")
         self.total_frames, self.frames, self.batches = total_frames, 0, 0
-        self.exploration_type = to_interaction_type(exploration_type, None)
+        self.exploration_type = to_interaction_type(exploration_type)
         self.device = torch.device("cpu" if device is None else device)
         self.return_same_td = return_same_td
         self.traj_infos: list[dict[str, float]] = []

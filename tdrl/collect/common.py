@@ -76,11 +76,9 @@ def env_specs(env_factory: Callable[..., Any]) -> EnvSpecs:
         env.close()
 
 
-def to_interaction_type(value: InteractionType | str | None, default: InteractionType | None) -> InteractionType | None:
+def to_interaction_type(value: InteractionType | str | None) -> InteractionType | None:
     """Accept TorchRL's ``ExplorationType`` or its name (``"random"``, ``"deterministic"``, ``"mode"``...)."""
-    if value is None:
-        return default
-    if isinstance(value, InteractionType):
+    if value is None or isinstance(value, InteractionType):
         return value
     try:
         return InteractionType.from_str(str(value))
@@ -92,7 +90,7 @@ def to_interaction_type(value: InteractionType | str | None, default: Interactio
 def active_exploration(explicit: InteractionType | str | None) -> InteractionType:
     """Exploration type for the next batch: the collector's own if given, else the one active in the caller
     (TorchRL's ``set_exploration_type`` around ``collect()``), else RANDOM (TorchRL's collector default)."""
-    return to_interaction_type(explicit, None) or exploration_type() or InteractionType.RANDOM
+    return to_interaction_type(explicit) or exploration_type() or InteractionType.RANDOM
 
 
 def sorted_infos(entries: list[tuple[int, int, dict[str, float]]]) -> list[dict[str, float]]:

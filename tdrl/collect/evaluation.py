@@ -21,7 +21,7 @@ __all__ = ["EvalCollector", "make_eval_collector"]
 
 class EvalCollector:
     """Runs whole greedy episodes with a wait-reset serial ``collector``; ``evaluate()`` returns their TrajInfos
-    (also kept in ``traj_infos``)."""
+    (also kept in ``traj_infos``). The policy is evaluated with its current weights: there are none to load."""
 
     def __init__(self, collector: BatchCollector) -> None:
         self.collector = collector
@@ -32,15 +32,6 @@ class EvalCollector:
         self.collector.collect()
         self.traj_infos = self.collector.traj_infos
         return self.traj_infos
-
-    def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
-        self.collector.update_policy_weights_(policy_or_weights)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.collector.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.collector.load_state_dict(state_dict)
 
     def shutdown(self) -> None:
         self.collector.shutdown()

@@ -70,7 +70,7 @@ def make_collector(kind: str, env_factory: Callable[..., Any], policy: TensorDic
     settings = SliceSettings(env_factory, seed, reset_mode == "wait_reset", max_decorrelation_steps, discount,
                              transform)
     if kind == "torchrl":  # TorchRL fixes the exploration type when it is built; its batches are fresh ones
-        exploration = to_interaction_type(exploration_type, InteractionType.RANDOM)
+        exploration = to_interaction_type(exploration_type) or InteractionType.RANDOM
         exploration_type, return_same_td = exploration, True
     else:
         exploration = active_exploration(exploration_type)

@@ -26,13 +26,8 @@ from tdrl.collect.transforms import StepTransform, probe_observation
 
 __all__ = ["STEP_NEXT_KEYS", "EnvSlice", "env_seed", "make_step_td"]
 
-STEP_NEXT_KEYS = (
-    ("next", "observation"),
-    ("next", "reward"),
-    ("next", "done"),
-    ("next", "terminated"),
-    ("next", "truncated"),
-)
+FLAGS = ("done", "terminated", "truncated")
+STEP_NEXT_KEYS = (("next", "observation"), ("next", "reward"), *(("next", flag) for flag in FLAGS))
 
 
 def env_seed(seed: int, env_index: int) -> int:
@@ -50,21 +45,10 @@ def make_step_td(n_envs: int, obs_spec: Any, transform: Any = None) -> TensorDic
         )
     if transform is not None:
         obs = torch.zeros_like(probe_observation(transform, obs))
-    flag = torch.zeros(n_envs, 1, dtype=torch.bool)
-    return TensorDict(
-        {
-            "observation": obs,
-            "is_init": flag.clone(),
-            "next": {
-                "observation": obs.clone(),
-                "reward": torch.zeros(n_envs, 1, dtype=torch.float32),
-                "done": flag.clone(),
-                "terminated": flag.clone(),
-                "truncated": flag.clone(),
-            },
-        },
-        batch_size=[n_envs],
-    )
+    next_ = {"observation": obs.clone(), "reward": torch.zeros(n_envs, 1, dtype=torch.float32),
+             **{flag: torch.zeros(n_envs, 1, dtype=torch.bool) for flag in FLAGS}}
+    is_init = torch.zeros(n_envs, 1, dtype=torch.bool)
+    return TensorDict({"observation": obs, "is_init": is_init, "next": next_}, batch_size=[n_envs])
 
 
 class EnvSlice:
