@@ -17,7 +17,7 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.batch import PolicyWriter
 from tdrl.collect.policy import PolicyStep
-from tdrl.collect.runner import OBS_KEYS, SliceSettings, allocate
+from tdrl.collect.runner import SliceSettings, allocate
 from tdrl.collect.workers import WorkerPool, acquire, get_context, worker_specs
 
 __all__ = ["ActionServerEngine"]
@@ -39,11 +39,8 @@ class ActionServerEngine:
         self.buffer.share_memory_()
         size = batch_B // n_groups
         groups = [(g * size, (g + 1) * size) for g in range(n_groups)]
-        self.policy_steps = [
-            PolicyStep(policy, self.step_td[lo:hi].select(*OBS_KEYS).clone(), exploration_type=exploration,
-                       env_offset=lo, compile=compile)
-            for lo, hi in groups
-        ] if policy is not None else []
+        self.policy_steps = [PolicyStep(policy, self.step_td[lo:hi], exploration_type=exploration, env_offset=lo,
+                                        compile=compile) for lo, hi in groups] if policy is not None else []
         keys = list(self.policy_steps[0].out_template.keys(True, True)) if policy is not None else []
         self.writers = [PolicyWriter(self.buffer, keys, lo, hi) for lo, hi in groups]
         obs, is_init = self.step_td.get("observation"), self.step_td.get("is_init")

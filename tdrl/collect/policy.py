@@ -51,7 +51,7 @@ class PolicyStep:
     Args:
         policy: a TorchRL ``TensorDictModuleBase`` reading ``observation`` (plus optional ``is_init``,
             ``("collector", "env_index")`` and recurrent-state keys) and writing at least ``action``.
-        example: a ``[n]`` TensorDict with ``observation`` and ``is_init``.
+        example: a ``[n]`` TensorDict with ``observation`` and ``is_init`` (only read, e.g. the step rows).
         exploration_type: exploration type the policy runs under; set :attr:`exploration_type` between batches.
         env_offset: global index of the first env (the ``("collector", "env_index")`` input).
         compile: call ``act`` through ``torch.compile`` (policies implementing it only).
@@ -72,7 +72,7 @@ class PolicyStep:
         self.exploration_type = exploration_type
         self.device = policy_device(policy)
         self.n = int(example.batch_size[0])
-        example = example.to(self.device)
+        example = example.select(OBS_KEY, INIT_KEY).to(self.device)
         in_keys = [unravel_key(k) for k in policy.in_keys]
         out_keys = {unravel_key(k) for k in policy.out_keys}
         self.reads_init = INIT_KEY in in_keys

@@ -20,7 +20,7 @@ from tdrl.collect.policy import PolicyStep
 from tdrl.collect.stepping import STEP_NEXT_KEYS, EnvSlice, make_step_td
 from tdrl.envs.make import EnvSpecs
 
-__all__ = ["OBS_KEYS", "SliceRunner", "SliceSettings", "allocate"]
+__all__ = ["SliceRunner", "SliceSettings", "allocate"]
 
 OBS_KEYS = ["observation", "is_init"]
 Entries = list[tuple[int, int, dict[str, float]]]
@@ -53,8 +53,7 @@ def allocate(settings: SliceSettings, policy: TensorDictModuleBase | None, batch
     if policy is None:
         template = TensorDict({"action": specs.action_spec.zero((batch_B,))}, batch_size=[batch_B])
     else:
-        example = step_td.select(*OBS_KEYS).clone()
-        template = PolicyStep(policy, example, exploration_type=exploration).out_template
+        template = PolicyStep(policy, step_td, exploration_type=exploration).out_template
     return specs, step_td, allocate_batch(batch_B, batch_T, step_td, template)
 
 
@@ -77,8 +76,7 @@ class SliceRunner:
             self.obs, self.is_init = rows.get("observation"), rows.get("is_init")
             self.policy_step = None
             if policy is not None:
-                example = rows.select(*OBS_KEYS).clone()
-                self.policy_step = PolicyStep(policy, example, exploration_type=exploration, env_offset=lo,
+                self.policy_step = PolicyStep(policy, rows, exploration_type=exploration, env_offset=lo,
                                               compile=compile)
         except BaseException:
             self.envs.close()
