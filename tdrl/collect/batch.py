@@ -30,9 +30,8 @@ MASK_KEY = ("collector", "mask")
 TRAJ_KEY = ("collector", "traj_ids")
 
 
-def allocate_batch(
-    batch_B: int, batch_T: int, step_template: TensorDictBase, policy_template: TensorDictBase
-) -> TensorDict:
+def allocate_batch(batch_B: int, batch_T: int, step_template: TensorDictBase,
+        policy_template: TensorDictBase) -> TensorDict:
     """Zeros ``[batch_B, batch_T]`` TensorDict with the keys of the step and policy templates (``[B]``)."""
     batch = TensorDict(batch_size=[batch_B, batch_T])
     for template in (step_template, policy_template):
@@ -44,16 +43,10 @@ def allocate_batch(
 
 
 class ColumnWriter:
-    """Copies ``[n]`` step arrays into column ``t`` of rows ``lo:hi`` of the batch, through numpy views.
+    """Copies the ``keys`` of the ``[B]`` ``source`` into column ``t`` of rows ``lo:hi`` of the batch.
 
-    A numpy strided row copy is several times cheaper than ``tensor[:, t].copy_``; the views are built once.
-
-    Args:
-        batch: the ``[B, T]`` batch (or shared-memory buffer).
-        keys: keys to copy; each is both a key of ``source`` and of ``batch``.
-        source: ``[B]`` TensorDict holding the per-step values (rows ``lo:hi`` are read; views stay valid
-            because its tensors are never replaced).
-        lo, hi: rows of the batch written.
+    Through numpy views built once (``source``'s tensors are never replaced): a strided numpy copy is several
+    times cheaper than ``tensor[:, t].copy_``.
     """
 
     def __init__(self, batch: TensorDictBase, keys: list[NestedKey], source: TensorDictBase, lo: int, hi: int) -> None:
@@ -75,14 +68,8 @@ class PolicyWriter:
             dst[:, t] = out[key].cpu().numpy()
 
 
-def finish_slice(
-    batch: TensorDictBase,
-    lo: int,
-    hi: int,
-    valid: np.ndarray,
-    traj_ids: np.ndarray,
-    wait_reset: bool,
-) -> None:
+def finish_slice(batch: TensorDictBase, lo: int, hi: int, valid: np.ndarray, traj_ids: np.ndarray,
+        wait_reset: bool) -> None:
     """Write ``collector`` keys for rows ``lo:hi`` and zero wait-reset idle steps (rlpyt records zeros)."""
     mask_np = batch.get(MASK_KEY).numpy()
     traj_np = batch.get(TRAJ_KEY).numpy()

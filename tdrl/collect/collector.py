@@ -1,22 +1,21 @@
 """:class:`BatchCollector`: the one implementation of the :class:`~tdrl.collect.common.Collector` protocol.
 
-Every collector kind is a ``BatchCollector`` over an *engine* that produces one ``[batch_B, batch_T]`` batch per
-call: :class:`~tdrl.collect.serial.SerialEngine` (this process), :class:`~tdrl.collect.parallel.ParallelEngine`
-(worker processes), :class:`~tdrl.collect.action_server.ActionServerEngine` (workers step, this process acts) or
-:class:`~tdrl.collect.torchrl_adapter.TorchRLEngine`. The collector adds what they share: the frame budget and
-iteration, the exploration type of each batch, what ``collect()`` hands out, weights and shutdown.
+Every collector kind is a ``BatchCollector`` over an *engine* (serial, parallel, action-server, TorchRL) that
+produces one ``[batch_B, batch_T]`` batch per call; the collector adds what they share: the frame budget, the
+exploration type of each batch, what ``collect()`` hands out, weights and shutdown.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any, Protocol, Self
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType
 
-from tdrl.collect.common import FrameBudget, active_exploration, load_weights, to_interaction_type
+from tdrl.collect.common import active_exploration, to_interaction_type
 
 __all__ = ["BatchCollector", "Engine"]
 
@@ -49,58 +48,68 @@ class BatchCollector:
 
     Attributes:
         traj_infos: TrajInfo dicts of the episodes that finished during the last batch, in (step, env) order.
-        frames: frames yielded so far.
+        frames: frames yielded so far; ``batches``: batches yielded so far.
     """
 
     def __init__(self, engine: Engine, *, total_frames: int = -1, exploration_type: InteractionType | str | None = None,
             device: torch.device | str | None = None, return_same_td: bool = False) -> None:
         self.engine = engine
         self.batch_B, self.batch_T = engine.batch_B, engine.batch_T
-        self.budget = FrameBudget(total_frames, self.batch_B * self.batch_T)
-        self.exploration_type = to_interaction_type(exploration_type, None)
+        self.frames_per_batch = self.batch_B * self.batch_T
+        if total_frames == 0 or total_frames < -1:
+            raise ValueError(f"total_frames must be positive or -1 (endless), got {total_frames}")
+        self.total_frames, self.frames, self.batches = total_frames, 0, 0
+        self.exploration_type = to_interaction_type(exploration_type)
         self.device = torch.device("cpu" if device is None else device)
         self.return_same_td = return_same_td
         self.traj_infos: list[dict[str, float]] = []
         self.closed = False
-
-    @property
-    def frames(self) -> int:
-        return self.budget.frames
-
-    @property
-    def frames_per_batch(self) -> int:
-        return self.batch_B * self.batch_T
 
     def collect(self) -> TensorDictBase:
         """Collect one batch (rlpyt's ``obtain_samples``); sets :attr:`traj_infos`."""
         if self.closed:
             raise RuntimeError("collector is shut down")
         batch, self.traj_infos = self.engine.run(active_exploration(self.exploration_type))
-        self.budget.count()
+        self.frames += self.frames_per_batch
+        self.batches += 1
         if self.device.type != "cpu":
             return batch.to(self.device)
         return batch if self.return_same_td else batch.clone()
 
     def __iter__(self) -> Iterator[TensorDictBase]:
-        while self.budget.remaining():
+        while self.total_frames < 0 or self.frames < self.total_frames:
             yield self.collect()
 
     def __len__(self) -> int:
-        return len(self.budget)
+        if self.total_frames < 0:
+            raise TypeError("an endless collector (total_frames=-1) has no length")
+        return math.ceil(self.total_frames / self.frames_per_batch)
 
     def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
         """Load given weights (a module, a TensorDict of parameters or a ``state_dict``) into the policy. Engines act
         with the policy's current weights at every batch anyway (TorchRL's protocol)."""
-        load_weights(self.engine.policy, policy_or_weights)
+        policy, weights = self.engine.policy, policy_or_weights
+        if policy is None or weights is None or weights is policy:
+            return
+        if isinstance(weights, torch.nn.Module):
+            policy.load_state_dict(weights.state_dict())
+        elif isinstance(weights, TensorDictBase):
+            TensorDict.from_module(policy).data.update_(weights)
+        elif isinstance(weights, dict):
+            policy.load_state_dict(weights)
+        else:
+            raise TypeError(f"policy_or_weights must be a module, a TensorDict of parameters or a state_dict, "
+                            f"got {type(weights)}")
 
     def state_dict(self) -> dict[str, Any]:
         """Counters (``frames``, ``iter``) and the state of a transform applied in this process (running
         statistics). Env state is not captured: resuming restarts episodes."""
         transform = self.engine.transform
-        return {**self.budget.state_dict(), **({"transform": transform.state_dict()} if transform else {})}
+        counters = {"frames": self.frames, "iter": self.batches}
+        return {**counters, **({"transform": transform.state_dict()} if transform else {})}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.budget.load_state_dict(state_dict)
+        self.frames, self.batches = int(state_dict["frames"]), int(state_dict["iter"])
         if "transform" in state_dict and self.engine.transform is not None:
             self.engine.transform.load_state_dict(state_dict["transform"])
 

@@ -1,10 +1,9 @@
 """Evaluation: ``n_envs`` whole greedy episodes per call, on the evaluator's own envs.
 
 Each :meth:`EvalCollector.evaluate` runs one wait-reset batch of ``max_steps`` steps on envs whose time limit is
-``max_steps``: every env plays exactly one whole episode (later envs do not favour short episodes, as a step budget
-shared by all envs would), with the policy under DETERMINISTIC exploration (argmax / distribution mode; an
-``EpsilonGreedy`` uses its ``eps_eval``). The envs are seeded from ``seed`` once, and each continues its own
-random stream afterwards: successive evaluations see new initial states, and a run is reproducible.
+``max_steps``, so every env plays exactly one whole episode (a step budget shared by all envs would favour short
+episodes), under DETERMINISTIC exploration (an ``EpsilonGreedy`` uses its ``eps_eval``). The envs are seeded once
+and continue their streams: successive evaluations see new initial states, and a run is reproducible.
 """
 
 from __future__ import annotations
@@ -21,31 +20,18 @@ __all__ = ["EvalCollector", "make_eval_collector"]
 
 
 class EvalCollector:
-    """Runs whole greedy episodes with a serial collector; ``evaluate()`` returns their TrajInfos.
-
-    Attributes:
-        collector: the wait-reset serial collector stepping the eval envs.
-        traj_infos: the episodes of the last evaluation, in env order.
-    """
+    """Runs whole greedy episodes with a wait-reset serial ``collector``; ``evaluate()`` returns their TrajInfos
+    (also kept in ``traj_infos``). The policy is evaluated with its current weights: there are none to load."""
 
     def __init__(self, collector: BatchCollector) -> None:
         self.collector = collector
         self.traj_infos: list[dict[str, float]] = []
 
     def evaluate(self) -> list[dict[str, float]]:
-        """One episode per env (the policy's current weights): their TrajInfos (``Return``, ``Length``...)."""
+        """One episode per env with the policy's current weights."""
         self.collector.collect()
         self.traj_infos = self.collector.traj_infos
         return self.traj_infos
-
-    def update_policy_weights_(self, policy_or_weights: Any = None) -> None:
-        self.collector.update_policy_weights_(policy_or_weights)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.collector.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.collector.load_state_dict(state_dict)
 
     def shutdown(self) -> None:
         self.collector.shutdown()

@@ -1,18 +1,13 @@
 """Calling a policy once per time step, batched over envs.
 
 A policy implementing :class:`tdrl.models.acting.Acting` (tdrl's own models) is called through ``act`` on
-tensors; any other TorchRL ``TensorDictModuleBase`` (a user's, a recurrent one) runs as ``policy(td)`` on a small
-TensorDict of its in_keys. ``act`` is used under RANDOM and DETERMINISTIC exploration; other exploration types
-(``MODE``, ``MEAN``) take the TensorDict path. ``compile=True`` runs ``act`` through ``torch.compile``.
+tensors under RANDOM and DETERMINISTIC exploration; any other TorchRL ``TensorDictModuleBase``, or another
+exploration type, runs as ``policy(td)`` on a small TensorDict of its in_keys.
 
-Recurrent policies follow TorchRL's convention: the policy reads ``("recurrent_state", "h")``-style keys and
-writes ``("next", "recurrent_state", "h")``. Any in_key that is neither the observation nor ``is_init`` and whose
-``("next", key)`` the policy writes is recurrent state: :class:`PolicyStep` keeps it per env, feeds it back every
-step and zeroes an env's state when ``is_init`` marks the first step of a new episode.
-
-A policy may also read ``("collector", "env_index")``: the ``[n]`` int64 global indices of the envs it acts for
-(e.g. to pick each env's epsilon from a per-env vector, which then also works when a worker's policy copy sees
-only its ``B/W`` envs).
+Recurrent state follows TorchRL's convention: any in_key other than the observation and ``is_init`` whose
+``("next", key)`` the policy writes is kept per env, fed back every step and zeroed where ``is_init`` marks a new
+episode. A policy may also read ``("collector", "env_index")``: the ``[n]`` int64 global indices of its envs
+(e.g. to pick a per-env epsilon, which then also works in a worker that sees only its ``B/W`` envs).
 """
 
 from __future__ import annotations
@@ -56,7 +51,7 @@ class PolicyStep:
     Args:
         policy: a TorchRL ``TensorDictModuleBase`` reading ``observation`` (plus optional ``is_init``,
             ``("collector", "env_index")`` and recurrent-state keys) and writing at least ``action``.
-        example: a ``[n]`` TensorDict with ``observation`` and ``is_init``.
+        example: a ``[n]`` TensorDict with ``observation`` and ``is_init`` (only read, e.g. the step rows).
         exploration_type: exploration type the policy runs under; set :attr:`exploration_type` between batches.
         env_offset: global index of the first env (the ``("collector", "env_index")`` input).
         compile: call ``act`` through ``torch.compile`` (policies implementing it only).
@@ -67,39 +62,30 @@ class PolicyStep:
         acting: whether the policy is called through ``act``.
     """
 
-    def __init__(
-        self,
-        policy: TensorDictModuleBase,
-        example: TensorDictBase,
-        *,
-        exploration_type: InteractionType = InteractionType.RANDOM,
-        env_offset: int = 0,
-        compile: bool = False,
-    ) -> None:
+    def __init__(self, policy: TensorDictModuleBase, example: TensorDictBase, *,
+            exploration_type: InteractionType = InteractionType.RANDOM, env_offset: int = 0,
+            compile: bool = False) -> None:
         if not isinstance(policy, TensorDictModuleBase):
-            raise TypeError(
-                f"policy must be a TorchRL TensorDictModuleBase (e.g. TensorDictModule, ProbabilisticActor), "
-                f"got {type(policy).__name__}"
-            )
+            raise TypeError(f"policy must be a TorchRL TensorDictModuleBase (e.g. TensorDictModule, "
+                            f"ProbabilisticActor), got {type(policy).__name__}")
         self.policy = policy
         self.exploration_type = exploration_type
         self.device = policy_device(policy)
         self.n = int(example.batch_size[0])
-        example = example.to(self.device)
+        example = example.select(OBS_KEY, INIT_KEY).to(self.device)
         in_keys = [unravel_key(k) for k in policy.in_keys]
         out_keys = {unravel_key(k) for k in policy.out_keys}
         self.reads_init = INIT_KEY in in_keys
-        self.env_index = (
-            torch.arange(env_offset, env_offset + self.n, device=self.device) if ENV_INDEX_KEY in in_keys else None
-        )
+        self.env_index = None
+        if ENV_INDEX_KEY in in_keys:
+            self.env_index = torch.arange(env_offset, env_offset + self.n, device=self.device)
         provided = (OBS_KEY, INIT_KEY, ENV_INDEX_KEY)
         self.recurrent_keys = [k for k in in_keys if k not in provided and unravel_key(("next", k)) in out_keys]
         missing = [k for k in in_keys if k not in provided and k not in self.recurrent_keys]
         if missing:
-            raise KeyError(
-                f"policy reads {missing}, which the collector does not provide: a policy sees 'observation', "
-                "'is_init', ('collector', 'env_index') and recurrent state keys K it writes back as ('next', K)"
-            )
+            raise KeyError(f"policy reads {missing}, which the collector does not provide: a policy sees "
+                           "'observation', 'is_init', ('collector', 'env_index') and recurrent state keys K it "
+                           "writes back as ('next', K)")
         self.state: Env = {}
         if self.recurrent_keys:
             self.state = self._initial_state(example)
@@ -154,10 +140,7 @@ class PolicyStep:
         return env
 
     def _as_td(self, env: Env) -> TensorDict:
-        td = TensorDict(batch_size=[self.n])
-        for key, value in env.items():
-            td.set(key, value)
-        return td
+        return TensorDict(env, batch_size=[self.n])
 
     @contextmanager
     def running(self) -> Iterator[None]:

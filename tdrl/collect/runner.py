@@ -1,8 +1,7 @@
 """One slice of a collector: envs ``[lo, hi)`` stepping in this process and, optionally, the policy.
 
-The serial collector runs one :class:`SliceRunner` over all envs; the parallel collector runs one per worker
-process over its ``B/W`` envs, writing into a shared-memory batch. The action-server workers run only the env
-half of it (:meth:`SliceRunner.served_batch`), receiving actions from the main process step by step.
+The serial engine runs one :class:`SliceRunner` over all envs, the parallel engine one per worker over its
+``B/W`` envs; action-server workers run only the env half (:meth:`SliceRunner.served_batch`).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from tdrl.collect.policy import PolicyStep
 from tdrl.collect.stepping import STEP_NEXT_KEYS, EnvSlice, make_step_td
 from tdrl.envs.make import EnvSpecs
 
-__all__ = ["OBS_KEYS", "SliceRunner", "SliceSettings", "allocate"]
+__all__ = ["SliceRunner", "SliceSettings", "allocate"]
 
 OBS_KEYS = ["observation", "is_init"]
 Entries = list[tuple[int, int, dict[str, float]]]
@@ -29,13 +28,8 @@ Entries = list[tuple[int, int, dict[str, float]]]
 
 @dataclass
 class SliceSettings:
-    """How a collector's envs are built and stepped (the same for every slice; pickled to workers).
-
-    ``seed``: env ``i`` gets ``env_seed(seed, i)``; ``wait_reset``: finished envs idle until the batch ends (their
-    steps are masked); ``max_decorrelation_steps``: up to this many random steps per env at start-up;
-    ``discount``: of the TrajInfo ``DiscountedReturn``; ``transform``: a TorchRL transform applied batched where
-    the envs are stepped (:mod:`tdrl.collect.transforms`).
-    """
+    """How a collector's envs are built and stepped (the same for every slice; pickled to workers); the fields are
+    :func:`~tdrl.collect.factory.make_collector`'s arguments."""
 
     env_factory: Callable[..., Any]
     seed: int = 0
@@ -59,24 +53,14 @@ def allocate(settings: SliceSettings, policy: TensorDictModuleBase | None, batch
     if policy is None:
         template = TensorDict({"action": specs.action_spec.zero((batch_B,))}, batch_size=[batch_B])
     else:
-        example = step_td.select(*OBS_KEYS).clone()
-        template = PolicyStep(policy, example, exploration_type=exploration).out_template
+        template = PolicyStep(policy, step_td, exploration_type=exploration).out_template
     return specs, step_td, allocate_batch(batch_B, batch_T, step_td, template)
 
 
 class SliceRunner:
-    """Collects rows ``lo:hi`` of a ``[B, T]`` batch.
-
-    Args:
-        settings: how envs are built and stepped.
-        lo, hi: env rows owned (global indices).
-        step_td: ``[B]`` step TensorDict (shared when several processes use it).
-        batch: ``[B, T]`` batch buffer (shared likewise).
-        policy: policy run here (a private copy in workers), or ``None`` (random actions, or actions written
-            into the batch by an action server).
-        exploration: exploration type of ``policy`` (set again before each batch).
-        compile: ``torch.compile`` the policy's ``act``.
-    """
+    """Collects rows ``lo:hi`` of the ``[B, T]`` ``batch`` through the ``[B]`` ``step_td`` (both shared when
+    several processes use them), running ``policy`` here (a private copy in workers) or, for ``None``, taking
+    random actions or those an action server writes into the batch."""
 
     def __init__(self, settings: SliceSettings, lo: int, hi: int, step_td: TensorDictBase, batch: TensorDictBase,
             policy: TensorDictModuleBase | None, exploration: InteractionType = InteractionType.RANDOM,
@@ -85,15 +69,14 @@ class SliceRunner:
         self.batch = batch
         self.n_total, self.batch_T = int(batch.batch_size[0]), int(batch.batch_size[1])
         self.wait_reset = settings.wait_reset
-        self.envs = EnvSlice(settings, range(lo, hi), step_td, batch_T=self.batch_T)
+        self.envs = EnvSlice(settings, lo, hi, step_td, batch_T=self.batch_T)
         try:
             self.envs.start(settings.max_decorrelation_steps)
             rows = step_td[lo:hi]
             self.obs, self.is_init = rows.get("observation"), rows.get("is_init")
             self.policy_step = None
             if policy is not None:
-                example = rows.select(*OBS_KEYS).clone()
-                self.policy_step = PolicyStep(policy, example, exploration_type=exploration, env_offset=lo,
+                self.policy_step = PolicyStep(policy, rows, exploration_type=exploration, env_offset=lo,
                                               compile=compile)
         except BaseException:
             self.envs.close()

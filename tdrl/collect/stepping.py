@@ -1,7 +1,5 @@
-"""The hot loop: step a slice of gymnasium envs in plain Python and write raw results into numpy arrays.
-
-Every collector kind uses :class:`EnvSlice`, in the main process (serial) or in a worker (parallel,
-action-server). It works on numpy views of a *step TensorDict* ``[B]`` (shared memory when workers are used):
+"""The hot loop: step a slice of gymnasium envs in plain Python, writing into numpy views of a ``[B]`` *step
+TensorDict* (in shared memory when workers are used):
 
 =============================  =====================================================================
 ``observation``                the observation the policy sees next (the reset observation after a done)
@@ -11,14 +9,12 @@ action-server). It works on numpy views of a *step TensorDict* ``[B]`` (shared m
 ``is_init``                    ``[B, 1]`` bool, True where ``observation`` starts an episode
 =============================  =====================================================================
 
-Seeds: env ``i`` of a collector seeded ``s`` is reset with ``env_seed(s, i)`` (a ``SeedSequence`` of
-``[s, i]``), so the same env gets the same stream whichever worker steps it; this is what makes the parallel
-collectors reproduce the serial one exactly.
+Env ``i`` of a collector seeded ``s`` is reset with ``env_seed(s, i)``, so it gets the same stream whichever
+worker steps it: this is what makes the parallel collectors reproduce the serial one exactly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -30,13 +26,8 @@ from tdrl.collect.transforms import StepTransform, probe_observation
 
 __all__ = ["STEP_NEXT_KEYS", "EnvSlice", "env_seed", "make_step_td"]
 
-STEP_NEXT_KEYS = (
-    ("next", "observation"),
-    ("next", "reward"),
-    ("next", "done"),
-    ("next", "terminated"),
-    ("next", "truncated"),
-)
+FLAGS = ("done", "terminated", "truncated")
+STEP_NEXT_KEYS = (("next", "observation"), ("next", "reward"), *(("next", flag) for flag in FLAGS))
 
 
 def env_seed(seed: int, env_index: int) -> int:
@@ -45,10 +36,7 @@ def env_seed(seed: int, env_index: int) -> int:
 
 
 def make_step_td(n_envs: int, obs_spec: Any, transform: Any = None) -> TensorDict:
-    """Allocate the ``[n_envs]`` step TensorDict described in the module docstring (zeros).
-
-    With a ``transform`` the observation entries take the transformed shape and dtype.
-    """
+    """The zero ``[n_envs]`` step TensorDict (observations in the ``transform``'s output shape and dtype)."""
     obs = obs_spec.zero((n_envs,))
     if not isinstance(obs, torch.Tensor):
         raise TypeError(
@@ -57,46 +45,24 @@ def make_step_td(n_envs: int, obs_spec: Any, transform: Any = None) -> TensorDic
         )
     if transform is not None:
         obs = torch.zeros_like(probe_observation(transform, obs))
-    flag = torch.zeros(n_envs, 1, dtype=torch.bool)
-    return TensorDict(
-        {
-            "observation": obs,
-            "is_init": flag.clone(),
-            "next": {
-                "observation": obs.clone(),
-                "reward": torch.zeros(n_envs, 1, dtype=torch.float32),
-                "done": flag.clone(),
-                "terminated": flag.clone(),
-                "truncated": flag.clone(),
-            },
-        },
-        batch_size=[n_envs],
-    )
+    next_ = {"observation": obs.clone(), "reward": torch.zeros(n_envs, 1, dtype=torch.float32),
+             **{flag: torch.zeros(n_envs, 1, dtype=torch.bool) for flag in FLAGS}}
+    is_init = torch.zeros(n_envs, 1, dtype=torch.bool)
+    return TensorDict({"observation": obs, "is_init": is_init, "next": next_}, batch_size=[n_envs])
 
 
 class EnvSlice:
-    """Owns gymnasium envs ``env_indices`` of a collector and steps them one at a time, as ``gymnasium.make``
-    returns them.
+    """Owns envs ``lo:hi`` of a collector (rows of its step TensorDict ``step_td``) and steps them one at a time.
 
-    Args:
-        settings: the collector's :class:`~tdrl.collect.runner.SliceSettings` (factory, seed, wait-reset,
-            discount, transform).
-        env_indices: global indices of the envs in the collector's batch (rows of the step TensorDict).
-        step_td: the collector's ``[B]`` step TensorDict (see module docstring); only rows ``env_indices``
-            (contiguous) are touched.
-        batch_T: time steps per batch (sizes the local reward/done record for episode statistics).
+    ``settings`` is the collector's :class:`~tdrl.collect.runner.SliceSettings`; ``batch_T`` sizes the per-batch
+    reward/done record the episode statistics are computed from.
     """
 
-    def __init__(self, settings: Any, env_indices: Sequence[int], step_td: TensorDictBase, *, batch_T: int) -> None:
-        self.env_indices = list(env_indices)
-        lo, hi = self.env_indices[0], self.env_indices[-1] + 1
-        if self.env_indices != list(range(lo, hi)):
-            raise ValueError("env_indices must be contiguous")
+    def __init__(self, settings: Any, lo: int, hi: int, step_td: TensorDictBase, *, batch_T: int) -> None:
         self.lo, self.hi = lo, hi
         self.wait_reset = settings.wait_reset
-        self.batch_T = batch_T
         n = hi - lo
-        self.seeds = [env_seed(settings.seed, i) for i in self.env_indices]
+        self.seeds = [env_seed(settings.seed, i) for i in range(lo, hi)]
         self.envs = [settings.env_factory() for _ in range(n)]
         self.obs = step_td["observation"].numpy()[lo:hi]
         self.is_init = step_td["is_init"].numpy()[lo:hi, 0]
@@ -121,44 +87,26 @@ class EnvSlice:
         self.tracker = EpisodeTracker(n, discount=settings.discount, game_score=settings.game_score)
         self.episode_count = np.zeros(n, dtype=np.int64)
 
-    def __len__(self) -> int:
-        return len(self.envs)
-
-    # ------------------------------------------------------------------ start-up
     def start(self, max_decorrelation_steps: int = 0) -> None:
-        """Reset every env with its seed, then take up to ``max_decorrelation_steps`` random steps per env.
-
-        The number of random steps of env ``i`` is drawn uniformly from ``[0, max_decorrelation_steps]`` with a
-        generator seeded by the env's seed. These steps are not batch data; episodes they finish are dropped,
-        but an episode still running afterwards keeps counting its reward and length.
-        """
+        """Reset every env with its seed, then take ``U[0, max_decorrelation_steps]`` random steps per env (drawn
+        from the env's seed). They are not batch data: episodes they finish are dropped, a running one keeps its
+        sums. Every env is then marked ``is_init`` (recurrent policies start from zero state)."""
         n = len(self.envs)
+        high = max(max_decorrelation_steps, 0) + 1
+        counts = [int(np.random.default_rng(s).integers(0, high)) for s in self.seeds]
+        rewards = np.zeros((n, max(counts)), np.float32)
+        dones = np.zeros_like(rewards, bool)
         for i, env in enumerate(self.envs):
-            obs, _ = env.reset(seed=self.seeds[i])
+            self.raw_obs[i], _ = env.reset(seed=self.seeds[i])
             env.action_space.seed(self.seeds[i])
-            self.raw_obs[i] = obs
-        self.is_init[:] = True
-        if max_decorrelation_steps <= 0:
-            self._publish_reset(np.arange(n))
-            return
-        counts = [int(np.random.default_rng(s).integers(0, max_decorrelation_steps + 1)) for s in self.seeds]
-        width = max(counts)
-        if width == 0:
-            self._publish_reset(np.arange(n))
-            return
-        rewards = np.zeros((n, width), np.float32)
-        dones = np.zeros((n, width), bool)
-        valid = np.arange(width)[None, :] < np.asarray(counts)[:, None]
-        for i, env in enumerate(self.envs):
             for k in range(counts[i]):
-                obs, r, term, trunc, _ = env.step(env.action_space.sample())
-                rewards[i, k] = r
+                obs, rewards[i, k], term, trunc, _ = env.step(env.action_space.sample())
                 if term or trunc:
                     dones[i, k] = True
                     obs, _ = env.reset()
                 self.raw_obs[i] = obs
-        self.tracker.add(rewards, dones, valid, keep=False)
-        # Recurrent policies start from zero state whatever the env did before: mark every env as fresh.
+        if rewards.size:
+            self.tracker.add(rewards, dones, np.arange(rewards.shape[1]) < np.asarray(counts)[:, None], keep=False)
         self.is_init[:] = True
         self._publish_reset(np.arange(n))
 
@@ -167,7 +115,6 @@ class EnvSlice:
         if self.transform is not None and len(rows):
             self.obs[rows] = self.transform.reset(self.raw_obs[rows])
 
-    # ------------------------------------------------------------------ hot loop
     def sample_actions(self, out: np.ndarray) -> None:
         """Random actions from each env's (seeded) action space, for ``policy=None``."""
         for i, env in enumerate(self.envs):
@@ -176,10 +123,9 @@ class EnvSlice:
     def step(self, t: int, actions: np.ndarray) -> None:
         """Step every (non-idle) env once with ``actions[i]`` and fill the step arrays.
 
-        Reset-at-once: a done env is reset immediately; ``("next","observation")`` keeps its final
-        observation and ``observation`` gets the reset one (``is_init`` True). Wait-reset: a done env idles
-        (its step arrays keep their last values; the batch marks those steps invalid) until
-        :meth:`finish_batch`.
+        Reset-at-once: a done env is reset at once (``("next", "observation")`` keeps its final observation,
+        ``observation`` gets the reset one). Wait-reset: a done env idles until :meth:`finish_batch` (the batch
+        masks those steps).
         """
         envs = self.envs
         next_obs, reward, terminated, truncated = self.raw_next_obs, self.raw_reward, self.terminated, self.truncated

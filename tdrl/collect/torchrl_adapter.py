@@ -1,13 +1,11 @@
 """TorchRL's own collectors behind tdrl's collector interface (``make_collector("torchrl", ...)``).
 
-Useful as a reference and when a TorchRL feature is needed (its env transforms with per-env state such as
-``CatFrames``/``RewardSum``, its weight-sync schemes, ...), at TorchRL's speed (see benchmarks/collectors.py).
-``n_workers == 1`` wraps ``torchrl.collectors.Collector(SerialEnv(batch_B))``; ``n_workers > 1`` wraps
-``MultiSyncCollector`` with ``n_workers`` × ``SerialEnv(batch_B / n_workers)`` (the best TorchRL configurations
-measured on a 2-core machine). Batches are reshaped to tdrl's ``[batch_B, batch_T]`` and get
-``("collector", "mask")`` (all True); float64 observations are cast to float32 (``DoubleToFloat``), discrete
-actions are indices. TrajInfos are computed from each batch's reward and done flags (after ``transform``).
-Only reset-at-once is available, and no decorrelation steps.
+A reference, and the way to TorchRL features (transforms with per-env state such as ``CatFrames``/``RewardSum``,
+its weight-sync schemes). ``n_workers == 1`` wraps ``Collector(SerialEnv(batch_B))``, more wrap
+``MultiSyncCollector`` over ``n_workers`` × ``SerialEnv(batch_B / n_workers)``. Batches are reshaped to
+``[batch_B, batch_T]`` with an all-True ``("collector", "mask")``; float64 observations become float32, discrete
+actions are indices. TrajInfos come from each batch's reward and done flags (after ``transform``). Only
+reset-at-once, and no decorrelation steps.
 """
 
 from __future__ import annotations
@@ -46,11 +44,8 @@ def _serial_env(env_factory: Callable[..., Any], n: int, transform: Any) -> Any:
 
 
 class TorchRLEngine:
-    """A TorchRL collector producing tdrl-layout ``[batch_B, batch_T]`` batches and their TrajInfos.
-
-    ``settings.wait_reset`` must be False and ``settings.max_decorrelation_steps`` 0; ``settings.transform`` is
-    appended to each TorchRL env (any TorchRL transform).
-    """
+    """A TorchRL collector producing tdrl-layout batches and their TrajInfos (``settings.transform``, any TorchRL
+    transform, is appended to each env)."""
 
     def __init__(self, settings: SliceSettings, policy: TensorDictModuleBase | None, *, batch_B: int, batch_T: int,
             n_workers: int = 2, exploration: InteractionType = InteractionType.RANDOM,

@@ -9,15 +9,9 @@ episode, but episodes that *finish* during decorrelation are dropped.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Iterable, Sequence
-
 import numpy as np
 
-__all__ = ["TRAJ_INFO_FIELDS", "EpisodeTracker", "pack_entries", "traj_info_stats", "unpack_entries"]
-
-#: The fields of every TrajInfo (Atari adds ``GameScore``).
-TRAJ_INFO_FIELDS: tuple[str, ...] = ("Length", "Return", "NonzeroRewards", "DiscountedReturn")
+__all__ = ["EpisodeTracker"]
 
 #: Blocks of at most this many env steps are folded step by step (see ``EpisodeTracker._add_stepwise``).
 SMALL_BLOCK = 32
@@ -26,13 +20,11 @@ SMALL_BLOCK = 32
 class EpisodeTracker:
     """Running episode sums for ``n_envs`` envs, updated from ``[n_envs, k]`` blocks of rewards and dones.
 
-    Collectors write rewards and done flags into their batch anyway, so the tracker reads whole blocks once per
-    batch (prefix sums, a handful of numpy calls whatever the number of episodes) instead of doing per-step
-    Python work in the hot loop.
+    Reading whole blocks once per batch (prefix sums) keeps per-step Python work out of the hot loop.
 
     Args:
         n_envs: number of envs tracked (a worker's slice).
-        discount: discount of ``DiscountedReturn`` (rlpyt takes it from the algorithm; default 0.99).
+        discount: discount of ``DiscountedReturn``.
         game_score: add ``GameScore`` (Atari).
     """
 
@@ -52,13 +44,8 @@ class EpisodeTracker:
             self._pows = self.discount ** np.arange(max(n, 2 * len(self._pows)), dtype=np.float64)
         return self._pows[:n]
 
-    def add(
-        self,
-        rewards: np.ndarray,
-        dones: np.ndarray,
-        valid: np.ndarray | None = None,
-        keep: bool = True,
-    ) -> list[tuple[int, int, dict[str, float]]]:
+    def add(self, rewards: np.ndarray, dones: np.ndarray, valid: np.ndarray | None = None,
+            keep: bool = True) -> list[tuple[int, int, dict[str, float]]]:
         """Fold a block of steps into the running sums.
 
         Args:
@@ -68,8 +55,7 @@ class EpisodeTracker:
             keep: False drops finished episodes (decorrelation) instead of returning them.
 
         Returns:
-            ``(step_in_block, env_index, traj_info)`` for every episode that finished, so callers can order
-            episodes from several workers deterministically.
+            ``(step_in_block, env_index, traj_info)`` per finished episode (to order several workers' episodes).
         """
         rewards = np.asarray(rewards, dtype=np.float64)
         dones = np.asarray(dones, dtype=bool)
@@ -133,22 +119,18 @@ class EpisodeTracker:
         if not keep:
             return []
         columns = (ends, rows, length, ret, nonzero, disc)
-        fields = zip(*(c.tolist() for c in columns), strict=True)
-        if self.game_score:
-            return [
-                (t, i, {"Length": n_, "Return": r, "NonzeroRewards": z, "DiscountedReturn": d, "GameScore": r})
-                for t, i, n_, r, z, d in fields
-            ]
-        return [
-            (t, i, {"Length": n_, "Return": r, "NonzeroRewards": z, "DiscountedReturn": d})
-            for t, i, n_, r, z, d in fields
-        ]
+        return [(t, i, self._info(*fields)) for t, i, *fields in zip(*(c.tolist() for c in columns), strict=True)]
 
-    def _add_stepwise(
-        self, rewards: np.ndarray, dones: np.ndarray, valid: np.ndarray | None, keep: bool
-    ) -> list[tuple[int, int, dict[str, float]]]:
-        """:meth:`add` one step at a time, for blocks so small (an off-policy iteration of one env step) that the
-        prefix-sum path's fixed ~40 numpy calls cost more than the steps. Same episodes, same order."""
+    def _info(self, length: int, ret: float, nonzero: int, disc: float) -> dict[str, float]:
+        info = {"Length": length, "Return": ret, "NonzeroRewards": nonzero, "DiscountedReturn": disc}
+        if self.game_score:
+            info["GameScore"] = ret
+        return info
+
+    def _add_stepwise(self, rewards: np.ndarray, dones: np.ndarray, valid: np.ndarray | None,
+            keep: bool) -> list[tuple[int, int, dict[str, float]]]:
+        """:meth:`add` one step at a time, for blocks so small (off-policy iterations of one env step) that the
+        prefix-sum path's fixed numpy calls cost more than the steps. Same episodes, same order."""
         out = []
         rewards_l, dones_l = rewards.tolist(), dones.tolist()
         valid_l = None if valid is None else np.asarray(valid, dtype=bool).tolist()
@@ -165,65 +147,10 @@ class EpisodeTracker:
                 nonzero += r != 0
                 if d:
                     if keep:
-                        info = {"Length": length, "Return": ret, "NonzeroRewards": nonzero, "DiscountedReturn": disc}
-                        if self.game_score:
-                            info["GameScore"] = ret
-                        out.append((t, i, info))
+                        out.append((t, i, self._info(length, ret, nonzero, disc)))
                     ret = disc = 0.0
                     disc_pow = 1.0
                     length = nonzero = 0
             self._ret[i], self._disc_ret[i], self._disc_pow[i] = ret, disc, disc_pow
             self._len[i], self._nonzero[i] = length, nonzero
         return out
-
-
-def pack_entries(entries: list[tuple[int, int, dict[str, float]]]) -> tuple[tuple[str, ...], np.ndarray]:
-    """``(t, env, info)`` entries as ``(field names, float64 array)``: a small message for worker pipes."""
-    if not entries:
-        return (), np.zeros((0, 2))
-    names = tuple(entries[0][2])
-    rows = [(t, i, *(info[k] for k in names)) for t, i, info in entries]
-    return names, np.asarray(rows, dtype=np.float64)
-
-
-def unpack_entries(packed: tuple[tuple[str, ...], np.ndarray]) -> list[tuple[int, int, dict[str, float]]]:
-    """Inverse of :func:`pack_entries` (integer fields come back as ``int``)."""
-    names, rows = packed
-    ints = {"Length", "NonzeroRewards"}
-    return [  # tolist() first: Python floats, not one numpy scalar per field (the main process does this per batch)
-        (int(r[0]), int(r[1]), {k: int(v) if k in ints else v for k, v in zip(names, r[2:], strict=True)})
-        for r in rows.tolist()
-    ]
-
-
-def traj_info_stats(traj_infos: Iterable[dict[str, float]], prefix: str = "") -> dict[str, float]:
-    """Summarise TrajInfos the way rlpyt logs them: ``<Field>Average/Std/Median/Min/Max``.
-
-    Args:
-        traj_infos: completed-episode dicts (e.g. ``collector.traj_infos`` or an eval result).
-        prefix: prepended to every key (e.g. ``"eval/"``).
-
-    Returns:
-        ``{"ReturnAverage": ..., "ReturnStd": ..., ..., "LengthMax": ...}`` for every public numeric field
-        (fields starting with ``_`` are skipped); empty when there are no episodes. Std is the population
-        standard deviation (numpy's default, as rlpyt).
-
-    Examples:
-        >>> traj_info_stats([{"Return": 1.0, "Length": 3}, {"Return": 3.0, "Length": 5}])["ReturnAverage"]
-        2.0
-    """
-    infos: Sequence[dict[str, float]] = list(traj_infos)
-    if not infos:
-        return {}
-    stats: dict[str, float] = {}
-    for field in infos[0]:
-        if field.startswith("_"):
-            continue
-        values = [float(info[field]) for info in infos]
-        arr = np.asarray(values, dtype=np.float64)
-        stats[f"{prefix}{field}Average"] = float(arr.mean())
-        stats[f"{prefix}{field}Std"] = float(arr.std())
-        stats[f"{prefix}{field}Median"] = float(statistics.median(values))
-        stats[f"{prefix}{field}Min"] = float(arr.min())
-        stats[f"{prefix}{field}Max"] = float(arr.max())
-    return stats

@@ -1,24 +1,19 @@
 """TorchRL transforms applied batched, once per step, over the envs of a slice.
 
-Where they run: in the process that steps the envs — the main process for the serial collector, **each worker**
-for the parallel and action-server collectors (over its ``B/W`` envs). Stateful transforms therefore keep one
-state per worker (e.g. ``VecNormV2`` statistics per worker; use ``reduce_batch_dims=True`` so statistics are
-per feature, not per env). Each process gets its own copy of the transform.
+A transform runs where the envs are stepped: in the main process for the serial collector, in each worker
+otherwise, so a stateful transform keeps one state per process (``VecNormV2`` needs ``reduce_batch_dims=True`` so
+its statistics are per feature, not per env). It sees the step results (TorchRL's "next" layout) and the reset
+observations of the envs that were reset; the batch stores the transformed observations and reward, TrajInfos
+the env's raw reward. Transforms may change the observation's dtype or shape (probed once on a copy).
 
-Per step the transform sees a ``[n]`` TensorDict of the step results (``observation``, ``reward``, ``done``,
-``terminated``, ``truncated`` — TorchRL's "next" layout) through ``Transform._step``, and envs that were reset
-see their reset observation through ``Transform._reset`` (only those rows). The batch stores the transformed
-``observation``/``("next","observation")``/``("next","reward")``; TrajInfo statistics use the env's raw
-reward. Transforms that change the observation's dtype or shape (``DoubleToFloat``, ``DTypeCastTransform``,
-``UnsqueezeTransform``...) are supported: the output layout is probed once on a copy of the transform.
+Supported: stateless transforms and those whose state does not depend on the number of envs (``ObservationNorm``,
+``RewardScaling``, ``RewardClipping``, ``SignTransform``, dtype casts, ``VecNormV2(reduce_batch_dims=True)``,
+``Compose`` of these). Per-env buffers driven by ``_reset`` masks (``CatFrames``, ``RewardSum``, ``InitTracker``)
+are not: stack frames env-side and read returns from ``collector.traj_infos``. In wait-reset mode idle envs keep
+passing their last observation through the transform until the batch ends.
 
-Supported: stateless transforms and transforms whose state does not depend on the number of envs
-(``ObservationNorm``, ``RewardScaling``, ``RewardClipping``, ``SignTransform``, dtype casts,
-``VecNormV2(reduce_batch_dims=True)``, ``Compose`` of these). Transforms that keep a buffer per env and expect
-TorchRL's ``_reset`` masks (``CatFrames``, ``RewardSum``, ``InitTracker``...) are not: stack frames env-side
-(tdrl's Atari envs do), and read episode returns from ``collector.traj_infos``. In wait-reset mode idle envs
-keep passing their last observation through the transform until the batch ends (their steps are masked out of
-the batch, but a running-statistics transform sees them).
+TorchRL has no public per-step entry point (``forward`` skips ``_step``/``_reset``, where stateful transforms
+update), so this module calls ``Transform._step`` and ``Transform._reset`` as ``TransformedEnv`` does.
 """
 
 from __future__ import annotations
@@ -48,11 +43,8 @@ def probe_observation(transform: Any, raw_obs: torch.Tensor) -> torch.Tensor:
 
 
 class StepTransform:
-    """Calls a TorchRL ``Transform`` on numpy step arrays of ``n`` envs.
-
-    Args:
-        transform: a TorchRL ``Transform`` (or ``Compose``) reading ``observation`` and/or ``reward``.
-    """
+    """Calls a TorchRL ``Transform`` (or ``Compose``) reading ``observation`` and/or ``reward`` on numpy step
+    arrays of ``n`` envs."""
 
     def __init__(self, transform: Any) -> None:
         self.transform = transform
@@ -69,16 +61,9 @@ class StepTransform:
             truncated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Transformed ``(next_observation [n, ...], reward [n])`` of one step."""
         n = torch.Size([raw_next_obs.shape[0]])
-        next_td = TensorDict(
-            {
-                "observation": torch.from_numpy(raw_next_obs),
-                "reward": torch.from_numpy(raw_reward).reshape(-1, 1),
-                "done": torch.from_numpy(done).reshape(-1, 1),
-                "terminated": torch.from_numpy(terminated).reshape(-1, 1),
-                "truncated": torch.from_numpy(truncated).reshape(-1, 1),
-            },
-            n,
-        )
+        flags = {"reward": raw_reward, "done": done, "terminated": terminated, "truncated": truncated}
+        next_td = TensorDict({"observation": torch.from_numpy(raw_next_obs),
+                              **{k: torch.from_numpy(v).reshape(-1, 1) for k, v in flags.items()}}, n)
         with torch.no_grad():
             out = self.transform._step(TensorDict(batch_size=n), next_td)
         return out.get("observation").numpy(), out.get("reward").reshape(-1).numpy()

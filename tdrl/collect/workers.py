@@ -2,11 +2,9 @@
 
 Each worker owns a contiguous slice of envs and talks to the main process through a duplex ``Pipe`` (per-batch
 commands and replies; a worker that raises sends ``("error", traceback)`` and exits), shared-memory TensorDicts
-it writes directly (the ``[B]`` step arrays and the ``[B, T]`` batch) and, for the action server, two semaphores
-per worker for the per-step handshake. The main process waits on the pipes *and* the process sentinels, so a
-killed worker is noticed at once; semaphore waits time out every ``POLL_S`` seconds to check liveness. Workers
-poll their parent the same way and exit when it is gone. :meth:`WorkerPool.shutdown` is idempotent and also runs
-at interpreter exit.
+it writes directly and, for the action server, two semaphores per worker for the per-step handshake. The main
+process waits on the pipes *and* the process sentinels, so a killed worker is noticed at once; semaphore waits
+time out every ``POLL_S`` seconds to check liveness, and workers poll their parent the same way.
 """
 
 from __future__ import annotations
@@ -31,11 +29,14 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 from tdrl.collect.common import CollectorError, sorted_infos
 from tdrl.collect.runner import SliceSettings
 from tdrl.collect.stepping import env_seed
-from tdrl.collect.traj_info import pack_entries, unpack_entries
 
 __all__ = ["POLL_S", "WorkerPool", "WorkerSpec", "get_context", "worker_specs"]
 
 POLL_S = 0.25  # how often blocked waits check that the other side is alive
+# How long both sides of the action-server handshake poll (yielding the core) before sleeping on the semaphore:
+# a step waits tens of microseconds, and polling saves the futex sleep and wake-up a blocking acquire costs.
+SPIN_S = 0.0005
+START_TIMEOUT_S = 120.0  # for every worker to build its envs and policy
 
 
 @dataclass
@@ -53,7 +54,6 @@ class WorkerSpec:
     compile: bool = False
     obs_ready: Any = None
     actions_ready: Any = None
-    spin_s: float = 0.0
 
 
 def worker_specs(settings: SliceSettings, n_procs: int, step_td: TensorDictBase, batch: TensorDictBase,
@@ -77,20 +77,16 @@ def _signal_name(code: int | None) -> str:
         return f"exit code {code}"
 
 
-def spin_acquire(sem: Any, spin_s: float) -> bool:
-    """Poll ``sem`` for up to ``spin_s`` seconds, yielding the core between polls; ``True`` if acquired.
-
-    The action-server handshake waits tens of microseconds per step (one env step or one forward pass): polling
-    saves the futex sleep and wake-up that a blocking acquire costs each time, and ``sched_yield`` hands the core
-    to the process being waited on when the two share it.
-    """
-    deadline = time.perf_counter() + spin_s
-    while True:
+def acquire(sem: Any, check: Callable[[], None]) -> None:
+    """Acquire a handshake semaphore: poll it for up to ``SPIN_S`` (``sched_yield`` hands the core to the process
+    waited on when they share it), then block, calling ``check`` every ``POLL_S`` to notice a dead peer."""
+    deadline = time.perf_counter() + SPIN_S
+    while time.perf_counter() < deadline:
         if sem.acquire(False):
-            return True
+            return
         os.sched_yield()
-        if time.perf_counter() > deadline:
-            return False
+    while not sem.acquire(timeout=POLL_S):
+        check()
 
 
 class _ParentWatch:
@@ -100,22 +96,15 @@ class _ParentWatch:
         self.parent = os.getppid()
         self.conn = conn
 
-    def alive(self) -> bool:
-        return os.getppid() == self.parent
-
-    def recv(self, conn: Connection) -> Any:
-        while not conn.poll(POLL_S):
-            if not self.alive():
+    def recv(self) -> Any:
+        while not self.conn.poll(POLL_S):
+            if os.getppid() != self.parent:
                 raise SystemExit(0)
-        return conn.recv()
+        return self.conn.recv()
 
-    def acquire(self, sem: Any, spin_s: float = 0.0) -> None:
-        """Acquire ``sem``; with ``spin_s``, first poll it for up to that long (:func:`spin_acquire`)."""
-        if spin_s > 0.0 and spin_acquire(sem, spin_s):
-            return
-        while not sem.acquire(timeout=POLL_S):
-            if not self.alive() or (self.conn.poll() and self.conn.recv()[0] == "close"):
-                raise SystemExit(0)
+    def check(self) -> None:
+        if os.getppid() != self.parent or (self.conn.poll() and self.conn.recv()[0] == "close"):
+            raise SystemExit(0)
 
 
 def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
@@ -137,14 +126,14 @@ def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
                              spec.compile)
         conn.send(("ready", os.getpid()))
         while True:
-            cmd = watch.recv(conn)
+            cmd = watch.recv()
             kind = cmd[0]
             if kind == "collect":
-                conn.send(("done", pack_entries(runner.run_batch(cmd[1]))))
+                conn.send(("done", runner.run_batch(cmd[1])))
                 runner.finish_batch()
             elif kind == "serve":
-                wait = functools.partial(watch.acquire, spin_s=spec.spin_s)
-                conn.send(("done", pack_entries(runner.served_batch(spec.obs_ready, spec.actions_ready, wait))))
+                wait = functools.partial(acquire, check=watch.check)
+                conn.send(("done", runner.served_batch(spec.obs_ready, spec.actions_ready, wait)))
                 runner.finish_batch()
             elif kind == "close":
                 break
@@ -166,19 +155,14 @@ def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
             pass
 
 
-def get_context(start_method: str | None = None) -> Any:
+def get_context() -> Any:
     """The multiprocessing context workers start with.
 
-    Default ``forkserver`` (where available) with this module preloaded: the first collector of a process pays
-    one import of torch/tensordict in the fork server, every worker after that forks from it in milliseconds.
-    ``spawn`` is the portable alternative (each worker imports everything itself). ``fork`` is refused: forking
-    a process that already ran torch ops can deadlock.
+    ``forkserver`` (``spawn`` where it is unavailable) with this module preloaded: the first collector of a process
+    pays one import of torch/tensordict in the fork server, every worker after that forks from it in milliseconds.
+    Not ``fork``: forking a process that already ran torch ops can deadlock.
     """
-    methods = mp.get_all_start_methods()
-    if start_method is None:
-        start_method = "forkserver" if "forkserver" in methods else "spawn"
-    if start_method not in ("forkserver", "spawn"):
-        raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
+    start_method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
         from multiprocessing import forkserver
@@ -189,33 +173,25 @@ def get_context(start_method: str | None = None) -> Any:
 
 
 class WorkerPool:
-    """Starts, supervises and stops the worker processes of one collector.
+    """Starts, supervises and stops the worker processes of one collector (one :class:`WorkerSpec` each)."""
 
-    Args:
-        specs: one :class:`WorkerSpec` per worker.
-        start_timeout: seconds to wait for every worker to build its envs (and policy).
-    """
-
-    def __init__(
-        self, specs: Sequence[WorkerSpec], start_timeout: float = 120.0, start_method: str | None = None
-    ) -> None:
+    def __init__(self, specs: Sequence[WorkerSpec]) -> None:
         self.closed = False
         self.procs: list[Any] = []
         self.conns: list[Connection] = []
         self._pending: dict[int, list[Any]] = {}
-        ctx = get_context(start_method)
+        ctx = get_context()
         try:
             for spec in specs:
                 parent, child = ctx.Pipe(duplex=True)
-                proc = ctx.Process(
-                    target=_worker_main, args=(spec, child), name=f"tdrl-collector-worker-{spec.rank}", daemon=True
-                )
+                proc = ctx.Process(target=_worker_main, args=(spec, child), name=f"tdrl-collector-worker-{spec.rank}",
+                                   daemon=True)
                 proc.start()
                 child.close()
                 self.procs.append(proc)
                 self.conns.append(parent)
             _POOLS.add(self)
-            self.pids = [reply[1] for reply in self.gather("ready", timeout=start_timeout)]
+            self.pids = [reply[1] for reply in self.gather("ready", timeout=START_TIMEOUT_S)]
         except BaseException:
             self.shutdown()
             raise
@@ -238,18 +214,18 @@ class WorkerPool:
         except BaseException:
             self.shutdown()
             raise
-        return sorted_infos([entry for reply in replies for entry in unpack_entries(reply[1])])
+        return sorted_infos([entry for reply in replies for entry in reply[1]])
 
-    def send(self, message: tuple, ranks: Sequence[int] | None = None) -> None:
-        for rank in range(self.n) if ranks is None else ranks:
+    def send(self, message: tuple) -> None:
+        for rank in range(self.n):
             try:
                 self.conns[rank].send(message)
             except (BrokenPipeError, ConnectionResetError, OSError):
                 self.raise_failure(rank)
 
-    def gather(self, expect: str, ranks: Sequence[int] | None = None, timeout: float | None = None) -> list[Any]:
+    def gather(self, expect: str, timeout: float | None = None) -> list[Any]:
         """Wait for one ``expect`` reply from each worker; raise :class:`CollectorError` on a death or error."""
-        ranks = list(range(self.n)) if ranks is None else list(ranks)
+        ranks = list(range(self.n))
         replies: dict[int, Any] = {}
         deadline = None if timeout is None else time.monotonic() + timeout
         for r in ranks:
@@ -294,16 +270,6 @@ class WorkerPool:
                 self.raise_failure(r)
             if not self.procs[r].is_alive():
                 self.raise_failure(r)
-
-    def acquire(self, sem: Any, spin_s: float = 0.0) -> None:
-        """Acquire a per-step semaphore, checking worker health every ``POLL_S`` seconds.
-
-        With ``spin_s``, first poll it (yielding the core) for up to that long: see :func:`spin_acquire`.
-        """
-        if spin_s > 0.0 and spin_acquire(sem, spin_s):
-            return
-        while not sem.acquire(timeout=POLL_S):
-            self.check()
 
     def raise_failure(self, rank: int, tb: str | None = None) -> None:
         proc = self.procs[rank]

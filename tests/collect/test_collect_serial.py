@@ -9,8 +9,9 @@ from collect_helpers import StairsFactory, counter_policy, mlp_policy, stairs_re
 from tensordict.nn import TensorDictModule
 from torchrl.envs.utils import ExplorationType
 
-from tdrl.collect import SerialCollector, make_collector, traj_info_stats
+from tdrl.collect import SerialCollector, make_collector
 from tdrl.envs import EnvFactory
+from tdrl.utils.stats import summarize_records
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -80,21 +81,9 @@ def test_traj_infos_match_hand_computed_episodes():
     assert len(first) == 4 and len(second) == 4
     for info in first + second:
         assert info == pytest.approx({"Length": 5, "Return": ret, "NonzeroRewards": nonzero, "DiscountedReturn": disc})
-    stats = traj_info_stats(first + second)
-    assert stats["ReturnAverage"] == pytest.approx(ret)
-    assert stats["LengthMax"] == 5 and stats["ReturnStd"] == 0.0
-
-
-def test_traj_info_stats_helper():
-    infos = [{"Return": 1.0, "Length": 2, "_private": 5}, {"Return": 3.0, "Length": 4, "_private": 1},
-             {"Return": 8.0, "Length": 9, "_private": 0}]
-    stats = traj_info_stats(infos, prefix="eval/")
-    assert stats["eval/ReturnAverage"] == pytest.approx(4.0)
-    assert stats["eval/ReturnMedian"] == 3.0
-    assert stats["eval/ReturnStd"] == pytest.approx(np.std([1.0, 3.0, 8.0]))
-    assert stats["eval/LengthMin"] == 2 and stats["eval/LengthMax"] == 9
-    assert not any("_private" in k for k in stats)
-    assert traj_info_stats([]) == {}
+    stats = summarize_records(first + second)
+    assert stats["train/return_mean"] == pytest.approx(ret)
+    assert stats["train/length_max"] == 5 and stats["train/return_std"] == 0.0
 
 
 def test_truncated_is_not_terminated():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tdrl.collect.traj_info import EpisodeTracker, pack_entries, unpack_entries
+from tdrl.collect.traj_info import EpisodeTracker
 
 
 def _per_step_reference(rewards, dones, valid, discount, state):
@@ -85,8 +85,3 @@ def test_long_blocks_with_small_discount_stay_finite():
     assert len(infos) == 2
     assert all(info["DiscountedReturn"] == pytest.approx(2.0) and info["Length"] == 3000 for _, _, info in infos)
 
-
-def test_pack_unpack_roundtrip():
-    entries = [(3, 1, {"Length": 4, "Return": 2.5, "NonzeroRewards": 3, "DiscountedReturn": 2.25})]
-    assert unpack_entries(pack_entries(entries)) == entries
-    assert unpack_entries(pack_entries([])) == []
