@@ -1,4 +1,4 @@
-"""Run-directory mechanics: naming, claiming, writability probe, config files, config check on resume.
+"""Run-directory mechanics: naming, claiming, locking, writability probe, config files and their check on resume.
 
 A run directory is ``<run.root>/<yyyymmdd>/<hhmmss>_<name>/run_<seed>/`` (rlpyt's ``logger_context`` layout,
 with the seed as the run id), or exactly ``run.dir`` when given. Only an explicit ``run.dir`` is ever resumed:
@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,8 +22,8 @@ from typing import IO, Any
 from tdrl.config import ConfigError, RunConfig, diff_configs
 from tdrl.utils.files import write_json_atomic
 
-__all__ = ["CONFIG_FILE", "PARAMS_FILE", "RESUME_IGNORED_KEYS", "RunDirError", "check_resume_config", "check_writable",
-    "claim_run_dir", "config_dict", "lock_run_dir", "write_json_atomic"]
+__all__ = ["RESUME_IGNORED_KEYS", "RunDirError", "check_resume_config", "check_writable", "claim_run_dir",
+    "config_dict", "lock_run_dir", "save_config"]
 
 CONFIG_FILE = "config.json"
 PARAMS_FILE = "params.json"
@@ -117,11 +118,8 @@ def lock_run_dir(directory: Path) -> IO[str]:
 
 
 def check_writable(directory: Path) -> None:
-    """Write, fsync and delete a probe file, so a read-only or full disk fails now, not at the first checkpoint.
-
-    Raises:
-        RunDirError: naming the directory and the OS error.
-    """
+    """Write, fsync and delete a probe file, so a read-only or full disk fails now (:class:`RunDirError`), not at
+    the first checkpoint."""
     probe = Path(directory) / f".write-probe-{os.getpid()}"
     try:
         with open(probe, "wb") as f:
@@ -162,6 +160,21 @@ def check_resume_config(directory: Path, config: Mapping[str, Any], *, force: bo
             f"run directory {directory} holds a run with a different config; differing keys:\n{lines}\n"
             "Relaunch with the saved config to resume, pass run.force=true to resume anyway, or choose another run.dir."
         )
+    return diff
+
+
+def save_config(directory: Path, config: Mapping[str, Any], *, name: str, seed: int, resumed: bool,
+                force: bool) -> dict[str, tuple]:
+    """Write ``config.json`` and ``params.json`` (plus ``name`` and ``run_ID``); on resume check them first.
+
+    Returns the differences a forced resume accepted (:func:`check_resume_config`); the config the run started
+    with is then kept as ``config.before-<time>.json``.
+    """
+    diff = check_resume_config(directory, config, force=force) if resumed else {}
+    if diff:
+        shutil.copy2(directory / CONFIG_FILE, directory / f"config.before-{time.strftime('%Y%m%d_%H%M%S')}.json")
+    write_json_atomic(directory / CONFIG_FILE, config)
+    write_json_atomic(directory / PARAMS_FILE, {**config, "name": name, "run_ID": seed})
     return diff
 
 

@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tdrl.config import LoggerConfig
 from tdrl.utils.files import write_atomic
 
-__all__ = ["WandbSink", "load_or_create_run_id", "resolve_wandb_mode"]
+__all__ = ["WandbSink", "load_or_create_run_id", "make_wandb_sink", "resolve_wandb_mode"]
 
 ID_FILE = "wandb_id.txt"
 _MODES = ("online", "offline", "disabled")
@@ -62,29 +63,21 @@ class WandbSink:
         name: display name of the run.
         project, entity, group: W&B placement; empty strings mean W&B's defaults / no group.
         config: the resolved config, logged as the run's config.
-        job_type: W&B job type.
     """
 
-    def __init__(
-        self, *, run_dir: Path, run_id: str, mode: str, name: str, project: str, entity: str = "", group: str = "",
-        config: Mapping[str, Any] | None = None, job_type: str = "train",
-    ) -> None:
+    def __init__(self, *, run_dir: Path, run_id: str, mode: str, name: str, project: str, entity: str = "",
+                 group: str = "", config: Mapping[str, Any] | None = None) -> None:
         import wandb
 
         self._wandb = wandb
         self.run_id = run_id
         self._run: Any = wandb.init(
             project=project or None, entity=entity or None, group=group or None, name=name, id=run_id, resume="allow",
-            mode=mode, job_type=job_type, dir=os.environ.get("WANDB_DIR") or str(run_dir), config=dict(config or {}),
+            mode=mode, job_type="train", dir=os.environ.get("WANDB_DIR") or str(run_dir), config=dict(config or {}),
             reinit="create_new",
         )
         self._run.define_metric("frames")
         self._run.define_metric("*", step_metric="frames")
-
-    @property
-    def directory(self) -> Path:
-        """This process's W&B run directory (``.../wandb/offline-run-<time>-<id>/files``'s parent)."""
-        return Path(self._run.dir).parent
 
     def write(self, row: Mapping[str, Any], step: int) -> None:
         """Log the row's values with ``frames=step``."""
@@ -106,3 +99,14 @@ class WandbSink:
         if self._run is not None:
             self._run.finish(exit_code=exit_code)
             self._run = None
+
+
+def make_wandb_sink(run_dir: Path, logger: LoggerConfig, config: Mapping[str, Any], name: str) -> WandbSink | None:
+    """The run's W&B sink with its persisted id, or ``None`` when ``logger.wandb`` is off or the mode is disabled."""
+    if not logger.wandb:
+        return None
+    mode = resolve_wandb_mode(logger.wandb_mode)
+    if mode == "disabled":
+        return None
+    return WandbSink(run_dir=run_dir, run_id=load_or_create_run_id(run_dir), mode=mode, name=name,
+                     project=logger.project, entity=logger.entity, group=logger.group, config=config)
