@@ -100,14 +100,10 @@ class Run:
              sinks: Sequence[Sink] = (), tee: bool = True) -> Run:
         """Create or resume a run directory and open its logs and sinks; prints the directory.
 
-        Args:
-            config: the recipe's full resolved config (dataclass or mapping), saved as config.json/params.json
-                and logged to W&B.
-            run, logger, checkpoint: ``config.run``, ``config.logger``, ``config.checkpoint`` (defaults if omitted).
-            name: run name when ``run.name`` is empty (usually the recipe's name).
-            total_frames: the progress bar's total.
-            sinks: extra sinks, written after the built-in ones.
-            tee: copy stdout/stderr into ``debug.log``.
+        ``config`` is the recipe's resolved config (dataclass or mapping), saved as config.json/params.json and
+        logged to W&B; ``run``, ``logger``, ``checkpoint`` are its sections (defaults if omitted). ``name`` is used
+        when ``run.name`` is empty; ``total_frames`` is the progress bar's total; ``sinks`` are written after the
+        built-in ones; ``tee`` copies stdout/stderr into ``debug.log``.
 
         Raises:
             tdrl.log.rundir.RunDirError: the directory cannot be created or written, or another live process

@@ -34,11 +34,6 @@ class Sink(Protocol):
         """Flush and release resources (``exit_code=1``: the run failed); idempotent."""
 
 
-def _number(row: Row, key: str) -> float:
-    value = row.get(key)
-    return math.nan if value is None else float(value)
-
-
 class ConsoleSink:
     """A tqdm progress bar (frames, frames/s, last return) plus one summary line per log row.
 
@@ -61,7 +56,7 @@ class ConsoleSink:
 
     def write(self, row: Row, step: int) -> None:
         """Advance the bar to ``step`` and print the row's headline numbers."""
-        fps = _number(row, "StepsPerSecond")
+        fps = float(row["StepsPerSecond"]) if row.get("StepsPerSecond") is not None else math.nan
         parts = [f"itr {row['Iteration']}"] if row.get("Iteration") is not None else []
         parts.append(f"frames {step:,}")
         if not math.isnan(fps):

@@ -54,15 +54,10 @@ def load_or_create_run_id(run_dir: Path) -> str:
 
 
 class WandbSink:
-    """Mirror log rows and videos to a W&B run.
+    """Mirror log rows and videos to a W&B run (``mode`` online or offline; see :func:`make_wandb_sink`).
 
-    Args:
-        run_dir: the run directory; W&B files go to ``run_dir/wandb`` unless ``WANDB_DIR`` is set.
-        run_id: the persisted id (see :func:`load_or_create_run_id`).
-        mode: ``online`` or ``offline`` (``disabled`` is handled by not building this sink).
-        name: display name of the run.
-        project, entity, group: W&B placement; empty strings mean W&B's defaults / no group.
-        config: the resolved config, logged as the run's config.
+    W&B files go to ``run_dir/wandb`` unless ``WANDB_DIR`` is set; empty ``project``, ``entity``, ``group`` mean
+    W&B's defaults / no group; ``config`` is logged as the run's config.
     """
 
     def __init__(self, *, run_dir: Path, run_id: str, mode: str, name: str, project: str, entity: str = "",
