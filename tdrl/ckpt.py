@@ -159,11 +159,8 @@ def write_checkpoint(path: Path, state: Mapping[str, Any], *, iteration: int,
 
 
 def verify_checkpoint(path: Path) -> dict[str, Any]:
-    """Check every file of a checkpoint against its manifest (size, then sha256) and return the manifest.
-
-    Raises:
-        CheckpointCorrupt: naming the checkpoint, the file, and the expected and actual values.
-    """
+    """Check every file of a checkpoint against its manifest (size, then sha256) and return the manifest; raise
+    :class:`CheckpointCorrupt` naming the checkpoint, the file, and the expected and actual values."""
     path = Path(path)
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
@@ -252,8 +249,7 @@ class Checkpointer:
              extra_writers: Mapping[str, PathWriter] | None = None) -> Path | None:
         """Write a checkpoint if the snapshot mode says so (else return ``None``), then rotate old ones.
 
-        Raises:
-            CheckpointError: the write failed (disk full, read-only); earlier checkpoints are untouched.
+        Raises :class:`CheckpointError` if the write failed (disk full, read-only); earlier ones are untouched.
         """
         if iteration < 0:
             raise ValueError(f"iteration must be >= 0, got {iteration}")

@@ -91,9 +91,10 @@ class ProgressCSV:
             self.header = self.header + new_keys
             self._rewrite(rows + [cells])
         else:
-            f = self._open()
-            csv.writer(f, lineterminator="\n").writerow([cells.get(k, "") for k in self.header])
-            f.flush()
+            if self._file is None:
+                self._file = open(self.path, "a", newline="")
+            csv.writer(self._file, lineterminator="\n").writerow([cells.get(k, "") for k in self.header])
+            self._file.flush()
         self.num_rows += 1
 
     def truncate(self, num_rows: int) -> None:
@@ -121,11 +122,6 @@ class ProgressCSV:
             self.sync()
             self._file.close()
             self._file = None
-
-    def _open(self) -> io.TextIOWrapper:
-        if self._file is None:
-            self._file = open(self.path, "a", newline="")
-        return self._file
 
     def _rewrite(self, rows: list[dict[str, str]]) -> None:
         if self._file is not None:

@@ -27,11 +27,8 @@ _MODES = ("online", "offline", "disabled")
 
 
 def resolve_wandb_mode(configured: str) -> str:
-    """``WANDB_MODE`` from the environment if set (``dryrun`` means offline), else ``configured``.
-
-    Raises:
-        ValueError: a mode other than online, offline, disabled (the message names where it came from).
-    """
+    """``WANDB_MODE`` from the environment if set (``dryrun`` means offline), else ``configured``; a mode other
+    than online, offline, disabled is a ``ValueError`` naming where it came from."""
     env = os.environ.get("WANDB_MODE", "").strip().lower()
     mode, source = (env, "WANDB_MODE") if env else (configured, "logger.wandb_mode")
     mode = {"dryrun": "offline", "run": "online"}.get(mode, mode)
