@@ -5,9 +5,10 @@ rlpyt's ``logger_context`` plus atomic checksummed checkpoints, exact resume and
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="ppo")
     # build envs, models, optimizers, replay: the same calls, consuming the same RNG, fresh or resumed
     state = run.load_checkpoint(extra_readers={"replay": buffer.loads})   # None on a fresh run
+    start = 0 if state is None else state["itr"] + 1   # and load the model/optimizer state dicts from state
     for itr in range(start, n_itr):
         if run.log_due(frames):
-            run.log({**summarize_records(episodes, "train/")}, step=frames, iteration=itr, episodes=n_done)
+            run.log(summarize_records(episodes, "train/"), step=frames, iteration=itr, episodes=n_done)
         if run.checkpoint_due(frames):
             run.save_checkpoint({"model": ..., "itr": itr}, itr, step=frames, extra_writers={"replay": buffer.dumps})
     run.finish({"eval/return_mean": last_eval_return})
