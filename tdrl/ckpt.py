@@ -1,22 +1,22 @@
 """Atomic, checksummed checkpoints with rlpyt's snapshot modes.
 
-Not ``torch.save`` over the old file (rlpyt): a process killed mid-write leaves an unloadable file. Not
-``torchrl.checkpoint``: it publishes atomically but keeps no checksums, so a truncated tensor file loads as zeros.
-Every checkpoint here is a directory written under a temporary name, fsynced, then renamed into place, with a
-manifest of the sha256 and size of every file. A checkpoint that does not match its manifest is never loaded: it
-is named in a warning, moved to ``corrupt/``, and the previous valid one is used (``strict=True``: an error).
+Not ``torch.save`` over the old file (rlpyt): a kill mid-write leaves an unloadable file. Not ``torchrl.checkpoint``:
+it keeps no checksums, so a truncated tensor file loads as zeros. A checkpoint here is a directory written under a
+temporary name, fsynced, then renamed into place, with a manifest of every file's sha256 and size. One that does
+not match its manifest is never loaded: it is named in a warning, moved to ``corrupt/``, and the previous valid
+one is used (``strict=True``: an error).
 
 Layout of ``directory`` (usually ``<run_dir>/checkpoints``): ``itr_00000012/`` holding ``MANIFEST.json``,
 ``state.pt`` and one folder per ``extra_writers`` entry (e.g. a replay buffer's ``dumps``); ``.tmp-*`` folders
-being written (stale ones are removed at start); ``corrupt/`` for those that failed verification.
+being written (stale ones are removed at start); ``corrupt/``.
 
 Snapshot modes (rlpyt's): ``none`` never writes; ``last`` keeps the newest; ``all`` keeps every one; ``gap``
 writes only when ``iteration % gap == 0``; ``gap_and_last`` keeps the multiples of ``gap`` plus the newest.
-Rotation runs only after the new checkpoint is published and deletes by renaming first, so a kill at any moment
-leaves at least one complete checkpoint once one has been written.
+Rotation runs after the new checkpoint is published and renames before deleting, so a kill at any moment leaves
+at least one complete checkpoint once one has been written.
 
-Loading uses ``torch.load(weights_only=False)`` (checkpoints hold python values such as collector state): only
-load checkpoints you wrote. The checksum guards against corruption, not tampering.
+Loading uses ``torch.load(weights_only=False)`` (checkpoints hold python values): only load checkpoints you
+wrote. The checksum guards against corruption, not tampering.
 """
 
 from __future__ import annotations
@@ -25,19 +25,20 @@ import errno
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
-import sys
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 
+from tdrl import __version__
 from tdrl.utils.files import write_atomic
 from tdrl.utils.process import pid_alive
 
@@ -45,7 +46,7 @@ __all__ = ["SNAPSHOT_MODES", "CheckpointCorrupt", "CheckpointError", "Checkpoint
     "Checkpointer", "read_checkpoint", "verify_checkpoint", "write_checkpoint"]
 
 SnapshotMode = Literal["none", "last", "all", "gap", "gap_and_last"]
-SNAPSHOT_MODES: tuple[str, ...] = ("none", "last", "all", "gap", "gap_and_last")
+SNAPSHOT_MODES: tuple[str, ...] = get_args(SnapshotMode)
 MANIFEST = "MANIFEST.json"
 STATE_FILE = "state.pt"
 FORMAT_VERSION = 1
@@ -76,9 +77,6 @@ class CheckpointInfo:
     iteration: int
 
 
-# --- Low-level: one checkpoint directory -------------------------------------------------------------------
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -99,16 +97,6 @@ def _hash_file(path: Path, fsync: bool = False) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def _checkpoint_name(iteration: int) -> str:
-    return f"itr_{iteration:08d}"
-
-
-def _versions() -> dict[str, str]:
-    import tdrl
-
-    return {"torch": torch.__version__, "tdrl": tdrl.__version__, "python": sys.version.split()[0]}
-
-
 def _write_error(target: Path, exc: OSError, previous: CheckpointInfo | None) -> CheckpointError:
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -117,15 +105,13 @@ def _write_error(target: Path, exc: OSError, previous: CheckpointInfo | None) ->
     return CheckpointError(f"could not write checkpoint {target}: {reason} [{exc}]; {kept}")
 
 
-def write_checkpoint(
-    path: Path, state: Mapping[str, Any], *, iteration: int, extra_writers: Mapping[str, PathWriter] | None = None
-) -> Path:
+def write_checkpoint(path: Path, state: Mapping[str, Any], *, iteration: int,
+                     extra_writers: Mapping[str, PathWriter] | None = None) -> Path:
     """Write one checkpoint directory atomically: temp dir, fsync every file, manifest, rename, fsync parent.
 
     ``state`` is saved with ``torch.save``; each ``extra_writers[name](dir)`` writes its own files into ``dir``
     before the manifest is computed, so they are checksummed too. An existing ``path`` is replaced. A failed write
-    raises its ``OSError`` (``torch.save`` reports some as ``RuntimeError``) with nothing at ``path`` changed;
-    :meth:`Checkpointer.save` turns these into :class:`CheckpointError`. Returns ``path``.
+    raises (``OSError``, or ``RuntimeError`` from ``torch.save``) with nothing at ``path`` changed.
     """
     path = Path(path)
     extra_writers = dict(extra_writers or {})
@@ -152,14 +138,14 @@ def write_checkpoint(
                 files[file.relative_to(tmp).as_posix()] = {"sha256": sha, "size": size}
         manifest = {
             "format": FORMAT_VERSION, "iteration": int(iteration), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "versions": _versions(), "files": dict(sorted(files.items())),
+            "versions": {"torch": torch.__version__, "tdrl": __version__, "python": platform.python_version()},
+            "files": dict(sorted(files.items())),
         }
         write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1))
         for d in reversed(dirs):
             _fsync_dir(d)
         old = None
-        # The same iteration saved again: move the old one away, publish, then delete it.
-        if path.exists():
+        if path.exists():  # the same iteration saved again: move the old one away, publish, then delete it
             old = path.parent / f".del-{path.name}-{uuid.uuid4().hex[:8]}"
             os.rename(path, old)
         os.rename(tmp, path)
@@ -173,11 +159,8 @@ def write_checkpoint(
 
 
 def verify_checkpoint(path: Path) -> dict[str, Any]:
-    """Check every file of a checkpoint against its manifest (size, then sha256) and return the manifest.
-
-    Raises:
-        CheckpointCorrupt: naming the checkpoint, the file, and the expected and actual values.
-    """
+    """Check every file of a checkpoint against its manifest (size, then sha256) and return the manifest; raise
+    :class:`CheckpointCorrupt` naming the checkpoint, the file, and the expected and actual values."""
     path = Path(path)
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
@@ -193,22 +176,18 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
         file = path / rel
         if not file.is_file():
             raise CheckpointCorrupt(f"checkpoint {path}: file {rel} is missing")
-        size = file.stat().st_size
-        if size != expected["size"]:
-            raise CheckpointCorrupt(
-                f"checkpoint {path}: file {rel} has {size} bytes, manifest says {expected['size']} (truncated?)"
-            )
-        sha, _ = _hash_file(file)
-        if sha != expected["sha256"]:
-            raise CheckpointCorrupt(
-                f"checkpoint {path}: file {rel} sha256 {sha[:16]}... != manifest {expected['sha256'][:16]}..."
-            )
+        size, want = file.stat().st_size, expected["size"]
+        if size != want:
+            raise CheckpointCorrupt(f"checkpoint {path}: file {rel} has {size} bytes, manifest says {want} "
+                                    "(truncated?)")
+        sha, want = _hash_file(file)[0], expected["sha256"]
+        if sha != want:
+            raise CheckpointCorrupt(f"checkpoint {path}: file {rel} sha256 {sha[:16]}... != manifest {want[:16]}...")
     return manifest
 
 
-def read_checkpoint(
-    path: Path, *, map_location: str | torch.device = "cpu", extra_readers: Mapping[str, PathWriter] | None = None
-) -> dict[str, Any]:
+def read_checkpoint(path: Path, *, map_location: str | torch.device = "cpu",
+                    extra_readers: Mapping[str, PathWriter] | None = None) -> dict[str, Any]:
     """Verify a checkpoint, load its state, and hand each extra component's directory to its reader.
 
     Raises:
@@ -228,9 +207,6 @@ def read_checkpoint(
     return state
 
 
-# --- Policy: snapshot modes, rotation, fallback ------------------------------------------------------------
-
-
 class Checkpointer:
     """Writes checkpoints into ``directory`` by snapshot mode (module docstring) and loads the newest valid one.
 
@@ -238,9 +214,8 @@ class Checkpointer:
     fallback to the previous valid one. Raises :class:`CheckpointError` when ``directory`` cannot be created.
     """
 
-    def __init__(
-        self, directory: Path, *, snapshot_mode: SnapshotMode = "last", snapshot_gap: int = 10, strict: bool = False
-    ) -> None:
+    def __init__(self, directory: Path, *, snapshot_mode: SnapshotMode = "last", snapshot_gap: int = 10,
+                 strict: bool = False) -> None:
         if snapshot_mode not in SNAPSHOT_MODES:
             raise ValueError(f"checkpoint.snapshot_mode={snapshot_mode!r} is not one of {list(SNAPSHOT_MODES)}")
         if snapshot_gap < 1:
@@ -257,11 +232,9 @@ class Checkpointer:
 
     def will_save(self, iteration: int) -> bool:
         """Whether :meth:`save` writes anything for this iteration under the snapshot mode."""
-        if self.snapshot_mode == "none":
-            return False
         if self.snapshot_mode == "gap":
             return iteration % self.snapshot_gap == 0
-        return True
+        return self.snapshot_mode != "none"
 
     def list(self) -> list[CheckpointInfo]:
         """Published checkpoints (verified or not), oldest first."""
@@ -272,19 +245,17 @@ class Checkpointer:
                 found.append(CheckpointInfo(entry, int(match.group(1))))
         return sorted(found, key=lambda c: c.iteration)
 
-    def save(
-        self, state: Mapping[str, Any], iteration: int, *, extra_writers: Mapping[str, PathWriter] | None = None
-    ) -> Path | None:
+    def save(self, state: Mapping[str, Any], iteration: int, *,
+             extra_writers: Mapping[str, PathWriter] | None = None) -> Path | None:
         """Write a checkpoint if the snapshot mode says so (else return ``None``), then rotate old ones.
 
-        Raises:
-            CheckpointError: the write failed (disk full, read-only); earlier checkpoints are untouched.
+        Raises :class:`CheckpointError` if the write failed (disk full, read-only); earlier ones are untouched.
         """
         if iteration < 0:
             raise ValueError(f"iteration must be >= 0, got {iteration}")
         if not self.will_save(iteration):
             return None
-        target = self.directory / _checkpoint_name(iteration)
+        target = self.directory / f"itr_{iteration:08d}"
         try:
             write_checkpoint(target, state, iteration=iteration, extra_writers=extra_writers)
         except Exception as e:
@@ -311,16 +282,11 @@ class Checkpointer:
                 if self.strict:
                     raise CheckpointCorrupt(f"{e}; strict resume is on (checkpoint.strict_resume=true)") from None
                 moved = self._quarantine(info)
-                warnings.warn(
-                    f"CORRUPT CHECKPOINT SKIPPED: {e}. Moved it to {moved}; falling back to the previous one.",
-                    CheckpointWarning,
-                    stacklevel=2,
-                )
+                warnings.warn(f"CORRUPT CHECKPOINT SKIPPED: {e}. Moved it to {moved}; falling back to the previous "
+                              "one.", CheckpointWarning, stacklevel=2)
                 continue
             return state, info
         return None
-
-    # --- internals
 
     def _remove_stale(self) -> None:
         """Remove temp and half-deleted dirs left by killed writers (ours only: their pid is gone)."""

@@ -1,11 +1,8 @@
 """Gymnasium environments by id, as picklable constructors.
 
 Collectors step plain gymnasium envs inside worker processes (the fast path), so an environment is described by
-an :class:`EnvFactory`: a small picklable value that builds the env in whichever process calls it. Specs are
-exposed as TorchRL specs so models and losses are built the TorchRL way.
-
-``terminated`` and ``truncated`` stay distinct: ``terminated`` ends bootstrapping, ``truncated`` (time limit)
-does not (rlpyt's ``timeout``).
+an :class:`EnvFactory`, a small picklable value that builds the env in whichever process calls it. Specs are
+TorchRL specs, so models and losses are built the TorchRL way.
 """
 
 from __future__ import annotations
@@ -39,9 +36,8 @@ def _check_registered(env_id: str) -> None:
 
             gym.register_envs(ale_py)
         except ImportError:
-            raise EnvError(
-                f"environment '{env_id}' is an Atari game and needs ale-py: pip install 'tdrl[atari]'"
-            ) from None
+            hint = f"environment '{env_id}' is an Atari game and needs ale-py: pip install 'tdrl[atari]'"
+            raise EnvError(hint) from None
     if env_id not in gym.registry:
         near = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
@@ -55,8 +51,8 @@ def _is_mujoco(env_id: str) -> bool:
 
 
 def _mujoco_warning(message: str) -> None:
-    """MuJoCo's warning callback: the message as a Python ``RuntimeWarning``. It must not raise (an exception
-    cannot cross MuJoCo's C callback: the process aborts), so where warnings are errors it prints instead."""
+    """MuJoCo's warning callback: a Python ``RuntimeWarning``. It must not raise (an exception crossing MuJoCo's C
+    callback aborts the process), so where warnings are errors it prints instead."""
     try:
         warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=1)
     except Exception:
@@ -78,15 +74,12 @@ def _route_mujoco_warnings() -> None:
 
 
 def make_env(env_id: str, seed: int | None = None, **kwargs: Any) -> gym.Env:
-    """Build one gymnasium env by id, seeded, with the family's standard preprocessing.
+    """Build one gymnasium env by id, seeded (first reset and action space), with the family's preprocessing.
 
     Atari ids get the standard DQN preprocessing (no-op reset, frame skip 4 with 2-frame max, 84×84 grey,
-    4-frame stack, uint8; no reward clipping and no episodic life here — the algorithm clips, and the game
-    score stays the return). MuJoCo ids first route MuJoCo's warnings to Python (:func:`_route_mujoco_warnings`).
-    ``seed`` seeds the first reset and the action space; ``kwargs`` go to ``gymnasium.make``.
-
-    Raises:
-        EnvError: unknown id (with the nearest ids) or a missing extra (with the pip command).
+    4-frame stack, uint8; no reward clipping and no episodic life: the algorithm clips, and the game score stays
+    the return). MuJoCo ids first route MuJoCo's warnings to Python. ``kwargs`` go to ``gymnasium.make``.
+    Raises :class:`EnvError` for an unknown id (naming the nearest ids) or a missing extra (with the pip command).
     """
     _check_registered(env_id)
     try:
@@ -113,12 +106,8 @@ def make_env(env_id: str, seed: int | None = None, **kwargs: Any) -> gym.Env:
 
 @dataclass(frozen=True)
 class EnvFactory:
-    """A picklable constructor of one environment: ``EnvFactory("CartPole-v1")(seed=3)``.
-
-    Attributes:
-        env_id: gymnasium id.
-        kwargs: keyword arguments for ``gymnasium.make``.
-    """
+    """A picklable constructor of one environment: ``EnvFactory("CartPole-v1")(seed=3)``; ``kwargs`` go to
+    ``gymnasium.make``."""
 
     env_id: str
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -161,10 +150,8 @@ def space_to_spec(space: gym.Space) -> TensorSpec:
 
 @dataclass
 class EnvSpecs:
-    """TorchRL specs of one environment (unbatched), as models and losses need them.
-
-    Observations are float32 (uint8 for images); discrete actions are int64 indices.
-    """
+    """TorchRL specs of one environment (unbatched): observations float32 (uint8 for images), discrete actions
+    int64 indices."""
 
     observation_spec: TensorSpec
     action_spec: TensorSpec

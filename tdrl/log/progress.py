@@ -1,16 +1,12 @@
 """``progress.csv``: one row per log interval, readable without Python (rlpyt's tabular file).
 
-The header is the keys in order of first appearance. When a key appears for the first time after rows were
-written (an eval metric logged only every few intervals, a loss that starts after ``min_steps_learn``), the file
-is rewritten with the widened header, atomically (temp file, fsync, rename), so earlier rows get an empty
-cell rather than the column being dropped (rlpyt, ray#13766) or misaligned. A row that lacks a known key gets
-an empty cell too, and a key whose value is ``None`` adds no column.
+The header is the keys in order of first appearance. A key first seen after rows were written (an eval metric
+logged every few intervals, a loss that starts late) rewrites the file atomically with the widened header, so
+earlier rows get an empty cell rather than the column being dropped (rlpyt, ray#13766) or misaligned.
 
-Numbers are written exactly: ints as ints, floats with ``repr`` (shortest string that round-trips), so a resumed
-run's file is byte-identical to an uninterrupted one in every deterministic column.
-
-On resume, :meth:`ProgressCSV.truncate` drops the rows written after the checkpoint, so there are no
-duplicate and no missing rows.
+Numbers are written exactly (ints as ints, floats with ``repr``), so a resumed run's file is byte-identical to an
+uninterrupted one in every deterministic column; on resume :meth:`ProgressCSV.truncate` drops the rows written
+after the checkpoint.
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import numbers
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,24 +21,35 @@ from typing import Any
 
 from tdrl.utils.files import write_atomic
 
-__all__ = ["ProgressCSV", "format_value", "read_progress", "read_progress_floats"]
+__all__ = ["ProgressCSV", "metric_value", "read_progress", "read_progress_floats"]
 
 
-def format_value(key: str, value: Any) -> str:
-    """CSV cell text of a metric value: ints exactly, floats via ``repr``, ``None`` as an empty cell.
+def metric_value(key: str, value: Any) -> float | int | None:
+    """A metric as a python number (tensors and numpy scalars converted, bools as ints), or ``None``.
 
     Raises:
-        TypeError: the value is not a real number (the message names the key).
+        TypeError: the value is not a real scalar (the message names the key).
     """
     if value is None:
-        return ""
+        return None
+    if hasattr(value, "item") and not isinstance(value, (int, float)):  # tensor or numpy scalar
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError):
+            raise TypeError(f"metric {key!r}: expected a scalar, got shape {tuple(value.shape)}") from None
     if isinstance(value, bool):
-        return str(int(value))
-    if isinstance(value, numbers.Integral):
-        return str(int(value))
-    if isinstance(value, numbers.Real):
-        return repr(float(value))
-    raise TypeError(f"metric {key!r}: expected a real number, got {type(value).__name__} {value!r}")
+        return int(value)
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"metric {key!r}: expected a real number, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _cell(key: str, value: Any) -> str:
+    """CSV cell text: ints exactly, floats via ``repr`` (shortest round-trip), ``None`` as an empty cell."""
+    value = metric_value(key, value)
+    if value is None:
+        return ""
+    return str(value) if isinstance(value, int) else repr(float(value))
 
 
 def read_progress(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -63,11 +69,7 @@ def read_progress_floats(path: Path) -> dict[str, list[float]]:
 
 
 class ProgressCSV:
-    """Appends rows to a progress.csv, widening the header when new keys appear.
-
-    Args:
-        path: the file; an existing file is continued (its header and row count are read).
-    """
+    """Appends rows to a progress.csv, widening the header when new keys appear; an existing file is continued."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -80,7 +82,7 @@ class ProgressCSV:
 
     def write(self, row: Mapping[str, Any]) -> None:
         """Append one row (keys are column names; values real numbers or ``None``)."""
-        cells = {k: format_value(k, v) for k, v in row.items()}
+        cells = {k: _cell(k, v) for k, v in row.items()}
         # Only keys with a value add columns: the header is exactly the columns that hold data, which is what
         # truncate() rebuilds, so a resumed file matches an uninterrupted one byte for byte.
         new_keys = [k for k in row if k not in self.header and cells[k] != ""]
@@ -89,9 +91,10 @@ class ProgressCSV:
             self.header = self.header + new_keys
             self._rewrite(rows + [cells])
         else:
-            f = self._open()
-            csv.writer(f, lineterminator="\n").writerow([cells.get(k, "") for k in self.header])
-            f.flush()
+            if self._file is None:
+                self._file = open(self.path, "a", newline="")
+            csv.writer(self._file, lineterminator="\n").writerow([cells.get(k, "") for k in self.header])
+            self._file.flush()
         self.num_rows += 1
 
     def truncate(self, num_rows: int) -> None:
@@ -119,11 +122,6 @@ class ProgressCSV:
             self.sync()
             self._file.close()
             self._file = None
-
-    def _open(self) -> io.TextIOWrapper:
-        if self._file is None:
-            self._file = open(self.path, "a", newline="")
-        return self._file
 
     def _rewrite(self, rows: list[dict[str, str]]) -> None:
         if self._file is not None:

@@ -1,22 +1,16 @@
 """A run: its directory, config files, ``debug.log``, ``progress.csv``, metric sinks, checkpoints and resume.
 
-This is rlpyt's ``logger_context`` plus what it lacked (atomic checksummed checkpoints, exact resume, W&B).
-The whole API::
+rlpyt's ``logger_context`` plus atomic checksummed checkpoints, exact resume and W&B. Typical use::
 
-    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="ppo",
-                   total_frames=cfg.collector.total_frames)
+    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="ppo")
     # build envs, models, optimizers, replay: the same calls, consuming the same RNG, fresh or resumed
     state = run.load_checkpoint(extra_readers={"replay": buffer.loads})   # None on a fresh run
-    if state is not None:
-        model.load_state_dict(state["model"]); optim.load_state_dict(state["optim"]); itr = state["itr"] + 1
-    for itr in range(itr, n_itr):
-        ...collect, update...
+    start = 0 if state is None else state["itr"] + 1   # and load the model/optimizer state dicts from state
+    for itr in range(start, n_itr):
         if run.log_due(frames):
-            run.log({**summarize_records(episodes, "train/"), **summarize_columns(losses)},
-                    step=frames, iteration=itr, updates=updates, update_batch_size=batch_size, episodes=n_done)
+            run.log(summarize_records(episodes, "train/"), step=frames, iteration=itr, episodes=n_done)
         if run.checkpoint_due(frames):
-            run.save_checkpoint({"model": ..., "optim": ..., "itr": itr}, itr, step=frames,
-                                extra_writers={"replay": buffer.dumps})
+            run.save_checkpoint({"model": ..., "itr": itr}, itr, step=frames, extra_writers={"replay": buffer.dumps})
     run.finish({"eval/return_mean": last_eval_return})
 
 Run directory (``<run.root>/<yyyymmdd>/<hhmmss>_<name>/run_<seed>/`` or ``run.dir``)::
@@ -26,26 +20,21 @@ Run directory (``<run.root>/<yyyymmdd>/<hhmmss>_<name>/run_<seed>/`` or ``run.di
     progress.csv    one row per log call: rlpyt's columns, then the metrics (see tdrl.log.progress)
     debug.log       everything printed while the run is open, appended across relaunches
     checkpoints/    itr_<N>/ checkpoint directories (see tdrl.ckpt)
-    wandb_id.txt    the W&B run id, reused when the run is resumed
-    wandb/          W&B's files (offline runs: sync them with ``wandb sync``)
+    wandb_id.txt    the W&B run id, reused on resume; wandb/ holds W&B's files (offline: ``wandb sync`` them)
     videos/         evaluation videos (:meth:`Run.log_video`)
     summary.json    final numbers: frames, wall_s, eval/return_mean, and what the caller adds
 
-Exact resume at iteration boundaries: launching again on a directory that holds ``config.json`` resumes it
-(``run.dir`` set explicitly; automatic names are never reused). The saved config must match, key by key
-(except :data:`tdrl.log.rundir.RESUME_IGNORED_KEYS`), unless ``run.force``. ``load_checkpoint`` restores the
-newest valid checkpoint's state, the RNG states captured when it was saved, and the logger's position
-(progress.csv rows written after that checkpoint are dropped: they are re-run). Call it after building everything,
-right before the loop, so that RNG draws made while building are the same in both runs.
-
-One process owns a run directory (an ``flock`` on ``.lock``, released when the process dies): a second
-``Run.open`` on it fails while the first is alive. In distributed training only rank 0 opens the Run.
+Exact resume at iteration boundaries: launching again on an explicit ``run.dir`` holding ``config.json`` resumes
+it; the saved config must match (see :func:`tdrl.log.rundir.check_resume_config`) unless ``run.force``.
+``load_checkpoint`` restores the newest valid checkpoint, its RNG states and the logger's position (later
+progress.csv rows are dropped: they are re-run). Call it after building everything, right before the loop, so
+RNG draws made while building are the same in both runs. One process owns a run directory (an ``flock``); in
+distributed training only rank 0 opens the Run.
 """
 
 from __future__ import annotations
 
 import math
-import shutil
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -54,60 +43,35 @@ from typing import IO, Any
 
 from tdrl.ckpt import Checkpointer, CheckpointError, CheckpointInfo, PathWriter
 from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig
-from tdrl.log.columns import RESERVED_COLUMNS, WALL_TIME_COLUMNS, is_wall_time_column, metric_value
-from tdrl.log.progress import ProgressCSV
-from tdrl.log.rundir import (
-    CONFIG_FILE,
-    PARAMS_FILE,
-    check_resume_config,
-    check_writable,
-    claim_run_dir,
-    config_dict,
-    lock_run_dir,
-    write_json_atomic,
-)
+from tdrl.log.progress import ProgressCSV, metric_value
+from tdrl.log.rundir import check_writable, claim_run_dir, config_dict, lock_run_dir, save_config
 from tdrl.log.sinks import ConsoleSink, Sink, make_tensorboard_sink
 from tdrl.log.tee import DebugLog
 from tdrl.log.video import write_video
+from tdrl.log.wandb_sink import make_wandb_sink
+from tdrl.utils.files import write_json_atomic
 from tdrl.utils.seeding import rng_state, set_rng_state
 
 __all__ = ["RESERVED_COLUMNS", "WALL_TIME_COLUMNS", "Run", "is_wall_time_column"]
 
+RESERVED_COLUMNS: tuple[str, ...] = ("Iteration", "CumSteps", "CumTime", "StepsPerSecond", "NewCompletedTrajs",
+                                     "CumCompletedTrajs", "CumUpdates", "UpdatesPerSecond", "ReplayRatio",
+                                     "CumReplayRatio")
+"""Columns :meth:`Run.log` computes itself (rlpyt's names); metrics may not use them."""
+WALL_TIME_COLUMNS: frozenset[str] = frozenset({"CumTime", "StepsPerSecond", "UpdatesPerSecond"})
+"""Columns that depend on wall-clock time, hence differ between otherwise identical runs."""
+
 _POSITION_FORMAT = 1
 
 
-def _add_wandb_sink(sinks: list[Any], directory: Path, logger: LoggerConfig, config: dict[str, Any],
-                    name: str) -> str | None:
-    """Append a W&B sink unless W&B is off or disabled; returns the persisted run id (``None`` when off)."""
-    if not logger.wandb:
-        return None
-    from tdrl.log.wandb_sink import WandbSink, load_or_create_run_id, resolve_wandb_mode
-
-    mode = resolve_wandb_mode(logger.wandb_mode)
-    if mode == "disabled":
-        return None
-    run_id = load_or_create_run_id(directory)
-    sinks.append(WandbSink(run_dir=directory, run_id=run_id, mode=mode, name=name, project=logger.project,
-                           entity=logger.entity, group=logger.group, config=config))
-    return run_id
+def is_wall_time_column(key: str) -> bool:
+    """True for columns measured in wall-clock time (excluded when comparing runs)."""
+    return key in WALL_TIME_COLUMNS or key.startswith("time/")
 
 
 class Run:
-    """An open run directory with its sinks and checkpointer. Build it with :meth:`Run.open`.
-
-    Args:
-        directory: the run directory (already claimed, writable, config files written).
-        name: run name (console prefix, W&B name).
-        resumed: whether the directory held a run before this launch.
-        checkpointer: writes/loads ``directory/checkpoints``.
-        progress: the progress.csv writer.
-        sinks: mirrors written after progress.csv (console, W&B, TensorBoard, user sinks).
-        debug_log: the stdout/stderr tee into ``debug.log`` (closed by :meth:`finish`), or ``None``.
-        log_interval_steps: env frames between log rows (for :meth:`log_due`).
-        checkpoint_interval_steps: env frames between checkpoints (for :meth:`checkpoint_due`).
-        wandb_id: the W&B run id when W&B is on (recorded in checkpoints).
-        lock: the open lock file of the directory (:func:`tdrl.log.rundir.lock_run_dir`), released by
-            :meth:`close`.
+    """An open run directory with its progress.csv, sinks (mirrors of each row), checkpointer and ``debug.log``
+    tee. Build it with :meth:`Run.open`; ``lock`` is the directory's open lock file, released by :meth:`close`.
     """
 
     def __init__(self, directory: Path, *, name: str, resumed: bool, checkpointer: Checkpointer,
@@ -131,24 +95,16 @@ class Run:
         self._summary: dict[str, Any] | None = None
         self._set_counters({})
 
-    # --- construction -------------------------------------------------------------------------------------
-
     @classmethod
     def open(cls, *, config: Any, run: RunConfig, logger: LoggerConfig | None = None,
              checkpoint: CheckpointConfig | None = None, name: str = "run", total_frames: int | None = None,
              sinks: Sequence[Sink] = (), tee: bool = True) -> Run:
         """Create or resume a run directory and open its logs and sinks; prints the directory.
 
-        Args:
-            config: the recipe's full resolved config (dataclass or mapping), saved as config.json/params.json
-                and logged to W&B.
-            run: where the run lives and its seed (``config.run``).
-            logger: sinks and cadence (``config.logger``); defaults to :class:`tdrl.config.LoggerConfig`.
-            checkpoint: snapshot mode and resume policy (``config.checkpoint``).
-            name: run name when ``run.name`` is empty (usually the recipe's name).
-            total_frames: the progress bar's total.
-            sinks: extra sinks, written after the built-in ones.
-            tee: copy stdout/stderr into ``debug.log``.
+        ``config`` is the recipe's resolved config (dataclass or mapping), saved as config.json/params.json and
+        logged to W&B; ``run``, ``logger``, ``checkpoint`` are its sections (defaults if omitted). ``name`` is used
+        when ``run.name`` is empty; ``total_frames`` is the progress bar's total; ``sinks`` are written after the
+        built-in ones; ``tee`` copies stdout/stderr into ``debug.log``.
 
         Raises:
             tdrl.log.rundir.RunDirError: the directory cannot be created or written, or another live process
@@ -164,86 +120,49 @@ class Run:
         directory, resumed = claim_run_dir(run, name)
         check_writable(directory)
         lock = lock_run_dir(directory)
+        debug_log: DebugLog | None = None
+        built: list[Sink] = []
         try:
-            return cls._open_locked(directory, resumed, lock, config=cfg, run=run, logger=logger,
-                                    checkpoint=checkpoint, name=name, total_frames=total_frames, sinks=sinks, tee=tee)
-        except BaseException:
-            lock.close()
-            raise
-
-    @classmethod
-    def _open_locked(cls, directory: Path, resumed: bool, lock: IO[str], *, config: dict[str, Any], run: RunConfig,
-                     logger: LoggerConfig, checkpoint: CheckpointConfig, name: str, total_frames: int | None,
-                     sinks: Sequence[Sink], tee: bool) -> Run:
-        diff: dict[str, tuple] = {}
-        if resumed:
-            diff = check_resume_config(directory, config, force=run.force)
-            if diff:  # forced: keep the config the run started with next to the new one
-                shutil.copy2(
-                    directory / CONFIG_FILE, directory / f"config.before-{time.strftime('%Y%m%d_%H%M%S')}.json"
-                )
-        write_json_atomic(directory / CONFIG_FILE, config)
-        write_json_atomic(directory / PARAMS_FILE, {**config, "name": name, "run_ID": run.seed})
-        checkpointer = Checkpointer(directory / "checkpoints", snapshot_mode=checkpoint.snapshot_mode,
-                                    snapshot_gap=checkpoint.snapshot_gap, strict=checkpoint.strict_resume)
-        debug_log = DebugLog(directory / "debug.log") if tee else None
-        built: list[Any] = []
-        try:
+            diff = save_config(directory, cfg, name=name, seed=run.seed, resumed=resumed, force=run.force)
+            checkpointer = Checkpointer(directory / "checkpoints", snapshot_mode=checkpoint.snapshot_mode,
+                                        snapshot_gap=checkpoint.snapshot_gap, strict=checkpoint.strict_resume)
+            debug_log = DebugLog(directory / "debug.log") if tee else None
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            state = "resuming" if resumed else "new"
-            print(f"tdrl: {state} run {name!r} in {directory} ({stamp})", flush=True)
+            print(f"tdrl: {'resuming' if resumed else 'new'} run {name!r} in {directory} ({stamp})", flush=True)
             if diff:
-                warnings.warn(f"run.force=true: resuming despite changes in {sorted(diff)}", stacklevel=4)
+                warnings.warn(f"run.force=true: resuming despite changes in {sorted(diff)}", stacklevel=2)
             bar_stream = debug_log.terminal_stderr if debug_log else None
             built.append(ConsoleSink(name=name, total_frames=total_frames, progress_bar=logger.progress_bar,
                                      bar_stream=bar_stream))
-            wandb_id = _add_wandb_sink(built, directory, logger, config, f"{name}-s{run.seed}")
-            if logger.tensorboard:
-                tb = make_tensorboard_sink(directory / "tensorboard")
-                if tb is not None:
-                    built.append(tb)
+            wandb = make_wandb_sink(directory, logger, cfg, f"{name}-s{run.seed}")
+            tensorboard = make_tensorboard_sink(directory / "tensorboard") if logger.tensorboard else None
+            built += [s for s in (wandb, tensorboard) if s is not None]
         except BaseException:
-            for sink in built:
-                sink.close()
-            if debug_log is not None:
-                debug_log.close()
+            for closable in (*built, debug_log, lock):
+                if closable is not None:
+                    closable.close()
             raise
         return cls(directory, name=name, resumed=resumed, checkpointer=checkpointer,
                    progress=ProgressCSV(directory / "progress.csv"), sinks=[*built, *sinks], debug_log=debug_log,
                    log_interval_steps=logger.log_interval_steps,
-                   checkpoint_interval_steps=checkpoint.interval_steps or logger.log_interval_steps, wandb_id=wandb_id,
-                   lock=lock)
-
-    # --- logging ------------------------------------------------------------------------------------------
+                   checkpoint_interval_steps=checkpoint.interval_steps or logger.log_interval_steps,
+                   wandb_id=wandb.run_id if wandb is not None else None, lock=lock)
 
     def log_due(self, step: int) -> bool:
         """Whether ``step`` crossed a multiple of ``log_interval_steps`` since the last logged step."""
         return self._log_interval <= 0 or step // self._log_interval > self._step // self._log_interval
 
-    def log(
-        self,
-        metrics: Mapping[str, Any],
-        *,
-        step: int,
-        iteration: int | None = None,
-        updates: int | None = None,
-        update_batch_size: int | None = None,
-        episodes: int | None = None,
-    ) -> dict[str, Any]:
-        """Write one progress.csv row and mirror it to every sink.
+    def log(self, metrics: Mapping[str, Any], *, step: int, iteration: int | None = None,
+            updates: int | None = None, update_batch_size: int | None = None,
+            episodes: int | None = None) -> dict[str, Any]:
+        """Write one progress.csv row and mirror it to every sink; returns the row as written.
 
-        The row starts with rlpyt's columns computed here: ``Iteration``, ``CumSteps`` (= ``step``), ``CumTime``,
-        ``StepsPerSecond``; with ``episodes`` (completed since the last row) ``NewCompletedTrajs`` and
-        ``CumCompletedTrajs``; with ``updates`` (cumulative) ``CumUpdates`` and ``UpdatesPerSecond``; with
-        ``update_batch_size`` too, ``ReplayRatio`` (samples trained on per new env frame, this interval) and
-        ``CumReplayRatio``. Then the metrics, e.g. from :func:`tdrl.utils.stats.summarize_records`.
-
-        Args:
-            metrics: ``{key: number}``; tensors and numpy scalars are converted; ``None`` leaves the cell empty.
-            step: cumulative env frames (the x axis everywhere).
-
-        Returns:
-            The row as written.
+        The row starts with rlpyt's columns computed here: ``Iteration``, ``CumSteps`` (= ``step``, cumulative env
+        frames), ``CumTime``, ``StepsPerSecond``; with ``episodes`` (completed since the last row)
+        ``NewCompletedTrajs`` and ``CumCompletedTrajs``; with ``updates`` (cumulative) ``CumUpdates`` and
+        ``UpdatesPerSecond``; with ``update_batch_size`` too, ``ReplayRatio`` (samples trained on per new env
+        frame, this interval) and ``CumReplayRatio``. Then the ``metrics`` (``{key: number}``; tensors and numpy
+        scalars are converted, ``None`` leaves the cell empty).
 
         Raises:
             ValueError: a metric uses a reserved column name.
@@ -252,9 +171,8 @@ class Run:
         if self._closed:
             raise RuntimeError(f"run {self.dir} is finished; cannot log")
         if not self._position_known:
-            warnings.warn(
-                f"resumed run {self.dir} logged before load_checkpoint(); progress.csv starts over", stacklevel=2
-            )
+            warnings.warn(f"resumed run {self.dir} logged before load_checkpoint(); progress.csv starts over",
+                          stacklevel=2)
             self._set_position(None)
         now = time.perf_counter()
         elapsed = now - self._last_time
@@ -273,9 +191,8 @@ class Run:
             row["UpdatesPerSecond"] = (updates - self._updates) / elapsed if elapsed > 0 else math.nan
             if update_batch_size:
                 new_frames = step - self._step
-                row["ReplayRatio"] = (
-                    (updates - self._updates) * update_batch_size / new_frames if new_frames > 0 else math.nan
-                )
+                new_samples = (updates - self._updates) * update_batch_size
+                row["ReplayRatio"] = new_samples / new_frames if new_frames > 0 else math.nan
                 row["CumReplayRatio"] = updates * update_batch_size / step if step > 0 else math.nan
         for key, value in metrics.items():
             if key in RESERVED_COLUMNS:
@@ -294,46 +211,26 @@ class Run:
         return row
 
     def log_video(self, frames: Any, *, step: int, key: str = "eval/video", fps: int = 30) -> Path:
-        """Encode frames to ``videos/<key>_<step>.mp4`` and attach the file to the sinks (W&B).
-
-        Args:
-            frames: see :func:`tdrl.log.video.write_video`.
-            step: env frames, used in the file name and as the W&B step.
-            key: metric key; its last component names the file.
-        """
+        """Encode ``frames`` (see :func:`tdrl.log.video.write_video`) to ``videos/<key>_<step>.mp4`` (the key's last
+        component names the file) and attach the file to the sinks (W&B)."""
         path = self.dir / "videos" / f"{key.rsplit('/', 1)[-1]}_{int(step):012d}.mp4"
         write_video(frames, path, fps=fps)
         for sink in self.sinks:
             sink.add_video(key, path, int(step))
         return path
 
-    # --- checkpoints --------------------------------------------------------------------------------------
-
     def checkpoint_due(self, step: int) -> bool:
         """Whether ``step`` crossed a multiple of ``checkpoint.interval_steps`` since the last checkpoint."""
         return self._ckpt_interval <= 0 or step // self._ckpt_interval > self._ckpt_step // self._ckpt_interval
 
-    def save_checkpoint(
-        self,
-        state: Mapping[str, Any],
-        iteration: int,
-        *,
-        step: int | None = None,
-        extra_writers: Mapping[str, PathWriter] | None = None,
-    ) -> Path | None:
-        """Checkpoint ``state`` with the logger position and RNG states, if the snapshot mode says so.
+    def save_checkpoint(self, state: Mapping[str, Any], iteration: int, *, step: int | None = None,
+                        extra_writers: Mapping[str, PathWriter] | None = None) -> Path | None:
+        """Checkpoint ``state`` (tensors, state dicts, python values) with the logger position and RNG states.
 
-        Args:
-            state: nested dict of tensors, state dicts and python values.
-            iteration: the iteration just completed (names the checkpoint; decides the snapshot mode).
-            step: env frames so far (default: the last logged step).
-            extra_writers: ``{name: writer(dir)}`` for components that write their own files (replay).
-
-        Returns:
-            The checkpoint directory, or ``None`` when the snapshot mode skips it.
-
-        Raises:
-            tdrl.ckpt.CheckpointError: the write failed; earlier checkpoints are intact.
+        ``iteration`` (just completed) names the checkpoint and decides the snapshot mode; ``step`` is the env
+        frames so far (default: the last logged step); ``extra_writers`` (``{name: writer(dir)}``) are components
+        that write their own files (replay). Returns the checkpoint directory, or ``None`` when the snapshot mode
+        skips it. Raises :class:`tdrl.ckpt.CheckpointError` if the write failed; earlier checkpoints are intact.
         """
         if not self.checkpointer.will_save(iteration):
             return None
@@ -353,30 +250,18 @@ class Run:
         }
         payload = {"state": dict(state), "run": position, "rng": rng_state()}
         path = self.checkpointer.save(payload, iteration, extra_writers=extra_writers)
-        if path is not None:
-            self.last_checkpoint = CheckpointInfo(path, int(iteration))
-            self._ckpt_step = step
+        self.last_checkpoint = CheckpointInfo(path, int(iteration))
+        self._ckpt_step = step
         return path
 
-    def load_checkpoint(
-        self,
-        *,
-        map_location: Any = "cpu",
-        extra_readers: Mapping[str, PathWriter] | None = None,
-        restore_rng: bool = True,
-    ) -> dict[str, Any] | None:
-        """Load the newest valid checkpoint and restore RNG and logger position; ``None`` if there is none.
+    def load_checkpoint(self, *, map_location: Any = "cpu",
+                        extra_readers: Mapping[str, PathWriter] | None = None) -> dict[str, Any] | None:
+        """Load the newest valid checkpoint's ``state`` (as given to :meth:`save_checkpoint`) and restore the logger
+        position and the RNG states captured at save time; ``None`` if there is none.
 
         A corrupt newer checkpoint is skipped with a loud warning for the previous valid one (an error with
         ``checkpoint.strict_resume``). With no checkpoint, a resumed run's progress.csv starts over.
-
-        Args:
-            map_location: passed to ``torch.load``.
-            extra_readers: ``{name: reader(dir)}`` matching the ``extra_writers`` used when saving.
-            restore_rng: put back the python/numpy/torch RNG states captured at save time.
-
-        Returns:
-            The ``state`` given to :meth:`save_checkpoint`.
+        ``extra_readers`` (``{name: reader(dir)}``) match the ``extra_writers`` used when saving.
         """
         loaded = self.checkpointer.load_latest(map_location=map_location, extra_readers=extra_readers)
         if loaded is None:
@@ -388,14 +273,10 @@ class Run:
         if not isinstance(payload, dict) or not {"state", "run", "rng"} <= payload.keys():
             raise CheckpointError(f"{info.path} was not written by Run.save_checkpoint (keys state/run/rng)")
         self._set_position(payload["run"])
-        if restore_rng:
-            set_rng_state(payload["rng"])
+        set_rng_state(payload["rng"])
         self.last_checkpoint = info
-        print(
-            f"tdrl: resumed from {info.path.name} (iteration {info.iteration}, {self._step:,} frames, "
-            f"{self.progress.num_rows} progress rows)",
-            flush=True,
-        )
+        print(f"tdrl: resumed from {info.path.name} (iteration {info.iteration}, {self._step:,} frames, "
+              f"{self.progress.num_rows} progress rows)", flush=True)
         return payload["state"]
 
     def _set_position(self, position: Mapping[str, Any] | None) -> None:
@@ -405,11 +286,8 @@ class Run:
         if self.progress.num_rows > rows:
             self.progress.truncate(rows)
         elif self.progress.num_rows < rows:
-            warnings.warn(
-                f"{self.progress.path} has {self.progress.num_rows} rows but the checkpoint counted {rows}; "
-                "rows are missing (was the file edited?)",
-                stacklevel=3,
-            )
+            warnings.warn(f"{self.progress.path} has {self.progress.num_rows} rows but the checkpoint counted {rows}; "
+                          "rows are missing (was the file edited?)", stacklevel=3)
         self._set_counters(pos)
         self._position_known = True
 
@@ -421,8 +299,6 @@ class Run:
         self._time_offset = float(pos.get("cum_time", 0.0))
         self._last_values: dict[str, Any] = dict(pos.get("last_values", {}))
         self._t0 = self._last_time = time.perf_counter()
-
-    # --- end ----------------------------------------------------------------------------------------------
 
     def finish(self, summary: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Write ``summary.json``, close W&B and the logs; idempotent (later calls return the same summary).

@@ -1,4 +1,4 @@
-"""Run-directory mechanics: naming, claiming, writability probe, config files, config check on resume.
+"""Run-directory mechanics: naming, claiming, locking, writability probe, config files and their check on resume.
 
 A run directory is ``<run.root>/<yyyymmdd>/<hhmmss>_<name>/run_<seed>/`` (rlpyt's ``logger_context`` layout,
 with the seed as the run id), or exactly ``run.dir`` when given. Only an explicit ``run.dir`` is ever resumed:
@@ -8,11 +8,13 @@ never share a directory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,8 +23,8 @@ from typing import IO, Any
 from tdrl.config import ConfigError, RunConfig, diff_configs
 from tdrl.utils.files import write_json_atomic
 
-__all__ = ["CONFIG_FILE", "PARAMS_FILE", "RESUME_IGNORED_KEYS", "RunDirError", "check_resume_config", "check_writable",
-    "claim_run_dir", "config_dict", "lock_run_dir", "write_json_atomic"]
+__all__ = ["RESUME_IGNORED_KEYS", "RunDirError", "check_resume_config", "check_writable", "claim_run_dir",
+    "config_dict", "lock_run_dir", "save_config"]
 
 CONFIG_FILE = "config.json"
 PARAMS_FILE = "params.json"
@@ -51,26 +53,16 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("_") or "run"
 
 
-def claim_run_dir(run: RunConfig, name: str, now: float | None = None) -> tuple[Path, bool]:
-    """Create (or find) this run's directory.
-
-    Returns:
-        ``(directory, resumed)``: ``resumed`` is true when ``run.dir`` already holds a run (a ``config.json``).
-
-    Raises:
-        RunDirError: the directory cannot be created (the message names it and the reason).
-    """
+def claim_run_dir(run: RunConfig, name: str) -> tuple[Path, bool]:
+    """Create (or find) this run's directory: ``(directory, resumed)``, resumed when ``run.dir`` already holds a
+    ``config.json``. Raises :class:`RunDirError` naming the directory and the reason when it cannot be created."""
     try:
         if run.dir:
             directory = Path(run.dir).expanduser().absolute()
             directory.mkdir(parents=True, exist_ok=True)
             return directory, (directory / CONFIG_FILE).is_file()
-        stamp = time.localtime(now)
-        base = (
-            Path(run.root).expanduser().absolute()
-            / time.strftime("%Y%m%d", stamp)
-            / f"{time.strftime('%H%M%S', stamp)}_{_safe_name(name)}"
-        )
+        day, second = time.strftime("%Y%m%d %H%M%S").split()
+        base = Path(run.root).expanduser().absolute() / day / f"{second}_{_safe_name(name)}"
         base.mkdir(parents=True, exist_ok=True)
         for i in range(10_000):
             directory = base / (f"run_{run.seed}" if i == 0 else f"run_{run.seed}_{i}")
@@ -93,10 +85,8 @@ def lock_run_dir(directory: Path) -> IO[str]:
 
     Two processes writing one run directory (a requeued job starting while the old one still runs, the same
     ``run.dir`` launched twice) would interleave rows and checkpoints. The lock is an ``flock``, so the kernel
-    releases it when its holder dies, even by SIGKILL.
-
-    Raises:
-        RunDirError: another live process holds the lock (the message gives its pid).
+    releases it when its holder dies, even by SIGKILL. Raises :class:`RunDirError` (with the holder's pid) when
+    another live process holds it.
     """
     f = open(Path(directory) / ".lock", "a+")
     try:
@@ -117,11 +107,8 @@ def lock_run_dir(directory: Path) -> IO[str]:
 
 
 def check_writable(directory: Path) -> None:
-    """Write, fsync and delete a probe file, so a read-only or full disk fails now, not at the first checkpoint.
-
-    Raises:
-        RunDirError: naming the directory and the OS error.
-    """
+    """Write, fsync and delete a probe file, so a read-only or full disk fails now (:class:`RunDirError`), not at
+    the first checkpoint."""
     probe = Path(directory) / f".write-probe-{os.getpid()}"
     try:
         with open(probe, "wb") as f:
@@ -129,22 +116,16 @@ def check_writable(directory: Path) -> None:
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        raise RunDirError(
-            f"run directory {directory} is not writable: {e.strerror or e} ({e}); set run.root or run.dir "
-            "to a writable location"
-        ) from e
+        raise RunDirError(f"run directory {directory} is not writable: {e.strerror or e} ({e}); set run.root or "
+                          "run.dir to a writable location") from e
     finally:
-        try:
+        with contextlib.suppress(OSError):
             probe.unlink()
-        except OSError:
-            pass
 
 
 def check_resume_config(directory: Path, config: Mapping[str, Any], *, force: bool) -> dict[str, tuple]:
-    """Compare the saved ``config.json`` with the config of the relaunch.
-
-    Returns:
-        The differing dotted keys (``{key: (saved, now)}``), ignoring :data:`RESUME_IGNORED_KEYS`; empty if equal.
+    """The dotted keys (``{key: (saved, now)}``) in which the saved ``config.json`` differs from the relaunch's
+    config, ignoring :data:`RESUME_IGNORED_KEYS`; empty if equal.
 
     Raises:
         ConfigError: they differ and ``force`` is false; the message lists every differing key.
@@ -162,6 +143,21 @@ def check_resume_config(directory: Path, config: Mapping[str, Any], *, force: bo
             f"run directory {directory} holds a run with a different config; differing keys:\n{lines}\n"
             "Relaunch with the saved config to resume, pass run.force=true to resume anyway, or choose another run.dir."
         )
+    return diff
+
+
+def save_config(directory: Path, config: Mapping[str, Any], *, name: str, seed: int, resumed: bool,
+                force: bool) -> dict[str, tuple]:
+    """Write ``config.json`` and ``params.json`` (plus ``name`` and ``run_ID``); on resume check them first.
+
+    Returns the differences a forced resume accepted (:func:`check_resume_config`); the config the run started
+    with is then kept as ``config.before-<time>.json``.
+    """
+    diff = check_resume_config(directory, config, force=force) if resumed else {}
+    if diff:
+        shutil.copy2(directory / CONFIG_FILE, directory / f"config.before-{time.strftime('%Y%m%d_%H%M%S')}.json")
+    write_json_atomic(directory / CONFIG_FILE, config)
+    write_json_atomic(directory / PARAMS_FILE, {**config, "name": name, "run_ID": seed})
     return diff
 
 

@@ -34,11 +34,6 @@ class Sink(Protocol):
         """Flush and release resources (``exit_code=1``: the run failed); idempotent."""
 
 
-def _number(row: Row, key: str) -> float:
-    value = row.get(key)
-    return math.nan if value is None else float(value)
-
-
 class ConsoleSink:
     """A tqdm progress bar (frames, frames/s, last return) plus one summary line per log row.
 
@@ -46,46 +41,36 @@ class ConsoleSink:
     and it writes to the terminal's stderr, not the tee, so ``\\r`` updates never reach ``debug.log``. The
     summary line goes through ``print`` and is therefore in ``debug.log`` and batch logs.
 
-    Args:
-        name: shown at the start of each line.
-        total_frames: the bar's total (``None``: a counter without ETA).
-        initial: frames already done (a resumed run).
-        progress_bar: ``False`` disables the bar; lines are still printed.
-        bar_stream: where the bar is drawn (default ``sys.stderr``).
+    ``name`` starts each line; ``total_frames`` is the bar's total (``None``: a counter without ETA);
+    ``progress_bar=False`` disables the bar (lines are still printed); ``bar_stream`` defaults to ``sys.stderr``.
     """
 
-    def __init__(
-        self, *, name: str = "", total_frames: int | None = None, initial: int = 0, progress_bar: bool = True,
-        bar_stream: IO[str] | None = None,
-    ) -> None:
+    def __init__(self, *, name: str = "", total_frames: int | None = None, progress_bar: bool = True,
+                 bar_stream: IO[str] | None = None) -> None:
         from tqdm import tqdm
 
         self.name = name
-        self._bar = tqdm(
-            total=total_frames, initial=initial, unit="frame", unit_scale=True, dynamic_ncols=True,
-            file=bar_stream if bar_stream is not None else sys.stderr, disable=None if progress_bar else True,
-            desc=name or None,
-        )
+        self._bar = tqdm(total=total_frames, unit="frame", unit_scale=True, dynamic_ncols=True,
+                         file=bar_stream if bar_stream is not None else sys.stderr,
+                         disable=None if progress_bar else True, desc=name or None)
 
     def write(self, row: Row, step: int) -> None:
         """Advance the bar to ``step`` and print the row's headline numbers."""
-        ret_key = "eval/return_mean" if row.get("eval/return_mean") is not None else "train/return_mean"
-        ret = _number(row, ret_key)
-        fps = _number(row, "StepsPerSecond")
-        parts = [f"itr {row['Iteration']}" if row.get("Iteration") is not None else "", f"frames {step:,}"]
+        fps = float(row["StepsPerSecond"]) if row.get("StepsPerSecond") is not None else math.nan
+        parts = [f"itr {row['Iteration']}"] if row.get("Iteration") is not None else []
+        parts.append(f"frames {step:,}")
         if not math.isnan(fps):
             parts.append(f"{fps:,.0f} fps")
-        for key in ("train/return_mean", "eval/return_mean"):
-            if row.get(key) is not None:
-                parts.append(f"{key} {float(row[key]):.4g}")
+        returns = {k: float(row[k]) for k in ("train/return_mean", "eval/return_mean") if row.get(k) is not None}
+        parts += [f"{key} {value:.4g}" for key, value in returns.items()]
         if row.get("CumTime") is not None:
             parts.append(f"{float(row['CumTime']):.0f} s")
-        line = (f"[{self.name}] " if self.name else "") + " | ".join(p for p in parts if p)
         bar = self._bar
         if not bar.disable:
             bar.clear()
-        print(line, flush=True)
+        print((f"[{self.name}] " if self.name else "") + " | ".join(parts), flush=True)
         if not bar.disable:
+            ret = returns.get("eval/return_mean", returns.get("train/return_mean", math.nan))
             postfix = {"fps": f"{fps:,.0f}"} if not math.isnan(fps) else {}
             if not math.isnan(ret):
                 postfix["ret"] = f"{ret:.4g}"
@@ -106,11 +91,7 @@ class ConsoleSink:
 
 
 class TensorBoardSink:
-    """Scalars to TensorBoard event files (needs the ``tensorboard`` package; see :func:`make_tensorboard_sink`).
-
-    Args:
-        log_dir: directory for the event files, e.g. ``<run_dir>/tensorboard``.
-    """
+    """Scalars to TensorBoard event files in ``log_dir`` (needs the ``tensorboard`` package)."""
 
     def __init__(self, log_dir: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter  # imports tensorboard
@@ -142,9 +123,6 @@ def make_tensorboard_sink(log_dir: Path) -> TensorBoardSink | None:
     try:
         return TensorBoardSink(log_dir)
     except ImportError as e:
-        warnings.warn(
-            f"logger.tensorboard=true but TensorBoard is unavailable ({e}); install `tensorboard` to enable it. "
-            "Continuing without it.",
-            stacklevel=2,
-        )
+        warnings.warn(f"logger.tensorboard=true but TensorBoard is unavailable ({e}); install `tensorboard` to "
+                      "enable it. Continuing without it.", stacklevel=2)
         return None

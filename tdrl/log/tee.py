@@ -1,8 +1,7 @@
 """Copy everything printed to ``debug.log`` (rlpyt's text log), while it still reaches the terminal.
 
-Only python-level writes to ``sys.stdout``/``sys.stderr`` are copied (prints, warnings, tracebacks, logging
-handlers created after the tee); output of C extensions and child processes writing to the raw file
-descriptors is not.
+Only python-level writes to ``sys.stdout``/``sys.stderr`` are copied (prints, warnings, tracebacks), not C
+extensions or child processes writing to the raw file descriptors.
 """
 
 from __future__ import annotations
@@ -45,11 +44,7 @@ class _TeeStream:
 
 
 class DebugLog:
-    """Tee ``sys.stdout`` and ``sys.stderr`` into ``path`` (appending) until :meth:`close`.
-
-    Args:
-        path: the log file, usually ``<run_dir>/debug.log``.
-    """
+    """Tee ``sys.stdout`` and ``sys.stderr`` into ``path`` (appending) until :meth:`close`."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)

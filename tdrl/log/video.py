@@ -54,14 +54,8 @@ def _as_thwc_uint8(frames: Any) -> np.ndarray:
 def write_video(frames: Any, path: Path, *, fps: int = 30) -> Path:
     """Write frames to an H.264 mp4 at ``path`` (parent directories are created).
 
-    Args:
-        frames: ``[T, H, W, C]`` or ``[T, C, H, W]`` array or tensor, or a list of ``[H, W, C]`` frames;
-            uint8, or floats in [0, 1] or [0, 255].
-        path: the output file, e.g. ``run_dir / "videos" / "eval_000100000.mp4"``.
-        fps: frames per second.
-
-    Raises:
-        VideoError: bad frame shape, or imageio-ffmpeg is not installed.
+    ``frames``: a ``[T, H, W, C]`` or ``[T, C, H, W]`` array or tensor, or a list of ``[H, W, C]`` frames; uint8,
+    or floats in [0, 1] or [0, 255]. Raises :class:`VideoError` for a bad shape or without imageio-ffmpeg.
     """
     arr = _as_thwc_uint8(frames)
     try:

@@ -17,20 +17,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tdrl.config import LoggerConfig
 from tdrl.utils.files import write_atomic
 
-__all__ = ["WandbSink", "load_or_create_run_id", "resolve_wandb_mode"]
+__all__ = ["WandbSink", "load_or_create_run_id", "make_wandb_sink", "resolve_wandb_mode"]
 
 ID_FILE = "wandb_id.txt"
 _MODES = ("online", "offline", "disabled")
 
 
 def resolve_wandb_mode(configured: str) -> str:
-    """``WANDB_MODE`` from the environment if set (``dryrun`` means offline), else ``configured``.
-
-    Raises:
-        ValueError: a mode other than online, offline, disabled (the message names where it came from).
-    """
+    """``WANDB_MODE`` from the environment if set (``dryrun`` means offline), else ``configured``; a mode other
+    than online, offline, disabled is a ``ValueError`` naming where it came from."""
     env = os.environ.get("WANDB_MODE", "").strip().lower()
     mode, source = (env, "WANDB_MODE") if env else (configured, "logger.wandb_mode")
     mode = {"dryrun": "offline", "run": "online"}.get(mode, mode)
@@ -53,38 +51,25 @@ def load_or_create_run_id(run_dir: Path) -> str:
 
 
 class WandbSink:
-    """Mirror log rows and videos to a W&B run.
+    """Mirror log rows and videos to a W&B run (``mode`` online or offline; see :func:`make_wandb_sink`).
 
-    Args:
-        run_dir: the run directory; W&B files go to ``run_dir/wandb`` unless ``WANDB_DIR`` is set.
-        run_id: the persisted id (see :func:`load_or_create_run_id`).
-        mode: ``online`` or ``offline`` (``disabled`` is handled by not building this sink).
-        name: display name of the run.
-        project, entity, group: W&B placement; empty strings mean W&B's defaults / no group.
-        config: the resolved config, logged as the run's config.
-        job_type: W&B job type.
+    W&B files go to ``run_dir/wandb`` unless ``WANDB_DIR`` is set; empty ``project``, ``entity``, ``group`` mean
+    W&B's defaults / no group; ``config`` is logged as the run's config.
     """
 
-    def __init__(
-        self, *, run_dir: Path, run_id: str, mode: str, name: str, project: str, entity: str = "", group: str = "",
-        config: Mapping[str, Any] | None = None, job_type: str = "train",
-    ) -> None:
+    def __init__(self, *, run_dir: Path, run_id: str, mode: str, name: str, project: str, entity: str = "",
+                 group: str = "", config: Mapping[str, Any] | None = None) -> None:
         import wandb
 
         self._wandb = wandb
         self.run_id = run_id
         self._run: Any = wandb.init(
             project=project or None, entity=entity or None, group=group or None, name=name, id=run_id, resume="allow",
-            mode=mode, job_type=job_type, dir=os.environ.get("WANDB_DIR") or str(run_dir), config=dict(config or {}),
+            mode=mode, job_type="train", dir=os.environ.get("WANDB_DIR") or str(run_dir), config=dict(config or {}),
             reinit="create_new",
         )
         self._run.define_metric("frames")
         self._run.define_metric("*", step_metric="frames")
-
-    @property
-    def directory(self) -> Path:
-        """This process's W&B run directory (``.../wandb/offline-run-<time>-<id>/files``'s parent)."""
-        return Path(self._run.dir).parent
 
     def write(self, row: Mapping[str, Any], step: int) -> None:
         """Log the row's values with ``frames=step``."""
@@ -106,3 +91,14 @@ class WandbSink:
         if self._run is not None:
             self._run.finish(exit_code=exit_code)
             self._run = None
+
+
+def make_wandb_sink(run_dir: Path, logger: LoggerConfig, config: Mapping[str, Any], name: str) -> WandbSink | None:
+    """The run's W&B sink with its persisted id, or ``None`` when ``logger.wandb`` is off or the mode is disabled."""
+    if not logger.wandb:
+        return None
+    mode = resolve_wandb_mode(logger.wandb_mode)
+    if mode == "disabled":
+        return None
+    return WandbSink(run_dir=run_dir, run_id=load_or_create_run_id(run_dir), mode=mode, name=name,
+                     project=logger.project, entity=logger.entity, group=logger.group, config=config)

@@ -1,10 +1,9 @@
 """torch.distributed helpers for data-parallel training: rank queries, per-rank seeds, backend and size checks.
 
-These sit below every other tdrl layer so trainers and launchers share one definition of "which process am I".
-The process group comes from :func:`init_from_env` (torch's ``env://`` variables, set by ``torchrun`` or exported
-from SLURM's by :mod:`tdrl.launch.distributed`) or from the local launcher in :mod:`tdrl.train.ddp`.
-
-Everything here works without a process group too: a plain single process is rank 0 of a world of size 1.
+They sit below every other tdrl layer so trainers and launchers share one definition of "which process am I".
+The process group comes from :func:`init_from_env` (``env://`` variables from ``torchrun`` or
+:mod:`tdrl.launch.distributed`) or from the local launcher in :mod:`tdrl.train.ddp_launch`. Without a process
+group, a plain process is rank 0 of a world of size 1.
 """
 
 from __future__ import annotations
@@ -21,18 +20,12 @@ __all__ = ["BACKENDS", "DistributedSetupError", "available_cpus", "check_local_w
     "init_from_env", "is_distributed", "is_main_process", "local_rank", "rank", "rank_seed", "resolve_backend",
     "world_size"]
 
-BACKENDS = ("auto", "gloo", "nccl")
-"""Accepted backend names; ``auto`` picks NCCL for CUDA devices and gloo otherwise."""
+BACKENDS = ("auto", "gloo", "nccl")  # auto: NCCL for CUDA devices, gloo otherwise
 
 
 class DistributedSetupError(ValueError):
-    """A data-parallel setting cannot work here (no CUDA for NCCL, more ranks than devices/cores...).
-
-    Raised before any process starts; the message names the offending setting.
-    """
-
-
-# --- Where am I ---------------------------------------------------------------------------------------------
+    """A data-parallel setting cannot work here (no CUDA for NCCL, more ranks than cores...); raised before any
+    process starts, naming the offending setting."""
 
 
 def is_distributed() -> bool:
@@ -81,15 +74,11 @@ def env_world() -> tuple[int, int] | None:
     return None
 
 
-# --- Checks made before any process starts -------------------------------------------------------------------
-
-
 def resolve_backend(backend: str, device: str | torch.device = "cpu", *, key: str = "backend") -> str:
     """The torch.distributed backend for ``device``: ``auto`` → NCCL on CUDA, gloo on CPU.
 
-    Raises:
-        DistributedSetupError: an unknown backend name, NCCL without CUDA (or for CPU tensors), or a backend
-            this torch build lacks.
+    Raises :class:`DistributedSetupError` for an unknown name, NCCL without CUDA (or for CPU tensors), or a backend
+    this torch build lacks.
     """
     if backend not in BACKENDS:
         raise DistributedSetupError(f"{key}={backend!r} is not a backend; choose one of {', '.join(BACKENDS)}")
@@ -98,15 +87,11 @@ def resolve_backend(backend: str, device: str | torch.device = "cpu", *, key: st
         backend = "nccl" if device_type == "cuda" else "gloo"
     if backend == "nccl":
         if not torch.cuda.is_available():
-            raise DistributedSetupError(
-                f"{key}='nccl' needs CUDA, and this machine has no usable GPU (torch.cuda.is_available() is False); "
-                "use gloo for CPU training"
-            )
+            raise DistributedSetupError(f"{key}='nccl' needs CUDA, and this machine has no usable GPU "
+                                        "(torch.cuda.is_available() is False); use gloo for CPU training")
         if device_type != "cuda":
-            raise DistributedSetupError(
-                f"{key}='nccl' reduces CUDA tensors only, but the learner device is {str(device)!r}; "
-                "set the device to cuda or use gloo"
-            )
+            raise DistributedSetupError(f"{key}='nccl' reduces CUDA tensors only, but the learner device is "
+                                        f"{str(device)!r}; set the device to cuda or use gloo")
         if not dist.is_nccl_available():
             raise DistributedSetupError(f"{key}='nccl': this torch build has no NCCL support")
     if backend == "gloo" and not dist.is_gloo_available():
@@ -123,29 +108,17 @@ def available_cpus() -> int:
 
 
 def check_local_world_size(world_size_: int, backend: str, *, key: str = "world_size") -> None:
-    """Refuse to start more local ranks than there are GPUs (NCCL) or CPU cores (gloo).
-
-    Data-parallel ranks each run a full collector-and-learner replica; two replicas on one core only take
-    turns, and NCCL cannot put two ranks on one GPU.
-
-    Raises:
-        DistributedSetupError: ``world_size`` is not a positive int, or exceeds the devices/cores.
-    """
+    """Refuse (:class:`DistributedSetupError`) a non-positive ``world_size`` or more local ranks than GPUs (NCCL)
+    or CPU cores (gloo): each rank runs a full collector-and-learner replica; two replicas on one core only take
+    turns, and NCCL cannot put two ranks on one GPU."""
     if not isinstance(world_size_, int) or isinstance(world_size_, bool) or world_size_ < 1:
         raise DistributedSetupError(f"{key} must be a positive int (number of ranks), got {world_size_!r}")
     if backend == "nccl":
-        gpus = torch.cuda.device_count()
-        if world_size_ > gpus:
-            raise DistributedSetupError(
-                f"{key}={world_size_} exceeds the {gpus} CUDA device(s) visible here (one rank per GPU with NCCL)"
-            )
-        return
-    cpus = available_cpus()
-    if world_size_ > cpus:
-        raise DistributedSetupError(
-            f"{key}={world_size_} exceeds the {cpus} CPU core(s) this process may use (os.sched_getaffinity); "
-            f"each rank runs its own collector and learner, so use {key}<={cpus}"
-        )
+        limit, what = torch.cuda.device_count(), "CUDA device(s) visible here (one rank per GPU with NCCL)"
+    else:
+        limit, what = available_cpus(), "CPU core(s) this process may use (each rank runs a collector and learner)"
+    if world_size_ > limit:
+        raise DistributedSetupError(f"{key}={world_size_} exceeds the {limit} {what}; use {key}<={limit}")
 
 
 def free_port() -> int:
@@ -155,20 +128,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# --- Process group --------------------------------------------------------------------------------------------
-
-
 def init_from_env(backend: str = "auto", device: str | torch.device = "cpu", timeout_s: float = 1800.0) -> int:
-    """Create the default process group from ``env://`` variables (torchrun, or tdrl.launch under SLURM).
+    """Create the default process group from ``env://`` variables (torchrun, or tdrl.launch under SLURM); returns
+    this process's rank.
 
     With NCCL the current CUDA device becomes ``cuda:LOCAL_RANK`` (modulo the visible devices), so tensors the
-    recipe puts on ``"cuda"`` land on this rank's GPU.
-
-    Returns:
-        This process's rank.
-
-    Raises:
-        DistributedSetupError: the variables are missing, or the backend cannot work here.
+    recipe puts on ``"cuda"`` land on this rank's GPU. Raises :class:`DistributedSetupError` when the variables
+    are missing or the backend cannot work here.
     """
     world = env_world()
     if world is None:

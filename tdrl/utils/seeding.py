@@ -1,13 +1,9 @@
 """Seeding and RNG capture for reproducible runs and exact resume.
 
-``seed_everything(seed)`` seeds python's ``random``, numpy's global RNG and torch (CPU and every CUDA device),
-as rlpyt's ``set_seed`` did. ``rng_state()`` captures those generators and ``set_rng_state(state)`` puts them
-back, so a run resumed from a checkpoint draws the same numbers it would have drawn without the interruption.
-The captured state holds only plain python values and tensors (numpy's key is stored as a tensor), so it saves
-with ``torch.save`` and loads with ``torch.load(weights_only=True)``.
-
-Per-environment seeds belong to the collector (its ``state_dict``); ``spawn_seeds`` derives independent,
-reproducible seeds for workers and environments from one run seed.
+:func:`seed_everything` seeds python, numpy's global RNG and torch (rlpyt's ``set_seed``); :func:`rng_state` and
+:func:`set_rng_state` capture and restore those generators, so a resumed run draws the numbers it would have drawn
+without the interruption. Per-environment seeds belong to the collector; :func:`spawn_seeds` derives independent
+seeds for workers and environments from one run seed.
 """
 
 from __future__ import annotations
@@ -22,12 +18,10 @@ __all__ = ["rng_state", "seed_everything", "set_rng_state", "spawn_seeds"]
 
 
 def seed_everything(seed: int, *, deterministic: bool = False) -> None:
-    """Seed python ``random``, numpy's global RNG and torch on every device.
+    """Seed python ``random``, numpy's global RNG and torch on every device with ``seed`` (an int).
 
-    Args:
-        seed: the run seed (``run.seed``).
-        deterministic: also ask torch for deterministic kernels (``torch.use_deterministic_algorithms``);
-            CPU training is already deterministic for the ops tdrl uses, GPU training is not without it.
+    ``deterministic`` also asks torch for deterministic kernels: CPU training is already deterministic for the ops
+    tdrl uses, GPU training is not without it.
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {seed!r}")
@@ -52,14 +46,10 @@ def spawn_seeds(seed: int, n: int) -> list[int]:
 
 
 def rng_state() -> dict[str, Any]:
-    """Capture python, numpy and torch (CPU and CUDA) RNG states.
-
-    Returns:
-        ``{"python": ..., "numpy": ..., "torch": ByteTensor, "cuda": [ByteTensor, ...]}``, safe for
-        ``torch.save`` and ``torch.load(weights_only=True)``.
-    """
+    """Capture python, numpy and torch (CPU and CUDA) RNG states as plain values and tensors (numpy's key as a
+    tensor), so they save with ``torch.save`` and load with ``torch.load(weights_only=True)``."""
     np_state = np.random.get_state(legacy=False)
-    state: dict[str, Any] = {
+    return {
         "python": random.getstate(),
         "numpy": {
             "bit_generator": np_state["bit_generator"],
@@ -69,17 +59,14 @@ def rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
-    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore RNG states captured by :func:`rng_state`.
+    """Restore RNG states captured by :func:`rng_state` (``KeyError`` when ``python``, ``numpy`` or ``torch`` is
+    missing).
 
-    CUDA states are restored when this process sees at least as many devices as were captured; resuming a
-    GPU run on a CPU-only machine restores the CPU generators and skips the CUDA ones.
-
-    Raises:
-        KeyError: ``state`` lacks one of ``python``, ``numpy`` or ``torch``.
+    CUDA states are restored when this process sees at least as many devices as were captured; resuming a GPU run
+    on a CPU-only machine restores the CPU generators only.
     """
     missing = [k for k in ("python", "numpy", "torch") if k not in state]
     if missing:

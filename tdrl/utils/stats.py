@@ -1,26 +1,11 @@
 """The one place where per-episode and per-update values become log columns (rlpyt's ``record_tabular_misc_stat``).
 
 rlpyt wrote ``ReturnAverage, ReturnStd, ReturnMedian, ReturnMin, ReturnMax`` for every TrajInfo field and
-optimiser value. tdrl writes the same five statistics (population std, as ``np.std``) under metric keys::
-
-    rlpyt            tdrl
-    ReturnAverage    train/return_mean      (evaluation episodes: eval/return_mean)
-    ReturnStd        train/return_std
-    LengthMax        train/length_max
-    LossAverage      loss/q_mean            (a recorded ``loss_q``, one value per update since the last row)
-
-Episode fields are the collectors' TrajInfo names in snake case (``DiscountedReturn`` → ``discounted_return``);
-fields starting with ``_`` are private and never logged. Optimiser metrics (what a recipe passes to
-``trainer.record``) are renamed by :func:`metric_name`: ``loss_x`` → ``loss/x``, other bare keys → ``train/x``,
-keys holding a ``/`` as given. This module sits in ``tdrl.utils`` so that trainers, the run logger and user scripts
-all share it.
-
-Examples:
-    >>> summarize_records([{"Return": 1.0, "Length": 10}, {"Return": 3.0, "Length": 30}], "train/")[
-    ...     "train/return_mean"]
-    2.0
-    >>> summarize_metrics([{"loss_q": 0.5}, {"loss_q": 1.5}])["loss/q_max"]
-    1.5
+optimiser value; tdrl writes the same five statistics (population std) under metric keys: ``ReturnAverage`` is
+``train/return_mean`` (evaluation episodes: ``eval/return_mean``), ``LossAverage`` of a recorded ``loss_q`` is
+``loss/q_mean``. Episode fields are the TrajInfo names in snake case (``DiscountedReturn`` →
+``discounted_return``; fields starting with ``_`` are never logged). Optimiser metrics are renamed by
+:func:`metric_name`. It sits in ``tdrl.utils`` so that trainers, the run logger and user scripts share it.
 """
 
 from __future__ import annotations
@@ -34,27 +19,16 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-__all__ = [
-    "STATISTICS",
-    "metric_name",
-    "metrics_to_floats",
-    "summarize",
-    "summarize_columns",
-    "summarize_metrics",
-    "summarize_records",
-]
+__all__ = ["STATISTICS", "metric_name", "metrics_to_floats", "summarize", "summarize_columns", "summarize_metrics",
+           "summarize_records"]
 
 STATISTICS: tuple[str, ...] = ("mean", "std", "median", "min", "max")
 """Column suffixes, in the order they are written (rlpyt's Average, Std, Median, Min, Max)."""
 
 
 def summarize(key: str, values: Iterable[float] | Any) -> dict[str, float]:
-    """``{key_mean, key_std, key_median, key_min, key_max}`` of ``values`` (all ``nan`` when empty).
-
-    Args:
-        key: column prefix, e.g. ``"train/return"``.
-        values: numbers, a numpy array or a tensor (any shape; flattened).
-    """
+    """``{key_mean, key_std, key_median, key_min, key_max}`` of ``values`` (numbers, an array or a tensor of any
+    shape), all ``nan`` when empty."""
     if isinstance(values, torch.Tensor):
         values = values.detach().to("cpu", torch.float64).reshape(-1).numpy()
     try:
@@ -75,12 +49,8 @@ def summarize_records(records: Sequence[Mapping[str, float]], prefix: str = "tra
                       fields: Sequence[str] | None = None) -> dict[str, float]:
     """Statistics of each field over per-episode dicts (TrajInfos), under ``<prefix><snake_field>_<stat>``.
 
-    Args:
-        records: e.g. ``collector.traj_infos`` or ``eval_collector.evaluate()``.
-        prefix: ``"train/"``, ``"eval/"``.
-        fields: the fields to summarise; given, a field with no values yields ``nan`` columns (so an interval in
-            which no episode ended still writes its columns). Default: every public field seen, in order; no
-            columns at all when there are no records.
+    ``fields`` default to every public field seen, in order (no columns at all without records); given, a field
+    with no values yields ``nan`` columns, so an interval in which no episode ended still writes its columns.
     """
     if fields is None:
         fields = [k for k in dict.fromkeys(k for r in records for k in r) if not k.startswith("_")]
