@@ -1,9 +1,4 @@
-"""Command line for sweeps: plan, run locally over slots, submit to SLURM, and follow a sweep's status.
-
-    python slurm/launch.py plan   slurm/sweeps/ppo_cartpole_lr.py
-    python slurm/launch.py local  slurm/sweeps/ppo_cartpole_lr.py --cpus-per-run 1
-    python slurm/launch.py slurm  slurm/sweeps/ppo_cartpole_lr.py --partition debug --time 30 --mem 4
-    python slurm/launch.py status runs/sweeps/ppo_cartpole_lr [--results] [--watch 10]
+"""Command line for sweeps (``python slurm/launch.py`` or ``tdrl sweep``): plan, local, slurm, status.
 
 Every command validates the whole sweep first (recipe, every run's config, slots or SLURM resources), so a
 typo fails in a second, naming the key, with nothing launched. Exit codes: 0 ok, 1 some run failed,
@@ -28,18 +23,18 @@ __all__ = ["main", "parse_time_min"]
 
 
 def parse_time_min(text: str) -> int:
-    """SLURM-style time to minutes: ``90``, ``1:30:00``, ``2-00:00:00``, ``45:00`` (MM:SS rounds up)."""
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    """SLURM's time formats in minutes, seconds rounded up: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``,
+    ``D-H:M:S``."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})", text.strip())
     if not m:
         raise argparse.ArgumentTypeError(f"time {text!r}: use minutes or [D-]HH:MM:SS")
-    days, a, b, c = (int(g) if g else None for g in m.groups())
-    if b is None and c is None:  # minutes, or D-HH
-        minutes = a * 60 if days is not None else a
-    elif c is None:  # MM:SS or D-HH:MM
-        minutes = a * 60 + b if days is not None else a + (1 if b else 0)
-    else:  # HH:MM:SS
-        minutes = a * 60 + b + (1 if c else 0)
-    return (days or 0) * 1440 + minutes
+    parts = [int(p) for p in m.group(2).split(":")]
+    if m.group(1) is not None:  # D-H[:M[:S]]
+        parts += [0] * (3 - len(parts))
+    elif len(parts) < 3:  # M or M:S
+        parts = [0, *parts, 0][:3]
+    hours, minutes, seconds = parts
+    return int(m.group(1) or 0) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
 
 
 def _plan(args: argparse.Namespace) -> SweepPlan:

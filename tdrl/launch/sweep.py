@@ -23,10 +23,9 @@ lives in ``<root>/<sweep name>/<variant dirs>/run_<seed>/`` and is the command
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib.util
 import os
 import re
+import runpy
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,13 +132,7 @@ class SweepPlan:
         return {
             "name": self.sweep.name, "recipe": str(self.recipe), "sweep_file": self.sweep.source, "backend": backend,
             "resources": dataclasses.asdict(self.sweep.resources),
-            "runs": [
-                {
-                    "name": r.name, "run_dir": str(r.run_dir), "seed": r.seed, "variant": r.variant,
-                    "overrides": list(r.overrides),
-                }
-                for r in self.runs
-            ],
+            "runs": [{**dataclasses.asdict(r), "name": r.name, "run_dir": str(r.run_dir)} for r in self.runs],
         }
 
 
@@ -152,19 +145,10 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     path = Path(path).expanduser().resolve()
     if not path.is_file():
         raise SweepError(f"no sweep file '{path}'")
-    name = f"tdrl_sweep_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise SweepError(f"sweep file '{path}' cannot be loaded as Python")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        sweep = runpy.run_path(str(path)).get("sweep")
     except Exception as e:
         raise SweepError(f"sweep file '{path}' failed: {type(e).__name__}: {e}") from e
-    finally:
-        sys.modules.pop(name, None)
-    sweep = getattr(module, "sweep", None)
     if not isinstance(sweep, Sweep):
         raise SweepError(f"sweep file '{path}' must define 'sweep = Sweep(...)'")
     return dataclasses.replace(sweep, source=str(path))
@@ -224,9 +208,9 @@ def plan_sweep(sweep: Sweep, root: str | os.PathLike | None = None) -> SweepPlan
     runs = []
     for seed in sweep.seeds:  # rlpyt order: seeds outer, variants inner
         for variant, log_dir in zip(variants, log_dirs, strict=True):
-            run_dir = exp_dir / log_dir / f"run_{seed}" if log_dir else exp_dir / f"run_{seed}"
-            values = _run_overrides(sweep, cfg_keys, log_dir, seed, variant, run_dir)
             run_name = f"{log_dir}/run_{seed}" if log_dir else f"run_{seed}"
+            run_dir = exp_dir / run_name
+            values = _run_overrides(sweep, cfg_keys, log_dir, seed, variant, run_dir)
             try:
                 cfg = apply_overrides(base, values)
                 args = [f"{k}={_as_arg(v)}" for k, v in values.items()]
