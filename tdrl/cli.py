@@ -1,8 +1,5 @@
-"""The ``tdrl`` command; each subcommand's module is imported only when it is called, so ``tdrl --help`` is instant.
-
-    tdrl plot RUN_DIR... [--metric KEY ...] [--out DIR]     learning curves (tdrl.plot)
-    tdrl sweep plan|local|slurm|status ...                   sweeps (tdrl.launch.cli, same as slurm/launch.py)
-"""
+"""The ``tdrl`` command: ``tdrl plot`` (:mod:`tdrl.plot`) and ``tdrl sweep`` (:mod:`tdrl.launch.cli`, the same
+as ``slurm/launch.py``); each module is imported only when its command runs, so ``tdrl --help`` is instant."""
 
 from __future__ import annotations
 

@@ -11,12 +11,11 @@ import argparse
 import dataclasses
 import re
 import sys
-import time
 from pathlib import Path
 
 from tdrl.config import ConfigError
 from tdrl.launch.recipe import RecipeError
-from tdrl.launch.slots import SlotError, make_slots, parse_cpus
+from tdrl.launch.slots import SlotError, make_slots
 from tdrl.launch.sweep import Resources, SweepError, SweepPlan, load_sweep, plan_sweep
 
 __all__ = ["main", "parse_time_min"]
@@ -62,9 +61,8 @@ def cmd_local(args: argparse.Namespace) -> int:
 
     plan = _plan(args)
     r = _resources(args, plan.sweep.resources)
-    cpus = parse_cpus(args.cpu_list) if args.cpu_list else None
     slots = make_slots(
-        cpus_per_run=r.cpus_per_run, gpus_per_run=r.gpus_per_run, runs_per_gpu=r.runs_per_gpu, cpus=cpus,
+        cpus_per_run=r.cpus_per_run, gpus_per_run=r.gpus_per_run, runs_per_gpu=r.runs_per_gpu,
         max_slots=args.max_parallel,
     )
     outcomes = launch_local(plan, slots, rerun_done=args.rerun_done)
@@ -86,16 +84,11 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from tdrl.launch.status import TERMINAL, collect_results, format_status, sweep_status
+    from tdrl.launch.status import collect_results, format_status, sweep_status
 
     columns = [c for c in args.columns.split(",") if c] if args.columns else None
-    while True:
-        statuses = sweep_status(args.exp_dir)
-        print(format_status(statuses, columns), flush=True)
-        if not args.watch or all(s.state in TERMINAL for s in statuses):
-            break
-        time.sleep(args.watch)
-        print()
+    statuses = sweep_status(args.exp_dir)
+    print(format_status(statuses, columns), flush=True)
     if args.results:
         rows = collect_results(args.exp_dir)
         print(
@@ -120,12 +113,11 @@ def build_parser(prog: str = "slurm/launch.py") -> argparse.ArgumentParser:
     sweep_args(q)
     q.set_defaults(func=cmd_plan)
 
-    q = sub.add_parser("local", help="run a sweep on this machine, queued over hardware slots")
+    q = sub.add_parser("local", help="run a sweep here, queued over slots of the cores it may use (taskset -c 0-7 ...)")
     sweep_args(q)
     q.add_argument("--cpus-per-run", type=int, help="cores per run (slot size)")
     q.add_argument("--gpus-per-run", type=int, help="GPUs per run")
     q.add_argument("--runs-per-gpu", type=int, help="runs sharing one GPU")
-    q.add_argument("--cpu-list", help="cores to use, e.g. 0-7 (default: all this process may use)")
     q.add_argument("--max-parallel", type=int, help="at most this many runs at once")
     q.add_argument("--rerun-done", action="store_true", help="also run those with a summary.json")
     q.set_defaults(func=cmd_local)
@@ -151,7 +143,6 @@ def build_parser(prog: str = "slurm/launch.py") -> argparse.ArgumentParser:
     q.add_argument("exp_dir", help="experiment directory (holds sweep.json)")
     q.add_argument("--columns", help="progress.csv columns of the last row to show, comma-separated, or 'all'")
     q.add_argument("--results", action="store_true", help="write results.csv/json of the runs' summaries")
-    q.add_argument("--watch", type=float, help="refresh every this many seconds until all runs end")
     q.set_defaults(func=cmd_status)
     return p
 

@@ -29,13 +29,11 @@ class DistEnv:
 
 def first_host(nodelist: str) -> str:
     """First host of a SLURM node list: ``"gpu[03-05,7],cpu1"`` -> ``"gpu03"``."""
-    head = re.match(r"^([^,\[]*)(\[([^\]]*)\])?", nodelist.strip())
-    if head is None or not head.group(1) and not head.group(3):
+    head = re.match(r"([^,\[]*)(?:\[(\d+))?", nodelist.strip())  # always matches, maybe empty
+    host = head.group(1) + (head.group(2) or "")
+    if not host:
         raise ValueError(f"cannot read SLURM node list {nodelist!r}")
-    prefix, ranges = head.group(1), head.group(3)
-    if not ranges:
-        return prefix
-    return prefix + re.split(r"[-,]", ranges)[0]
+    return host
 
 
 def slurm_dist_env(port: int | None = None) -> DistEnv:

@@ -74,9 +74,6 @@ class RecipeJob:
             if rank == 0:
                 record_event(self.run_dir, "error", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
             raise
-        if summary is None:
-            path = Path(self.run_dir) / "summary.json"
-            summary = json.loads(path.read_text()) if path.is_file() else {}
         if rank == 0:
             record_event(self.run_dir, "end", **_job_fields())
         return summary

@@ -40,11 +40,15 @@ class RunOutcome:
 
     run: RunSpec
     state: str
-    """``completed``, ``failed``, ``skipped`` (done before) or ``interrupted`` (the launcher was stopped)."""
+    """``completed``, ``failed`` or ``skipped`` (done before)."""
     returncode: int | None
-    log: Path
     slot: Slot | None = None
     wall_s: float = 0.0
+
+    @property
+    def log(self) -> Path:
+        """The run's output, ``<run dir>/launch.log``."""
+        return self.run.run_dir / LOG_NAME
 
 
 def format_tree(names: list[str]) -> str:
@@ -135,6 +139,7 @@ def launch_local(
 
     Raises:
         SweepError: an earlier launch of this sweep is still running some of its runs.
+        KeyboardInterrupt: Ctrl-C or SIGTERM, after the running runs were stopped and recorded as interrupted.
     """
     out = out or sys.stdout
     if not slots:
@@ -150,7 +155,7 @@ def launch_local(
     for run in plan.runs:
         records[run.index].update(state="queued", log=str(run.run_dir / LOG_NAME))
         if run.is_done() and not rerun_done:
-            outcomes[run.index] = RunOutcome(run, "skipped", None, run.run_dir / LOG_NAME)
+            outcomes[run.index] = RunOutcome(run, "skipped", None)
             records[run.index]["state"] = "skipped"
         else:
             queue.append(run)
@@ -180,9 +185,7 @@ def launch_local(
                 free.append(slot)
                 free.sort(key=lambda s: s.index)
                 rc = process.returncode
-                outcome = RunOutcome(
-                    run, "completed" if rc == 0 else "failed", rc, run.run_dir / LOG_NAME, slot, time.monotonic() - t0
-                )
+                outcome = RunOutcome(run, "completed" if rc == 0 else "failed", rc, slot, time.monotonic() - t0)
                 outcomes[index] = outcome
                 records[index].update(
                     state=outcome.state, returncode=rc, ended=time.time(), wall_s=round(outcome.wall_s, 2)
@@ -195,15 +198,10 @@ def launch_local(
                     print(f"  FAILED {run.name:<40} exit {rc}; log: {outcome.log}\n{tail}", file=out, flush=True)
     except KeyboardInterrupt:
         print(f"stopping {len(running)} running runs", file=out, flush=True)
-        for index, (run, slot, process, log, t0) in running.items():
+        for index, (_, _, process, log, _) in running.items():
             _stop(process)
             log.close()
-            outcomes[index] = RunOutcome(
-                run, "interrupted", process.returncode, run.run_dir / LOG_NAME, slot, time.monotonic() - t0
-            )
             records[index].update(state="interrupted", returncode=process.returncode, ended=time.time())
-        for run in queue:
-            outcomes[run.index] = RunOutcome(run, "interrupted", None, run.run_dir / LOG_NAME)
         write_json_atomic(manifest_path, manifest)
         raise
     finally:

@@ -217,23 +217,20 @@ def format_status(statuses: list[RunStatus], columns: list[str] | None = None) -
     return table + "\n" + ", ".join(f"{n} {k.lower()}" for k, n in sorted(counts.items()))
 
 
-def collect_results(exp_dir: str | os.PathLike, write: bool = True) -> list[dict[str, Any]]:
-    """One flat row per run: name, state, seed, ``variant/<key>`` columns and its ``summary.json`` values.
-
-    With ``write``, also saves ``results.csv`` and ``results.json`` in ``exp_dir``.
-    """
+def collect_results(exp_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """One flat row per run (name, state, seed, ``variant/<key>`` columns and its ``summary.json`` values), also
+    saved as ``results.csv`` and ``results.json`` in ``exp_dir``."""
     rows = []
     for s in sweep_status(exp_dir):
         row: dict[str, Any] = {"run": s.name, "state": s.state, "seed": s.seed, "run_dir": str(s.run_dir)}
         row.update({f"variant/{k}": v for k, v in flatten(s.variant).items()})
         row.update({k: v for k, v in flatten(s.summary or {}).items() if not isinstance(v, (dict, list))})
         rows.append(row)
-    if write:
-        with open(Path(exp_dir) / "results.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=_union_of_keys(rows))
-            writer.writeheader()
-            writer.writerows(rows)
-        (Path(exp_dir) / "results.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
+    with open(Path(exp_dir) / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=_union_of_keys(rows))
+        writer.writeheader()
+        writer.writerows(rows)
+    (Path(exp_dir) / "results.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     return rows
 
 

@@ -69,8 +69,7 @@ class Resources:
     signal_delay_s: int = 120
     """SLURM sends USR2 this long before the time limit, so the run can checkpoint and requeue."""
     max_requeues: int = 3
-    """Requeues after time-outs before giving up (submitit's ``max_num_timeout``; preemptions also count when
-    they come late in the time limit)."""
+    """Requeues after time-outs before giving up (submitit's ``max_num_timeout``)."""
     slurm_setup: list[str] = field(default_factory=list)
     """Shell lines run in the job before the run (``module load ...``, ``source venv/bin/activate``)."""
     slurm_extra: dict[str, Any] = field(default_factory=dict)
