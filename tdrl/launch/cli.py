@@ -1,4 +1,4 @@
-"""Command line for sweeps (``python slurm/launch.py`` or ``tdrl sweep``): plan, local, slurm, status.
+"""Sweeps from the command line (slurm/launch.py, or tdrl sweep): plan, run locally, submit to SLURM, status.
 
 Every command validates the whole sweep first (recipe, every run's config, slots or SLURM resources), so a
 typo fails in a second, naming the key, with nothing launched. Exit codes: 0 ok, 1 some run failed,
@@ -37,8 +37,7 @@ def parse_time_min(text: str) -> int:
 
 
 def _plan(args: argparse.Namespace) -> SweepPlan:
-    sweep = load_sweep(args.sweep)
-    return plan_sweep(sweep, root=args.root)
+    return plan_sweep(load_sweep(args.sweep), root=args.root)
 
 
 def _resources(args: argparse.Namespace, base: Resources) -> Resources:
@@ -90,11 +89,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     statuses = sweep_status(args.exp_dir)
     print(format_status(statuses, columns), flush=True)
     if args.results:
-        rows = collect_results(args.exp_dir)
-        print(
-            f"results of {sum(r['state'] == 'COMPLETED' for r in rows)} finished runs: "
-            f"{Path(args.exp_dir) / 'results.csv'}"
-        )
+        finished = sum(row["state"] == "COMPLETED" for row in collect_results(args.exp_dir))
+        print(f"results of {finished} finished runs: {Path(args.exp_dir) / 'results.csv'}")
     return 1 if any(s.state == "FAILED" for s in statuses) else 0
 
 

@@ -1,23 +1,12 @@
 """Sweeps: a recipe, variant levels, seeds and resources, planned into validated runs before anything starts.
 
-A sweep file is a Python file (conventionally in ``slurm/sweeps/``) that defines ``sweep = Sweep(...)``::
-
-    from tdrl.launch import Resources, Sweep, VariantLevel
-
-    sweep = Sweep(
-        name="ppo_cartpole_lr",
-        recipe="recipes/ppo.py",                      # relative to the working dir or any parent of this file
-        levels=[VariantLevel(["optim.lr"], [[3e-4], [1e-3]], ["lr3e-4", "lr1e-3"])],
-        seeds=[0, 1, 2],
-        overrides={"collector.total_frames": 100_000},  # every run
-        resources=Resources(cpus_per_run=1, time_min=30, mem_gb=4),
-    )
-
-:func:`plan_sweep` crosses the levels (rlpyt order: seeds outer, variants inner, so the first runs to start
-cover every setting once), and builds every run's config with the strict merge of :mod:`tdrl.config` — an
-unknown key, a wrong type or an unknown recipe raises here, naming it, before a single run is launched. Each run
-lives in ``<root>/<sweep name>/<variant dirs>/run_<seed>/`` and is the command
-``python <recipe> key=value ... run.seed=<seed> run.dir=<that dir>``; launching it again resumes it.
+A sweep file is a Python file (conventionally in ``slurm/sweeps/``, e.g. ``ppo_cartpole_lr.py``) that defines
+``sweep = Sweep(name=..., recipe="recipes/ppo.py", levels=[VariantLevel(...)], seeds=[0, 1, 2], overrides={...},
+resources=Resources(...))``. :func:`plan_sweep` crosses the levels with the seeds (rlpyt order: seeds outer,
+variants inner, so the first runs to start cover every setting once) and builds every run's config with the
+strict merge of :mod:`tdrl.config`: an unknown key, a wrong type or an unknown recipe raises here, naming it,
+before a single run is launched. Each run lives in ``<root>/<sweep name>/<variant dirs>/run_<seed>/`` and is the
+command ``python <recipe> key=value ... run.seed=<seed> run.dir=<that dir>``; launching it again resumes it.
 """
 
 from __future__ import annotations
