@@ -1,15 +1,9 @@
-"""Learning curves from run directories: ``tdrl plot RUN_DIR...`` or ``python -m tdrl.plot RUN_DIR...``.
+"""Learning curves from run directories: ``tdrl plot RUN_DIR... [--metric KEY ...] [--out DIR]``.
 
-Each argument is a run directory or any folder above run directories (a sweep, a date folder); every directory
-holding a ``progress.csv`` below it is a run. Runs are grouped by variant: runs whose config differs only in
-the seed (and where they live) form one group. The variant is read from ``variant.json`` (written by the
-launcher, in the run directory or its parent) when present, else from ``config.json``. Each group is drawn as
-the mean over its runs with a 95% confidence band (Student t over seeds), against env frames (``CumSteps``).
-One PNG per metric, written with matplotlib's Agg backend (no display needed).
-
-Examples:
-    tdrl plot runs/20261122/                       # every run below, eval/return_mean (or train/) curves
-    tdrl plot runs/sweep --metric train/return_mean loss/actor_mean --out plots/
+Every directory holding a ``progress.csv`` at or below the arguments is a run. Runs whose variant differs only in
+the seed form one group, drawn as its mean with a 95% confidence band (Student t over seeds) against env frames
+(``CumSteps``); the variant is the launcher's ``variant.json`` (in the run directory or its parent), else
+``config.json``. One PNG per metric, drawn with matplotlib's Agg backend (no display needed).
 """
 
 from __future__ import annotations
@@ -18,6 +12,7 @@ import argparse
 import json
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +34,13 @@ _T95 = tuple(
 )
 
 
+@dataclass
 class CurveGroup:
     """Runs of one variant: ``label`` (the keys that set it apart) and their directories."""
 
-    def __init__(self, label: str, variant: dict[str, Any], runs: list[Path]) -> None:
-        self.label, self.variant, self.runs = label, variant, runs
-
-    def __repr__(self) -> str:
-        return f"CurveGroup({self.label!r}, {len(self.runs)} runs)"
+    label: str
+    variant: dict[str, Any]
+    runs: list[Path]
 
 
 def find_runs(paths: Iterable[Path | str]) -> list[Path]:
@@ -117,13 +111,10 @@ def _curve(run_dir: Path, metric: str) -> tuple[np.ndarray, np.ndarray] | None:
 def _mean_and_band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean and 95% CI half-width over runs, on the x values shared by all (interpolated where they differ)."""
     xs = [c[0] for c in curves]
-    if all(len(x) == len(xs[0]) and np.array_equal(x, xs[0]) for x in xs):
-        grid, ys = xs[0], np.stack([c[1] for c in curves])
-    else:
-        lo, hi = max(x.min() for x in xs), min(x.max() for x in xs)
-        grid = np.unique(np.concatenate(xs))
-        grid = grid[(grid >= lo) & (grid <= hi)]
-        ys = np.stack([np.interp(grid, x, y) for x, y in curves])
+    lo, hi = max(x.min() for x in xs), min(x.max() for x in xs)
+    grid = np.unique(np.concatenate(xs))
+    grid = grid[(grid >= lo) & (grid <= hi)]
+    ys = np.stack([np.interp(grid, x, y) for x, y in curves])
     n = ys.shape[0]
     mean = ys.mean(axis=0)
     if n < 2:

@@ -1,8 +1,6 @@
-"""Experiments: variants (:mod:`~tdrl.launch.variants`), sweep files planned into validated runs
-(:mod:`~tdrl.launch.sweep`), hardware slots (:mod:`~tdrl.launch.slots`), the local launcher
-(:mod:`~tdrl.launch.local`), SLURM job arrays through submitit that requeue and resume
-(:mod:`~tdrl.launch.submit`, :mod:`~tdrl.launch.job`; submitit is imported only when a sweep is submitted), run
-status and results (:mod:`~tdrl.launch.status`), and torch.distributed from SLURM (:mod:`~tdrl.launch.distributed`).
+"""Experiments: variants, sweep files planned into validated runs, hardware slots, the local launcher, SLURM job
+arrays through submitit that requeue and resume (submitit is imported only when a sweep is submitted), run status
+and results, and torch.distributed from SLURM's variables.
 """
 
 from tdrl.launch.distributed import DistEnv, init_distributed_from_slurm, slurm_dist_env

@@ -1,9 +1,4 @@
-"""Command line for sweeps: plan, run locally over slots, submit to SLURM, and follow a sweep's status.
-
-    python slurm/launch.py plan   slurm/sweeps/ppo_cartpole_lr.py
-    python slurm/launch.py local  slurm/sweeps/ppo_cartpole_lr.py --cpus-per-run 1
-    python slurm/launch.py slurm  slurm/sweeps/ppo_cartpole_lr.py --partition debug --time 30 --mem 4
-    python slurm/launch.py status runs/sweeps/ppo_cartpole_lr [--results] [--watch 10]
+"""Sweeps from the command line (slurm/launch.py, or tdrl sweep): plan, run locally, submit to SLURM, status.
 
 Every command validates the whole sweep first (recipe, every run's config, slots or SLURM resources), so a
 typo fails in a second, naming the key, with nothing launched. Exit codes: 0 ok, 1 some run failed,
@@ -16,35 +11,33 @@ import argparse
 import dataclasses
 import re
 import sys
-import time
 from pathlib import Path
 
 from tdrl.config import ConfigError
 from tdrl.launch.recipe import RecipeError
-from tdrl.launch.slots import SlotError, make_slots, parse_cpus
+from tdrl.launch.slots import SlotError, make_slots
 from tdrl.launch.sweep import Resources, SweepError, SweepPlan, load_sweep, plan_sweep
 
 __all__ = ["main", "parse_time_min"]
 
 
 def parse_time_min(text: str) -> int:
-    """SLURM-style time to minutes: ``90``, ``1:30:00``, ``2-00:00:00``, ``45:00`` (MM:SS rounds up)."""
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    """SLURM's time formats in minutes, seconds rounded up: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``,
+    ``D-H:M:S``."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})", text.strip())
     if not m:
         raise argparse.ArgumentTypeError(f"time {text!r}: use minutes or [D-]HH:MM:SS")
-    days, a, b, c = (int(g) if g else None for g in m.groups())
-    if b is None and c is None:  # minutes, or D-HH
-        minutes = a * 60 if days is not None else a
-    elif c is None:  # MM:SS or D-HH:MM
-        minutes = a * 60 + b if days is not None else a + (1 if b else 0)
-    else:  # HH:MM:SS
-        minutes = a * 60 + b + (1 if c else 0)
-    return (days or 0) * 1440 + minutes
+    parts = [int(p) for p in m.group(2).split(":")]
+    if m.group(1) is not None:  # D-H[:M[:S]]
+        parts += [0] * (3 - len(parts))
+    elif len(parts) < 3:  # M or M:S
+        parts = [0, *parts, 0][:3]
+    hours, minutes, seconds = parts
+    return int(m.group(1) or 0) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
 
 
 def _plan(args: argparse.Namespace) -> SweepPlan:
-    sweep = load_sweep(args.sweep)
-    return plan_sweep(sweep, root=args.root)
+    return plan_sweep(load_sweep(args.sweep), root=args.root)
 
 
 def _resources(args: argparse.Namespace, base: Resources) -> Resources:
@@ -67,9 +60,8 @@ def cmd_local(args: argparse.Namespace) -> int:
 
     plan = _plan(args)
     r = _resources(args, plan.sweep.resources)
-    cpus = parse_cpus(args.cpu_list) if args.cpu_list else None
     slots = make_slots(
-        cpus_per_run=r.cpus_per_run, gpus_per_run=r.gpus_per_run, runs_per_gpu=r.runs_per_gpu, cpus=cpus,
+        cpus_per_run=r.cpus_per_run, gpus_per_run=r.gpus_per_run, runs_per_gpu=r.runs_per_gpu,
         max_slots=args.max_parallel,
     )
     outcomes = launch_local(plan, slots, rerun_done=args.rerun_done)
@@ -91,22 +83,14 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from tdrl.launch.status import TERMINAL, collect_results, format_status, sweep_status
+    from tdrl.launch.status import collect_results, format_status, sweep_status
 
     columns = [c for c in args.columns.split(",") if c] if args.columns else None
-    while True:
-        statuses = sweep_status(args.exp_dir)
-        print(format_status(statuses, columns), flush=True)
-        if not args.watch or all(s.state in TERMINAL for s in statuses):
-            break
-        time.sleep(args.watch)
-        print()
+    statuses = sweep_status(args.exp_dir)
+    print(format_status(statuses, columns), flush=True)
     if args.results:
-        rows = collect_results(args.exp_dir)
-        print(
-            f"results of {sum(r['state'] == 'COMPLETED' for r in rows)} finished runs: "
-            f"{Path(args.exp_dir) / 'results.csv'}"
-        )
+        finished = sum(row["state"] == "COMPLETED" for row in collect_results(args.exp_dir))
+        print(f"results of {finished} finished runs: {Path(args.exp_dir) / 'results.csv'}")
     return 1 if any(s.state == "FAILED" for s in statuses) else 0
 
 
@@ -125,12 +109,11 @@ def build_parser(prog: str = "slurm/launch.py") -> argparse.ArgumentParser:
     sweep_args(q)
     q.set_defaults(func=cmd_plan)
 
-    q = sub.add_parser("local", help="run a sweep on this machine, queued over hardware slots")
+    q = sub.add_parser("local", help="run a sweep here, queued over slots of the cores it may use (taskset -c 0-7 ...)")
     sweep_args(q)
     q.add_argument("--cpus-per-run", type=int, help="cores per run (slot size)")
     q.add_argument("--gpus-per-run", type=int, help="GPUs per run")
     q.add_argument("--runs-per-gpu", type=int, help="runs sharing one GPU")
-    q.add_argument("--cpu-list", help="cores to use, e.g. 0-7 (default: all this process may use)")
     q.add_argument("--max-parallel", type=int, help="at most this many runs at once")
     q.add_argument("--rerun-done", action="store_true", help="also run those with a summary.json")
     q.set_defaults(func=cmd_local)
@@ -156,7 +139,6 @@ def build_parser(prog: str = "slurm/launch.py") -> argparse.ArgumentParser:
     q.add_argument("exp_dir", help="experiment directory (holds sweep.json)")
     q.add_argument("--columns", help="progress.csv columns of the last row to show, comma-separated, or 'all'")
     q.add_argument("--results", action="store_true", help="write results.csv/json of the runs' summaries")
-    q.add_argument("--watch", type=float, help="refresh every this many seconds until all runs end")
     q.set_defaults(func=cmd_status)
     return p
 

@@ -1,12 +1,9 @@
 """torch.distributed from SLURM's variables, for data-parallel runs launched as multi-task SLURM jobs.
 
-With ``tasks_per_node=N`` (and/or ``nodes=M``) SLURM starts N*M copies of a run, one per rank, and tells each
-its place in ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` / ``SLURM_JOB_NODELIST``.
-:func:`slurm_dist_env` reads them; :func:`export_dist_env` turns them into the ``RANK`` / ``WORLD_SIZE`` /
-``LOCAL_RANK`` / ``MASTER_ADDR`` / ``MASTER_PORT`` variables of torch's ``env://`` rendezvous (what torchrun
-sets), so a trainer written for torchrun runs unchanged; :func:`init_distributed_from_slurm` also creates the
-process group. Rank 0's host is the rendezvous; the port is derived from the job id so jobs sharing a node do
-not collide (set ``MASTER_PORT`` to choose it).
+SLURM starts one copy of a run per task and tells each its place (``SLURM_PROCID``, ``SLURM_NTASKS``,
+``SLURM_LOCALID``, ``SLURM_JOB_NODELIST``); :func:`export_dist_env` turns that into the ``env://`` variables
+torchrun would set, so a trainer written for torchrun runs unchanged. Rank 0's host is the rendezvous; the port
+is derived from the job id so jobs sharing a node do not collide (set ``MASTER_PORT`` to choose it).
 """
 
 from __future__ import annotations
@@ -32,13 +29,11 @@ class DistEnv:
 
 def first_host(nodelist: str) -> str:
     """First host of a SLURM node list: ``"gpu[03-05,7],cpu1"`` -> ``"gpu03"``."""
-    head = re.match(r"^([^,\[]*)(\[([^\]]*)\])?", nodelist.strip())
-    if head is None or not head.group(1) and not head.group(3):
+    head = re.match(r"([^,\[]*)(?:\[(\d+))?", nodelist.strip())  # always matches, maybe empty
+    host = head.group(1) + (head.group(2) or "")
+    if not host:
         raise ValueError(f"cannot read SLURM node list {nodelist!r}")
-    prefix, ranges = head.group(1), head.group(3)
-    if not ranges:
-        return prefix
-    return prefix + re.split(r"[-,]", ranges)[0]
+    return host
 
 
 def slurm_dist_env(port: int | None = None) -> DistEnv:
@@ -71,10 +66,9 @@ def export_dist_env(dist: DistEnv) -> None:
 
 
 def init_distributed_from_slurm(backend: str = "auto", timeout_s: float = 300.0, port: int | None = None) -> DistEnv:
-    """Create the default torch.distributed process group from SLURM's variables and return this task's place.
+    """Create the default process group from SLURM's variables and return this task's place.
 
-    ``backend="auto"`` picks NCCL when this task sees a GPU (then the current device is the local rank's GPU),
-    else gloo; ``timeout_s`` bounds the rendezvous and collectives. See :func:`tdrl.utils.distributed.init_from_env`.
+    ``backend="auto"``: NCCL when this task sees a GPU, else gloo (see :func:`tdrl.utils.distributed.init_from_env`).
     """
     import torch
 

@@ -1,9 +1,8 @@
-"""A recipe run as a submitit job that checkpoints and requeues itself (submitit's ``checkpoint`` protocol).
+"""A recipe run as a submitit job that requeues itself on preemption and before its time limit.
 
-The job loads the recipe file and calls ``main(cfg)`` in its own process, so submitit's USR2 handler lives in the
-process that trains. On preemption or the coming time limit submitit calls :meth:`RecipeJob.checkpoint`, which
-requeues the same job on the same ``run.dir``; the recipe resumes from its last checkpoint there (taken at an
-iteration boundary, so the result equals an uninterrupted run). Rank 0 appends each start, requeue and failure to
+The job calls the recipe's ``main(cfg)`` in its own process, so submitit's USR2 handler lives in the process that
+trains. On USR2 submitit calls :meth:`RecipeJob.checkpoint`, which requeues the same job on the same ``run.dir``;
+the recipe resumes there from its last checkpoint. Rank 0 appends each start, requeue and failure to
 ``<run dir>/launch_events.jsonl`` for ``status``.
 """
 
@@ -52,13 +51,8 @@ def _follow_allocation() -> None:
 
 @dataclass
 class RecipeJob:
-    """Run ``recipe`` with ``overrides`` (``key=value`` strings, including ``run.dir``) as one SLURM job.
-
-    Attributes:
-        recipe: absolute path of the recipe file.
-        overrides: the run's command-line overrides (from :class:`tdrl.launch.sweep.RunSpec`).
-        run_dir: the run's directory (also in ``overrides``), where events are recorded.
-    """
+    """Run the recipe file at ``recipe`` with ``overrides`` (``key=value`` strings, including ``run.dir``, which
+    is also ``run_dir``, where events are recorded) as one SLURM job."""
 
     recipe: str
     overrides: list[str]
@@ -80,9 +74,6 @@ class RecipeJob:
             if rank == 0:
                 record_event(self.run_dir, "error", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
             raise
-        if summary is None:
-            path = Path(self.run_dir) / "summary.json"
-            summary = json.loads(path.read_text()) if path.is_file() else {}
         if rank == 0:
             record_event(self.run_dir, "end", **_job_fields())
         return summary

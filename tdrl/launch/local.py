@@ -11,19 +11,19 @@ along (parent-death signal). Runs with a ``summary.json`` are skipped unless ``r
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from tdrl.launch.slots import Slot
-from tdrl.launch.status import check_not_running, format_table, last_progress_row, read_summary
+from tdrl.launch.status import check_not_running, format_status, sweep_status
 from tdrl.launch.sweep import RunSpec, SweepPlan
 from tdrl.launch.variants import save_variant
 from tdrl.utils.files import write_json_atomic
@@ -40,12 +40,15 @@ class RunOutcome:
 
     run: RunSpec
     state: str
-    """``completed``, ``failed``, ``skipped`` (done before) or ``interrupted`` (the launcher was stopped)."""
+    """``completed``, ``failed`` or ``skipped`` (done before)."""
     returncode: int | None
-    log: Path
     slot: Slot | None = None
     wall_s: float = 0.0
-    summary: dict[str, Any] | None = None
+
+    @property
+    def log(self) -> Path:
+        """The run's output, ``<run dir>/launch.log``."""
+        return self.run.run_dir / LOG_NAME
 
 
 def format_tree(names: list[str]) -> str:
@@ -82,24 +85,22 @@ def _write_launched(plan: SweepPlan, launched: int) -> None:
 
 
 def _start(run: RunSpec, plan: SweepPlan, slot: Slot, python: str) -> tuple[subprocess.Popen, IO[bytes]]:
-    run.run_dir.mkdir(parents=True, exist_ok=True)
     save_variant(run.variant, run.run_dir)
     log = open(run.run_dir / LOG_NAME, "ab")
     log.write(f"# tdrl launch {time.strftime('%Y-%m-%d %H:%M:%S')} slot {slot.index} ({slot.describe()})\n".encode())
     log.flush()
-    env = {**os.environ, **slot.env()}
-    cpus = slot.cpus
     process = subprocess.Popen(
-        run.command(plan.recipe, python), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+        run.command(plan.recipe, python), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env={**os.environ, **slot.env()},
         start_new_session=True,  # its own process group: stopping the sweep stops the run's workers too
-        preexec_fn=lambda: _in_child(cpus),
+        preexec_fn=lambda: _in_child(slot),
     )
     return process, log
 
 
-def _in_child(cpus: tuple[int, ...]) -> None:
+def _in_child(slot: Slot) -> None:
     """Runs in the run's process before exec: pin it to the slot, and have it get SIGTERM if the launcher dies."""
-    os.sched_setaffinity(0, cpus)
+    slot.pin()
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)  # Linux; no orphan runs
     except (OSError, AttributeError):
@@ -110,10 +111,9 @@ def _stop(process: subprocess.Popen, grace_s: float = 10.0) -> None:
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
             process.wait(timeout=wait)
+            return
+        except ProcessLookupError:
             return
         except subprocess.TimeoutExpired:
             continue
@@ -127,10 +127,6 @@ def _tail(path: Path, n: int = 8) -> str:
     return "\n".join("    " + line for line in lines[-n:])
 
 
-class _Terminated(Exception):
-    pass
-
-
 def launch_local(
     plan: SweepPlan, slots: list[Slot], python: str = sys.executable, poll_s: float = 0.2, rerun_done: bool = False,
     out: IO[str] | None = None,
@@ -138,11 +134,12 @@ def launch_local(
     """Run every run of ``plan`` over ``slots``, one run per slot at a time, and wait for all of them.
 
     ``slots`` (:func:`tdrl.launch.slots.make_slots`) set the concurrency; ``rerun_done`` also runs those with a
-    ``summary.json`` (they resume from their last checkpoint); progress lines and the summary table go to ``out``.
+    ``summary.json`` (they resume from their last checkpoint); progress lines and the status table go to ``out``.
     Returns one :class:`RunOutcome` per run, in plan order; a failed run does not raise.
 
     Raises:
         SweepError: an earlier launch of this sweep is still running some of its runs.
+        KeyboardInterrupt: Ctrl-C or SIGTERM, after the running runs were stopped and recorded as interrupted.
     """
     out = out or sys.stdout
     if not slots:
@@ -158,9 +155,7 @@ def launch_local(
     for run in plan.runs:
         records[run.index].update(state="queued", log=str(run.run_dir / LOG_NAME))
         if run.is_done() and not rerun_done:
-            outcomes[run.index] = RunOutcome(
-                run, "skipped", None, run.run_dir / LOG_NAME, summary=read_summary(run.run_dir)
-            )
+            outcomes[run.index] = RunOutcome(run, "skipped", None)
             records[run.index]["state"] = "skipped"
         else:
             queue.append(run)
@@ -170,11 +165,8 @@ def launch_local(
     running: dict[int, tuple[RunSpec, Slot, subprocess.Popen, IO[bytes], float]] = {}
     launched = 0
     print(f"sweep '{plan.sweep.name}': {len(queue)} runs over {len(slots)} slots -> {plan.exp_dir}", file=out)
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise _Terminated()
-
-    previous = signal.signal(signal.SIGTERM, on_term) if _main_thread() else None
+    in_main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if in_main_thread else None  # as Ctrl-C
     try:
         while queue or running:
             while queue and free:
@@ -193,71 +185,27 @@ def launch_local(
                 free.append(slot)
                 free.sort(key=lambda s: s.index)
                 rc = process.returncode
-                state = "completed" if rc == 0 else "failed"
-                outcome = RunOutcome(
-                    run, state, rc, run.run_dir / LOG_NAME, slot, time.monotonic() - t0, read_summary(run.run_dir)
-                )
+                outcome = RunOutcome(run, "completed" if rc == 0 else "failed", rc, slot, time.monotonic() - t0)
                 outcomes[index] = outcome
-                records[index].update(state=state, returncode=rc, ended=time.time(), wall_s=round(outcome.wall_s, 2))
+                records[index].update(
+                    state=outcome.state, returncode=rc, ended=time.time(), wall_s=round(outcome.wall_s, 2)
+                )
                 write_json_atomic(manifest_path, manifest)
                 if rc == 0:
                     print(f"  done   {run.name:<40} {outcome.wall_s:.1f}s", file=out, flush=True)
                 else:
-                    print(
-                        f"  FAILED {run.name:<40} exit {rc}; log: {outcome.log}\n{_tail(outcome.log)}",
-                        file=out,
-                        flush=True,
-                    )
-    except (KeyboardInterrupt, _Terminated):
+                    tail = _tail(outcome.log)
+                    print(f"  FAILED {run.name:<40} exit {rc}; log: {outcome.log}\n{tail}", file=out, flush=True)
+    except KeyboardInterrupt:
         print(f"stopping {len(running)} running runs", file=out, flush=True)
-        for index, (run, slot, process, log, t0) in running.items():
+        for index, (_, _, process, log, _) in running.items():
             _stop(process)
             log.close()
-            outcomes[index] = RunOutcome(
-                run, "interrupted", process.returncode, run.run_dir / LOG_NAME, slot, time.monotonic() - t0
-            )
             records[index].update(state="interrupted", returncode=process.returncode, ended=time.time())
-        for run in queue:
-            outcomes[run.index] = RunOutcome(run, "interrupted", None, run.run_dir / LOG_NAME)
         write_json_atomic(manifest_path, manifest)
         raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    result = [outcomes[r.index] for r in plan.runs]
-    print(format_outcomes(result), file=out, flush=True)
-    return result
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-def format_outcomes(outcomes: list[RunOutcome]) -> str:
-    """The summary table printed at the end of a local sweep."""
-    rows = []
-    for o in outcomes:
-        summary = o.summary or {}
-        progress = last_progress_row(o.run.run_dir)
-        rows.append(
-            [
-                o.run.name, o.state, "" if o.returncode is None else str(o.returncode),
-                o.slot.describe() if o.slot else "", f"{o.wall_s:.1f}" if o.wall_s else "",
-                _fmt(summary.get("frames", progress[1].get("frames") if progress else None)),
-                _fmt(summary.get("eval/return_mean")), str(o.log) if o.state == "failed" else "",
-            ]
-        )
-    counts = {s: sum(o.state == s for o in outcomes) for s in ("completed", "failed", "skipped", "interrupted")}
-    head = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    table = format_table(["run", "state", "exit", "slot", "wall_s", "frames", "eval/return_mean", "log"], rows)
-    return f"{table}\n{head}"
-
-
-def _fmt(value: Any) -> str:
-    if value is None or value == "":
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+    print(format_status(sweep_status(plan.exp_dir)), file=out, flush=True)
+    return [outcomes[r.index] for r in plan.runs]

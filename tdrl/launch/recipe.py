@@ -1,9 +1,8 @@
-"""Load a recipe file (``recipes/<name>.py``) by path, without running it.
+"""Load a recipe file (``recipes/<name>.py``: a dataclass ``Config`` and ``main(cfg) -> dict``) by path.
 
-A recipe module defines a dataclass ``Config`` and ``main(cfg) -> dict``, and runs only under
-``if __name__ == "__main__":``. The launcher loads it to validate a sweep against ``Config`` before anything is
-submitted, and a SLURM job loads it to call ``main`` in-process (so submitit's preemption handler lives in the
-process that trains). tdrl never imports ``recipes/`` statically; this loads a file the user names.
+The launcher loads it to validate a sweep against ``Config`` before anything is submitted, and a SLURM job loads
+it to call ``main`` in-process (so submitit's preemption handler lives in the process that trains). tdrl never
+imports ``recipes/`` statically; this loads a file the user names, without running its ``__main__`` block.
 """
 
 from __future__ import annotations
@@ -24,32 +23,25 @@ class RecipeError(ValueError):
 
 
 def resolve_recipe(recipe: str, search_from: list[Path] | None = None) -> Path:
-    """Absolute path of ``recipe``: as given, else relative to each of ``search_from`` and their parents.
-
-    Sweep files name recipes relative to the repository (``recipes/ppo.py``); searching upward from the sweep
-    file finds them wherever the command runs from.
+    """Absolute path of ``recipe``: as given, else relative to the working directory or to any of
+    ``search_from`` and their parents (sweep files name recipes relative to the repository: ``recipes/ppo.py``).
 
     Raises:
         RecipeError: no such file, with the nearest recipe names in the directory it should be in.
     """
     path = Path(recipe).expanduser()
-    if path.is_absolute():
-        candidates = [path]
-    else:
-        candidates = [Path.cwd() / path]
-        for base in search_from or []:
-            base = base.resolve()
+    candidates = [Path.cwd() / path]  # an absolute path stays itself
+    if not path.is_absolute():
+        for base in map(Path.resolve, search_from or []):
             candidates += [parent / path for parent in [base, *base.parents]]
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
-    hint = ""
     folders = {c.parent for c in candidates if c.parent.is_dir()}
     names = sorted({p.name for d in folders for p in d.glob("*.py") if not p.name.startswith("_")})
     near = difflib.get_close_matches(path.name, names, n=3, cutoff=0.5)
-    if near:
-        hint = f"; did you mean {', '.join(near)}?"
-    elif names:
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    if names and not near:
         hint = f"; recipes there: {', '.join(names)}"
     raise RecipeError(f"unknown recipe '{recipe}': no such file{hint}")
 

@@ -1,11 +1,9 @@
 """Hardware slots: how many runs go at once on this machine, and which CPU cores and GPUs each one gets.
 
-rlpyt's "affinity code" had a dozen knobs (rlpyt#125); here a run asks for ``cpus_per_run`` cores and
-``gpus_per_run`` GPUs and the machine is cut into equal slots (8 cores, ``cpus_per_run=2``: 4 slots). The launcher
-pins a run to its slot's cores, so ``os.sched_getaffinity(0)`` *is* the slot inside the run, and sets
-``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES`` (empty for CPU-only slots, so a CPU run never
-grabs GPU 0), ``EGL_DEVICE_ID`` and ``TDRL_SLOT*`` for collectors that pin their workers within the slot
-(:func:`current_slot_cpus`).
+A run asks for ``cpus_per_run`` cores and ``gpus_per_run`` GPUs and the machine is cut into equal slots (rlpyt's
+affinity codes, simplified). The launcher pins a run to its slot's cores, so ``os.sched_getaffinity(0)`` *is*
+the slot inside the run (and in the workers it starts), and sets the thread and device variables of
+:meth:`Slot.env`: ``CUDA_VISIBLE_DEVICES`` is empty for CPU-only slots, so a CPU run never grabs GPU 0.
 """
 
 from __future__ import annotations
@@ -58,50 +56,38 @@ class Slot:
 
 def parse_cpus(text: str) -> tuple[int, ...]:
     """``"0-2,5"`` -> ``(0, 1, 2, 5)`` (the taskset/cpuset list format)."""
-    cpus: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
+    cpus: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, _, last = part.partition("-")
         try:
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                cpus.extend(range(int(lo), int(hi) + 1))
-            else:
-                cpus.append(int(part))
+            cpus.update(range(int(first), int(last or first) + 1))
         except ValueError:
             raise SlotError(f"cannot read CPU list {text!r} (expected e.g. '0-3,6')") from None
-    return tuple(sorted(set(cpus)))
+    return tuple(sorted(cpus))
 
 
 def format_cpus(cpus: tuple[int, ...] | list[int]) -> str:
     """``(0, 1, 2, 5)`` -> ``"0-2,5"``."""
-    cpus = sorted(cpus)
-    parts, i = [], 0
-    while i < len(cpus):
-        j = i
-        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
-            j += 1
-        parts.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
-        i = j + 1
-    return ",".join(parts)
+    ranges: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if ranges and cpu == ranges[-1][-1] + 1:
+            ranges[-1].append(cpu)
+        else:
+            ranges.append([cpu])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in ranges)
 
 
 def current_slot_cpus() -> tuple[int, ...]:
-    """The cores this process may use: its slot's (``TDRL_SLOT_CPUS``) or else its affinity mask.
-
-    Collectors call this to place their worker processes inside the run's slot.
-    """
+    """The cores this process may use, to place worker processes inside the run's slot: the slot's
+    (``TDRL_SLOT_CPUS``, set by the launchers) or else the affinity mask."""
     text = os.environ.get("TDRL_SLOT_CPUS", "")
     return parse_cpus(text) if text else tuple(sorted(os.sched_getaffinity(0)))
 
 
 def detect_gpus() -> int:
-    """Number of CUDA devices visible to this process (0 without CUDA or without a GPU build of torch)."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return 0
+    """Number of CUDA devices visible to this process (0 without CUDA)."""
+    import torch
+
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -114,11 +100,9 @@ def make_slots(
     Args:
         cpus_per_run: cores per run. ``None``: 1 without GPUs; with GPUs, the cores split evenly over the GPU
             slots (rlpyt: an 8-GPU, 40-core machine gives each 1-GPU run 5 cores).
-        gpus_per_run: GPUs per run (0 for CPU-only runs).
         runs_per_gpu: runs sharing one GPU (rlpyt's ``contexts_per_gpu``); only with ``gpus_per_run=1``.
         cpus: the core ids to use; default: this process's affinity mask.
         n_gpus: GPUs to use; default: :func:`detect_gpus` when ``gpus_per_run > 0``.
-        max_slots: at most this many runs at once.
 
     Raises:
         SlotError: the request does not fit the machine (more cores or GPUs per run than there are, ...).

@@ -3,8 +3,7 @@
 Reads only files and the SLURM queue, so it works from any shell, while the sweep runs or long after:
 ``<exp dir>/sweep.json`` (written by the launchers), each run's ``progress.csv`` (last row), ``summary.json``
 (finished), ``launch_events.jsonl`` (starts and requeues of SLURM runs), submitit's result pickles (success or
-the traceback) and ``squeue`` (pending, running, requeued; there is no accounting database on the local
-cluster, so ``sacct`` is not used).
+the traceback) and ``squeue`` (the local cluster has no accounting database, so ``sacct`` is not used).
 """
 
 from __future__ import annotations
@@ -28,10 +27,9 @@ __all__ = ["RunStatus", "check_not_running", "collect_results", "format_status",
     "read_summary", "sweep_status"]
 
 DEFAULT_COLUMNS = ("frames", "CumSteps", "eval/return_mean", "train/return_mean")
-TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
-                      "DEADLINE", "SKIPPED", "UNKNOWN", "INTERRUPTED"})
+_FAILED = frozenset({"FAILED", "UNKNOWN", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "INTERRUPTED"})
+TERMINAL = _FAILED | {"COMPLETED", "BOOT_FAIL", "DEADLINE", "SKIPPED"}
 """States after which a run will not change without being launched again."""
-_FAILED = ("FAILED", "UNKNOWN", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "INTERRUPTED")
 
 
 @dataclass
@@ -44,7 +42,7 @@ class RunStatus:
     """COMPLETED, FAILED, RUNNING, PENDING, REQUEUED, CANCELLED, TIMEOUT, SKIPPED, INTERRUPTED, QUEUED, UNKNOWN."""
     job_id: str = ""
     starts: int = 0
-    """How many times the run started (1 + requeues/relaunches seen in ``launch_events.jsonl``)."""
+    """How many times the run started (1 + requeues seen in ``launch_events.jsonl``; SLURM runs only)."""
     rows: int = 0
     """Rows in progress.csv."""
     last_row: dict[str, str] = field(default_factory=dict)
@@ -58,10 +56,13 @@ class RunStatus:
 
 
 def format_table(headers: list[str], rows: list[list[str]]) -> str:
-    """Plain aligned text table (no dependency on a table library)."""
+    """Plain aligned text table; columns empty in every row are left out (except run and state)."""
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     keep = [i for i, w in enumerate(widths) if any(r[i] for r in rows) or headers[i] in ("run", "state")]
-    line = lambda cells: "  ".join(cells[i].ljust(widths[i]) for i in keep).rstrip()  # noqa: E731
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(cells[i].ljust(widths[i]) for i in keep).rstrip()
+
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
@@ -75,9 +76,8 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 
 def last_progress_row(run_dir: Path) -> tuple[int, dict[str, str]] | None:
     """``(number of rows, last row)`` of the run's progress.csv, or None when there is none yet."""
-    path = Path(run_dir) / "progress.csv"
     try:
-        with open(path, newline="") as f:
+        with open(Path(run_dir) / "progress.csv", newline="") as f:
             rows = list(csv.DictReader(f))
     except (OSError, csv.Error):
         return None
@@ -86,18 +86,18 @@ def last_progress_row(run_dir: Path) -> tuple[int, dict[str, str]] | None:
     return len(rows), {k: v for k, v in rows[-1].items() if k is not None}
 
 
-def _events(run_dir: Path) -> list[dict[str, Any]]:
+def _count_starts(run_dir: Path) -> int:
     try:
         lines = (Path(run_dir) / "launch_events.jsonl").read_text().splitlines()
     except OSError:
-        return []
-    events = []
+        return 0
+    starts = 0
     for line in lines:
         try:
-            events.append(json.loads(line))
-        except ValueError:
+            starts += json.loads(line).get("event") == "start"
+        except ValueError:  # a line cut short by a killed job
             continue
-    return events
+    return starts
 
 
 def slurm_query(*command: str) -> str | None:
@@ -115,12 +115,8 @@ def squeue_states() -> dict[str, tuple[str, str]] | None:
     text = slurm_query("squeue", "-h", "-r", "-t", "all", "-u", getpass.getuser(), "-o", "%i|%T|%r")
     if text is None:
         return None
-    out = {}
-    for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 3:
-            out[parts[0]] = (parts[1], parts[2])
-    return out
+    fields = [line.strip().split("|") for line in text.splitlines()]
+    return {f[0]: (f[1], f[2]) for f in fields if len(f) == 3}
 
 
 def _result(path: str) -> tuple[str, Any] | None:
@@ -162,18 +158,17 @@ def sweep_status(exp_dir: str | os.PathLike) -> list[RunStatus]:
     Raises:
         FileNotFoundError: ``exp_dir`` has no ``sweep.json`` (not launched with tdrl.launch).
     """
-    exp_dir = Path(exp_dir)
-    manifest_path = exp_dir / "sweep.json"
+    manifest_path = Path(exp_dir) / "sweep.json"
     if not manifest_path.is_file():
         raise FileNotFoundError(f"no sweep.json in '{exp_dir}': not an experiment directory launched by tdrl")
     manifest = json.loads(manifest_path.read_text())
-    backend = manifest.get("backend", "local")
-    queue = squeue_states() if backend == "slurm" else None
-    launcher_alive = pid_alive(manifest.get("launcher_pid")) if backend == "local" else False
+    slurm = manifest.get("backend") == "slurm"
+    queue = squeue_states() if slurm else None
+    launcher_alive = not slurm and pid_alive(manifest.get("launcher_pid"))
     out = []
     for record in manifest["runs"]:
         run_dir = Path(record["run_dir"])
-        if backend == "slurm":
+        if slurm:
             state, error = _slurm_state(record, queue, run_dir)
             log = record.get("stderr", "")
         else:
@@ -182,72 +177,60 @@ def sweep_status(exp_dir: str | os.PathLike) -> list[RunStatus]:
             if state in ("RUNNING", "QUEUED") and not launcher_alive:
                 state = "INTERRUPTED"
             log = record.get("log", "")
-        progress = last_progress_row(run_dir)
-        events = _events(run_dir)
+        rows, last_row = last_progress_row(run_dir) or (0, {})
         out.append(
             RunStatus(
                 name=record["name"], run_dir=run_dir, state=state, job_id=record.get("job_id", ""),
-                starts=sum(e.get("event") == "start" for e in events), rows=progress[0] if progress else 0,
-                last_row=progress[1] if progress else {}, summary=read_summary(run_dir), log=log, error=error,
-                variant=record.get("variant", {}), seed=record.get("seed"),
+                starts=_count_starts(run_dir), rows=rows, last_row=last_row, summary=read_summary(run_dir), log=log,
+                error=error, variant=record.get("variant", {}), seed=record.get("seed"),
             )
         )
     return out
 
 
-def _pick_columns(statuses: list[RunStatus], columns: list[str] | None) -> list[str]:
-    if columns == ["all"]:
-        keys: list[str] = []
-        for s in statuses:
-            keys += [k for k in s.last_row if k not in keys]
-        return keys
-    if columns:
-        return columns
-    present = {k for s in statuses for k in s.last_row}
-    return [c for c in DEFAULT_COLUMNS if c in present]
+def _union_of_keys(dicts: list[dict[str, Any]]) -> list[str]:
+    """Every key of ``dicts``, in first-seen order."""
+    return list(dict.fromkeys(k for d in dicts for k in d))
 
 
 def format_status(statuses: list[RunStatus], columns: list[str] | None = None) -> str:
-    """A table: run, state, job, starts, progress rows, the chosen columns of the last progress row, log/error."""
-    cols = _pick_columns(statuses, columns)
-    rows = []
-    for s in statuses:
-        failed = s.state in _FAILED
-        rows.append(
-            [s.name, s.state, s.job_id, str(s.starts) if s.starts else "", str(s.rows)]
-            + [s.last_row.get(c, "") for c in cols]
-            + [f"{s.error}  log: {s.log}" if failed else ""]
-        )
+    """A table: run, state, job, starts, progress rows, the chosen columns of the last progress row, log/error.
+
+    ``columns``: progress.csv columns to show, ``["all"]`` for every one; default: those of ``DEFAULT_COLUMNS``
+    present.
+    """
+    if columns == ["all"]:
+        columns = _union_of_keys([s.last_row for s in statuses])
+    elif not columns:
+        present = {k for s in statuses for k in s.last_row}
+        columns = [c for c in DEFAULT_COLUMNS if c in present]
+    rows = [
+        [s.name, s.state, s.job_id, str(s.starts) if s.starts else "", str(s.rows)]
+        + [s.last_row.get(c, "") for c in columns]
+        + [f"{s.error}  log: {s.log}" if s.state in _FAILED else ""]
+        for s in statuses
+    ]
     counts: dict[str, int] = {}
     for s in statuses:
         counts[s.state] = counts.get(s.state, 0) + 1
-    table = format_table(["run", "state", "job", "starts", "rows", *cols, "error / log"], rows)
+    table = format_table(["run", "state", "job", "starts", "rows", *columns, "error / log"], rows)
     return table + "\n" + ", ".join(f"{n} {k.lower()}" for k, n in sorted(counts.items()))
 
 
-def collect_results(exp_dir: str | os.PathLike, write: bool = True) -> list[dict[str, Any]]:
-    """One flat row per run: name, state, seed, ``variant/<key>`` columns and its ``summary.json`` values.
-
-    With ``write``, also saves ``results.csv`` and ``results.json`` in ``exp_dir`` (the finished runs' summaries
-    side by side, ready for a table or ``tdrl plot``).
-    """
-    statuses = sweep_status(exp_dir)
+def collect_results(exp_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """One flat row per run (name, state, seed, ``variant/<key>`` columns and its ``summary.json`` values), also
+    saved as ``results.csv`` and ``results.json`` in ``exp_dir``."""
     rows = []
-    for s in statuses:
+    for s in sweep_status(exp_dir):
         row: dict[str, Any] = {"run": s.name, "state": s.state, "seed": s.seed, "run_dir": str(s.run_dir)}
         row.update({f"variant/{k}": v for k, v in flatten(s.variant).items()})
         row.update({k: v for k, v in flatten(s.summary or {}).items() if not isinstance(v, (dict, list))})
         rows.append(row)
-    if write:
-        exp_dir = Path(exp_dir)
-        keys: list[str] = []
-        for row in rows:
-            keys += [k for k in row if k not in keys]
-        with open(exp_dir / "results.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
-        (exp_dir / "results.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
+    with open(Path(exp_dir) / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=_union_of_keys(rows))
+        writer.writeheader()
+        writer.writerows(rows)
+    (Path(exp_dir) / "results.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     return rows
 
 
@@ -260,8 +243,7 @@ def check_not_running(plan: SweepPlan) -> None:
     if not (plan.exp_dir / "sweep.json").is_file():
         return
     names = {r.name for r in plan.runs}
-    busy = [s for s in sweep_status(plan.exp_dir) if s.name in names and s.state not in TERMINAL]
-    busy = [s for s in busy if s.state != "NO_QUEUE"]
+    busy = [s for s in sweep_status(plan.exp_dir) if s.name in names and s.state not in TERMINAL | {"NO_QUEUE"}]
     if busy:
         listed = ", ".join(f"{s.name} ({s.state}{' job ' + s.job_id if s.job_id else ''})" for s in busy[:5])
         jobs = sorted({s.job_id.split("_")[0] for s in busy if s.job_id})

@@ -38,16 +38,6 @@ class SubmittedRun:
     result: Path
 
 
-@dataclass
-class _Partition:
-    """The largest node of a partition, as sinfo reports it."""
-
-    cpus: int = 0
-    mem_mb: int = 0
-    gpus: int = 0
-    default: bool = False
-
-
 def _gres_gpus(gres: str) -> int:
     """GPUs in a GRES string: ``gpu:a100:4(S:0-1),shard:8`` -> 4; ``(null)`` -> 0."""
     total = 0
@@ -58,22 +48,23 @@ def _gres_gpus(gres: str) -> int:
     return total
 
 
-def _partitions() -> dict[str, _Partition]:
-    """Each partition's largest CPU count, memory and GPU count per node; {} when sinfo does not answer."""
-    text = slurm_query("sinfo", "-h", "-o", "%P|%c|%m|%G")
-    if text is None:
-        return {}
-    out: dict[str, _Partition] = {}
-    for line in text.splitlines():
+def _largest_nodes() -> tuple[dict[str, tuple[int, int, int]], str | None]:
+    """Each partition's largest ``(CPUs, memory MB, GPUs)`` per node, and the default partition (sinfo's ``*``).
+
+    ``({}, None)`` when sinfo does not answer.
+    """
+    nodes: dict[str, tuple[int, int, int]] = {}
+    default = None
+    for line in (slurm_query("sinfo", "-h", "-o", "%P|%c|%m|%G") or "").splitlines():
         fields = line.strip().split("|")
         if len(fields) != 4 or not fields[0]:
             continue
         name, cpus, mem, gres = fields
-        part = out.setdefault(name.rstrip("*"), _Partition(default=name.endswith("*")))
-        part.cpus = max(part.cpus, int(cpus.rstrip("+") or 0))
-        part.mem_mb = max(part.mem_mb, int(mem.rstrip("+") or 0))
-        part.gpus = max(part.gpus, _gres_gpus(gres))
-    return out
+        if name.endswith("*"):
+            name = default = name[:-1]
+        node = (int(cpus.rstrip("+") or 0), int(mem.rstrip("+") or 0), _gres_gpus(gres))
+        nodes[name] = tuple(max(a, b) for a, b in zip(nodes.get(name, (0, 0, 0)), node, strict=True))
+    return nodes, default
 
 
 def check_slurm_resources(resources: Resources) -> None:
@@ -94,24 +85,20 @@ def check_slurm_resources(resources: Resources) -> None:
             raise SweepError(
                 f"'{tool}' is not on PATH: no SLURM client here (start one: bash slurm/local-cluster.sh start)"
             )
-    partitions = _partitions()
-    if not partitions:
+    nodes, default = _largest_nodes()
+    if r.partition and nodes and r.partition not in nodes:
+        raise SweepError(f"unknown SLURM partition '{r.partition}'; partitions: {', '.join(sorted(nodes))}")
+    name = r.partition or default
+    if name not in nodes:
         return
-    if r.partition and r.partition not in partitions:
-        raise SweepError(f"unknown SLURM partition '{r.partition}'; partitions: {', '.join(sorted(partitions))}")
-    name = r.partition or next((n for n, p in partitions.items() if p.default), None)
-    part = partitions.get(name or "")
-    if part is None:
-        return
+    cpus, mem_mb, gpus = nodes[name]
     where = f"the largest node of partition '{name}' has"
-    if part.cpus and r.cpus_per_run * r.tasks_per_node > part.cpus:
-        raise SweepError(
-            f"cpus_per_run={r.cpus_per_run} x tasks_per_node={r.tasks_per_node} but {where} {part.cpus} CPUs"
-        )
-    if r.mem_gb and part.mem_mb and r.mem_gb * 1024 > part.mem_mb:
-        raise SweepError(f"mem_gb={r.mem_gb} but {where} {part.mem_mb / 1024:.1f} GB")
-    if r.gpus_per_run > part.gpus:
-        raise SweepError(f"gpus_per_run={r.gpus_per_run} but {where} {part.gpus} GPUs")
+    if cpus and r.cpus_per_run * r.tasks_per_node > cpus:
+        raise SweepError(f"cpus_per_run={r.cpus_per_run} x tasks_per_node={r.tasks_per_node} but {where} {cpus} CPUs")
+    if r.mem_gb and mem_mb and r.mem_gb * 1024 > mem_mb:
+        raise SweepError(f"mem_gb={r.mem_gb} but {where} {mem_mb / 1024:.1f} GB")
+    if r.gpus_per_run > gpus:
+        raise SweepError(f"gpus_per_run={r.gpus_per_run} but {where} {gpus} GPUs")
 
 
 def make_executor(folder: Path, resources: Resources, name: str, n_runs: int):
@@ -120,24 +107,17 @@ def make_executor(folder: Path, resources: Resources, name: str, n_runs: int):
 
     r = resources
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=r.max_requeues)
-    params: dict = dict(
+    params = dict(
         name=name, timeout_min=int(r.time_min), cpus_per_task=r.cpus_per_run, tasks_per_node=r.tasks_per_node,
-        nodes=r.nodes,
+        nodes=r.nodes, slurm_array_parallelism=r.array_parallelism or max(1, n_runs),
+        # USR2 must come while there is still time to checkpoint; never at the very start of a short job.
+        slurm_signal_delay_s=int(min(r.signal_delay_s, max(10, r.time_min * 60 // 2))),
     )
-    if r.gpus_per_run:
-        params["gpus_per_node"] = r.gpus_per_run
-    if r.mem_gb:
-        params["mem_gb"] = r.mem_gb
-    # USR2 must come while there is still time to checkpoint; never at the very start of a short job.
-    params["slurm_signal_delay_s"] = int(min(r.signal_delay_s, max(10, r.time_min * 60 // 2)))
-    params["slurm_array_parallelism"] = r.array_parallelism or max(1, n_runs)
-    if r.partition:
-        params["slurm_partition"] = r.partition
-    if r.slurm_setup:
-        params["slurm_setup"] = list(r.slurm_setup)
-    if r.slurm_extra:
-        params["slurm_additional_parameters"] = dict(r.slurm_extra)
-    executor.update_parameters(**params)
+    optional = dict(
+        gpus_per_node=r.gpus_per_run, mem_gb=r.mem_gb, slurm_partition=r.partition, slurm_setup=list(r.slurm_setup),
+        slurm_additional_parameters=dict(r.slurm_extra),
+    )
+    executor.update_parameters(**params, **{k: v for k, v in optional.items() if v})
     return executor
 
 
@@ -160,13 +140,9 @@ def submit_sweep(
     plan.exp_dir.mkdir(parents=True, exist_ok=True)
     manifest = plan.manifest("slurm")
     manifest["resources"] = dataclasses.asdict(resources)
-    for run in plan.runs:
-        if run not in todo:
-            manifest["runs"][run.index]["skipped"] = True
     submitted: list[SubmittedRun] = []
     if todo:
         for run in todo:
-            run.run_dir.mkdir(parents=True, exist_ok=True)
             save_variant(run.variant, run.run_dir)
         executor = make_executor(plan.exp_dir / "slurm" / "%j", resources, plan.sweep.name, len(todo))
         with executor.batch():

@@ -1,32 +1,20 @@
 """Sweeps: a recipe, variant levels, seeds and resources, planned into validated runs before anything starts.
 
-A sweep file is a Python file (conventionally in ``slurm/sweeps/``) that defines ``sweep = Sweep(...)``::
-
-    from tdrl.launch import Resources, Sweep, VariantLevel
-
-    sweep = Sweep(
-        name="ppo_cartpole_lr",
-        recipe="recipes/ppo.py",                      # relative to the working dir or any parent of this file
-        levels=[VariantLevel(["optim.lr"], [[3e-4], [1e-3]], ["lr3e-4", "lr1e-3"])],
-        seeds=[0, 1, 2],
-        overrides={"collector.total_frames": 100_000},  # every run
-        resources=Resources(cpus_per_run=1, time_min=30, mem_gb=4),
-    )
-
-:func:`plan_sweep` crosses the levels (rlpyt order: seeds outer, variants inner, so the first runs to start
-cover every setting once), and builds every run's config with the strict merge of :mod:`tdrl.config` — an
-unknown key, a wrong type or an unknown recipe raises here, naming it, before a single run is launched. Each run
-lives in ``<root>/<sweep name>/<variant dirs>/run_<seed>/`` and is the command
-``python <recipe> key=value ... run.seed=<seed> run.dir=<that dir>``; launching it again resumes it.
+A sweep file is a Python file (conventionally in ``slurm/sweeps/``, e.g. ``ppo_cartpole_lr.py``) that defines
+``sweep = Sweep(name=..., recipe="recipes/ppo.py", levels=[VariantLevel(...)], seeds=[0, 1, 2], overrides={...},
+resources=Resources(...))``. :func:`plan_sweep` crosses the levels with the seeds (rlpyt order: seeds outer,
+variants inner, so the first runs to start cover every setting once) and builds every run's config with the
+strict merge of :mod:`tdrl.config`: an unknown key, a wrong type or an unknown recipe raises here, naming it,
+before a single run is launched. Each run lives in ``<root>/<sweep name>/<variant dirs>/run_<seed>/`` and is the
+command ``python <recipe> key=value ... run.seed=<seed> run.dir=<that dir>``; launching it again resumes it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib.util
 import os
 import re
+import runpy
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,8 +58,7 @@ class Resources:
     signal_delay_s: int = 120
     """SLURM sends USR2 this long before the time limit, so the run can checkpoint and requeue."""
     max_requeues: int = 3
-    """Requeues after time-outs before giving up (submitit's ``max_num_timeout``; preemptions also count when
-    they come late in the time limit)."""
+    """Requeues after time-outs before giving up (submitit's ``max_num_timeout``)."""
     slurm_setup: list[str] = field(default_factory=list)
     """Shell lines run in the job before the run (``module load ...``, ``source venv/bin/activate``)."""
     slurm_extra: dict[str, Any] = field(default_factory=dict)
@@ -133,13 +120,7 @@ class SweepPlan:
         return {
             "name": self.sweep.name, "recipe": str(self.recipe), "sweep_file": self.sweep.source, "backend": backend,
             "resources": dataclasses.asdict(self.sweep.resources),
-            "runs": [
-                {
-                    "name": r.name, "run_dir": str(r.run_dir), "seed": r.seed, "variant": r.variant,
-                    "overrides": list(r.overrides),
-                }
-                for r in self.runs
-            ],
+            "runs": [{**dataclasses.asdict(r), "name": r.name, "run_dir": str(r.run_dir)} for r in self.runs],
         }
 
 
@@ -152,19 +133,10 @@ def load_sweep(path: str | os.PathLike) -> Sweep:
     path = Path(path).expanduser().resolve()
     if not path.is_file():
         raise SweepError(f"no sweep file '{path}'")
-    name = f"tdrl_sweep_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise SweepError(f"sweep file '{path}' cannot be loaded as Python")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        sweep = runpy.run_path(str(path)).get("sweep")
     except Exception as e:
         raise SweepError(f"sweep file '{path}' failed: {type(e).__name__}: {e}") from e
-    finally:
-        sys.modules.pop(name, None)
-    sweep = getattr(module, "sweep", None)
     if not isinstance(sweep, Sweep):
         raise SweepError(f"sweep file '{path}' must define 'sweep = Sweep(...)'")
     return dataclasses.replace(sweep, source=str(path))
@@ -224,9 +196,9 @@ def plan_sweep(sweep: Sweep, root: str | os.PathLike | None = None) -> SweepPlan
     runs = []
     for seed in sweep.seeds:  # rlpyt order: seeds outer, variants inner
         for variant, log_dir in zip(variants, log_dirs, strict=True):
-            run_dir = exp_dir / log_dir / f"run_{seed}" if log_dir else exp_dir / f"run_{seed}"
-            values = _run_overrides(sweep, cfg_keys, log_dir, seed, variant, run_dir)
             run_name = f"{log_dir}/run_{seed}" if log_dir else f"run_{seed}"
+            run_dir = exp_dir / run_name
+            values = _run_overrides(sweep, cfg_keys, log_dir, seed, variant, run_dir)
             try:
                 cfg = apply_overrides(base, values)
                 args = [f"{k}={_as_arg(v)}" for k, v in values.items()]

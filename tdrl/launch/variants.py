@@ -1,18 +1,15 @@
 """Hyperparameter variants with rlpyt's semantics: levels of (keys, values, dir names) crossed in order.
 
-A *level* lists complete value combinations for a few keys, each with a directory name::
+A level lists complete value combinations for a few keys, each with a directory name, so keys can be tied
+together instead of taking their product::
 
     lr = VariantLevel(keys=["optim.lr"], values=[[3e-4], [1e-3]], dir_names=["lr3e-4", "lr1e-3"])
     env = VariantLevel(keys=[("env", "id"), "collector.frames_per_batch"],
-                       values=[["CartPole-v1", 1000], ["Acrobot-v1", 2000]],
-                       dir_names=["cartpole", "acrobot"])
-    variants, log_dirs = make_variants(lr, env)   # 2 x 2 = 4, crossed in order
-    # log_dirs == ["lr3e-4/cartpole", "lr3e-4/acrobot", "lr1e-3/cartpole", "lr1e-3/acrobot"]
+                       values=[["CartPole-v1", 1000], ["Acrobot-v1", 2000]], dir_names=["cartpole", "acrobot"])
+    variants, log_dirs = make_variants(lr, env)   # ["lr3e-4/cartpole", "lr3e-4/acrobot", "lr1e-3/cartpole", ...]
 
-Keys are dotted strings (``"optim.lr"``) or rlpyt-style tuples (``("optim", "lr")``). A variant is a nested dict
-(``{"optim": {"lr": 3e-4}}``) merged strictly into a recipe's dataclass config with
-:func:`tdrl.config.merge_nested`, which raises :class:`tdrl.config.ConfigError` naming any key the config lacks.
-``variant.json`` is what :func:`save_variant` writes into each run's directory.
+A variant is a nested dict (``{"optim": {"lr": 3e-4}}``), merged strictly into a recipe's dataclass config
+(:func:`tdrl.config.merge_nested` raises :class:`tdrl.config.ConfigError` naming any key the config lacks).
 """
 
 from __future__ import annotations
@@ -24,9 +21,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tdrl.config import flatten
+from tdrl.utils.files import write_json_atomic
 
-__all__ = ["VariantLevel", "load_variant", "make_variants", "save_variant", "variant_overrides"]
+__all__ = ["VariantLevel", "load_variant", "make_variants", "save_variant"]
 
 VARIANT_FILE = "variant.json"
 _SAFE_DIR = re.compile(r"^[A-Za-z0-9._=+\-]+(/[A-Za-z0-9._=+\-]+)*$")
@@ -37,8 +34,7 @@ class VariantLevel(NamedTuple):
 
     Attributes:
         keys: config keys, each a dotted string (``"optim.lr"``) or a tuple of nested names (``("optim", "lr")``).
-        values: one list per combination, with one value per key in ``keys`` order (rlpyt: written out explicitly,
-            so levels can tie keys together instead of taking their product).
+        values: one list per combination, with one value per key in ``keys`` order.
         dir_names: one directory name per combination; joined across levels into each variant's log directory.
     """
 
@@ -117,18 +113,10 @@ def make_variants(*levels: VariantLevel) -> tuple[list[dict[str, Any]], list[str
     return variants, log_dirs
 
 
-def variant_overrides(variant: dict[str, Any]) -> dict[str, Any]:
-    """The variant as dotted overrides: ``{"optim": {"lr": 1e-3}}`` -> ``{"optim.lr": 1e-3}``."""
-    return flatten(variant)
-
-
 def save_variant(variant: dict[str, Any], log_dir: str | os.PathLike) -> Path:
     """Write ``variant.json`` into ``log_dir`` (created if needed) atomically; returns its path."""
     path = Path(log_dir) / VARIANT_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{VARIANT_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(variant, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, variant)
     return path
 
 

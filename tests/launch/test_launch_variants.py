@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tdrl.config import ConfigError, merge_nested
+from tdrl.config import ConfigError, flatten, merge_nested
 from tdrl.launch import VariantLevel, load_variant, make_variants, save_variant
 from tdrl.launch.recipe import load_recipe
-from tdrl.launch.variants import variant_overrides
 
 TINY_RECIPE = Path(__file__).resolve().parent / "tiny_recipe.py"
 
@@ -42,7 +41,7 @@ def test_levels_cross_in_order_first_level_slowest():
         ("Acrobot-v1", 200),
         ("MountainCar-v0", 300),
     }
-    assert variant_overrides(variants[0]) == {
+    assert flatten(variants[0]) == {  # the variant as dotted overrides
         "optim.lr": 1e-3,
         "env.id": "CartPole-v1",
         "collector.frames_per_batch": 100,
