@@ -1,21 +1,12 @@
 """The collector process of the async trainer, and the control block it shares with the optimizer process.
 
-The collector process builds its collector from a picklable factory (any tdrl collector: serial, parallel with
-its own worker processes, action server...), then loops over collector iterations:
-
-1. if the optimizer published new weights (a version counter moved), copy them into the collector's policy
-   (``collector.update_policy_weights_(shared)``) -- between batches, so collection never stops for it;
-2. optionally wait while the optimizer owes more than one batch plus ``max_lag_frames`` frames of updates;
-3. collect one ``[B, T]`` batch and ``replay.extend`` it (the shared replay: the optimizer samples the same
-   memmapped files);
-4. report the batch (frames, finished episodes, timings) on a queue; at a log/checkpoint boundary also report
-   the collector's and its RNG's state and pause until the optimizer has written its row and checkpoint (so a
-   row's frames, samples and updates are one consistent snapshot, and the replay is not written while it is
-   copied into a checkpoint).
-
-It exits when the budget is spent, when asked to stop, or when its parent (the optimizer process) disappears
-(checked every 0.2 s by a watch thread, which kills the process if the loop does not end by itself within 2 s).
-An exception is reported on the queue with its traceback before the process exits with code 1.
+The collector process builds its collector from a picklable factory (any tdrl collector), then per iteration:
+copies newly published weights into the collector's policy (between batches, so collection never stops for it);
+optionally waits while the optimizer owes more than one batch plus ``max_lag_frames`` frames of updates; collects
+one ``[B, T]`` batch into the shared replay; reports it on a queue, and at a log/checkpoint boundary also reports
+its collector's and RNG's state and pauses until the optimizer has written its row and checkpoint (one consistent
+snapshot; the replay is not written while it is copied). It exits when the budget is spent, when asked to stop,
+or when the optimizer process disappears; an exception is reported with its traceback, then the process exits 1.
 
 :func:`owed_updates` is the single definition of the throttle both processes use, so they cannot disagree about
 whether the optimizer may update (which would deadlock a waiting collector).
@@ -61,13 +52,9 @@ def owed_updates(*, replay_ratio: float, batch_size: int, write_count: int, samp
 class Control:
     """Shared objects of one optimizer-collector pair (made from a ``spawn`` multiprocessing context).
 
-    Attributes:
-        stop: the optimizer asks the collector to finish (set on early stop, errors and shutdown).
-        go: cleared by the collector when it pauses at a boundary, set by the optimizer to release it.
-        weights: shared-memory TensorDict of the policy's parameters and buffers.
-        weights_lock: held while the weights are written or read.
-        weights_version: incremented by the optimizer after each publish.
-        queue: collector → optimizer messages (see :func:`collector_process_main`).
+    ``stop``: the optimizer asks the collector to finish; ``go``: cleared by the collector when it pauses at a
+    boundary, set by the optimizer to release it; ``weights`` (shared memory), guarded by ``weights_lock``, and
+    ``weights_version``, incremented at each publish; ``queue``: collector -> optimizer messages.
     """
 
     stop: Any
@@ -80,32 +67,16 @@ class Control:
 
 @dataclass
 class CollectorProcessSpec:
-    """What the collector process needs; pickled once when it starts.
+    """What the collector process needs, pickled once when it starts (the replay travels as its file paths).
 
-    Attributes:
-        collector_factory: builds the collector in the collector process (e.g. a ``functools.partial`` of
-            ``tdrl.collect.make_collector``).
-        replay: the shared replay buffer (only its file paths travel).
-        samples_to_buffer: optional picklable transform applied to each batch before ``replay.extend`` (rlpyt's
-            ``samples_to_buffer``); it runs in the collector process and must not keep state.
-        start_itr: first collector iteration (non-zero on resume).
-        n_itr: collector iterations of the whole run.
-        log_interval_itrs, checkpoint_interval_itrs: the collector reports its state and pauses after every
-            iteration that completes a log or checkpoint interval, and after the last one.
-        replay_ratio, batch_size, learn_start_frames: the throttle (see :func:`owed_updates`).
-        frames_per_itr: frames per collector batch.
-        max_lag_frames: wait before a batch while the optimizer owes updates for more than one batch plus this
-            many frames (0: double buffering, the next batch is collected while the last one trains); ``None``
-            never waits (rlpyt).
-        seed: seed of the collector process's python/numpy/torch RNGs.
-        collector_state: ``collector.load_state_dict`` input on resume.
-        rng: RNG state to restore on resume (overrides ``seed``).
-        torch_threads: torch intra-op threads of the collector process.
+    The collector pauses after every iteration that completes a log or checkpoint interval, and after the last
+    one. ``replay_ratio``, ``batch_size``, ``learn_start_frames`` and ``max_lag_frames`` are the throttle (see
+    :func:`owed_updates` and :class:`~tdrl.train.AsyncTrainer`); ``collector_state`` and ``rng`` are restored on
+    resume (``rng`` overrides ``seed``).
     """
 
     collector_factory: Callable[[], Any]
     replay: Any
-    samples_to_buffer: Callable[[Any], Any] | None
     start_itr: int
     n_itr: int
     log_interval_itrs: int
@@ -118,7 +89,6 @@ class CollectorProcessSpec:
     seed: int
     collector_state: dict[str, Any] | None = None
     rng: dict[str, Any] | None = None
-    torch_threads: int = 1
 
 
 def _watch_parent(parent: int, finished: threading.Event) -> None:
@@ -155,7 +125,7 @@ def collector_process_main(spec: CollectorProcessSpec, ctrl: Control, parent_pid
     ctrl.queue.cancel_join_thread()  # never block this process's exit on an unread queue
     collector = None
     try:
-        torch.set_num_threads(spec.torch_threads)
+        torch.set_num_threads(1)  # small policies act fastest on one thread; the optimizer keeps the rest
         seed_everything(spec.seed)
         if spec.rng is not None:
             set_rng_state(spec.rng)
@@ -205,7 +175,7 @@ def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> 
                                f"trainer's {spec.n_itr}: its own total_frames is smaller than the trainer's n_steps "
                                "(leave it endless, -1)") from None
         collect_s = time.perf_counter() - start
-        replay.extend(spec.samples_to_buffer(batch) if spec.samples_to_buffer is not None else batch)
+        replay.extend(batch)
         info: dict[str, Any] = {
             "itr": itr, "frames": int(batch.numel()), "episodes": collector.traj_infos, "collect_s": collect_s,
             "lag_wait_s": lag_wait_s, "weights_version": version,

@@ -1,19 +1,10 @@
 """The trainer core: counters, episode window, optimiser metrics, timers, evaluation, log rows, checkpoints.
 
-:class:`~tdrl.train.SyncTrainer` (on one process or on every rank of a data-parallel run) and
-:class:`~tdrl.train.AsyncTrainer` keep their books in one :class:`Bookkeeper`, so their ``progress.csv`` rows,
-``history`` entries, checkpoints and ``summary.json`` read the same way:
-
-* counters ``itr`` (collector iterations), ``frames`` (env frames, all ranks), ``updates`` (gradient updates),
-  ``episodes`` (completed training episodes);
-* the online window of the last ``log_traj_window`` training episodes and the episodes new since the last row;
-* the optimiser metrics recorded since the last row (``loss_x`` → ``loss/x_{mean,std,median,min,max}``, see
-  :mod:`tdrl.utils.stats`);
-* wall time split into training (``time/train_s``, rlpyt's CumTrainTime) and evaluation (``time/eval_s``).
-
-The cadence (rlpyt's ``get_n_itr``) is :func:`iteration_counts`; what a checkpoint holds is
-:class:`CheckpointObjects`. A row is written to the :class:`tdrl.log.Run` (when there is one) and appended to
-:attr:`Bookkeeper.history`.
+Both trainers keep their books in one :class:`Bookkeeper`, so their ``progress.csv`` rows, ``history``,
+checkpoints and ``summary.json`` read the same way: counters ``itr`` (collector iterations), ``frames`` (env
+frames, all ranks), ``updates`` and ``episodes``; the last ``log_traj_window`` training episodes; the optimiser
+metrics since the last row (``loss_x`` -> ``loss/x_{mean,std,median,min,max}``); wall time split into training
+(``time/train_s``, rlpyt's CumTrainTime) and evaluation (``time/eval_s``).
 """
 
 from __future__ import annotations
@@ -22,7 +13,7 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tensordict import TensorDictBase
@@ -174,10 +165,6 @@ class Bookkeeper:
         """Leave the enclosed time out of training and evaluation time (starting worker processes)."""
         return self._adding_time_to("_session_paused_s")
 
-    def timing_eval(self) -> contextlib.AbstractContextManager[None]:
-        """Count the enclosed time as evaluation (excluded from ``time/train_s`` and frames/s)."""
-        return self._adding_time_to("_session_eval_s")
-
     @contextlib.contextmanager
     def _adding_time_to(self, counter: str) -> Iterator[None]:
         start = time.perf_counter()
@@ -205,13 +192,9 @@ class Bookkeeper:
         else:
             raise TypeError(f"record() takes a TensorDict, a mapping or a list of them, got {type(metrics).__name__}")
 
-    def online_return(self) -> float | None:
-        """Mean return of the online episode window (``None`` before the first episode)."""
-        return summarize_records(self.traj_window, "").get("return_mean")
-
     def evaluate(self, eval_collector: Any) -> None:
         """Run one evaluation (``eval_collector.evaluate()``: whole greedy episodes), timed as evaluation."""
-        with self.timing_eval():
+        with self._adding_time_to("_session_eval_s"):  # excluded from time/train_s and frames/s
             trajs = eval_collector.evaluate()
         self.last_eval = {**summarize_records(trajs, "eval/"), "eval/episodes": float(len(trajs))}
 
@@ -219,20 +202,18 @@ class Bookkeeper:
         """Whether the last evaluation's mean return (else the online window's) reached ``stop_return``."""
         if stop_return is None:
             return False
-        ret = self.last_eval.get("eval/return_mean", self.online_return())
+        online = summarize_records(self.traj_window, "").get("return_mean")
+        ret = self.last_eval.get("eval/return_mean", online)
         return ret is not None and ret >= stop_return
 
     # --- rows -------------------------------------------------------------------------------------------------
 
-    def log(self, extra: Mapping[str, float] | None = None, *, metrics: Sequence[Any] | None = None,
-            new_episodes: int | None = None) -> dict[str, float]:
-        """Write one row (SyncTrainer's columns plus ``extra``) and reset the per-interval accumulators.
+    def log(self, extra: Mapping[str, float] | None = None, *, metrics: Sequence[Any] | None = None
+            ) -> dict[str, float]:
+        """Write one row (the common columns plus ``extra``) and reset the per-interval accumulators.
 
-        Args:
-            extra: more metrics for this row (``replay/...``, ``time/...``).
-            metrics: optimiser metrics to summarise instead of the locally recorded ones (gathered from all
-                ranks); the local ones are cleared either way.
-            new_episodes: episodes completed since the last row when they were counted elsewhere (all ranks).
+        ``metrics``: optimiser metrics to summarise instead of the locally recorded ones (gathered from all
+        ranks); the local ones are cleared either way.
         """
         train_s = self.train_s
         d_frames = self.frames - self._frames_at_log
@@ -247,7 +228,7 @@ class Bookkeeper:
         row.update(summarize_metrics(self.metrics if metrics is None else metrics))
         row.update(self.last_eval)
         row.update(extra or {})
-        n_new = len(self.new_trajs) if new_episodes is None else int(new_episodes)
+        n_new = len(self.new_trajs)
         self.metrics.clear()
         self.new_trajs.clear()
         counters: dict[str, float] = {"iteration": self.itr, "frames": self.frames, "updates": self.updates,
@@ -295,24 +276,22 @@ class Bookkeeper:
         else:
             run.close(exit_code=1)
 
-    def save_checkpoint(self, objects: CheckpointObjects, writers: Mapping[str, Any] | None = None,
-                        **state: Any) -> None:
+    def save_checkpoint(self, objects: CheckpointObjects, **state: Any) -> None:
         """Checkpoint ``objects``, these books and ``state`` (collector...) through the run, after ``itr``."""
         if self.run is None:
             return
         full = {**objects.state_dict(), **state, "trainer": self.state_dict()}
-        extra = {**(objects.writers() or {}), **(writers or {})} or None
         # the Run adds the RNG states and its logger position
-        self.run.save_checkpoint(full, self.itr, step=self.frames, extra_writers=extra)
+        self.run.save_checkpoint(full, self.itr, step=self.frames, extra_writers=objects.writers())
 
-    def load_checkpoint(self, objects: CheckpointObjects, readers: Mapping[str, Any] | None = None
+    def load_checkpoint(self, objects: CheckpointObjects, share: Callable[[Any], Any] | None = None
                         ) -> dict[str, Any] | None:
         """Restore ``objects`` and these books from the run's newest checkpoint; returns its state (``None``:
-        nothing to resume). The Run restores the RNG states."""
-        if self.run is None:
-            return None
-        extra = {**(objects.readers() or {}), **(readers or {})} or None
-        state = self.run.load_checkpoint(extra_readers=extra)
+        nothing to resume). The Run restores the RNG states. ``share`` hands the state read (on rank 0, the rank
+        with a run) to every rank."""
+        state = self.run.load_checkpoint(extra_readers=objects.readers()) if self.run is not None else None
+        if share is not None:
+            state = share(state)
         if not state:
             return None
         self.load_state_dict(state["trainer"])

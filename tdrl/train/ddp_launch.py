@@ -52,28 +52,16 @@ def launch_data_parallel(
     timeout_s: float = 1800.0,
     **kwargs: Any,
 ) -> Any:
-    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks of a torch.distributed process group.
+    """Run ``fn(*args, **kwargs)`` (a picklable, module-level function) on ``world_size`` ranks; rank 0's result.
 
-    * Inside an initialised process group: just calls ``fn`` (a rank calling the recipe's ``main`` again).
-    * With torch's ``env://`` variables set (torchrun, or a multi-task SLURM job launched by ``tdrl.launch``):
-      joins that group and calls ``fn`` in this process; ``world_size`` must match ``WORLD_SIZE``.
-    * Otherwise: checks the backend and that this machine has ``world_size`` cores (gloo) or GPUs (NCCL), then
-      spawns the ranks (``world_size == 1`` runs in this process). A rank that raises or dies stops the others
-      within seconds.
-
-    Args:
-        fn: a picklable (module-level) function; every rank calls it with the same arguments.
-        world_size: number of ranks.
-        backend: ``auto`` (NCCL for CUDA devices, else gloo), ``gloo`` or ``nccl``.
-        device: the learner device the recipe uses (``cpu`` or ``cuda``; each rank gets ``cuda:<local rank>``).
-        timeout_s: how long a collective waits for a slow or dead rank before raising.
-
-    Returns:
-        Rank 0's return value.
+    Inside an initialised process group it just calls ``fn`` (a rank calling the recipe's ``main`` again); with
+    torch's ``env://`` variables set (torchrun, or a SLURM job launched by ``tdrl.launch``) it joins that group,
+    whose ``WORLD_SIZE`` must equal ``world_size``; otherwise it spawns the ranks (``world_size == 1`` runs here).
+    ``backend``: ``auto`` (NCCL for CUDA devices, else gloo), ``gloo`` or ``nccl``; ``device``: the learner device
+    (each rank gets ``cuda:<local rank>``); ``timeout_s``: how long a collective waits for a slow or dead rank.
 
     Raises:
-        DistributedSetupError: bad world size, NCCL without CUDA, more ranks than cores/GPUs (before any process
-            starts).
+        DistributedSetupError: bad world size, NCCL without CUDA, more ranks than cores/GPUs (before any start).
         DataParallelError: a rank failed; the message holds its traceback.
     """
     if is_distributed():

@@ -1,28 +1,10 @@
 """Choose the trainer by config: ``trainer.kind=sync|ddp|async`` in any recipe, one loop body for all three.
 
-A recipe adds a :class:`TrainerConfig` section and three small pieces::
-
-    @dataclass
-    class Config:
-        ...
-        trainer: TrainerConfig = field(default_factory=TrainerConfig)
-
-    def main(cfg):
-        check_trainer(cfg.trainer, on_policy=True)          # e.g. PPO with trainer.kind=async: error, nothing started
-        if cfg.trainer.kind == "ddp" and not is_distributed():   # spawn the ranks; each one runs main(cfg)
-            return launch_data_parallel(main, cfg, world_size=cfg.trainer.world_size,
-                                        backend=cfg.trainer.backend, device=cfg.run.device)
-        seed_everything(rank_seed(cfg.run.seed))             # rank 0 keeps the run seed
-        run = Run.open(...) if is_main_process() else None
-        ...
-        trainer = make_trainer(cfg.trainer, on_policy=True, collector=collector, modules=[loss], run=run, ...)
-
-Off-policy recipes pass ``collector_factory`` (the collector is built in the collector process when async),
-``replay`` (every trainer fills it: sync and ddp in this process, async in the collector process) and ``policy``;
-their loop body is ``for _ in trainer:`` then ``trainer.updates_due`` updates, whatever the kind.
-
-    python recipes/ppo.py trainer.kind=ddp trainer.world_size=2
-    python recipes/sac.py trainer.kind=async
+A recipe adds a ``trainer: TrainerConfig`` section, calls :func:`check_trainer` first thing in ``main``; under
+``trainer.kind=ddp`` without a process group it returns ``launch_data_parallel(main, cfg, ...)`` (each rank runs
+``main`` again), and it builds its trainer with :func:`make_trainer`. Off-policy recipes pass
+``collector_factory`` (async builds the collector in its own process), ``replay`` and ``policy``; their loop body
+is ``for _ in trainer:`` then ``trainer.updates_due`` updates, whatever the kind.
 """
 
 from __future__ import annotations
@@ -90,11 +72,8 @@ def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu",
                   supported: Sequence[str] = TRAINER_KINDS) -> None:
     """Reject trainer settings that cannot work, before any process starts (call it first thing in ``main``).
 
-    Args:
-        cfg: the recipe's ``trainer`` section.
-        on_policy: the algorithm learns only from fresh batches (no async then).
-        device: the learner device (``trainer.backend=nccl`` needs CUDA).
-        supported: the kinds this recipe wires up (e.g. ``("sync", "async")`` when it does not launch ranks).
+    ``on_policy``: the algorithm learns only from fresh batches (no async then); ``device``: the learner device
+    (``trainer.backend=nccl`` needs CUDA); ``supported``: the kinds this recipe wires up.
 
     Raises:
         ValueError: unknown or unsupported ``trainer.kind``, or ``trainer.kind=async`` for an on-policy algorithm.
@@ -131,18 +110,10 @@ def make_trainer(
 ) -> SyncTrainer | AsyncTrainer:
     """The trainer ``cfg.kind`` names, built from one set of arguments.
 
-    Args:
-        cfg: the recipe's ``trainer`` section.
-        on_policy: whether the algorithm learns only from fresh batches (PPO, A2C): async is refused then.
-        collector: the training collector (sync and ddp), or ``None`` to build it with ``collector_factory``.
-        collector_factory: picklable callable building the collector (async: in the collector process).
-        modules: the replicated modules whose gradients ddp averages (the loss module).
-        replay: the replay buffer the trainer fills with every batch (async: shared with the collector process).
-        policy: the module whose weights the async collector receives.
-        seed: run seed (async: seeds the collector process).
-        **kwargs: the trainers' common keyword arguments (``n_steps``, ``log_interval_steps``, ``run``,
-            ``eval_collector``, ``replay_ratio``, ``batch_size``, ``min_steps_learn``, ``checkpoint_state``,
-            ``checkpoint_interval_steps``, ``stop_return``, ...).
+    ``collector`` (sync, ddp) or ``collector_factory`` (picklable; async builds the collector in its process);
+    ``modules``: what ddp averages the gradients of (the loss module); ``replay``: filled with every batch;
+    ``policy``: whose weights the async collector receives; ``seed``: seeds the async collector process;
+    ``**kwargs``: the trainers' common arguments (``n_steps``, ``log_interval_steps``, ``run``, ...).
 
     Raises:
         ValueError: see :func:`check_trainer`; ``collector`` or ``collector_factory`` missing for the kind.
