@@ -1,34 +1,28 @@
 """Async trainer: the collector runs in its own process and fills a shared replay while this process optimises
 (rlpyt's AsyncRl / AsyncRlEval), with the replay ratio honoured (astooke/rlpyt#138: rlpyt's async mode did not).
 
-The loop body is the sync trainer's for a trainer given a ``replay``: run ``trainer.updates_due`` updates. Here an
-iteration is one *optimizer round* and yields its ``updates_due`` (there is no batch in this process)::
+The loop body is the sync trainer's for a trainer given a ``replay`` (``trainer.updates_due`` updates, then
+``trainer.record``); here an iteration is one *optimizer round* and yields its ``updates_due`` (no batch).
 
-    for _ in trainer:
-        metrics = [updater.step(loss(replay.sample(256))) for _ in range(trainer.updates_due)]
-        trainer.record(metrics, updates=len(metrics))
-
-Throttle: with ``W`` transitions written and ``S`` sampled (the replay's ``write_count`` and ``samples_drawn``),
-a round offers ``floor((replay_ratio * (W - learn_start) - S) / batch_size)`` updates (at most
-``updates_per_sync``) and otherwise waits for the next batch, so ``S / (W - learn_start)`` never exceeds the
-ratio. ``learn_start`` is ``min_steps_learn`` rounded down to whole batches, as the sync trainer counts it. Every
-update must sample exactly ``batch_size`` transitions. The other side (the optimizer falling behind): with
-``max_lag_frames=0`` the collector collects batch k+1 while the optimizer trains on batch k and waits while the
-optimizer owes more than one batch of updates (rlpyt's double buffer); a larger value lets it run that many frames
-further ahead, ``None`` never waits (rlpyt's AsyncRl: the ratio falls when the optimizer is slower). With a bound,
-the optimizer pays what it owes before every log row, so each row's ratio is within one minibatch of the target.
+Throttle: with ``W`` transitions written and ``S`` sampled, a round offers ``floor((replay_ratio * (W -
+learn_start) - S) / batch_size)`` updates (at most ``updates_per_sync``), else waits for the next batch, so the
+ratio never exceeds its target; ``learn_start`` is ``min_steps_learn`` counted as the sync trainer counts it.
+Every update must sample exactly ``batch_size`` transitions. With ``max_lag_frames=0`` the collector collects
+batch k+1 while the optimizer trains on batch k and waits while the optimizer owes more than one batch of updates
+(rlpyt's double buffer); a larger value lets it run that many frames further ahead, ``None`` never waits (rlpyt's
+AsyncRl: the ratio falls when the optimizer is slower). With a bound, the optimizer pays what it owes before every
+log row, so each row's ratio is within one minibatch of the target.
 
 At every log or checkpoint boundary the collector reports its state and pauses while this process evaluates,
-writes the row (one consistent snapshot of frames, samples, updates and episodes) and the checkpoint (collector
-RNG and replay data included). New weights reach the collector every ``updates_per_sync`` updates through shared
-memory, between batches.
+writes the row (one consistent snapshot) and the checkpoint (collector RNG and replay data included). New
+weights reach the collector every ``updates_per_sync`` updates through shared memory, between batches.
 
 Failures: a collector exception is re-raised here as :class:`AsyncTrainerError` with its traceback; a collector
 killed by a signal is noticed within ``POLL_S`` plus the current round; an exception here stops the collector;
-if this process is killed, the collector exits within 0.2 s. Use the trainer as a context manager (or call
-:meth:`AsyncTrainer.close`) when the loop body may raise: an abandoned generator is only finalised when the
-exception's traceback is released. A resumed run continues counters, models and replay exactly, but the
-interleaving of collection and updates is timing-dependent, so it is not bitwise equal to an uninterrupted one.
+if this process is killed, the collector exits within seconds. Use the trainer as a context manager when the loop
+body may raise (an abandoned generator is only finalised when the exception's traceback is released). A resumed
+run continues counters, models and replay exactly, but is not bitwise equal to an uninterrupted one (the
+interleaving of collection and updates is timing-dependent).
 """
 
 from __future__ import annotations

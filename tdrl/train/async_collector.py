@@ -35,13 +35,8 @@ POLL_S = 0.05
 
 def owed_updates(*, replay_ratio: float, batch_size: int, write_count: int, samples_drawn: int,
                  learn_start_frames: int, ready: int) -> int:
-    """Gradient updates the optimizer may do now without the replay ratio exceeding ``replay_ratio``.
-
-    The ratio counts from the start of learning, as the sync trainer's ``replay_ratio`` does (no updates for the
-    first ``learn_start_frames``, then ``replay_ratio * new frames / batch_size`` updates):
-    ``floor((replay_ratio * (write_count - learn_start_frames) - samples_drawn) / batch_size)``, and 0 while
-    fewer than ``batch_size`` transitions are ready to sample.
-    """
+    """Gradient updates the optimizer may do now without the replay ratio exceeding ``replay_ratio``, counted from
+    the start of learning as the sync trainer counts it; 0 while fewer than ``batch_size`` transitions are ready."""
     if write_count <= learn_start_frames or ready < batch_size:
         return 0
     allowed = replay_ratio * (write_count - learn_start_frames) - samples_drawn
@@ -114,12 +109,9 @@ def _must_stop(ctrl: Control) -> bool:
 
 
 def collector_process_main(spec: CollectorProcessSpec, ctrl: Control, parent_pid: int) -> None:
-    """Entry point of the collector process (see the module docstring for the loop and its messages).
-
-    Messages on ``ctrl.queue``: ``("started", pid)``; ``("batch", info)`` per batch, ``info`` holding ``itr``,
-    ``frames``, ``episodes``, ``collect_s``, ``lag_wait_s``, ``weights_version`` and, at boundaries,
-    ``collector_state`` and ``rng``; ``("done",)`` at the end; ``("error", traceback_text)`` on failure.
-    """
+    """Entry point of the collector process. Messages on ``ctrl.queue``: ``("started", pid)``; ``("batch", info)``
+    per batch (``itr``, ``frames``, ``episodes``, ``collect_s``, ``lag_wait_s``, ``weights_version`` and, at
+    boundaries, ``collector_state`` and ``rng``); ``("done",)`` at the end; ``("error", traceback)`` on failure."""
     finished = threading.Event()
     _watch_parent(parent_pid, finished)
     ctrl.queue.cancel_join_thread()  # never block this process's exit on an unread queue
@@ -130,7 +122,7 @@ def collector_process_main(spec: CollectorProcessSpec, ctrl: Control, parent_pid
         if spec.rng is not None:
             set_rng_state(spec.rng)
         collector = spec.collector_factory()
-        if spec.collector_state is not None and hasattr(collector, "load_state_dict"):
+        if spec.collector_state is not None:
             collector.load_state_dict(spec.collector_state)
         ctrl.queue.put(("started", os.getpid()))
         _collect_loop(spec, ctrl, collector)
@@ -145,7 +137,7 @@ def collector_process_main(spec: CollectorProcessSpec, ctrl: Control, parent_pid
 
 
 def _shutdown(collector: Any) -> None:
-    if collector is not None and hasattr(collector, "shutdown"):
+    if collector is not None:
         try:
             collector.shutdown()
         except Exception:  # noqa: BLE001 - already failing or exiting
@@ -182,7 +174,7 @@ def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> 
         }
         done = itr + 1
         if done % spec.log_interval_itrs == 0 or done % spec.checkpoint_interval_itrs == 0 or done == spec.n_itr:
-            info["collector_state"] = collector.state_dict() if hasattr(collector, "state_dict") else None
+            info["collector_state"] = collector.state_dict()
             info["rng"] = rng_state()
             ctrl.go.clear()
             ctrl.queue.put(("batch", info))
@@ -198,8 +190,7 @@ def _wait_for_optimizer(spec: CollectorProcessSpec, ctrl: Control) -> float:
     """Block while the optimizer owes more than one batch plus ``max_lag_frames`` frames' worth of updates."""
     start = time.perf_counter()
     replay = spec.replay
-    frames_per_batch = spec.frames_per_itr
-    limit_updates = (spec.max_lag_frames + frames_per_batch) * spec.replay_ratio / spec.batch_size
+    limit_updates = (spec.max_lag_frames + spec.frames_per_itr) * spec.replay_ratio / spec.batch_size
     sleep_s = 2e-4
     while not _must_stop(ctrl):
         owed = owed_updates(replay_ratio=spec.replay_ratio, batch_size=spec.batch_size,

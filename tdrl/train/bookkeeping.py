@@ -49,16 +49,14 @@ def updates_per_iteration(replay_ratio: float, frames_per_itr: int, batch_size: 
 
 
 def frames_per_batch(collector: Any) -> int:
-    """Frames of one collector batch: its ``frames_per_batch``, else ``batch_B * batch_T`` (tdrl collectors, or
-    the keywords of a ``functools.partial`` that builds one)."""
+    """Frames of one collector batch: its ``frames_per_batch``, else ``batch_B * batch_T`` from the keywords of a
+    ``functools.partial`` that builds one."""
     value = getattr(collector, "frames_per_batch", None)
     if value:
         return int(value)
     keywords = getattr(collector, "keywords", None) or {}
-    b = getattr(collector, "batch_B", None) or keywords.get("batch_B")
-    t = getattr(collector, "batch_T", None) or keywords.get("batch_T")
-    if b and t:
-        return int(b) * int(t)
+    if keywords.get("batch_B") and keywords.get("batch_T"):
+        return int(keywords["batch_B"]) * int(keywords["batch_T"])
     raise ValueError(f"cannot tell the frames per batch of {type(collector).__name__} (no frames_per_batch, "
                      "batch_B x batch_T); pass frames_per_itr=")
 
@@ -128,52 +126,41 @@ class Bookkeeper:
         self.last_eval: dict[str, float] = {}
         self.history: list[dict[str, float]] = []
         self.curve: list[dict[str, float]] = []
+        self.eval_s = 0.0
         self._train_s = 0.0  # training wall time of earlier sessions (resumes)
-        self._eval_s = 0.0
-        self._session_start = 0.0
-        self._session_eval_s = 0.0
-        self._session_paused_s = 0.0
+        self._session_start: float | None = None
+        self._session_excluded_s = 0.0
         self._frames_at_log = 0
         self._updates_at_log = 0
         self._train_s_at_log = 0.0
 
-    # --- time -------------------------------------------------------------------------------------------------
-
     def start_session(self) -> None:
         self._session_start = time.perf_counter()
-        self._session_eval_s = 0.0
-        self._session_paused_s = 0.0
+        self._session_excluded_s = 0.0
 
     def end_session(self) -> None:
         self._train_s = self.train_s
-        self._eval_s += self._session_eval_s
-        self._session_eval_s = 0.0
-        self._session_paused_s = 0.0
-        self._session_start = 0.0
+        self._session_start = None
 
     @property
     def train_s(self) -> float:
-        """Wall-clock seconds of training so far, evaluation excluded, over every session."""
-        live = time.perf_counter() - self._session_start if self._session_start else 0.0
-        return self._train_s + live - self._session_eval_s - self._session_paused_s
-
-    @property
-    def eval_s(self) -> float:
-        return self._eval_s + self._session_eval_s
-
-    def paused(self) -> contextlib.AbstractContextManager[None]:
-        """Leave the enclosed time out of training and evaluation time (starting worker processes)."""
-        return self._adding_time_to("_session_paused_s")
+        """Wall-clock seconds of training so far, over every session, evaluation and pauses excluded."""
+        if self._session_start is None:
+            return self._train_s
+        return self._train_s + time.perf_counter() - self._session_start - self._session_excluded_s
 
     @contextlib.contextmanager
-    def _adding_time_to(self, counter: str) -> Iterator[None]:
+    def paused(self, *, evaluating: bool = False) -> Iterator[None]:
+        """Leave the enclosed time out of training time (starting worker processes; evaluations, which count into
+        ``eval_s``)."""
         start = time.perf_counter()
         try:
             yield
         finally:
-            setattr(self, counter, getattr(self, counter) + time.perf_counter() - start)
-
-    # --- what happened --------------------------------------------------------------------------------------
+            elapsed = time.perf_counter() - start
+            self._session_excluded_s += elapsed
+            if evaluating:
+                self.eval_s += elapsed
 
     def add_episodes(self, trajs: Sequence[dict[str, float]]) -> None:
         self.episodes += len(trajs)
@@ -194,7 +181,7 @@ class Bookkeeper:
 
     def evaluate(self, eval_collector: Any) -> None:
         """Run one evaluation (``eval_collector.evaluate()``: whole greedy episodes), timed as evaluation."""
-        with self._adding_time_to("_session_eval_s"):  # excluded from time/train_s and frames/s
+        with self.paused(evaluating=True):  # excluded from time/train_s and frames/s
             trajs = eval_collector.evaluate()
         self.last_eval = {**summarize_records(trajs, "eval/"), "eval/episodes": float(len(trajs))}
 
@@ -205,8 +192,6 @@ class Bookkeeper:
         online = summarize_records(self.traj_window, "").get("return_mean")
         ret = self.last_eval.get("eval/return_mean", online)
         return ret is not None and ret >= stop_return
-
-    # --- rows -------------------------------------------------------------------------------------------------
 
     def log(self, extra: Mapping[str, float] | None = None, *, metrics: Sequence[Any] | None = None
             ) -> dict[str, float]:
@@ -260,10 +245,7 @@ class Bookkeeper:
         online = summarize_records(self.traj_window, "train/")
         if "train/return_mean" in online:
             out["train/return_mean"] = online["train/return_mean"]
-        out.update(extra)
-        out["stopped_early"] = stopped_early
-        out["curve"] = list(self.curve)
-        return out
+        return {**out, **extra, "stopped_early": stopped_early, "curve": list(self.curve)}
 
     def close_run(self, summary: Mapping[str, Any] | None) -> None:
         """Finish the run with ``summary.json`` (``summary`` given: the loop completed), else close it without one
@@ -298,8 +280,6 @@ class Bookkeeper:
         objects.load_state_dict(state)
         return state
 
-    # --- checkpoint ---------------------------------------------------------------------------------------------
-
     def state_dict(self) -> dict[str, Any]:
         return {
             "itr": self.itr, "frames": self.frames, "updates": self.updates, "episodes": self.episodes,
@@ -315,12 +295,10 @@ class Bookkeeper:
                              f"{self.frames_per_itr}: the collector's B×T (or the world size) changed")
         self.itr, self.frames = int(state["itr"]), int(state["frames"])
         self.updates, self.episodes = int(state["updates"]), int(state["episodes"])
-        self._train_s, self._eval_s = float(state["train_s"]), float(state["eval_s"])
+        self._train_s, self.eval_s = float(state["train_s"]), float(state["eval_s"])
         self.traj_window = deque(state["traj_window"], maxlen=self.log_traj_window)
         self._frames_at_log, self._updates_at_log = int(state["frames_at_log"]), int(state["updates_at_log"])
         self._train_s_at_log = float(state["train_s_at_log"])
         self.last_eval = dict(state["last_eval"])
         self.curve = list(state["curve"])
-        self._session_start = time.perf_counter()
-        self._session_eval_s = 0.0
-        self._session_paused_s = 0.0
+        self.start_session()

@@ -1,11 +1,8 @@
 """Starting the ranks of a data-parallel run: local spawn, or joining torchrun's / SLURM's process group.
 
-:func:`launch_data_parallel` is what a recipe calls at the top of ``main`` when ``trainer.kind=ddp``: it checks the
-settings before any process starts, spawns ``world_size`` local ranks (each runs ``main`` again, inside the
-process group) or joins the group ``env://`` variables describe, and returns rank 0's result. A rank that raises
-or dies stops the others (torch's spawn context: SIGTERM after a 5 s grace period, then SIGKILL) and the launcher
-raises :class:`DataParallelError` with that rank's traceback; ranks also exit when the launching process
-disappears.
+A rank that raises or dies stops the others (torch's spawn context: SIGTERM after a 5 s grace period, then
+SIGKILL) and the launcher raises :class:`DataParallelError` with that rank's traceback; ranks also exit when the
+launching process disappears.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ from torch import nn
 from tdrl.utils.distributed import is_distributed, rank, world_size
 
 __all__ = ["GradientAllReduce", "ReplicaDivergenceError", "broadcast_from_main", "broadcast_module_state",
-           "gather_to_main", "replica_digest"]
+           "gather_to_main", "replica_digest",
+           "tensor_digest"]
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -131,11 +132,13 @@ def broadcast_module_state(modules: Iterable[nn.Module], *, buffers: bool = True
 
 def replica_digest(modules: Iterable[nn.Module], *, buffers: bool = False) -> str:
     """Hash of the exact bytes of the modules' parameters (and buffers): equal digests mean bitwise-equal models."""
-    h = hashlib.blake2b(digest_size=16)
     modules = list(modules)
-    tensors = [p.data for p in _unique_params(modules)]
-    if buffers:
-        tensors += _unique_buffers(modules)
+    return tensor_digest([p.data for p in _unique_params(modules)] + (_unique_buffers(modules) if buffers else []))
+
+
+def tensor_digest(tensors: Iterable[torch.Tensor]) -> str:
+    """Hash of the exact bytes of ``tensors``."""
+    h = hashlib.blake2b(digest_size=16)
     for t in tensors:
         h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()

@@ -1,39 +1,31 @@
 """The sync trainer: rlpyt's ``MinibatchRl`` / ``MinibatchRlEval`` (and, on N ranks, ``SyncRl``) as an iterator.
 
-Collection and optimisation alternate in one process. The trainer owns the loop mechanics (iteration count,
-weight sync to the collector, evaluation, log rows, checkpoints, resume, the summary); the recipe's ``for`` body
-is the algorithm::
+The trainer owns the loop mechanics (iterations, weight sync to the collector, evaluation, log rows,
+checkpoints, resume, the summary); the recipe's ``for`` body is the algorithm::
 
     for batch in trainer:                      # one [B, T] collector batch (already in the replay, if any)
         metrics = [updater.step(loss(replay.sample())) for _ in range(trainer.updates_due)]  # or update(batch)
         trainer.record(metrics, updates=len(metrics))
 
-Semantics (rlpyt's ``runners/minibatch_rl.py``): ``frames_per_itr = B * T``; ``n_itr = n_steps // frames_per_itr``
-rounded **up** to a whole number of log intervals (``max(log_interval_steps // frames_per_itr, 1)`` iterations),
-so the run ends on a log row. Rows, evaluations and checkpoints come after the iterations that complete an
-interval; with an ``eval_collector`` the untrained agent is also evaluated at iteration 0, and evaluation time is
-excluded from ``time/train_s`` and frames/s. Without one, rows report the last ``log_traj_window`` training
-episodes. ``updates_due`` is 0 before ``min_steps_learn``, then ``max(1, round(replay_ratio * frames_per_itr /
-batch_size))``. ``collector.update_policy_weights_()`` runs before every batch; ``trainer.itr`` is the 0-based
-iteration inside the body (schedules read ``lr_at(trainer.itr)`` or ``eps_at(trainer.frames)``). Launching again
-on the same run directory resumes bitwise at the iteration after the last checkpoint, without re-evaluating.
+Semantics (rlpyt's ``runners/minibatch_rl.py``): ``n_itr = n_steps // (B * T)`` rounded **up** to whole log
+intervals (``max(log_interval_steps // (B * T), 1)`` iterations), so the run ends on a log row. Rows, evaluations
+and checkpoints follow the iterations that complete an interval; with an ``eval_collector`` the untrained agent
+is also evaluated at iteration 0, and evaluation time is excluded from ``time/train_s`` and frames/s. Without one,
+rows report the last ``log_traj_window`` training episodes. ``updates_due`` is 0 before ``min_steps_learn``, then
+:func:`~tdrl.train.updates_per_iteration`. ``trainer.itr`` is the 0-based iteration inside the body (schedules
+read ``lr_at(trainer.itr)`` or ``eps_at(trainer.frames)``). Launching again on the same run directory resumes
+bitwise after the last checkpoint; an interrupted run is closed without ``summary.json``.
 
-Data parallel (rlpyt's SyncRl, ``trainer.kind=ddp``): inside a process group (:func:`~tdrl.train.launch_data_parallel`,
-torchrun or a SLURM launch) every rank builds its own collector, replay and model copy and runs this same loop;
-``modules`` (the loss module) are copied from rank 0 at construction and their gradients averaged over the ranks
-after every backward pass (:mod:`tdrl.train.replicas`), so the replicas stay bitwise equal (checked at every log
-row). No samples are exchanged; batch sizes are per rank (weak scaling), while ``n_steps``,
-``log_interval_steps``, ``min_steps_learn`` and the logged frames count all ranks. Rank 0 evaluates, logs and
-checkpoints, with every rank's episodes and optimiser metrics gathered into its rows. Whole runs differ from a
-single process (each rank draws its own env and sampling streams; PPO normalises advantages per rank).
-
-The trainer shuts the collectors down when the loop ends, however it ends; an interrupted run is closed without
-``summary.json``.
+Data parallel (rlpyt's SyncRl, ``trainer.kind=ddp``): every rank of a process group builds its own collector,
+replay and model copy and runs this loop; ``modules`` (the loss module) start from rank 0's weights and their
+gradients are averaged over the ranks after every backward pass (:mod:`tdrl.train.replicas`), so the replicas
+stay bitwise equal (checked at every log row). No samples are exchanged; batch sizes are per rank (weak
+scaling), while ``n_steps``, ``log_interval_steps``, ``min_steps_learn`` and the logged frames count all ranks.
+Rank 0 evaluates, logs and checkpoints, with every rank's episodes and optimiser metrics in its rows.
 """
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -58,6 +50,7 @@ from tdrl.train.replicas import (
     broadcast_module_state,
     gather_to_main,
     replica_digest,
+    tensor_digest,
 )
 from tdrl.utils.distributed import rank, world_size
 from tdrl.utils.seeding import rng_state, set_rng_state
@@ -157,8 +150,6 @@ class SyncTrainer:
             broadcast_module_state(self.modules)  # every replica starts from rank 0's weights (DDP's constructor)
             self.grad_sync = GradientAllReduce(self.modules)
 
-    # --- What the recipe reads -------------------------------------------------------------------------------
-
     itr = book_counter("itr", "Collector iterations: the 0-based iteration inside the loop body, done ones outside.")
     frames = book_counter("frames", "Env frames collected (all ranks).")
     updates = book_counter("updates", "Gradient updates recorded.")
@@ -249,9 +240,8 @@ class SyncTrainer:
     def _warn_if_ranks_collect_the_same(self, batch: TensorDictBase) -> None:
         if self.world_size == 1 or "observation" not in batch.keys():
             return
-        obs = batch["observation"].contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
         digests = [None] * self.world_size
-        dist.all_gather_object(digests, hashlib.blake2b(obs.tobytes(), digest_size=16).hexdigest())
+        dist.all_gather_object(digests, tensor_digest([batch["observation"]]))
         if len(set(digests)) == 1 and self.rank == 0:
             warnings.warn("every rank collected the same first batch: seed each rank's collector differently "
                           "(tdrl.utils.distributed.rank_seed), or the replicas average identical gradients",
