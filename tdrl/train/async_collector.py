@@ -27,7 +27,7 @@ import torch
 
 from tdrl.utils.seeding import rng_state, seed_everything, set_rng_state
 
-__all__ = ["CollectorProcessSpec", "Control", "collector_process_main", "owed_updates"]
+__all__ = ["CollectorProcessSpec", "Control", "collector_process_main", "owed_updates", "watch_parent"]
 
 POLL_S = 0.05
 """How often blocked waits check the stop flag and the other process."""
@@ -45,12 +45,9 @@ def owed_updates(*, replay_ratio: float, batch_size: int, write_count: int, samp
 
 @dataclass
 class Control:
-    """Shared objects of one optimizer-collector pair (made from a ``spawn`` multiprocessing context).
-
-    ``stop``: the optimizer asks the collector to finish; ``go``: cleared by the collector when it pauses at a
-    boundary, set by the optimizer to release it; ``weights`` (shared memory), guarded by ``weights_lock``, and
-    ``weights_version``, incremented at each publish; ``queue``: collector -> optimizer messages.
-    """
+    """Shared objects of one optimizer-collector pair: ``stop`` (the optimizer asks the collector to finish), ``go``
+    (cleared by the paused collector at a boundary, set to release it), ``weights`` in shared memory with its
+    ``weights_lock`` and ``weights_version`` (incremented at each publish), ``queue`` (collector -> optimizer)."""
 
     stop: Any
     go: Any
@@ -86,18 +83,16 @@ class CollectorProcessSpec:
     rng: dict[str, Any] | None = None
 
 
-def _watch_parent(parent: int, finished: threading.Event) -> None:
-    """Kill this process if its parent dies and the main loop does not end by itself soon after."""
+def watch_parent(parent: int, poll_s: float, on_orphaned: Callable[[], None]) -> None:
+    """Call ``on_orphaned`` in a daemon thread once process ``parent`` is no longer this process's parent (a
+    parent killed by SIGKILL has no time to stop its children)."""
 
     def watch() -> None:
-        while not finished.wait(0.2):
-            if os.getppid() != parent:
-                orphaned.set()
-                if not finished.wait(2.0):
-                    os._exit(1)
-                return
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        on_orphaned()
 
-    threading.Thread(target=watch, name="tdrl-async-parent-watch", daemon=True).start()
+    threading.Thread(target=watch, name="tdrl-parent-watch", daemon=True).start()
 
 
 orphaned = threading.Event()
@@ -113,7 +108,13 @@ def collector_process_main(spec: CollectorProcessSpec, ctrl: Control, parent_pid
     per batch (``itr``, ``frames``, ``episodes``, ``collect_s``, ``lag_wait_s``, ``weights_version`` and, at
     boundaries, ``collector_state`` and ``rng``); ``("done",)`` at the end; ``("error", traceback)`` on failure."""
     finished = threading.Event()
-    _watch_parent(parent_pid, finished)
+
+    def stop_orphaned() -> None:  # the loop stops at its next check, else the process is killed
+        orphaned.set()
+        if not finished.wait(2.0):
+            os._exit(1)
+
+    watch_parent(parent_pid, 0.2, stop_orphaned)
     ctrl.queue.cancel_join_thread()  # never block this process's exit on an unread queue
     collector = None
     try:

@@ -12,7 +12,6 @@ import os
 import pickle
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -23,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessException
 
+from tdrl.train.async_collector import watch_parent
 from tdrl.utils.distributed import (
     DistributedSetupError,
     check_local_world_size,
@@ -57,9 +57,8 @@ def launch_data_parallel(
     ``backend``: ``auto`` (NCCL for CUDA devices, else gloo), ``gloo`` or ``nccl``; ``device``: the learner device
     (each rank gets ``cuda:<local rank>``); ``timeout_s``: how long a collective waits for a slow or dead rank.
 
-    Raises:
-        DistributedSetupError: bad world size, NCCL without CUDA, more ranks than cores/GPUs (before any start).
-        DataParallelError: a rank failed; the message holds its traceback.
+    Raises ``DistributedSetupError`` (bad world size, NCCL without CUDA, more ranks than cores/GPUs) before any
+    process starts, and :class:`DataParallelError` with the traceback of the rank that failed.
     """
     if is_distributed():
         return fn(*args, **kwargs)
@@ -134,11 +133,8 @@ def _failure_report(directory: str, error: ProcessException, world: int) -> str:
 
 
 def _pack_call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[str, str | None, bytes]:
-    """``fn(*args, **kwargs)`` pickled, with the file of ``fn``'s module.
-
-    Recipes are scripts loaded by path under made-up module names (``tdrl.launch`` and the tests do that), which a
-    spawned process cannot import by name; the rank loads that file under the same name before unpickling.
-    """
+    """``fn(*args, **kwargs)`` pickled, with the file of ``fn``'s module: recipes are scripts loaded by path under
+    made-up module names, which a spawned rank cannot import by name, so it loads that file before unpickling."""
     module = sys.modules.get(fn.__module__)
     return fn.__module__, getattr(module, "__file__", None), pickle.dumps((fn, args, kwargs))
 
@@ -169,7 +165,7 @@ def _run_rank(local_rank: int, call: tuple[str, str | None, bytes], world: int, 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=local_rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
     if result_path is not None:
-        _watch_parent()
+        watch_parent(os.getppid(), 0.5, lambda: os._exit(1))  # exit with the launching process
     try:
         result = fn(*args, **kwargs)
     except BaseException:
@@ -184,16 +180,3 @@ def _run_rank(local_rank: int, call: tuple[str, str | None, bytes], world: int, 
         dist.destroy_process_group()
         for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             os.environ.pop(key, None)
-
-
-def _watch_parent(poll_s: float = 0.5) -> None:
-    """Exit this rank if the launching process disappears (SIGKILL leaves no time to stop us)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(poll_s)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="tdrl-ddp-parent-watch", daemon=True).start()

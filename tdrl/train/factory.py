@@ -51,14 +51,10 @@ class TrainerConfig:
 
 
 def check_min_steps_learn(min_steps_learn: int, *, n_step: int, batch_B: int) -> None:
-    """Reject an off-policy learning start at which the first update would find no complete transition.
-
-    The replay draws with replacement, so a batch may be larger than what it holds (SB3's ``learning_starts=100``
-    with batch 256); but an n-step transition is complete only ``n_step - 1`` steps after it starts, in every env.
-
-    Raises:
-        ConfigError: ``min_steps_learn`` below ``1 + (n_step - 1) * batch_B``, naming the key.
-    """
+    """Raise ``ConfigError`` for an off-policy learning start at which the first update would find no complete
+    transition: the replay draws with replacement, so a batch may be larger than what it holds (SB3's
+    ``learning_starts=100`` with batch 256), but an n-step transition is complete only ``n_step - 1`` steps after
+    it starts, in every env."""
     from tdrl.config import ConfigError
 
     needed = 1 + (n_step - 1) * batch_B
@@ -75,9 +71,8 @@ def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu",
     ``on_policy``: the algorithm learns only from fresh batches (no async then); ``device``: the learner device
     (``trainer.backend=nccl`` needs CUDA); ``supported``: the kinds this recipe wires up.
 
-    Raises:
-        ValueError: unknown or unsupported ``trainer.kind``, or ``trainer.kind=async`` for an on-policy algorithm.
-        DistributedSetupError: ``trainer.kind=ddp`` with a bad world size or backend for this machine.
+    Raises ``ValueError`` for an unknown or unsupported ``trainer.kind`` or async with an on-policy algorithm,
+    ``DistributedSetupError`` for a world size or backend this machine cannot run.
     """
     if cfg.kind not in TRAINER_KINDS:
         raise ValueError(f"trainer.kind={cfg.kind!r}; choose one of {', '.join(TRAINER_KINDS)}")
@@ -115,8 +110,7 @@ def make_trainer(
     ``policy``: whose weights the async collector receives; ``seed``: seeds the async collector process;
     ``**kwargs``: the trainers' common arguments (``n_steps``, ``log_interval_steps``, ``run``, ...).
 
-    Raises:
-        ValueError: see :func:`check_trainer`; ``collector`` or ``collector_factory`` missing for the kind.
+    Raises ``ValueError`` (see :func:`check_trainer`) before any collector is built.
     """
     check_trainer(cfg, on_policy=on_policy)  # every check comes before a collector (and its workers) is built
     if cfg.kind != "async" and collector is None and collector_factory is None:
