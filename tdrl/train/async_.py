@@ -13,16 +13,14 @@ batch k+1 while the optimizer trains on batch k and waits while the optimizer ow
 AsyncRl: the ratio falls when the optimizer is slower). With a bound, the optimizer pays what it owes before every
 log row, so each row's ratio is within one minibatch of the target.
 
-At every log or checkpoint boundary the collector reports its state and pauses while this process evaluates,
-writes the row (one consistent snapshot) and the checkpoint (collector RNG and replay data included). New
-weights reach the collector every ``updates_per_sync`` updates through shared memory, between batches.
+At every log or checkpoint boundary the collector pauses while this process evaluates, writes the row (one
+consistent snapshot) and the checkpoint (collector state and replay data included). New weights reach the
+collector every ``updates_per_sync`` updates through shared memory, between batches.
 
-Failures: a collector exception is re-raised here as :class:`AsyncTrainerError` with its traceback; a collector
-killed by a signal is noticed within ``POLL_S`` plus the current round; an exception here stops the collector;
-if this process is killed, the collector exits within seconds. Use the trainer as a context manager when the loop
-body may raise (an abandoned generator is only finalised when the exception's traceback is released). A resumed
-run continues counters, models and replay exactly, but is not bitwise equal to an uninterrupted one (the
-interleaving of collection and updates is timing-dependent).
+Failures: a collector exception or death is raised here as :class:`AsyncTrainerError` within ``POLL_S`` plus the
+current round; an exception here stops the collector, and so does this process's death. Use the trainer as a
+context manager when the loop body may raise (an abandoned generator is only finalised when the exception's
+traceback is released). A resumed run continues exactly, but not bitwise (the interleaving is timing-dependent).
 """
 
 from __future__ import annotations
@@ -77,13 +75,12 @@ class AsyncTrainer:
     are the throttle), and:
 
     Args:
-        collector_factory: picklable callable building the collector *in the collector process* (any tdrl
-            collector, e.g. ``functools.partial(make_collector, "parallel", env_factory, policy, ...)``).
+        collector_factory: picklable callable building the collector *in the collector process*, e.g.
+            ``functools.partial(make_collector, "parallel", env_factory, policy, batch_B=8, batch_T=64)`` (whose
+            keywords give ``frames_per_itr`` when it is not passed).
         replay: the shared replay buffer (``write_count``, ``samples_drawn``, ``ready_count()``,
-            ``dumps``/``loads``); its data goes into every checkpoint. On-policy algorithms cannot run async.
+            ``dumps``/``loads``); its data goes into every checkpoint.
         policy: the module whose parameters and buffers the collector's policy receives.
-        frames_per_itr: frames per collector batch; read from the factory's ``batch_B``/``batch_T`` keywords
-            when it is a ``functools.partial``.
         updates_per_sync: gradient updates per round; new weights are published after each round.
         max_lag_frames: how many frames beyond the batch in training the collector may run ahead of the
             optimizer (0: one batch ahead, double buffering); ``None``: no limit (rlpyt).
@@ -157,8 +154,6 @@ class AsyncTrainer:
         self._updates_at_version: dict[int, int] = {}
         self._last_version = 0
 
-    # --- what the recipe reads ----------------------------------------------------------------------------------
-
     itr = book_counter("itr", "Collector iterations completed (and seen by the optimizer).")
     frames = book_counter("frames", "Env frames the collector process wrote into the replay.")
     updates = book_counter("updates", "Gradient updates recorded.")
@@ -181,8 +176,6 @@ class AsyncTrainer:
     def record(self, metrics: Any = None, *, updates: int = 0) -> None:
         """Store this round's optimiser metrics and count its gradient updates."""
         self.book.record(metrics, updates=updates)
-
-    # --- the loop -----------------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[int]:
         completed = False
@@ -236,8 +229,6 @@ class AsyncTrainer:
         return owed_updates(replay_ratio=self.replay_ratio, batch_size=self.batch_size,
                             write_count=replay.write_count, samples_drawn=samples,
                             learn_start_frames=self.learn_start_frames, ready=replay.ready_count())
-
-    # --- the collector process ----------------------------------------------------------------------------------
 
     def _start_collector(self) -> None:
         ctx = mp.get_context("spawn")
@@ -365,8 +356,6 @@ class AsyncTrainer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close(completed=False)
-
-    # --- rows, evaluation, checkpoints --------------------------------------------------------------------------
 
     def _handle_boundary(self) -> bool:
         """Evaluate, log and checkpoint at a paused boundary, then release the collector. Returns: run over."""

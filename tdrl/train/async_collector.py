@@ -1,15 +1,11 @@
 """The collector process of the async trainer, and the control block it shares with the optimizer process.
 
-The collector process builds its collector from a picklable factory (any tdrl collector), then per iteration:
-copies newly published weights into the collector's policy (between batches, so collection never stops for it);
-optionally waits while the optimizer owes more than one batch plus ``max_lag_frames`` frames of updates; collects
-one ``[B, T]`` batch into the shared replay; reports it on a queue, and at a log/checkpoint boundary also reports
-its collector's and RNG's state and pauses until the optimizer has written its row and checkpoint (one consistent
-snapshot; the replay is not written while it is copied). It exits when the budget is spent, when asked to stop,
-or when the optimizer process disappears; an exception is reported with its traceback, then the process exits 1.
-
-:func:`owed_updates` is the single definition of the throttle both processes use, so they cannot disagree about
-whether the optimizer may update (which would deadlock a waiting collector).
+Per iteration the collector process copies newly published weights into its collector's policy (between
+batches), optionally waits for the optimizer (``max_lag_frames``), collects one batch into the shared replay and
+reports it; at a log/checkpoint boundary it also reports its collector's and RNG's state and pauses until
+released. It exits when the budget is spent, when asked to stop, or when the optimizer process disappears.
+:func:`owed_updates` is the one throttle both processes use, so they cannot disagree about whether the optimizer
+may update (which would deadlock a waiting collector).
 """
 
 from __future__ import annotations
@@ -59,13 +55,9 @@ class Control:
 
 @dataclass
 class CollectorProcessSpec:
-    """What the collector process needs, pickled once when it starts (the replay travels as its file paths).
-
-    The collector pauses after every iteration that completes a log or checkpoint interval, and after the last
-    one. ``replay_ratio``, ``batch_size``, ``learn_start_frames`` and ``max_lag_frames`` are the throttle (see
-    :func:`owed_updates` and :class:`~tdrl.train.AsyncTrainer`); ``collector_state`` and ``rng`` are restored on
-    resume (``rng`` overrides ``seed``).
-    """
+    """What the collector process needs, pickled once when it starts (the replay travels as its file paths). It
+    pauses after every iteration that completes a log or checkpoint interval, and after the last one; on resume it
+    restores ``collector_state`` and ``rng`` (which overrides ``seed``)."""
 
     collector_factory: Callable[[], Any]
     replay: Any

@@ -108,10 +108,7 @@ class Bookkeeper:
         self.frames_per_itr = frames_per_itr
         self.log_traj_window = log_traj_window
         self.update_batch_size = update_batch_size
-        self.itr = 0
-        self.frames = 0
-        self.updates = 0
-        self.episodes = 0
+        self.itr = self.frames = self.updates = self.episodes = 0
         self.traj_window: deque[dict[str, float]] = deque(maxlen=log_traj_window)
         self.new_trajs: list[dict[str, float]] = []
         self.metrics: list[Any] = []
@@ -222,13 +219,10 @@ class Bookkeeper:
 
     def summary(self, *, stopped_early: bool = False, **extra: Any) -> dict[str, Any]:
         """``summary.json`` content, as SyncTrainer's: frames, wall/train seconds, last evaluation, curve."""
+        train_s = self.train_s
         out: dict[str, Any] = {
-            "frames": self.frames,
-            "wall_s": round(self.train_s + self.eval_s, 3),
-            "train_s": round(self.train_s, 3),
-            "iterations": self.itr,
-            "updates": self.updates,
-            "episodes": self.episodes,
+            "frames": self.frames, "wall_s": round(train_s + self.eval_s, 3), "train_s": round(train_s, 3),
+            "iterations": self.itr, "updates": self.updates, "episodes": self.episodes,
             "eval/return_mean": self.last_eval.get("eval/return_mean", float("nan")),
         }
         online = summarize_records(self.traj_window, "train/")

@@ -7,14 +7,13 @@ checkpoints, resume, the summary); the recipe's ``for`` body is the algorithm::
         metrics = [updater.step(loss(replay.sample())) for _ in range(trainer.updates_due)]  # or update(batch)
         trainer.record(metrics, updates=len(metrics))
 
-Semantics (rlpyt's ``runners/minibatch_rl.py``): ``n_itr = n_steps // (B * T)`` rounded **up** to whole log
-intervals (``max(log_interval_steps // (B * T), 1)`` iterations), so the run ends on a log row. Rows, evaluations
-and checkpoints follow the iterations that complete an interval; with an ``eval_collector`` the untrained agent
-is also evaluated at iteration 0, and evaluation time is excluded from ``time/train_s`` and frames/s. Without one,
-rows report the last ``log_traj_window`` training episodes. ``updates_due`` is 0 before ``min_steps_learn``, then
-:func:`~tdrl.train.updates_per_iteration`. ``trainer.itr`` is the 0-based iteration inside the body (schedules
-read ``lr_at(trainer.itr)`` or ``eps_at(trainer.frames)``). Launching again on the same run directory resumes
-bitwise after the last checkpoint; an interrupted run is closed without ``summary.json``.
+Semantics (rlpyt's ``runners/minibatch_rl.py``): the iteration count is rounded **up** to whole log intervals
+(:func:`~tdrl.train.iteration_counts`), so the run ends on a log row; rows, evaluations and checkpoints follow
+the iterations that complete an interval; an ``eval_collector`` also evaluates the untrained agent at iteration
+0 (evaluation time is excluded from ``time/train_s`` and frames/s). ``updates_due`` is 0 before
+``min_steps_learn``, then :func:`~tdrl.train.updates_per_iteration`. ``trainer.itr`` is the 0-based iteration
+inside the body. Launching again on the same run directory resumes bitwise after the last checkpoint; an
+interrupted run is closed without ``summary.json``.
 
 Data parallel (rlpyt's SyncRl, ``trainer.kind=ddp``): every rank of a process group builds its own collector,
 replay and model copy and runs this loop; ``modules`` (the loss module) start from rank 0's weights and their
@@ -70,20 +69,16 @@ class SyncTrainer:
     process or on every rank of a process group (see the module docstring).
 
     Args:
-        collector: a tdrl collector (iteration yields ``[B, T]`` TensorDicts; ``update_policy_weights_()``,
-            ``traj_infos``, ``shutdown()``, ``state_dict()``). Under ddp, this rank's, seeded with
-            :func:`tdrl.utils.distributed.rank_seed`.
-        n_steps: total env frames to train for (all ranks).
-        log_interval_steps: env frames between log rows (and evaluations, and checkpoints by default).
+        collector: a tdrl collector (``[B, T]`` batches, ``update_policy_weights_()``, ``traj_infos``,
+            ``shutdown()``, ``state_dict()``); under ddp this rank's, seeded with ``rank_seed``.
+        n_steps, log_interval_steps: env frames (all ranks) in total and between log rows (and evaluations).
         run: a ``tdrl.log.Run`` on rank 0 only; ``None`` keeps rows in :attr:`history` only.
-        eval_collector: ``evaluate()`` returns whole greedy episodes (:func:`tdrl.collect.make_eval_collector`);
-            run at iteration 0 and every log interval, on rank 0. ``None`` reports online training episodes.
+        eval_collector: ``evaluate()`` returns whole greedy episodes; ``None`` reports online training episodes.
         replay: off-policy replay buffer; every batch is ``replay.extend``-ed before the loop body runs.
         modules: the replicated modules (the loss module) whose gradients ddp averages; unused on one rank.
         log_traj_window: completed training episodes kept for online statistics.
         frames_per_itr: frames per collector batch (this rank's), when the collector does not say.
-        replay_ratio, batch_size: off-policy data reuse and minibatch size (per rank); they set
-            :attr:`updates_per_itr`.
+        replay_ratio, batch_size: off-policy data reuse and minibatch size (per rank): :attr:`updates_per_itr`.
         min_steps_learn: env frames collected before the first update.
         checkpoint_state: named objects with ``state_dict``/``load_state_dict`` (models, optimizers, updaters) or
             ``dumps``/``loads`` (replay buffers), saved in checkpoints and restored on resume. Under ddp a
