@@ -1,8 +1,6 @@
-"""Trainers: loop mechanics around a recipe's visible update (rlpyt's runners), one core for all three.
-
-:class:`SyncTrainer` is rlpyt's MinibatchRl(Eval) and, on the ranks :func:`launch_data_parallel` starts, its SyncRl;
-:class:`AsyncTrainer` is its AsyncRl. Both keep their books in a :class:`Bookkeeper`; :func:`make_trainer` picks
-one by ``trainer.kind``.
+"""Trainers: loop mechanics around a recipe's visible update (rlpyt's runners). :class:`SyncTrainer` is rlpyt's
+MinibatchRl(Eval) and, on the ranks :func:`launch_data_parallel` starts, its SyncRl; :class:`AsyncTrainer` is its
+AsyncRl; both keep their books in a :class:`Bookkeeper`. :func:`make_trainer` picks one by ``trainer.kind``.
 """
 
 from tdrl.train.async_ import AsyncTrainer, AsyncTrainerError

@@ -67,9 +67,8 @@ def _new_interval() -> dict[str, float]:
 
 
 class AsyncTrainer:
-    """Collection in a separate process, optimisation here, throttled to a replay ratio (see module docstring).
-
-    Takes :class:`~tdrl.train.SyncTrainer`'s ``n_steps``, ``log_interval_steps``, ``run``, ``eval_collector``
+    """Collection in a separate process, optimisation here, throttled to a replay ratio (see module docstring). Takes
+    :class:`~tdrl.train.SyncTrainer`'s ``n_steps``, ``log_interval_steps``, ``run``, ``eval_collector``
     (run here, with the optimizer's weights), ``min_steps_learn``, ``log_traj_window``, ``checkpoint_state``,
     ``checkpoint_interval_steps``, ``stop_return``, ``replay_ratio`` and ``batch_size`` (both required: they
     are the throttle), and:
@@ -110,9 +109,8 @@ class AsyncTrainer:
         seed: int = 0,
     ) -> None:
         if replay is None:
-            raise ValueError("the async trainer needs an off-policy algorithm with a replay buffer (rlpyt's AsyncRl): "
-                             "the collector process writes into the replay while the optimizer samples from it; "
-                             "on-policy algorithms (PPO, A2C) must use the sync or ddp trainer")
+            raise ValueError("the async trainer needs an off-policy algorithm with a replay buffer (the collector "
+                             "process fills it); on-policy algorithms (PPO, A2C) use the sync or ddp trainer")
         if replay_ratio is None or batch_size is None or replay_ratio <= 0 or batch_size < 1:
             raise ValueError(f"the async trainer throttles on replay_ratio and batch_size; got replay_ratio="
                              f"{replay_ratio!r}, batch_size={batch_size!r}")
@@ -160,6 +158,11 @@ class AsyncTrainer:
     history = book_counter("history", "Log rows.")
 
     @property
+    def summary(self) -> dict[str, Any]:
+        """``summary.json`` content: the sync trainer's, with the replay's counters and measured ratio."""
+        return self.book.summary(stopped_early=self.stopped_early, **self._replay_counters())
+
+    @property
     def updates_due(self) -> int:
         """Gradient updates allowed in this round (fixed while the loop body runs)."""
         return self._due
@@ -168,10 +171,6 @@ class AsyncTrainer:
     def collector_pid(self) -> int | None:
         """Process id of the collector process while it runs."""
         return self._process.pid if self._process is not None else None
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        return self.book.summary(stopped_early=self.stopped_early, **self._replay_counters())
 
     def record(self, metrics: Any = None, *, updates: int = 0) -> None:
         """Store this round's optimiser metrics and count its gradient updates."""

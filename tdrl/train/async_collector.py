@@ -10,6 +10,7 @@ may update (which would deadlock a waiting collector).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -131,10 +132,8 @@ def collector_process_main(spec: CollectorProcessSpec, ctrl: Control, parent_pid
 
 def _shutdown(collector: Any) -> None:
     if collector is not None:
-        try:
+        with contextlib.suppress(Exception):  # already failing or exiting
             collector.shutdown()
-        except Exception:  # noqa: BLE001 - already failing or exiting
-            pass
 
 
 def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> None:
@@ -144,8 +143,7 @@ def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> 
     for itr in range(spec.start_itr, spec.n_itr):
         if _must_stop(ctrl):
             return
-        latest = ctrl.weights_version.value
-        if latest != version:
+        if ctrl.weights_version.value != version:
             with ctrl.weights_lock:
                 version = ctrl.weights_version.value
                 collector.update_policy_weights_(ctrl.weights)

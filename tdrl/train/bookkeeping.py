@@ -1,10 +1,8 @@
-"""The trainer core: counters, episode window, optimiser metrics, timers, evaluation, log rows, checkpoints.
-
-Both trainers keep their books in one :class:`Bookkeeper`, so their ``progress.csv`` rows, ``history``,
-checkpoints and ``summary.json`` read the same way: counters ``itr`` (collector iterations), ``frames`` (env
-frames, all ranks), ``updates`` and ``episodes``; the last ``log_traj_window`` training episodes; the optimiser
-metrics since the last row (``loss_x`` -> ``loss/x_{mean,std,median,min,max}``); wall time split into training
-(``time/train_s``, rlpyt's CumTrainTime) and evaluation (``time/eval_s``).
+"""The trainer core, so both trainers' ``progress.csv`` rows, ``history``, checkpoints and ``summary.json`` read the
+same way: counters ``itr`` (collector iterations), ``frames`` (env frames, all ranks), ``updates`` and
+``episodes``; the last ``log_traj_window`` training episodes; the optimiser metrics since the last row (``loss_x``
+-> ``loss/x_{mean,std,median,min,max}``); wall time split into training (``time/train_s``, rlpyt's CumTrainTime)
+and evaluation (``time/eval_s``).
 """
 
 from __future__ import annotations
@@ -159,13 +157,11 @@ class Bookkeeper:
     def record(self, metrics: Any = None, *, updates: int = 0) -> None:
         """Store optimiser metrics (a TensorDict/mapping or a list of them) and count gradient updates."""
         self.updates += int(updates)
-        if metrics is None:
-            return
         if isinstance(metrics, (TensorDictBase, Mapping)):
             self.metrics.append(metrics)
         elif isinstance(metrics, Sequence):
             self.metrics.extend(metrics)
-        else:
+        elif metrics is not None:
             raise TypeError(f"record() takes a TensorDict, a mapping or a list of them, got {type(metrics).__name__}")
 
     def evaluate(self, eval_collector: Any) -> None:
@@ -231,8 +227,7 @@ class Bookkeeper:
         return {**out, **extra, "stopped_early": stopped_early, "curve": list(self.curve)}
 
     def close_run(self, summary: Mapping[str, Any] | None) -> None:
-        """Finish the run with ``summary.json`` (``summary`` given: the loop completed), else close it without one
-        (an interrupted run); at most once."""
+        """Finish the run with ``summary`` (the loop completed), else close it without ``summary.json``; once."""
         run, self.run = self.run, None
         if run is None:
             return
@@ -251,9 +246,8 @@ class Bookkeeper:
 
     def load_checkpoint(self, objects: CheckpointObjects, share: Callable[[Any], Any] | None = None
                         ) -> dict[str, Any] | None:
-        """Restore ``objects`` and these books from the run's newest checkpoint; returns its state (``None``:
-        nothing to resume). The Run restores the RNG states. ``share`` hands the state read (on rank 0, the rank
-        with a run) to every rank."""
+        """Restore ``objects`` and these books from the run's newest checkpoint (the Run restores the RNG states);
+        its state, or ``None``. ``share`` hands the state rank 0 read to every rank."""
         state = self.run.load_checkpoint(extra_readers=objects.readers()) if self.run is not None else None
         if share is not None:
             state = share(state)

@@ -56,7 +56,6 @@ def launch_data_parallel(
     whose ``WORLD_SIZE`` must equal ``world_size``; otherwise it spawns the ranks (``world_size == 1`` runs here).
     ``backend``: ``auto`` (NCCL for CUDA devices, else gloo), ``gloo`` or ``nccl``; ``device``: the learner device
     (each rank gets ``cuda:<local rank>``); ``timeout_s``: how long a collective waits for a slow or dead rank.
-
     Raises ``DistributedSetupError`` (bad world size, NCCL without CUDA, more ranks than cores/GPUs) before any
     process starts, and :class:`DataParallelError` with the traceback of the rank that failed.
     """
@@ -65,9 +64,8 @@ def launch_data_parallel(
     env = env_world()
     if env is not None:
         if env[1] != world_size:
-            raise DistributedSetupError(
-                f"world_size={world_size} but the launcher started WORLD_SIZE={env[1]} ranks; make them agree"
-            )
+            raise DistributedSetupError(f"world_size={world_size} but the launcher started WORLD_SIZE={env[1]} ranks; "
+                                        "make them agree")
         init_from_env(backend, device, timeout_s)
         try:
             return fn(*args, **kwargs)

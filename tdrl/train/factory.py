@@ -1,10 +1,8 @@
 """Choose the trainer by config: ``trainer.kind=sync|ddp|async`` in any recipe, one loop body for all three.
 
-A recipe adds a ``trainer: TrainerConfig`` section, calls :func:`check_trainer` first thing in ``main``; under
+A recipe with a ``trainer: TrainerConfig`` section calls :func:`check_trainer` first thing in ``main``; under
 ``trainer.kind=ddp`` without a process group it returns ``launch_data_parallel(main, cfg, ...)`` (each rank runs
-``main`` again), and it builds its trainer with :func:`make_trainer`. Off-policy recipes pass
-``collector_factory`` (async builds the collector in its own process), ``replay`` and ``policy``; their loop body
-is ``for _ in trainer:`` then ``trainer.updates_due`` updates, whatever the kind.
+``main`` again); then it builds its trainer with :func:`make_trainer`.
 """
 
 from __future__ import annotations
@@ -69,9 +67,8 @@ def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu",
     """Reject trainer settings that cannot work, before any process starts (call it first thing in ``main``).
 
     ``on_policy``: the algorithm learns only from fresh batches (no async then); ``device``: the learner device
-    (``trainer.backend=nccl`` needs CUDA); ``supported``: the kinds this recipe wires up.
-
-    Raises ``ValueError`` for an unknown or unsupported ``trainer.kind`` or async with an on-policy algorithm,
+    (``trainer.backend=nccl`` needs CUDA); ``supported``: the kinds this recipe wires up. Raises ``ValueError``
+    for an unknown or unsupported ``trainer.kind`` or async with an on-policy algorithm, and
     ``DistributedSetupError`` for a world size or backend this machine cannot run.
     """
     if cfg.kind not in TRAINER_KINDS:
@@ -108,9 +105,8 @@ def make_trainer(
     ``collector`` (sync, ddp) or ``collector_factory`` (picklable; async builds the collector in its process);
     ``modules``: what ddp averages the gradients of (the loss module); ``replay``: filled with every batch;
     ``policy``: whose weights the async collector receives; ``seed``: seeds the async collector process;
-    ``**kwargs``: the trainers' common arguments (``n_steps``, ``log_interval_steps``, ``run``, ...).
-
-    Raises ``ValueError`` (see :func:`check_trainer`) before any collector is built.
+    ``**kwargs``: the trainers' common arguments (``n_steps``, ``log_interval_steps``, ``run``, ...). Raises
+    ``ValueError`` (see :func:`check_trainer`) before any collector is built.
     """
     check_trainer(cfg, on_policy=on_policy)  # every check comes before a collector (and its workers) is built
     if cfg.kind != "async" and collector is None and collector_factory is None:

@@ -67,11 +67,10 @@ def _flat_collective(tensors: Sequence[torch.Tensor], op: Callable[[torch.Tensor
 
 class GradientAllReduce:
     """Average the gradients of ``modules``' parameters (e.g. the TorchRL loss module, which holds actor, critic
-    and any trainable temperature) over all ranks at the end of every backward pass (see the module docstring).
-
-    The gradients accumulated during a pass are reduced in a fixed parameter order. All ranks must run the same
-    backward passes over the same parameters (they do when they run the same code on same-shaped batches);
-    gradients accumulated over several passes before one step are averaged pass by pass, which gives the same mean.
+    and any trainable temperature) over all ranks at the end of every backward pass, in a fixed parameter order
+    (see the module docstring). All ranks must run the same backward passes over the same parameters (they do when
+    they run the same code on same-shaped batches); gradients accumulated over several passes before one step are
+    averaged pass by pass, which gives the same mean.
     """
 
     def __init__(self, modules: Iterable[nn.Module]) -> None:
