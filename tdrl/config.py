@@ -1,22 +1,17 @@
-"""Typed configs with dotted ``key=value`` overrides.
+"""Typed configs with dotted ``key=value`` overrides. Every recipe declares a nested dataclass config; the command
+line takes TorchRL-style dotted overrides (``python recipes/sac.py env.id=Hopper-v5 optim.lr=3e-4``). Unknown keys
+and wrong types are errors that name the full dotted key and suggest the nearest one, before any env starts.
+``--help`` lists every field with its type, default and the string literal under it (CleanRL style).
 
-Every recipe declares a nested dataclass config. The command line takes TorchRL-style dotted overrides
-(``python recipes/sac.py env.id=Hopper-v5 optim.lr=3e-4``). Unknown keys and wrong types are errors that
-name the full dotted key and suggest the nearest valid one, raised before any environment starts.
-
-Field documentation is the string literal written under each field (CleanRL style); ``--help`` lists every
-field with its type, default and that text.
-
-The sections every recipe has live here, so every recipe spells the common keys the same way (``env.id``,
-``collector.batch_B``, ``eval.n_envs``, ``run.dir``, ``run.seed``...): ``EnvConfig``, ``CollectorConfig``,
-``EvalConfig``, ``RunConfig``, ``LoggerConfig``, ``CheckpointConfig``. A recipe changes their defaults with
-``field(default_factory=lambda: CollectorConfig(batch_B=1, batch_T=1))`` and validates what it does not support
-(e.g. a collector kind) itself, naming the key.
+The sections every recipe has live here, so common keys are spelled the same everywhere (``env.id``,
+``collector.batch_B``, ``run.seed``...); a recipe changes their defaults with ``field(default_factory=lambda:
+CollectorConfig(batch_B=1))`` and validates what it does not support itself, naming the key.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import dataclasses
 import difflib
@@ -26,26 +21,12 @@ import sys
 import textwrap
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-__all__ = [
-    "CheckpointConfig",
-    "CollectorConfig",
-    "ConfigError",
-    "EnvConfig",
-    "EvalConfig",
-    "LoggerConfig",
-    "RunConfig",
-    "apply_overrides",
-    "config_help",
-    "diff_configs",
-    "flatten",
-    "from_dict",
-    "merge_nested",
-    "parse_args",
-    "to_dict",
-]
+__all__ = ["CheckpointConfig", "CollectorConfig", "ConfigError", "EnvConfig", "EvalConfig", "LoggerConfig",
+           "RunConfig", "apply_overrides", "config_help", "diff_configs", "flatten", "merge_nested", "parse_args",
+           "to_dict"]
 
 C = TypeVar("C")
 
@@ -167,17 +148,9 @@ def flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def from_dict(cls: type[C], nested: dict[str, Any]) -> C:
-    """Build config ``cls`` from a nested dict, strictly (unknown keys raise)."""
-    return merge_nested(cls(), nested)
-
-
 def merge_nested(cfg: C, nested: dict[str, Any]) -> C:
-    """Strict deep merge of a nested dict into a copy of ``cfg`` (rlpyt's ``update_config``).
-
-    Raises:
-        ConfigError: a key the config does not have, or a value of the wrong type.
-    """
+    """A copy of ``cfg`` with a nested dict's values merged in, strictly as :func:`apply_overrides` (rlpyt's
+    ``update_config``)."""
     return apply_overrides(cfg, flatten(nested))
 
 
@@ -185,20 +158,17 @@ def diff_configs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[Any, A
     """Dotted keys whose values differ between two nested config dicts: ``{key: (a_value, b_value)}``."""
     fa, fb = flatten(a), flatten(b)
     missing = object()
-    keys = sorted(set(fa) | set(fb))
-    return {
-        k: (fa.get(k, missing), fb.get(k, missing))
-        for k in keys
-        if fa.get(k, missing) != fb.get(k, missing)
-    }
+    pairs = {k: (fa.get(k, missing), fb.get(k, missing)) for k in sorted(set(fa) | set(fb))}
+    return {k: (va, vb) for k, (va, vb) in pairs.items() if va != vb}
 
 
 # --- Overrides -------------------------------------------------------------------------------------------
 
 
-def _fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
+def _fields(cls: type) -> dict[str, Any]:
+    """Field name -> resolved type hint."""
     hints = typing.get_type_hints(cls)
-    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls)}
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
 def _all_keys(cfg: Any, prefix: str = "") -> list[str]:
@@ -231,17 +201,13 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            if type(None) in args:
-                return None
-        errors = []
+        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
+        if is_none and type(None) in args:
+            return None
         for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(key, value, arg)
-            except ConfigError as e:
-                errors.append(str(e))
+            if arg is not type(None):
+                with contextlib.suppress(ConfigError):
+                    return _coerce(key, value, arg)
         raise ConfigError(f"config key '{key}': {value!r} does not fit {tp}")
     if origin is Literal:
         for choice in args:
@@ -269,28 +235,15 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
             return False
         raise ConfigError(f"config key '{key}': expected a bool (true/false), got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"config key '{key}': expected an int, got {value!r}")
-        if isinstance(value, int):
+    if tp in (int, float) and not isinstance(value, bool):
+        if tp is int and isinstance(value, int):
             return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                number = float(value.replace("_", ""))
-            except ValueError:
-                number = None
-            if number is not None and number.is_integer():
-                return int(number)  # accepts 1e6 and 1_000_000
-        raise ConfigError(f"config key '{key}': expected an int, got {value!r}")
-    if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"config key '{key}': expected a float, got {value!r}")
-        try:
-            return float(value.replace("_", "") if isinstance(value, str) else value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"config key '{key}': expected a float, got {value!r}") from None
+        with contextlib.suppress(TypeError, ValueError):  # strings accept 1e6 and 1_000_000
+            number = float(value.replace("_", "") if isinstance(value, str) else value)
+            if tp is float or number.is_integer():
+                return tp(number)
+    if tp in (int, float):
+        raise ConfigError(f"config key '{key}': expected {'an int' if tp is int else 'a float'}, got {value!r}")
     if tp is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
@@ -299,23 +252,16 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
 
 
 def apply_overrides(cfg: C, overrides: dict[str, Any] | list[str]) -> C:
-    """Return a copy of ``cfg`` with dotted overrides applied.
-
-    Args:
-        cfg: a dataclass config instance (not modified).
-        overrides: ``{"optim.lr": 3e-4}`` or ``["optim.lr=3e-4"]`` (strings are converted to the field's type).
+    """A copy of ``cfg`` with dotted overrides, ``{"optim.lr": 3e-4}`` or ``["optim.lr=3e-4"]``, applied (strings
+    are converted to the field's type).
 
     Raises:
         ConfigError: unknown key (with the nearest valid key) or a value that does not fit the field's type.
     """
     if isinstance(overrides, list):
-        pairs = {}
-        for item in overrides:
-            if "=" not in item:
-                raise ConfigError(f"override {item!r} is not of the form key=value")
-            key, value = item.split("=", 1)
-            pairs[key.strip()] = value
-        overrides = pairs
+        if bad := [item for item in overrides if "=" not in item]:
+            raise ConfigError(f"override {bad[0]!r} is not of the form key=value")
+        overrides = {key.strip(): value for key, value in (item.split("=", 1) for item in overrides)}
     out = copy.deepcopy(cfg)
     for key, value in overrides.items():
         node, parts = out, key.split(".")
@@ -323,7 +269,7 @@ def apply_overrides(cfg: C, overrides: dict[str, Any] | list[str]) -> C:
             fields = _fields(type(node))
             if part not in fields:
                 raise _unknown_key(key, cfg)
-            _, tp = fields[part]
+            tp = fields[part]
             current = getattr(node, part)
             if i < len(parts) - 1:
                 if not dataclasses.is_dataclass(current):
@@ -349,11 +295,10 @@ def _field_docs(cls: type) -> dict[str, str]:
         return {}
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     docs = {}
-    for stmt, nxt in zip(body, body[1:] + [None], strict=True):
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
-                if isinstance(nxt.value.value, str):
-                    docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    for stmt, nxt in zip(body, body[1:], strict=False):
+        is_doc = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)
+        if is_doc and isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            docs[stmt.target.id] = " ".join(nxt.value.value.split())
     return docs
 
 
@@ -367,7 +312,7 @@ def config_help(cfg: Any, prefix: str = "") -> str:
     """One line per field: ``key (type) = default  doc``."""
     lines = []
     docs = _field_docs(type(cfg))
-    for name, (_, tp) in _fields(type(cfg)).items():
+    for name, tp in _fields(type(cfg)).items():
         value = getattr(cfg, name)
         if dataclasses.is_dataclass(value):
             lines.append(f"\n[{prefix}{name}] {docs.get(name, '')}".rstrip())
@@ -378,10 +323,8 @@ def config_help(cfg: Any, prefix: str = "") -> str:
 
 
 def parse_args(cfg: C, argv: list[str] | None = None, prog: str | None = None, doc: str = "") -> C:
-    """Parse ``key=value`` overrides from ``argv`` onto ``cfg``; ``--help`` prints every key and exits.
-
-    A bad key or value prints the error and exits with status 2 (before anything is built).
-    """
+    """Parse ``key=value`` overrides from ``argv`` onto ``cfg``. ``--help`` prints every key and exits; a bad key or
+    value prints the error and exits with status 2 (before anything is built)."""
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         print(f"usage: {prog or sys.argv[0]} [key=value ...]\n")
@@ -394,8 +337,3 @@ def parse_args(cfg: C, argv: list[str] | None = None, prog: str | None = None, d
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-
-
-def field_default(factory: Any) -> Any:
-    """Shorthand for a nested-section default: ``env: EnvConfig = field_default(EnvConfig)``."""
-    return field(default_factory=factory)

@@ -1,49 +1,26 @@
 """Async trainer: the collector runs in its own process and fills a shared replay while this process optimises
-(rlpyt's AsyncRl / AsyncRlEval), with the replay ratio honoured (astooke/rlpyt#138 reports rlpyt's async mode
-did not honour it).
+(rlpyt's AsyncRl / AsyncRlEval), with the replay ratio honoured (astooke/rlpyt#138: rlpyt's async mode did not).
 
-The loop contract is the sync trainer's for a trainer given a ``replay``: the trainer fills the replay (here the
-collector process writes each batch into it), and the loop body runs ``trainer.updates_due`` updates. Each
-iteration is one *optimizer round* rather than one collector batch, and yields its ``updates_due`` (an ``int``:
-there is no batch in this process)::
+The loop body is the sync trainer's for a trainer given a ``replay`` (``trainer.updates_due`` updates, then
+``trainer.record``); here an iteration is one *optimizer round* and yields its ``updates_due`` (no batch).
 
-    trainer = AsyncTrainer(collector_factory=partial(make_collector, "serial", env_factory, actor, batch_B=8,
-                                                     batch_T=64, seed=seed),
-                           replay=replay, policy=actor, n_steps=..., log_interval_steps=...,
-                           replay_ratio=32, batch_size=256, min_steps_learn=10_000, run=run,
-                           eval_collector=eval_collector, checkpoint_state={"model": ..., "updater": ...})
-    for _ in trainer:                          # the same body as with SyncTrainer(..., replay=replay)
-        metrics = [updater.step(loss(replay.sample(256))) for _ in range(trainer.updates_due)]
-        trainer.record(metrics, updates=len(metrics))
+Throttle: with ``W`` transitions written and ``S`` sampled, a round offers ``floor((replay_ratio * (W -
+learn_start) - S) / batch_size)`` updates (at most ``updates_per_sync``), else waits for the next batch, so the
+ratio never exceeds its target; ``learn_start`` is ``min_steps_learn`` counted as the sync trainer counts it.
+Every update must sample exactly ``batch_size`` transitions. With ``max_lag_frames=0`` the collector collects
+batch k+1 while the optimizer trains on batch k and waits while the optimizer owes more than one batch of updates
+(rlpyt's double buffer); a larger value lets it run that many frames further ahead, ``None`` never waits (rlpyt's
+AsyncRl: the ratio falls when the optimizer is slower). With a bound, the optimizer pays what it owes before every
+log row, so each row's ratio is within one minibatch of the target.
 
-Throttle (the replay ratio): with ``W`` transitions written and ``S`` transitions sampled (the shared replay's
-``write_count`` and ``samples_drawn``), a round offers ``floor((replay_ratio * (W - learn_start) - S) /
-batch_size)`` updates (capped at ``updates_per_sync``) and otherwise waits for the next batch, so the measured
-ratio ``S / (W - learn_start)`` never exceeds the configured one. ``learn_start`` is ``min_steps_learn`` rounded
-down to whole batches, as the sync trainer counts it, so the two trainers do the same number of updates per
-frame. Every update must sample exactly ``batch_size`` transitions.
+At every log or checkpoint boundary the collector pauses while this process evaluates, writes the row (one
+consistent snapshot) and the checkpoint (collector state and replay data included). New weights reach the
+collector every ``updates_per_sync`` updates through shared memory, between batches.
 
-The other side (astooke/rlpyt#138: the optimizer falling behind, a ratio of 1.4 for a configured 8): with
-``max_lag_frames=0`` (the default) the collector collects batch k+1 while the optimizer trains on batch k, and
-waits before a new batch while the optimizer still owes more than one batch of updates (rlpyt's double buffer);
-a larger ``max_lag_frames`` lets it run that many frames further ahead, ``None`` never waits (rlpyt's AsyncRl:
-collection at full speed, the ratio falls below the target when the optimizer is slower). With a bound, the
-optimizer also pays what it owes before every log row, so each row's ratio is within one minibatch of the target.
-
-Cadence counts collector iterations (rlpyt): at every log (or checkpoint) boundary the collector reports its state
-and pauses while the optimizer evaluates (here, with the latest weights), writes the row (one consistent snapshot
-of frames, samples, updates and episodes) and the checkpoint (including the collector's RNG and the replay's
-data). New weights reach the collector every ``updates_per_sync`` updates through shared memory, between batches.
-
-Failures: an exception in the collector process is re-raised here as :class:`AsyncTrainerError` with its
-traceback, a collector killed by a signal is noticed within ``POLL_S`` plus the current round; an exception here
-stops the collector before it propagates; if this process is killed, the collector exits within 0.2 s. Use the
-trainer as a context manager (or call :meth:`AsyncTrainer.close`) when the loop body may raise: an abandoned
-generator is only finalised when the exception's traceback is released.
-
-Limitations: one collector process and one optimizer process (no multi-GPU optimizer); resume continues the
-counters, models and replay exactly, but the interleaving of collection and updates is timing-dependent, so a
-resumed async run is not bitwise equal to an uninterrupted one.
+Failures: a collector exception or death is raised here as :class:`AsyncTrainerError` within ``POLL_S`` plus the
+current round; an exception here stops the collector, and so does this process's death. Use the trainer as a
+context manager when the loop body may raise (an abandoned generator is only finalised when the exception's
+traceback is released). A resumed run continues exactly, but not bitwise (the interleaving is timing-dependent).
 """
 
 from __future__ import annotations
@@ -61,18 +38,15 @@ import torch
 import torch.multiprocessing as mp
 from tensordict import TensorDict
 
-from tdrl.train.async_collector import (
-    POLL_S,
-    CollectorProcessSpec,
-    Control,
-    collector_process_main,
-    owed_updates,
-)
+from tdrl.train.async_collector import POLL_S, CollectorProcessSpec, Control, collector_process_main, owed_updates
 from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
 from tdrl.train.sync import shutdown
 from tdrl.utils.seeding import spawn_seeds
 
 __all__ = ["AsyncTrainer", "AsyncTrainerError"]
+
+START_TIMEOUT_S = 120.0
+"""How long the collector process may take to build its collector."""
 
 _LIVE: weakref.WeakSet[AsyncTrainer] = weakref.WeakSet()
 
@@ -87,38 +61,29 @@ class AsyncTrainerError(RuntimeError):
     """The collector process failed or died; the message carries its traceback or exit signal."""
 
 
+def _new_interval() -> dict[str, float]:
+    """Per-row accumulators of the collector's reports and of this process's waits."""
+    return {"collect_s": 0.0, "lag_wait_s": 0.0, "optimizer_wait_s": 0.0, "frames": 0}
+
+
 class AsyncTrainer:
-    """Collection in a separate process, optimisation here, throttled to a replay ratio (see module docstring).
+    """Collection in a separate process, optimisation here, throttled to a replay ratio (see module docstring). Takes
+    :class:`~tdrl.train.SyncTrainer`'s ``n_steps``, ``log_interval_steps``, ``run``, ``eval_collector``
+    (run here, with the optimizer's weights), ``min_steps_learn``, ``log_traj_window``, ``checkpoint_state``,
+    ``checkpoint_interval_steps``, ``stop_return``, ``replay_ratio`` and ``batch_size`` (both required: they
+    are the throttle), and:
 
     Args:
-        collector_factory: picklable callable building the collector *in the collector process* (any tdrl
-            collector, e.g. ``functools.partial(make_collector, "parallel", env_factory, policy, ...)``).
-        replay: the shared replay buffer (``tdrl.replay`` buffers: ``write_count``, ``samples_drawn``,
-            ``ready_count()``, ``dumps``/``loads``). On-policy algorithms have none and cannot run async.
-        policy: the module whose parameters and buffers the collector's policy receives (the same structure as
-            the policy inside ``collector_factory``).
-        n_steps: total env frames (rounded up to whole log intervals of collector iterations).
-        log_interval_steps: env frames between log rows, evaluations and (by default) checkpoints.
-        replay_ratio: the upper bound on transitions sampled per transition written (rlpyt's ``replay_ratio``).
-        batch_size: transitions sampled per gradient update.
-        frames_per_itr: frames per collector batch; read from the factory's ``batch_B``/``batch_T`` keywords
-            when it is a ``functools.partial``.
-        run: ``tdrl.log.Run`` (rows, checkpoints, resume); ``None`` keeps rows in :attr:`history`.
-        eval_collector: evaluation collector running in this process with the optimizer's weights.
-        min_steps_learn: env frames collected before the first update.
-        log_traj_window: completed training episodes kept for online statistics.
-        checkpoint_state: objects with ``state_dict``/``load_state_dict`` (models, optimizers, updaters).
-        checkpoint_interval_steps: env frames between checkpoints; 0 means at every log row.
-        checkpoint_replay: copy the replay's data into checkpoints (exact resume); ``False`` saves only its
-            counters and reopens its files in place.
-        stop_return: stop once the evaluation (or online) mean return reaches this.
-        samples_to_buffer: picklable stateless transform of each batch before it enters the replay.
+        collector_factory: picklable callable building the collector *in the collector process*, e.g.
+            ``functools.partial(make_collector, "parallel", env_factory, policy, batch_B=8, batch_T=64)`` (whose
+            keywords give ``frames_per_itr`` when it is not passed).
+        replay: the shared replay buffer (``write_count``, ``samples_drawn``, ``ready_count()``,
+            ``dumps``/``loads``); its data goes into every checkpoint.
+        policy: the module whose parameters and buffers the collector's policy receives.
         updates_per_sync: gradient updates per round; new weights are published after each round.
         max_lag_frames: how many frames beyond the batch in training the collector may run ahead of the
             optimizer (0: one batch ahead, double buffering); ``None``: no limit (rlpyt).
         seed: run seed; the collector process's RNGs get an independent stream derived from it.
-        collector_threads: torch threads of the collector process.
-        start_timeout_s: how long the collector process may take to build its collector.
     """
 
     def __init__(
@@ -138,19 +103,14 @@ class AsyncTrainer:
         log_traj_window: int = 100,
         checkpoint_state: Mapping[str, Any] | None = None,
         checkpoint_interval_steps: int = 0,
-        checkpoint_replay: bool = True,
         stop_return: float | None = None,
-        samples_to_buffer: Callable[[Any], Any] | None = None,
         updates_per_sync: int = 1,
         max_lag_frames: int | None = 0,
         seed: int = 0,
-        collector_threads: int = 1,
-        start_timeout_s: float = 120.0,
     ) -> None:
         if replay is None:
-            raise ValueError("the async trainer needs an off-policy algorithm with a replay buffer (rlpyt's AsyncRl): "
-                             "the collector process writes into the replay while the optimizer samples from it; "
-                             "on-policy algorithms (PPO, A2C) must use the sync or ddp trainer")
+            raise ValueError("the async trainer needs an off-policy algorithm with a replay buffer (the collector "
+                             "process fills it); on-policy algorithms (PPO, A2C) use the sync or ddp trainer")
         if replay_ratio is None or batch_size is None or replay_ratio <= 0 or batch_size < 1:
             raise ValueError(f"the async trainer throttles on replay_ratio and batch_size; got replay_ratio="
                              f"{replay_ratio!r}, batch_size={batch_size!r}")
@@ -160,24 +120,19 @@ class AsyncTrainer:
             raise ValueError(f"max_lag_frames must be >= 0 or None, got {max_lag_frames}")
         self.collector_factory = collector_factory
         self.replay = replay
-        self.policy = policy
         self.frames_per_itr = int(frames_per_itr or frames_per_batch(collector_factory))
         self.n_itr, self.log_interval_itrs = iteration_counts(n_steps, log_interval_steps, self.frames_per_itr)
-        ckpt_itrs = max(int(checkpoint_interval_steps) // self.frames_per_itr, 1) if checkpoint_interval_steps else 0
-        self.checkpoint_interval_itrs = ckpt_itrs or self.log_interval_itrs
+        ckpt_itrs = int(checkpoint_interval_steps) // self.frames_per_itr
+        self.checkpoint_interval_itrs = max(ckpt_itrs, 1) if checkpoint_interval_steps else self.log_interval_itrs
         self.replay_ratio, self.batch_size = float(replay_ratio), int(batch_size)
         self.learn_start_frames = int(min_steps_learn) // self.frames_per_itr * self.frames_per_itr
         self.eval_collector = eval_collector
-        # the replay is always checkpointed (below), by checkpoint_replay's rule
-        self.objects = CheckpointObjects({n: o for n, o in (checkpoint_state or {}).items() if o is not replay})
-        self.checkpoint_replay = checkpoint_replay
+        others = {name: obj for name, obj in (checkpoint_state or {}).items() if obj is not replay}
+        self.objects = CheckpointObjects({**others, "replay": replay})
         self.stop_return = stop_return
-        self.samples_to_buffer = samples_to_buffer
         self.updates_per_sync = int(updates_per_sync)
         self.max_lag_frames = max_lag_frames
         self.collector_seed = spawn_seeds(seed, 1)[0]
-        self.collector_threads = collector_threads
-        self.start_timeout_s = start_timeout_s
         self.book = Bookkeeper(run=run, frames_per_itr=self.frames_per_itr, log_traj_window=log_traj_window,
                                update_batch_size=self.batch_size)
         self.resumed = False
@@ -192,17 +147,20 @@ class AsyncTrainer:
         self._started = False
         self._collector_state: dict[str, Any] | None = None
         self._collector_rng: dict[str, Any] | None = None
-        self._interval = {"collect_s": 0.0, "lag_wait_s": 0.0, "optimizer_wait_s": 0.0, "frames": 0}
+        self._interval = _new_interval()
         self._updates_at_publish = 0
         self._updates_at_version: dict[int, int] = {}
         self._last_version = 0
-
-    # --- what the recipe reads ----------------------------------------------------------------------------------
 
     itr = book_counter("itr", "Collector iterations completed (and seen by the optimizer).")
     frames = book_counter("frames", "Env frames the collector process wrote into the replay.")
     updates = book_counter("updates", "Gradient updates recorded.")
     history = book_counter("history", "Log rows.")
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """``summary.json`` content: the sync trainer's, with the replay's counters and measured ratio."""
+        return self.book.summary(stopped_early=self.stopped_early, **self._replay_counters())
 
     @property
     def updates_due(self) -> int:
@@ -214,15 +172,9 @@ class AsyncTrainer:
         """Process id of the collector process while it runs."""
         return self._process.pid if self._process is not None else None
 
-    @property
-    def summary(self) -> dict[str, Any]:
-        return self.book.summary(stopped_early=self.stopped_early, **self._replay_counters())
-
     def record(self, metrics: Any = None, *, updates: int = 0) -> None:
         """Store this round's optimiser metrics and count its gradient updates."""
         self.book.record(metrics, updates=updates)
-
-    # --- the loop -----------------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[int]:
         completed = False
@@ -238,20 +190,16 @@ class AsyncTrainer:
             self._interval["optimizer_wait_s"] = 0.0
             while True:
                 self._drain(block=False)
-                if self._boundary is not None:
-                    due = self._owed() if self.max_lag_frames is not None else 0
-                    if due > 0:  # pay what the optimizer owes before the row (bounded-lag mode)
-                        yield from self._round(due)
-                    elif self._handle_boundary():
-                        break
-                    continue
-                if self._collector_done:
+                at_boundary = self._boundary is not None
+                if self._collector_done and not at_boundary:
                     break
-                due = self._owed()
-                if due > 0:
+                due = self._owed() if not at_boundary or self.max_lag_frames is not None else 0
+                if due > 0:  # at a boundary (bounded lag): pay what the optimizer owes before the row
                     yield from self._round(due)
-                else:
+                elif not at_boundary:
                     self._drain(block=True)  # throttled: wait for the collector's next batch
+                elif self._handle_boundary():
+                    break
             completed = True
         finally:
             self.book.end_session()
@@ -281,8 +229,6 @@ class AsyncTrainer:
                             write_count=replay.write_count, samples_drawn=samples,
                             learn_start_frames=self.learn_start_frames, ready=replay.ready_count())
 
-    # --- the collector process ----------------------------------------------------------------------------------
-
     def _start_collector(self) -> None:
         ctx = mp.get_context("spawn")
         weights = self._weights_src.data.clone().share_memory_()
@@ -292,22 +238,22 @@ class AsyncTrainer:
                              weights_version=ctx.Value("q", 0, lock=False), queue=ctx.Queue())
         self._publish_weights()
         spec = CollectorProcessSpec(
-            collector_factory=self.collector_factory, replay=self.replay, samples_to_buffer=self.samples_to_buffer,
+            collector_factory=self.collector_factory, replay=self.replay,
             start_itr=self.book.itr, n_itr=self.n_itr, log_interval_itrs=self.log_interval_itrs,
             checkpoint_interval_itrs=self.checkpoint_interval_itrs, replay_ratio=self.replay_ratio,
             batch_size=self.batch_size, learn_start_frames=self.learn_start_frames,
             max_lag_frames=self.max_lag_frames, frames_per_itr=self.frames_per_itr, seed=self.collector_seed,
-            collector_state=self._collector_state, rng=self._collector_rng, torch_threads=self.collector_threads,
+            collector_state=self._collector_state, rng=self._collector_rng,
         )
         self._process = ctx.Process(target=collector_process_main, args=(spec, self._ctrl, os.getpid()),
                                     name="tdrl-async-collector", daemon=False)  # non-daemonic: may spawn workers
         self._process.start()
         _LIVE.add(self)
-        deadline = time.monotonic() + self.start_timeout_s
+        deadline = time.monotonic() + START_TIMEOUT_S
         while not self._started:
             if time.monotonic() > deadline:
                 raise AsyncTrainerError(f"the collector process did not build its collector within "
-                                        f"{self.start_timeout_s:.0f} s (start_timeout_s)")
+                                        f"{START_TIMEOUT_S:.0f} s")
             self._drain(block=True)
 
     def _publish_weights(self) -> None:
@@ -327,14 +273,14 @@ class AsyncTrainer:
             try:
                 msg = queue.get(timeout=POLL_S) if block else queue.get_nowait()
             except queue_module.Empty:
-                if block:
-                    self._interval["optimizer_wait_s"] += time.perf_counter() - start
+                msg = None
+            if block:
+                self._interval["optimizer_wait_s"] += time.perf_counter() - start
+            if msg is None:
                 self._check_alive()
                 if block:
                     continue
                 return
-            if block:
-                self._interval["optimizer_wait_s"] += time.perf_counter() - start
             self._handle(msg)
             if self._boundary is not None or self._collector_done or block:
                 return
@@ -348,9 +294,8 @@ class AsyncTrainer:
             self.book.itr = info["itr"] + 1
             self.book.frames += info["frames"]
             self.book.add_episodes(info["episodes"])
-            self._interval["collect_s"] += info["collect_s"]
-            self._interval["lag_wait_s"] += info["lag_wait_s"]
-            self._interval["frames"] += info["frames"]
+            for key in ("collect_s", "lag_wait_s", "frames"):
+                self._interval[key] += info[key]
             self._last_version = info["weights_version"]
             if "collector_state" in info:
                 self._boundary = info
@@ -411,8 +356,6 @@ class AsyncTrainer:
     def __exit__(self, *exc: Any) -> None:
         self.close(completed=False)
 
-    # --- rows, evaluation, checkpoints --------------------------------------------------------------------------
-
     def _handle_boundary(self) -> bool:
         """Evaluate, log and checkpoint at a paused boundary, then release the collector. Returns: run over."""
         info, self._boundary = self._boundary, None
@@ -423,9 +366,8 @@ class AsyncTrainer:
                 self.book.evaluate(self.eval_collector)
             self.book.log(self._row_extra())
             self.stopped_early = self.book.reached(self.stop_return)
-        self._collector_state, self._collector_rng = info["collector_state"], info["rng"]
         if itr % self.checkpoint_interval_itrs == 0 or final or self.stopped_early:
-            self._save_checkpoint()
+            self.book.save_checkpoint(self.objects, collector=info["collector_state"], collector_rng=info["rng"])
         if self.stopped_early:
             self._ctrl.stop.set()
         self._ctrl.go.set()
@@ -449,26 +391,15 @@ class AsyncTrainer:
             "collector/policy_lag_updates": float(
                 self.book.updates - self._updates_at_version.get(self._last_version, self.book.updates)),
         })
-        self._interval = {"collect_s": 0.0, "lag_wait_s": 0.0, "optimizer_wait_s": 0.0, "frames": 0}
+        self._interval = _new_interval()
         self._updates_at_version = {v: u for v, u in self._updates_at_version.items() if v >= self._last_version}
         return extra
-
-    def _save_checkpoint(self) -> None:
-        writers, state = {}, {"collector": self._collector_state, "collector_rng": self._collector_rng}
-        if self.checkpoint_replay:
-            writers["replay"] = self.replay.dumps
-        else:
-            state["replay_state"] = self.replay.state_dict()
-        self.book.save_checkpoint(self.objects, writers, **state)
 
     def _maybe_resume(self) -> None:
         if self.resumed:
             return
-        readers = {"replay": self.replay.loads} if self.checkpoint_replay else None
-        state = self.book.load_checkpoint(self.objects, readers)
+        state = self.book.load_checkpoint(self.objects)
         if state is None:
             return
-        if not self.checkpoint_replay:
-            self.replay.load_state_dict(state["replay_state"])
         self._collector_state, self._collector_rng = state["collector"], state["collector_rng"]
         self.resumed = True

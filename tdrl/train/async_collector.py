@@ -1,28 +1,16 @@
 """The collector process of the async trainer, and the control block it shares with the optimizer process.
 
-The collector process builds its collector from a picklable factory (any tdrl collector: serial, parallel with
-its own worker processes, action server...), then loops over collector iterations:
-
-1. if the optimizer published new weights (a version counter moved), copy them into the collector's policy
-   (``collector.update_policy_weights_(shared)``) -- between batches, so collection never stops for it;
-2. optionally wait while the optimizer owes more than one batch plus ``max_lag_frames`` frames of updates;
-3. collect one ``[B, T]`` batch and ``replay.extend`` it (the shared replay: the optimizer samples the same
-   memmapped files);
-4. report the batch (frames, finished episodes, timings) on a queue; at a log/checkpoint boundary also report
-   the collector's and its RNG's state and pause until the optimizer has written its row and checkpoint (so a
-   row's frames, samples and updates are one consistent snapshot, and the replay is not written while it is
-   copied into a checkpoint).
-
-It exits when the budget is spent, when asked to stop, or when its parent (the optimizer process) disappears
-(checked every 0.2 s by a watch thread, which kills the process if the loop does not end by itself within 2 s).
-An exception is reported on the queue with its traceback before the process exits with code 1.
-
-:func:`owed_updates` is the single definition of the throttle both processes use, so they cannot disagree about
-whether the optimizer may update (which would deadlock a waiting collector).
+Per iteration the collector process copies newly published weights into its collector's policy (between
+batches), optionally waits for the optimizer (``max_lag_frames``), collects one batch into the shared replay and
+reports it; at a log/checkpoint boundary it also reports its collector's and RNG's state and pauses until
+released. It exits when the budget is spent, when asked to stop, or when the optimizer process disappears.
+:func:`owed_updates` is the one throttle both processes use, so they cannot disagree about whether the optimizer
+may update (which would deadlock a waiting collector).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -36,7 +24,7 @@ import torch
 
 from tdrl.utils.seeding import rng_state, seed_everything, set_rng_state
 
-__all__ = ["CollectorProcessSpec", "Control", "collector_process_main", "owed_updates"]
+__all__ = ["CollectorProcessSpec", "Control", "collector_process_main", "owed_updates", "watch_parent"]
 
 POLL_S = 0.05
 """How often blocked waits check the stop flag and the other process."""
@@ -44,13 +32,8 @@ POLL_S = 0.05
 
 def owed_updates(*, replay_ratio: float, batch_size: int, write_count: int, samples_drawn: int,
                  learn_start_frames: int, ready: int) -> int:
-    """Gradient updates the optimizer may do now without the replay ratio exceeding ``replay_ratio``.
-
-    The ratio counts from the start of learning, as the sync trainer's ``replay_ratio`` does (no updates for the
-    first ``learn_start_frames``, then ``replay_ratio * new frames / batch_size`` updates):
-    ``floor((replay_ratio * (write_count - learn_start_frames) - samples_drawn) / batch_size)``, and 0 while
-    fewer than ``batch_size`` transitions are ready to sample.
-    """
+    """Gradient updates the optimizer may do now without the replay ratio exceeding ``replay_ratio``, counted from
+    the start of learning as the sync trainer counts it; 0 while fewer than ``batch_size`` transitions are ready."""
     if write_count <= learn_start_frames or ready < batch_size:
         return 0
     allowed = replay_ratio * (write_count - learn_start_frames) - samples_drawn
@@ -59,16 +42,9 @@ def owed_updates(*, replay_ratio: float, batch_size: int, write_count: int, samp
 
 @dataclass
 class Control:
-    """Shared objects of one optimizer-collector pair (made from a ``spawn`` multiprocessing context).
-
-    Attributes:
-        stop: the optimizer asks the collector to finish (set on early stop, errors and shutdown).
-        go: cleared by the collector when it pauses at a boundary, set by the optimizer to release it.
-        weights: shared-memory TensorDict of the policy's parameters and buffers.
-        weights_lock: held while the weights are written or read.
-        weights_version: incremented by the optimizer after each publish.
-        queue: collector → optimizer messages (see :func:`collector_process_main`).
-    """
+    """Shared objects of one optimizer-collector pair: ``stop`` (the optimizer asks the collector to finish), ``go``
+    (cleared by the paused collector at a boundary, set to release it), ``weights`` in shared memory with its
+    ``weights_lock`` and ``weights_version`` (incremented at each publish), ``queue`` (collector -> optimizer)."""
 
     stop: Any
     go: Any
@@ -80,32 +56,12 @@ class Control:
 
 @dataclass
 class CollectorProcessSpec:
-    """What the collector process needs; pickled once when it starts.
-
-    Attributes:
-        collector_factory: builds the collector in the collector process (e.g. a ``functools.partial`` of
-            ``tdrl.collect.make_collector``).
-        replay: the shared replay buffer (only its file paths travel).
-        samples_to_buffer: optional picklable transform applied to each batch before ``replay.extend`` (rlpyt's
-            ``samples_to_buffer``); it runs in the collector process and must not keep state.
-        start_itr: first collector iteration (non-zero on resume).
-        n_itr: collector iterations of the whole run.
-        log_interval_itrs, checkpoint_interval_itrs: the collector reports its state and pauses after every
-            iteration that completes a log or checkpoint interval, and after the last one.
-        replay_ratio, batch_size, learn_start_frames: the throttle (see :func:`owed_updates`).
-        frames_per_itr: frames per collector batch.
-        max_lag_frames: wait before a batch while the optimizer owes updates for more than one batch plus this
-            many frames (0: double buffering, the next batch is collected while the last one trains); ``None``
-            never waits (rlpyt).
-        seed: seed of the collector process's python/numpy/torch RNGs.
-        collector_state: ``collector.load_state_dict`` input on resume.
-        rng: RNG state to restore on resume (overrides ``seed``).
-        torch_threads: torch intra-op threads of the collector process.
-    """
+    """What the collector process needs, pickled once when it starts (the replay travels as its file paths). It
+    pauses after every iteration that completes a log or checkpoint interval, and after the last one; on resume it
+    restores ``collector_state`` and ``rng`` (which overrides ``seed``)."""
 
     collector_factory: Callable[[], Any]
     replay: Any
-    samples_to_buffer: Callable[[Any], Any] | None
     start_itr: int
     n_itr: int
     log_interval_itrs: int
@@ -118,21 +74,18 @@ class CollectorProcessSpec:
     seed: int
     collector_state: dict[str, Any] | None = None
     rng: dict[str, Any] | None = None
-    torch_threads: int = 1
 
 
-def _watch_parent(parent: int, finished: threading.Event) -> None:
-    """Kill this process if its parent dies and the main loop does not end by itself soon after."""
+def watch_parent(parent: int, poll_s: float, on_orphaned: Callable[[], None]) -> None:
+    """Call ``on_orphaned`` in a daemon thread once process ``parent`` is no longer this process's parent (a
+    parent killed by SIGKILL has no time to stop its children)."""
 
     def watch() -> None:
-        while not finished.wait(0.2):
-            if os.getppid() != parent:
-                orphaned.set()
-                if not finished.wait(2.0):
-                    os._exit(1)
-                return
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        on_orphaned()
 
-    threading.Thread(target=watch, name="tdrl-async-parent-watch", daemon=True).start()
+    threading.Thread(target=watch, name="tdrl-parent-watch", daemon=True).start()
 
 
 orphaned = threading.Event()
@@ -144,23 +97,26 @@ def _must_stop(ctrl: Control) -> bool:
 
 
 def collector_process_main(spec: CollectorProcessSpec, ctrl: Control, parent_pid: int) -> None:
-    """Entry point of the collector process (see the module docstring for the loop and its messages).
-
-    Messages on ``ctrl.queue``: ``("started", pid)``; ``("batch", info)`` per batch, ``info`` holding ``itr``,
-    ``frames``, ``episodes``, ``collect_s``, ``lag_wait_s``, ``weights_version`` and, at boundaries,
-    ``collector_state`` and ``rng``; ``("done",)`` at the end; ``("error", traceback_text)`` on failure.
-    """
+    """Entry point of the collector process. Messages on ``ctrl.queue``: ``("started", pid)``; ``("batch", info)``
+    per batch (``itr``, ``frames``, ``episodes``, ``collect_s``, ``lag_wait_s``, ``weights_version`` and, at
+    boundaries, ``collector_state`` and ``rng``); ``("done",)`` at the end; ``("error", traceback)`` on failure."""
     finished = threading.Event()
-    _watch_parent(parent_pid, finished)
+
+    def stop_orphaned() -> None:  # the loop stops at its next check, else the process is killed
+        orphaned.set()
+        if not finished.wait(2.0):
+            os._exit(1)
+
+    watch_parent(parent_pid, 0.2, stop_orphaned)
     ctrl.queue.cancel_join_thread()  # never block this process's exit on an unread queue
     collector = None
     try:
-        torch.set_num_threads(spec.torch_threads)
+        torch.set_num_threads(1)  # small policies act fastest on one thread; the optimizer keeps the rest
         seed_everything(spec.seed)
         if spec.rng is not None:
             set_rng_state(spec.rng)
         collector = spec.collector_factory()
-        if spec.collector_state is not None and hasattr(collector, "load_state_dict"):
+        if spec.collector_state is not None:
             collector.load_state_dict(spec.collector_state)
         ctrl.queue.put(("started", os.getpid()))
         _collect_loop(spec, ctrl, collector)
@@ -175,11 +131,9 @@ def collector_process_main(spec: CollectorProcessSpec, ctrl: Control, parent_pid
 
 
 def _shutdown(collector: Any) -> None:
-    if collector is not None and hasattr(collector, "shutdown"):
-        try:
+    if collector is not None:
+        with contextlib.suppress(Exception):  # already failing or exiting
             collector.shutdown()
-        except Exception:  # noqa: BLE001 - already failing or exiting
-            pass
 
 
 def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> None:
@@ -189,8 +143,7 @@ def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> 
     for itr in range(spec.start_itr, spec.n_itr):
         if _must_stop(ctrl):
             return
-        latest = ctrl.weights_version.value
-        if latest != version:
+        if ctrl.weights_version.value != version:
             with ctrl.weights_lock:
                 version = ctrl.weights_version.value
                 collector.update_policy_weights_(ctrl.weights)
@@ -205,14 +158,14 @@ def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> 
                                f"trainer's {spec.n_itr}: its own total_frames is smaller than the trainer's n_steps "
                                "(leave it endless, -1)") from None
         collect_s = time.perf_counter() - start
-        replay.extend(spec.samples_to_buffer(batch) if spec.samples_to_buffer is not None else batch)
+        replay.extend(batch)
         info: dict[str, Any] = {
             "itr": itr, "frames": int(batch.numel()), "episodes": collector.traj_infos, "collect_s": collect_s,
             "lag_wait_s": lag_wait_s, "weights_version": version,
         }
         done = itr + 1
         if done % spec.log_interval_itrs == 0 or done % spec.checkpoint_interval_itrs == 0 or done == spec.n_itr:
-            info["collector_state"] = collector.state_dict() if hasattr(collector, "state_dict") else None
+            info["collector_state"] = collector.state_dict()
             info["rng"] = rng_state()
             ctrl.go.clear()
             ctrl.queue.put(("batch", info))
@@ -228,8 +181,7 @@ def _wait_for_optimizer(spec: CollectorProcessSpec, ctrl: Control) -> float:
     """Block while the optimizer owes more than one batch plus ``max_lag_frames`` frames' worth of updates."""
     start = time.perf_counter()
     replay = spec.replay
-    frames_per_batch = spec.frames_per_itr
-    limit_updates = (spec.max_lag_frames + frames_per_batch) * spec.replay_ratio / spec.batch_size
+    limit_updates = (spec.max_lag_frames + spec.frames_per_itr) * spec.replay_ratio / spec.batch_size
     sleep_s = 2e-4
     while not _must_stop(ctrl):
         owed = owed_updates(replay_ratio=spec.replay_ratio, batch_size=spec.batch_size,

@@ -1,11 +1,8 @@
 """Starting the ranks of a data-parallel run: local spawn, or joining torchrun's / SLURM's process group.
 
-:func:`launch_data_parallel` is what a recipe calls at the top of ``main`` when ``trainer.kind=ddp``: it checks the
-settings before any process starts, spawns ``world_size`` local ranks (each runs ``main`` again, inside the
-process group) or joins the group ``env://`` variables describe, and returns rank 0's result. A rank that raises
-or dies stops the others (torch's spawn context: SIGTERM after a 5 s grace period, then SIGKILL) and the launcher
-raises :class:`DataParallelError` with that rank's traceback; ranks also exit when the launching process
-disappears.
+A rank that raises or dies stops the others (torch's spawn context: SIGTERM after a 5 s grace period, then
+SIGKILL) and the launcher raises :class:`DataParallelError` with that rank's traceback; ranks also exit when the
+launching process disappears.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ import os
 import pickle
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -26,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessException
 
+from tdrl.train.async_collector import watch_parent
 from tdrl.utils.distributed import (
     DistributedSetupError,
     check_local_world_size,
@@ -52,38 +49,23 @@ def launch_data_parallel(
     timeout_s: float = 1800.0,
     **kwargs: Any,
 ) -> Any:
-    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks of a torch.distributed process group.
+    """Run ``fn(*args, **kwargs)`` (a picklable, module-level function) on ``world_size`` ranks; rank 0's result.
 
-    * Inside an initialised process group: just calls ``fn`` (a rank calling the recipe's ``main`` again).
-    * With torch's ``env://`` variables set (torchrun, or a multi-task SLURM job launched by ``tdrl.launch``):
-      joins that group and calls ``fn`` in this process; ``world_size`` must match ``WORLD_SIZE``.
-    * Otherwise: checks the backend and that this machine has ``world_size`` cores (gloo) or GPUs (NCCL), then
-      spawns the ranks (``world_size == 1`` runs in this process). A rank that raises or dies stops the others
-      within seconds.
-
-    Args:
-        fn: a picklable (module-level) function; every rank calls it with the same arguments.
-        world_size: number of ranks.
-        backend: ``auto`` (NCCL for CUDA devices, else gloo), ``gloo`` or ``nccl``.
-        device: the learner device the recipe uses (``cpu`` or ``cuda``; each rank gets ``cuda:<local rank>``).
-        timeout_s: how long a collective waits for a slow or dead rank before raising.
-
-    Returns:
-        Rank 0's return value.
-
-    Raises:
-        DistributedSetupError: bad world size, NCCL without CUDA, more ranks than cores/GPUs (before any process
-            starts).
-        DataParallelError: a rank failed; the message holds its traceback.
+    Inside an initialised process group it just calls ``fn`` (a rank calling the recipe's ``main`` again); with
+    torch's ``env://`` variables set (torchrun, or a SLURM job launched by ``tdrl.launch``) it joins that group,
+    whose ``WORLD_SIZE`` must equal ``world_size``; otherwise it spawns the ranks (``world_size == 1`` runs here).
+    ``backend``: ``auto`` (NCCL for CUDA devices, else gloo), ``gloo`` or ``nccl``; ``device``: the learner device
+    (each rank gets ``cuda:<local rank>``); ``timeout_s``: how long a collective waits for a slow or dead rank.
+    Raises ``DistributedSetupError`` (bad world size, NCCL without CUDA, more ranks than cores/GPUs) before any
+    process starts, and :class:`DataParallelError` with the traceback of the rank that failed.
     """
     if is_distributed():
         return fn(*args, **kwargs)
     env = env_world()
     if env is not None:
         if env[1] != world_size:
-            raise DistributedSetupError(
-                f"world_size={world_size} but the launcher started WORLD_SIZE={env[1]} ranks; make them agree"
-            )
+            raise DistributedSetupError(f"world_size={world_size} but the launcher started WORLD_SIZE={env[1]} ranks; "
+                                        "make them agree")
         init_from_env(backend, device, timeout_s)
         try:
             return fn(*args, **kwargs)
@@ -149,11 +131,8 @@ def _failure_report(directory: str, error: ProcessException, world: int) -> str:
 
 
 def _pack_call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[str, str | None, bytes]:
-    """``fn(*args, **kwargs)`` pickled, with the file of ``fn``'s module.
-
-    Recipes are scripts loaded by path under made-up module names (``tdrl.launch`` and the tests do that), which a
-    spawned process cannot import by name; the rank loads that file under the same name before unpickling.
-    """
+    """``fn(*args, **kwargs)`` pickled, with the file of ``fn``'s module: recipes are scripts loaded by path under
+    made-up module names, which a spawned rank cannot import by name, so it loads that file before unpickling."""
     module = sys.modules.get(fn.__module__)
     return fn.__module__, getattr(module, "__file__", None), pickle.dumps((fn, args, kwargs))
 
@@ -184,7 +163,7 @@ def _run_rank(local_rank: int, call: tuple[str, str | None, bytes], world: int, 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=local_rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
     if result_path is not None:
-        _watch_parent()
+        watch_parent(os.getppid(), 0.5, lambda: os._exit(1))  # exit with the launching process
     try:
         result = fn(*args, **kwargs)
     except BaseException:
@@ -199,16 +178,3 @@ def _run_rank(local_rank: int, call: tuple[str, str | None, bytes], world: int, 
         dist.destroy_process_group()
         for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             os.environ.pop(key, None)
-
-
-def _watch_parent(poll_s: float = 0.5) -> None:
-    """Exit this rank if the launching process disappears (SIGKILL leaves no time to stop us)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(poll_s)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="tdrl-ddp-parent-watch", daemon=True).start()

@@ -1,28 +1,8 @@
 """Choose the trainer by config: ``trainer.kind=sync|ddp|async`` in any recipe, one loop body for all three.
 
-A recipe adds a :class:`TrainerConfig` section and three small pieces::
-
-    @dataclass
-    class Config:
-        ...
-        trainer: TrainerConfig = field(default_factory=TrainerConfig)
-
-    def main(cfg):
-        check_trainer(cfg.trainer, on_policy=True)          # e.g. PPO with trainer.kind=async: error, nothing started
-        if cfg.trainer.kind == "ddp" and not is_distributed():   # spawn the ranks; each one runs main(cfg)
-            return launch_data_parallel(main, cfg, world_size=cfg.trainer.world_size,
-                                        backend=cfg.trainer.backend, device=cfg.run.device)
-        seed_everything(rank_seed(cfg.run.seed))             # rank 0 keeps the run seed
-        run = Run.open(...) if is_main_process() else None
-        ...
-        trainer = make_trainer(cfg.trainer, on_policy=True, collector=collector, modules=[loss], run=run, ...)
-
-Off-policy recipes pass ``collector_factory`` (the collector is built in the collector process when async),
-``replay`` (every trainer fills it: sync and ddp in this process, async in the collector process) and ``policy``;
-their loop body is ``for _ in trainer:`` then ``trainer.updates_due`` updates, whatever the kind.
-
-    python recipes/ppo.py trainer.kind=ddp trainer.world_size=2
-    python recipes/sac.py trainer.kind=async
+A recipe with a ``trainer: TrainerConfig`` section calls :func:`check_trainer` first thing in ``main``; under
+``trainer.kind=ddp`` without a process group it returns ``launch_data_parallel(main, cfg, ...)`` (each rank runs
+``main`` again); then it builds its trainer with :func:`make_trainer`.
 """
 
 from __future__ import annotations
@@ -69,14 +49,10 @@ class TrainerConfig:
 
 
 def check_min_steps_learn(min_steps_learn: int, *, n_step: int, batch_B: int) -> None:
-    """Reject an off-policy learning start at which the first update would find no complete transition.
-
-    The replay draws with replacement, so a batch may be larger than what it holds (SB3's ``learning_starts=100``
-    with batch 256); but an n-step transition is complete only ``n_step - 1`` steps after it starts, in every env.
-
-    Raises:
-        ConfigError: ``min_steps_learn`` below ``1 + (n_step - 1) * batch_B``, naming the key.
-    """
+    """Raise ``ConfigError`` for an off-policy learning start at which the first update would find no complete
+    transition: the replay draws with replacement, so a batch may be larger than what it holds (SB3's
+    ``learning_starts=100`` with batch 256), but an n-step transition is complete only ``n_step - 1`` steps after
+    it starts, in every env."""
     from tdrl.config import ConfigError
 
     needed = 1 + (n_step - 1) * batch_B
@@ -90,15 +66,10 @@ def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu",
                   supported: Sequence[str] = TRAINER_KINDS) -> None:
     """Reject trainer settings that cannot work, before any process starts (call it first thing in ``main``).
 
-    Args:
-        cfg: the recipe's ``trainer`` section.
-        on_policy: the algorithm learns only from fresh batches (no async then).
-        device: the learner device (``trainer.backend=nccl`` needs CUDA).
-        supported: the kinds this recipe wires up (e.g. ``("sync", "async")`` when it does not launch ranks).
-
-    Raises:
-        ValueError: unknown or unsupported ``trainer.kind``, or ``trainer.kind=async`` for an on-policy algorithm.
-        DistributedSetupError: ``trainer.kind=ddp`` with a bad world size or backend for this machine.
+    ``on_policy``: the algorithm learns only from fresh batches (no async then); ``device``: the learner device
+    (``trainer.backend=nccl`` needs CUDA); ``supported``: the kinds this recipe wires up. Raises ``ValueError``
+    for an unknown or unsupported ``trainer.kind`` or async with an on-policy algorithm, and
+    ``DistributedSetupError`` for a world size or backend this machine cannot run.
     """
     if cfg.kind not in TRAINER_KINDS:
         raise ValueError(f"trainer.kind={cfg.kind!r}; choose one of {', '.join(TRAINER_KINDS)}")
@@ -131,21 +102,11 @@ def make_trainer(
 ) -> SyncTrainer | AsyncTrainer:
     """The trainer ``cfg.kind`` names, built from one set of arguments.
 
-    Args:
-        cfg: the recipe's ``trainer`` section.
-        on_policy: whether the algorithm learns only from fresh batches (PPO, A2C): async is refused then.
-        collector: the training collector (sync and ddp), or ``None`` to build it with ``collector_factory``.
-        collector_factory: picklable callable building the collector (async: in the collector process).
-        modules: the replicated modules whose gradients ddp averages (the loss module).
-        replay: the replay buffer the trainer fills with every batch (async: shared with the collector process).
-        policy: the module whose weights the async collector receives.
-        seed: run seed (async: seeds the collector process).
-        **kwargs: the trainers' common keyword arguments (``n_steps``, ``log_interval_steps``, ``run``,
-            ``eval_collector``, ``replay_ratio``, ``batch_size``, ``min_steps_learn``, ``checkpoint_state``,
-            ``checkpoint_interval_steps``, ``stop_return``, ...).
-
-    Raises:
-        ValueError: see :func:`check_trainer`; ``collector`` or ``collector_factory`` missing for the kind.
+    ``collector`` (sync, ddp) or ``collector_factory`` (picklable; async builds the collector in its process);
+    ``modules``: what ddp averages the gradients of (the loss module); ``replay``: filled with every batch;
+    ``policy``: whose weights the async collector receives; ``seed``: seeds the async collector process;
+    ``**kwargs``: the trainers' common arguments (``n_steps``, ``log_interval_steps``, ``run``, ...). Raises
+    ``ValueError`` (see :func:`check_trainer`) before any collector is built.
     """
     check_trainer(cfg, on_policy=on_policy)  # every check comes before a collector (and its workers) is built
     if cfg.kind != "async" and collector is None and collector_factory is None:

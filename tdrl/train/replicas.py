@@ -24,7 +24,8 @@ from torch import nn
 from tdrl.utils.distributed import is_distributed, rank, world_size
 
 __all__ = ["GradientAllReduce", "ReplicaDivergenceError", "broadcast_from_main", "broadcast_module_state",
-           "gather_to_main", "replica_digest"]
+           "gather_to_main", "replica_digest",
+           "tensor_digest"]
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -65,23 +66,14 @@ def _flat_collective(tensors: Sequence[torch.Tensor], op: Callable[[torch.Tensor
 
 
 class GradientAllReduce:
-    """Average the gradients of ``modules``' parameters over all ranks at the end of every backward pass.
-
-    Every trainable parameter gets a post-accumulate-grad hook that records it; the first hook of a pass queues
-    an autograd final callback, which all-reduces (sum, then divide by the world size) exactly the gradients
-    accumulated during that pass, in a fixed parameter order, one flat buffer per dtype and device. All ranks must
-    run the same backward passes over the same parameters (they do when they run the same code on same-shaped
-    batches); gradients accumulated over several passes before one step are averaged pass by pass, which gives
-    the same mean.
-
-    Args:
-        modules: the replicated modules (e.g. the TorchRL loss module, which holds actor, critic and any
-            trainable temperature).
-        group: process group (default: the world).
+    """Average the gradients of ``modules``' parameters (e.g. the TorchRL loss module, which holds actor, critic
+    and any trainable temperature) over all ranks at the end of every backward pass, in a fixed parameter order
+    (see the module docstring). All ranks must run the same backward passes over the same parameters (they do when
+    they run the same code on same-shaped batches); gradients accumulated over several passes before one step are
+    averaged pass by pass, which gives the same mean.
     """
 
-    def __init__(self, modules: Iterable[nn.Module], group: Any = None) -> None:
-        self.group = group
+    def __init__(self, modules: Iterable[nn.Module]) -> None:
         self.params = [p for p in _unique_params(modules) if p.requires_grad]
         if not self.params:
             raise ValueError("GradientAllReduce: the modules have no trainable parameters")
@@ -108,7 +100,7 @@ class GradientAllReduce:
         n = world_size()
 
         def all_reduce_mean(flat: torch.Tensor) -> None:
-            dist.all_reduce(flat, group=self.group)
+            dist.all_reduce(flat)
             flat.div_(n)
 
         start = time.perf_counter()
@@ -123,9 +115,8 @@ class GradientAllReduce:
         self._handles.clear()
 
 
-def broadcast_module_state(modules: Iterable[nn.Module], *, buffers: bool = True, params: bool = True,
-                           src: int = 0, group: Any = None) -> None:
-    """Copy rank ``src``'s parameters (and buffers) into every rank's modules, in place (DDP's start-up sync)."""
+def broadcast_module_state(modules: Iterable[nn.Module], *, buffers: bool = True, params: bool = True) -> None:
+    """Copy rank 0's parameters (and buffers) into every rank's modules, in place (DDP's start-up sync)."""
     if not is_distributed() or world_size() == 1:
         return
     modules = list(modules)
@@ -135,16 +126,18 @@ def broadcast_module_state(modules: Iterable[nn.Module], *, buffers: bool = True
     if buffers:
         tensors += _unique_buffers(modules)
     if tensors:
-        _flat_collective(tensors, lambda flat: dist.broadcast(flat, src=src, group=group))
+        _flat_collective(tensors, lambda flat: dist.broadcast(flat, src=0))
 
 
 def replica_digest(modules: Iterable[nn.Module], *, buffers: bool = False) -> str:
     """Hash of the exact bytes of the modules' parameters (and buffers): equal digests mean bitwise-equal models."""
-    h = hashlib.blake2b(digest_size=16)
     modules = list(modules)
-    tensors = [p.data for p in _unique_params(modules)]
-    if buffers:
-        tensors += _unique_buffers(modules)
+    return tensor_digest([p.data for p in _unique_params(modules)] + (_unique_buffers(modules) if buffers else []))
+
+
+def tensor_digest(tensors: Iterable[torch.Tensor]) -> str:
+    """Hash of the exact bytes of ``tensors``."""
+    h = hashlib.blake2b(digest_size=16)
     for t in tensors:
         h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()
@@ -160,6 +153,7 @@ def gather_to_main(obj: Any) -> list[Any] | None:
 
 
 def broadcast_from_main(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
     if not is_distributed():
         return obj
     box = [obj]

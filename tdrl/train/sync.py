@@ -1,65 +1,30 @@
-"""The sync trainer: rlpyt's ``MinibatchRl`` / ``MinibatchRlEval`` (and, on N ranks, ``SyncRl``) as an iterator the
-recipe loops over.
+"""The sync trainer: rlpyt's ``MinibatchRl`` / ``MinibatchRlEval`` (and, on N ranks, ``SyncRl``) as an iterator.
 
-Collection and optimisation alternate in one process. The trainer owns the loop mechanics (iteration count,
-weight sync to the collector, evaluation cadence, logging and checkpoint calls, resume, the summary); the recipe
-owns the algorithm, which stays visible in its ``for`` body::
+The trainer owns the loop mechanics (iterations, weight sync to the collector, evaluation, log rows,
+checkpoints, resume, the summary); the recipe's ``for`` body is the algorithm::
 
-    trainer = SyncTrainer(collector=collector, run=run, n_steps=100_000, log_interval_steps=10_000,
-                          eval_collector=eval_collector, checkpoint_state={"model": actor_critic, "updater": updater})
-    for batch in trainer:                  # one collector batch, [B, T]; eval/log/checkpoint happen around it
-        metrics = update(batch)            # the algorithm
-        trainer.record(metrics, updates=n_updates)
-    summary = trainer.summary              # {"frames", "wall_s", "eval/return_mean", ...}
+    for batch in trainer:                      # one [B, T] collector batch (already in the replay, if any)
+        metrics = [updater.step(loss(replay.sample())) for _ in range(trainer.updates_due)]  # or update(batch)
+        trainer.record(metrics, updates=len(metrics))
 
-Off-policy recipes ask the trainer how many gradient updates this iteration owes (rlpyt's ``replay_ratio`` and
-``min_steps_learn``)::
+Semantics (rlpyt's ``runners/minibatch_rl.py``): the iteration count is rounded **up** to whole log intervals
+(:func:`~tdrl.train.iteration_counts`), so the run ends on a log row; rows, evaluations and checkpoints follow
+the iterations that complete an interval; an ``eval_collector`` also evaluates the untrained agent at iteration
+0 (evaluation time is excluded from ``time/train_s`` and frames/s). ``updates_due`` is 0 before
+``min_steps_learn``, then :func:`~tdrl.train.updates_per_iteration`. ``trainer.itr`` is the 0-based iteration
+inside the body. Launching again on the same run directory resumes bitwise after the last checkpoint; an
+interrupted run is closed without ``summary.json``.
 
-    trainer = SyncTrainer(..., replay=replay, replay_ratio=8, batch_size=256, min_steps_learn=1_000)
-    for _ in trainer:                          # the trainer put the batch into the replay
-        for _ in range(trainer.updates_due):   # 0 before min_steps_learn, then updates_per_itr
-            metrics.append(updater.step(loss(replay.sample())))
-
-Semantics (rlpyt, ``runners/minibatch_rl.py``):
-    * ``frames_per_itr = B * T`` of one collector batch. ``n_itr = n_steps // frames_per_itr``;
-      ``log_interval_itrs = max(log_interval_steps // frames_per_itr, 1)``; ``n_itr`` is rounded **up** to a
-      multiple of ``log_interval_itrs`` so the run ends on a log row.
-    * Logging, evaluation and checkpoints happen after iteration ``itr`` when ``(itr + 1) % log_interval_itrs
-      == 0``. With an ``eval_collector`` (MinibatchRlEval) the agent is also evaluated before the first
-      iteration (iteration 0); evaluation time is excluded from ``time/train_s`` and from frames/s.
-    * Without an eval collector (MinibatchRl) episode statistics are online: the last ``log_traj_window``
-      (100) completed training episodes.
-    * ``updates_per_itr = max(1, round(replay_ratio * frames_per_itr / batch_size))`` and no updates while
-      ``itr < min_steps_learn // frames_per_itr``.
-    * ``collector.update_policy_weights_()`` is called before every batch (the recipe's update reaches the
-      collector's workers); ``trainer.itr`` is the 0-based iteration inside the loop body, so schedules read
-      ``lr_at(trainer.itr)`` (PPO's linear decay) or ``eps_at(trainer.frames)``.
-    * Checkpoints are taken at log boundaries (or every ``checkpoint_interval_steps``) and hold the objects of
-      ``checkpoint_state``, the collector's state and the books (:class:`~tdrl.train.bookkeeping.Bookkeeper`,
-      which also writes the log rows); launching again on the same run directory resumes at the iteration after
-      the last checkpoint, bitwise, without re-evaluating iteration 0.
-
-Data parallel (rlpyt's SyncRl, ``trainer.kind=ddp``): inside a process group (:func:`~tdrl.train.launch_data_parallel`,
-torchrun or a SLURM launch) every rank builds its own collector, replay and model copy and runs this same loop;
-``modules`` (the loss module) are copied from rank 0 at construction and their gradients are averaged over the
-ranks at the end of every backward pass (:mod:`tdrl.train.replicas`), so every rank takes the same step and the
-replicas stay bitwise equal (checked at every log row). No samples are exchanged; batch sizes are per rank (weak
-scaling: N ranks collect ``N * B * T`` frames per iteration), while ``n_steps``, ``log_interval_steps``,
-``min_steps_learn`` and the logged frames count all ranks. Rank 0 evaluates, logs and checkpoints, with every
-rank's episodes and optimiser metrics gathered into its rows. For a loss that is a minibatch mean, the averaged
-gradient equals that of the concatenated minibatches up to float summation order; whole runs differ from a single
-process (each rank draws its own env and sampling streams; PPO normalises advantages per rank).
-
-The ``run`` (``tdrl.log.Run``) is optional: without one the rows stay in :attr:`history`. The collector follows
-tdrl's collector protocol (iteration, ``update_policy_weights_()``, ``traj_infos``, ``shutdown()``,
-``state_dict()``); the eval collector is :func:`tdrl.collect.make_eval_collector`'s (``evaluate()`` returns whole
-greedy episodes). The trainer shuts both down when the loop ends, however it ends; an interrupted run is closed
-without ``summary.json``.
+Data parallel (rlpyt's SyncRl, ``trainer.kind=ddp``): every rank of a process group builds its own collector,
+replay and model copy and runs this loop; ``modules`` (the loss module) start from rank 0's weights and their
+gradients are averaged over the ranks after every backward pass (:mod:`tdrl.train.replicas`), so the replicas
+stay bitwise equal (checked at every log row). No samples are exchanged; batch sizes are per rank (weak
+scaling), while ``n_steps``, ``log_interval_steps``, ``min_steps_learn`` and the logged frames count all ranks.
+Rank 0 evaluates, logs and checkpoints, with every rank's episodes and optimiser metrics in its rows.
 """
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -84,6 +49,7 @@ from tdrl.train.replicas import (
     broadcast_module_state,
     gather_to_main,
     replica_digest,
+    tensor_digest,
 )
 from tdrl.utils.distributed import rank, world_size
 from tdrl.utils.seeding import rng_state, set_rng_state
@@ -100,35 +66,25 @@ def shutdown(*collectors: Any) -> None:
 
 class SyncTrainer:
     """Alternate collection and optimisation with rlpyt's iteration, logging and evaluation semantics, on one
-    process or on every rank of a process group.
+    process or on every rank of a process group (see the module docstring).
 
     Args:
-        collector: yields ``[B, T]`` TensorDicts; ``frames_per_batch`` (or ``batch_B``·``batch_T``) gives the
-            frames per iteration unless ``frames_per_itr`` is passed. Under ddp, this rank's collector (seed it
-            with :func:`tdrl.utils.distributed.rank_seed`).
-        n_steps: total env frames to train for (all ranks; rounded up to a whole log interval of iterations).
-        log_interval_steps: env frames between log rows (and evaluations, and checkpoints by default).
-        run: a ``tdrl.log.Run`` (``log``, ``save_checkpoint``, ``load_checkpoint``, ``finish``) on rank 0 only;
-            ``None`` keeps rows in :attr:`history` only.
-        eval_collector: an evaluation collector (``evaluate()``), run at iteration 0 and at every log interval
-            (on rank 0). ``None`` reports online statistics of training episodes.
+        collector: a tdrl collector (``[B, T]`` batches, ``update_policy_weights_()``, ``traj_infos``,
+            ``shutdown()``, ``state_dict()``); under ddp this rank's, seeded with ``rank_seed``.
+        n_steps, log_interval_steps: env frames (all ranks) in total and between log rows (and evaluations).
+        run: a ``tdrl.log.Run`` on rank 0 only; ``None`` keeps rows in :attr:`history` only.
+        eval_collector: ``evaluate()`` returns whole greedy episodes; ``None`` reports online training episodes.
         replay: off-policy replay buffer; every batch is ``replay.extend``-ed before the loop body runs.
-        modules: the replicated modules (the loss module) whose gradients are averaged over the ranks; required
-            on more than one rank, unused on one.
+        modules: the replicated modules (the loss module) whose gradients ddp averages; unused on one rank.
         log_traj_window: completed training episodes kept for online statistics.
         frames_per_itr: frames per collector batch (this rank's), when the collector does not say.
-        replay_ratio: off-policy data reuse; with ``batch_size`` it sets :attr:`updates_per_itr`.
-        batch_size: minibatch size of one gradient update (off-policy; per rank).
-        min_steps_learn: env frames collected before the first update (:attr:`updates_due` is 0 until then).
-        checkpoint_state: named objects with ``state_dict``/``load_state_dict`` (models, optimizers, updaters,
-            schedules with state) or ``dumps``/``loads`` (replay buffers), saved in checkpoints and restored on
-            resume. Under ddp the ``dumps``/``loads`` ones are per rank: their ``state_dict`` (counters) is saved,
-            their data stays in each rank's scratch directory.
-        rank_state: objects that differ per rank (``state_dict``/``load_state_dict``), every rank's state saved.
+        replay_ratio, batch_size: off-policy data reuse and minibatch size (per rank): :attr:`updates_per_itr`.
+        min_steps_learn: env frames collected before the first update.
+        checkpoint_state: named objects with ``state_dict``/``load_state_dict`` (models, optimizers, updaters) or
+            ``dumps``/``loads`` (replay buffers), saved in checkpoints and restored on resume. Under ddp a
+            replay's ``state_dict`` (counters) is saved per rank; its data stays in the rank's scratch directory.
         checkpoint_interval_steps: env frames between checkpoints; 0 means at every log row.
         stop_return: stop early once the evaluation (or online) mean return reaches this (benchmarks).
-        broadcast_buffers: ddp: after every iteration copy rank 0's buffers of ``modules`` to all ranks (DDP's
-            default; e.g. observation-normalisation statistics).
     """
 
     def __init__(
@@ -147,10 +103,8 @@ class SyncTrainer:
         batch_size: int | None = None,
         min_steps_learn: int = 0,
         checkpoint_state: Mapping[str, Any] | None = None,
-        rank_state: Mapping[str, Any] | None = None,
         checkpoint_interval_steps: int = 0,
         stop_return: float | None = None,
-        broadcast_buffers: bool = True,
     ) -> None:
         self.rank, self.world_size = rank(), world_size()
         if run is not None and self.rank != 0:
@@ -172,10 +126,9 @@ class SyncTrainer:
         self.updates_per_itr = updates_per_iteration(replay_ratio, self.local_frames_per_itr, batch_size) \
             if replay_ratio else 1
         self.objects = CheckpointObjects(checkpoint_state)
-        per_rank = dict(rank_state or {})
+        per_rank = {}
         if self.world_size > 1:  # each rank has its own replay: its counters go with the rank's state
-            per_rank.update(self.objects.files)
-            self.objects.files = {}
+            per_rank, self.objects.files = self.objects.files, {}
         self.rank_objects = CheckpointObjects(per_rank, files=False)
         self.stop_return = stop_return
         self.book = Bookkeeper(run=run, frames_per_itr=self.frames_per_itr, log_traj_window=log_traj_window,
@@ -184,7 +137,6 @@ class SyncTrainer:
         self.stopped_early = False
         self._pending_trajs: list[dict[str, float]] = []  # this rank's episodes not yet gathered into a row
         self.modules = list(modules)
-        self.broadcast_buffers = broadcast_buffers
         self.grad_sync = None
         if self.world_size > 1:
             if not self.modules:
@@ -192,8 +144,6 @@ class SyncTrainer:
                                  "average over the ranks")
             broadcast_module_state(self.modules)  # every replica starts from rank 0's weights (DDP's constructor)
             self.grad_sync = GradientAllReduce(self.modules)
-
-    # --- What the recipe reads -------------------------------------------------------------------------------
 
     itr = book_counter("itr", "Collector iterations: the 0-based iteration inside the loop body, done ones outside.")
     frames = book_counter("frames", "Env frames collected (all ranks).")
@@ -211,13 +161,8 @@ class SyncTrainer:
         return self.book.summary(stopped_early=self.stopped_early, world_size=self.world_size)
 
     def record(self, metrics: Any = None, *, updates: int = 0) -> None:
-        """Store this iteration's optimiser metrics (summarised at the next log row) and count gradient updates.
-
-        Args:
-            metrics: a TensorDict or mapping of scalars, or a sequence of them (e.g. one per update); keys are
-                renamed by :func:`tdrl.utils.stats.metric_name` (``loss_x`` → ``loss/x``).
-            updates: gradient updates done this iteration (``CumUpdates``, replay ratio, updates/s).
-        """
+        """Store this iteration's optimiser metrics (a TensorDict/mapping or a list of them, summarised at the next
+        log row as ``loss_x`` -> ``loss/x_mean``...) and count its gradient updates."""
         self.book.record(metrics, updates=updates)
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -243,7 +188,7 @@ class SyncTrainer:
             batches = iter(self.collector)
             first = True
             while book.itr < self.n_itr and not self.stopped_early:
-                if not first and self.grad_sync is not None and self.broadcast_buffers:
+                if not first and self.grad_sync is not None:  # rank 0's buffers (DDP's default)
                     broadcast_module_state(self.modules, params=False)
                 # weights reach the collector's workers before every batch, also the first one after a resume
                 self.collector.update_policy_weights_()
@@ -290,9 +235,8 @@ class SyncTrainer:
     def _warn_if_ranks_collect_the_same(self, batch: TensorDictBase) -> None:
         if self.world_size == 1 or "observation" not in batch.keys():
             return
-        obs = batch["observation"].contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
         digests = [None] * self.world_size
-        dist.all_gather_object(digests, hashlib.blake2b(obs.tobytes(), digest_size=16).hexdigest())
+        dist.all_gather_object(digests, tensor_digest([batch["observation"]]))
         if len(set(digests)) == 1 and self.rank == 0:
             warnings.warn("every rank collected the same first batch: seed each rank's collector differently "
                           "(tdrl.utils.distributed.rank_seed), or the replicas average identical gradients",
@@ -302,7 +246,7 @@ class SyncTrainer:
         if self.world_size == 1:
             return
         digests = [None] * self.world_size
-        dist.all_gather_object(digests, replica_digest(self.modules, buffers=self.broadcast_buffers))
+        dist.all_gather_object(digests, replica_digest(self.modules, buffers=True))
         if len(set(digests)) != 1:
             raise ReplicaDivergenceError(
                 f"the replicated modules differ across ranks at iteration {self.book.itr} (digests {digests}); "
@@ -318,14 +262,7 @@ class SyncTrainer:
     def _maybe_resume(self) -> None:
         if self.resumed:
             return
-        if self.world_size == 1:
-            state = self.book.load_checkpoint(self.objects)
-        else:  # rank 0 reads the checkpoint, every rank restores from it
-            state = self.book.run.load_checkpoint() if self.book.run is not None else None
-            state = broadcast_from_main(state)
-            if state:
-                self.book.load_state_dict(state["trainer"])
-                self.objects.load_state_dict(state)
+        state = self.book.load_checkpoint(self.objects, share=broadcast_from_main)  # rank 0 reads, every rank restores
         if not state:
             return
         if state["world_size"] != self.world_size:
