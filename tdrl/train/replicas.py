@@ -79,21 +79,29 @@ class GradientAllReduce:
             raise ValueError("GradientAllReduce: the modules have no trainable parameters")
         self._order = {id(p): i for i, p in enumerate(self.params)}
         self._touched: set[int] = set()
-        self._queued = False
+        self._expected: set[int] | None = None  # the parameters this backward pass reaches, once all are computed
         self.reductions = 0
         self.reduce_s = 0.0  # wall time in the all-reduce, including waiting for the slowest rank
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
+        # A backward pass ends for these parameters when the last one it reaches has accumulated its gradient: the
+        # multi-grad hook says which ones it reaches (it fires before the last accumulation), the post-accumulate
+        # hooks say which ones are done.
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_accumulated) for p in self.params]
+        self._handles.append(torch.autograd.graph.register_multi_grad_hook(self.params, self._on_computed, mode="all"))
 
-    def _on_grad(self, param: torch.Tensor) -> None:
+    def _on_computed(self, grads: Sequence[torch.Tensor | None]) -> None:
+        self._expected = {i for i, grad in enumerate(grads) if grad is not None}
+        self._reduce_when_done()
+
+    def _on_accumulated(self, param: torch.Tensor) -> None:
         self._touched.add(self._order[id(param)])
-        if not self._queued:
-            self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._reduce)
+        self._reduce_when_done()
 
-    def _reduce(self) -> None:
-        touched = sorted(self._touched)
+    def _reduce_when_done(self) -> None:
+        if self._expected is None or not self._expected <= self._touched:
+            return
+        touched = sorted(self._expected)
         self._touched.clear()
-        self._queued = False
+        self._expected = None
         if not is_distributed() or world_size() == 1:
             return
         grads = [self.params[i].grad for i in touched if self.params[i].grad is not None]
