@@ -13,10 +13,20 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["MLP", "ObsNorm"]
+__all__ = ["MLP", "ObsNorm", "flat_obs_size"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 _FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "elu": F.elu, "silu": F.silu}
+
+
+def flat_obs_size(observation_spec) -> int:
+    """The size of a flat float observation, what an MLP torso reads; images (uint8 ``[C, H, W]``) and other shapes
+    raise ``ValueError``."""
+    shape = tuple(observation_spec.shape)
+    if len(shape) != 1 or observation_spec.dtype == torch.uint8:
+        raise ValueError(f"MLPs take flat float observations; this env's are {observation_spec.dtype} {shape} "
+                         "(uint8 [C, H, W] images need a convolutional torso, tdrl.models.conv)")
+    return shape[0]
 
 
 class MLP(nn.Sequential):

@@ -23,7 +23,7 @@ from torchrl.modules import IndependentNormal, LSTMModule, ProbabilisticActor, T
 
 from tdrl.envs.make import EnvSpecs
 from tdrl.models.acting import ObservationModule, ProbabilisticPolicy
-from tdrl.models.nets import MLP, ObsNorm
+from tdrl.models.nets import MLP, ObsNorm, flat_obs_size
 
 __all__ = ["ActorCritic", "GaussianHead", "make_actor_critic", "make_recurrent_actor_critic"]
 
@@ -68,18 +68,6 @@ class GaussianHead(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         loc = self.loc_net(x)
         return loc, self.log_std.exp().expand_as(loc)
-
-
-def _obs_size(specs: EnvSpecs) -> int:
-    shape = tuple(specs.observation_spec.shape)
-    if len(shape) != 1:
-        raise ValueError(
-            f"MLP actor-critics take flat observations; this env's observation shape is {shape} "
-            "(image observations need a convolutional torso, tdrl.models.conv)"
-        )
-    if specs.observation_spec.dtype == torch.uint8:
-        raise ValueError("uint8 (image) observations need a convolutional torso that scales by 1/255")
-    return shape[0]
 
 
 def _resolve_distribution(specs: EnvSpecs, distribution: Distribution) -> str:
@@ -130,7 +118,7 @@ def make_actor_critic(specs: EnvSpecs, *, hidden_sizes: Sequence[int] = (64, 64)
     Raises:
         ValueError: image or multi-dimensional observations, or a distribution that does not fit the actions.
     """
-    obs_size = _obs_size(specs)
+    obs_size = flat_obs_size(specs.observation_spec)
     dist = _resolve_distribution(specs, distribution)
     obs_norm = ObsNorm(obs_size) if normalize_observation else None
     pre = [obs_norm] if obs_norm is not None else []
@@ -149,7 +137,7 @@ def make_recurrent_actor_critic(specs: EnvSpecs, *, hidden_sizes: Sequence[int] 
     """MLP embedding (``hidden_sizes``) -> LSTM core (``lstm_size``, shared) -> policy and value heads, with stored
     recurrent state; other arguments as :func:`make_actor_critic`.
     """
-    obs_size = _obs_size(specs)
+    obs_size = flat_obs_size(specs.observation_spec)
     dist = _resolve_distribution(specs, distribution)
     obs_norm = ObsNorm(obs_size) if normalize_observation else None
     torso = MLP(obs_size, None, hidden_sizes, activation)

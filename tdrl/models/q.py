@@ -16,6 +16,7 @@ from torchrl.modules import MLP, DistributionalQValueActor, QValueActor, TanhNor
 
 from tdrl.models.acting import Inputs, ObservationModule, Outputs, ProbabilisticPolicy
 from tdrl.models.conv import AtariConv
+from tdrl.models.nets import flat_obs_size
 
 __all__ = [
     "DuelingHead", "LogStdGaussianParams", "QActor", "QNetwork", "ScaledTanh", "StateActionValue", "TwinQ",
@@ -99,14 +100,6 @@ def _is_image(spec: TensorSpec) -> bool:
     return spec.dtype == torch.uint8 and len(spec.shape) == 3
 
 
-def _obs_dim(spec: TensorSpec) -> int:
-    if len(spec.shape) != 1:
-        raise ValueError(
-            f"vector observations must be 1-D, got shape {tuple(spec.shape)}; images must be uint8 [C, H, W]"
-        )
-    return int(spec.shape[0])
-
-
 class QActor(QValueActor):
     """TorchRL's greedy ``QValueActor`` (categorical actions), acting on tensors too (:mod:`tdrl.models.acting`)."""
 
@@ -140,8 +133,8 @@ def make_q_actor(specs, *, hidden_sizes: Sequence[int] = (64, 64), dueling: bool
         head_sizes: Sequence[int] = (512,)
     else:
         hidden = list(hidden_sizes)
-        torso = _mlp(_obs_dim(obs_spec), hidden[-1], hidden[:-1], activate_last=True) if hidden else nn.Identity()
-        feature_size = hidden[-1] if hidden else _obs_dim(obs_spec)
+        torso = _mlp(flat_obs_size(obs_spec), hidden[-1], hidden[:-1], activate_last=True) if hidden else nn.Identity()
+        feature_size = hidden[-1] if hidden else flat_obs_size(obs_spec)
         head_sizes = ()
     net = QNetwork(torso, feature_size, n_actions, head_sizes, dueling=dueling, n_atoms=n_atoms)
     action_spec = Categorical(n_actions, shape=(), dtype=torch.int64)
@@ -256,13 +249,13 @@ def make_twin_q(
     Discrete actions raise ``ValueError``."""
     low, high = _bounds(specs)
     bounds = (low, high) if normalize_action else (None, None)
-    return TwinQ(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes, n_critics, *bounds)
+    return TwinQ(flat_obs_size(specs.observation_spec), low.numel(), hidden_sizes, n_critics, *bounds)
 
 
 def make_q_critic(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> ValueOperator:
     """``Q(s, a)`` critic for TorchRL's losses: ``observation``, ``action`` -> ``state_action_value``."""
     low, _ = _bounds(specs)
-    net = StateActionValue(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes)
+    net = StateActionValue(flat_obs_size(specs.observation_spec), low.numel(), hidden_sizes)
     return ValueOperator(net, in_keys=["observation", "action"], out_keys=["state_action_value"])
 
 
@@ -271,7 +264,7 @@ def make_deterministic_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256))
     ``action``; exploration noise is a separate module (:func:`tdrl.models.exploration.make_gaussian_noise`).
     """
     low, high = _bounds(specs)
-    net = nn.Sequential(_mlp(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes), ScaledTanh(low, high))
+    net = nn.Sequential(_mlp(flat_obs_size(specs.observation_spec), low.numel(), hidden_sizes), ScaledTanh(low, high))
     return ObservationModule(net)
 
 
@@ -299,6 +292,7 @@ def make_tanh_gaussian_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256))
     log-std (:class:`LogStdGaussianParams`). Discrete actions raise ``ValueError``.
     """
     low, high = _bounds(specs)
-    net = nn.Sequential(_mlp(_obs_dim(specs.observation_spec), 2 * low.numel(), hidden_sizes), LogStdGaussianParams())
+    mlp = _mlp(flat_obs_size(specs.observation_spec), 2 * low.numel(), hidden_sizes)
+    net = nn.Sequential(mlp, LogStdGaussianParams())
     return ProbabilisticPolicy(net, ["loc", "scale"], specs.action_spec, TanhNormal, {"low": low, "high": high},
                                return_log_prob=False)
