@@ -206,15 +206,8 @@ class TwinQ(nn.Module):
     ``action_low``/``action_high`` the critics read actions rescaled to [-1, 1].
     """
 
-    def __init__(
-        self,
-        obs_dim: int,
-        action_dim: int,
-        hidden_sizes: Sequence[int] = (256, 256),
-        n_critics: int = 2,
-        action_low: torch.Tensor | None = None,
-        action_high: torch.Tensor | None = None,
-    ):
+    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: Sequence[int] = (256, 256), n_critics: int = 2,
+            action_low: torch.Tensor | None = None, action_high: torch.Tensor | None = None) -> None:
         super().__init__()
         low = torch.full((action_dim,), -1.0) if action_low is None else torch.as_tensor(action_low).float()
         high = torch.full((action_dim,), 1.0) if action_high is None else torch.as_tensor(action_high).float()

@@ -30,14 +30,8 @@ class FusedDQNLoss(LossModule):
 
     out_keys = ["loss"]
 
-    def __init__(
-        self,
-        q_actor: QValueActor,
-        *,
-        gamma: float = 0.99,
-        double_dqn: bool = False,
-        loss_function: Literal["huber", "mse"] = "huber",
-    ) -> None:
+    def __init__(self, q_actor: QValueActor, *, gamma: float = 0.99, double_dqn: bool = False,
+            loss_function: Literal["huber", "mse"] = "huber") -> None:
         super().__init__()
         if not isinstance(q_actor, QValueActor):
             raise ValueError(f"FusedDQNLoss needs a QValueActor (make_q_actor), got {type(q_actor).__name__}")
@@ -65,14 +59,9 @@ class FusedDQNLoss(LossModule):
         return TensorDict(loss=weighted_mean(per_sample, sample))
 
 
-def make_dqn_loss(
-    q_actor: torch.nn.Module,
-    *,
-    gamma: float = 0.99,
-    double_dqn: bool = False,
-    loss_function: Literal["huber", "mse"] = "huber",
-    fused: bool = True,
-) -> FusedDQNLoss | DQNLoss | DistributionalDQNLoss:
+def make_dqn_loss(q_actor: torch.nn.Module, *, gamma: float = 0.99, double_dqn: bool = False,
+        loss_function: Literal["huber", "mse"] = "huber",
+        fused: bool = True) -> FusedDQNLoss | DQNLoss | DistributionalDQNLoss:
     """The DQN loss for a Q actor from :func:`tdrl.models.q.make_q_actor`, categorical when the actor is.
 
     Args:

@@ -27,15 +27,8 @@ class PPOLoss(LossModule):
     """Clipped PPO loss for a feed-forward :class:`~tdrl.models.ActorCritic`; see the module docstring.
     ``clip_epsilon`` is a buffer (schedulable, like TorchRL's)."""
 
-    def __init__(
-        self,
-        model: ActorCritic,
-        *,
-        clip_epsilon: float,
-        critic_coeff: float,
-        entropy_coeff: float,
-        normalize_advantage: bool = False,
-    ) -> None:
+    def __init__(self, model: ActorCritic, *, clip_epsilon: float, critic_coeff: float, entropy_coeff: float,
+            normalize_advantage: bool = False) -> None:
         super().__init__()
         if model.recurrent:
             raise ValueError("PPOLoss is for feed-forward models; use make_ppo_loss")
@@ -72,14 +65,8 @@ class PPOLoss(LossModule):
         return out
 
 
-def make_ppo_loss(
-    model: ActorCritic,
-    *,
-    clip_epsilon: float,
-    critic_coeff: float,
-    entropy_coeff: float,
-    normalize_advantage: bool,
-) -> LossModule:
+def make_ppo_loss(model: ActorCritic, *, clip_epsilon: float, critic_coeff: float, entropy_coeff: float,
+        normalize_advantage: bool) -> LossModule:
     """PPO loss: :class:`PPOLoss` for feed-forward models, TorchRL's ``ClipPPOLoss`` for recurrent ones."""
     if model.recurrent:
         return ClipPPOLoss(model.actor, model.critic, clip_epsilon=clip_epsilon, entropy_coeff=entropy_coeff,

@@ -51,16 +51,9 @@ class FusedSACLoss(LossModule):
 
     out_keys = ["loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy"]
 
-    def __init__(
-        self,
-        actor: ProbabilisticTensorDictSequential,
-        critic: TwinQ,
-        *,
-        gamma: float = 0.99,
-        alpha_init: float = 1.0,
-        fixed_alpha: bool = False,
-        target_entropy: float | Literal["auto"] = "auto",
-    ) -> None:
+    def __init__(self, actor: ProbabilisticTensorDictSequential, critic: TwinQ, *, gamma: float = 0.99,
+            alpha_init: float = 1.0, fixed_alpha: bool = False,
+            target_entropy: float | Literal["auto"] = "auto") -> None:
         super().__init__()
         head = actor[-1] if isinstance(actor, ProbabilisticTensorDictSequential) else None
         if head is None or getattr(head, "distribution_class", None) is not TanhNormal:

@@ -41,17 +41,9 @@ class FusedTD3Loss(LossModule):
 
     out_keys = ["loss_actor", "loss_qvalue"]
 
-    def __init__(
-        self,
-        actor: TensorDictModule,
-        critic: TwinQ,
-        *,
-        action_low: torch.Tensor | None = None,
-        action_high: torch.Tensor | None = None,
-        gamma: float = 0.99,
-        policy_noise: float = 0.2,
-        noise_clip: float = 0.5,
-    ) -> None:
+    def __init__(self, actor: TensorDictModule, critic: TwinQ, *, action_low: torch.Tensor | None = None,
+            action_high: torch.Tensor | None = None, gamma: float = 0.99, policy_noise: float = 0.2,
+            noise_clip: float = 0.5) -> None:
         super().__init__()
         if not isinstance(actor, TensorDictModule) or list(actor.in_keys) != ["observation"]:
             raise ValueError("FusedTD3Loss needs a TensorDictModule actor reading 'observation' "

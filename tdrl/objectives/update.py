@@ -102,14 +102,8 @@ class Updater:
         loss_keys: the loss terms summed into the objective; default every key starting with ``loss_``.
     """
 
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        *,
-        max_grad_norm: float | None = None,
-        target_update: TargetUpdate | None = None,
-        loss_keys: Sequence[str] | None = None,
-    ) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, *, max_grad_norm: float | None = None,
+            target_update: TargetUpdate | None = None, loss_keys: Sequence[str] | None = None) -> None:
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
         self.target_update = target_update
