@@ -1,11 +1,9 @@
 """Exploration for the Q-learning families: epsilon-greedy and Gaussian action noise, both acting on tensors too.
 
-Both follow TorchRL's convention: they explore under ``ExplorationType.RANDOM`` and step aside under any other
-type (evaluation), so an evaluator needs no second policy. :class:`EpsilonGreedy` is tdrl's own because TorchRL's
-``EGreedyModule`` has a scalar epsilon only and anneals from frame 0; rlpyt's semantics are kept: ``eps_init`` until
-``start_frames``, then linear to ``eps_final`` at ``end_frames``; vector epsilon (Ape-X, ``eps_final_min``:
-per-env final values log-spaced up to ``eps_final``); evaluation with ``eps_eval`` (0.001, so a deterministic policy
-cannot loop forever).
+Both explore under TorchRL's ``ExplorationType.RANDOM`` and step aside under any other type (evaluation), so an
+evaluator needs no second policy. :class:`EpsilonGreedy` is tdrl's own because TorchRL's ``EGreedyModule`` has a
+scalar epsilon only and anneals from frame 0, where rlpyt holds it, anneals per env (Ape-X) and evaluates with a
+small ``eps_eval`` (so a deterministic policy cannot loop forever).
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ import math
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
-from tensordict.utils import NestedKey
 from torchrl.envs.utils import ExplorationType, exploration_type
 
 from tdrl.models.acting import Inputs, Outputs
@@ -26,10 +23,8 @@ ENV_INDEX_KEY = ("collector", "env_index")
 
 
 def vector_epsilon(n_envs: int, eps_final: float, eps_final_min: float | None) -> torch.Tensor:
-    """Per-env final epsilons, log-spaced from ``eps_final_min`` (env 0) to ``eps_final`` (env n-1).
-
-    With ``eps_final_min=None`` every env gets ``eps_final``.
-    """
+    """Per-env final epsilons, log-spaced from ``eps_final_min`` (env 0) to ``eps_final`` (env n-1); all
+    ``eps_final`` with ``eps_final_min=None``."""
     if eps_final_min is None or n_envs == 1:
         return torch.full((n_envs,), float(eps_final))
     if not 0 < eps_final_min <= eps_final:
@@ -51,19 +46,18 @@ def linear_epsilon(
 
 
 class EpsilonGreedy(TensorDictModuleBase):
-    """Replace the greedy ``action`` by a uniform random action with probability epsilon, per env; append it to a
-    greedy Q actor: ``ActingSequential(q_actor, EpsilonGreedy(n_actions, ...))``.
+    """Replace the greedy ``action`` by a uniform random action with probability epsilon, per env, after a greedy
+    Q actor: ``chain_policy(q_actor, EpsilonGreedy(n_actions, ...))``.
 
     Epsilon is ``eps_init`` until ``start_frames`` (rlpyt's ``min_steps_learn``), then linear to ``eps_final`` at
-    ``end_frames``; with ``eps_final_min``, env ``i`` of ``n_envs`` anneals to its own final value (vector epsilon), and
-    the module also reads ``("collector", "env_index")`` (tdrl's collectors provide it) so a worker's copy acting for a
-    slice of the envs uses their epsilons. ``eps_eval`` applies under any exploration type but RANDOM. Epsilon lives in
-    a buffer (``eps``): it travels with ``state_dict()`` and weight syncs; :meth:`set_frames` moves it along.
+    ``end_frames``; with ``eps_final_min``, env ``i`` of ``n_envs`` anneals to its own final value (vector epsilon)
+    and the module reads ``("collector", "env_index")``, so a worker's copy acting for a slice of the envs uses their
+    epsilons. Epsilon is a buffer (``eps``), so it travels with ``state_dict()`` and weight syncs.
     """
 
     def __init__(self, n_actions: int, *, eps_init: float = 1.0, eps_final: float = 0.01,
             eps_final_min: float | None = None, n_envs: int = 1, start_frames: int = 0, end_frames: int = 1_000_000,
-            eps_eval: float = 0.001, action_key: NestedKey = "action") -> None:
+            eps_eval: float = 0.001) -> None:
         super().__init__()
         if n_actions < 1:
             raise ValueError(f"n_actions must be >= 1, got {n_actions}")
@@ -71,9 +65,8 @@ class EpsilonGreedy(TensorDictModuleBase):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
         self.vector = eps_final_min is not None
-        self.in_keys = [action_key, ENV_INDEX_KEY] if self.vector else [action_key]
-        self.out_keys = [action_key]
-        self.action_key = action_key
+        self.in_keys = ["action", ENV_INDEX_KEY] if self.vector else ["action"]
+        self.out_keys = ["action"]
         self.n_actions = int(n_actions)
         self.start_frames, self.end_frames = int(start_frames), int(end_frames)
         final = vector_epsilon(n_envs, eps_final, eps_final_min) if self.vector else torch.tensor(float(eps_final))
@@ -105,11 +98,11 @@ class EpsilonGreedy(TensorDictModuleBase):
         return action
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        action = self.explore(tensordict.get(self.action_key), _deterministic(), tensordict.get(ENV_INDEX_KEY, None))
-        return tensordict.set(self.action_key, action)
+        action = self.explore(tensordict.get("action"), _deterministic(), tensordict.get(ENV_INDEX_KEY, None))
+        return tensordict.set("action", action)
 
     def act(self, observation: torch.Tensor, inputs: Inputs, *, deterministic: bool) -> Outputs:
-        return {self.action_key: self.explore(inputs[self.action_key], deterministic, inputs.get(ENV_INDEX_KEY))}
+        return {"action": self.explore(inputs["action"], deterministic, inputs.get(ENV_INDEX_KEY))}
 
 
 def _deterministic() -> bool:
@@ -122,9 +115,9 @@ class GaussianNoise(TensorDictModuleBase):
     ``[low, high]``, under RANDOM exploration only.
     """
 
-    def __init__(self, std: torch.Tensor, low: torch.Tensor, high: torch.Tensor, action_key: NestedKey = "action"):
+    def __init__(self, std: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> None:
         super().__init__()
-        self.in_keys, self.out_keys, self.action_key = [action_key], [action_key], action_key
+        self.in_keys, self.out_keys = ["action"], ["action"]
         self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32))
         self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
         self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
@@ -135,18 +128,17 @@ class GaussianNoise(TensorDictModuleBase):
         return torch.clamp(action + torch.randn_like(action) * self.std, self.low, self.high)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        return tensordict.set(self.action_key, self.add_noise(tensordict.get(self.action_key), _deterministic()))
+        return tensordict.set("action", self.add_noise(tensordict.get("action"), _deterministic()))
 
     def act(self, observation: torch.Tensor, inputs: Inputs, *, deterministic: bool) -> Outputs:
-        return {self.action_key: self.add_noise(inputs[self.action_key], deterministic)}
+        return {"action": self.add_noise(inputs["action"], deterministic)}
 
 
-def make_gaussian_noise(specs, *, std: float = 0.1, action_key: NestedKey = "action") -> GaussianNoise:
+def make_gaussian_noise(specs, *, std: float = 0.1) -> GaussianNoise:
     """Additive Gaussian exploration noise for deterministic policies (DDPG, TD3), clipped to the action box.
 
-    The noise std is ``std`` times the half-width of the action box, so ``std=0.1`` means 10 % of the range
-    whatever the env's units (rlpyt's ``action_std`` on a [-1, 1] box; SB3's ``NormalActionNoise``), constant over
-    training as in rlpyt and the TD3 paper.
+    Its std is ``std`` times the half-width of the box whatever the env's units (rlpyt's ``action_std`` on a
+    [-1, 1] box), constant over training as in rlpyt and the TD3 paper.
     """
     spec = specs.action_spec
     if not spec.dtype.is_floating_point or not hasattr(spec.space, "low"):
@@ -154,4 +146,4 @@ def make_gaussian_noise(specs, *, std: float = 0.1, action_key: NestedKey = "act
             f"Gaussian action noise needs a bounded continuous action space, got {type(spec).__name__}"
         )
     low, high = spec.space.low.float(), spec.space.high.float()
-    return GaussianNoise(std * (high - low) / 2, low, high, action_key)
+    return GaussianNoise(std * (high - low) / 2, low, high)

@@ -13,18 +13,20 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["MLP", "ObsNorm", "activation_class"]
+__all__ = ["MLP", "ObsNorm", "flat_obs_size"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 _FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "elu": F.elu, "silu": F.silu}
 
 
-def activation_class(name: str) -> type[nn.Module]:
-    """``"tanh"`` → ``nn.Tanh`` (also relu, elu, silu); unknown names raise naming the valid ones."""
-    try:
-        return _ACTIVATIONS[name]
-    except KeyError:
-        raise ValueError(f"unknown activation '{name}'; choose one of {sorted(_ACTIVATIONS)}") from None
+def flat_obs_size(observation_spec) -> int:
+    """The size of a flat float observation, what an MLP torso reads; images (uint8 ``[C, H, W]``) and other shapes
+    raise ``ValueError``."""
+    shape = tuple(observation_spec.shape)
+    if len(shape) != 1 or observation_spec.dtype == torch.uint8:
+        raise ValueError(f"MLPs take flat float observations; this env's are {observation_spec.dtype} {shape} "
+                         "(uint8 [C, H, W] images need a convolutional torso, tdrl.models.conv)")
+    return shape[0]
 
 
 class MLP(nn.Sequential):
@@ -38,7 +40,9 @@ class MLP(nn.Sequential):
 
     def __init__(self, in_features: int, out_features: int | None, hidden_sizes: Sequence[int] = (64, 64),
             activation: str = "tanh", output_gain: float = 1.0) -> None:
-        act = activation_class(activation)
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"unknown activation '{activation}'; choose one of {sorted(_ACTIVATIONS)}")
+        act = _ACTIVATIONS[activation]
         layers: list[nn.Module] = []
         size = in_features
         for width in hidden_sizes:

@@ -1,16 +1,14 @@
 """Actor-critic factories for policy-gradient algorithms, built from env specs.
 
-:class:`ActorCritic` holds ``actor`` (a :class:`~tdrl.models.acting.ProbabilisticPolicy` writing ``action``,
-``action_log_prob`` and its distribution parameters), ``critic`` (``observation`` -> ``state_value``), ``greedy``
-(the actor in deterministic mode, sharing its parameters, for evaluation) and ``obs_norm``. Discrete actions use a
-``Categorical`` over logits; continuous ones a Gaussian with a state-independent learned log-std (rlpyt's
-``MujocoFfModel``), ``"normal"`` or ``"tanh_normal"`` (squashed into the action bounds).
+The actor writes ``action``, ``action_log_prob`` and its distribution parameters: a ``Categorical`` over logits for
+discrete actions, for continuous ones a Gaussian with a state-independent learned log-std (rlpyt's
+``MujocoFfModel``), ``"normal"`` or ``"tanh_normal"`` (squashed into the action bounds). The critic writes
+``state_value``.
 
 :func:`make_recurrent_actor_critic` puts TorchRL's ``LSTMModule`` between an MLP embedding and the heads (rlpyt's
 ``MujocoLstmModel``). It reads ``is_init`` and ``("recurrent_state", "h" | "c")`` and writes ``("next",
-"recurrent_state", "h" | "c")``, the convention tdrl's collectors follow; under
-``torchrl.modules.set_recurrent_mode(True)`` a ``[B, T]`` batch is replayed as B sequences from the state stored at
-t=0, which is how recurrent PPO/A2C train. Recurrent actors run on TensorDicts (no ``act``).
+"recurrent_state", "h" | "c")``, the convention tdrl's collectors follow; under ``set_recurrent_mode(True)`` a
+``[B, T]`` batch is replayed as B sequences from the state stored at t=0. Recurrent actors have no ``act``.
 """
 
 from __future__ import annotations
@@ -21,16 +19,11 @@ from typing import Literal
 import torch
 from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequential
 from torch import nn
-from torchrl.modules import (
-    IndependentNormal,
-    LSTMModule,
-    ProbabilisticActor,
-    TanhNormal,
-)
+from torchrl.modules import IndependentNormal, LSTMModule, ProbabilisticActor, TanhNormal
 
 from tdrl.envs.make import EnvSpecs
 from tdrl.models.acting import ObservationModule, ProbabilisticPolicy
-from tdrl.models.nets import MLP, ObsNorm
+from tdrl.models.nets import MLP, ObsNorm, flat_obs_size
 
 __all__ = ["ActorCritic", "GaussianHead", "make_actor_critic", "make_recurrent_actor_critic"]
 
@@ -77,18 +70,6 @@ class GaussianHead(nn.Module):
         return loc, self.log_std.exp().expand_as(loc)
 
 
-def _obs_size(specs: EnvSpecs) -> int:
-    shape = tuple(specs.observation_spec.shape)
-    if len(shape) != 1:
-        raise ValueError(
-            f"MLP actor-critics take flat observations; this env's observation shape is {shape} "
-            "(image observations need a convolutional torso, tdrl.models.conv)"
-        )
-    if specs.observation_spec.dtype == torch.uint8:
-        raise ValueError("uint8 (image) observations need a convolutional torso that scales by 1/255")
-    return shape[0]
-
-
 def _resolve_distribution(specs: EnvSpecs, distribution: Distribution) -> str:
     if distribution == "auto":
         return "categorical" if specs.discrete else "tanh_normal"
@@ -126,20 +107,20 @@ def _policy_head(in_features: int, specs: EnvSpecs, dist: str, hidden: Sequence[
 
 
 def make_actor_critic(specs: EnvSpecs, *, hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh",
-        distribution: Distribution = "auto", init_log_std: float = 0.0, normalize_observation: bool = False,
-        norm_obs_clip: float = 10.0) -> ActorCritic:
+        distribution: Distribution = "auto", init_log_std: float = 0.0,
+        normalize_observation: bool = False) -> ActorCritic:
     """Feed-forward actor and critic MLPs (separate networks, ``hidden_sizes`` each) for flat observations.
 
     ``distribution``: ``auto`` (categorical for discrete, tanh_normal for continuous actions) or an explicit one that
     fits the action space; ``init_log_std`` of Gaussian policies; ``normalize_observation`` reads observations through
-    a shared running :class:`ObsNorm` clipped at ``norm_obs_clip``.
+    a shared running :class:`ObsNorm`.
 
     Raises:
         ValueError: image or multi-dimensional observations, or a distribution that does not fit the actions.
     """
-    obs_size = _obs_size(specs)
+    obs_size = flat_obs_size(specs.observation_spec)
     dist = _resolve_distribution(specs, distribution)
-    obs_norm = ObsNorm(obs_size, clip=norm_obs_clip) if normalize_observation else None
+    obs_norm = ObsNorm(obs_size) if normalize_observation else None
     pre = [obs_norm] if obs_norm is not None else []
     head, _ = _policy_head(obs_size, specs, dist, hidden_sizes, activation, init_log_std)
     policy_net = nn.Sequential(*pre, head) if pre else head
@@ -152,13 +133,13 @@ def make_actor_critic(specs: EnvSpecs, *, hidden_sizes: Sequence[int] = (64, 64)
 
 def make_recurrent_actor_critic(specs: EnvSpecs, *, hidden_sizes: Sequence[int] = (64,), lstm_size: int = 64,
         activation: str = "tanh", distribution: Distribution = "auto", init_log_std: float = 0.0,
-        normalize_observation: bool = False, norm_obs_clip: float = 10.0) -> ActorCritic:
+        normalize_observation: bool = False) -> ActorCritic:
     """MLP embedding (``hidden_sizes``) -> LSTM core (``lstm_size``, shared) -> policy and value heads, with stored
     recurrent state; other arguments as :func:`make_actor_critic`.
     """
-    obs_size = _obs_size(specs)
+    obs_size = flat_obs_size(specs.observation_spec)
     dist = _resolve_distribution(specs, distribution)
-    obs_norm = ObsNorm(obs_size, clip=norm_obs_clip) if normalize_observation else None
+    obs_norm = ObsNorm(obs_size) if normalize_observation else None
     torso = MLP(obs_size, None, hidden_sizes, activation)
     embed = TensorDictModule(nn.Sequential(obs_norm, torso) if obs_norm is not None else torso,
                              ["observation"], ["embed"])

@@ -1,47 +1,27 @@
 """Q-networks and the actors/critics of the Q-learning families (DQN, C51, DDPG, TD3, SAC).
 
-Plain ``nn.Module`` networks plus ``make_*`` factories wrapping them in the TorchRL modules TorchRL's losses expect:
-:func:`make_q_actor` (``observation`` -> ``action``, ``action_value``, ``chosen_action_value``; C51's
-``action_value`` holds log-probabilities ``[*batch, n_atoms, n_actions]``), :func:`make_q_critic` (``observation``,
-``action`` -> ``state_action_value``), :func:`make_deterministic_actor` (``observation`` -> ``action``) and
-:func:`make_tanh_gaussian_actor` (``observation`` -> ``loc``, ``scale``, ``action``). Image observations (uint8
-``[C, H, W]``) get the :class:`~tdrl.models.conv.AtariConv` torso; vector observations an MLP torso.
+Plain ``nn.Module`` networks plus ``make_*`` factories wrapping them in the TorchRL modules TorchRL's losses expect
+(keys in each factory's docstring). Image observations (uint8 ``[C, H, W]``) get the
+:class:`~tdrl.models.conv.AtariConv` torso, vector observations an MLP torso.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
-from tensordict.nn import NormalParamExtractor
 from torch import nn
 from torchrl.data import Bounded, Categorical, OneHot, TensorSpec
-from torchrl.modules import (
-    MLP,
-    DistributionalQValueActor,
-    QValueActor,
-    TanhNormal,
-    ValueOperator,
-)
+from torchrl.modules import MLP, DistributionalQValueActor, QValueActor, TanhNormal, ValueOperator
 
 from tdrl.models.acting import Inputs, ObservationModule, Outputs, ProbabilisticPolicy
 from tdrl.models.conv import AtariConv
+from tdrl.models.nets import flat_obs_size
 
 __all__ = [
-    "DuelingHead",
-    "LogStdGaussianParams",
-    "QActor",
-    "QNetwork",
-    "ScaledTanh",
-    "StateActionValue",
-    "TwinQ",
+    "DuelingHead", "LogStdGaussianParams", "QActor", "QNetwork", "ScaledTanh", "StateActionValue", "TwinQ",
+    "make_deterministic_actor", "make_q_actor", "make_q_critic", "make_tanh_gaussian_actor", "make_twin_q",
     "stacked_mlp",
-    "make_deterministic_actor",
-    "make_q_actor",
-    "make_q_critic",
-    "make_tanh_gaussian_actor",
-    "make_twin_q",
 ]
 
 
@@ -69,10 +49,9 @@ def _mlp(in_features: int, out_features: int, hidden_sizes: Sequence[int], activ
 
 
 class DuelingHead(nn.Module):
-    """Dueling head: ``Q = V + (A - mean_a A)``, optionally over atoms (rlpyt's ``DuelingHeadModel``: one advantage
-    bias shared by all actions, the torso's gradient scaled by ``grad_scale`` as two streams backpropagate into it).
-    ``hidden_sizes`` are each stream's hidden layers. Output ``[*batch, n_actions]``, or ``[*batch, n_atoms,
-    n_actions]`` logits for ``n_atoms > 1``.
+    """Dueling head ``Q = V + (A - mean_a A)``, optionally over atoms, as rlpyt's ``DuelingHeadModel``: one advantage
+    bias shared by all actions, the torso's gradient scaled by ``grad_scale`` (two streams backpropagate into it).
+    Output ``[*batch, n_actions]``, or ``[*batch, n_atoms, n_actions]`` logits for ``n_atoms > 1``.
     """
 
     def __init__(self, in_features: int, n_actions: int, hidden_sizes: Sequence[int] = (), n_atoms: int = 1,
@@ -121,14 +100,6 @@ def _is_image(spec: TensorSpec) -> bool:
     return spec.dtype == torch.uint8 and len(spec.shape) == 3
 
 
-def _obs_dim(spec: TensorSpec) -> int:
-    if len(spec.shape) != 1:
-        raise ValueError(
-            f"vector observations must be 1-D, got shape {tuple(spec.shape)}; images must be uint8 [C, H, W]"
-        )
-    return int(spec.shape[0])
-
-
 class QActor(QValueActor):
     """TorchRL's greedy ``QValueActor`` (categorical actions), acting on tensors too (:mod:`tdrl.models.acting`)."""
 
@@ -138,25 +109,14 @@ class QActor(QValueActor):
         return {"action": action, "action_value": values, "chosen_action_value": values.gather(-1, action[..., None])}
 
 
-def make_q_actor(
-    specs,
-    *,
-    hidden_sizes: Sequence[int] = (64, 64),
-    head_sizes: Sequence[int] = (),
-    dueling: bool = False,
-    n_atoms: int = 1,
-    v_min: float = -10.0,
-    v_max: float = 10.0,
-) -> QActor | DistributionalQValueActor:
+def make_q_actor(specs, *, hidden_sizes: Sequence[int] = (64, 64), dueling: bool = False, n_atoms: int = 1,
+        v_min: float = -10.0, v_max: float = 10.0) -> QActor | DistributionalQValueActor:
     """Greedy Q-value actor for DQN (``n_atoms == 1``, a :class:`QActor` writing ``action``, ``action_value`` and
     ``chosen_action_value``) or C51 (TorchRL's ``DistributionalQValueActor``; ``action_value`` holds log-probabilities
-    over atoms ``v_min..v_max``).
+    ``[*batch, n_atoms, n_actions]`` over atoms ``v_min..v_max``).
 
-    ``hidden_sizes`` are the MLP torso of vector observations (images get :class:`AtariConv`); ``head_sizes`` the
-    hidden layers after the torso (``(512,)`` for images by default, as rlpyt's Atari model).
-
-    Raises:
-        ValueError: continuous action space, or bad atom settings.
+    ``hidden_sizes`` are the MLP torso of vector observations; images get :class:`AtariConv` and one 512-wide hidden
+    layer after it, as rlpyt's Atari model. Raises ``ValueError`` for continuous actions or bad atom settings.
     """
     if not isinstance(specs.action_spec, (Categorical, OneHot)) or len(specs.action_spec.shape) > 0:
         raise ValueError(
@@ -170,11 +130,12 @@ def make_q_actor(
     if _is_image(obs_spec):
         torso: nn.Module = AtariConv(obs_spec.shape)
         feature_size = torso.output_size
-        head_sizes = head_sizes or (512,)
+        head_sizes: Sequence[int] = (512,)
     else:
         hidden = list(hidden_sizes)
-        torso = _mlp(_obs_dim(obs_spec), hidden[-1], hidden[:-1], activate_last=True) if hidden else nn.Identity()
-        feature_size = hidden[-1] if hidden else _obs_dim(obs_spec)
+        torso = _mlp(flat_obs_size(obs_spec), hidden[-1], hidden[:-1], activate_last=True) if hidden else nn.Identity()
+        feature_size = hidden[-1] if hidden else flat_obs_size(obs_spec)
+        head_sizes = ()
     net = QNetwork(torso, feature_size, n_actions, head_sizes, dueling=dueling, n_atoms=n_atoms)
     action_spec = Categorical(n_actions, shape=(), dtype=torch.int64)
     if n_atoms == 1:
@@ -237,32 +198,16 @@ def stacked_mlp(params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor
 
 
 class TwinQ(nn.Module):
-    """``n`` critics ``Q_i(s, a)`` (ReLU MLPs on ``[s, a]``) as one module with stacked parameters.
+    """``n_critics`` critics ``Q_i(s, a)`` (ReLU MLPs on ``[s, a]``) as one module with stacked parameters:
+    ``forward(observation, action)`` is ``[n_critics, *batch, 1]``.
 
-    Used by :class:`tdrl.objectives.sac.FusedSACLoss`: both critics run as one batched matmul per layer, and the
-    loss evaluates them with online, target or detached parameters without swapping module state. Each member is
-    initialised like an independent ``nn.Linear`` stack.
-
-    Args:
-        obs_dim: observation size.
-        action_dim: action size.
-        hidden_sizes: hidden widths.
-        n_critics: number of critics (2 for clipped double-Q).
-        action_low: action box low; with ``action_high`` the critics read actions rescaled to [-1, 1].
-        action_high: action box high.
-
-    Output of ``forward(observation, action)``: ``[n_critics, *batch, 1]``.
+    The fused losses run all critics as one batched matmul per layer, with online, target or detached parameters,
+    without swapping module state. Each member is initialised like an independent ``nn.Linear`` stack. With
+    ``action_low``/``action_high`` the critics read actions rescaled to [-1, 1].
     """
 
-    def __init__(
-        self,
-        obs_dim: int,
-        action_dim: int,
-        hidden_sizes: Sequence[int] = (256, 256),
-        n_critics: int = 2,
-        action_low: torch.Tensor | None = None,
-        action_high: torch.Tensor | None = None,
-    ):
+    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: Sequence[int] = (256, 256), n_critics: int = 2,
+            action_low: torch.Tensor | None = None, action_high: torch.Tensor | None = None) -> None:
         super().__init__()
         low = torch.full((action_dim,), -1.0) if action_low is None else torch.as_tensor(action_low).float()
         high = torch.full((action_dim,), 1.0) if action_high is None else torch.as_tensor(action_high).float()
@@ -292,28 +237,18 @@ class TwinQ(nn.Module):
 def make_twin_q(
     specs, *, hidden_sizes: Sequence[int] = (256, 256), n_critics: int = 2, normalize_action: bool = True
 ) -> TwinQ:
-    """Twin critics for :class:`tdrl.objectives.sac.FusedSACLoss` (a plain module: no keys).
-
-    Args:
-        specs: env specs (bounded continuous actions).
-        hidden_sizes: hidden widths of each critic.
-        n_critics: critics in the stack.
-        normalize_action: feed actions rescaled to [-1, 1] (as SB3's critics see them) rather than in env units.
-
-    Raises:
-        ValueError: discrete actions.
-    """
+    """Stacked critics for the fused SAC/TD3/DDPG losses (a plain module: no keys), ``hidden_sizes`` each;
+    ``normalize_action`` feeds actions rescaled to [-1, 1] (as SB3's critics see them) rather than in env units.
+    Discrete actions raise ``ValueError``."""
     low, high = _bounds(specs)
     bounds = (low, high) if normalize_action else (None, None)
-    return TwinQ(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes, n_critics, *bounds)
+    return TwinQ(flat_obs_size(specs.observation_spec), low.numel(), hidden_sizes, n_critics, *bounds)
 
 
 def make_q_critic(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> ValueOperator:
-    """``Q(s, a)`` critic: ``observation``, ``action`` -> ``state_action_value`` ``[*batch, 1]`` (discrete actions
-    raise).
-    """
+    """``Q(s, a)`` critic for TorchRL's losses: ``observation``, ``action`` -> ``state_action_value``."""
     low, _ = _bounds(specs)
-    net = StateActionValue(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes)
+    net = StateActionValue(flat_obs_size(specs.observation_spec), low.numel(), hidden_sizes)
     return ValueOperator(net, in_keys=["observation", "action"], out_keys=["state_action_value"])
 
 
@@ -322,16 +257,13 @@ def make_deterministic_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256))
     ``action``; exploration noise is a separate module (:func:`tdrl.models.exploration.make_gaussian_noise`).
     """
     low, high = _bounds(specs)
-    net = nn.Sequential(_mlp(_obs_dim(specs.observation_spec), low.numel(), hidden_sizes), ScaledTanh(low, high))
+    net = nn.Sequential(_mlp(flat_obs_size(specs.observation_spec), low.numel(), hidden_sizes), ScaledTanh(low, high))
     return ObservationModule(net)
 
 
 class LogStdGaussianParams(nn.Module):
-    """Split ``[*, 2 * d]`` into ``loc`` and ``scale = exp(clamp(log_std, min, max))``.
-
-    SAC's usual parametrisation (Haarnoja et al.'s code, SB3: log-std in [-20, 2]); TorchRL's
-    ``NormalParamExtractor`` offers softplus mappings, or ``exp`` without a bound.
-    """
+    """Split ``[*, 2 * d]`` into ``loc`` and ``scale = exp(clamp(log_std, min, max))``: SAC's usual parametrisation
+    (Haarnoja et al.'s code, SB3), which TorchRL's ``NormalParamExtractor`` lacks."""
 
     def __init__(self, log_std_min: float = -20.0, log_std_max: float = 2.0) -> None:
         super().__init__()
@@ -347,22 +279,13 @@ class LogStdGaussianParams(nn.Module):
         return loc, log_std.clamp(self.log_std_min, self.log_std_max)
 
 
-def make_tanh_gaussian_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256),
-        scale_mapping: Literal["log_std", "softplus"] = "log_std") -> ProbabilisticPolicy:
+def make_tanh_gaussian_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> ProbabilisticPolicy:
     """Tanh-squashed Gaussian policy for SAC: ``observation`` -> ``loc``, ``scale``, ``action`` (a ``TanhNormal``
-    sample in the action box; its deterministic sample under DETERMINISTIC exploration).
-
-    ``scale_mapping``: ``"log_std"`` (``exp`` of a clamped log-std, :class:`LogStdGaussianParams`; learnt Pendulum in
-    fewer frames over six seeds) or ``"softplus"`` (TorchRL's biased softplus, scale >= 1e-4). Discrete actions or an
-    unknown mapping raise ``ValueError``.
+    sample in the action box; its deterministic sample under DETERMINISTIC exploration), the scale from a clamped
+    log-std (:class:`LogStdGaussianParams`). Discrete actions raise ``ValueError``.
     """
     low, high = _bounds(specs)
-    if scale_mapping == "log_std":
-        params: nn.Module = LogStdGaussianParams()
-    elif scale_mapping == "softplus":
-        params = NormalParamExtractor(scale_mapping="biased_softplus_1.0", scale_lb=1e-4)
-    else:
-        raise ValueError(f"scale_mapping must be 'log_std' or 'softplus', got {scale_mapping!r}")
-    net = nn.Sequential(_mlp(_obs_dim(specs.observation_spec), 2 * low.numel(), hidden_sizes), params)
+    mlp = _mlp(flat_obs_size(specs.observation_spec), 2 * low.numel(), hidden_sizes)
+    net = nn.Sequential(mlp, LogStdGaussianParams())
     return ProbabilisticPolicy(net, ["loc", "scale"], specs.action_spec, TanhNormal, {"low": low, "high": high},
                                return_log_prob=False)

@@ -1,21 +1,14 @@
-"""GAE on ``[B, T]`` collector batches with one critic forward: TorchRL's kernels, less overhead.
+"""GAE on ``[B, T]`` collector batches with one critic forward, on TorchRL's kernels.
 
-TorchRL's ``GAE`` module computes the same thing but calls the critic twice through its generic value-network
-machinery (parameter swaps, optional vmap), which costs more than a small MLP; PPO and A2C call it once per
-iteration, and for A2C's short batches it was the largest cost after the env steps. The recursion itself is
-TorchRL's (``generalized_advantage_estimate``, vectorised for long batches).
-
-Semantics are TorchRL's (and rlpyt's ``*_tl`` variants): ``("next", "done")`` cuts the advantage trace between
-episodes, ``("next", "terminated")`` drops the bootstrap value, and a time-limit ``truncated`` step bootstraps from
-the critic's value of the true final observation stored in ``("next", "observation")``. ``gae_lambda=1`` is the
-discounted return bootstrapped with ``V(s_T)`` (rlpyt's ``discount_return``).
-
-Recurrent critics (``make_recurrent_actor_critic``) are evaluated step-wise from the stored states, exactly as
-during collection: ``("recurrent_state", ...)`` for the observations and the policy-written
-``("next", "recurrent_state", ...)`` for the next observations (never an episode start).
+TorchRL's ``GAE`` module calls the critic twice through its generic value-network machinery (parameter swaps,
+optional vmap), which costs more than a small MLP. Semantics are TorchRL's (and rlpyt's ``*_tl`` variants):
+``("next", "done")`` cuts the trace, ``("next", "terminated")`` drops the bootstrap value, and a time-limit
+``truncated`` step bootstraps from the critic's value of the true final observation in ``("next", "observation")``.
+Recurrent critics are evaluated step-wise from the stored states, as during collection (``("recurrent_state", ...)``
+and the policy-written ``("next", "recurrent_state", ...)``).
 
 Keys read: the critic's ``in_keys`` at the root and under ``"next"``, ``("next", "reward"|"done"|"terminated")``.
-Keys written: ``state_value`` ``[B, T, 1]``, ``advantage`` ``[B, T, 1]``, ``value_target`` ``[B, T, 1]``.
+Keys written: ``state_value``, ``advantage``, ``value_target``, each ``[B, T, 1]``.
 """
 
 from __future__ import annotations
@@ -30,7 +23,7 @@ from torchrl.objectives.value.functional import (
 
 __all__ = ["GAE"]
 
-_VECTORISE_FROM_T = 32  # measured: the python recursion wins on short batches, the vectorised one on long ones
+_VECTORISE_FROM_T = 32  # the python recursion is faster on short batches, the vectorised one on long ones
 
 
 class GAE:
@@ -40,12 +33,7 @@ class GAE:
         critic: TensorDict module writing ``state_value`` from its ``in_keys`` (``ValueOperator`` or an LSTM
             critic); evaluated once on observations and next observations together, without gradients.
         gamma: discount.
-        lmbda: GAE lambda (1.0: discounted return with bootstrap).
-
-    Examples:
-        >>> gae = GAE(ac.critic, gamma=0.99, lmbda=0.95)  # doctest: +SKIP
-        >>> gae(batch)["advantage"].shape                  # doctest: +SKIP
-        torch.Size([8, 64, 1])
+        lmbda: GAE lambda (1.0: the discounted return bootstrapped with ``V(s_T)``, rlpyt's ``discount_return``).
     """
 
     def __init__(self, critic: TensorDictModuleBase, *, gamma: float, lmbda: float) -> None:

@@ -1,25 +1,15 @@
-"""PPO's loss for feed-forward actor-critics on plain tensors (TorchRL's ``ClipPPOLoss`` terms, less overhead), and
-A2C's, which is TorchRL's ``A2CLoss``.
+"""PPO's loss for feed-forward actor-critics on plain tensors (TorchRL's ``ClipPPOLoss`` terms), and A2C's, which is
+TorchRL's ``A2CLoss``.
 
-``ClipPPOLoss`` reaches the networks through TensorDict modules (distribution parameters written to and read from
-TensorDicts, functional parameter swaps), which on CartPole-sized MLPs costs more than the networks, and PPO runs
-several minibatch updates per collected batch, so :class:`PPOLoss` pays over the recipe's whole iteration (A2C's
-single update per short batch does not: it uses ``A2CLoss``). It computes ``ClipPPOLoss``'s terms (tested equal in
-values and gradients) with direct calls of :class:`tdrl.models.ActorCritic`'s ``distribution(obs)`` and
-``value(obs)``. :func:`make_ppo_loss` returns it for feed-forward models and ``ClipPPOLoss`` for recurrent ones
-(which replay sequences through ``LSTMModule``), with the same output keys and schedulable ``clip_epsilon``.
+``ClipPPOLoss`` reaches the networks through TensorDict modules and functional parameter swaps, which on small MLPs
+costs more than the networks, and PPO runs several minibatch updates per batch. :class:`PPOLoss` computes the same
+terms (tested equal in values and gradients) with direct calls of :class:`tdrl.models.ActorCritic`'s
+``distribution(obs)`` and ``value(obs)``; recurrent models (sequences through ``LSTMModule``) keep ``ClipPPOLoss``.
 
-Terms (``A`` the advantage, ``R`` the value target, ``r = pi/pi_old``):
-
-* ``loss_objective = -mean(min(r A, clip(r, 1-eps, 1+eps) A))``;
-* ``loss_critic = critic_coeff * mean((V(s) - R)^2)`` (rlpyt's ``value_loss_coeff * 0.5`` is ``critic_coeff``);
-* ``loss_entropy = -entropy_coeff * mean(H)`` (Monte-Carlo ``-log pi(a~)`` for distributions without a closed form,
-  e.g. tanh-squashed Gaussians);
-* ``normalize_advantage``: ``(A - mean) / max(std, 1e-6)`` over the minibatch (sample std, as TorchRL).
-
-Keys read: ``observation``, ``action``, ``action_log_prob``, ``advantage``, ``value_target``. Keys written:
-``loss_objective``, ``loss_critic``, ``loss_entropy``, ``entropy``, ``clip_fraction``, ``kl_approx`` (mean of
-``log pi_old - log pi``).
+Terms (``A`` the advantage, ``R`` the value target, ``r = pi/pi_old``): ``loss_objective = -mean(min(r A, clip(r,
+1-eps, 1+eps) A))``, ``loss_critic = critic_coeff * mean((V(s) - R)^2)``, ``loss_entropy = -entropy_coeff *
+mean(H)`` (Monte-Carlo ``-log pi(a~)`` without a closed form, e.g. tanh-Gaussians); ``normalize_advantage``:
+``(A - mean) / max(std, 1e-6)`` over the minibatch. Also written: ``entropy``, ``clip_fraction``, ``kl_approx``.
 """
 
 from __future__ import annotations
@@ -34,25 +24,11 @@ __all__ = ["PPOLoss", "make_a2c_loss", "make_ppo_loss"]
 
 
 class PPOLoss(LossModule):
-    """Clipped PPO loss for a feed-forward ActorCritic; see the module docstring.
+    """Clipped PPO loss for a feed-forward :class:`~tdrl.models.ActorCritic`; see the module docstring.
+    ``clip_epsilon`` is a buffer (schedulable, like TorchRL's)."""
 
-    Args:
-        model: a feed-forward :class:`~tdrl.models.ActorCritic`.
-        clip_epsilon: likelihood-ratio clip (a schedulable buffer, like TorchRL's).
-        critic_coeff: weight of the squared value error.
-        entropy_coeff: weight of the entropy bonus.
-        normalize_advantage: standardise advantages per call (minibatch).
-    """
-
-    def __init__(
-        self,
-        model: ActorCritic,
-        *,
-        clip_epsilon: float,
-        critic_coeff: float,
-        entropy_coeff: float,
-        normalize_advantage: bool = False,
-    ) -> None:
+    def __init__(self, model: ActorCritic, *, clip_epsilon: float, critic_coeff: float, entropy_coeff: float,
+            normalize_advantage: bool = False) -> None:
         super().__init__()
         if model.recurrent:
             raise ValueError("PPOLoss is for feed-forward models; use make_ppo_loss")
@@ -89,14 +65,8 @@ class PPOLoss(LossModule):
         return out
 
 
-def make_ppo_loss(
-    model: ActorCritic,
-    *,
-    clip_epsilon: float,
-    critic_coeff: float,
-    entropy_coeff: float,
-    normalize_advantage: bool,
-) -> LossModule:
+def make_ppo_loss(model: ActorCritic, *, clip_epsilon: float, critic_coeff: float, entropy_coeff: float,
+        normalize_advantage: bool) -> LossModule:
     """PPO loss: :class:`PPOLoss` for feed-forward models, TorchRL's ``ClipPPOLoss`` for recurrent ones."""
     if model.recurrent:
         return ClipPPOLoss(model.actor, model.critic, clip_epsilon=clip_epsilon, entropy_coeff=entropy_coeff,

@@ -1,12 +1,9 @@
 """SAC's loss with stacked twin critics: TorchRL's ``SACLoss`` terms (tested equal) at a lower cost per update.
 
 TorchRL's ``SACLoss`` evaluates its critics through TensorDict parameter swaps and vmap, which on CPU costs more than
-the 256-wide networks; the recipe's whole iteration is dominated by the update (one per env step), so the stacked
-form pays (figures in ``docs/`` and the commit that kept it). The critics are one :class:`~tdrl.models.q.TwinQ`
-(one ``baddbmm`` per layer for both); the tanh-Gaussian policy is the network inside the recipe's TorchRL
-``ProbabilisticActor``, sampled as TorchRL's ``TanhNormal`` with ``low``/``high`` (same random draws).
-
-Terms, as ``SACLoss`` (v2, no value net), with PER weights ``w`` (``sum(w l) / sum(w)``):
+the 256-wide networks, and the recipe's iteration is dominated by the update (one per env step). Here the critics
+are one :class:`~tdrl.models.q.TwinQ` (one ``baddbmm`` per layer for both) and the policy is sampled as TorchRL's
+``TanhNormal`` (same random draws). Terms, as ``SACLoss`` (v2, no value net), PER-weighted:
 
 * ``loss_qvalue = sum_k (Q_k(s, a) - y)^2``, ``y = r + gamma^steps (1 - terminated)
   (min_k Qtarget_k(s', a') - alpha log pi(a'|s'))``, ``a' ~ pi(s')``;
@@ -14,8 +11,7 @@ Terms, as ``SACLoss`` (v2, no value net), with PER weights ``w`` (``sum(w l) / s
 * ``loss_alpha = -log_alpha (log pi(a~|s) + target_entropy)`` with a detached log-probability.
 
 :meth:`FusedSACLoss.critic_loss` and :meth:`FusedSACLoss.actor_loss` split them for SB3's order (step the critics,
-then the policy against the updated critics). ``td_error`` (max over critics of ``|Q - y|``) is written into the
-sample. The target critics are the copy ``target_qvalue_network`` (polyak-updated by ``TargetUpdate``).
+then the policy against the updated critics).
 """
 
 from __future__ import annotations
@@ -27,14 +23,13 @@ from typing import Literal
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import ProbabilisticTensorDictSequential
-from tensordict.utils import NestedKey
 from torch import nn
 from torch.nn import functional as F
 from torchrl.modules import TanhNormal
 from torchrl.objectives import LossModule
 
 from tdrl.models.q import LogStdGaussianParams, TwinQ, stacked_mlp
-from tdrl.objectives.terms import STEPS_KEY, WEIGHT_KEY, td0_target, weighted_mean
+from tdrl.objectives.terms import check_gamma, td0_target, weighted_mean
 
 __all__ = ["FusedSACLoss"]
 
@@ -47,43 +42,25 @@ class FusedSACLoss(LossModule):
     Args:
         actor: tanh-Gaussian ``ProbabilisticActor`` (``make_tanh_gaussian_actor``): its first module maps
             ``observation`` to ``loc``, ``scale``; its distribution is ``TanhNormal`` with ``low``/``high``.
-        critic: :class:`~tdrl.models.q.TwinQ` (``make_twin_q``).
-        gamma: discount per env step (n-step samples bootstrap with ``gamma ** steps_to_next_obs``).
+        critic: :class:`~tdrl.models.q.TwinQ` (``make_twin_q``); its target copy is ``target_qvalue_network``.
+        gamma: discount per env step.
         alpha_init: initial entropy temperature.
         fixed_alpha: keep alpha at ``alpha_init``.
         target_entropy: entropy target, or ``"auto"`` (``-action_dim``).
-        steps_key: key of the per-sample steps to the bootstrap observation.
-        weight_key: key of the PER importance weights.
-
-    Raises:
-        ValueError: an actor that is not a TanhNormal ``ProbabilisticActor``, a critic that is not a ``TwinQ``, or
-            ``gamma`` outside [0, 1].
     """
 
     out_keys = ["loss_actor", "loss_qvalue", "loss_alpha", "alpha", "entropy"]
 
-    def __init__(
-        self,
-        actor: ProbabilisticTensorDictSequential,
-        critic: TwinQ,
-        *,
-        gamma: float = 0.99,
-        alpha_init: float = 1.0,
-        fixed_alpha: bool = False,
-        target_entropy: float | Literal["auto"] = "auto",
-        steps_key: NestedKey = STEPS_KEY,
-        weight_key: NestedKey = WEIGHT_KEY,
-    ) -> None:
+    def __init__(self, actor: ProbabilisticTensorDictSequential, critic: TwinQ, *, gamma: float = 0.99,
+            alpha_init: float = 1.0, fixed_alpha: bool = False,
+            target_entropy: float | Literal["auto"] = "auto") -> None:
         super().__init__()
         head = actor[-1] if isinstance(actor, ProbabilisticTensorDictSequential) else None
         if head is None or getattr(head, "distribution_class", None) is not TanhNormal:
             raise ValueError("FusedSACLoss needs a TanhNormal ProbabilisticActor (make_tanh_gaussian_actor)")
         if not isinstance(critic, TwinQ):
             raise ValueError(f"FusedSACLoss needs a TwinQ critic (make_twin_q), got {type(critic).__name__}")
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-        self.register_buffer("gamma", torch.tensor(float(gamma)))
-        self.steps_key, self.weight_key = steps_key, weight_key
+        self.register_buffer("gamma", check_gamma(gamma))
         self.actor_network = actor
         self.policy_net = actor[0].module  # observation -> (loc, scale)
         self.qvalue_network = critic
@@ -128,7 +105,8 @@ class FusedSACLoss(LossModule):
         return action, torch.addcmul(per_dim, noise, noise, value=-0.5).sum(-1) + self.log_prob_offset
 
     def critic_loss(self, sample: TensorDictBase) -> TensorDict:
-        """``loss_qvalue`` (writes ``td_error`` into ``sample``); gradients reach the critics only."""
+        """``loss_qvalue``; writes ``td_error`` (max over critics of ``|Q - y|``) into ``sample``. Gradients reach the
+        critics only."""
         obs, next_obs = sample.get("observation"), sample.get(("next", "observation"))
         reward = sample.get(("next", "reward"))
         alpha = self.log_alpha.detach().exp()
@@ -137,10 +115,10 @@ class FusedSACLoss(LossModule):
             next_action, next_log_prob = self.sample_and_log_prob(next_obs)
             next_q = stacked_mlp(self.target_qvalue_network.flat_params(),
                                  critic.inputs(next_obs, next_action)).min(0).values
-            target = td0_target(sample, reward, next_q - alpha * next_log_prob[..., None], self.gamma, self.steps_key)
+            target = td0_target(sample, reward, next_q - alpha * next_log_prob[..., None], self.gamma)
         error = critic(obs, sample.get("action")) - target  # [n, B, 1]
         sample.set("td_error", error.detach().abs().max(0).values)
-        return TensorDict(loss_qvalue=weighted_mean(error.pow(2).sum(0).squeeze(-1), sample, self.weight_key))
+        return TensorDict(loss_qvalue=weighted_mean(error.pow(2).sum(0).squeeze(-1), sample))
 
     def actor_loss(self, sample: TensorDictBase) -> TensorDict:
         """``loss_actor`` (through detached critics), ``loss_alpha`` (through a detached log-probability), ``alpha``
@@ -151,9 +129,8 @@ class FusedSACLoss(LossModule):
         detached = [p.detach() for p in self.qvalue_network.flat_params()]
         q = stacked_mlp(detached, self.qvalue_network.inputs(obs, action)).min(0).values
         return TensorDict(
-            loss_actor=weighted_mean(alpha * log_prob - q.squeeze(-1), sample, self.weight_key),
-            loss_alpha=weighted_mean(-self.log_alpha * (log_prob.detach() + self.target_entropy), sample,
-                                     self.weight_key),
+            loss_actor=weighted_mean(alpha * log_prob - q.squeeze(-1), sample),
+            loss_alpha=weighted_mean(-self.log_alpha * (log_prob.detach() + self.target_entropy), sample),
             alpha=alpha,
             entropy=-log_prob.detach().mean(),
         )

@@ -1,20 +1,8 @@
 """Linear schedules for learning rates, PPO's ratio clip, epsilon-greedy and PER's beta.
 
-A schedule is a pure function of a counter, so it has no state to checkpoint: the counter (trainer iteration,
-env frames or gradient updates, whichever unit the recipe picks) is what the checkpoint restores. rlpyt's
-schedules map onto it directly:
-
-* PPO ``linear_lr_schedule``: LR and ratio clip decay to 0 over the run, stepped once per iteration::
-
-      lr_at = LinearSchedule(start=1e-3, end=0.0, duration=trainer.n_itr)
-      updater.lr = lr_at(trainer.itr)
-
-* DQN epsilon: ``eps_init`` → ``eps_final`` between ``eps_itr_min`` and ``eps_itr_max``::
-
-      eps_at = LinearSchedule(start=1.0, end=0.01, duration=eps_itr_max - eps_itr_min, delay=eps_itr_min)
-
-* PER beta: ``pri_beta_init`` → ``pri_beta_final`` over ``pri_beta_steps`` env steps:
-  ``LinearSchedule(0.4, 1.0, duration=pri_beta_steps)(trainer.frames)``.
+A schedule is a pure function of a counter (iteration, env frames or gradient updates), so it has no state to
+checkpoint: the counter is what the checkpoint restores. E.g. rlpyt's PPO ``linear_lr_schedule`` is
+``updater.lr = LinearSchedule(lr, 0.0, duration=n_itr)(itr)``.
 """
 
 from __future__ import annotations
@@ -34,11 +22,6 @@ class LinearSchedule:
         duration: length of the ramp in the caller's unit (iterations, frames or updates); 0 jumps to ``end``
             at ``delay``.
         delay: units to hold ``start`` before the ramp begins.
-
-    Examples:
-        >>> s = LinearSchedule(1.0, 0.0, duration=10)
-        >>> s(0), s(5), s(10), s(20)
-        (1.0, 0.5, 0.0, 0.0)
     """
 
     start: float

@@ -1,14 +1,11 @@
 """TD3's and DDPG's loss with stacked critics: TorchRL's ``TD3Loss``/``DDPGLoss`` terms (tested equal), cheaper.
 
-TorchRL's losses evaluate the critics through a vmap over parameter sets and swap parameter TensorDicts into the
-actor and critic for every online, target or detached evaluation; on CPU that costs more than the networks, and
-the recipes' whole iteration is dominated by the update (one per env step), so the stacked form pays. The critics
-are one :class:`~tdrl.models.q.TwinQ` (one ``baddbmm`` per layer for all); the target actor and critics are the
-copies ``target_actor_net`` and ``target_qvalue_network`` (polyak-updated by ``TargetUpdate``).
+As in :mod:`tdrl.objectives.sac`, TorchRL's vmap over critic parameter sets and its parameter swaps cost more than
+the networks on CPU; here the critics are one :class:`~tdrl.models.q.TwinQ`, and the target actor and critics are
+the copies ``target_actor_net`` and ``target_qvalue_network`` (polyak-updated by ``TargetUpdate``). Terms, as
+``TD3Loss`` (same random draws: the target-policy noise is drawn first), PER-weighted:
 
-Terms, as ``TD3Loss`` (same random draws: the target-policy noise is drawn first), with PER weights ``w``:
-
-* ``loss_qvalue = sum_k d(Q_k(s, a), y)``, ``d`` squared error (``"l2"``) or Huber (``"smooth_l1"``),
+* ``loss_qvalue = sum_k (Q_k(s, a) - y)^2``,
   ``y = r + gamma^steps (1 - terminated) min_k Qtarget_k(s', clip(mu_target(s') + clip(sigma N, -c, c)))``;
 * ``loss_actor = -Q_1(s, mu(s))`` through detached critics (the first critic only, as the paper).
 
@@ -18,17 +15,14 @@ With one critic, ``policy_noise=0`` and no action box this is ``DDPGLoss``.
 from __future__ import annotations
 
 import copy
-from typing import Literal
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule
-from tensordict.utils import NestedKey
-from torch.nn import functional as F
 from torchrl.objectives import LossModule
 
 from tdrl.models.q import TwinQ, stacked_mlp
-from tdrl.objectives.terms import STEPS_KEY, WEIGHT_KEY, td0_target, weighted_mean
+from tdrl.objectives.terms import check_gamma, td0_target, weighted_mean
 
 __all__ = ["FusedTD3Loss"]
 
@@ -40,46 +34,23 @@ class FusedTD3Loss(LossModule):
         actor: deterministic ``TensorDictModule`` ``observation`` -> ``action`` (``make_deterministic_actor``).
         critic: :class:`~tdrl.models.q.TwinQ` (``make_twin_q``; ``n_critics=1`` for DDPG).
         action_low, action_high: the box target actions are clipped to (TD3); ``None``: no clipping (DDPG).
-        gamma: discount per env step (n-step samples bootstrap with ``gamma ** steps_to_next_obs``).
+        gamma: discount per env step.
         policy_noise: std of the target-policy smoothing noise, in action units (0: none, DDPG).
         noise_clip: clip of that noise, in action units.
-        loss_function: ``"l2"`` or ``"smooth_l1"`` (TorchRL's names).
-        steps_key: key of the per-sample steps to the bootstrap observation.
-        weight_key: key of the PER importance weights.
-
-    Raises:
-        ValueError: an actor that is not a plain ``TensorDictModule`` over ``observation``, a non-``TwinQ``
-            critic, or bad ``gamma``/``loss_function``.
     """
 
     out_keys = ["loss_actor", "loss_qvalue"]
 
-    def __init__(
-        self,
-        actor: TensorDictModule,
-        critic: TwinQ,
-        *,
-        action_low: torch.Tensor | None = None,
-        action_high: torch.Tensor | None = None,
-        gamma: float = 0.99,
-        policy_noise: float = 0.2,
-        noise_clip: float = 0.5,
-        loss_function: Literal["l2", "smooth_l1"] = "l2",
-        steps_key: NestedKey = STEPS_KEY,
-        weight_key: NestedKey = WEIGHT_KEY,
-    ) -> None:
+    def __init__(self, actor: TensorDictModule, critic: TwinQ, *, action_low: torch.Tensor | None = None,
+            action_high: torch.Tensor | None = None, gamma: float = 0.99, policy_noise: float = 0.2,
+            noise_clip: float = 0.5) -> None:
         super().__init__()
         if not isinstance(actor, TensorDictModule) or list(actor.in_keys) != ["observation"]:
             raise ValueError("FusedTD3Loss needs a TensorDictModule actor reading 'observation' "
                              "(make_deterministic_actor)")
         if not isinstance(critic, TwinQ):
             raise ValueError(f"FusedTD3Loss needs a TwinQ critic (make_twin_q), got {type(critic).__name__}")
-        if loss_function not in ("l2", "smooth_l1"):
-            raise ValueError(f"loss_function must be 'l2' or 'smooth_l1', got {loss_function!r}")
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-        self.register_buffer("gamma", torch.tensor(float(gamma)))
-        self.steps_key, self.weight_key = steps_key, weight_key
+        self.register_buffer("gamma", check_gamma(gamma))
         self.actor_network = actor
         self.actor_net = actor.module
         self.target_actor_net = copy.deepcopy(actor.module).requires_grad_(False)
@@ -90,7 +61,6 @@ class FusedTD3Loss(LossModule):
             self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32).clone())
             self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32).clone())
         self.policy_noise, self.noise_clip = float(policy_noise), float(noise_clip)
-        self.loss_function = loss_function
 
     def value_loss(self, sample: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``loss_qvalue`` and ``{"td_error": [n_critics, B] squared errors}``; gradients reach the critics only."""
@@ -106,14 +76,9 @@ class FusedTD3Loss(LossModule):
             if self.clip_action:
                 next_action = next_action.clamp(self.action_low, self.action_high)
             next_q = self.target_qvalue_network(next_obs, next_action).min(0).values
-            target = td0_target(sample, sample.get(("next", "reward")), next_q, self.gamma, self.steps_key)
-        q = critic(sample.get("observation"), action)  # [n, B, 1]
-        error = q - target
-        if self.loss_function == "l2":
-            per_critic = error.pow(2)
-        else:
-            per_critic = F.smooth_l1_loss(q, target.expand_as(q), reduction="none")
-        loss = weighted_mean(per_critic.sum(0).squeeze(-1), sample, self.weight_key)
+            target = td0_target(sample, sample.get(("next", "reward")), next_q, self.gamma)
+        error = critic(sample.get("observation"), action) - target  # [n, B, 1]
+        loss = weighted_mean(error.pow(2).sum(0).squeeze(-1), sample)
         return loss, {"td_error": error.detach().pow(2).squeeze(-1)}
 
     def actor_loss(self, sample: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -121,7 +86,7 @@ class FusedTD3Loss(LossModule):
         obs = sample.get("observation")
         first = [p.detach()[:1] for p in self.qvalue_network.flat_params()]
         q = stacked_mlp(first, self.qvalue_network.inputs(obs, self.actor_net(obs)))[0].squeeze(-1)
-        return weighted_mean(-q, sample, self.weight_key), {"state_action_value_actor": q.detach()}
+        return weighted_mean(-q, sample), {"state_action_value_actor": q.detach()}
 
     def forward(self, sample: TensorDictBase) -> TensorDict:
         """Both terms from the same parameters (``TD3Loss.forward``: actor loss first); writes the priority (max

@@ -1,35 +1,41 @@
 """The replay-sample terms tdrl's plain-tensor losses share with TorchRL's: the TD(0) target and the PER mean.
 
-An n-step replay sample carries the discounted reward sum in ``("next", "reward")``, the bootstrap observation in
+An n-step sample carries the discounted reward sum in ``("next", "reward")``, the bootstrap observation in
 ``("next", "observation")`` and the steps to it in ``steps_to_next_obs`` (TorchRL's ``MultiStep`` key), so the
-bootstrap is ``gamma ** steps`` per sample; ``terminated`` stops it, a time-limit ``truncated`` does not. PER
-importance weights (``priority_weight``) reduce as TorchRL does: ``sum(w * l) / sum(w)``.
+bootstrap is ``gamma ** steps``; ``terminated`` stops it, a time-limit ``truncated`` does not. PER importance
+weights (``priority_weight``) reduce as TorchRL does: ``sum(w * l) / sum(w)``.
 """
 
 from __future__ import annotations
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.utils import NestedKey
 
-__all__ = ["STEPS_KEY", "WEIGHT_KEY", "td0_target", "weighted_mean"]
+__all__ = ["STEPS_KEY", "WEIGHT_KEY", "check_gamma", "td0_target", "weighted_mean"]
 
-STEPS_KEY: NestedKey = "steps_to_next_obs"
-WEIGHT_KEY: NestedKey = "priority_weight"
+STEPS_KEY = "steps_to_next_obs"
+WEIGHT_KEY = "priority_weight"
 
 
-def td0_target(sample: TensorDictBase, reward: torch.Tensor, next_value: torch.Tensor, gamma: torch.Tensor,
-               steps_key: NestedKey = STEPS_KEY) -> torch.Tensor:
+def check_gamma(gamma: float) -> torch.Tensor:
+    """``gamma`` as a tensor (a loss's ``gamma`` buffer), after checking it is a discount in [0, 1]."""
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    return torch.tensor(float(gamma))
+
+
+def td0_target(sample: TensorDictBase, reward: torch.Tensor, next_value: torch.Tensor,
+               gamma: torch.Tensor) -> torch.Tensor:
     """``reward + gamma ** steps * (1 - terminated) * next_value``, shaped like ``reward``."""
     terminated = sample.get(("next", "terminated")).reshape(reward.shape)
-    steps = sample.get(steps_key, None)
+    steps = sample.get(STEPS_KEY, None)
     discount = gamma if steps is None else gamma ** steps.reshape(reward.shape)
     return torch.where(terminated, reward, reward + discount * next_value)
 
 
-def weighted_mean(per_sample: torch.Tensor, sample: TensorDictBase, weight_key: NestedKey = WEIGHT_KEY) -> torch.Tensor:
+def weighted_mean(per_sample: torch.Tensor, sample: TensorDictBase) -> torch.Tensor:
     """Mean over the batch, or TorchRL's ``sum(w * l) / sum(w)`` when the sample carries PER weights."""
-    weights = sample.get(weight_key, None)
+    weights = sample.get(WEIGHT_KEY, None)
     if weights is None:
         return per_sample.mean()
     weights = weights.reshape(per_sample.shape)

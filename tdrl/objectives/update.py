@@ -1,24 +1,13 @@
-"""One gradient update as a small object: loss → NaN check → backward → grad clip → step → target update.
+"""One gradient update as a small object: loss -> NaN check -> backward -> grad clip -> step -> target update.
 
-TorchRL loss modules return a TensorDict of ``loss_*`` terms plus diagnostics. :class:`Updater` sums the loss
-terms it owns, refuses to step on a non-finite loss or gradient (the parameters stay as they were and
-:class:`NonFiniteLossError` names the loss key and the update), clips the gradient norm, steps the optimizer,
-advances the target networks, and returns the detached metrics (with ``grad_norm`` and ``lr``)::
+:class:`Updater` sums the ``loss_*`` terms it owns, refuses to step on a non-finite loss or gradient (parameters
+stay as they were; :class:`NonFiniteLossError` names the key and the update), clips the gradient norm, steps the
+optimizer, advances the target networks and returns the detached metrics (with ``grad_norm`` and ``lr``). Several
+optimizers with their own cadence (TD3's delayed actor) are several updaters, each owning its ``loss_keys``.
 
-    loss = ClipPPOLoss(actor, critic, ...)
-    updater = Updater(torch.optim.Adam(loss.parameters(), lr=1e-3), max_grad_norm=1.0)
-    metrics = updater.step(loss(minibatch))        # TensorDict of detached scalars
-
-Target networks follow rlpyt: ``target_update_interval`` counts *gradient updates* and ``tau`` is the polyak
-factor (1.0 = hard copy). :class:`TargetUpdate` pairs each ``target_X`` child of the loss with ``X`` (TorchRL's
-``target_X_params``, tdrl's target networks) and updates them tensor by tensor (TorchRL's TensorDict-level
-``SoftUpdate`` step costs several times more on CPU; TorchRL's losses then warn once that updates are manual)::
-
-    updater = Updater(optim, target_update=TargetUpdate(dqn_loss, interval=312))         # hard, every 312
-    updater = Updater(optim, target_update=TargetUpdate(sac_loss, interval=1, tau=0.005))  # soft, every update
-
-Several optimizers with their own cadence (TD3's delayed actor) are several updaters, each owning its loss keys:
-``Updater(actor_optim, loss_keys=("loss_actor",))``.
+:class:`TargetUpdate` follows rlpyt: ``interval`` counts gradient updates and ``tau`` is the polyak factor (1.0 =
+hard copy). It pairs each ``target_X`` child of the loss with ``X`` and updates them tensor by tensor (TorchRL's
+TensorDict-level ``SoftUpdate`` costs several times more on CPU).
 """
 
 from __future__ import annotations
@@ -113,14 +102,8 @@ class Updater:
         loss_keys: the loss terms summed into the objective; default every key starting with ``loss_``.
     """
 
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        *,
-        max_grad_norm: float | None = None,
-        target_update: TargetUpdate | None = None,
-        loss_keys: Sequence[str] | None = None,
-    ) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, *, max_grad_norm: float | None = None,
+            target_update: TargetUpdate | None = None, loss_keys: Sequence[str] | None = None) -> None:
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
         self.target_update = target_update

@@ -4,6 +4,7 @@ discounts, time-limit bootstrapping and PER weights; target updates through Torc
 import pytest
 import torch
 from pendulum_samples import assert_time_limits_bootstrap, copy_critics_into_twin, pendulum_batch
+from tensordict.nn import NormalParamExtractor
 
 from tdrl.models.q import (
     make_deterministic_actor,
@@ -23,7 +24,9 @@ HIDDEN = (8, 8)
 def _pair(specs, alpha_init=0.7, scale_mapping="log_std"):
     """TorchRL's SACLoss and a FusedSACLoss sharing the actor, with the same critic and target parameters."""
     torch.manual_seed(0)
-    actor = make_tanh_gaussian_actor(specs, hidden_sizes=HIDDEN, scale_mapping=scale_mapping)
+    actor = make_tanh_gaussian_actor(specs, hidden_sizes=HIDDEN)
+    if scale_mapping == "softplus":  # a network FusedSACLoss calls whole (no LogStdGaussianParams to read log-std)
+        actor.net[-1] = NormalParamExtractor(scale_mapping="biased_softplus_1.0", scale_lb=1e-4)
     theirs = make_sac_loss(actor, make_q_critic(specs, hidden_sizes=HIDDEN), specs.action_spec, gamma=GAMMA,
                            alpha_init=alpha_init)
     with torch.no_grad():

@@ -107,8 +107,6 @@ def test_bad_input(specs):
         FusedTD3Loss(actor, make_q_critic(specs), action_low=space.low, action_high=space.high)
     with pytest.raises(ValueError, match="gamma"):
         FusedTD3Loss(actor, twin, action_low=space.low, action_high=space.high, gamma=1.5)
-    with pytest.raises(ValueError, match="loss_function"):
-        FusedTD3Loss(actor, twin, action_low=space.low, action_high=space.high, loss_function="mse")
 
 
 def test_factories_give_the_fused_loss_for_twin_critics(specs):
