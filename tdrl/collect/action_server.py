@@ -31,7 +31,6 @@ class ActionServerEngine:
             n_workers: int = 2, alternating: bool = False, exploration: InteractionType = InteractionType.RANDOM,
             compile: bool = False) -> None:
         n_groups = 2 if alternating else 1
-        self.transform = None  # applied where the envs are stepped, with its own state there
         self.batch_B, self.batch_T, self.policy = batch_B, batch_T, policy
         ctx = get_context()  # a fork server (if used) starts up while we build specs and buffers
         self.specs, self.step_td, self.buffer = allocate(settings, policy, batch_B, batch_T, exploration)

@@ -2,7 +2,7 @@
 
 Layout (TorchRL's, time last)::
 
-    observation                 [B, T, *obs]     what the policy saw at t (after transforms)
+    observation                 [B, T, *obs]     what the policy saw at t
     is_init                     [B, T, 1] bool   observation at t starts an episode
     action, <policy outputs>    [B, T, ...]      e.g. action_log_prob, state_value, action_value, logits
     <recurrent state K>         [B, T, ...]      the state the policy read at t (zeros after is_init)

@@ -22,12 +22,11 @@ __all__ = ["BatchCollector", "Engine"]
 
 class Engine(Protocol):
     """Produces batches for a :class:`BatchCollector` with the current weights of ``policy`` (``None``: random
-    actions); ``transform`` is the step transform applied in this process, if any (its state is the collector's)."""
+    actions)."""
 
     batch_B: int
     batch_T: int
     policy: torch.nn.Module | None
-    transform: Any
 
     def run(self, exploration: InteractionType) -> tuple[TensorDictBase, list[dict[str, float]]]:
         """One batch (an engine may reuse its buffer) and the episodes finished during it."""
@@ -102,16 +101,11 @@ class BatchCollector:
                             f"got {type(weights)}")
 
     def state_dict(self) -> dict[str, Any]:
-        """Counters (``frames``, ``iter``) and the state of a transform applied in this process (running
-        statistics). Env state is not captured: resuming restarts episodes."""
-        transform = self.engine.transform
-        counters = {"frames": self.frames, "iter": self.batches}
-        return {**counters, **({"transform": transform.state_dict()} if transform else {})}
+        """Counters (``frames``, ``iter``). Env state is not captured: resuming restarts episodes."""
+        return {"frames": self.frames, "iter": self.batches}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.frames, self.batches = int(state_dict["frames"]), int(state_dict["iter"])
-        if "transform" in state_dict and self.engine.transform is not None:
-            self.engine.transform.load_state_dict(state_dict["transform"])
 
     def shutdown(self) -> None:
         """Stop the engine's envs and processes; safe to call more than once."""

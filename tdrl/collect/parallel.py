@@ -27,7 +27,6 @@ class ParallelEngine:
 
     def __init__(self, settings: SliceSettings, policy: TensorDictModuleBase | None, *, batch_B: int, batch_T: int,
             n_workers: int = 2, exploration: InteractionType = InteractionType.RANDOM, compile: bool = False) -> None:
-        self.transform = None  # applied where the envs are stepped, with its own state there
         self.batch_B, self.batch_T, self.policy = batch_B, batch_T, policy
         get_context()  # a fork server (if used) starts up while we build specs and buffers
         self.worker_policy = None

@@ -49,7 +49,7 @@ def allocate(settings: SliceSettings, policy: TensorDictModuleBase | None, batch
     """The env specs, the ``[B]`` step TensorDict and the zero ``[B, T]`` batch with the policy's output keys
     (only ``action`` for ``policy=None``: random actions)."""
     specs = env_specs(settings.env_factory)
-    step_td = make_step_td(batch_B, specs.observation_spec, settings.transform)
+    step_td = make_step_td(batch_B, specs.observation_spec)
     if policy is None:
         template = TensorDict({"action": specs.action_spec.zero((batch_B,))}, batch_size=[batch_B])
     else:

@@ -24,7 +24,6 @@ class SerialEngine:
         self.specs, step_td, self.buffer = allocate(settings, policy, batch_B, batch_T, exploration)
         self.runner = SliceRunner(settings, 0, batch_B, step_td, self.buffer, policy, exploration, compile)
         self.policy_step = self.runner.policy_step
-        self.transform = self.runner.envs.transform  # applied here: its statistics are the collector's state
 
     def run(self, exploration: InteractionType) -> tuple[TensorDictBase, list[dict[str, float]]]:
         entries = self.runner.run_batch(exploration)

@@ -22,7 +22,6 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from tdrl.collect.traj_info import EpisodeTracker
-from tdrl.collect.transforms import StepTransform, probe_observation
 
 __all__ = ["STEP_NEXT_KEYS", "EnvSlice", "env_seed", "make_step_td"]
 
@@ -35,16 +34,14 @@ def env_seed(seed: int, env_index: int) -> int:
     return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, env_index]).generate_state(1)[0])
 
 
-def make_step_td(n_envs: int, obs_spec: Any, transform: Any = None) -> TensorDict:
-    """The zero ``[n_envs]`` step TensorDict (observations in the ``transform``'s output shape and dtype)."""
+def make_step_td(n_envs: int, obs_spec: Any) -> TensorDict:
+    """The zero ``[n_envs]`` step TensorDict."""
     obs = obs_spec.zero((n_envs,))
     if not isinstance(obs, torch.Tensor):
         raise TypeError(
             "tdrl collectors need a single array observation; this env has a dict/tuple observation space "
             "(wrap it with gymnasium.wrappers.FlattenObservation, or use make_collector('torchrl', ...))"
         )
-    if transform is not None:
-        obs = torch.zeros_like(probe_observation(transform, obs))
     next_ = {"observation": obs.clone(), "reward": torch.zeros(n_envs, 1, dtype=torch.float32),
              **{flag: torch.zeros(n_envs, 1, dtype=torch.bool) for flag in FLAGS}}
     is_init = torch.zeros(n_envs, 1, dtype=torch.bool)
@@ -68,16 +65,6 @@ class EnvSlice:
         self.is_init = step_td["is_init"].numpy()[lo:hi, 0]
         self.next_obs = step_td["next", "observation"].numpy()[lo:hi]
         self.reward = step_td["next", "reward"].numpy()[lo:hi, 0]
-        transform = settings.transform
-        self.transform = StepTransform(transform) if transform is not None else None
-        if self.transform is not None:
-            # Envs write raw values here; the transform publishes into the step TensorDict.
-            space = self.envs[0].observation_space  # stored like tdrl.envs.space_to_spec: uint8 or float32
-            self.raw_obs = np.zeros((n, *space.shape), dtype=np.uint8 if space.dtype == np.uint8 else np.float32)
-            self.raw_next_obs = np.zeros_like(self.raw_obs)
-            self.raw_reward = np.zeros(n, dtype=np.float32)
-        else:
-            self.raw_obs, self.raw_next_obs, self.raw_reward = self.obs, self.next_obs, self.reward
         self.done = step_td["next", "done"].numpy()[lo:hi, 0]
         self.terminated = step_td["next", "terminated"].numpy()[lo:hi, 0]
         self.truncated = step_td["next", "truncated"].numpy()[lo:hi, 0]
@@ -97,23 +84,17 @@ class EnvSlice:
         rewards = np.zeros((n, max(counts)), np.float32)
         dones = np.zeros_like(rewards, bool)
         for i, env in enumerate(self.envs):
-            self.raw_obs[i], _ = env.reset(seed=self.seeds[i])
+            self.obs[i], _ = env.reset(seed=self.seeds[i])
             env.action_space.seed(self.seeds[i])
             for k in range(counts[i]):
                 obs, rewards[i, k], term, trunc, _ = env.step(env.action_space.sample())
                 if term or trunc:
                     dones[i, k] = True
                     obs, _ = env.reset()
-                self.raw_obs[i] = obs
+                self.obs[i] = obs
         if rewards.size:
             self.tracker.add(rewards, dones, np.arange(rewards.shape[1]) < np.asarray(counts)[:, None], keep=False)
         self.is_init[:] = True
-        self._publish_reset(np.arange(n))
-
-    def _publish_reset(self, rows: np.ndarray) -> None:
-        """Make ``raw_obs[rows]`` (fresh episode starts) the policy's observation, transformed if needed."""
-        if self.transform is not None and len(rows):
-            self.obs[rows] = self.transform.reset(self.raw_obs[rows])
 
     def sample_actions(self, out: np.ndarray) -> None:
         """Random actions from each env's (seeded) action space, for ``policy=None``."""
@@ -128,7 +109,7 @@ class EnvSlice:
         masks those steps).
         """
         envs = self.envs
-        next_obs, reward, terminated, truncated = self.raw_next_obs, self.raw_reward, self.terminated, self.truncated
+        next_obs, reward, terminated, truncated = self.next_obs, self.reward, self.terminated, self.truncated
         resets: list[tuple[int, Any]] = []
         idle = self.idle
         wait_reset = self.wait_reset
@@ -147,20 +128,10 @@ class EnvSlice:
                     resets.append((i, envs[i].reset()[0]))
         np.logical_or(terminated, truncated, out=self.done)
         self.is_init[:] = False
-        if self.transform is None:
-            self.obs[:] = next_obs
-            for i, obs in resets:
-                self.obs[i] = obs
-                self.is_init[i] = True
-        else:
-            self.next_obs[:], self.reward[:] = self.transform.step(next_obs, reward, self.done, terminated, truncated)
-            self.obs[:] = self.next_obs
-            if resets:
-                rows = np.array([i for i, _ in resets])
-                for i, obs in resets:
-                    self.raw_obs[i] = obs
-                self.is_init[rows] = True
-                self._publish_reset(rows)
+        self.obs[:] = next_obs
+        for i, obs in resets:
+            self.obs[i] = obs
+            self.is_init[i] = True
         self.rewards_block[:, t] = reward
         self.dones_block[:, t] = self.done
 
@@ -192,11 +163,9 @@ class EnvSlice:
             return
         rows = np.flatnonzero(self.idle)
         for i in rows:
-            obs, _ = self.envs[i].reset()
-            self.raw_obs[i] = obs
+            self.obs[i], _ = self.envs[i].reset()
             self.is_init[i] = True
         self.idle[:] = False
-        self._publish_reset(rows)
 
     def close(self) -> None:
         for env in self.envs:

@@ -56,7 +56,6 @@ class TorchRLEngine:
             raise ValueError("reset_mode='wait_reset' is not available with TorchRL's collectors; use a tdrl kind")
         if settings.max_decorrelation_steps:
             raise ValueError("max_decorrelation_steps is not available with TorchRL's collectors; use a tdrl kind")
-        self.transform = None  # applied where the envs are stepped, with its own state there
         self.batch_B, self.batch_T, self.policy = batch_B, batch_T, policy
         self.tracker = EpisodeTracker(batch_B, discount=settings.discount, game_score=settings.game_score)
         kwargs = dict(
