@@ -28,9 +28,8 @@ prioritized sampler's C++ extension does not load against torch 2.13, and it has
 stored-state sequences or cross-process sharing. :class:`PrioritizedSampler` implements TorchRL's ``Sampler``.
 """
 
-from tdrl.replay.buffer import TransitionReplayBuffer
+from tdrl.replay.buffer import TransitionReplayBuffer, nstep_returns
 from tdrl.replay.frames import FrameStack
-from tdrl.replay.nstep import nstep_returns
 from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
 from tdrl.replay.schema import ReplayError
 from tdrl.replay.sequence import SequenceReplayBuffer, sequence_priority

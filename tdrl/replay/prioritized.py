@@ -90,35 +90,25 @@ class PrioritizedSampler(Sampler):
         if max_capacity is not None:
             self.bind(max_capacity)
 
-    def bind(self, capacity: int, directory: str | os.PathLike | None = None) -> None:
-        """Allocate the tree for ``capacity`` leaves, in RAM or as memmaps in ``directory`` (shared)."""
+    def bind(self, capacity: int, directory: str | os.PathLike | None = None, *, create: bool = True) -> None:
+        """Allocate the tree for ``capacity`` leaves, in RAM or as memmaps in ``directory`` (shared); with
+        ``create=False``, map the tree another process bound there."""
         self.capacity = int(capacity)
         self._directory = Path(directory) if directory is not None else None
-        self._map(create=True)
-
-    def attach(self, capacity: int, directory: str | os.PathLike) -> None:
-        """Map a tree another process bound in ``directory`` (no reset)."""
-        self.capacity = int(capacity)
-        self._directory = Path(directory)
-        self._map(create=False)
-
-    def _map(self, create: bool) -> None:
         tree_size = SumTree.storage_size(self.capacity, self.branching)
         if self._directory is None:
             self._raw = np.zeros(self.capacity, dtype=np.float64)
             tree_storage = np.zeros(tree_size, dtype=np.float64)
             self._scalars = np.array([0.0, 1.0], dtype=np.float64)
         else:
-            mode = "w+" if create else "r+"
-            d = self._directory
-            # plain ndarray views of the memmaps: np.memmap's Python __getitem__/__array_finalize__ would cost
-            # ~10 us on every tree access
-            self._raw = np.memmap(d / "priority_raw.f64", dtype=np.float64, mode=mode,
-                                  shape=(self.capacity,)).view(np.ndarray)
-            tree_storage = np.memmap(d / "priority_tree.f64", dtype=np.float64, mode=mode,
-                                     shape=(tree_size,)).view(np.ndarray)
-            self._scalars = np.memmap(d / "priority_scalars.f64", dtype=np.float64, mode=mode,
-                                      shape=(2,)).view(np.ndarray)
+            # plain ndarray views: np.memmap's Python-level __getitem__ is slow on every tree access
+            def array(name: str, size: int) -> np.ndarray:
+                return np.memmap(self._directory / name, dtype=np.float64, mode="w+" if create else "r+",
+                                 shape=(size,)).view(np.ndarray)
+
+            self._raw = array("priority_raw.f64", self.capacity)
+            tree_storage = array("priority_tree.f64", tree_size)
+            self._scalars = array("priority_scalars.f64", 2)
             if create:
                 self._scalars[:] = [0.0, 1.0]
         self._tree = SumTree(self.capacity, self.branching, tree_storage)
@@ -133,7 +123,7 @@ class PrioritizedSampler(Sampler):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         if self._directory is not None and self.capacity is not None:
-            self._map(create=False)
+            self.bind(self.capacity, self._directory, create=False)
 
     @property
     def bound(self) -> bool:
@@ -169,20 +159,14 @@ class PrioritizedSampler(Sampler):
         """Count added transitions for the beta schedule."""
         self._scalars[_STEPS] += transitions
 
-    def assign(self, index: np.ndarray, priority: np.ndarray | None = None,
-               valid: np.ndarray | None = None) -> None:
-        """Give new data at ``index`` a priority (default when ``None``) and make it sampleable where ``valid``."""
+    def assign(self, index: np.ndarray, priority: np.ndarray | None = None) -> None:
+        """Give new data at ``index`` a priority (the default when ``None``); :meth:`activate` makes it sampleable."""
         index = np.asarray(index, dtype=np.int64).reshape(-1)
         if priority is None:
-            raw = np.full(index.shape, self.default_priority)
+            self._raw[index] = self.default_priority
         else:
-            raw = np.broadcast_to(check_priorities(priority), index.shape)
-            self._track_max(raw)
-        self._raw[index] = raw
-        value = (raw + self.eps) ** self.alpha
-        if valid is not None:
-            value = np.where(np.asarray(valid).reshape(-1), value, 0.0)
-        self._tree.update(index, value)
+            self._raw[index] = np.broadcast_to(check_priorities(priority), index.shape)
+            self._track_max(self._raw[index])
 
     def activate(self, index: np.ndarray, valid: np.ndarray | None = None) -> None:
         """Make ``index`` sampleable with its stored raw priority (where ``valid``)."""
@@ -249,6 +233,7 @@ class PrioritizedSampler(Sampler):
             raise ReplayError("PrioritizedSampler needs max_capacity when used with torchrl.data.ReplayBuffer")
         index = torch.as_tensor(index).reshape(-1).cpu().numpy()
         self.assign(index)
+        self.activate(index)
         self.advance(index.size)
 
     def update_priority(self, index: int | torch.Tensor, priority: float | torch.Tensor, *,
@@ -289,7 +274,3 @@ class PrioritizedSampler(Sampler):
 
     def loads(self, path: str | os.PathLike) -> None:
         self.load_state_dict(torch.load(Path(path) / "sampler.pt", weights_only=False))
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(capacity={self.capacity}, alpha={self.alpha}, beta={self.beta:.3f}, "
-                f"eps={self.eps})")
