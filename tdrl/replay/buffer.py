@@ -20,7 +20,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from tdrl.replay.frames import FrameStack
-from tdrl.replay.prioritized import PrioritizedSampler, priority_update_args
+from tdrl.replay.prioritized import PrioritizedSampler
 from tdrl.replay.ring import StreamRing, nest
 from tdrl.replay.schema import ReplayError, key_name
 
@@ -165,14 +165,9 @@ class TransitionReplayBuffer:
         return nest(values, [n])
 
     def update_priority(self, index: torch.Tensor | TensorDictBase, priority: torch.Tensor | None = None) -> None:
-        """Set new priorities (e.g. ``|TD error|``) for sampled transitions.
-
-        Args:
-            index: the sample's ``index`` tensor, or the sampled TensorDict itself (then ``priority`` defaults to
-                its ``"td_error"`` entry, as TorchRL losses write it).
-            priority: one non-negative finite value per index.
-        """
-        self.ring.set_priorities(*priority_update_args(self.sampler, index, priority))
+        """Set new priorities (e.g. ``|TD error|``) for sampled transitions (see :meth:`StreamRing.update_priority`:
+        ``index`` may be the sample itself, then ``priority`` defaults to its ``"td_error"``)."""
+        self.ring.update_priority(index, priority)
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, layout, uniform RNG state and sampler state. The stored data is not included: it stays in

@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
-from tdrl.replay.schema import ReplayError, as_key, key_name
+from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
 
 __all__ = ["FrameStack"]
 
@@ -79,18 +79,9 @@ class FrameStack:
     def prepare(self, ring: Any, batch: TensorDictBase, steps: int) -> dict[str, Any]:
         """Validate the stacks and compute what :meth:`write` stores; raises before anything is written."""
         pixels = ring.field(_PIXELS)
-        frame_shape, dtype = pixels.shape[2:], pixels.dtype
+        schema = BatchSchema({key: (pixels.dtype, (self.n_frames, *pixels.shape[2:])) for key in self.keys}, False)
+        obs, next_obs = schema.check(batch, torch.Size([ring.num_streams, steps])).values()
         B = ring.num_streams
-        expected = (B, steps, self.n_frames, *frame_shape)
-        for key in self.keys:
-            value = batch.get(key, None)
-            if value is None:
-                raise ReplayError(f"batch is missing key {key_name(key)!r} that this buffer stores")
-            if value.dtype != dtype:
-                raise ReplayError(f"key {key_name(key)!r} has dtype {value.dtype}, the buffer stores {dtype}")
-            if tuple(value.shape) != expected:
-                raise ReplayError(f"key {key_name(key)!r} has shape {tuple(value.shape)}, expected {expected}")
-        obs, next_obs = batch.get(self.key).cpu(), batch.get(self.next_key).cpu()
         done = batch.get(("next", "done"), None)
         if done is None:
             raise ReplayError("frame stacking needs ('next', 'done') to find episode boundaries")
@@ -98,7 +89,7 @@ class FrameStack:
         start = self._episode_starts(ring, batch, done, steps)
         offset = self._offsets(ring, start, steps)
         if not self._checked_padding:
-            self._check_padding(obs, start, offset)
+            self._check_padding(obs, start)
         # frame positions: one per step, plus one after every done step
         written = ring.field(_WRITTEN)[:, 0].numpy().copy()
         per_step = 1 + done.astype(np.int64)
@@ -138,7 +129,7 @@ class FrameStack:
         since = np.where(last_start >= 0, time[None, :] - last_start, prev[:, None] + 1 + time[None, :])
         return np.minimum(since, cap).astype(np.uint8)
 
-    def _check_padding(self, obs: torch.Tensor, start: np.ndarray, offset: np.ndarray) -> None:
+    def _check_padding(self, obs: torch.Tensor, start: np.ndarray) -> None:
         b, t = np.nonzero(start)
         if b.size == 0:
             return
@@ -171,13 +162,8 @@ class FrameStack:
         ring.write(ring.field(_POS), prepared["pos"], start)
         ring.write(ring.field(_OFFSET), prepared["offset"], start)
         pixels = ring.field(_PIXELS)
-        frame_capacity = pixels.shape[1]
         for b, frames in enumerate(prepared["frames"]):
-            slot = int(prepared["written"][b] % frame_capacity)
-            first = min(frames.shape[0], frame_capacity - slot)
-            pixels[b, slot : slot + first].copy_(frames[:first])
-            if first < frames.shape[0]:
-                pixels[b, : frames.shape[0] - first].copy_(frames[first:])
+            ring.write(pixels[b : b + 1], frames.unsqueeze(0), int(prepared["written"][b]))
         ring.field(_WRITTEN)[:, 0] += torch.as_tensor([f.shape[0] for f in prepared["frames"]])
 
     def _stack(self, ring: Any, index: torch.Tensor, shift: int) -> torch.Tensor:

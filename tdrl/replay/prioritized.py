@@ -19,13 +19,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from tdrl.replay.schema import ReplayError
 from tdrl.replay.sum_tree import SumTree
 
-__all__ = ["PrioritizedSampler", "check_priorities", "priority_update_args"]
+__all__ = ["PrioritizedSampler", "check_priorities"]
 
 _STEPS, _MAX_PRIORITY = 0, 1
 
@@ -40,17 +39,6 @@ def check_priorities(priority: Any, name: str = "priority") -> np.ndarray:
     if np.any(array < 0):
         raise ReplayError(f"{name} contains negative values (min {array.min():.4g}); priorities must be >= 0")
     return array
-
-
-def priority_update_args(sampler: PrioritizedSampler | None, index: Any, priority: Any) -> tuple[torch.Tensor, Any]:
-    """``(index, priority)`` of a buffer's ``update_priority`` call, which may pass the sampled TensorDict itself
-    (then ``priority`` defaults to its ``"td_error"``, as TorchRL losses write it)."""
-    if sampler is None:
-        raise ReplayError("update_priority() needs a prioritized buffer (sampler=PrioritizedSampler(...))")
-    if isinstance(index, TensorDictBase):
-        priority = index.get("td_error") if priority is None else priority
-        index = index.get("index")
-    return torch.as_tensor(index), priority
 
 
 class PrioritizedSampler(Sampler):
@@ -95,23 +83,16 @@ class PrioritizedSampler(Sampler):
         ``create=False``, map the tree another process bound there."""
         self.capacity = int(capacity)
         self._directory = Path(directory) if directory is not None else None
-        tree_size = SumTree.storage_size(self.capacity, self.branching)
+        size = self.capacity + 2 + SumTree.storage_size(self.capacity, self.branching)  # raw, scalars, tree
         if self._directory is None:
-            self._raw = np.zeros(self.capacity, dtype=np.float64)
-            tree_storage = np.zeros(tree_size, dtype=np.float64)
-            self._scalars = np.array([0.0, 1.0], dtype=np.float64)
-        else:
-            # plain ndarray views: np.memmap's Python-level __getitem__ is slow on every tree access
-            def array(name: str, size: int) -> np.ndarray:
-                return np.memmap(self._directory / name, dtype=np.float64, mode="w+" if create else "r+",
-                                 shape=(size,)).view(np.ndarray)
-
-            self._raw = array("priority_raw.f64", self.capacity)
-            tree_storage = array("priority_tree.f64", tree_size)
-            self._scalars = array("priority_scalars.f64", 2)
-            if create:
-                self._scalars[:] = [0.0, 1.0]
-        self._tree = SumTree(self.capacity, self.branching, tree_storage)
+            storage = np.zeros(size, dtype=np.float64)
+        else:  # a plain ndarray view: np.memmap's Python-level __getitem__ is slow on every tree access
+            storage = np.memmap(self._directory / "priorities.f64", dtype=np.float64, mode="w+" if create else "r+",
+                                shape=(size,)).view(np.ndarray)
+        self._raw, self._scalars = storage[: self.capacity], storage[self.capacity : self.capacity + 2]
+        if create:
+            self._scalars[:] = [0.0, 1.0]
+        self._tree = SumTree(self.capacity, self.branching, storage[self.capacity + 2 :])
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -180,15 +161,15 @@ class PrioritizedSampler(Sampler):
         """Make ``index`` unsampleable (its raw priority is kept)."""
         self._tree.update(index, 0.0)
 
-    def update(self, index: np.ndarray, priority: np.ndarray, checked: bool = False) -> None:
-        """Set new priorities for ``index``; leaves that are currently invalid stay invalid.
-
-        ``checked=True`` skips validation the caller already did (:func:`check_priorities`, index range).
-        """
+    def update(self, index: np.ndarray, priority: Any) -> None:
+        """Set new priorities (one, or one per index) for ``index``; leaves that are invalid now stay invalid."""
         index = np.asarray(index, dtype=np.int64).reshape(-1)
-        raw = priority if checked else np.broadcast_to(check_priorities(priority), index.shape)
-        if not checked and index.size and (index.min() < 0 or index.max() >= self.capacity):
+        raw = check_priorities(priority)
+        if raw.size not in (1, index.size):
+            raise ReplayError(f"priority has {raw.size} values for {index.size} indices")
+        if index.size and (index.min() < 0 or index.max() >= self.capacity):
             raise ReplayError(f"index out of range [0, {self.capacity}) in priority update")
+        raw = np.broadcast_to(raw, index.shape)
         self._track_max(raw)
         live = self._tree.leaves[index] > 0
         self._raw[index] = raw
@@ -242,9 +223,7 @@ class PrioritizedSampler(Sampler):
 
     def _empty(self) -> None:
         if self.bound:
-            self._raw[:] = 0.0
-            self._tree.storage[:] = 0.0
-            self._scalars[:] = [0.0, 1.0]
+            self.bind(self.capacity, self._directory)
 
     def state_dict(self) -> dict[str, Any]:
         """Raw priorities, tree leaves, beta progress, max priority and RNG state (tensors, for ``torch.save``)."""

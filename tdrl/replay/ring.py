@@ -390,16 +390,23 @@ class StreamRing:
                 out[key] = rows[:, offset : offset + size].view(n, *shape)
         return out
 
-    def set_priorities(self, index: torch.Tensor, priority: Any) -> None:
-        """New priorities (checked: finite, >= 0, one per leaf in range) for the leaves ``index``."""
-        index = index.reshape(-1).cpu().numpy()
-        priority = check_priorities(priority)
-        if priority.size != index.size:
-            raise ReplayError(f"priority has {priority.size} values for {index.size} indices")
-        if index.size and (index.min() < 0 or index.max() >= self.num_leaves):
-            raise ReplayError(f"index out of range [0, {self.num_leaves}) in priority update")
+    def update_priority(self, index: Any, priority: Any = None, reduce: Callable | None = None) -> None:
+        """New priorities for sampled leaves.
+
+        Args:
+            index: a sample's ``index`` (a sequence's is broadcast along time), or the sample itself (then
+                ``priority`` defaults to its ``"td_error"``, as TorchRL losses write it).
+            priority: one non-negative finite value per index, or what ``reduce`` turns into that.
+        """
+        if self.sampler is None:
+            raise ReplayError("update_priority() needs a prioritized buffer (sampler=PrioritizedSampler(...))")
+        if isinstance(index, TensorDictBase):
+            index, priority = index.get("index"), index.get("td_error") if priority is None else priority
+        index = torch.as_tensor(index)
+        index = index[:, 0] if index.ndim == 2 else index
+        priority = reduce(torch.as_tensor(priority)) if reduce is not None else priority
         with self.store.lock():
-            self.sampler.update(index, priority, checked=True)
+            self.sampler.update(index.reshape(-1).cpu().numpy(), priority)
 
     # --- persistence ------------------------------------------------------------------------------------------
 

@@ -67,7 +67,7 @@ class BatchSchema:
                 continue
             value = batch.get(key, None)
             if value is None:
-                raise ReplayError(f"key {key_name(key)!r} requested in keys= is missing from the batch")
+                raise ReplayError(f"batch is missing key {key_name(key)!r} (named in keys= or state_keys=)")
             if not isinstance(value, torch.Tensor):
                 continue
             entries[key] = (value.dtype, value.shape[batch_dims:])

@@ -25,9 +25,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
-from tdrl.replay.prioritized import PrioritizedSampler, check_priorities, priority_update_args
+from tdrl.replay.prioritized import PrioritizedSampler
 from tdrl.replay.ring import StreamRing, nest
-from tdrl.replay.schema import ReplayError, as_key, key_name
+from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
 
 __all__ = ["SequenceReplayBuffer", "sequence_priority"]
 
@@ -98,23 +98,14 @@ class SequenceReplayBuffer:
         if not self.ring.allocated:
             self._allocate(batch)
         columns, steps, priority = self.ring.check(batch)
-        states = {}
-        for key in self.state_keys:
-            value = batch.get(key, None)
-            target = self.ring.field("state." + key_name(key))
-            if value is None:
-                raise ReplayError(f"batch is missing recurrent-state key {key_name(key)!r}")
-            if value.dtype != target.dtype or value.shape[2:] != target.shape[2:]:
-                raise ReplayError(f"key {key_name(key)!r} has dtype {value.dtype} and per-step shape "
-                                  f"{tuple(value.shape[2:])}, the buffer stores {target.dtype} "
-                                  f"{tuple(target.shape[2:])}")
-            states[key] = value.cpu()
+        fields = {key: self.ring.field("state." + key_name(key)) for key in self.state_keys}
+        schema = BatchSchema({key: (field.dtype, field.shape[2:]) for key, field in fields.items()}, strict=False)
+        states = schema.check(batch, batch.batch_size)
         start = self.ring.begin_write(steps)
         self.ring.write_columns(columns, start)
         first = (-start) % self.interval  # first step of this batch at a state boundary
         for key, value in states.items():
-            target = self.ring.field("state." + key_name(key))
-            self.ring.write(target, value[:, first :: self.interval], start + first, self.interval)
+            self.ring.write(fields[key], value[:, first :: self.interval], start + first, self.interval)
         self.ring.end_write(start, steps, priority)
 
     def _allocate(self, batch: TensorDictBase) -> None:
@@ -125,15 +116,11 @@ class SequenceReplayBuffer:
         if per_stream < self.seq_len:
             raise ReplayError(f"capacity {self.ring.capacity_requested} holds {per_stream} steps per stream, "
                               f"fewer than one sequence (L={self.seq_len})")
-        states = {key: batch.get(key, None) for key in self.state_keys}
-        for key, value in states.items():
-            if value is None:
-                raise ReplayError(f"batch is missing recurrent-state key {key_name(key)!r}")
+        states = BatchSchema.from_batch(batch, 2, self.state_keys).entries
 
         def state_fields(num_streams: int, time_capacity: int) -> dict[str, Any]:
-            starts = time_capacity // self.interval
-            return {"state." + key_name(key): ((num_streams, starts, *value.shape[2:]), value.dtype)
-                    for key, value in states.items()}
+            return {"state." + key_name(key): ((num_streams, time_capacity // self.interval, *shape), dtype)
+                    for key, (dtype, shape) in states.items()}
 
         self.ring.allocate(batch, {"kind": "sequence", "interval": self.interval}, state_fields)
 
@@ -177,12 +164,10 @@ class SequenceReplayBuffer:
             priority: ``[batch_B]`` per-sequence priorities, or ``[batch_B, T]`` per-step TD errors reduced with
                 :func:`sequence_priority` (``eta = pri_eta``).
         """
-        index, priority = priority_update_args(self.sampler, index, priority)
-        priority = torch.as_tensor(priority)
-        if priority.ndim == 2:
-            check_priorities(priority.abs())  # NaN or inf before the reduction
-            priority = sequence_priority(priority, self.pri_eta)
-        self.ring.set_priorities(index[:, 0] if index.ndim == 2 else index, priority)
+        def reduce(priority: torch.Tensor) -> torch.Tensor:
+            return sequence_priority(priority, self.pri_eta) if priority.ndim == 2 else priority
+
+        self.ring.update_priority(index, priority, reduce)
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, layout, RNG and sampler state; the data stays in ``scratch_dir`` (see :mod:`tdrl.replay`)."""
