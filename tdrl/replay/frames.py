@@ -95,7 +95,7 @@ class FrameStack:
         per_step = 1 + done.astype(np.int64)
         pos = written[:, None] + np.cumsum(per_step, axis=1) - per_step
         count = per_step.sum(axis=1)
-        self._check_room(ring, pos, offset, written + count, steps)
+        self._check_room(ring, pos, written + count, steps)
         frames = []
         for b in range(B):
             newest = obs[b, :, -1]
@@ -143,8 +143,7 @@ class FrameStack:
                               f"build FrameStack(padding={other!r}) to match the environment's frame stacking")
         self._checked_padding = True
 
-    def _check_room(self, ring: Any, pos: np.ndarray, offset: np.ndarray, written_after: np.ndarray,
-                    steps: int) -> None:
+    def _check_room(self, ring: Any, pos: np.ndarray, written_after: np.ndarray, steps: int) -> None:
         frame_capacity = ring.field(_PIXELS).shape[1]
         oldest_alive = ring.write_done + steps - ring.time_capacity
         if oldest_alive <= 0:

@@ -93,7 +93,7 @@ class StreamRing:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         if self.store.allocated:
-            self._bind_fields()
+            self._adopt_meta()
 
     @property
     def allocated(self) -> bool:
@@ -151,15 +151,12 @@ class StreamRing:
         self._sync()
 
     def _adopt_meta(self) -> None:
+        """Layout and per-key views of the fields ``meta.json`` describes."""
         meta = self.store.meta
-        self.num_streams = meta["num_streams"]
-        self.time_capacity = meta["time_capacity"]
+        self.num_streams, self.time_capacity = meta["num_streams"], meta["time_capacity"]
         self.flat_batches = meta["flat_batches"]
         self.schema = BatchSchema.from_json(meta["schema"])
-        self._bind_fields()
-
-    def _bind_fields(self) -> None:
-        packing = self.store.meta["packing"]
+        packing = meta["packing"]
         rows = self.num_streams * self.time_capacity
         self.fields, self.flat, self.groups = {}, {}, {}
         for key, (_, shape) in self.schema.entries.items():
@@ -173,8 +170,6 @@ class StreamRing:
     def field(self, name: str) -> torch.Tensor:
         """An extra (codec-owned) field by name."""
         return self.store.fields[name]
-
-    # --- counters and the slot index --------------------------------------------------------------------------
 
     @property
     def write_done(self) -> int:
@@ -234,8 +229,6 @@ class StreamRing:
         index = torch.from_numpy(np.asarray(self.flat_index(stream, time)).reshape(-1))
         return self.flat[self.stored_mask_key][index].reshape(-1).numpy()
 
-    # --- writing ----------------------------------------------------------------------------------------------
-
     def check(self, batch: TensorDictBase) -> tuple[dict[tuple[str, ...], torch.Tensor], int, np.ndarray | None]:
         """Validate a batch against the layout before anything is written.
 
@@ -244,18 +237,11 @@ class StreamRing:
         """
         if not isinstance(batch, TensorDictBase):
             raise ReplayError(f"extend() takes a TensorDict, got {type(batch).__name__}")
-        if batch.batch_dims == 1:
-            if not self.flat_batches:
-                raise ReplayError(f"batch_size {list(batch.batch_size)} is a flat [N] batch, but this buffer "
-                                  f"stores B={self.num_streams} time streams; extend it with [B, T] batches")
-            steps = int(batch.batch_size[0])
-        elif batch.batch_dims == 2:
-            if self.flat_batches or batch.batch_size[0] != self.num_streams:
-                expected = "[N] (flat)" if self.flat_batches else f"[{self.num_streams}, T]"
-                raise ReplayError(f"batch_size {list(batch.batch_size)} does not match the buffer's {expected}")
-            steps = int(batch.batch_size[1])
-        else:
-            raise ReplayError(f"batch_size must be [B, T] or [N], got {list(batch.batch_size)}")
+        leading = [] if self.flat_batches else [self.num_streams]  # batch dims before time
+        if batch.batch_dims == 0 or list(batch.batch_size[:-1]) != leading:
+            expected = "[N] (flat transitions)" if self.flat_batches else f"[{self.num_streams}, T] ([B, T] batches)"
+            raise ReplayError(f"batch_size {list(batch.batch_size)} does not match the buffer's {expected}")
+        steps = int(batch.batch_size[-1])
         if steps > self.time_capacity:
             raise ReplayError(f"batch has {steps} time steps, more than the buffer's T_cap={self.time_capacity} "
                               f"(capacity {self.capacity} / B={self.num_streams})")
@@ -324,8 +310,6 @@ class StreamRing:
             self.sampler.assign(new, priority)
             self.sampler.activate(self.leaves_of(lo, hi + 1), valid=valid)
             self.sampler.advance(steps * self.num_streams)
-
-    # --- sampling ---------------------------------------------------------------------------------------------
 
     def draw(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """``(stream, absolute slot, leaf values or None)`` of ``n`` draws from the data complete now."""
@@ -407,8 +391,6 @@ class StreamRing:
         priority = reduce(torch.as_tensor(priority)) if reduce is not None else priority
         with self.store.lock():
             self.sampler.update(index.reshape(-1).cpu().numpy(), priority)
-
-    # --- persistence ------------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """Counters and layout, the uniform RNG and the sampler (the data stays in the files)."""
