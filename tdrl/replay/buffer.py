@@ -1,10 +1,7 @@
-"""Transition replay: uniform or prioritized, n-step, optional frame de-duplication, shareable across processes.
+"""Transition replay: uniform or prioritized, n-step, optional frame de-duplication (keys: see :mod:`tdrl.replay`).
 
-See :mod:`tdrl.replay` for the keys a sample carries. A :class:`~tdrl.replay.ring.StreamRing` with one slot per step
-holds the data, an optional :class:`~tdrl.replay.prioritized.PrioritizedSampler` draws (``None``: uniform) and an
-optional :class:`~tdrl.replay.frames.FrameStack` stores image stacks. A start is sampleable once its whole n-step
-window (with a frame stack, one step more: the next stack's frame) is written, while it and the history frames of
-its stack are not overwritten, and where the validity mask (``mask_key``, from wait-reset collectors) is True.
+A start is sampleable once its whole n-step window (with a frame stack, one step more: the next stack's frame) is
+written, while it and the history frames of its stack are not overwritten, and where the validity mask is True.
 """
 
 from __future__ import annotations
@@ -55,15 +52,14 @@ class TransitionReplayBuffer:
         frame_stack: a :class:`~tdrl.replay.frames.FrameStack` to store stacked image observations once per frame.
         mask_key: per-step validity mask of wait-reset collectors; False steps are never sampled.
         priority_key: per-step input priorities of a batch, for new data of a prioritized sampler; not stored.
-        keys, exclude_keys: store only these keys (default: every tensor leaf of the first batch) / never these.
+        keys: store only these keys (default: every tensor leaf of the first batch).
         seed: seed of the uniform index generator.
     """
 
     def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, sampler: PrioritizedSampler | None = None,
                  n_step: int = 1, gamma: float = 0.99, frame_stack: FrameStack | None = None,
                  mask_key: NestedKey | None = ("collector", "mask"), priority_key: NestedKey = "priority",
-                 keys: Sequence[NestedKey] | None = None, exclude_keys: Sequence[NestedKey] = (),
-                 seed: int | None = None) -> None:
+                 keys: Sequence[NestedKey] | None = None, seed: int | None = None) -> None:
         if n_step < 1:
             raise ValueError(f"n_step must be >= 1, got {n_step}")
         if not 0.0 <= gamma <= 1.0:
@@ -74,8 +70,8 @@ class TransitionReplayBuffer:
         self.frame_stack = frame_stack
         stacked = frame_stack is not None
         # a sample reads the history frames of its stack before it, its window and the next stack's frame after it
-        self.ring = StreamRing(scratch_dir, capacity, keys=keys,
-                               exclude_keys=[*exclude_keys, *(frame_stack.keys if stacked else ())],
+        self.ring = StreamRing(scratch_dir, capacity, {"kind": "transition", "n_step": self.n_step}, keys=keys,
+                               exclude_keys=frame_stack.keys if stacked else (),
                                lookback=frame_stack.n_frames - 1 if stacked else 0, lookahead=self.n_step - 1 + stacked,
                                sampler=sampler, mask_key=mask_key, priority_key=priority_key, seed=seed)
 
@@ -117,7 +113,7 @@ class TransitionReplayBuffer:
             raise ReplayError(f"flat [N] batches carry no time order; n_step={self.n_step} and frame stacks need "
                               f"[B, T] collector batches")
         codec = functools.partial(self.frame_stack.fields, batch) if self.frame_stack is not None else None
-        self.ring.allocate(batch, {"kind": "transition", "n_step": self.n_step}, codec)
+        self.ring.allocate(batch, codec)
         if self.n_step > 1:
             for key in (("next", "reward"), ("next", "done")):
                 if key not in self.ring.schema.entries:
@@ -172,19 +168,17 @@ class TransitionReplayBuffer:
     def state_dict(self) -> dict[str, Any]:
         """Counters, layout, uniform RNG state and sampler state. The stored data is not included: it stays in
         ``scratch_dir``, and a buffer built on the same directory reopens it with :meth:`load_state_dict`."""
-        return {**self.ring.state_dict(), "n_step": self.n_step, "gamma": self.gamma}
+        return self.ring.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`; the data files must be in this buffer's ``scratch_dir`` (same directory, or
         copied there by :meth:`loads`)."""
-        if state["n_step"] != self.n_step:
-            raise ReplayError(f"state has n_step={state['n_step']}, this buffer n_step={self.n_step}")
         self.ring.load_state_dict(state)
 
     def dumps(self, path: str | os.PathLike) -> None:
         """Write a complete copy (data files + state) to ``path``; only the state when ``path`` is ``scratch_dir``."""
-        self.ring.dump(path, self.state_dict())
+        self.ring.dump(path)
 
     def loads(self, path: str | os.PathLike) -> None:
         """Restore a copy written by :meth:`dumps` into this buffer's ``scratch_dir``."""
-        self.ring.load(path, self.load_state_dict)
+        self.ring.load(path)

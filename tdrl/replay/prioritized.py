@@ -3,12 +3,11 @@
 Ours because TorchRL 0.14.1's ``PrioritizedSampler`` needs its C++ extension, which fails to import against torch
 2.13 (pytorch/rl#3508). Pure numpy, so it works with ``torchrl.data.ReplayBuffer`` and inside tdrl's buffers.
 
-A leaf holds ``(priority + eps) ** alpha`` and is drawn stratified with probability ``leaf / total``. New data gets
-``default_priority`` (``None``: the largest priority seen, initially 1.0) or a batch's input priorities. Importance
-weights ``(N * P(i)) ** -beta`` are normalised by the batch maximum (rlpyt) and read by TorchRL losses from
-``priority_weight``; ``beta`` anneals linearly from ``beta_init`` to ``beta_final`` over ``beta_steps`` added
-transitions. A zero leaf is invalid: buffers hide incomplete or overwritten slots that way, and :meth:`update` never
-revives one. Inside a tdrl buffer the arrays are memmaps in its directory, so processes share one tree.
+A leaf holds ``(priority + eps) ** alpha`` and is drawn stratified with probability ``leaf / total``. Importance
+weights ``(N * P(i)) ** -beta`` are normalised by the batch maximum (rlpyt); ``beta`` anneals linearly from
+``beta_init`` to ``beta_final`` over ``beta_steps`` added transitions. A zero leaf is invalid: buffers hide
+incomplete or overwritten slots that way, and :meth:`update` never revives one. Inside a tdrl buffer the arrays are
+memmaps in its directory, so processes share one tree.
 """
 
 from __future__ import annotations
@@ -107,13 +106,9 @@ class PrioritizedSampler(Sampler):
             self.bind(self.capacity, self._directory, create=False)
 
     @property
-    def bound(self) -> bool:
-        return self.capacity is not None
-
-    @property
     def beta(self) -> float:
         """Current importance-weight exponent (annealed by transitions added)."""
-        steps = float(self._scalars[_STEPS]) if self.bound else 0.0
+        steps = float(self._scalars[_STEPS]) if self.capacity is not None else 0.0
         frac = min(1.0, steps / self.beta_steps)
         return self.beta_init + frac * (self.beta_final - self.beta_init)
 
@@ -121,11 +116,10 @@ class PrioritizedSampler(Sampler):
     def default_priority(self) -> float:
         if self._default_priority is not None:
             return float(self._default_priority)
-        return float(self._scalars[_MAX_PRIORITY]) if self.bound else 1.0
+        return float(self._scalars[_MAX_PRIORITY]) if self.capacity is not None else 1.0
 
     @property
     def total(self) -> float:
-        """Total tree mass (sum of valid leaves)."""
         return self._tree.total
 
     def leaf_values(self, index: np.ndarray) -> np.ndarray:
@@ -200,7 +194,7 @@ class PrioritizedSampler(Sampler):
     def sample(self, storage: Any, batch_size: int) -> tuple[torch.Tensor, dict]:
         if len(storage) == 0:
             raise ReplayError("cannot sample from an empty storage")
-        if not self.bound:
+        if self.capacity is None:
             raise ReplayError("PrioritizedSampler needs max_capacity when used with torchrl.data.ReplayBuffer")
         index, weights = self.draw(batch_size)
         index_t = torch.from_numpy(index)
@@ -210,7 +204,7 @@ class PrioritizedSampler(Sampler):
         self.extend(torch.as_tensor([index]))
 
     def extend(self, index: torch.Tensor) -> None:
-        if not self.bound:
+        if self.capacity is None:
             raise ReplayError("PrioritizedSampler needs max_capacity when used with torchrl.data.ReplayBuffer")
         index = torch.as_tensor(index).reshape(-1).cpu().numpy()
         self.assign(index)
@@ -222,12 +216,12 @@ class PrioritizedSampler(Sampler):
         self.update(torch.as_tensor(index).reshape(-1).cpu().numpy(), priority)
 
     def _empty(self) -> None:
-        if self.bound:
+        if self.capacity is not None:
             self.bind(self.capacity, self._directory)
 
     def state_dict(self) -> dict[str, Any]:
         """Raw priorities, tree leaves, beta progress, max priority and RNG state (tensors, for ``torch.save``)."""
-        if not self.bound:
+        if self.capacity is None:
             return {"capacity": None, "rng": self.rng.bit_generator.state}
         return {
             "capacity": self.capacity, "raw": torch.from_numpy(np.array(self._raw)),
@@ -239,7 +233,7 @@ class PrioritizedSampler(Sampler):
         self.rng.bit_generator.state = state_dict["rng"]
         if state_dict["capacity"] is None:
             return
-        if not self.bound or self.capacity != state_dict["capacity"]:
+        if self.capacity != state_dict["capacity"]:
             self.bind(state_dict["capacity"], self._directory)
         self._raw[:] = state_dict["raw"].numpy()
         self._tree.leaves[:] = state_dict["leaves"].numpy()

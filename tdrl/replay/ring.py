@@ -51,6 +51,7 @@ class StreamRing:
         directory: explicit storage directory (normally under the run directory).
         capacity: total steps; ``T_cap = capacity // B`` rounded down to a multiple of ``stride``.
         keys: store only these keys (others in a batch are ignored); default all tensor leaves of the first batch.
+        layout: what the buffer's samples depend on (``kind``, ``n_step``, ...), saved and checked on load.
         exclude_keys: keys never stored by the schema (codecs such as frame stacks store them their own way).
         stride, lookback, lookahead: slot spacing, and the steps before / after a slot that its sample reads.
         sampler: ``None`` for uniform draws, or a :class:`PrioritizedSampler` with one leaf per slot.
@@ -59,14 +60,16 @@ class StreamRing:
         seed: of the uniform draws.
     """
 
-    def __init__(self, directory: str | os.PathLike, capacity: int, *, keys: Sequence[NestedKey] | None = None,
-                 exclude_keys: Sequence[NestedKey] = (), stride: int = 1, lookback: int = 0, lookahead: int = 0,
-                 sampler: PrioritizedSampler | None = None, mask_key: NestedKey | None = None,
-                 priority_key: NestedKey = "priority", seed: int | None = None) -> None:
+    def __init__(self, directory: str | os.PathLike, capacity: int, layout: dict[str, Any], *,
+                 keys: Sequence[NestedKey] | None = None, exclude_keys: Sequence[NestedKey] = (), stride: int = 1,
+                 lookback: int = 0, lookahead: int = 0, sampler: PrioritizedSampler | None = None,
+                 mask_key: NestedKey | None = None, priority_key: NestedKey = "priority",
+                 seed: int | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.store = MemmapStore(directory)
         self.capacity_requested = int(capacity)
+        self.layout = layout
         self.keys = keys
         self.priority_key = as_key(priority_key)
         self.exclude_keys = (self.priority_key, *exclude_keys)
@@ -80,14 +83,12 @@ class StreamRing:
         self.flat_batches = False
         self.synced = False
         self.stored_mask_key: tuple[str, ...] | None = None  # mask_key, when the batches carry it
-        self.fields: dict[tuple[str, ...], torch.Tensor] = {}
-        self.flat: dict[tuple[str, ...], torch.Tensor] = {}
-        self.groups: dict[str, list] = {}
-        self.group_flat: dict[str, torch.Tensor] = {}
+        self.fields: dict[tuple[str, ...], torch.Tensor] = {}  # key -> [B, T_cap, *shape] view of its group
+        self.groups: dict[str, list] = {}  # packed group -> [(key, offset, size, shape)]
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["fields"], state["flat"], state["groups"], state["group_flat"] = {}, {}, {}, {}
+        state["fields"], state["groups"] = {}, {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -116,8 +117,7 @@ class StreamRing:
         """Steps the ring holds when full (``B * T_cap``)."""
         return self.num_streams * self.time_capacity
 
-    def allocate(self, batch: TensorDictBase, extra_meta: dict[str, Any],
-                 extra_fields: Callable[[int, int], dict[str, tuple]] | None = None) -> None:
+    def allocate(self, batch: TensorDictBase, extra_fields: Callable[[int, int], dict] | None = None) -> None:
         """Fix ``B``, ``T_cap`` and the schema from the first batch and create the files (with codec-owned fields
         ``extra_fields(B, T_cap)``: name -> (shape, dtype)), and the sampler's tree."""
         if batch.batch_dims not in (1, 2):
@@ -144,7 +144,7 @@ class StreamRing:
         if set(fields) & set(extra):
             raise ReplayError(f"field name clash in replay storage: {sorted(set(fields) & set(extra))}")
         meta = {"num_streams": num_streams, "time_capacity": time_capacity, "flat_batches": flat,
-                "schema": schema.to_json(), "packing": packing, **extra_meta}
+                "schema": schema.to_json(), "packing": packing, **self.layout}
         self.store.allocate({**fields, **extra}, meta)
         if self.sampler is not None:
             self.sampler.bind(num_streams * (time_capacity // self.stride), self.store.directory)
@@ -157,15 +157,12 @@ class StreamRing:
         self.flat_batches = meta["flat_batches"]
         self.schema = BatchSchema.from_json(meta["schema"])
         packing = meta["packing"]
-        rows = self.num_streams * self.time_capacity
-        self.fields, self.flat, self.groups = {}, {}, {}
+        self.fields, self.groups = {}, {}
         for key, (_, shape) in self.schema.entries.items():
             group, offset, size = packing[key_name(key)]
             whole = self.store.fields[group]
             self.fields[key] = whole[..., offset : offset + size].view(*whole.shape[:2], *shape)
-            self.flat[key] = self.fields[key].view(rows, *shape)
             self.groups.setdefault(group, []).append((key, offset, size, shape))
-        self.group_flat = {g: self.store.fields[g].view(rows, -1) for g in self.groups}
 
     def field(self, name: str) -> torch.Tensor:
         """An extra (codec-owned) field by name."""
@@ -227,7 +224,7 @@ class StreamRing:
         if self.stored_mask_key is None:
             return None
         index = torch.from_numpy(np.asarray(self.flat_index(stream, time)).reshape(-1))
-        return self.flat[self.stored_mask_key][index].reshape(-1).numpy()
+        return self.fields[self.stored_mask_key].flatten(0, 1)[index].reshape(-1).numpy()
 
     def check(self, batch: TensorDictBase) -> tuple[dict[tuple[str, ...], torch.Tensor], int, np.ndarray | None]:
         """Validate a batch against the layout before anything is written.
@@ -359,7 +356,7 @@ class StreamRing:
 
     def gather(self, key: tuple[str, ...], index: torch.Tensor) -> torch.Tensor:
         """One key at flat ``index`` (a strided gather; prefer :meth:`gather_keys` for many keys)."""
-        return torch.index_select(self.flat[key], 0, index)
+        return torch.index_select(self.fields[key].flatten(0, 1), 0, index)
 
     def gather_keys(self, index: torch.Tensor, part: str | None = None) -> dict[tuple[str, ...], torch.Tensor]:
         """Every stored key (or only ``part``: ``"root"`` or ``"next"`` keys) at flat ``index`` ``[N]``: one
@@ -369,7 +366,7 @@ class StreamRing:
         for group, members in self.groups.items():
             if part is not None and not group.startswith(part + "."):
                 continue
-            rows = torch.index_select(self.group_flat[group], 0, index)
+            rows = torch.index_select(self.store.fields[group].flatten(0, 1), 0, index)
             for key, offset, size, shape in members:
                 out[key] = rows[:, offset : offset + size].view(n, *shape)
         return out
@@ -401,6 +398,9 @@ class StreamRing:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Reopen the files in place with the layout and counters of :meth:`state_dict`, then restore the rest."""
+        saved = state["ring"]["meta"] or self.layout
+        if {key: saved.get(key) for key in self.layout} != self.layout:
+            raise ReplayError(f"state is of a buffer with {saved}, this buffer has {self.layout}")
         self.store.restore(state["ring"])
         self.synced = False
         if self.store.meta is not None:
@@ -411,19 +411,19 @@ class StreamRing:
             self.sampler.load_state_dict(state["sampler"])
         self.rng.bit_generator.state = state["rng"]
 
-    def dump(self, path: str | os.PathLike, state: dict[str, Any]) -> None:
-        """Save a buffer's ``state`` to ``path`` with a copy of the data files (unless ``path`` holds them)."""
+    def dump(self, path: str | os.PathLike) -> None:
+        """Save :meth:`state_dict` to ``path`` with a copy of the data files (unless ``path`` holds them)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         if self.allocated and path.resolve() != self.store.directory.resolve():
             self.store.copy_files_to(path / "storage")
         elif self.allocated:
             self.store.flush()
-        torch.save(state, path / "replay_state.pt")
+        torch.save(self.state_dict(), path / "replay_state.pt")
 
-    def load(self, path: str | os.PathLike, load_state_dict: Callable[[dict[str, Any]], None]) -> None:
-        """Restore what :meth:`dump` wrote: the buffer's state through ``load_state_dict``, then the data."""
+    def load(self, path: str | os.PathLike) -> None:
+        """Restore what :meth:`dump` wrote: the state, then the data."""
         path = Path(path)
-        load_state_dict(torch.load(path / "replay_state.pt", weights_only=False))
+        self.load_state_dict(torch.load(path / "replay_state.pt", weights_only=False))
         if self.store.allocated and (path / "storage").exists():
             self.store.copy_files_from(path / "storage")

@@ -55,8 +55,7 @@ class SequenceReplayBuffer:
                  lookahead_T: int = 0, rnn_state_interval: int, state_keys: Sequence[NestedKey],
                  sampler: PrioritizedSampler | None = None, pri_eta: float = 0.9,
                  mask_key: NestedKey | None = ("collector", "mask"), priority_key: NestedKey = "priority",
-                 keys: Sequence[NestedKey] | None = None, exclude_keys: Sequence[NestedKey] = (),
-                 seed: int | None = None) -> None:
+                 keys: Sequence[NestedKey] | None = None, seed: int | None = None) -> None:
         if batch_T < 1 or warmup_T < 0 or lookahead_T < 0 or rnn_state_interval < 1:
             raise ValueError("need batch_T >= 1, warmup_T >= 0, lookahead_T >= 0, rnn_state_interval >= 1")
         if not state_keys:
@@ -67,10 +66,10 @@ class SequenceReplayBuffer:
         self.state_keys = [as_key(k) for k in state_keys]
         self.sampler = sampler
         self.pri_eta = float(pri_eta)
-        exclude = [*self.state_keys, *(("next", *k) for k in self.state_keys), *exclude_keys]
-        self.ring = StreamRing(scratch_dir, capacity, keys=keys, exclude_keys=exclude, stride=self.interval,
-                               lookahead=self.seq_len - 1, sampler=sampler, mask_key=mask_key,
-                               priority_key=priority_key, seed=seed)
+        exclude = [*self.state_keys, *(("next", *k) for k in self.state_keys)]
+        self.ring = StreamRing(scratch_dir, capacity, {"kind": "sequence", "interval": self.interval}, keys=keys,
+                               exclude_keys=exclude, stride=self.interval, lookahead=self.seq_len - 1,
+                               sampler=sampler, mask_key=mask_key, priority_key=priority_key, seed=seed)
 
     @property
     def num_starts(self) -> int:
@@ -122,7 +121,7 @@ class SequenceReplayBuffer:
             return {"state." + key_name(key): ((num_streams, time_capacity // self.interval, *shape), dtype)
                     for key, (dtype, shape) in states.items()}
 
-        self.ring.allocate(batch, {"kind": "sequence", "interval": self.interval}, state_fields)
+        self.ring.allocate(batch, state_fields)
 
     def sample(self, batch_B: int) -> TensorDict:
         """Draw ``batch_B`` sequences as a TensorDict ``[batch_B, L]`` (see module docstring)."""
@@ -178,8 +177,8 @@ class SequenceReplayBuffer:
 
     def dumps(self, path: str | os.PathLike) -> None:
         """Full copy (data + state) into ``path``; only the state when ``path`` is ``scratch_dir``."""
-        self.ring.dump(path, self.state_dict())
+        self.ring.dump(path)
 
     def loads(self, path: str | os.PathLike) -> None:
         """Restore what :meth:`dumps` wrote."""
-        self.ring.load(path, self.load_state_dict)
+        self.ring.load(path)
