@@ -1,10 +1,10 @@
 """``[B, T_cap]`` ring of per-environment time streams on a :class:`~tdrl.replay.storage.MemmapStore`, and the
 sampling index both buffers share.
 
-rlpyt's replay layout with TorchRL's time-last convention: every stored key is a memmapped ``[B, T_cap, *per_step]``
-tensor and a ``[B, T]`` batch is written at one time cursor shared by all streams, wrapping at the end, so n-step
-windows, frame stacks and sequences read consecutive steps. A flat ``[N]`` batch is one stream of ``N`` steps.
-Step ``a`` (absolute, counted since creation) of stream ``b`` lives at flat index ``b * T_cap + a % T_cap``.
+rlpyt's layout, time last: every stored key is a memmapped ``[B, T_cap, *per_step]`` view and a ``[B, T]`` batch is
+written at one time cursor shared by all streams, wrapping at the end, so n-step windows, frame stacks and sequences
+read consecutive steps (a flat ``[N]`` batch is one stream). Step ``a`` (absolute, counted since creation) of stream
+``b`` lives at flat index ``b * T_cap + a % T_cap``.
 
 Samples start at *slots*, every ``stride``-th step (1 for transitions, the stored-state interval for sequences).
 Slot ``s`` of stream ``b`` is leaf ``b * (T_cap // stride) + s % (T_cap // stride)``: the ``index`` a sample carries
@@ -31,6 +31,17 @@ from tdrl.replay.storage import MemmapStore
 __all__ = ["StreamRing", "nest"]
 
 _MAX_REDRAWS = 64
+
+
+def pack(schema: BatchSchema) -> dict[str, list]:
+    """Keys packed into one ``[B, T_cap, width]`` field per (root | next, dtype), so a write or gather is one copy
+    per group, not per key: group -> ``[(key, offset, size, per-step shape)]``."""
+    groups: dict[str, list] = {}
+    for key, (dtype, shape) in schema.entries.items():
+        members = groups.setdefault(f"{'next' if key[0] == 'next' else 'root'}.{str(dtype).removeprefix('torch.')}", [])
+        offset = members[-1][1] + members[-1][2] if members else 0
+        members.append((key, offset, int(torch.Size(shape).numel()), shape))
+    return groups
 
 
 def nest(flat: dict[tuple[str, ...], torch.Tensor], batch_size: Sequence[int]) -> TensorDict:
@@ -78,10 +89,8 @@ class StreamRing:
         self.mask_key = as_key(mask_key) if mask_key is not None else None
         self.rng = np.random.default_rng(seed)
         self.schema: BatchSchema | None = None
-        self.num_streams = 0
-        self.time_capacity = 0
-        self.flat_batches = False
-        self.synced = False
+        self.num_streams = self.time_capacity = 0
+        self.flat_batches = self.synced = False
         self.stored_mask_key: tuple[str, ...] | None = None  # mask_key, when the batches carry it
         self.fields: dict[tuple[str, ...], torch.Tensor] = {}  # key -> [B, T_cap, *shape] view of its group
         self.groups: dict[str, list] = {}  # packed group -> [(key, offset, size, shape)]
@@ -130,21 +139,15 @@ class StreamRing:
             raise ReplayError(f"capacity={self.capacity_requested} is too small for B={num_streams} streams "
                               f"(needs at least {num_streams * self.stride})")
         schema = BatchSchema.from_batch(batch, batch.batch_dims, self.keys, self.exclude_keys)
-        # keys packed into one [B, T_cap, width] array per (root | next, dtype): one gather per group, not per key
-        packing: dict[str, list] = {}
-        widths: dict[str, tuple[int, torch.dtype]] = {}
-        for key, (dtype, shape) in schema.entries.items():
-            group = f"{'next' if key[0] == 'next' else 'root'}.{str(dtype).removeprefix('torch.')}"
-            width = widths.get(group, (0, dtype))[0]
-            size = int(torch.Size(shape).numel())
-            packing[key_name(key)] = [group, width, size]
-            widths[group] = (width + size, dtype)
-        fields = {group: ((num_streams, time_capacity, width), dtype) for group, (width, dtype) in widths.items()}
+        fields = {}
+        for group, members in pack(schema).items():
+            width, dtype = members[-1][1] + members[-1][2], schema.entries[members[0][0]][0]
+            fields[group] = ((num_streams, time_capacity, width), dtype)
         extra = extra_fields(num_streams, time_capacity) if extra_fields is not None else {}
         if set(fields) & set(extra):
             raise ReplayError(f"field name clash in replay storage: {sorted(set(fields) & set(extra))}")
         meta = {"num_streams": num_streams, "time_capacity": time_capacity, "flat_batches": flat,
-                "schema": schema.to_json(), "packing": packing, **self.layout}
+                "schema": schema.to_json(), **self.layout}
         self.store.allocate({**fields, **extra}, meta)
         if self.sampler is not None:
             self.sampler.bind(num_streams * (time_capacity // self.stride), self.store.directory)
@@ -156,13 +159,11 @@ class StreamRing:
         self.num_streams, self.time_capacity = meta["num_streams"], meta["time_capacity"]
         self.flat_batches = meta["flat_batches"]
         self.schema = BatchSchema.from_json(meta["schema"])
-        packing = meta["packing"]
-        self.fields, self.groups = {}, {}
-        for key, (_, shape) in self.schema.entries.items():
-            group, offset, size = packing[key_name(key)]
+        self.groups, self.fields = pack(self.schema), {}
+        for group, members in self.groups.items():
             whole = self.store.fields[group]
-            self.fields[key] = whole[..., offset : offset + size].view(*whole.shape[:2], *shape)
-            self.groups.setdefault(group, []).append((key, offset, size, shape))
+            for key, offset, size, shape in members:
+                self.fields[key] = whole[..., offset : offset + size].view(*whole.shape[:2], *shape)
 
     def field(self, name: str) -> torch.Tensor:
         """An extra (codec-owned) field by name."""

@@ -93,7 +93,6 @@ class SumTree:
     def find(self, mass: np.ndarray) -> np.ndarray:
         """Leaf index whose prefix-sum interval contains each ``mass`` in ``[0, total)``."""
         mass = np.array(mass, dtype=np.float64).reshape(-1)
-        requested = mass
         top = self.levels[-1]
         prefix = np.cumsum(top)
         node = np.minimum(np.searchsorted(prefix, mass, side="right"), top.size - 1)
@@ -108,29 +107,7 @@ class SumTree:
             mass = mass - (inclusive[child, columns] - children[child, columns])
             node = base + child
         bad = self.levels[0][node] <= 0
-        if bad.any():  # rounding walked into a zero subtree: redo those few with a careful scalar search
-            node[bad] = [self._find_one(float(m)) for m in requested[bad]]
+        if bad.any():  # rounding walked into a zero subtree (rare): take the next positive leaf, else the last
+            positive = np.flatnonzero(self.leaves > 0)
+            node[bad] = positive[np.minimum(np.searchsorted(positive, node[bad]), positive.size - 1)]
         return node
-
-    def _find_one(self, mass: float) -> int:
-        """Scalar search that never enters a zero child (slow; only for the rare rounding fix-up)."""
-        node = self._pick(self.levels[-1], mass)
-        mass -= float(self.levels[-1][:node].sum())
-        k = self.branching
-        for level in range(len(self.levels) - 2, -1, -1):
-            children = self.levels[level][node * k : node * k + k]
-            child = self._pick(children, mass)
-            mass -= float(children[:child].sum())
-            node = node * k + child
-        return node
-
-    @staticmethod
-    def _pick(children: np.ndarray, mass: float) -> int:
-        child = int(np.searchsorted(np.cumsum(children), mass, side="right"))
-        if child < children.size and children[child] > 0:
-            return child
-        positive = np.flatnonzero(children > 0)
-        if positive.size == 0:
-            return 0
-        below = positive[positive <= child]
-        return int(below[-1]) if below.size else int(positive[0])
