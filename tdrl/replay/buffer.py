@@ -47,19 +47,19 @@ class TransitionReplayBuffer:
     Args:
         scratch_dir: directory for the memmapped storage (explicit; put it under the run directory).
         capacity: transitions held (``T_cap = capacity // B`` time steps per environment stream).
-        sampler: ``None`` for uniform sampling, or a :class:`PrioritizedSampler`.
+        sampler: ``None`` for uniform sampling, or a :class:`PrioritizedSampler` (new steps get the default priority,
+            or a batch's per-step input priorities ``"priority"``, which are not stored).
         n_step, gamma: n-step return horizon (> 1 needs ``[B, T]`` batches) and its discount (the loss's gamma).
         frame_stack: a :class:`~tdrl.replay.frames.FrameStack` to store stacked image observations once per frame.
         mask_key: per-step validity mask of wait-reset collectors; False steps are never sampled.
-        priority_key: per-step input priorities of a batch, for new data of a prioritized sampler; not stored.
         keys: store only these keys (default: every tensor leaf of the first batch).
         seed: seed of the uniform index generator.
     """
 
     def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, sampler: PrioritizedSampler | None = None,
                  n_step: int = 1, gamma: float = 0.99, frame_stack: FrameStack | None = None,
-                 mask_key: NestedKey | None = ("collector", "mask"), priority_key: NestedKey = "priority",
-                 keys: Sequence[NestedKey] | None = None, seed: int | None = None) -> None:
+                 mask_key: NestedKey | None = ("collector", "mask"), keys: Sequence[NestedKey] | None = None,
+                 seed: int | None = None) -> None:
         if n_step < 1:
             raise ValueError(f"n_step must be >= 1, got {n_step}")
         if not 0.0 <= gamma <= 1.0:
@@ -73,7 +73,7 @@ class TransitionReplayBuffer:
         self.ring = StreamRing(scratch_dir, capacity, {"kind": "transition", "n_step": self.n_step}, keys=keys,
                                exclude_keys=frame_stack.keys if stacked else (),
                                lookback=frame_stack.n_frames - 1 if stacked else 0, lookahead=self.n_step - 1 + stacked,
-                               sampler=sampler, mask_key=mask_key, priority_key=priority_key, seed=seed)
+                               sampler=sampler, mask_key=mask_key, seed=seed)
 
     @property
     def write_count(self) -> int:

@@ -63,11 +63,10 @@ class FrameStack:
 
     def fields(self, batch: TensorDictBase, num_streams: int, time_capacity: int) -> dict[str, Any]:
         obs = batch.get(self.key, None)
-        if obs is None or batch.get(self.next_key, None) is None:
-            raise ReplayError(f"frame stacking needs keys {key_name(self.key)!r} and {key_name(self.next_key)!r}")
-        if obs.ndim < 3 or obs.shape[2] != self.n_frames:
-            raise ReplayError(f"key {key_name(self.key)!r} has shape {tuple(obs.shape)}, expected [B, T, "
-                              f"{self.n_frames}, *frame] (n_frames={self.n_frames}, oldest to newest)")
+        if obs is None or obs.ndim < 3 or obs.shape[2] != self.n_frames:
+            shape = None if obs is None else tuple(obs.shape)
+            raise ReplayError(f"frame stacking needs key {key_name(self.key)!r} as stacks [B, T, {self.n_frames}, "
+                              f"*frame] (oldest to newest), got shape {shape}")
         frame_capacity = time_capacity + max(1, math.ceil(time_capacity * self.slack))
         return {
             _PIXELS: ((num_streams, frame_capacity, *obs.shape[3:]), obs.dtype),
@@ -94,8 +93,7 @@ class FrameStack:
         written = ring.field(_WRITTEN)[:, 0].numpy().copy()
         per_step = 1 + done.astype(np.int64)
         pos = written[:, None] + np.cumsum(per_step, axis=1) - per_step
-        count = per_step.sum(axis=1)
-        self._check_room(ring, pos, written + count, steps)
+        self._check_room(ring, pos, written + per_step.sum(axis=1), steps)
         frames = []
         for b in range(B):
             newest = obs[b, :, -1]
@@ -134,9 +132,8 @@ class FrameStack:
         if b.size == 0:
             return
         stacks = obs[torch.from_numpy(b), torch.from_numpy(t)]
-        newest = stacks[:, -1:]
         history = stacks[:, :-1]
-        expected = torch.zeros_like(history) if self.padding == "zero" else newest.expand_as(history)
+        expected = torch.zeros_like(history) if self.padding == "zero" else stacks[:, -1:].expand_as(history)
         if not torch.equal(history, expected):
             other = "reset" if self.padding == "zero" else "zero"
             raise ReplayError(f"key {key_name(self.key)!r}: stacks at episode starts are not {self.padding}-padded; "

@@ -48,12 +48,12 @@ class PrioritizedSampler(Sampler):
         alpha: priority exponent (0 = uniform); ``beta_*``: the importance-weight exponent's schedule.
         eps: added to every priority so a zero TD error still leaves a small chance of replay.
         default_priority: priority of new data; ``None`` uses the largest priority seen so far.
-        branching: children per sum-tree node; seed: of the sampler's own generator.
+        seed: of the sampler's own generator.
     """
 
     def __init__(self, max_capacity: int | None = None, *, alpha: float = 0.6, beta_init: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int = 1, eps: float = 1e-6,
-                 default_priority: float | None = None, branching: int = 16, seed: int | None = None) -> None:
+                 default_priority: float | None = None, seed: int | None = None) -> None:
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
         if beta_init < 0 or beta_final < 0:
@@ -70,7 +70,6 @@ class PrioritizedSampler(Sampler):
         self.beta_steps = int(beta_steps)
         self.eps = float(eps)
         self._default_priority = default_priority
-        self.branching = int(branching)
         self.rng = np.random.default_rng(seed)
         self._directory: Path | None = None
         self.capacity: int | None = None
@@ -82,7 +81,7 @@ class PrioritizedSampler(Sampler):
         ``create=False``, map the tree another process bound there."""
         self.capacity = int(capacity)
         self._directory = Path(directory) if directory is not None else None
-        size = self.capacity + 2 + SumTree.storage_size(self.capacity, self.branching)  # raw, scalars, tree
+        size = self.capacity + 2 + SumTree.storage_size(self.capacity)  # raw, scalars, tree
         if self._directory is None:
             storage = np.zeros(size, dtype=np.float64)
         else:  # a plain ndarray view: np.memmap's Python-level __getitem__ is slow on every tree access
@@ -91,7 +90,7 @@ class PrioritizedSampler(Sampler):
         self._raw, self._scalars = storage[: self.capacity], storage[self.capacity : self.capacity + 2]
         if create:
             self._scalars[:] = [0.0, 1.0]
-        self._tree = SumTree(self.capacity, self.branching, storage[self.capacity + 2 :])
+        self._tree = SumTree(self.capacity, storage=storage[self.capacity + 2 :])
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

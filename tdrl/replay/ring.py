@@ -31,6 +31,7 @@ from tdrl.replay.storage import MemmapStore
 __all__ = ["StreamRing", "nest"]
 
 _MAX_REDRAWS = 64
+PRIORITY_KEY = ("priority",)  # per-step input priorities of a batch, for a prioritized sampler's new slots
 
 
 def pack(schema: BatchSchema) -> dict[str, list]:
@@ -67,23 +68,20 @@ class StreamRing:
         stride, lookback, lookahead: slot spacing, and the steps before / after a slot that its sample reads.
         sampler: ``None`` for uniform draws, or a :class:`PrioritizedSampler` with one leaf per slot.
         mask_key: per-step validity mask (wait-reset collectors); slots where it is False are never drawn.
-        priority_key: per-step input priorities of a batch, for a prioritized sampler's new slots; not stored.
         seed: of the uniform draws.
     """
 
     def __init__(self, directory: str | os.PathLike, capacity: int, layout: dict[str, Any], *,
                  keys: Sequence[NestedKey] | None = None, exclude_keys: Sequence[NestedKey] = (), stride: int = 1,
                  lookback: int = 0, lookahead: int = 0, sampler: PrioritizedSampler | None = None,
-                 mask_key: NestedKey | None = None, priority_key: NestedKey = "priority",
-                 seed: int | None = None) -> None:
+                 mask_key: NestedKey | None = None, seed: int | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.store = MemmapStore(directory)
         self.capacity_requested = int(capacity)
         self.layout = layout
         self.keys = keys
-        self.priority_key = as_key(priority_key)
-        self.exclude_keys = (self.priority_key, *exclude_keys)
+        self.exclude_keys = (PRIORITY_KEY, *exclude_keys)
         self.stride, self.lookback, self.lookahead = int(stride), int(lookback), int(lookahead)
         self.sampler = sampler
         self.mask_key = as_key(mask_key) if mask_key is not None else None
@@ -246,9 +244,9 @@ class StreamRing:
         columns = self.schema.check(batch, batch.batch_size)
         if self.flat_batches:
             columns = {k: v.unsqueeze(0) for k, v in columns.items()}
-        priority = batch.get(self.priority_key, None) if self.sampler is not None else None
+        priority = batch.get(PRIORITY_KEY, None) if self.sampler is not None else None
         if priority is not None:
-            name = key_name(self.priority_key)
+            name = key_name(PRIORITY_KEY)
             if priority.numel() != steps * self.num_streams or priority.shape[: batch.batch_dims] != batch.batch_size:
                 raise ReplayError(f"key {name!r} has shape {tuple(priority.shape)}, expected "
                                   f"{list(batch.batch_size)} (one priority per step)")

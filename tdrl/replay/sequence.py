@@ -54,8 +54,8 @@ class SequenceReplayBuffer:
     def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, batch_T: int, warmup_T: int = 0,
                  lookahead_T: int = 0, rnn_state_interval: int, state_keys: Sequence[NestedKey],
                  sampler: PrioritizedSampler | None = None, pri_eta: float = 0.9,
-                 mask_key: NestedKey | None = ("collector", "mask"), priority_key: NestedKey = "priority",
-                 keys: Sequence[NestedKey] | None = None, seed: int | None = None) -> None:
+                 mask_key: NestedKey | None = ("collector", "mask"), keys: Sequence[NestedKey] | None = None,
+                 seed: int | None = None) -> None:
         if batch_T < 1 or warmup_T < 0 or lookahead_T < 0 or rnn_state_interval < 1:
             raise ValueError("need batch_T >= 1, warmup_T >= 0, lookahead_T >= 0, rnn_state_interval >= 1")
         if not state_keys:
@@ -69,7 +69,7 @@ class SequenceReplayBuffer:
         exclude = [*self.state_keys, *(("next", *k) for k in self.state_keys)]
         self.ring = StreamRing(scratch_dir, capacity, {"kind": "sequence", "interval": self.interval}, keys=keys,
                                exclude_keys=exclude, stride=self.interval, lookahead=self.seq_len - 1,
-                               sampler=sampler, mask_key=mask_key, priority_key=priority_key, seed=seed)
+                               sampler=sampler, mask_key=mask_key, seed=seed)
 
     @property
     def num_starts(self) -> int:
@@ -81,7 +81,7 @@ class SequenceReplayBuffer:
 
     @property
     def samples_drawn(self) -> int:
-        """Sequences sampled so far, times ``L`` (time steps replayed)."""
+        """Time steps replayed so far (sequences times ``L``)."""
         return self.ring.store.counter("samples_drawn")
 
     @property

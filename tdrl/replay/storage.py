@@ -83,12 +83,8 @@ class MemmapStore:
         return self.meta is not None
 
     def allocate(self, fields: dict[str, tuple[tuple[int, ...], torch.dtype]], meta: dict[str, Any]) -> None:
-        """Create (or reuse, when present with the right size) one file per field, then write ``meta.json``.
-
-        Args:
-            fields: name -> (full shape, torch dtype).
-            meta: JSON-serialisable layout description the buffer needs to reopen the store.
-        """
+        """Create (or reuse, when present with the right size) one file per field ``name -> (shape, dtype)``, then
+        write ``meta.json`` (the fields and the JSON ``meta`` a buffer needs to reopen the store)."""
         spec = {name: {"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")} for name, (shape, dtype)
                 in fields.items()}
         self.meta = {"fields": spec, **meta}
@@ -133,11 +129,8 @@ class MemmapStore:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """Exclusive lock across threads and processes (``flock`` on ``directory/lock``).
-
-        The file lock is taken only once the store has been pickled (sent to or received from another process);
-        a store that never left its process needs only the thread lock (saves two syscalls per call).
-        """
+        """Exclusive lock across threads and processes (``flock`` on ``directory/lock``, taken only once the store
+        has been pickled: a store that never left its process needs only the thread lock)."""
         with self._thread_lock:
             if not self.shared:
                 yield
