@@ -94,14 +94,7 @@ class StreamRing:
         self.groups: dict[str, list] = {}  # packed group -> [(key, offset, size, shape)]
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["fields"], state["groups"] = {}, {}
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        if self.store.allocated:
-            self._adopt_meta()
+        return {**self.__dict__, "fields": {}, "groups": {}, "synced": False}  # views are rebuilt by _sync()
 
     @property
     def allocated(self) -> bool:
@@ -211,11 +204,11 @@ class StreamRing:
         oldest = done - self.time_capacity + self.lookback if done > self.time_capacity else 0
         return -(-oldest // self.stride), (done - 1 - self.lookahead) // self.stride
 
-    def ready_count(self, done: int | None = None) -> int:
+    def ready_count(self) -> int:
         """Sampleable slots over all streams (ignoring the validity mask)."""
         if not self.allocated:
             return 0
-        lo, hi = self.slot_range(self.write_done if done is None else done)
+        lo, hi = self.slot_range(self.write_done)
         return max(0, hi - lo + 1) * self.num_streams
 
     def valid_at(self, stream: np.ndarray, time: np.ndarray) -> np.ndarray | None:
