@@ -60,10 +60,8 @@ class TransitionReplayBuffer:
                  n_step: int = 1, gamma: float = 0.99, frame_stack: FrameStack | None = None,
                  mask_key: NestedKey | None = ("collector", "mask"), keys: Sequence[NestedKey] | None = None,
                  seed: int | None = None) -> None:
-        if n_step < 1:
-            raise ValueError(f"n_step must be >= 1, got {n_step}")
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        if n_step < 1 or not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"need n_step >= 1 and gamma in [0, 1], got {n_step}, {gamma}")
         self.n_step = int(n_step)
         self.gamma = float(gamma)
         self.sampler = sampler
@@ -93,11 +91,8 @@ class TransitionReplayBuffer:
         return self.ring.ready_count()
 
     def extend(self, batch: TensorDictBase) -> None:
-        """Write a ``[B, T]`` collector batch (or a flat ``[N]`` batch into a one-stream buffer).
-
-        Raises:
-            ReplayError: wrong keys, dtypes or shapes, bad input priorities; nothing is written then.
-        """
+        """Write a ``[B, T]`` collector batch (or a flat ``[N]`` batch into a one-stream buffer); raises
+        :class:`ReplayError` (writing nothing) on wrong keys, dtypes or shapes or bad input priorities."""
         if not self.ring.allocated:
             self._allocate(batch)
         columns, steps, priority = self.ring.check(batch)
@@ -121,12 +116,7 @@ class TransitionReplayBuffer:
 
     def sample(self, batch_size: int) -> TensorDict:
         """Draw ``batch_size`` transitions, with replacement, as a flat TensorDict ``[batch_size]`` (keys: see
-        :mod:`tdrl.replay`). The batch may be larger than the transitions ready (SB3 starts learning at 100
-        transitions with batch 256).
-
-        Raises:
-            ReplayError: no transition is ready to sample yet.
-        """
+        :mod:`tdrl.replay`); it may exceed the transitions ready (SB3 starts learning at 100 with batch 256)."""
         if batch_size < 1:
             raise ReplayError(f"batch_size must be >= 1, got {batch_size}")
         if self.ring.ready_count() < 1:

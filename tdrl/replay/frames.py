@@ -44,12 +44,9 @@ class FrameStack:
 
     def __init__(self, n_frames: int = 4, key: NestedKey = "observation",
                  next_key: NestedKey = ("next", "observation"), padding: str = "zero", slack: float = 1 / 16) -> None:
-        if n_frames < 1:
-            raise ValueError(f"n_frames must be >= 1, got {n_frames}")
-        if padding not in ("zero", "reset"):
-            raise ValueError(f"padding must be 'zero' or 'reset', got {padding!r}")
-        if slack <= 0:
-            raise ValueError(f"slack must be > 0, got {slack}")
+        if n_frames < 1 or padding not in ("zero", "reset") or slack <= 0:
+            raise ValueError(f"need n_frames >= 1, padding 'zero' or 'reset' and slack > 0, got {n_frames}, "
+                             f"{padding!r}, {slack}")
         self.n_frames = int(n_frames)
         self.key = as_key(key)
         self.next_key = as_key(next_key)

@@ -54,14 +54,9 @@ class PrioritizedSampler(Sampler):
     def __init__(self, max_capacity: int | None = None, *, alpha: float = 0.6, beta_init: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int = 1, eps: float = 1e-6,
                  default_priority: float | None = None, seed: int | None = None) -> None:
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}")
-        if beta_init < 0 or beta_final < 0:
-            raise ValueError(f"beta_init and beta_final must be >= 0, got {beta_init}, {beta_final}")
-        if beta_steps < 1:
-            raise ValueError(f"beta_steps must be >= 1, got {beta_steps}")
-        if eps <= 0:
-            raise ValueError(f"eps must be > 0 (a zero leaf means 'invalid'), got {eps}")
+        if alpha < 0 or beta_init < 0 or beta_final < 0 or beta_steps < 1 or eps <= 0:
+            raise ValueError(f"need alpha, beta_init, beta_final >= 0, beta_steps >= 1 and eps > 0 (a zero leaf means "
+                             f"'invalid'), got {alpha}, {beta_init}, {beta_final}, {beta_steps}, {eps}")
         if default_priority is not None:
             check_priorities(default_priority, "default_priority")
         self.alpha = float(alpha)

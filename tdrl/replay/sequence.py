@@ -7,11 +7,9 @@ sequences, so each begins with a valid stored state at ``1/I`` of the memory (rl
 ``sample(batch_B)`` returns ``[batch_B, L]``, ``L = warmup_T + batch_T + lookahead_T`` consecutive steps of one
 stream each (they may cross episodes; ``is_init``, ``done`` and the mask say where): every stored key; each state
 key's stored initial state broadcast along time (a stride-0 view; read ``[:, 0]``, as TorchRL's ``LSTMModule``
-takes it); ``index`` and, prioritized, ``priority_weight`` broadcast the same way. ``warmup_T`` steps burn in the
-state, ``batch_T`` train, ``lookahead_T`` complete the n-step targets of the last trained steps.
-
-Prioritized: one tree leaf per stored start; ``update_priority`` takes one priority per sequence, or per-step
-``|TD|`` ``[batch_B, T]`` reduced as ``eta * max + (1 - eta) * mean`` (R2D1, ``pri_eta=0.9``).
+takes it); ``index`` and, prioritized, ``priority_weight`` (one tree leaf per stored start) broadcast the same way.
+``warmup_T`` steps burn in the state, ``batch_T`` train, ``lookahead_T`` complete the n-step targets of the last
+trained steps.
 """
 
 from __future__ import annotations
