@@ -90,11 +90,12 @@ class StreamRing:
         self.num_streams = self.time_capacity = 0
         self.flat_batches = self.synced = False
         self.stored_mask_key: tuple[str, ...] | None = None  # mask_key, when the batches carry it
-        self.fields: dict[tuple[str, ...], torch.Tensor] = {}  # key -> [B, T_cap, *shape] view of its group
         self.groups: dict[str, list] = {}  # packed group -> [(key, offset, size, shape)]
+        self.fields: dict[tuple[str, ...], torch.Tensor] = {}  # key -> [B, T_cap, *shape] view of its group
+        self.flat: dict[Any, torch.Tensor] = {}  # key or group -> [B * T_cap, ...] view, for gathers by flat index
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "fields": {}, "groups": {}, "synced": False}  # views are rebuilt by _sync()
+        return {**self.__dict__, "fields": {}, "flat": {}, "synced": False}  # views are rebuilt by _sync()
 
     @property
     def allocated(self) -> bool:
@@ -150,11 +151,13 @@ class StreamRing:
         self.num_streams, self.time_capacity = meta["num_streams"], meta["time_capacity"]
         self.flat_batches = meta["flat_batches"]
         self.schema = BatchSchema.from_json(meta["schema"])
-        self.groups, self.fields = pack(self.schema), {}
+        self.groups, self.fields, self.flat = pack(self.schema), {}, {}
         for group, members in self.groups.items():
             whole = self.store.fields[group]
+            self.flat[group] = whole.flatten(0, 1)
             for key, offset, size, shape in members:
                 self.fields[key] = whole[..., offset : offset + size].view(*whole.shape[:2], *shape)
+                self.flat[key] = self.fields[key].flatten(0, 1)
 
     def field(self, name: str) -> torch.Tensor:
         """An extra (codec-owned) field by name."""
@@ -216,7 +219,7 @@ class StreamRing:
         if self.stored_mask_key is None:
             return None
         index = torch.from_numpy(np.asarray(self.flat_index(stream, time)).reshape(-1))
-        return self.fields[self.stored_mask_key].flatten(0, 1)[index].reshape(-1).numpy()
+        return self.flat[self.stored_mask_key][index].reshape(-1).numpy()
 
     def check(self, batch: TensorDictBase) -> tuple[dict[tuple[str, ...], torch.Tensor], int, np.ndarray | None]:
         """Validate a batch against the layout before anything is written.
@@ -316,12 +319,14 @@ class StreamRing:
             raise ReplayError("nothing is ready to sample")
         total = per_stream * self.num_streams
         stream, slot = np.divmod(self.rng.integers(0, total, n), per_stream)
+        slot += lo
         for _ in range(_MAX_REDRAWS):
-            valid = self.valid_at(stream, (slot + lo) * self.stride)
+            valid = self.valid_at(stream, slot * self.stride) if self.stored_mask_key is not None else None
             if valid is None or valid.all():
-                return stream, slot + lo, None
+                return stream, slot, None
             bad = ~valid
             stream[bad], slot[bad] = np.divmod(self.rng.integers(0, total, bad.sum()), per_stream)
+            slot[bad] += lo
         raise ReplayError(f"almost no valid steps: {key_name(self.stored_mask_key)!r} is False nearly everywhere")
 
     def sample(self, n: int, gather: Callable[[np.ndarray, np.ndarray], TensorDictBase]) -> tuple:
@@ -348,7 +353,7 @@ class StreamRing:
 
     def gather(self, key: tuple[str, ...], index: torch.Tensor) -> torch.Tensor:
         """One key at flat ``index`` (a strided gather; prefer :meth:`gather_keys` for many keys)."""
-        return torch.index_select(self.fields[key].flatten(0, 1), 0, index)
+        return torch.index_select(self.flat[key], 0, index)
 
     def gather_keys(self, index: torch.Tensor, part: str | None = None) -> dict[tuple[str, ...], torch.Tensor]:
         """Every stored key (or only ``part``: ``"root"`` or ``"next"`` keys) at flat ``index`` ``[N]``: one
@@ -358,7 +363,7 @@ class StreamRing:
         for group, members in self.groups.items():
             if part is not None and not group.startswith(part + "."):
                 continue
-            rows = torch.index_select(self.store.fields[group].flatten(0, 1), 0, index)
+            rows = torch.index_select(self.flat[group], 0, index)
             for key, offset, size, shape in members:
                 out[key] = rows[:, offset : offset + size].view(n, *shape)
         return out
