@@ -3,9 +3,8 @@
 :class:`TransitionReplayBuffer` (uniform, or prioritized with ``sampler=PrioritizedSampler(...)``; n-step; optional
 :class:`FrameStack` de-duplication) and :class:`SequenceReplayBuffer` (R2D1 sequences starting at stored recurrent
 states). ``extend(batch)`` takes a collector batch ``[B, T]`` (time last; a one-step transition buffer also takes a
-flat ``[N]`` batch); the first batch fixes ``B``, the stored keys, dtypes and shapes, and a later batch that does not
-match raises :class:`ReplayError` naming the key, with nothing written. Storage is rlpyt's ring of ``capacity // B``
-steps per environment stream, memmapped under an explicit ``scratch_dir``.
+flat ``[N]`` batch); the first batch fixes ``B`` and the stored keys, dtypes and shapes, and a later batch that does
+not match raises :class:`ReplayError` naming the key, with nothing written.
 
 ``TransitionReplayBuffer.sample(n)`` returns a flat ``[n]`` TensorDict ready for TorchRL losses: every stored key at
 the start step ``t``; ``("next", "reward")`` the n-step discounted sum over the window ``k = min(n_step, steps up to
@@ -14,23 +13,18 @@ pre-reset observation, so targets bootstrap; ``terminated`` stops bootstrapping)
 ``n_step > 1``, read by TorchRL's value estimators); ``index`` (pass it back to ``update_priority``); prioritized:
 ``priority_weight``, the importance weight TorchRL losses read. A window never crosses the write cursor.
 
-Counters shared by every process holding the buffer: ``write_count``, ``samples_drawn``, ``len(buffer)``; an async
-trainer throttles on ``samples_drawn / write_count``. A buffer pickled to another process sends only paths: one
-process extends, others sample, and a seqlock on the write cursor redraws any sample overwritten during its gather
-(:mod:`tdrl.replay.storage`); prioritized trees are updated under an ``flock``.
-
-Persistence: ``state_dict``/``load_state_dict`` hold counters, layout, RNG and sampler state and reopen the data in
-place (cheap; steps written after the checkpoint stay in the files, so not bit-exact); ``dumps(path)``/``loads(path)``
-copy the data files too (exact).
+A buffer pickled to another process sends only paths: one process extends, others sample (a seqlock redraws samples
+overwritten during their gather), and they share ``write_count``, ``samples_drawn`` and ``len(buffer)``, on which an
+async trainer throttles. ``state_dict``/``load_state_dict`` hold counters, layout, RNG and sampler state and reopen
+the data in place; ``dumps(path)``/``loads(path)`` copy the data files too (exact resume).
 
 Ours rather than TorchRL's: its memmap buffer is an order of magnitude slower per extend and sample here, its
 prioritized sampler's C++ extension does not load against torch 2.13, and it has no frame de-duplication,
 stored-state sequences or cross-process sharing. :class:`PrioritizedSampler` implements TorchRL's ``Sampler``.
 """
 
-from tdrl.replay.buffer import TransitionReplayBuffer
+from tdrl.replay.buffer import TransitionReplayBuffer, nstep_returns
 from tdrl.replay.frames import FrameStack
-from tdrl.replay.nstep import nstep_returns
 from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
 from tdrl.replay.schema import ReplayError
 from tdrl.replay.sequence import SequenceReplayBuffer, sequence_priority

@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
-from tdrl.replay.schema import ReplayError, as_key, key_name
+from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
 
 __all__ = ["FrameStack"]
 
@@ -44,12 +44,9 @@ class FrameStack:
 
     def __init__(self, n_frames: int = 4, key: NestedKey = "observation",
                  next_key: NestedKey = ("next", "observation"), padding: str = "zero", slack: float = 1 / 16) -> None:
-        if n_frames < 1:
-            raise ValueError(f"n_frames must be >= 1, got {n_frames}")
-        if padding not in ("zero", "reset"):
-            raise ValueError(f"padding must be 'zero' or 'reset', got {padding!r}")
-        if slack <= 0:
-            raise ValueError(f"slack must be > 0, got {slack}")
+        if n_frames < 1 or padding not in ("zero", "reset") or slack <= 0:
+            raise ValueError(f"need n_frames >= 1, padding 'zero' or 'reset' and slack > 0, got {n_frames}, "
+                             f"{padding!r}, {slack}")
         self.n_frames = int(n_frames)
         self.key = as_key(key)
         self.next_key = as_key(next_key)
@@ -63,11 +60,10 @@ class FrameStack:
 
     def fields(self, batch: TensorDictBase, num_streams: int, time_capacity: int) -> dict[str, Any]:
         obs = batch.get(self.key, None)
-        if obs is None or batch.get(self.next_key, None) is None:
-            raise ReplayError(f"frame stacking needs keys {key_name(self.key)!r} and {key_name(self.next_key)!r}")
-        if obs.ndim < 3 or obs.shape[2] != self.n_frames:
-            raise ReplayError(f"key {key_name(self.key)!r} has shape {tuple(obs.shape)}, expected [B, T, "
-                              f"{self.n_frames}, *frame] (n_frames={self.n_frames}, oldest to newest)")
+        if obs is None or obs.ndim < 3 or obs.shape[2] != self.n_frames:
+            shape = None if obs is None else tuple(obs.shape)
+            raise ReplayError(f"frame stacking needs key {key_name(self.key)!r} as stacks [B, T, {self.n_frames}, "
+                              f"*frame] (oldest to newest), got shape {shape}")
         frame_capacity = time_capacity + max(1, math.ceil(time_capacity * self.slack))
         return {
             _PIXELS: ((num_streams, frame_capacity, *obs.shape[3:]), obs.dtype),
@@ -79,18 +75,9 @@ class FrameStack:
     def prepare(self, ring: Any, batch: TensorDictBase, steps: int) -> dict[str, Any]:
         """Validate the stacks and compute what :meth:`write` stores; raises before anything is written."""
         pixels = ring.field(_PIXELS)
-        frame_shape, dtype = pixels.shape[2:], pixels.dtype
+        schema = BatchSchema({key: (pixels.dtype, (self.n_frames, *pixels.shape[2:])) for key in self.keys}, False)
+        obs, next_obs = schema.check(batch, torch.Size([ring.num_streams, steps])).values()
         B = ring.num_streams
-        expected = (B, steps, self.n_frames, *frame_shape)
-        for key in self.keys:
-            value = batch.get(key, None)
-            if value is None:
-                raise ReplayError(f"batch is missing key {key_name(key)!r} that this buffer stores")
-            if value.dtype != dtype:
-                raise ReplayError(f"key {key_name(key)!r} has dtype {value.dtype}, the buffer stores {dtype}")
-            if tuple(value.shape) != expected:
-                raise ReplayError(f"key {key_name(key)!r} has shape {tuple(value.shape)}, expected {expected}")
-        obs, next_obs = batch.get(self.key).cpu(), batch.get(self.next_key).cpu()
         done = batch.get(("next", "done"), None)
         if done is None:
             raise ReplayError("frame stacking needs ('next', 'done') to find episode boundaries")
@@ -98,13 +85,12 @@ class FrameStack:
         start = self._episode_starts(ring, batch, done, steps)
         offset = self._offsets(ring, start, steps)
         if not self._checked_padding:
-            self._check_padding(obs, start, offset)
+            self._check_padding(obs, start)
         # frame positions: one per step, plus one after every done step
         written = ring.field(_WRITTEN)[:, 0].numpy().copy()
         per_step = 1 + done.astype(np.int64)
         pos = written[:, None] + np.cumsum(per_step, axis=1) - per_step
-        count = per_step.sum(axis=1)
-        self._check_room(ring, pos, offset, written + count, steps)
+        self._check_room(ring, pos, written + per_step.sum(axis=1), steps)
         frames = []
         for b in range(B):
             newest = obs[b, :, -1]
@@ -138,22 +124,20 @@ class FrameStack:
         since = np.where(last_start >= 0, time[None, :] - last_start, prev[:, None] + 1 + time[None, :])
         return np.minimum(since, cap).astype(np.uint8)
 
-    def _check_padding(self, obs: torch.Tensor, start: np.ndarray, offset: np.ndarray) -> None:
+    def _check_padding(self, obs: torch.Tensor, start: np.ndarray) -> None:
         b, t = np.nonzero(start)
         if b.size == 0:
             return
         stacks = obs[torch.from_numpy(b), torch.from_numpy(t)]
-        newest = stacks[:, -1:]
         history = stacks[:, :-1]
-        expected = torch.zeros_like(history) if self.padding == "zero" else newest.expand_as(history)
+        expected = torch.zeros_like(history) if self.padding == "zero" else stacks[:, -1:].expand_as(history)
         if not torch.equal(history, expected):
             other = "reset" if self.padding == "zero" else "zero"
             raise ReplayError(f"key {key_name(self.key)!r}: stacks at episode starts are not {self.padding}-padded; "
                               f"build FrameStack(padding={other!r}) to match the environment's frame stacking")
         self._checked_padding = True
 
-    def _check_room(self, ring: Any, pos: np.ndarray, offset: np.ndarray, written_after: np.ndarray,
-                    steps: int) -> None:
+    def _check_room(self, ring: Any, pos: np.ndarray, written_after: np.ndarray, steps: int) -> None:
         frame_capacity = ring.field(_PIXELS).shape[1]
         oldest_alive = ring.write_done + steps - ring.time_capacity
         if oldest_alive <= 0:
@@ -171,13 +155,8 @@ class FrameStack:
         ring.write(ring.field(_POS), prepared["pos"], start)
         ring.write(ring.field(_OFFSET), prepared["offset"], start)
         pixels = ring.field(_PIXELS)
-        frame_capacity = pixels.shape[1]
         for b, frames in enumerate(prepared["frames"]):
-            slot = int(prepared["written"][b] % frame_capacity)
-            first = min(frames.shape[0], frame_capacity - slot)
-            pixels[b, slot : slot + first].copy_(frames[:first])
-            if first < frames.shape[0]:
-                pixels[b, : frames.shape[0] - first].copy_(frames[first:])
+            ring.write(pixels[b : b + 1], frames.unsqueeze(0), int(prepared["written"][b]))
         ring.field(_WRITTEN)[:, 0] += torch.as_tensor([f.shape[0] for f in prepared["frames"]])
 
     def _stack(self, ring: Any, index: torch.Tensor, shift: int) -> torch.Tensor:

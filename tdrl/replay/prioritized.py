@@ -3,12 +3,11 @@
 Ours because TorchRL 0.14.1's ``PrioritizedSampler`` needs its C++ extension, which fails to import against torch
 2.13 (pytorch/rl#3508). Pure numpy, so it works with ``torchrl.data.ReplayBuffer`` and inside tdrl's buffers.
 
-A leaf holds ``(priority + eps) ** alpha`` and is drawn stratified with probability ``leaf / total``. New data gets
-``default_priority`` (``None``: the largest priority seen, initially 1.0) or a batch's input priorities. Importance
-weights ``(N * P(i)) ** -beta`` are normalised by the batch maximum (rlpyt) and read by TorchRL losses from
-``priority_weight``; ``beta`` anneals linearly from ``beta_init`` to ``beta_final`` over ``beta_steps`` added
-transitions. A zero leaf is invalid: buffers hide incomplete or overwritten slots that way, and :meth:`update` never
-revives one. Inside a tdrl buffer the arrays are memmaps in its directory, so processes share one tree.
+A leaf holds ``(priority + eps) ** alpha`` and is drawn stratified with probability ``leaf / total``. Importance
+weights ``(N * P(i)) ** -beta`` are normalised by the batch maximum (rlpyt); ``beta`` anneals linearly from
+``beta_init`` to ``beta_final`` over ``beta_steps`` added transitions. A zero leaf is invalid: buffers hide
+incomplete or overwritten slots that way, and :meth:`update` never revives one. Inside a tdrl buffer the arrays are
+memmaps in its directory, so processes share one tree.
 """
 
 from __future__ import annotations
@@ -19,13 +18,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from tdrl.replay.schema import ReplayError
 from tdrl.replay.sum_tree import SumTree
 
-__all__ = ["PrioritizedSampler", "check_priorities", "priority_update_args"]
+__all__ = ["PrioritizedSampler", "check_priorities"]
 
 _STEPS, _MAX_PRIORITY = 0, 1
 
@@ -42,17 +40,6 @@ def check_priorities(priority: Any, name: str = "priority") -> np.ndarray:
     return array
 
 
-def priority_update_args(sampler: PrioritizedSampler | None, index: Any, priority: Any) -> tuple[torch.Tensor, Any]:
-    """``(index, priority)`` of a buffer's ``update_priority`` call, which may pass the sampled TensorDict itself
-    (then ``priority`` defaults to its ``"td_error"``, as TorchRL losses write it)."""
-    if sampler is None:
-        raise ReplayError("update_priority() needs a prioritized buffer (sampler=PrioritizedSampler(...))")
-    if isinstance(index, TensorDictBase):
-        priority = index.get("td_error") if priority is None else priority
-        index = index.get("index")
-    return torch.as_tensor(index), priority
-
-
 class PrioritizedSampler(Sampler):
     """Float64 sum-tree prioritized sampler.
 
@@ -61,20 +48,15 @@ class PrioritizedSampler(Sampler):
         alpha: priority exponent (0 = uniform); ``beta_*``: the importance-weight exponent's schedule.
         eps: added to every priority so a zero TD error still leaves a small chance of replay.
         default_priority: priority of new data; ``None`` uses the largest priority seen so far.
-        branching: children per sum-tree node; seed: of the sampler's own generator.
+        seed: of the sampler's own generator.
     """
 
     def __init__(self, max_capacity: int | None = None, *, alpha: float = 0.6, beta_init: float = 0.4,
                  beta_final: float = 1.0, beta_steps: int = 1, eps: float = 1e-6,
-                 default_priority: float | None = None, branching: int = 16, seed: int | None = None) -> None:
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}")
-        if beta_init < 0 or beta_final < 0:
-            raise ValueError(f"beta_init and beta_final must be >= 0, got {beta_init}, {beta_final}")
-        if beta_steps < 1:
-            raise ValueError(f"beta_steps must be >= 1, got {beta_steps}")
-        if eps <= 0:
-            raise ValueError(f"eps must be > 0 (a zero leaf means 'invalid'), got {eps}")
+                 default_priority: float | None = None, seed: int | None = None) -> None:
+        if alpha < 0 or beta_init < 0 or beta_final < 0 or beta_steps < 1 or eps <= 0:
+            raise ValueError(f"need alpha, beta_init, beta_final >= 0, beta_steps >= 1 and eps > 0 (a zero leaf means "
+                             f"'invalid'), got {alpha}, {beta_init}, {beta_final}, {beta_steps}, {eps}")
         if default_priority is not None:
             check_priorities(default_priority, "default_priority")
         self.alpha = float(alpha)
@@ -83,45 +65,27 @@ class PrioritizedSampler(Sampler):
         self.beta_steps = int(beta_steps)
         self.eps = float(eps)
         self._default_priority = default_priority
-        self.branching = int(branching)
         self.rng = np.random.default_rng(seed)
         self._directory: Path | None = None
         self.capacity: int | None = None
         if max_capacity is not None:
             self.bind(max_capacity)
 
-    def bind(self, capacity: int, directory: str | os.PathLike | None = None) -> None:
-        """Allocate the tree for ``capacity`` leaves, in RAM or as memmaps in ``directory`` (shared)."""
+    def bind(self, capacity: int, directory: str | os.PathLike | None = None, *, create: bool = True) -> None:
+        """Allocate the tree for ``capacity`` leaves, in RAM or as memmaps in ``directory`` (shared); with
+        ``create=False``, map the tree another process bound there."""
         self.capacity = int(capacity)
         self._directory = Path(directory) if directory is not None else None
-        self._map(create=True)
-
-    def attach(self, capacity: int, directory: str | os.PathLike) -> None:
-        """Map a tree another process bound in ``directory`` (no reset)."""
-        self.capacity = int(capacity)
-        self._directory = Path(directory)
-        self._map(create=False)
-
-    def _map(self, create: bool) -> None:
-        tree_size = SumTree.storage_size(self.capacity, self.branching)
+        size = self.capacity + 2 + SumTree.storage_size(self.capacity)  # raw, scalars, tree
         if self._directory is None:
-            self._raw = np.zeros(self.capacity, dtype=np.float64)
-            tree_storage = np.zeros(tree_size, dtype=np.float64)
-            self._scalars = np.array([0.0, 1.0], dtype=np.float64)
-        else:
-            mode = "w+" if create else "r+"
-            d = self._directory
-            # plain ndarray views of the memmaps: np.memmap's Python __getitem__/__array_finalize__ would cost
-            # ~10 us on every tree access
-            self._raw = np.memmap(d / "priority_raw.f64", dtype=np.float64, mode=mode,
-                                  shape=(self.capacity,)).view(np.ndarray)
-            tree_storage = np.memmap(d / "priority_tree.f64", dtype=np.float64, mode=mode,
-                                     shape=(tree_size,)).view(np.ndarray)
-            self._scalars = np.memmap(d / "priority_scalars.f64", dtype=np.float64, mode=mode,
-                                      shape=(2,)).view(np.ndarray)
-            if create:
-                self._scalars[:] = [0.0, 1.0]
-        self._tree = SumTree(self.capacity, self.branching, tree_storage)
+            storage = np.zeros(size, dtype=np.float64)
+        else:  # a plain ndarray view: np.memmap's Python-level __getitem__ is slow on every tree access
+            storage = np.memmap(self._directory / "priorities.f64", dtype=np.float64, mode="w+" if create else "r+",
+                                shape=(size,)).view(np.ndarray)
+        self._raw, self._scalars = storage[: self.capacity], storage[self.capacity : self.capacity + 2]
+        if create:
+            self._scalars[:] = [0.0, 1.0]
+        self._tree = SumTree(self.capacity, storage=storage[self.capacity + 2 :])
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -133,16 +97,12 @@ class PrioritizedSampler(Sampler):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         if self._directory is not None and self.capacity is not None:
-            self._map(create=False)
-
-    @property
-    def bound(self) -> bool:
-        return self.capacity is not None
+            self.bind(self.capacity, self._directory, create=False)
 
     @property
     def beta(self) -> float:
         """Current importance-weight exponent (annealed by transitions added)."""
-        steps = float(self._scalars[_STEPS]) if self.bound else 0.0
+        steps = float(self._scalars[_STEPS]) if self.capacity is not None else 0.0
         frac = min(1.0, steps / self.beta_steps)
         return self.beta_init + frac * (self.beta_final - self.beta_init)
 
@@ -150,11 +110,10 @@ class PrioritizedSampler(Sampler):
     def default_priority(self) -> float:
         if self._default_priority is not None:
             return float(self._default_priority)
-        return float(self._scalars[_MAX_PRIORITY]) if self.bound else 1.0
+        return float(self._scalars[_MAX_PRIORITY]) if self.capacity is not None else 1.0
 
     @property
     def total(self) -> float:
-        """Total tree mass (sum of valid leaves)."""
         return self._tree.total
 
     def leaf_values(self, index: np.ndarray) -> np.ndarray:
@@ -169,20 +128,14 @@ class PrioritizedSampler(Sampler):
         """Count added transitions for the beta schedule."""
         self._scalars[_STEPS] += transitions
 
-    def assign(self, index: np.ndarray, priority: np.ndarray | None = None,
-               valid: np.ndarray | None = None) -> None:
-        """Give new data at ``index`` a priority (default when ``None``) and make it sampleable where ``valid``."""
+    def assign(self, index: np.ndarray, priority: np.ndarray | None = None) -> None:
+        """Give new data at ``index`` a priority (the default when ``None``); :meth:`activate` makes it sampleable."""
         index = np.asarray(index, dtype=np.int64).reshape(-1)
         if priority is None:
-            raw = np.full(index.shape, self.default_priority)
+            self._raw[index] = self.default_priority
         else:
-            raw = np.broadcast_to(check_priorities(priority), index.shape)
-            self._track_max(raw)
-        self._raw[index] = raw
-        value = (raw + self.eps) ** self.alpha
-        if valid is not None:
-            value = np.where(np.asarray(valid).reshape(-1), value, 0.0)
-        self._tree.update(index, value)
+            self._raw[index] = np.broadcast_to(check_priorities(priority), index.shape)
+            self._track_max(self._raw[index])
 
     def activate(self, index: np.ndarray, valid: np.ndarray | None = None) -> None:
         """Make ``index`` sampleable with its stored raw priority (where ``valid``)."""
@@ -196,15 +149,15 @@ class PrioritizedSampler(Sampler):
         """Make ``index`` unsampleable (its raw priority is kept)."""
         self._tree.update(index, 0.0)
 
-    def update(self, index: np.ndarray, priority: np.ndarray, checked: bool = False) -> None:
-        """Set new priorities for ``index``; leaves that are currently invalid stay invalid.
-
-        ``checked=True`` skips validation the caller already did (:func:`check_priorities`, index range).
-        """
+    def update(self, index: np.ndarray, priority: Any) -> None:
+        """Set new priorities (one, or one per index) for ``index``; leaves that are invalid now stay invalid."""
         index = np.asarray(index, dtype=np.int64).reshape(-1)
-        raw = priority if checked else np.broadcast_to(check_priorities(priority), index.shape)
-        if not checked and index.size and (index.min() < 0 or index.max() >= self.capacity):
+        raw = check_priorities(priority)
+        if raw.size not in (1, index.size):
+            raise ReplayError(f"priority has {raw.size} values for {index.size} indices")
+        if index.size and (index.min() < 0 or index.max() >= self.capacity):
             raise ReplayError(f"index out of range [0, {self.capacity}) in priority update")
+        raw = np.broadcast_to(raw, index.shape)
         self._track_max(raw)
         live = self._tree.leaves[index] > 0
         self._raw[index] = raw
@@ -235,7 +188,7 @@ class PrioritizedSampler(Sampler):
     def sample(self, storage: Any, batch_size: int) -> tuple[torch.Tensor, dict]:
         if len(storage) == 0:
             raise ReplayError("cannot sample from an empty storage")
-        if not self.bound:
+        if self.capacity is None:
             raise ReplayError("PrioritizedSampler needs max_capacity when used with torchrl.data.ReplayBuffer")
         index, weights = self.draw(batch_size)
         index_t = torch.from_numpy(index)
@@ -245,10 +198,11 @@ class PrioritizedSampler(Sampler):
         self.extend(torch.as_tensor([index]))
 
     def extend(self, index: torch.Tensor) -> None:
-        if not self.bound:
+        if self.capacity is None:
             raise ReplayError("PrioritizedSampler needs max_capacity when used with torchrl.data.ReplayBuffer")
         index = torch.as_tensor(index).reshape(-1).cpu().numpy()
         self.assign(index)
+        self.activate(index)
         self.advance(index.size)
 
     def update_priority(self, index: int | torch.Tensor, priority: float | torch.Tensor, *,
@@ -256,14 +210,12 @@ class PrioritizedSampler(Sampler):
         self.update(torch.as_tensor(index).reshape(-1).cpu().numpy(), priority)
 
     def _empty(self) -> None:
-        if self.bound:
-            self._raw[:] = 0.0
-            self._tree.storage[:] = 0.0
-            self._scalars[:] = [0.0, 1.0]
+        if self.capacity is not None:
+            self.bind(self.capacity, self._directory)
 
     def state_dict(self) -> dict[str, Any]:
         """Raw priorities, tree leaves, beta progress, max priority and RNG state (tensors, for ``torch.save``)."""
-        if not self.bound:
+        if self.capacity is None:
             return {"capacity": None, "rng": self.rng.bit_generator.state}
         return {
             "capacity": self.capacity, "raw": torch.from_numpy(np.array(self._raw)),
@@ -275,7 +227,7 @@ class PrioritizedSampler(Sampler):
         self.rng.bit_generator.state = state_dict["rng"]
         if state_dict["capacity"] is None:
             return
-        if not self.bound or self.capacity != state_dict["capacity"]:
+        if self.capacity != state_dict["capacity"]:
             self.bind(state_dict["capacity"], self._directory)
         self._raw[:] = state_dict["raw"].numpy()
         self._tree.leaves[:] = state_dict["leaves"].numpy()
@@ -289,7 +241,3 @@ class PrioritizedSampler(Sampler):
 
     def loads(self, path: str | os.PathLike) -> None:
         self.load_state_dict(torch.load(Path(path) / "sampler.pt", weights_only=False))
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(capacity={self.capacity}, alpha={self.alpha}, beta={self.beta:.3f}, "
-                f"eps={self.eps})")

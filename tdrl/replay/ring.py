@@ -1,18 +1,15 @@
-"""``[B, T_cap]`` ring of per-environment time streams on a :class:`~tdrl.replay.storage.MemmapStore`.
+"""``[B, T_cap]`` ring of per-environment time streams on a :class:`~tdrl.replay.storage.MemmapStore`, and the
+sampling index both buffers share.
 
-rlpyt's replay layout with TorchRL's time-last convention: every stored key is a memmapped ``[B, T_cap, *per_step]``
-tensor and a ``[B, T]`` batch is written at one time cursor shared by all streams, wrapping at the end, so n-step
-windows, frame stacks and sequences read consecutive steps. A flat ``[N]`` batch is one stream of ``N`` steps.
+rlpyt's layout, time last: every stored key is a memmapped ``[B, T_cap, *per_step]`` view and a ``[B, T]`` batch is
+written at one time cursor shared by all streams, wrapping at the end, so n-step windows, frame stacks and sequences
+read consecutive steps (a flat ``[N]`` batch is one stream). Step ``a`` (absolute, counted since creation) of stream
+``b`` lives at flat index ``b * T_cap + a % T_cap``.
 
-Step ``a`` (absolute, counted since creation) of stream ``b`` lives at flat index ``b * T_cap + a % T_cap`` (the
-``index`` users get back, and the prioritized sampler's leaf). ``write_started``/``write_done`` are absolute times,
-which is how readers detect a slot overwritten during a gather (:func:`gather_consistent`).
-
-The ring also holds what both buffers need around the data: lazy adoption of a layout another process allocated,
-input priorities, the uniform and prioritized draws, the seqlock gather and the buffer state for checkpoints.
-
-Not TorchRL's ``LazyMemmapStorage``: its generic index conversion and ``MemoryMappedTensor`` dispatch make every
-extend and sample an order of magnitude slower than a slice copy / ``index_select`` on a plain tensor view.
+Samples start at *slots*, every ``stride``-th step (1 for transitions, the stored-state interval for sequences).
+Slot ``s`` of stream ``b`` is leaf ``b * (T_cap // stride) + s % (T_cap // stride)``: the ``index`` a sample carries
+and the prioritized sampler's leaf. A slot is sampleable once the ``lookahead`` steps after it are written, while
+the ``lookback`` steps before it are not overwritten, and where the validity mask is True.
 """
 
 from __future__ import annotations
@@ -28,16 +25,28 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
-from tdrl.replay.schema import BatchSchema, ReplayError, key_name
+from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
 from tdrl.replay.storage import MemmapStore
 
-__all__ = ["StreamRing", "gather_consistent", "nest"]
+__all__ = ["StreamRing", "nest"]
 
 _MAX_REDRAWS = 64
+PRIORITY_KEY = ("priority",)  # per-step input priorities of a batch, for a prioritized sampler's new slots
+
+
+def pack(schema: BatchSchema) -> dict[str, list]:
+    """Keys packed into one ``[B, T_cap, width]`` field per (root | next, dtype), so a write or gather is one copy
+    per group, not per key: group -> ``[(key, offset, size, per-step shape)]``."""
+    groups: dict[str, list] = {}
+    for key, (dtype, shape) in schema.entries.items():
+        members = groups.setdefault(f"{'next' if key[0] == 'next' else 'root'}.{str(dtype).removeprefix('torch.')}", [])
+        offset = members[-1][1] + members[-1][2] if members else 0
+        members.append((key, offset, int(torch.Size(shape).numel()), shape))
+    return groups
 
 
 def nest(flat: dict[tuple[str, ...], torch.Tensor], batch_size: Sequence[int]) -> TensorDict:
-    """Build a TensorDict from ``{nested key: tensor}``."""
+    """Build a TensorDict from ``{nested key: tensor}`` (faster than the TensorDict constructor on tuple keys)."""
     tree: dict[str, Any] = {}
     for key, value in flat.items():
         node = tree
@@ -47,213 +56,120 @@ def nest(flat: dict[tuple[str, ...], torch.Tensor], batch_size: Sequence[int]) -
     return TensorDict(tree, batch_size=batch_size)
 
 
-def gather_consistent(ring: StreamRing, n: int, draw: Callable, gather: Callable, oldest_read: Callable) -> tuple:
-    """Draw and gather ``n`` samples that no concurrent write overwrote (the reader side of the seqlock).
-
-    ``draw(n) -> (stream, position, values)`` draws from the data complete now, ``gather(stream, position)`` copies
-    the rows out, and ``oldest_read(position)`` is the oldest absolute time a row reads. Rows whose oldest slot a
-    later write started overwriting during the gather are drawn again; rows that passed are final.
-    Returns ``(stream, position, values, gathered)``.
-    """
-    stream, position, values = draw(n)
-    out = gather(stream, position)
-    rows = np.arange(n)
-    for _ in range(_MAX_REDRAWS):
-        stale = oldest_read(position[rows]) < ring.write_started - ring.time_capacity
-        if not stale.any():
-            return stream, position, values, out
-        rows = rows[stale]
-        stream[rows], position[rows], new_values = draw(rows.size)
-        if values is not None:
-            values[rows] = new_values
-        out[torch.from_numpy(rows)] = gather(stream[rows], position[rows])
-    raise ReplayError("sampling kept colliding with concurrent writes; the writer is lapping the buffer")
-
-
 class StreamRing:
-    """Memmapped ``[B, T_cap]`` ring with schema checks and absolute-time bookkeeping.
+    """Memmapped ``[B, T_cap]`` ring with schema checks, absolute-time bookkeeping and the slot index.
 
     Args:
         directory: explicit storage directory (normally under the run directory).
-        capacity: total transitions; ``T_cap = capacity // B`` rounded down to a multiple of ``time_multiple``.
+        capacity: total steps; ``T_cap = capacity // B`` rounded down to a multiple of ``stride``.
         keys: store only these keys (others in a batch are ignored); default all tensor leaves of the first batch.
+        layout: what the buffer's samples depend on (``kind``, ``n_step``, ...), saved and checked on load.
         exclude_keys: keys never stored by the schema (codecs such as frame stacks store them their own way).
-        time_multiple: ``T_cap`` is made a multiple of this (sequence buffers: the state interval).
+        stride, lookback, lookahead: slot spacing, and the steps before / after a slot that its sample reads.
+        sampler: ``None`` for uniform draws, or a :class:`PrioritizedSampler` with one leaf per slot.
+        mask_key: per-step validity mask (wait-reset collectors); slots where it is False are never drawn.
+        seed: of the uniform draws.
     """
 
-    def __init__(self, directory: str | os.PathLike, capacity: int, *, keys: Sequence[NestedKey] | None = None,
-                 exclude_keys: Sequence[NestedKey] = (), time_multiple: int = 1) -> None:
+    def __init__(self, directory: str | os.PathLike, capacity: int, layout: dict[str, Any], *,
+                 keys: Sequence[NestedKey] | None = None, exclude_keys: Sequence[NestedKey] = (), stride: int = 1,
+                 lookback: int = 0, lookahead: int = 0, sampler: PrioritizedSampler | None = None,
+                 mask_key: NestedKey | None = None, seed: int | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.store = MemmapStore(directory)
         self.capacity_requested = int(capacity)
+        self.layout = layout
         self.keys = keys
-        self.exclude_keys = tuple(exclude_keys)
-        self.time_multiple = int(time_multiple)
+        self.exclude_keys = (PRIORITY_KEY, *exclude_keys)
+        self.stride, self.lookback, self.lookahead = int(stride), int(lookback), int(lookahead)
+        self.sampler = sampler
+        self.mask_key = as_key(mask_key) if mask_key is not None else None
+        self.rng = np.random.default_rng(seed)
         self.schema: BatchSchema | None = None
-        self.num_streams = 0
-        self.time_capacity = 0
-        self.flat_batches = False
-        self.synced = False
-        self.mask_key: tuple[str, ...] | None = None  # the validity mask, when the buffer stores one
-        self.fields: dict[tuple[str, ...], torch.Tensor] = {}
-        self.flat: dict[tuple[str, ...], torch.Tensor] = {}
-        self.groups: dict[str, list] = {}
-        self.group_flat: dict[str, torch.Tensor] = {}
+        self.num_streams = self.time_capacity = 0
+        self.flat_batches = self.synced = False
+        self.stored_mask_key: tuple[str, ...] | None = None  # mask_key, when the batches carry it
+        self.groups: dict[str, list] = {}  # packed group -> [(key, offset, size, shape)]
+        self.fields: dict[tuple[str, ...], torch.Tensor] = {}  # key -> [B, T_cap, *shape] view of its group
+        self.flat: dict[Any, torch.Tensor] = {}  # key or group -> [B * T_cap, ...] view, for gathers by flat index
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["fields"], state["flat"], state["groups"], state["group_flat"] = {}, {}, {}, {}
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        if self.store.allocated:
-            self._bind_fields()
+        return {**self.__dict__, "fields": {}, "flat": {}, "synced": False}  # views are rebuilt by _sync()
 
     @property
     def allocated(self) -> bool:
-        if not self.store.allocated and self.store.ensure_open():
-            self._adopt_meta()
+        """Whether storage exists (here, or allocated since by another process: see :meth:`_sync`)."""
+        if not self.synced and self.store.ensure_open():
+            self._sync()
         return self.store.allocated
+
+    def _sync(self) -> None:
+        """Adopt the layout in ``meta.json`` (a buffer shared before its first extend learns B, the schema and the
+        sampler files lazily), and whether the batches carry the validity mask."""
+        self._adopt_meta()
+        self.stored_mask_key = self.mask_key if self.mask_key in self.schema.entries else None
+        if self.sampler is not None and self.sampler.capacity != self.num_leaves:
+            self.sampler.bind(self.num_leaves, self.store.directory, create=False)
+        self.synced = True
 
     @property
     def capacity(self) -> int:
-        """Transitions the ring holds when full (``B * T_cap``)."""
+        """Steps the ring holds when full (``B * T_cap``)."""
         return self.num_streams * self.time_capacity
 
-    def allocate(self, batch: TensorDictBase, extra_fields: dict[str, tuple[tuple[int, ...], torch.dtype]],
-                 extra_meta: dict[str, Any]) -> None:
-        """Fix ``B``, ``T_cap`` and the schema from the first batch and create the files."""
+    def allocate(self, batch: TensorDictBase, extra_fields: Callable[[int, int], dict] | None = None) -> None:
+        """Fix ``B``, ``T_cap`` and the schema from the first batch and create the files (with codec-owned fields
+        ``extra_fields(B, T_cap)``: name -> (shape, dtype)), and the sampler's tree."""
         if batch.batch_dims not in (1, 2):
             raise ReplayError(f"batch_size must be [B, T] (collector batch) or [N] (flat transitions), got "
                               f"{list(batch.batch_size)}")
         flat = batch.batch_dims == 1
         num_streams = 1 if flat else int(batch.batch_size[0])
-        time_capacity = self.capacity_requested // num_streams // self.time_multiple * self.time_multiple
+        time_capacity = self.capacity_requested // num_streams // self.stride * self.stride
         if time_capacity < 1:
             raise ReplayError(f"capacity={self.capacity_requested} is too small for B={num_streams} streams "
-                              f"(needs at least {num_streams * self.time_multiple})")
+                              f"(needs at least {num_streams * self.stride})")
         schema = BatchSchema.from_batch(batch, batch.batch_dims, self.keys, self.exclude_keys)
-        # keys packed into one [B, T_cap, width] array per (root | next, dtype): one gather per group, not per key
-        packing: dict[str, list] = {}
-        widths: dict[str, tuple[int, torch.dtype]] = {}
-        for key, (dtype, shape) in schema.entries.items():
-            group = f"{'next' if key[0] == 'next' else 'root'}.{str(dtype).removeprefix('torch.')}"
-            width = widths.get(group, (0, dtype))[0]
-            size = int(torch.Size(shape).numel())
-            packing[key_name(key)] = [group, width, size]
-            widths[group] = (width + size, dtype)
-        fields = {group: ((num_streams, time_capacity, width), dtype) for group, (width, dtype) in widths.items()}
-        overlap = set(fields) & set(extra_fields)
-        if overlap:
-            raise ReplayError(f"field name clash in replay storage: {sorted(overlap)}")
-        fields.update(extra_fields)
+        fields = {}
+        for group, members in pack(schema).items():
+            width, dtype = members[-1][1] + members[-1][2], schema.entries[members[0][0]][0]
+            fields[group] = ((num_streams, time_capacity, width), dtype)
+        extra = extra_fields(num_streams, time_capacity) if extra_fields is not None else {}
+        if set(fields) & set(extra):
+            raise ReplayError(f"field name clash in replay storage: {sorted(set(fields) & set(extra))}")
         meta = {"num_streams": num_streams, "time_capacity": time_capacity, "flat_batches": flat,
-                "schema": schema.to_json(), "packing": packing, **extra_meta}
-        self.store.allocate(fields, meta)
-        self._adopt_meta()
-
-    def dump(self, path: str | os.PathLike, state: dict[str, Any]) -> None:
-        """Save a buffer's ``state`` to ``path`` with a copy of the data files (unless ``path`` holds them)."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        if self.allocated and path.resolve() != self.store.directory.resolve():
-            self.store.copy_files_to(path / "storage")
-        elif self.allocated:
-            self.store.flush()
-        torch.save(state, path / "replay_state.pt")
-
-    def load(self, path: str | os.PathLike, load_state_dict: Callable[[dict[str, Any]], None]) -> None:
-        """Restore what :meth:`dump` wrote: the buffer's state through ``load_state_dict``, then the data."""
-        path = Path(path)
-        load_state_dict(torch.load(path / "replay_state.pt", weights_only=False))
-        if self.store.allocated and (path / "storage").exists():
-            self.store.copy_files_from(path / "storage")
+                "schema": schema.to_json(), **self.layout}
+        self.store.allocate({**fields, **extra}, meta)
+        if self.sampler is not None:
+            self.sampler.bind(num_streams * (time_capacity // self.stride), self.store.directory)
+        self._sync()
 
     def _adopt_meta(self) -> None:
+        """Layout and per-key views of the fields ``meta.json`` describes."""
         meta = self.store.meta
-        self.num_streams = meta["num_streams"]
-        self.time_capacity = meta["time_capacity"]
+        self.num_streams, self.time_capacity = meta["num_streams"], meta["time_capacity"]
         self.flat_batches = meta["flat_batches"]
         self.schema = BatchSchema.from_json(meta["schema"])
-        self._bind_fields()
-
-    def _bind_fields(self) -> None:
-        packing = self.store.meta["packing"]
-        rows = self.num_streams * self.time_capacity
-        self.fields, self.flat, self.groups = {}, {}, {}
-        for key, (_, shape) in self.schema.entries.items():
-            group, offset, size = packing[key_name(key)]
+        self.groups, self.fields, self.flat = pack(self.schema), {}, {}
+        for group, members in self.groups.items():
             whole = self.store.fields[group]
-            self.fields[key] = whole[..., offset : offset + size].view(*whole.shape[:2], *shape)
-            self.flat[key] = self.fields[key].view(rows, *shape)
-            self.groups.setdefault(group, []).append((key, offset, size, shape))
-        self.group_flat = {g: self.store.fields[g].view(rows, -1) for g in self.groups}
+            self.flat[group] = whole.flatten(0, 1)
+            for key, offset, size, shape in members:
+                self.fields[key] = whole[..., offset : offset + size].view(*whole.shape[:2], *shape)
+                self.flat[key] = self.fields[key].flatten(0, 1)
+
+    def field(self, name: str) -> torch.Tensor:
+        """An extra (codec-owned) field by name."""
+        return self.store.fields[name]
 
     @property
-    def num_leaves(self) -> int:
-        """Prioritized-sampler leaves: one per ``time_multiple`` steps (a sequence buffer's stored-state starts)."""
-        return self.capacity // self.time_multiple
+    def write_done(self) -> int:
+        return self.store.counter("write_done")
 
-    def ready(self, sampler: PrioritizedSampler | None, mask_key: tuple[str, ...] | None) -> bool:
-        """Whether storage exists. Adopts, once, a layout another process allocated (a buffer shared before its
-        first extend learns B, the schema and the sampler files lazily) and whether ``mask_key`` is stored."""
-        if self.allocated and not self.synced:
-            self.mask_key = mask_key if mask_key is not None and mask_key in self.schema.entries else None
-            if sampler is not None and sampler.capacity != self.num_leaves:
-                sampler.attach(self.num_leaves, self.store.directory)
-            self.synced = True
-        return self.allocated
-
-    def valid_at(self, stream: np.ndarray, time: np.ndarray) -> np.ndarray | None:
-        """The validity mask at absolute steps ``(stream, time)``, flattened; None when none is stored."""
-        if self.mask_key is None:
-            return None
-        index = torch.from_numpy(np.asarray(self.flat_index(stream, time)).reshape(-1))
-        return self.flat[self.mask_key][index].reshape(-1).numpy()
-
-    def draw_uniform(self, rng: np.random.Generator, n: int, lo: int, hi: int, stride: int = 1) -> tuple:
-        """``(stream, position)`` of ``n`` uniform draws of positions ``lo..hi`` (absolute time / ``stride``) in every
-        stream, redrawing those whose step the validity mask marks invalid."""
-        per_stream = hi - lo + 1
-        if per_stream < 1:
-            raise ReplayError("nothing is ready to sample")
-        total = per_stream * self.num_streams
-        stream, position = np.divmod(rng.integers(0, total, n), per_stream)
-        position += lo
-        for _ in range(_MAX_REDRAWS):
-            valid = self.valid_at(stream, position * stride)
-            if valid is None or valid.all():
-                return stream, position
-            bad = ~valid
-            stream[bad], position[bad] = np.divmod(rng.integers(0, total, bad.sum()), per_stream)
-            position[bad] += lo
-        raise ReplayError(f"almost no valid steps: {key_name(self.mask_key)!r} is False nearly everywhere")
-
-    def draw_leaves(self, sampler: PrioritizedSampler, n: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """``(leaves, leaf values, write_done)``: ``n`` prioritized draws and the data they were drawn from."""
-        with self.store.lock():
-            return *sampler.draw_leaves(n), self.write_done
-
-    def buffer_state(self, rng: np.random.Generator, sampler: PrioritizedSampler | None) -> dict[str, Any]:
-        """A buffer's state: counters and layout, its RNG and its sampler (the data stays in the files)."""
-        state = {"ring": self.store.state_dict(), "rng": rng.bit_generator.state}
-        if sampler is not None:
-            state["sampler"] = sampler.state_dict()
-        return state
-
-    def load_buffer_state(self, state: dict, rng: np.random.Generator, sampler: PrioritizedSampler | None) -> None:
-        """Reopen the files in place with the layout and counters of :meth:`buffer_state`, then restore the rest."""
-        self.store.restore(state["ring"])
-        self.synced = False
-        if self.store.meta is not None:
-            self._adopt_meta()
-            if sampler is not None:
-                sampler.bind(self.num_leaves, self.store.directory)
-        if sampler is not None and "sampler" in state:
-            sampler.load_state_dict(state["sampler"])
-        rng.bit_generator.state = state["rng"]
+    @property
+    def write_started(self) -> int:
+        return self.store.counter("write_started")
 
     @property
     def write_count(self) -> int:
@@ -265,46 +181,83 @@ class StreamRing:
         """Steps currently held, over all streams."""
         return min(self.write_done, self.time_capacity) * self.num_streams if self.allocated else 0
 
-    def step_priorities(self, batch: TensorDictBase, key: tuple[str, ...], steps: int) -> np.ndarray | None:
-        """The batch's per-step input priorities under ``key`` as ``[B, T]`` float64, or None when absent."""
-        value = batch.get(key, None)
-        if value is None:
+    @property
+    def slots_per_stream(self) -> int:
+        return self.time_capacity // self.stride
+
+    @property
+    def num_leaves(self) -> int:
+        return self.num_streams * self.slots_per_stream
+
+    def leaf(self, stream: np.ndarray, slot: np.ndarray) -> np.ndarray:
+        """Leaf of absolute slot ``slot`` in stream ``stream``."""
+        return stream * self.slots_per_stream + slot % self.slots_per_stream
+
+    def leaves_of(self, lo: int, hi: int) -> np.ndarray:
+        """Leaves of absolute slots ``[lo, hi)`` in every stream."""
+        slots = np.arange(max(lo, 0), max(hi, 0), dtype=np.int64)
+        return self.leaf(np.arange(self.num_streams, dtype=np.int64)[:, None], slots[None, :]).reshape(-1)
+
+    def flat_index(self, stream: np.ndarray, time: np.ndarray) -> np.ndarray:
+        """Flat index ``b * T_cap + a % T_cap`` of absolute step ``a`` in stream ``b``."""
+        return stream * self.time_capacity + time % self.time_capacity
+
+    def slot_range(self, done: int) -> tuple[int, int]:
+        """``[lo, hi]`` slots sampleable once ``done`` steps are complete (none when ``hi < lo``)."""
+        oldest = done - self.time_capacity + self.lookback if done > self.time_capacity else 0
+        return -(-oldest // self.stride), (done - 1 - self.lookahead) // self.stride
+
+    def ready_count(self) -> int:
+        """Sampleable slots over all streams (ignoring the validity mask)."""
+        if not self.allocated:
+            return 0
+        lo, hi = self.slot_range(self.write_done)
+        return max(0, hi - lo + 1) * self.num_streams
+
+    def valid_at(self, stream: np.ndarray, time: np.ndarray) -> np.ndarray | None:
+        """The validity mask at absolute steps ``(stream, time)``, flattened; None when none is stored."""
+        if self.stored_mask_key is None:
             return None
-        expected = (self.num_streams, steps)
-        if self.flat_batches and value.numel() == steps:
-            value = value.reshape(1, -1)
-        if value.shape[:2] != expected or value.numel() != steps * self.num_streams:
-            raise ReplayError(f"key {key_name(key)!r} has shape {tuple(value.shape)}, expected "
-                              f"{list(batch.batch_size)} (one priority per step)")
-        return check_priorities(value, key_name(key)).reshape(expected)
+        index = torch.from_numpy(np.asarray(self.flat_index(stream, time)).reshape(-1))
+        return self.flat[self.stored_mask_key][index].reshape(-1).numpy()
 
-    def field(self, name: str) -> torch.Tensor:
-        """An extra (codec-owned) field by name."""
-        return self.store.fields[name]
+    def check(self, batch: TensorDictBase) -> tuple[dict[tuple[str, ...], torch.Tensor], int, np.ndarray | None]:
+        """Validate a batch against the layout before anything is written.
 
-    def check(self, batch: TensorDictBase) -> tuple[dict[tuple[str, ...], torch.Tensor], int]:
-        """Validate a batch against the layout; returns its stored tensors as ``[B, T, ...]`` and ``T``."""
+        Returns its stored tensors as ``[B, T, ...]``, ``T``, and (prioritized) its per-step input priorities
+        ``[B, T]`` float64 or None.
+        """
         if not isinstance(batch, TensorDictBase):
             raise ReplayError(f"extend() takes a TensorDict, got {type(batch).__name__}")
-        if batch.batch_dims == 1:
-            if not self.flat_batches:
-                raise ReplayError(f"batch_size {list(batch.batch_size)} is a flat [N] batch, but this buffer "
-                                  f"stores B={self.num_streams} time streams; extend it with [B, T] batches")
-            steps = int(batch.batch_size[0])
-        elif batch.batch_dims == 2:
-            if self.flat_batches or batch.batch_size[0] != self.num_streams:
-                expected = "[N] (flat)" if self.flat_batches else f"[{self.num_streams}, T]"
-                raise ReplayError(f"batch_size {list(batch.batch_size)} does not match the buffer's {expected}")
-            steps = int(batch.batch_size[1])
-        else:
-            raise ReplayError(f"batch_size must be [B, T] or [N], got {list(batch.batch_size)}")
+        leading = [] if self.flat_batches else [self.num_streams]  # batch dims before time
+        if batch.batch_dims == 0 or list(batch.batch_size[:-1]) != leading:
+            expected = "[N] (flat transitions)" if self.flat_batches else f"[{self.num_streams}, T] ([B, T] batches)"
+            raise ReplayError(f"batch_size {list(batch.batch_size)} does not match the buffer's {expected}")
+        steps = int(batch.batch_size[-1])
         if steps > self.time_capacity:
             raise ReplayError(f"batch has {steps} time steps, more than the buffer's T_cap={self.time_capacity} "
                               f"(capacity {self.capacity} / B={self.num_streams})")
         columns = self.schema.check(batch, batch.batch_size)
         if self.flat_batches:
             columns = {k: v.unsqueeze(0) for k, v in columns.items()}
-        return columns, steps
+        priority = batch.get(PRIORITY_KEY, None) if self.sampler is not None else None
+        if priority is not None:
+            name = key_name(PRIORITY_KEY)
+            if priority.numel() != steps * self.num_streams or priority.shape[: batch.batch_dims] != batch.batch_size:
+                raise ReplayError(f"key {name!r} has shape {tuple(priority.shape)}, expected "
+                                  f"{list(batch.batch_size)} (one priority per step)")
+            priority = check_priorities(priority, name).reshape(self.num_streams, steps)
+        return columns, steps, priority
+
+    def begin_write(self, steps: int) -> int:
+        """Publish a write of ``steps`` steps and make the slots it ends unsampleable; returns its first step."""
+        start = self.store.begin_write(steps)
+        if self.sampler is not None:
+            lo_old, hi_old = self.slot_range(start)
+            lo_new, _ = self.slot_range(start + steps)
+            with self.store.lock():
+                self.sampler.invalidate(self.leaves_of(lo_old, min(lo_new, hi_old + 1)))
+        return start
 
     def write(self, target: torch.Tensor, value: torch.Tensor, start: int, time_stride: int = 1) -> None:
         """Copy ``value [B, T, ...]`` into ``target [B, T_cap/time_stride, ...]`` at absolute time ``start``."""
@@ -332,29 +285,71 @@ class StreamRing:
                 torch.cat([p.narrow(1, first, steps - first) for p in parts], dim=-1,
                           out=target.narrow(1, 0, steps - first))
 
-    @property
-    def write_done(self) -> int:
-        return self.store.counter("write_done")
+    def end_write(self, start: int, steps: int, priority: np.ndarray | None) -> None:
+        """Publish the write as complete; give its slots their input (or default) priorities and make the slots
+        whose samples it completed sampleable."""
+        self.store.end_write()
+        if self.sampler is None:
+            return
+        if priority is not None:
+            priority = priority[:, (-start) % self.stride :: self.stride].reshape(-1)
+        new = self.leaves_of(-(-start // self.stride), -(-(start + steps) // self.stride))
+        lo, hi = self.slot_range(start + steps)
+        lo = max(lo, self.slot_range(start)[1] + 1)
+        slots = np.arange(lo, hi + 1)[None, :]
+        valid = self.valid_at(np.arange(self.num_streams)[:, None], slots * self.stride)
+        with self.store.lock():
+            self.sampler.assign(new, priority)
+            self.sampler.activate(self.leaves_of(lo, hi + 1), valid=valid)
+            self.sampler.advance(steps * self.num_streams)
 
-    @property
-    def write_started(self) -> int:
-        return self.store.counter("write_started")
+    def draw(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(stream, absolute slot, leaf values or None)`` of ``n`` draws from the data complete now."""
+        if self.sampler is not None:
+            with self.store.lock():
+                leaves, values = self.sampler.draw_leaves(n)
+                done = self.write_done
+            stream, slot = np.divmod(leaves, self.slots_per_stream)
+            newest = self.slot_range(done)[1]
+            return stream, newest - (newest - slot) % self.slots_per_stream, values
+        started, done = self.write_started, self.write_done
+        lo, hi = self.slot_range(started)[0], self.slot_range(done)[1]  # never slots a write in progress replaces
+        per_stream = hi - lo + 1
+        if per_stream < 1:
+            raise ReplayError("nothing is ready to sample")
+        total = per_stream * self.num_streams
+        stream, slot = np.divmod(self.rng.integers(0, total, n), per_stream)
+        slot += lo
+        for _ in range(_MAX_REDRAWS):
+            valid = self.valid_at(stream, slot * self.stride) if self.stored_mask_key is not None else None
+            if valid is None or valid.all():
+                return stream, slot, None
+            bad = ~valid
+            stream[bad], slot[bad] = np.divmod(self.rng.integers(0, total, bad.sum()), per_stream)
+            slot[bad] += lo
+        raise ReplayError(f"almost no valid steps: {key_name(self.stored_mask_key)!r} is False nearly everywhere")
 
-    def flat_index(self, stream: np.ndarray, time: np.ndarray) -> np.ndarray:
-        """Flat index ``b * T_cap + a % T_cap`` of absolute step ``a`` in stream ``b``."""
-        return stream * self.time_capacity + time % self.time_capacity
+    def sample(self, n: int, gather: Callable[[np.ndarray, np.ndarray], TensorDictBase]) -> tuple:
+        """Draw ``n`` slots and ``gather(stream, slot)`` their rows, none of which a concurrent write overwrote.
 
-    def absolute_time(self, flat_index: np.ndarray, done: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(stream, absolute time)`` of flat indices, for the data complete at ``done``."""
-        stream, slot = np.divmod(flat_index, self.time_capacity)
-        newest = done - 1
-        return stream, newest - (newest - slot) % self.time_capacity
-
-    def columns_of(self, start: int, stop: int) -> np.ndarray:
-        """Flat indices of absolute steps ``[start, stop)`` in every stream."""
-        times = np.arange(max(start, 0), max(stop, 0), dtype=np.int64)
-        streams = np.arange(self.num_streams, dtype=np.int64)
-        return self.flat_index(streams[:, None], times[None, :]).reshape(-1)
+        The reader side of the seqlock (:mod:`tdrl.replay.storage`): rows whose oldest step a later write started
+        overwriting during the gather are drawn again; rows that passed are final.
+        Returns ``(leaves, gathered, importance weights or None)``.
+        """
+        stream, slot, values = self.draw(n)
+        out = gather(stream, slot)
+        rows = np.arange(n)
+        for _ in range(_MAX_REDRAWS):
+            stale = slot[rows] * self.stride - self.lookback < self.write_started - self.time_capacity
+            if not stale.any():
+                weights = None if values is None else self.sampler.importance_weights(values)
+                return self.leaf(stream, slot), out, weights
+            rows = rows[stale]
+            stream[rows], slot[rows], new_values = self.draw(rows.size)
+            if values is not None:
+                values[rows] = new_values
+            out[torch.from_numpy(rows)] = gather(stream[rows], slot[rows])
+        raise ReplayError("sampling kept colliding with concurrent writes; the writer is lapping the buffer")
 
     def gather(self, key: tuple[str, ...], index: torch.Tensor) -> torch.Tensor:
         """One key at flat ``index`` (a strided gather; prefer :meth:`gather_keys` for many keys)."""
@@ -368,7 +363,64 @@ class StreamRing:
         for group, members in self.groups.items():
             if part is not None and not group.startswith(part + "."):
                 continue
-            rows = torch.index_select(self.group_flat[group], 0, index)
+            rows = torch.index_select(self.flat[group], 0, index)
             for key, offset, size, shape in members:
                 out[key] = rows[:, offset : offset + size].view(n, *shape)
         return out
+
+    def update_priority(self, index: Any, priority: Any = None, reduce: Callable | None = None) -> None:
+        """New priorities for sampled leaves.
+
+        Args:
+            index: a sample's ``index`` (a sequence's is broadcast along time), or the sample itself (then
+                ``priority`` defaults to its ``"td_error"``, as TorchRL losses write it).
+            priority: one non-negative finite value per index, or what ``reduce`` turns into that.
+        """
+        if self.sampler is None:
+            raise ReplayError("update_priority() needs a prioritized buffer (sampler=PrioritizedSampler(...))")
+        if isinstance(index, TensorDictBase):
+            index, priority = index.get("index"), index.get("td_error") if priority is None else priority
+        index = torch.as_tensor(index)
+        index = index[:, 0] if index.ndim == 2 else index
+        priority = reduce(torch.as_tensor(priority)) if reduce is not None else priority
+        with self.store.lock():
+            self.sampler.update(index.reshape(-1).cpu().numpy(), priority)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters and layout, the uniform RNG and the sampler (the data stays in the files)."""
+        state = {"ring": self.store.state_dict(), "rng": self.rng.bit_generator.state}
+        if self.sampler is not None:
+            state["sampler"] = self.sampler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Reopen the files in place with the layout and counters of :meth:`state_dict`, then restore the rest."""
+        saved = state["ring"]["meta"] or self.layout
+        if {key: saved.get(key) for key in self.layout} != self.layout:
+            raise ReplayError(f"state is of a buffer with {saved}, this buffer has {self.layout}")
+        self.store.restore(state["ring"])
+        self.synced = False
+        if self.store.meta is not None:
+            self._adopt_meta()
+            if self.sampler is not None:
+                self.sampler.bind(self.num_leaves, self.store.directory)
+        if self.sampler is not None and "sampler" in state:
+            self.sampler.load_state_dict(state["sampler"])
+        self.rng.bit_generator.state = state["rng"]
+
+    def dump(self, path: str | os.PathLike) -> None:
+        """Save :meth:`state_dict` to ``path`` with a copy of the data files (unless ``path`` holds them)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        if self.allocated and path.resolve() != self.store.directory.resolve():
+            self.store.copy_files_to(path / "storage")
+        elif self.allocated:
+            self.store.flush()
+        torch.save(self.state_dict(), path / "replay_state.pt")
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Restore what :meth:`dump` wrote: the state, then the data."""
+        path = Path(path)
+        self.load_state_dict(torch.load(path / "replay_state.pt", weights_only=False))
+        if self.store.allocated and (path / "storage").exists():
+            self.store.copy_files_from(path / "storage")

@@ -35,10 +35,9 @@ class BatchSchema:
 
     Args:
         entries: key -> (dtype, per-step shape, i.e. the shape after the batch dimensions).
-        strict: whether keys present in a batch but absent from the schema are an error (they would be dropped
-            silently otherwise). Buffers built with an explicit ``keys=`` selection are not strict.
-        ignored: keys a batch may carry that the schema does not store (consumed elsewhere: frame stacks, input
-            priorities, explicitly excluded keys).
+        strict: whether keys a batch has beyond the schema are an error rather than dropped silently (not for
+            buffers built with an explicit ``keys=`` selection).
+        ignored: keys a batch may carry that the schema does not store (frame stacks, input priorities, ...).
     """
 
     def __init__(self, entries: dict[tuple[str, ...], tuple[torch.dtype, torch.Size]], strict: bool = True,
@@ -46,28 +45,23 @@ class BatchSchema:
         self.entries = entries
         self.strict = strict
         self.ignored = {tuple(k) for k in ignored}
-        groups: dict[tuple[str, ...], set[str]] = {}
+        self._groups: dict[tuple[str, ...], set[str]] = {}  # prefix -> names below it, for the extra-key check
         for key in entries:
             for depth in range(len(key)):
-                groups.setdefault(key[:depth], set()).add(key[depth])
-        self._groups = groups
+                self._groups.setdefault(key[:depth], set()).add(key[depth])
 
     @classmethod
     def from_batch(cls, batch: TensorDictBase, batch_dims: int, keys: Sequence[NestedKey] | None = None,
                    exclude: Iterable[NestedKey] = ()) -> BatchSchema:
         """Schema of ``batch`` (all tensor leaves, or only ``keys``), minus ``exclude``."""
         excluded = {as_key(k) for k in exclude}
-        if keys is None:
-            selected = [as_key(k) for k in batch.keys(include_nested=True, leaves_only=True)]
-        else:
-            selected = [as_key(k) for k in keys]
         entries = {}
-        for key in selected:
+        for key in map(as_key, batch.keys(include_nested=True, leaves_only=True) if keys is None else keys):
             if key in excluded or any(key[: len(e)] == e for e in excluded):
                 continue
             value = batch.get(key, None)
             if value is None:
-                raise ReplayError(f"key {key_name(key)!r} requested in keys= is missing from the batch")
+                raise ReplayError(f"batch is missing key {key_name(key)!r} (named in keys= or state_keys=)")
             if not isinstance(value, torch.Tensor):
                 continue
             entries[key] = (value.dtype, value.shape[batch_dims:])
@@ -80,9 +74,7 @@ class BatchSchema:
             ReplayError: a key is missing or unexpected, or a tensor has the wrong dtype or shape.
         """
         out = {}
-        # one to_dict() (a nested dict of the same tensors, no copies) and plain dict lookups: 3x cheaper than a
-        # TensorDict.get per key, which was the largest cost of extend
-        tree = batch.to_dict()
+        tree = batch.to_dict()  # the same tensors as nested dicts: plain lookups, cheaper than TensorDict.get
         for key, (dtype, shape) in self.entries.items():
             value = tree
             for part in key:

@@ -36,10 +36,6 @@ _COUNTERS = ("write_started", "write_done", "samples_drawn")
 _N_COUNTERS = 8  # room for later counters without changing the file size
 
 
-def _np_dtype(dtype: torch.dtype) -> np.dtype:
-    return torch.empty((), dtype=dtype).numpy().dtype
-
-
 class MemmapStore:
     """Fixed-size memmapped fields plus shared counters, in ``directory``.
 
@@ -55,12 +51,8 @@ class MemmapStore:
     def __init__(self, directory: str | os.PathLike) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        counters = np.memmap(self.directory / "counters.i64", dtype=np.int64, mode="w+", shape=(_N_COUNTERS,))
-        counters[:] = 0
-        counters.flush()
-        meta = self.directory / "meta.json"
-        if meta.exists():
-            meta.unlink()
+        np.memmap(self.directory / "counters.i64", dtype=np.int64, mode="w+", shape=(_N_COUNTERS,))  # zeroed
+        (self.directory / "meta.json").unlink(missing_ok=True)
         self._init_process_state()
 
     def _init_process_state(self) -> None:
@@ -83,8 +75,7 @@ class MemmapStore:
         self.directory = Path(state["directory"])
         self._init_process_state()
         self.shared = True
-        if (self.directory / "meta.json").exists():
-            self.open()
+        self.ensure_open()
 
     @property
     def allocated(self) -> bool:
@@ -92,57 +83,39 @@ class MemmapStore:
         return self.meta is not None
 
     def allocate(self, fields: dict[str, tuple[tuple[int, ...], torch.dtype]], meta: dict[str, Any]) -> None:
-        """Create (or reuse, when present with the right size) one file per field, then write ``meta.json``.
-
-        Args:
-            fields: name -> (full shape, torch dtype).
-            meta: JSON-serialisable layout description the buffer needs to reopen the store.
-        """
+        """Create (or reuse, when present with the right size) one file per field ``name -> (shape, dtype)``, then
+        write ``meta.json`` (the fields and the JSON ``meta`` a buffer needs to reopen the store)."""
         spec = {name: {"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")} for name, (shape, dtype)
                 in fields.items()}
         self.meta = {"fields": spec, **meta}
         self._map_fields(create=True)
         write_atomic(self.directory / "meta.json", json.dumps(self.meta, indent=1))
 
-    def open(self) -> None:
-        """Map the fields described by ``meta.json`` (another process allocated them)."""
-        self.meta = json.loads((self.directory / "meta.json").read_text())
-        self._map_fields(create=False)
-
     def ensure_open(self) -> bool:
-        """Open the fields if another process has allocated them since; returns :attr:`allocated`."""
+        """Map the fields if another process has allocated them since; returns :attr:`allocated`."""
         if self.meta is None and (self.directory / "meta.json").exists():
-            self.open()
+            self.meta = json.loads((self.directory / "meta.json").read_text())
+            self._map_fields(create=False)
         return self.allocated
 
     def _map_fields(self, create: bool) -> None:
-        self.fields = {}
-        self._arrays: dict[str, np.memmap] = {}
+        self.fields, self._arrays = {}, {}
         for name, spec in self.meta["fields"].items():
-            dtype = getattr(torch, spec["dtype"])
             shape = tuple(spec["shape"])
             path = self.directory / f"{name}.bin"
-            np_dtype = _np_dtype(dtype)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
-            reuse = path.exists() and path.stat().st_size == nbytes
-            mode = "r+" if (reuse or not create) else "w+"
-            array = np.memmap(path, dtype=np_dtype, mode=mode, shape=shape)
-            self._arrays[name] = array
-            self.fields[name] = torch.from_numpy(array)
+            dtype = torch.empty((), dtype=getattr(torch, spec["dtype"])).numpy().dtype
+            reuse = path.exists() and path.stat().st_size == int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            self._arrays[name] = np.memmap(path, dtype=dtype, mode="r+" if (reuse or not create) else "w+",
+                                           shape=shape)
+            self.fields[name] = torch.from_numpy(self._arrays[name])
 
     def counter(self, name: str) -> int:
         """Current value of a shared counter (one of ``_COUNTERS``)."""
         return int(self._counters[_COUNTERS.index(name)])
 
-    def set_counter(self, name: str, value: int) -> None:
-        self._counters[_COUNTERS.index(name)] = value
-
     def add_counter(self, name: str, value: int) -> None:
         """Add to a counter. Not atomic across processes: each counter has one writing process by convention."""
         self._counters[_COUNTERS.index(name)] += value
-
-    def counters(self) -> dict[str, int]:
-        return {name: int(self._counters[i]) for i, name in enumerate(_COUNTERS)}
 
     def begin_write(self, steps: int) -> int:
         """Publish that ``steps`` time steps are being written; returns the absolute time of the first one."""
@@ -156,11 +129,8 @@ class MemmapStore:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """Exclusive lock across threads and processes (``flock`` on ``directory/lock``).
-
-        The file lock is taken only once the store has been pickled (sent to or received from another process);
-        a store that never left its process needs only the thread lock (saves two syscalls per call).
-        """
+        """Exclusive lock across threads and processes (``flock`` on ``directory/lock``, taken only once the store
+        has been pickled: a store that never left its process needs only the thread lock)."""
         with self._thread_lock:
             if not self.shared:
                 yield
@@ -175,17 +145,16 @@ class MemmapStore:
 
     def state_dict(self) -> dict[str, Any]:
         """Counters and layout (no data: the field files stay in :attr:`directory`)."""
-        return {"counters": self.counters(), "meta": self.meta}
+        return {"counters": {name: self.counter(name) for name in _COUNTERS}, "meta": self.meta}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Reopen the field files in place with the layout and counters of :meth:`state_dict`."""
         if state["meta"] is not None:
             fields = {name: (tuple(spec["shape"]), getattr(torch, spec["dtype"]))
                       for name, spec in state["meta"]["fields"].items()}
-            meta = {k: v for k, v in state["meta"].items() if k != "fields"}
-            self.allocate(fields, meta)
+            self.allocate(fields, {k: v for k, v in state["meta"].items() if k != "fields"})
         for name, value in state["counters"].items():
-            self.set_counter(name, value)
+            self._counters[_COUNTERS.index(name)] = value
 
     def flush(self) -> None:
         """Write dirty pages of every field to disk (``msync``)."""
@@ -195,25 +164,20 @@ class MemmapStore:
 
     def copy_files_to(self, path: str | os.PathLike) -> None:
         """Copy every field file into ``path`` (a snapshot of the data)."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        Path(path).mkdir(parents=True, exist_ok=True)
         self.flush()
         for name in self.fields:
-            shutil.copyfile(self.directory / f"{name}.bin", path / f"{name}.bin")
+            shutil.copyfile(self.directory / f"{name}.bin", Path(path) / f"{name}.bin")
 
     def copy_files_from(self, path: str | os.PathLike) -> None:
         """Copy field files written by :meth:`copy_files_to` into this (already allocated) store, in place."""
-        path = Path(path)
-        for name, tensor in self.fields.items():
-            src = path / f"{name}.bin"
-            expected = tensor.numel() * tensor.element_size()
-            if not src.exists() or src.stat().st_size != expected:
+        for name, array in self._arrays.items():
+            src = Path(path) / f"{name}.bin"
+            if not src.exists() or src.stat().st_size != array.nbytes:
                 raise FileNotFoundError(f"replay field file {src} is missing or has the wrong size "
-                                        f"(expected {expected} bytes)")
-            source = np.memmap(src, dtype=tensor.numpy().dtype, mode="r", shape=tuple(tensor.shape))
-            np.copyto(tensor.numpy(), source)
-            del source
+                                        f"(expected {array.nbytes} bytes)")
+            np.copyto(array, np.memmap(src, dtype=array.dtype, mode="r", shape=array.shape))
 
     def nbytes(self) -> int:
         """Bytes held by the field files."""
-        return sum(t.numel() * t.element_size() for t in self.fields.values())
+        return sum(array.nbytes for array in self._arrays.values())

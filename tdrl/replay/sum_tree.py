@@ -1,13 +1,10 @@
 """A float64 k-ary sum tree with vectorised batch updates and prefix-sum search.
 
 Ours because TorchRL 0.14.1's C++ segment trees do not import against torch 2.13 (pytorch/rl#3508); float64 because
-rlpyt found float32 trees return zero-priority leaves through rounding. 16-ary rather than binary: a search reads
-each node's children from one or two cache lines and touches few levels (children gathered as a ``[k, batch]``
-block, prefix sums by one small triangular matmul, the top level by ``cumsum`` + ``searchsorted``). Updates
-recompute each touched parent from its children, so rounding never accumulates.
-
-All levels live in one flat float64 array, so the tree can sit in a shared ``np.memmap``; callers serialise access
-(:meth:`tdrl.replay.storage.MemmapStore.lock`).
+rlpyt found float32 trees return zero-priority leaves through rounding. 16-ary rather than binary: a search touches
+few levels, each node's children gathered as a ``[k, batch]`` block with prefix sums by one small triangular matmul.
+Updates recompute each touched parent from its children, so rounding never accumulates. All levels live in one flat
+array, so the tree can sit in a shared ``np.memmap``; callers serialise access (``MemmapStore.lock``).
 """
 
 from __future__ import annotations
@@ -28,38 +25,29 @@ def _level_sizes(capacity: int, branching: int, top_max: int) -> list[int]:
 
 
 class SumTree:
-    """Sum tree over ``capacity`` non-negative float64 leaves.
+    """Sum tree over ``capacity`` non-negative float64 leaves; :meth:`find` never returns a zero leaf while the total
+    is positive.
 
     Args:
         capacity: number of leaves.
         branching: children per internal node (>= 2).
-        storage: optional flat float64 array of at least :meth:`storage_size` elements to hold the tree (e.g. a
-            memmap shared between processes). A fresh zeroed array is allocated when omitted.
+        storage: flat float64 array of at least :meth:`storage_size` elements to hold the tree (e.g. a memmap shared
+            between processes); a fresh zeroed array when omitted.
         top_max: largest top level, searched directly.
-
-    Leaves with value 0 are never returned by :meth:`find` while the total is positive.
     """
 
     def __init__(self, capacity: int, branching: int = 16, storage: np.ndarray | None = None,
                  top_max: int = 256) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1, got {capacity}")
-        if branching < 2:
-            raise ValueError(f"branching must be >= 2, got {branching}")
+        if capacity < 1 or branching < 2:
+            raise ValueError(f"need capacity >= 1 and branching >= 2, got {capacity}, {branching}")
         self.capacity = int(capacity)
         self.branching = int(branching)
         sizes = _level_sizes(self.capacity, self.branching, top_max)
-        total = sum(sizes)
-        if storage is None:
-            storage = np.zeros(total, dtype=np.float64)
-        elif storage.dtype != np.float64 or storage.ndim != 1 or storage.size < total:
-            raise ValueError(f"storage must be a flat float64 array with >= {total} elements")
-        self.storage = storage
-        self.levels: list[np.ndarray] = []
-        offset = 0
-        for size in sizes:
-            self.levels.append(storage[offset : offset + size])
-            offset += size
+        self.storage = np.zeros(sum(sizes), dtype=np.float64) if storage is None else storage
+        if self.storage.dtype != np.float64 or self.storage.ndim != 1 or self.storage.size < sum(sizes):
+            raise ValueError(f"storage must be a flat float64 array with >= {sum(sizes)} elements")
+        offsets = np.cumsum([0, *sizes])
+        self.levels = [self.storage[lo:hi] for lo, hi in zip(offsets[:-1], offsets[1:], strict=True)]
         self._column = np.arange(self.branching, dtype=np.int64)[:, None]
         self._lower = np.tril(np.ones((self.branching, self.branching)))
 
@@ -105,7 +93,6 @@ class SumTree:
     def find(self, mass: np.ndarray) -> np.ndarray:
         """Leaf index whose prefix-sum interval contains each ``mass`` in ``[0, total)``."""
         mass = np.array(mass, dtype=np.float64).reshape(-1)
-        requested = mass
         top = self.levels[-1]
         prefix = np.cumsum(top)
         node = np.minimum(np.searchsorted(prefix, mass, side="right"), top.size - 1)
@@ -120,29 +107,7 @@ class SumTree:
             mass = mass - (inclusive[child, columns] - children[child, columns])
             node = base + child
         bad = self.levels[0][node] <= 0
-        if bad.any():  # rounding walked into a zero subtree: redo those few with a careful scalar search
-            node[bad] = [self._find_one(float(m)) for m in requested[bad]]
+        if bad.any():  # rounding walked into a zero subtree (rare): take the next positive leaf, else the last
+            positive = np.flatnonzero(self.leaves > 0)
+            node[bad] = positive[np.minimum(np.searchsorted(positive, node[bad]), positive.size - 1)]
         return node
-
-    def _find_one(self, mass: float) -> int:
-        """Scalar search that never enters a zero child (slow; only for the rare rounding fix-up)."""
-        node = self._pick(self.levels[-1], mass)
-        mass -= float(self.levels[-1][:node].sum())
-        k = self.branching
-        for level in range(len(self.levels) - 2, -1, -1):
-            children = self.levels[level][node * k : node * k + k]
-            child = self._pick(children, mass)
-            mass -= float(children[:child].sum())
-            node = node * k + child
-        return node
-
-    @staticmethod
-    def _pick(children: np.ndarray, mass: float) -> int:
-        child = int(np.searchsorted(np.cumsum(children), mass, side="right"))
-        if child < children.size and children[child] > 0:
-            return child
-        positive = np.flatnonzero(children > 0)
-        if positive.size == 0:
-            return 0
-        below = positive[positive <= child]
-        return int(below[-1]) if below.size else int(positive[0])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tdrl.replay import PrioritizedSampler, TransitionReplayBuffer
+from tdrl.replay import PrioritizedSampler, ReplayError, TransitionReplayBuffer
 from tests.replay.helpers import make_stream
 
 
@@ -70,6 +70,13 @@ def test_state_dict_reopens_data_in_place(tmp_path):
     again = _build(tmp_path / "a", prioritized=True)  # a new buffer object on the same directory (resume)
     again.load_state_dict(state)
     _same(_draws(again), expected)
+
+
+def test_load_rejects_a_state_of_another_layout(tmp_path):
+    rb = _filled(tmp_path / "a", prioritized=False)
+    other = TransitionReplayBuffer(tmp_path / "b", 2 * 60, n_step=1, seed=0)
+    with pytest.raises(ReplayError, match="n_step"):
+        other.load_state_dict(rb.state_dict())
 
 
 @pytest.mark.timeout(120)

@@ -111,10 +111,10 @@ def test_input_priorities_and_default_priority(tmp_path):
     batch = make_stream(2, 10)
     batch["priority"] = torch.arange(20, dtype=torch.float32).reshape(2, 10)
     rb.extend(batch)
-    idx = rb.ring.columns_of(0, 10)
+    idx = rb.ring.leaves_of(0, 10)
     np.testing.assert_allclose(sampler.priorities(idx), batch["priority"].reshape(-1).numpy())
     rb.extend(make_stream(2, 10, seed=1))
-    np.testing.assert_allclose(sampler.priorities(rb.ring.columns_of(10, 20)), 2.0)
+    np.testing.assert_allclose(sampler.priorities(rb.ring.leaves_of(10, 20)), 2.0)
     assert "priority" not in rb.sample(4).keys()
 
 
