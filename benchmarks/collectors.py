@@ -217,7 +217,11 @@ def measure_interleaved(rows: list[Row], seconds: float, repeats: int, quiet: fl
 def raw_loop(env_id: str, n_envs: int, seed: int = 0) -> tuple[Callable[[], None], Callable[[], None]]:
     """c's loop: ``SyncVectorEnv(n_envs)`` + the MLP, one batched forward per step; ``(run T steps, close)``."""
     vec = gym.vector.SyncVectorEnv([functools.partial(gym.make, env_id) for _ in range(n_envs)])
-    obs, _ = vec.reset(seed=seed)
+    return mlp_loop(vec, env_id, vec.reset(seed=seed)[0]), vec.close
+
+
+def mlp_loop(vec, env_id: str, obs: np.ndarray) -> Callable[[], None]:
+    """``T`` steps of a vector env ``vec`` (gymnasium API) driven by the benchmark MLP, one forward per step."""
     torch.manual_seed(0)
     mlp = MLP(*env_dims(env_id))
     state = {"obs": obs}
@@ -226,11 +230,10 @@ def raw_loop(env_id: str, n_envs: int, seed: int = 0) -> tuple[Callable[[], None
         obs = state["obs"]
         with torch.no_grad():
             for _ in range(T):
-                action = mlp(torch.from_numpy(obs)).numpy()
-                obs, *_ = vec.step(action)
+                obs, *_ = vec.step(mlp(torch.from_numpy(obs)).numpy())
         state["obs"] = obs
 
-    return run, vec.close
+    return run
 
 
 def raw_row(env_id: str) -> Row:
@@ -287,19 +290,7 @@ def envpool_row(env_id: str) -> Row | None:
         print(f"  envpool row skipped: cannot import envpool ({err}); pip install 'tdrl[bench]'", flush=True)
         return None
     env = envpool.make_gymnasium(env_id, num_envs=B, batch_size=B, num_threads=WORKERS, seed=0)
-    obs, _ = env.reset()
-    torch.manual_seed(0)
-    mlp = MLP(*env_dims(env_id))
-    state = {"obs": obs}
-
-    def run() -> None:
-        obs = state["obs"]
-        with torch.no_grad():
-            for _ in range(T):
-                obs, *_ = env.step(mlp(torch.from_numpy(obs)).numpy())
-        state["obs"] = obs
-
-    return Row("envpool", "mlp", run, B * T, env.close)
+    return Row("envpool", "mlp", mlp_loop(env, env_id, env.reset()[0]), B * T, env.close)
 
 
 def tdrl_row(name: str, section: str, kind: str, env_id: str, policy, compile: bool = False) -> Row:

@@ -20,7 +20,12 @@ import torch
 from torchrl.modules import set_recurrent_mode
 
 from tdrl.collect import make_collector, make_eval_collector, start_workers_early
-from tdrl.config import CheckpointConfig, CollectorConfig, EnvConfig, EvalConfig, LoggerConfig, RunConfig, parse_args
+from tdrl.config import (
+    CollectorConfig,
+    LoggerConfig,
+    RecipeConfig,
+    parse_args,
+)
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
 from tdrl.models import make_actor_critic, make_recurrent_actor_critic
@@ -82,27 +87,15 @@ class OptimConfig:
 
 
 @dataclass
-class Config:
-    env: EnvConfig = field(default_factory=EnvConfig)
-    """Environment."""
+class Config(RecipeConfig):
     collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_T=5, total_frames=500_000))
-    """Training collector and budget."""
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    """Offline evaluation (rlpyt MinibatchRlEval)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Actor-critic networks."""
     loss: LossConfig = field(default_factory=LossConfig)
     """A2C objective."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and its schedule."""
-    run: RunConfig = field(default_factory=RunConfig)
-    """Run directory, seed, device."""
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=10_000))
-    """Logging cadence and sinks."""
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    """Snapshots and resume."""
-    stop_return: float | None = None
-    """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
 
 
 def main(cfg: Config) -> dict:

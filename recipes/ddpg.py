@@ -21,13 +21,11 @@ import torch
 
 from tdrl.collect import make_collector, make_eval_collector, start_workers_early
 from tdrl.config import (
-    CheckpointConfig,
     CollectorConfig,
     ConfigError,
     EnvConfig,
-    EvalConfig,
     LoggerConfig,
-    RunConfig,
+    RecipeConfig,
     parse_args,
 )
 from tdrl.envs import EnvFactory
@@ -95,14 +93,10 @@ class OptimConfig:
 
 
 @dataclass
-class Config:
+class Config(RecipeConfig):
     env: EnvConfig = field(default_factory=lambda: EnvConfig(id="Pendulum-v1"))
-    """Environment."""
     collector: CollectorConfig = field(
         default_factory=lambda: CollectorConfig(batch_B=1, batch_T=1, total_frames=30_000))
-    """Training collector and budget."""
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    """Offline evaluation (rlpyt MinibatchRlEval)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Policy and critics."""
     exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
@@ -113,14 +107,7 @@ class Config:
     """DDPG objective."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizers and update cadence."""
-    run: RunConfig = field(default_factory=RunConfig)
-    """Run directory, seed, device."""
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=1_000))
-    """Logging cadence and sinks."""
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    """Snapshots and resume."""
-    stop_return: float | None = None
-    """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
 
 
 def main(cfg: Config) -> dict:

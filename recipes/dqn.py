@@ -35,12 +35,10 @@ import torch
 
 from tdrl.collect import make_collector, make_eval_collector, start_workers_early
 from tdrl.config import (
-    CheckpointConfig,
     CollectorConfig,
     ConfigError,
-    EnvConfig,
-    EvalConfig,
     LoggerConfig,
+    RecipeConfig,
     RunConfig,
     parse_args,
 )
@@ -142,13 +140,8 @@ class OptimConfig:
 
 
 @dataclass
-class Config:
-    env: EnvConfig = field(default_factory=EnvConfig)
-    """Environment."""
+class Config(RecipeConfig):
     collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_B=1, batch_T=8))
-    """Training collector and budget."""
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    """Offline evaluation (rlpyt MinibatchRlEval)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Q-network."""
     exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
@@ -163,11 +156,6 @@ class Config:
     """Run directory, seed, device; 2 torch threads:
     the 256-wide dueling update is ~10% faster on 2 threads than on 1 (measured, 2 cores)."""
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=5_000))
-    """Logging cadence and sinks."""
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    """Snapshots and resume."""
-    stop_return: float | None = None
-    """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """sync, or async (trainer.kind=async: a collector process fills the replay while this one optimises)."""
 

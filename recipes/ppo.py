@@ -33,7 +33,11 @@ import torch
 from torchrl.modules import set_recurrent_mode
 
 from tdrl.collect import make_collector, make_eval_collector, start_workers_early
-from tdrl.config import CheckpointConfig, CollectorConfig, EnvConfig, EvalConfig, LoggerConfig, RunConfig, parse_args
+from tdrl.config import (
+    LoggerConfig,
+    RecipeConfig,
+    parse_args,
+)
 from tdrl.envs import EnvFactory
 from tdrl.log.run import Run
 from tdrl.models import make_actor_critic, make_recurrent_actor_critic
@@ -102,27 +106,14 @@ class OptimConfig:
 
 
 @dataclass
-class Config:
-    env: EnvConfig = field(default_factory=EnvConfig)
-    """Environment."""
-    collector: CollectorConfig = field(default_factory=CollectorConfig)
-    """Training collector and budget."""
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    """Offline evaluation (rlpyt MinibatchRlEval)."""
+class Config(RecipeConfig):
     model: ModelConfig = field(default_factory=ModelConfig)
     """Actor-critic networks."""
     loss: LossConfig = field(default_factory=LossConfig)
     """PPO objective and its schedule."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer."""
-    run: RunConfig = field(default_factory=RunConfig)
-    """Run directory, seed, device."""
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=5_000))
-    """Logging cadence and sinks."""
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    """Snapshots and resume."""
-    stop_return: float | None = None
-    """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """sync, or ddp (trainer.kind=ddp trainer.world_size=2: one replica per process, gradients all-reduced)."""
 

@@ -30,12 +30,11 @@ import torch
 
 from tdrl.collect import make_collector, make_eval_collector, start_workers_early
 from tdrl.config import (
-    CheckpointConfig,
     CollectorConfig,
     ConfigError,
     EnvConfig,
-    EvalConfig,
     LoggerConfig,
+    RecipeConfig,
     RunConfig,
     parse_args,
 )
@@ -104,14 +103,10 @@ class OptimConfig:
 
 
 @dataclass
-class Config:
+class Config(RecipeConfig):
     env: EnvConfig = field(default_factory=lambda: EnvConfig(id="Pendulum-v1"))
-    """Environment."""
     collector: CollectorConfig = field(
         default_factory=lambda: CollectorConfig(batch_B=1, batch_T=1, total_frames=20_000))
-    """Training collector and budget."""
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    """Offline evaluation (rlpyt MinibatchRlEval)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Policy and critics."""
     replay: ReplayConfig = field(default_factory=ReplayConfig)
@@ -124,11 +119,6 @@ class Config:
     """Run directory, seed, device; 2 torch threads:
     a 256-wide twin-critic update is ~1.4x faster on 2 threads than on 1 (measured, 2 cores)."""
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=1_000))
-    """Logging cadence and sinks."""
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    """Snapshots and resume."""
-    stop_return: float | None = None
-    """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """sync, or async (trainer.kind=async: a collector process fills the replay while this one optimises)."""
 

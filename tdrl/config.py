@@ -21,12 +21,12 @@ import sys
 import textwrap
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 __all__ = ["CheckpointConfig", "CollectorConfig", "ConfigError", "EnvConfig", "EvalConfig", "LoggerConfig",
-           "RunConfig", "apply_overrides", "config_help", "diff_configs", "flatten", "merge_nested", "parse_args",
-           "to_dict"]
+           "RecipeConfig", "RunConfig", "apply_overrides", "config_help", "diff_configs", "flatten", "merge_nested",
+           "parse_args", "to_dict"]
 
 C = TypeVar("C")
 
@@ -129,6 +129,27 @@ class CheckpointConfig:
 
 
 # --- Conversion ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RecipeConfig:
+    """The sections every recipe has. A recipe's ``Config`` subclasses it, adds its algorithm's sections (model,
+    loss, optim, ...) and re-declares a section to change its defaults."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Environment."""
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    """Training collector and budget."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Offline evaluation (rlpyt MinibatchRlEval)."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """Run directory, seed, device."""
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    """Logging cadence and sinks."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Snapshots and resume."""
+    stop_return: float | None = None
+    """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -288,7 +309,16 @@ def apply_overrides(cfg: C, overrides: dict[str, Any] | list[str]) -> C:
 
 
 def _field_docs(cls: type) -> dict[str, str]:
-    """The string literal written under each field of a dataclass (attribute docstrings)."""
+    """The string literal written under each field of a dataclass and its dataclass bases (attribute docstrings;
+    a subclass's own text wins)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):

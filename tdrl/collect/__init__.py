@@ -34,15 +34,6 @@ from tdrl.collect.factory import (
 from tdrl.collect.policy import PolicyStep
 
 __all__ = [
-    "COLLECTOR_KINDS",
-    "BatchCollector",
-    "Collector",
-    "CollectorError",
-    "EvalCollector",
-    "ParallelCollector",
-    "PolicyStep",
-    "SerialCollector",
-    "make_collector",
-    "make_eval_collector",
-    "start_workers_early",
+    "COLLECTOR_KINDS", "BatchCollector", "Collector", "CollectorError", "EvalCollector", "ParallelCollector",
+    "PolicyStep", "SerialCollector", "make_collector", "make_eval_collector", "start_workers_early"
 ]

@@ -12,14 +12,8 @@ from torchrl.envs.utils import exploration_type
 from tdrl.envs.make import EnvSpecs
 
 __all__ = [
-    "RESET_MODES",
-    "Collector",
-    "CollectorError",
-    "active_exploration",
-    "check_batch_args",
-    "env_specs",
-    "sorted_infos",
-    "to_interaction_type",
+    "RESET_MODES", "Collector", "CollectorError", "active_exploration", "check_batch_args", "env_specs", "sorted_infos",
+    "to_interaction_type"
 ]
 
 RESET_MODES = ("reset_at_once", "wait_reset")
