@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase, set_interaction_type
@@ -142,11 +143,12 @@ class PolicyStep:
     def _as_td(self, env: Env) -> TensorDict:
         return TensorDict(env, batch_size=[self.n])
 
-    def state_dict(self) -> dict[NestedKey, torch.Tensor]:
-        """The recurrent state per env (CPU copies; empty for a feed-forward policy)."""
-        return {key: value.detach().to("cpu", copy=True) for key, value in self.state.items()}
+    def state_dict(self) -> dict[NestedKey, np.ndarray]:
+        """The recurrent state per env (numpy copies: they cross worker pipes as plain bytes; empty for a
+        feed-forward policy)."""
+        return {key: value.detach().cpu().numpy().copy() for key, value in self.state.items()}
 
-    def load_state_dict(self, state: dict[NestedKey, torch.Tensor]) -> None:
+    def load_state_dict(self, state: dict[NestedKey, np.ndarray]) -> None:
         """Restore :meth:`state_dict` of a step over the same envs with the same policy architecture."""
         if set(state) != set(self.state):
             raise ValueError(f"saved recurrent state has keys {sorted(map(str, state))}, this policy "
@@ -155,7 +157,7 @@ class PolicyStep:
             if value.shape != self.state[key].shape:
                 raise ValueError(f"saved recurrent state {key!r} has shape {tuple(value.shape)}, this policy's "
                                  f"{tuple(self.state[key].shape)}")
-            self.state[key] = value.to(self.device, dtype=self.state[key].dtype, copy=True)
+            self.state[key] = torch.tensor(value, dtype=self.state[key].dtype, device=self.device)
 
     @contextmanager
     def running(self) -> Iterator[None]:
