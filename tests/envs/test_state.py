@@ -174,3 +174,17 @@ def test_mismatched_layers_raise():
         set_env_state(StatefulCounter(make_env("CartPole-v1", seed=0)), get_env_state(cartpole))
     with pytest.raises(EnvStateError, match="reset the env once"):
         set_env_state(make_env("CartPole-v1"), get_env_state(cartpole))
+
+
+MUJOCO = [
+    (EnvFactory("HalfCheetah-v5", {"max_episode_steps": 25}), 1),
+    (EnvFactory("Hopper-v5"), 1),  # random actions make it fall (terminate) within ~30 steps
+    (EnvFactory("Ant-v5", {"max_episode_steps": 25}), 1),  # contact forces (cfrc_ext) in its obs
+    (EnvFactory("Humanoid-v5"), 1),  # reads its centre of mass (xipos) before stepping; falls within ~25 steps
+]
+
+
+@pytest.mark.parametrize(("factory", "ends_before"), MUJOCO, ids=[f.env_id for f, _ in MUJOCO])
+def test_mujoco_continues_bitwise(factory, ends_before):
+    pytest.importorskip("mujoco", reason="MuJoCo envs need gymnasium[mujoco]")
+    _check_continuation(factory, k=60, m=60, ends_before=ends_before)
