@@ -37,17 +37,19 @@ Getter = Callable[[Any], dict[str, Any]]
 Setter = Callable[[Any, dict[str, Any]], None]
 
 
-def _attributes(*names: str) -> tuple[Getter, Setter]:
-    """Adapter of an env whose episode state is the public attributes ``names`` and its ``np_random``."""
+def _attributes(*names: str, rng: bool = True) -> tuple[Getter, Setter]:
+    """Adapter of a layer whose state is the public attributes ``names``, and its ``np_random`` if ``rng`` (a
+    wrapper's ``np_random`` is its env's, captured there)."""
 
-    def get(env: gym.Env) -> dict[str, Any]:
-        state = {name: copy.deepcopy(getattr(env, name, None)) for name in names}
-        return {**state, "np_random": env.np_random.bit_generator.state}
+    def get(layer: Any) -> dict[str, Any]:
+        state = {name: copy.deepcopy(getattr(layer, name, None)) for name in names}
+        return {**state, "np_random": layer.np_random.bit_generator.state} if rng else state
 
-    def set_(env: gym.Env, state: dict[str, Any]) -> None:
+    def set_(layer: Any, state: dict[str, Any]) -> None:
         for name in names:
-            setattr(env, name, copy.deepcopy(state[name]))
-        env.np_random.bit_generator.state = state["np_random"]
+            setattr(layer, name, copy.deepcopy(state[name]))
+        if rng:
+            layer.np_random.bit_generator.state = state["np_random"]
 
     return get, set_
 
@@ -125,8 +127,10 @@ _ADAPTERS: dict[str, tuple[Getter, Setter]] = {
     # envs read before stepping (Ant's torso, Humanoid's centre of mass), which mj_step leaves at the last
     # substep's start instead of recomputing them from the state
     "gymnasium.envs.mujoco.mujoco_env.MujocoEnv": (_get_mujoco, _set_mujoco),
-    # Atari: the emulator with its RNG (sticky actions); np_random draws the no-op starts
+    # Atari: the emulator with its RNG; np_random draws the no-op starts and gymnasium's sticky actions
     "ale_py.env.AtariEnv": (_get_ale, _set_ale),
+    "gymnasium.wrappers.stateful_action.StickyAction": _attributes(
+        "last_action", "is_sticky_actions", "num_repeats", "repeats_taken", rng=False),
     "gymnasium.wrappers.atari_preprocessing.AtariPreprocessing": (_get_atari_preprocessing, _set_atari_preprocessing),
     "gymnasium.wrappers.stateful_observation.FrameStackObservation": (_get_frame_stack, _set_frame_stack),
     # remembers only whether reset was called / checks only the first reset and step
@@ -172,6 +176,11 @@ def capture_problem(env: gym.Env) -> str | None:
                     "implement state_dict()/load_state_dict() on it (tdrl.envs.StatefulEnv)")
             return (f"env layer {_class_name(type(layer))} cannot be captured for exact resume: {todo}; until then "
                     "a resumed run starts this env on a fresh episode")
+    if _class_name(type(env.unwrapped)) == "ale_py.env.AtariEnv" and env.unwrapped.ale.getFloat(
+            "repeat_action_probability") > 0:
+        return ("ALE's sticky actions keep the previous action outside its cloneState: build the env with "
+                "repeat_action_probability=0 and gymnasium.wrappers.StickyAction (as tdrl.envs.make_env does); until "
+                "then a resumed run starts this env on a fresh episode")
     if isinstance(env.action_space, (gym.spaces.Dict, gym.spaces.Tuple)):
         return (f"the action space {type(env.action_space).__name__} of {env} samples from one RNG per subspace, "
                 "which tdrl does not capture; a resumed run starts this env on a fresh episode")
