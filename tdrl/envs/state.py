@@ -158,9 +158,9 @@ def _accessors(layer: Any) -> tuple[Getter, Setter] | None:
     own = type(layer)  # not isinstance(layer, StatefulEnv): a runtime protocol check costs ~50 µs per layer
     if callable(getattr(own, "state_dict", None)) and callable(getattr(own, "load_state_dict", None)):
         return own.state_dict, own.load_state_dict
-    if type(layer).__module__.partition(".")[0] not in _LIBRARIES:
+    if own.__module__.partition(".")[0] not in _LIBRARIES:
         return None
-    for cls in type(layer).__mro__:
+    for cls in own.__mro__:
         if _class_name(cls) in _ADAPTERS:
             return _ADAPTERS[_class_name(cls)]
     return None
@@ -169,21 +169,20 @@ def _accessors(layer: Any) -> tuple[Getter, Setter] | None:
 def capture_problem(env: gym.Env) -> str | None:
     """None when every layer of ``env`` can be captured, else one sentence naming the first layer that cannot and
     what to do about it."""
+    fresh = "; until then a resumed run starts this env on a fresh episode"
     for layer in _layers(env):
         if _accessors(layer) is None:
             todo = ("build the env with tdrl.envs.make_env, or gymnasium.make(..., max_episode_steps=-1) wrapped in "
                     "tdrl.envs.TimeLimit" if type(layer) is gym.wrappers.TimeLimit else
                     "implement state_dict()/load_state_dict() on it (tdrl.envs.StatefulEnv)")
-            return (f"env layer {_class_name(type(layer))} cannot be captured for exact resume: {todo}; until then "
-                    "a resumed run starts this env on a fresh episode")
-    if _class_name(type(env.unwrapped)) == "ale_py.env.AtariEnv" and env.unwrapped.ale.getFloat(
-            "repeat_action_probability") > 0:
+            return f"env layer {_class_name(type(layer))} cannot be captured for exact resume: {todo}{fresh}"
+    base = env.unwrapped
+    if _class_name(type(base)) == "ale_py.env.AtariEnv" and base.ale.getFloat("repeat_action_probability") > 0:
         return ("ALE's sticky actions keep the previous action outside its cloneState: build the env with "
-                "repeat_action_probability=0 and gymnasium.wrappers.StickyAction (as tdrl.envs.make_env does); until "
-                "then a resumed run starts this env on a fresh episode")
+                f"repeat_action_probability=0 and gymnasium.wrappers.StickyAction (as tdrl.envs.make_env does){fresh}")
     if isinstance(env.action_space, (gym.spaces.Dict, gym.spaces.Tuple)):
         return (f"the action space {type(env.action_space).__name__} of {env} samples from one RNG per subspace, "
-                "which tdrl does not capture; a resumed run starts this env on a fresh episode")
+                f"which tdrl does not capture{fresh}")
     return None
 
 
@@ -199,7 +198,8 @@ def get_env_state(env: gym.Env) -> dict[str, Any]:
 
 def set_env_state(env: gym.Env, state: dict[str, Any]) -> None:
     """Restore ``state`` into an env built by the same factory and reset at least once. Raises
-    :class:`EnvStateError`, before changing anything, when its layers differ from the state's."""
+    :class:`EnvStateError` when its layers differ from the state's (before changing anything) or it was never
+    reset."""
     layers = _layers(env)
     have = [_class_name(type(layer)) for layer in layers]
     want = [saved["class"] for saved in state["layers"]]

@@ -11,6 +11,7 @@ from gymnasium.envs.classic_control import CartPoleEnv
 
 from tdrl.envs import (
     EnvFactory,
+    EnvSpecs,
     EnvStateError,
     TimeLimit,
     capture_problem,
@@ -114,14 +115,6 @@ def test_time_limit_truncates_at_the_same_step_after_a_restore():
     assert truncations == [False] * 49 + [True]
 
 
-def test_make_env_keeps_the_registered_and_the_given_limit():
-    env = make_env("CartPole-v1")
-    assert isinstance(env, TimeLimit) and env.max_episode_steps == 500 and env.spec.max_episode_steps == 500
-    assert make_env("CartPole-v1", max_episode_steps=7).max_episode_steps == 7
-    assert not isinstance(make_env("CartPole-v1", max_episode_steps=-1), TimeLimit)
-    assert EnvFactory("CartPole-v1", {"max_episode_steps": 7}).specs().max_episode_steps == 7
-
-
 class Counter(gym.Wrapper):
     """A user's wrapper that keeps state without the protocol."""
 
@@ -156,6 +149,7 @@ def test_a_wrapper_without_the_protocol_is_named():
     assert "MyCartPole" in capture_problem(TimeLimit(MyCartPole(), 10))
     assert "tdrl.envs.make_env" in capture_problem(gym.make("CartPole-v1"))  # gymnasium's private counter
     assert EnvFactory("CartPole-v1").specs().capture_problem is None
+    assert "test_state.Counter" in EnvSpecs.from_env(env).capture_problem  # what collectors warn with, once
 
 
 def test_a_wrapper_with_the_protocol_is_captured():
