@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import numpy as np
 import torch
@@ -91,7 +91,7 @@ class PolicyStep:
         if self.recurrent_keys:
             self.state = self._initial_state(example)
         inputs = self._inputs(example[OBS_KEY], example[INIT_KEY])
-        with torch.no_grad(), set_interaction_type(exploration_type):
+        with torch.no_grad(), set_interaction_type(exploration_type), self._rng_untouched():
             reference = policy(self._as_td(inputs))
         self.out_keys = [k for k in (unravel_key(k) for k in reference.keys(True, True)) if k not in inputs]
         if "action" not in self.out_keys:
@@ -108,11 +108,18 @@ class PolicyStep:
                           stacklevel=2)
         self._act = (torch.compile(policy.act) if compile else policy.act) if self.acting else None
 
+    def _rng_untouched(self) -> AbstractContextManager:
+        """Context of the calls that probe the policy at build: the caller's torch generators (CPU and the
+        policy's device) are restored after them, so building a collector draws nothing and a resumed run may
+        restore its RNG before or after building one."""
+        if self.device.type == "cuda":
+            return torch.random.fork_rng(devices=[self.device.index or 0], device_type="cuda")
+        return torch.random.fork_rng(devices=[])
+
     def _check_act(self, inputs: Env) -> None:
-        """``act`` must write the keys the TensorDict forward writes (the contract of :mod:`tdrl.models.acting`);
-        checked on a forked RNG, so the first batch draws what it would without the check."""
+        """``act`` must write the keys the TensorDict forward writes (the contract of :mod:`tdrl.models.acting`)."""
         for kind in ACTING_TYPES:
-            with torch.no_grad(), set_interaction_type(kind), torch.random.fork_rng(devices=[]):
+            with torch.no_grad(), set_interaction_type(kind), self._rng_untouched():
                 written = set(self.policy(self._as_td(inputs)).keys(True, True)) - set(inputs)
                 acted = self.policy.act(inputs[OBS_KEY], inputs, deterministic=kind is InteractionType.DETERMINISTIC)
             if {unravel_key(k) for k in acted} != {unravel_key(k) for k in written}:
@@ -122,7 +129,7 @@ class PolicyStep:
     def _initial_state(self, example: TensorDictBase) -> Env:
         inputs = {OBS_KEY: example[OBS_KEY], INIT_KEY: torch.ones_like(example[INIT_KEY])}
         try:
-            with torch.no_grad(), set_interaction_type(self.exploration_type):
+            with torch.no_grad(), set_interaction_type(self.exploration_type), self._rng_untouched():
                 out = self.policy(self._as_td(inputs))
         except Exception as err:
             raise RuntimeError(

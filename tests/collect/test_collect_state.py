@@ -107,6 +107,15 @@ def test_loaded_collector_continues_bitwise(kind, policy_name, reset_mode, decor
     assert_same_batches(got, expected)
 
 
+@pytest.mark.parametrize("policy_name", ["gaussian", "lstm"])
+def test_building_a_collector_draws_nothing_from_the_callers_rng(policy_name):
+    """So a resumed run may restore its RNG before or after building its collectors (the async one does before)."""
+    factory, policy, batch_T = POLICIES[policy_name]()
+    before = torch.get_rng_state()
+    with build("serial", factory, policy, batch_T):
+        assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_eval_collector_resumes_its_episodes():
     policy = mlp_policy(3, 1, discrete=False)
     evaluator = make_eval_collector("Pendulum-v1", policy, n_envs=2, max_steps=20, seed=11)
