@@ -21,7 +21,7 @@ Run directory (``<run.root>/<yyyymmdd>/<hhmmss>_<name>/run_<seed>/`` or ``run.di
     debug.log       everything printed while the run is open, appended across relaunches
     checkpoints/    itr_<N>/ checkpoint directories (see tdrl.ckpt)
     wandb_id.txt    the W&B run id, reused on resume; wandb/ holds W&B's files (offline: ``wandb sync`` them)
-    wandb_step.txt  the last step sent to W&B: rows re-run after a resume are not sent twice
+    wandb_step.txt  the last step sent to W&B (at its close): rows re-run after a resume are not sent twice
     videos/         evaluation videos (:meth:`Run.log_video`)
     summary.json    final numbers: frames, wall_s, eval/return_mean, and what the caller adds
 
