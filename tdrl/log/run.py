@@ -101,7 +101,8 @@ def is_wall_time_column(key: str) -> bool:
 
 class Run:
     """An open run directory with its progress.csv, sinks (mirrors of each row), checkpointer and ``debug.log``
-    tee. Build it with :meth:`Run.open`; ``lock`` is the directory's open lock file, released by :meth:`close`.
+    tee. Build it with :meth:`Run.open`; ``lock`` is the directory's open lock file, released by :meth:`close`;
+    ``force`` (``run.force``): when no checkpoint loads, :meth:`load_checkpoint` starts over instead of raising.
     """
 
     def __init__(self, directory: Path, *, name: str, resumed: bool, checkpointer: Checkpointer,
