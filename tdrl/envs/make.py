@@ -18,10 +18,12 @@ import numpy as np
 import torch
 from torchrl.data import Bounded, Categorical, Composite, MultiCategorical, TensorSpec, Unbounded
 
+from tdrl.utils.errors import UserError
+
 __all__ = ["EnvError", "EnvFactory", "EnvSpecs", "make_env", "space_to_spec"]
 
 
-class EnvError(RuntimeError):
+class EnvError(UserError):
     """An environment cannot be built; the message says why and what to install."""
 
 
