@@ -127,7 +127,7 @@ def main(cfg: Config) -> dict:
                                seed=cfg.run.seed, discount=cfg.loss.gamma, device=device)
     # each evaluation: n_envs whole greedy episodes on their own envs
     eval_collector = make_eval_collector(cfg.env.id, ac.greedy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma)
+                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
     trainer = SyncTrainer(collector=collector, eval_collector=eval_collector, run=run,
                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
                           checkpoint_interval_steps=cfg.checkpoint.interval_steps, stop_return=cfg.stop_return,

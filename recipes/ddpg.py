@@ -141,7 +141,7 @@ def main(cfg: Config) -> dict:
                                return_same_td=True)  # no copy per batch: each goes straight into the replay
     # each evaluation: n_envs whole greedy episodes on their own envs
     eval_collector = make_eval_collector(cfg.env.id, actor, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma)
+                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
     trainer = SyncTrainer(collector=collector, replay=replay, eval_collector=eval_collector, run=run,
                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
                           replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,

@@ -149,7 +149,7 @@ def main(cfg: Config) -> dict:
                                seed=rank_seed(cfg.run.seed), discount=cfg.loss.gamma, device=device)
     # each evaluation: n_envs whole greedy episodes on their own envs; rank 0 evaluates
     eval_collector = make_eval_collector(cfg.env.id, ac.greedy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma) \
+                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video) \
         if is_main_process() else None
     trainer = make_trainer(cfg.trainer, on_policy=True, collector=collector, modules=[loss],
                            eval_collector=eval_collector, run=run,

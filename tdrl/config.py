@@ -89,7 +89,7 @@ class EvalConfig:
     max_steps: int = 0
     """Time limit of evaluation episodes; 0 uses the env's own (1000 if it has none)."""
     video: bool = False
-    """Record one greedy episode per evaluation as ``videos/eval_<frames>.mp4`` in the run directory (and W&B)."""
+    """Record one greedy episode per evaluation as ``videos/video_<frames>.mp4`` in the run directory (and W&B)."""
 
     def validate(self) -> None:
         _check(self.n_envs >= 0 and self.max_steps >= 0, f"eval.n_envs={self.n_envs} and eval.max_steps="
