@@ -65,6 +65,7 @@ BUILD_ERRORS = [  # found once the env or the machine is looked at (after torch 
     ("sac.py", ["env.id=CartPole-v1"], "SAC needs a continuous (Box) action space"),
     ("dqn.py", ["env.id=Pendulum-v1"], "DQN needs a discrete action space"),
     ("td3.py", ["env.id=CartPole-v1"], "discrete"),
+    ("a2c.py", ["env.id=Pendulum-v1", "model.distribution=categorical"], "does not fit this env's continuous"),
     ("ppo.py", ["trainer.kind=async"], "trainer.kind=async needs an off-policy algorithm"),
     ("ppo.py", ["trainer.kind=ddp", "trainer.world_size=512"], "trainer.world_size=512 exceeds"),
     pytest.param("a2c.py", ["run.device=cuda:7"], "run.device='cuda:7'", marks=pytest.mark.skipif(
