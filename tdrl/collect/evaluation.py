@@ -73,6 +73,13 @@ class FrameRecorder(gym.Wrapper):
         self.frames.append(self.env.render())
         return out
 
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing to resume: frames are output, and each evaluation films a whole new episode."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
 
 class _FilmFirstEnv:
     """An env factory whose first env (the evaluator's env 0) renders into a :class:`FrameRecorder`."""
