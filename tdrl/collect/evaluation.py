@@ -38,7 +38,7 @@ class EvalCollector:
         """One episode per env with the policy's current weights."""
         self.collector.collect()
         self.traj_infos = self.collector.traj_infos
-        if self.filmed is not None and self.filmed.recorder is not None:
+        if self.filmed is not None and self.filmed.recorder is not None and self.filmed.recorder.last_episode:
             self.video_frames = np.stack(self.filmed.recorder.last_episode)
         return self.traj_infos
 
@@ -82,7 +82,8 @@ class FrameRecorder(gym.Wrapper):
 
 
 class _FilmFirstEnv:
-    """An env factory whose first env (the evaluator's env 0) renders into a :class:`FrameRecorder`."""
+    """An env factory whose first env renders into a :class:`FrameRecorder`: the evaluator's env 0, as a collector
+    builds its envs in order (specs come from ``specs()``, without building one)."""
 
     def __init__(self, factory: EnvFactory) -> None:
         self.factory = factory
