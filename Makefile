@@ -2,7 +2,7 @@
 PY ?= python
 PIP ?= $(PY) -m pip
 
-.PHONY: install demo test test-all bench
+.PHONY: install demo test test-all bench docs
 
 install:
 	$(PIP) install -q torch==2.13.0
@@ -19,3 +19,6 @@ test-all: install
 
 bench: install
 	cd $$(mktemp -d) && $(PY) $(CURDIR)/benchmarks/collectors.py --quick
+
+docs:
+	$(PY) docs/make_api.py

@@ -609,4 +609,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    main()
+    from report import markdown_page
+
+    with markdown_page("Learning speed against SB3"):  # --markdown PATH: this run as a dated docs page
+        main()

@@ -362,4 +362,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from report import markdown_page
+
+    with markdown_page("Logging and checkpoint overhead"):  # --markdown PATH: this run as a dated docs page
+        main()

@@ -157,4 +157,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from report import markdown_page
+
+    with markdown_page("Replay throughput"):  # --markdown PATH: this run as a dated docs page
+        main()

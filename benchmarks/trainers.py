@@ -157,4 +157,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    from report import markdown_page
+
+    with markdown_page("Trainers: sync, async, data-parallel"):  # --markdown PATH: this run as a dated docs page
+        ok = main()
+    sys.exit(0 if ok else 1)

@@ -16,25 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
-from torchrl.modules import set_recurrent_mode
-
-from tdrl.collect import make_collector, make_eval_collector, start_workers_early
-from tdrl.config import (
-    CollectorConfig,
-    LoggerConfig,
-    RecipeConfig,
-    parse_args,
-)
-from tdrl.envs import EnvFactory
-from tdrl.log.run import Run
-from tdrl.models import make_actor_critic, make_recurrent_actor_critic
-from tdrl.objectives.advantage import GAE
-from tdrl.objectives.policy_gradient import make_a2c_loss
-from tdrl.objectives.schedules import LinearSchedule
-from tdrl.objectives.update import Updater
-from tdrl.train import SyncTrainer
-from tdrl.utils.seeding import seed_everything
+from tdrl.config import CollectorConfig, LoggerConfig, RecipeConfig, run_recipe
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
@@ -99,11 +81,27 @@ class Config(RecipeConfig):
 
 
 def main(cfg: Config) -> dict:
+    # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
+    import torch
+    from torchrl.modules import set_recurrent_mode
+
+    from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+    from tdrl.envs import EnvFactory
+    from tdrl.log.run import Run
+    from tdrl.models import make_actor_critic, make_recurrent_actor_critic
+    from tdrl.objectives.advantage import GAE
+    from tdrl.objectives.policy_gradient import make_a2c_loss
+    from tdrl.objectives.schedules import LinearSchedule
+    from tdrl.objectives.update import Updater
+    from tdrl.train import SyncTrainer
+    from tdrl.utils.distributed import resolve_device
+    from tdrl.utils.seeding import seed_everything
+
     # --- Build ----------------------------------------------------------------------------------------------
     start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
     torch.set_num_threads(cfg.run.torch_threads)
     seed_everything(cfg.run.seed)
-    device = torch.device(cfg.run.device)
+    device = resolve_device(cfg.run.device)
     env_factory = EnvFactory(cfg.env.id)
     specs = env_factory.specs()  # checks the action space against model.distribution before any collector starts
     make_model = make_recurrent_actor_critic if cfg.model.lstm else make_actor_critic
@@ -129,7 +127,7 @@ def main(cfg: Config) -> dict:
                                seed=cfg.run.seed, discount=cfg.loss.gamma, device=device)
     # each evaluation: n_envs whole greedy episodes on their own envs
     eval_collector = make_eval_collector(cfg.env.id, ac.greedy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma)
+                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
     trainer = SyncTrainer(collector=collector, eval_collector=eval_collector, run=run,
                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
                           checkpoint_interval_steps=cfg.checkpoint.interval_steps, stop_return=cfg.stop_return,
@@ -158,4 +156,4 @@ def main(cfg: Config) -> dict:
 
 
 if __name__ == "__main__":
-    main(parse_args(Config(), prog="recipes/a2c.py", doc=__doc__))
+    run_recipe(main, Config(), prog="recipes/a2c.py", doc=__doc__)

@@ -17,25 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
-from tdrl.collect import make_collector, make_eval_collector, start_workers_early
-from tdrl.config import (
-    CollectorConfig,
-    ConfigError,
-    EnvConfig,
-    LoggerConfig,
-    RecipeConfig,
-    parse_args,
-)
-from tdrl.envs import EnvFactory
-from tdrl.log.run import Run
-from tdrl.models import chain_policy, make_deterministic_actor, make_gaussian_noise, make_twin_q
-from tdrl.objectives.continuous import make_ddpg_loss, timeouts_as_terminal
-from tdrl.objectives.update import TargetUpdate, Updater
-from tdrl.replay import TransitionReplayBuffer
-from tdrl.train import SyncTrainer, check_min_steps_learn
-from tdrl.utils.seeding import seed_everything
+from tdrl.config import CollectorConfig, ConfigError, EnvConfig, LoggerConfig, RecipeConfig, run_recipe
 
 REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
                ("next", "terminated"), ("next", "truncated")]
@@ -111,11 +93,25 @@ class Config(RecipeConfig):
 
 
 def main(cfg: Config) -> dict:
+    # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
+    import torch
+
+    from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+    from tdrl.envs import EnvFactory
+    from tdrl.log.run import Run
+    from tdrl.models import chain_policy, make_deterministic_actor, make_gaussian_noise, make_twin_q
+    from tdrl.objectives.continuous import make_ddpg_loss, timeouts_as_terminal
+    from tdrl.objectives.update import TargetUpdate, Updater
+    from tdrl.replay import TransitionReplayBuffer
+    from tdrl.train import SyncTrainer, check_min_steps_learn
+    from tdrl.utils.distributed import resolve_device
+    from tdrl.utils.seeding import seed_everything
+
     # --- Build ----------------------------------------------------------------------------------------------
     start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
     torch.set_num_threads(cfg.run.torch_threads)
     seed_everything(cfg.run.seed)
-    device = torch.device(cfg.run.device)
+    device = resolve_device(cfg.run.device)
     env_factory = EnvFactory(cfg.env.id)
     check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
     specs = env_factory.specs()
@@ -145,7 +141,7 @@ def main(cfg: Config) -> dict:
                                return_same_td=True)  # no copy per batch: each goes straight into the replay
     # each evaluation: n_envs whole greedy episodes on their own envs
     eval_collector = make_eval_collector(cfg.env.id, actor, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma)
+                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
     trainer = SyncTrainer(collector=collector, replay=replay, eval_collector=eval_collector, run=run,
                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
                           replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
@@ -170,4 +166,4 @@ def main(cfg: Config) -> dict:
 
 
 if __name__ == "__main__":
-    main(parse_args(Config(), prog="recipes/ddpg.py", doc=__doc__))
+    run_recipe(main, Config(), prog="recipes/ddpg.py", doc=__doc__)

@@ -29,25 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
-from torchrl.modules import set_recurrent_mode
-
-from tdrl.collect import make_collector, make_eval_collector, start_workers_early
-from tdrl.config import (
-    LoggerConfig,
-    RecipeConfig,
-    parse_args,
-)
-from tdrl.envs import EnvFactory
-from tdrl.log.run import Run
-from tdrl.models import make_actor_critic, make_recurrent_actor_critic
-from tdrl.objectives.advantage import GAE
-from tdrl.objectives.policy_gradient import make_ppo_loss
-from tdrl.objectives.schedules import LinearSchedule
-from tdrl.objectives.update import Updater
-from tdrl.train import TrainerConfig, check_trainer, launch_data_parallel, make_trainer
-from tdrl.utils.distributed import is_distributed, is_main_process, rank_seed
-from tdrl.utils.seeding import seed_everything
+from tdrl.config import LoggerConfig, RecipeConfig, TrainerConfig, run_recipe
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
@@ -119,6 +101,22 @@ class Config(RecipeConfig):
 
 
 def main(cfg: Config) -> dict:
+    # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
+    import torch
+    from torchrl.modules import set_recurrent_mode
+
+    from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+    from tdrl.envs import EnvFactory
+    from tdrl.log.run import Run
+    from tdrl.models import make_actor_critic, make_recurrent_actor_critic
+    from tdrl.objectives.advantage import GAE
+    from tdrl.objectives.policy_gradient import make_ppo_loss
+    from tdrl.objectives.schedules import LinearSchedule
+    from tdrl.objectives.update import Updater
+    from tdrl.train import check_trainer, launch_data_parallel, make_trainer
+    from tdrl.utils.distributed import is_distributed, is_main_process, rank_seed, resolve_device
+    from tdrl.utils.seeding import seed_everything
+
     check_trainer(cfg.trainer, on_policy=True, device=cfg.run.device)  # before any process starts
     if cfg.trainer.kind == "ddp" and not is_distributed():  # start the ranks; each runs main(cfg)
         return launch_data_parallel(main, cfg, world_size=cfg.trainer.world_size, backend=cfg.trainer.backend,
@@ -127,7 +125,7 @@ def main(cfg: Config) -> dict:
     start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
     torch.set_num_threads(cfg.run.torch_threads)
     seed_everything(rank_seed(cfg.run.seed))  # data-parallel ranks > 0 get their own streams
-    device = torch.device(cfg.run.device)
+    device = resolve_device(cfg.run.device)
     env_factory = EnvFactory(cfg.env.id)
     specs = env_factory.specs()  # checks the action space against model.distribution before any collector starts
     make_model = make_recurrent_actor_critic if cfg.model.lstm else make_actor_critic
@@ -151,7 +149,7 @@ def main(cfg: Config) -> dict:
                                seed=rank_seed(cfg.run.seed), discount=cfg.loss.gamma, device=device)
     # each evaluation: n_envs whole greedy episodes on their own envs; rank 0 evaluates
     eval_collector = make_eval_collector(cfg.env.id, ac.greedy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma) \
+                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video) \
         if is_main_process() else None
     trainer = make_trainer(cfg.trainer, on_policy=True, collector=collector, modules=[loss],
                            eval_collector=eval_collector, run=run,
@@ -194,4 +192,4 @@ def main(cfg: Config) -> dict:
 
 
 if __name__ == "__main__":
-    main(parse_args(Config(), prog="recipes/ppo.py", doc=__doc__))
+    run_recipe(main, Config(), prog="recipes/ppo.py", doc=__doc__)

@@ -26,9 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import partial
 
-import torch
-
-from tdrl.collect import make_collector, make_eval_collector, start_workers_early
 from tdrl.config import (
     CollectorConfig,
     ConfigError,
@@ -36,17 +33,9 @@ from tdrl.config import (
     LoggerConfig,
     RecipeConfig,
     RunConfig,
-    parse_args,
+    TrainerConfig,
+    run_recipe,
 )
-from tdrl.envs import EnvFactory
-from tdrl.log.run import Run
-from tdrl.models.q import make_tanh_gaussian_actor, make_twin_q
-from tdrl.objectives.continuous import timeouts_as_terminal
-from tdrl.objectives.sac import FusedSACLoss
-from tdrl.objectives.update import TargetUpdate, Updater
-from tdrl.replay import TransitionReplayBuffer
-from tdrl.train import TrainerConfig, check_min_steps_learn, check_trainer, make_trainer
-from tdrl.utils.seeding import seed_everything
 
 REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
                ("next", "terminated"), ("next", "truncated")]
@@ -124,13 +113,28 @@ class Config(RecipeConfig):
 
 
 def main(cfg: Config) -> dict:
+    # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
+    import torch
+
+    from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+    from tdrl.envs import EnvFactory
+    from tdrl.log.run import Run
+    from tdrl.models.q import make_tanh_gaussian_actor, make_twin_q
+    from tdrl.objectives.continuous import timeouts_as_terminal
+    from tdrl.objectives.sac import FusedSACLoss
+    from tdrl.objectives.update import TargetUpdate, Updater
+    from tdrl.replay import TransitionReplayBuffer
+    from tdrl.train import check_min_steps_learn, check_trainer, make_trainer
+    from tdrl.utils.distributed import resolve_device
+    from tdrl.utils.seeding import seed_everything
+
     check_trainer(cfg.trainer, on_policy=False, supported=("sync", "async"))  # before any process starts
     # --- Build ----------------------------------------------------------------------------------------------
     if cfg.trainer.kind == "sync":  # async builds its collector in its own process
         start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
     torch.set_num_threads(cfg.run.torch_threads)
     seed_everything(cfg.run.seed)
-    device = torch.device(cfg.run.device)
+    device = resolve_device(cfg.run.device)
     env_factory = EnvFactory(cfg.env.id)
     check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
     specs = env_factory.specs()
@@ -168,7 +172,7 @@ def main(cfg: Config) -> dict:
                                 return_same_td=True)  # no copy per batch: each goes straight into the replay
     # each evaluation: n_envs whole greedy episodes on their own envs
     eval_collector = make_eval_collector(cfg.env.id, actor, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma)
+                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
     trainer = make_trainer(cfg.trainer, on_policy=False, collector_factory=collector_factory, replay=replay,
                            policy=actor, seed=cfg.run.seed, eval_collector=eval_collector, run=run,
                            n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
@@ -200,4 +204,4 @@ def main(cfg: Config) -> dict:
 
 
 if __name__ == "__main__":
-    main(parse_args(Config(), prog="recipes/sac.py", doc=__doc__))
+    run_recipe(main, Config(), prog="recipes/sac.py", doc=__doc__)

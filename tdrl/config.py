@@ -5,7 +5,10 @@ and wrong types are errors that name the full dotted key and suggest the nearest
 
 The sections every recipe has live here, so common keys are spelled the same everywhere (``env.id``,
 ``collector.batch_B``, ``run.seed``...); a recipe changes their defaults with ``field(default_factory=lambda:
-CollectorConfig(batch_B=1))`` and validates what it does not support itself, naming the key.
+CollectorConfig(batch_B=1))``. A section may define ``validate(self)`` raising :class:`ConfigError` for values
+that cannot work; :func:`apply_overrides` calls it after every override is in. This module imports nothing heavy,
+so a recipe that imports only it at the top (torch, TorchRL and tdrl's other layers inside ``main``) and ends with
+``run_recipe(main, Config(), doc=__doc__)`` reports a bad key or value in well under a second.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import dataclasses
 import difflib
 import inspect
 import json
+import os
 import sys
 import textwrap
 import types
@@ -24,15 +28,22 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from tdrl.utils.errors import UserError
+
 __all__ = ["CheckpointConfig", "CollectorConfig", "ConfigError", "EnvConfig", "EvalConfig", "LoggerConfig",
-           "RecipeConfig", "RunConfig", "apply_overrides", "config_help", "diff_configs", "flatten", "merge_nested",
-           "parse_args", "to_dict"]
+           "RecipeConfig", "RunConfig", "TrainerConfig", "UserError", "apply_overrides", "config_help", "diff_configs",
+           "flatten", "merge_nested", "parse_args", "run_recipe", "to_dict", "user_errors", "validate"]
 
 C = TypeVar("C")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A config key or value is invalid; the message names the dotted key."""
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
 
 
 # --- Shared sections -------------------------------------------------------------------------------------
@@ -61,6 +72,13 @@ class CollectorConfig:
     total_frames: int = 100_000
     """Env frames to train for (rlpyt n_steps; rounded up to a whole log interval)."""
 
+    def validate(self) -> None:
+        for key in ("n_workers", "batch_B", "batch_T", "total_frames"):
+            _check(getattr(self, key) >= 1, f"collector.{key}={getattr(self, key)} must be >= 1")
+        _check(self.kind == "serial" or self.batch_B % self.n_workers == 0,
+               f"collector.batch_B={self.batch_B} must be divisible by collector.n_workers={self.n_workers} (each "
+               f"{self.kind} worker steps the same number of envs)")
+
 
 @dataclass
 class EvalConfig:
@@ -70,6 +88,14 @@ class EvalConfig:
     """Evaluation episodes at iteration 0 and every log interval; 0 logs online training episodes instead."""
     max_steps: int = 0
     """Time limit of evaluation episodes; 0 uses the env's own (1000 if it has none)."""
+    video: bool = False
+    """Record one greedy episode per evaluation as ``videos/video_<frames>.mp4`` in the run directory (and W&B)."""
+
+    def validate(self) -> None:
+        _check(self.n_envs >= 0 and self.max_steps >= 0, f"eval.n_envs={self.n_envs} and eval.max_steps="
+               f"{self.max_steps} must be >= 0")
+        _check(not self.video or self.n_envs >= 1, "eval.video=true records an evaluation episode, so it needs "
+               "eval.n_envs >= 1")
 
 
 @dataclass
@@ -91,6 +117,12 @@ class RunConfig:
     force: bool = False
     """Resume even if the saved config differs from this one; start over when none of the run directory's
     checkpoints loads (without it that launch stops and changes nothing)."""
+
+    def validate(self) -> None:
+        _check(self.torch_threads >= 1, f"run.torch_threads={self.torch_threads} must be >= 1")
+        kind, _, index = self.device.partition(":")
+        _check(kind in ("cpu", "cuda", "mps") and (not index or index.isdigit()),
+               f"run.device={self.device!r} is not a device; use cpu, cuda, cuda:<index> or mps")
 
 
 @dataclass
@@ -114,6 +146,9 @@ class LoggerConfig:
     progress_bar: bool = True
     """Show a tqdm progress bar (it turns itself off when stderr is not a terminal)."""
 
+    def validate(self) -> None:
+        _check(self.log_interval_steps >= 1, f"logger.log_interval_steps={self.log_interval_steps} must be >= 1")
+
 
 @dataclass
 class CheckpointConfig:
@@ -128,6 +163,34 @@ class CheckpointConfig:
     """Env frames between checkpoints; 0 means at every log interval."""
     strict_resume: bool = False
     """Fail on a corrupt latest checkpoint instead of falling back to the previous valid one."""
+
+    def validate(self) -> None:
+        _check(self.snapshot_gap >= 1 and self.interval_steps >= 0, f"checkpoint.snapshot_gap={self.snapshot_gap} "
+               f"must be >= 1 and checkpoint.interval_steps={self.interval_steps} >= 0")
+
+
+@dataclass
+class TrainerConfig:
+    """Which trainer runs the recipe's loop, and its process settings (:func:`tdrl.train.make_trainer`)."""
+
+    kind: Literal["sync", "ddp", "async"] = "sync"
+    """sync: collect, then update, in one process (rlpyt MinibatchRl); ddp: world_size full replicas, gradients
+    all-reduced (rlpyt SyncRl); async: collector process + optimizer process on a shared replay (rlpyt AsyncRl,
+    off-policy only)."""
+    world_size: int = 2
+    """ddp: number of ranks (local processes; under torchrun/SLURM it must equal WORLD_SIZE)."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """ddp: torch.distributed backend; auto = NCCL on CUDA devices, gloo on CPU."""
+    max_lag_frames: int = 0
+    """async: frames the collector may run ahead of the optimizer beyond one batch (0: it collects the next batch
+    while the last one trains, so the replay ratio holds); -1: no limit (rlpyt: full speed, fewer updates per frame
+    when the optimizer is slower)."""
+    updates_per_sync: int = 1
+    """async: gradient updates between weight publications to the collector."""
+
+    def validate(self) -> None:
+        _check(self.world_size >= 1, f"trainer.world_size={self.world_size} must be >= 1")
+        _check(self.updates_per_sync >= 1, f"trainer.updates_per_sync={self.updates_per_sync} must be >= 1")
 
 
 # --- Conversion ------------------------------------------------------------------------------------------
@@ -304,7 +367,18 @@ def apply_overrides(cfg: C, overrides: dict[str, Any] | list[str]) -> C:
                 setattr(node, part, merge_nested(current, value))
             else:
                 setattr(node, part, _coerce(key, value, tp))
+    validate(out)
     return out
+
+
+def validate(cfg: Any) -> None:
+    """Call ``validate()`` on every section of ``cfg`` that has one (after all overrides, so checks may relate
+    fields); it raises :class:`ConfigError` naming the key."""
+    for name in _fields(type(cfg)):
+        if dataclasses.is_dataclass(value := getattr(cfg, name)):
+            validate(value)
+    if callable(check := getattr(cfg, "validate", None)):
+        check()
 
 
 # --- Help and CLI ----------------------------------------------------------------------------------------
@@ -364,8 +438,29 @@ def parse_args(cfg: C, argv: list[str] | None = None, prog: str | None = None, d
             print(doc.strip() + "\n")
         print(config_help(cfg))
         raise SystemExit(0)
-    try:
+    with user_errors():
         return apply_overrides(cfg, [a.lstrip("-") for a in argv])
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Turn a :class:`UserError` into one line ``error: ...`` on stderr and exit status 2; ``TDRL_DEBUG=1`` keeps
+    the traceback."""
+    try:
+        yield
+    except UserError as e:
+        if os.environ.get("TDRL_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def run_recipe(main: typing.Callable[[C], Any], cfg: C, *, prog: str | None = None, doc: str = "",
+               argv: list[str] | None = None) -> Any:
+    """A recipe's command line: ``main(parse_args(cfg, argv, prog, doc))``, where bad input (any
+    :class:`UserError`: a config value, an env id, an algorithm the env does not fit, a resource this machine lacks)
+    ends with one line and exit status 2. A recipe imports only this module at the top and the heavy modules (torch,
+    TorchRL, envs) inside ``main``, so a config error shows in well under a second."""
+    cfg = parse_args(cfg, argv, prog, doc)
+    with user_errors():
+        return main(cfg)

@@ -105,3 +105,19 @@ def test_shared_sections_keep_recipe_defaults_and_strict_overrides():
         apply_overrides(RecipeLike(), ["collector.kind=threads"])
     with pytest.raises(ConfigError, match="eval.n_envs"):
         apply_overrides(RecipeLike(), ["eval.n_envs=two"])
+
+
+def test_sections_validate_after_every_override_is_in():
+    from tdrl.config import RecipeConfig
+
+    cfg = apply_overrides(RecipeConfig(), ["collector.kind=parallel", "collector.n_workers=3", "collector.batch_B=6"])
+    assert cfg.collector.batch_B == 6  # n_workers=3 alone would not divide the default 8; the final config does
+    with pytest.raises(ConfigError, match=r"collector.batch_B=8 must be divisible by collector.n_workers=3"):
+        apply_overrides(RecipeConfig(), ["collector.kind=parallel", "collector.n_workers=3"])
+    with pytest.raises(ConfigError, match=r"collector.batch_T=0 must be >= 1"):
+        merge_nested(RecipeConfig(), {"collector": {"batch_T": 0}})  # sweeps merge variants the same way
+    with pytest.raises(ConfigError, match=r"eval.video=true .* needs eval.n_envs >= 1"):
+        apply_overrides(RecipeConfig(), ["eval.video=true", "eval.n_envs=0"])
+    with pytest.raises(ConfigError, match=r"run.device='gpu:0' is not a device"):
+        apply_overrides(RecipeConfig(), ["run.device=gpu:0"])
+    assert apply_overrides(RecipeConfig(), ["run.device=cuda:1"]).run.device == "cuda:1"  # syntax only here

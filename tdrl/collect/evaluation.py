@@ -3,34 +3,43 @@
 Each :meth:`EvalCollector.evaluate` runs one wait-reset batch of ``max_steps`` steps on envs whose time limit is
 ``max_steps``, so every env plays exactly one whole episode (a step budget shared by all envs would favour short
 episodes), under DETERMINISTIC exploration (an ``EpsilonGreedy`` uses its ``eps_eval``). The envs are seeded once
-and continue their streams: successive evaluations see new initial states, and a run is reproducible.
+and continue their streams: successive evaluations see new initial states, and a run is reproducible. With
+``video=True`` env 0 is built with ``render_mode="rgb_array"`` and its episode's frames are kept in ``video_frames``
+(the trainer writes them to the run directory and W&B); the returns are the same with or without video.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 from tensordict.nn import TensorDictModuleBase
 
 from tdrl.collect.collector import BatchCollector
 from tdrl.collect.factory import make_collector
 from tdrl.envs import EnvFactory
 
-__all__ = ["EvalCollector", "make_eval_collector"]
+__all__ = ["EvalCollector", "FrameRecorder", "make_eval_collector"]
 
 
 class EvalCollector:
     """Runs whole greedy episodes with a wait-reset serial ``collector``; ``evaluate()`` returns their TrajInfos
     (also kept in ``traj_infos``). The policy is evaluated with its current weights: there are none to load."""
 
-    def __init__(self, collector: BatchCollector) -> None:
+    def __init__(self, collector: BatchCollector, filmed: _FilmFirstEnv | None = None) -> None:
         self.collector = collector
+        self.filmed = filmed
         self.traj_infos: list[dict[str, float]] = []
+        self.video_frames: np.ndarray | None = None  # [T + 1, H, W, 3] of env 0's last episode, with video=True
 
     def evaluate(self) -> list[dict[str, float]]:
         """One episode per env with the policy's current weights."""
         self.collector.collect()
         self.traj_infos = self.collector.traj_infos
+        if self.filmed is not None and self.filmed.recorder is not None and self.filmed.recorder.last_episode:
+            self.video_frames = np.stack(self.filmed.recorder.last_episode)
         return self.traj_infos
 
     def state_dict(self) -> dict[str, Any]:
@@ -51,8 +60,61 @@ class EvalCollector:
         self.shutdown()
 
 
+class FrameRecorder(gym.Wrapper):
+    """Renders the reset frame and every step's frame; ``last_episode`` holds the frames of the last episode that a
+    reset ended (the evaluator resets finished envs at the end of each evaluation)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.frames: list[np.ndarray] = []
+        self.last_episode: list[np.ndarray] = []
+
+    def reset(self, **kwargs: Any) -> Any:
+        out = self.env.reset(**kwargs)
+        if len(self.frames) > 1:
+            self.last_episode = self.frames
+        self.frames = [self.env.render()]
+        return out
+
+    def step(self, action: Any) -> Any:
+        out = self.env.step(action)
+        self.frames.append(self.env.render())
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing to resume: frames are output, and each evaluation films a whole new episode."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class _FilmFirstEnv:
+    """An env factory whose first env renders into a :class:`FrameRecorder`: the evaluator's env 0, as a collector
+    builds its envs in order (specs come from ``specs()``, without building one)."""
+
+    def __init__(self, factory: EnvFactory) -> None:
+        self.factory = factory
+        self.recorder: FrameRecorder | None = None
+
+    def specs(self) -> Any:
+        return self.factory.specs()
+
+    @property
+    def is_atari(self) -> bool:
+        return self.factory.is_atari
+
+    def __call__(self, seed: int | None = None) -> gym.Env:
+        if self.recorder is not None:
+            return self.factory(seed)
+        os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo renders headless unless told otherwise
+        rendering = EnvFactory(self.factory.env_id, {**self.factory.kwargs, "render_mode": "rgb_array"})
+        self.recorder = FrameRecorder(rendering(seed))
+        return self.recorder
+
+
 def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_envs: int, max_steps: int = 0, seed: int,
-        discount: float = 0.99, env_kwargs: dict | None = None) -> EvalCollector | None:
+        discount: float = 0.99, env_kwargs: dict | None = None, video: bool = False) -> EvalCollector | None:
     """The evaluator every recipe uses, or ``None`` when ``n_envs == 0`` (no evaluation).
 
     Args:
@@ -63,12 +125,14 @@ def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_e
         seed: seed of the eval envs (use another than the training collector's).
         discount: discount of the TrajInfo ``DiscountedReturn``.
         env_kwargs: extra ``gymnasium.make`` arguments.
+        video: keep the frames of env 0's episode in ``video_frames`` after each evaluation.
     """
     if n_envs == 0:
         return None
     kwargs = dict(env_kwargs or {})
     limit = max_steps or EnvFactory(env_id, kwargs).specs().max_episode_steps or 1000
     factory = EnvFactory(env_id, {**kwargs, "max_episode_steps": limit})
-    return EvalCollector(make_collector("serial", factory, policy, batch_B=n_envs, batch_T=limit, seed=seed,
+    filmed = _FilmFirstEnv(factory) if video else None
+    return EvalCollector(make_collector("serial", filmed or factory, policy, batch_B=n_envs, batch_T=limit, seed=seed,
                                         reset_mode="wait_reset", exploration_type="deterministic",
-                                        discount=discount, return_same_td=True))
+                                        discount=discount, return_same_td=True), filmed)

@@ -20,11 +20,12 @@ import torch
 from torchrl.data import Bounded, Categorical, Composite, MultiCategorical, TensorSpec, Unbounded
 
 from tdrl.envs.state import capture_problem
+from tdrl.utils.errors import UserError
 
 __all__ = ["EnvError", "EnvFactory", "EnvSpecs", "TimeLimit", "make_env", "space_to_spec"]
 
 
-class EnvError(RuntimeError):
+class EnvError(UserError):
     """An environment cannot be built; the message says why and what to install."""
 
 

@@ -24,6 +24,7 @@ from torchrl.modules import IndependentNormal, LSTMModule, ProbabilisticActor, T
 from tdrl.envs.make import EnvSpecs
 from tdrl.models.acting import ObservationModule, ProbabilisticPolicy
 from tdrl.models.nets import MLP, ObsNorm, flat_obs_size
+from tdrl.utils.errors import UserError
 
 __all__ = ["ActorCritic", "GaussianHead", "make_actor_critic", "make_recurrent_actor_critic"]
 
@@ -75,8 +76,8 @@ def _resolve_distribution(specs: EnvSpecs, distribution: Distribution) -> str:
         return "categorical" if specs.discrete else "tanh_normal"
     if specs.discrete != (distribution == "categorical"):
         kind = "discrete" if specs.discrete else "continuous"
-        raise ValueError(f"distribution '{distribution}' does not fit this env's {kind} action space "
-                         f"({specs.action_spec})")
+        raise UserError(f"distribution '{distribution}' does not fit this env's {kind} action space "
+                        f"(shape {tuple(specs.action_spec.shape)}); use model.distribution=auto")
     return distribution
 
 

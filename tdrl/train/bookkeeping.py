@@ -168,6 +168,9 @@ class Bookkeeper:
         """Run one evaluation (``eval_collector.evaluate()``: whole greedy episodes), timed as evaluation."""
         with self.paused(evaluating=True):  # excluded from time/train_s and frames/s
             trajs = eval_collector.evaluate()
+            frames = getattr(eval_collector, "video_frames", None)  # eval.video=true: env 0's episode
+            if frames is not None and self.run is not None:
+                self.run.log_video(frames, step=self.frames)
         self.last_eval = {**summarize_records(trajs, "eval/"), "eval/episodes": float(len(trajs))}
 
     def reached(self, stop_return: float | None) -> bool:

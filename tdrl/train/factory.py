@@ -8,11 +8,11 @@ A recipe with a ``trainer: TrainerConfig`` section calls :func:`check_trainer` f
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from torch import nn
 
+from tdrl.config import ConfigError, TrainerConfig
 from tdrl.train.async_ import AsyncTrainer
 from tdrl.train.sync import SyncTrainer
 from tdrl.utils.distributed import (
@@ -28,33 +28,11 @@ __all__ = ["TRAINER_KINDS", "TrainerConfig", "check_min_steps_learn", "check_tra
 TRAINER_KINDS = ("sync", "ddp", "async")
 
 
-@dataclass
-class TrainerConfig:
-    """Which trainer runs the recipe's loop, and its process settings."""
-
-    kind: Literal["sync", "ddp", "async"] = "sync"
-    """sync: collect, then update, in one process (rlpyt MinibatchRl); ddp: world_size full replicas, gradients
-    all-reduced (rlpyt SyncRl); async: collector process + optimizer process on a shared replay (rlpyt AsyncRl,
-    off-policy only)."""
-    world_size: int = 2
-    """ddp: number of ranks (local processes; under torchrun/SLURM it must equal WORLD_SIZE)."""
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
-    """ddp: torch.distributed backend; auto = NCCL on CUDA devices, gloo on CPU."""
-    max_lag_frames: int = 0
-    """async: frames the collector may run ahead of the optimizer beyond one batch (0: it collects the next batch
-    while the last one trains, so the replay ratio holds); -1: no limit (rlpyt: full speed, fewer updates per frame
-    when the optimizer is slower)."""
-    updates_per_sync: int = 1
-    """async: gradient updates between weight publications to the collector."""
-
-
 def check_min_steps_learn(min_steps_learn: int, *, n_step: int, batch_B: int) -> None:
     """Raise ``ConfigError`` for an off-policy learning start at which the first update would find no complete
     transition: the replay draws with replacement, so a batch may be larger than what it holds (SB3's
     ``learning_starts=100`` with batch 256), but an n-step transition is complete only ``n_step - 1`` steps after
     it starts, in every env."""
-    from tdrl.config import ConfigError
-
     needed = 1 + (n_step - 1) * batch_B
     if min_steps_learn < needed:
         raise ConfigError(f"optim.min_steps_learn={min_steps_learn} is below the {needed} frames the first complete "
@@ -67,17 +45,17 @@ def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu",
     """Reject trainer settings that cannot work, before any process starts (call it first thing in ``main``).
 
     ``on_policy``: the algorithm learns only from fresh batches (no async then); ``device``: the learner device
-    (``trainer.backend=nccl`` needs CUDA); ``supported``: the kinds this recipe wires up. Raises ``ValueError``
+    (``trainer.backend=nccl`` needs CUDA); ``supported``: the kinds this recipe wires up. Raises ``ConfigError``
     for an unknown or unsupported ``trainer.kind`` or async with an on-policy algorithm, and
     ``DistributedSetupError`` for a world size or backend this machine cannot run.
     """
     if cfg.kind not in TRAINER_KINDS:
-        raise ValueError(f"trainer.kind={cfg.kind!r}; choose one of {', '.join(TRAINER_KINDS)}")
+        raise ConfigError(f"trainer.kind={cfg.kind!r}; choose one of {', '.join(TRAINER_KINDS)}")
     if cfg.kind not in supported:
-        raise ValueError(f"trainer.kind={cfg.kind} is not wired up in this recipe; it supports "
+        raise ConfigError(f"trainer.kind={cfg.kind} is not wired up in this recipe; it supports "
                          f"{', '.join(supported)}")
     if cfg.kind == "async" and on_policy:
-        raise ValueError("trainer.kind=async needs an off-policy algorithm (the collector process fills a replay the "
+        raise ConfigError("trainer.kind=async needs an off-policy algorithm (the collector process fills a replay the "
                          "optimizer samples from, rlpyt's AsyncRl); this recipe is on-policy: use trainer.kind=sync "
                          "or trainer.kind=ddp")
     if cfg.kind == "ddp" and not is_distributed():

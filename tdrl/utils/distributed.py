@@ -16,14 +16,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from tdrl.utils.errors import UserError
+
 __all__ = ["BACKENDS", "DistributedSetupError", "available_cpus", "check_local_world_size", "env_world", "free_port",
     "init_from_env", "is_distributed", "is_main_process", "local_rank", "rank", "rank_seed", "resolve_backend",
-    "world_size"]
+    "resolve_device", "world_size"]
 
 BACKENDS = ("auto", "gloo", "nccl")  # auto: NCCL for CUDA devices, gloo otherwise
 
 
-class DistributedSetupError(ValueError):
+class DistributedSetupError(UserError):
     """A data-parallel setting cannot work here (no CUDA for NCCL, more ranks than cores...); raised before any
     process starts, naming the offending setting."""
 
@@ -72,6 +74,18 @@ def env_world() -> tuple[int, int] | None:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     return None
+
+
+def resolve_device(name: str, *, key: str = "run.device") -> torch.device:
+    """``torch.device(name)``, checked against this machine: a CUDA device needs a visible GPU of that index.
+
+    Raises :class:`UserError` naming ``key`` otherwise (before any model or process is built on it).
+    """
+    device = torch.device(name)
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.type == "cuda" and (device.index or 0) >= visible:
+        raise UserError(f"{key}={name!r}, but this machine has {visible} usable CUDA device(s); use {key}=cpu")
+    return device
 
 
 def resolve_backend(backend: str, device: str | torch.device = "cpu", *, key: str = "backend") -> str:

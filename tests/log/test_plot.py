@@ -1,7 +1,9 @@
-"""`tdrl plot`: runs grouped by variant, one curve per group, mean and 95% band; and video encoding."""
+"""`tdrl plot`: runs grouped by variant, one curve per group, IQM and 95% bootstrap band clipped to the observed
+returns, a summary table; and video encoding."""
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import pytest
 from tdrl.cli import main as cli_main
 from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig
 from tdrl.log import Run, VideoError, write_video
-from tdrl.plot import group_runs, plot_learning_curves
+from tdrl.plot import group_runs, iqm, iqm_with_ci, plot_learning_curves
 
 
 @dataclass
@@ -116,6 +118,48 @@ def test_cli_plot_and_errors(tmp_path):
         "eval_return_mean.png  (1 curve)" in out.stdout
         and (tmp_path / "p" / "eval_return_mean.png").is_file()
     )
+    assert "final IQM [95% CI]" in out.stdout and "summary.csv" in out.stdout
+
+
+def test_iqm_is_the_mean_of_the_middle_half():
+    assert iqm(np.array([1.0, 2.0, 3.0, 4.0, 100.0])) == 3.0  # floor(5/4) = 1 cut from each end
+    assert iqm(np.array([0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 1e6])) == 35.0  # 2 cut from each end
+    assert iqm(np.array([500.0, 500.0, 20.0])) == 340.0  # under 4 seeds: the mean
+    columns = np.array([[1.0, 5.0], [2.0, 6.0], [3.0, 7.0], [50.0, 9.0]])
+    np.testing.assert_allclose(iqm(columns), [2.5, 6.5])
+
+
+def test_bootstrap_band_stays_within_the_observed_returns():
+    # CartPole: two seeds solved, one stuck. A t band over 3 seeds reached far above 500 and below 0 here.
+    returns = np.array([[500.0, 500.0], [500.0, 480.0], [20.0, 10.0]])
+    center, low, high = iqm_with_ci(returns)
+    np.testing.assert_allclose(center, returns.mean(axis=0))
+    assert (returns.min(axis=0) <= low).all() and (low <= center).all()
+    assert (center <= high).all() and (high <= returns.max(axis=0)).all()
+    assert low[0] < 100 and high[0] == 500.0  # the band shows the stuck seed without leaving [20, 500]
+    many = np.random.default_rng(0).normal(size=(40, 1))  # 40 seeds of N(0, 1): the band is about +-0.35
+    center, low, high = iqm_with_ci(many)
+    assert low[0] < 0 < high[0] and 0.4 < high[0] - low[0] < 1.0
+    one = iqm_with_ci(returns[:1])
+    assert all((part == returns[0]).all() for part in one)
+
+
+def test_summary_csv_has_the_final_iqm_and_ci_per_variant(tmp_path):
+    _make_sweep(tmp_path, seeds=(0, 1, 2, 3))
+    plot_learning_curves([tmp_path], out_dir=tmp_path / "plots")
+    rows = {r["variant"]: r for r in csv.DictReader((tmp_path / "plots" / "summary.csv").open())}
+    assert sorted(rows) == ["optim.lr=0.0003", "optim.lr=0.001"]
+    row = rows["optim.lr=0.001"]
+    assert row["metric"] == "eval/return_mean" and row["seeds"] == "4"
+    frames = int(row["frames"])
+    assert frames == 8 * 1000  # the last frame every seed logged (seed 0 stops first)
+    finals = []
+    for seed in range(4):  # each seed's curve at that frame, from its progress.csv
+        log = list(csv.DictReader((tmp_path / "lr0.001" / f"run_{seed}" / "progress.csv").open()))
+        xs, ys = [float(r["CumSteps"]) for r in log], [float(r["eval/return_mean"]) for r in log]
+        finals.append(np.interp(frames, xs, ys))
+    assert float(row["iqm"]) == pytest.approx(iqm(np.array(finals)))
+    assert min(finals) <= float(row["ci_low"]) <= float(row["iqm"]) <= float(row["ci_high"]) <= max(finals)
 
 
 def test_cli_errors(tmp_path, capsys):

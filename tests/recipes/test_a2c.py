@@ -61,7 +61,9 @@ def test_config_errors_before_anything_starts(tmp_path):
 
 
 def test_nan_loss_stops_run_without_nan_parameters(tmp_path, monkeypatch):
-    real_make_loss = a2c.make_a2c_loss
+    from tdrl.objectives import policy_gradient
+
+    real_make_loss = policy_gradient.make_a2c_loss
 
     def nan_at_third_update(*args, **kwargs):
         """Fault injection: the loss's critic term turns NaN at its third call."""
@@ -78,7 +80,7 @@ def test_nan_loss_stops_run_without_nan_parameters(tmp_path, monkeypatch):
         loss.forward = faulty
         return loss
 
-    monkeypatch.setattr(a2c, "make_a2c_loss", nan_at_third_update)
+    monkeypatch.setattr(policy_gradient, "make_a2c_loss", nan_at_third_update)  # main imports it when it runs
     cfg = tiny(tmp_path, "checkpoint.snapshot_mode=all", "checkpoint.interval_steps=32")
     with pytest.raises(NonFiniteLossError, match=r"non-finite loss_critic = nan at gradient update 2") as err:
         a2c.main(cfg)

@@ -1,0 +1,118 @@
+"""``--markdown PATH``, shared by the benchmark scripts: the run's output as a dated docs page.
+
+Measurements live in dated pages under ``docs/`` (the README links them), each saying on which machine, at which
+commit and with which command its figures were measured. A script wraps its run in :func:`markdown_page`, which
+takes ``--markdown PATH`` out of ``sys.argv``, copies everything printed meanwhile, and writes the page at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import io
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+
+__all__ = ["machine_line", "markdown_page"]
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("torch", "torchrl", "tensordict", "gymnasium", "stable-baselines3", "envpool")
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams: io.TextIOBase) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
+def _gpu() -> str:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return "none"
+
+
+def machine_line() -> str:
+    """CPU model, cores this process may use, memory, GPU and the load average."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (f"{_cpu_model()}, {cores} cores, {_memory_gib():.0f} GiB, GPU: {_gpu()}; "
+            f"load average {os.getloadavg()[0]:.2f}")
+
+
+def _commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + (" with uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def _versions() -> str:
+    found = [f"Python {platform.python_version()}"]
+    for name in PACKAGES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            found.append(f"{name} {metadata.version(name)}")
+    return ", ".join(found)
+
+
+@contextlib.contextmanager
+def markdown_page(title: str, argv: list[str] | None = None) -> Iterator[None]:
+    """Run the body; with ``--markdown PATH`` in ``argv`` (default ``sys.argv``, from which it is removed) write
+    ``PATH``: title and date, machine, software, commit, command, wall time, then everything printed."""
+    argv = sys.argv if argv is None else argv
+    if "--markdown" not in argv:
+        yield
+        return
+    at = argv.index("--markdown")
+    if at + 1 >= len(argv):
+        raise SystemExit("--markdown needs a PATH")
+    path = Path(argv[at + 1])
+    del argv[at:at + 2]
+    command = "python " + shlex.join([os.path.relpath(Path(argv[0]).resolve(), REPO), *argv[1:]])
+    started, machine, captured = time.perf_counter(), machine_line(), io.StringIO()
+    with contextlib.redirect_stdout(_Tee(sys.stdout, captured)):
+        yield
+    page = [
+        f"# {title}, {datetime.date.today().isoformat()}", "",
+        f"- Machine: {machine} at the start.",
+        f"- Software: {_versions()}.",
+        f"- Commit: {_commit()}.",
+        f"- Command (from the repository root): `{command}`",
+        f"- Wall time: {time.perf_counter() - started:.0f} s.", "",
+        "## Output", "", "```text", re.sub(r"\x1b\[[0-9;]*m", "", captured.getvalue()).rstrip(), "```", "",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(page))
+    print(f"wrote {path}")
