@@ -1,0 +1,129 @@
+"""Real recipe runs SIGKILLed at random points and relaunched on the same ``run.dir`` end bitwise equal to an
+uninterrupted run with the same seed (issue 21): the final checkpoint's state (parameters, optimizer state, replay
+counters and sampler, collector, env and RNG states: every tensor) and progress.csv minus its wall-time columns.
+Checkpoints fall mid-episode, so the relaunch must continue the episodes the kill interrupted.
+
+Kill points are random; the seed of their generator is in every assertion message (``KILL_SEED=<seed>`` replays
+it).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from kill_checks import assert_same_tree, deterministic_progress, finish, kill_when, progress_rows
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+COMMON = ("logger.wandb=false", "logger.progress_bar=false", "eval.n_envs=2", "run.seed=3",
+          "run.torch_threads=1")  # 2 threads on a busy 2-core machine make tiny updates 50x slower
+
+
+@dataclass(frozen=True)
+class Case:
+    """A recipe and a small budget whose checkpoints (``checkpoint.interval_steps``) fall mid-episode."""
+
+    recipe: str
+    args: tuple[str, ...]
+    trials: int
+
+
+CASES = {
+    # Pendulum: 200-step episodes, checkpoints every 130 frames
+    "sac": Case("sac.py", ("collector.total_frames=600", "logger.log_interval_steps=100",
+                           "checkpoint.interval_steps=130", "eval.max_steps=30", "optim.min_steps_learn=64",
+                           "model.hidden_sizes=[16]", "optim.batch_size=32", "optim.replay_ratio=32",
+                           "replay.size=1000"), trials=3),
+    "dqn_parallel_prioritized_nstep": Case("dqn.py", (
+        "collector.kind=parallel", "collector.batch_B=2", "collector.n_workers=2", "collector.batch_T=4",
+        "replay.prioritized=true", "loss.n_step=3", "collector.total_frames=640", "logger.log_interval_steps=160",
+        "checkpoint.interval_steps=104", "eval.max_steps=40", "optim.min_steps_learn=64", "model.hidden_sizes=[16]",
+        "replay.size=1000", "optim.replay_ratio=8", "exploration.eps_steps=400"), trials=2),
+    "ppo_parallel": Case("ppo.py", (
+        "collector.kind=parallel", "collector.batch_B=4", "collector.n_workers=2", "collector.batch_T=16",
+        "collector.total_frames=768", "logger.log_interval_steps=128", "checkpoint.interval_steps=192",
+        "eval.max_steps=40", "loss.epochs=2", "loss.minibatches=2", "model.hidden_sizes=[16]"), trials=2),
+    "ppo_lstm_parallel": Case("ppo.py", (
+        "model.lstm=true", "model.lstm_size=16", "collector.kind=parallel", "collector.batch_B=4",
+        "collector.n_workers=2", "collector.batch_T=16", "collector.total_frames=768",
+        "logger.log_interval_steps=128", "checkpoint.interval_steps=192", "eval.max_steps=40", "loss.epochs=2",
+        "loss.minibatches=2", "model.hidden_sizes=[16]"), trials=2),
+    # HalfCheetah: 1000-step episodes, checkpoints every 96 frames
+    "td3_mujoco": Case("td3.py", ("env.id=HalfCheetah-v5", "collector.total_frames=384",
+                                  "logger.log_interval_steps=96", "checkpoint.interval_steps=96", "eval.max_steps=20",
+                                  "optim.min_steps_learn=64", "model.hidden_sizes=[16]", "optim.batch_size=32",
+                                  "optim.replay_ratio=32", "replay.size=1000"), trials=2),
+}
+
+
+def launch(case: Case, run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(RECIPES / case.recipe), *COMMON, *case.args, f"run.dir={run_dir}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """Published checkpoint directories, oldest first (temp dirs start with a dot)."""
+    return sorted((run_dir / "checkpoints").glob("itr_*"))
+
+
+def newest_state(run_dir: Path) -> dict[str, Any]:
+    return torch.load(checkpoints(run_dir)[-1] / "state.pt", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """``references(name)``: the run directory of the uninterrupted run of ``CASES[name]`` (run once per module)."""
+    done: dict[str, Path] = {}
+
+    def reference(name: str) -> Path:
+        if name not in done:
+            run_dir = tmp_path_factory.mktemp("reference") / name
+            finish(launch(CASES[name], run_dir))
+            done[name] = run_dir
+        return done[name]
+
+    return reference
+
+
+def kill_and_relaunch(name: str, reference: Path, tmp_path: Path, trials: int) -> None:
+    case = CASES[name]
+    ref_header, ref_rows = deterministic_progress(reference)
+    ref_state = newest_state(reference)
+    seed = int(os.environ.get("KILL_SEED", random.randrange(2**31)))
+    rng = random.Random(seed)
+    for trial in range(trials):
+        run_dir = tmp_path / f"trial{trial}"
+        kill_after_rows = rng.randint(1, len(ref_rows) - 2)
+        delay = rng.uniform(0.0, 0.2)
+        note = f"{name} trial {trial}, KILL_SEED={seed}: killed {delay:.3f}s after {kill_after_rows} rows"
+        proc = launch(case, run_dir)
+        kill_when(proc, lambda d=run_dir, k=kill_after_rows: bool(checkpoints(d)) and
+                  progress_rows(d / "progress.csv") >= k, delay, note)
+        resume_from = newest_state(run_dir)
+        note += f" (resuming from frame {resume_from['state']['trainer']['frames']})"
+        out = finish(launch(case, run_dir))
+        assert "resumed from itr_" in out, f"{note}:\n{out}"
+        header, rows = deterministic_progress(run_dir)
+        assert header == ref_header, note
+        assert rows == ref_rows, f"{note}: progress.csv differs (duplicate, missing or different rows)"
+        assert_same_tree(ref_state, newest_state(run_dir), note)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", list(CASES))
+def test_sigkilled_recipe_relaunched_ends_bitwise_equal(name, references, tmp_path):
+    kill_and_relaunch(name, references(name), tmp_path, CASES[name].trials)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", list(CASES))
+def test_sigkilled_recipe_relaunched_ends_bitwise_equal_many_trials(name, references, tmp_path):
+    kill_and_relaunch(name, references(name), tmp_path, 10)
