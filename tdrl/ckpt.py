@@ -4,16 +4,19 @@ Not ``torch.save`` over the old file (rlpyt): a kill mid-write leaves an unloada
 it keeps no checksums, so a truncated tensor file loads as zeros. A checkpoint here is a directory written under a
 temporary name, fsynced, then renamed into place, with a manifest of every file's sha256 and size. One that does
 not match its manifest is never loaded: it is named in a warning, moved to ``corrupt/``, and the previous valid
-one is used (``strict=True``: an error).
+one is used (``strict=True``: an error). A verified checkpoint is remembered while its files are unchanged (size,
+mtime, inode), so checking before loading does not hash a large replay twice.
 
 Layout of ``directory`` (usually ``<run_dir>/checkpoints``): ``itr_00000012/`` holding ``MANIFEST.json``,
 ``state.pt`` and one folder per ``extra_writers`` entry (e.g. a replay buffer's ``dumps``); ``.tmp-*`` folders
 being written (stale ones are removed at start); ``corrupt/``.
 
-Snapshot modes (rlpyt's): ``none`` never writes; ``last`` keeps the newest; ``all`` keeps every one; ``gap``
-writes only when ``iteration % gap == 0``; ``gap_and_last`` keeps the multiples of ``gap`` plus the newest.
-Rotation runs after the new checkpoint is published and renames before deleting, so a kill at any moment leaves
-at least one complete checkpoint once one has been written.
+Snapshot modes (rlpyt's): ``none`` never writes; ``last`` keeps the newest two; ``all`` keeps every one; ``gap``
+writes only when ``iteration % gap == 0``; ``gap_and_last`` keeps the multiples of ``gap`` plus the newest two.
+Rotation never removes the two newest checkpoints: one bad file (a flipped bit, a truncated copy) in the newest
+leaves the one before it to resume from, at the cost of twice the disk. Rotation runs after the new checkpoint is
+published and renames before deleting, so a kill at any moment leaves at least one complete checkpoint once one
+has been written.
 
 Loading uses ``torch.load(weights_only=False)`` (checkpoints hold python values): only load checkpoints you
 wrote. The checksum guards against corruption, not tampering.
@@ -187,15 +190,17 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def read_checkpoint(path: Path, *, map_location: str | torch.device = "cpu",
-                    extra_readers: Mapping[str, PathWriter] | None = None) -> dict[str, Any]:
-    """Verify a checkpoint, load its state, and hand each extra component's directory to its reader.
+                    extra_readers: Mapping[str, PathWriter] | None = None, verify: bool = True) -> dict[str, Any]:
+    """Verify a checkpoint (unless the caller just did: ``verify=False``), load its state, and hand each extra
+    component's directory to its reader.
 
     Raises:
         CheckpointCorrupt: see :func:`verify_checkpoint`, or ``state.pt`` does not unpickle.
         CheckpointError: a reader was given for a component this checkpoint does not contain.
     """
     path = Path(path)
-    verify_checkpoint(path)
+    if verify:
+        verify_checkpoint(path)
     try:
         state = torch.load(path / STATE_FILE, map_location=map_location, weights_only=False)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is unusable
@@ -207,11 +212,23 @@ def read_checkpoint(path: Path, *, map_location: str | torch.device = "cpu",
     return state
 
 
+def _file_stats(path: Path) -> tuple[tuple[str, int, int, int], ...]:
+    """(name, size, mtime, inode) of every file under ``path``: any rewrite, copy or truncation changes it."""
+    stats = []
+    for root, _, names in os.walk(path):
+        for name in names:
+            st = os.stat(os.path.join(root, name))
+            stats.append((os.path.relpath(os.path.join(root, name), path), st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(sorted(stats))
+
+
 class Checkpointer:
     """Writes checkpoints into ``directory`` by snapshot mode (module docstring) and loads the newest valid one.
 
     ``strict``: a corrupt newest checkpoint raises :class:`CheckpointCorrupt` on load instead of a warning and a
     fallback to the previous valid one. Raises :class:`CheckpointError` when ``directory`` cannot be created.
+    Building one and :meth:`newest_valid` change nothing in an existing ``directory``; temp dirs left by killed
+    writers are removed by the first :meth:`save` or :meth:`load_latest`.
     """
 
     def __init__(self, directory: Path, *, snapshot_mode: SnapshotMode = "last", snapshot_gap: int = 10,
@@ -228,7 +245,8 @@ class Checkpointer:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise CheckpointError(f"cannot create checkpoint directory {self.directory}: {e}") from e
-        self._remove_stale()
+        self._verified: dict[Path, tuple[tuple, str | None]] = {}  # path -> (file stats, problem or None)
+        self._stale_removed = False
 
     def will_save(self, iteration: int) -> bool:
         """Whether :meth:`save` writes anything for this iteration under the snapshot mode."""
@@ -245,6 +263,32 @@ class Checkpointer:
                 found.append(CheckpointInfo(entry, int(match.group(1))))
         return sorted(found, key=lambda c: c.iteration)
 
+    def verify(self, info: CheckpointInfo) -> str | None:
+        """``None`` if the checkpoint matches its manifest, else what does not (the :class:`CheckpointCorrupt`
+        message). The answer is remembered while the checkpoint's files are unchanged."""
+        stats = _file_stats(info.path)
+        known = self._verified.get(info.path)
+        if known is not None and known[0] == stats:
+            return known[1]
+        try:
+            verify_checkpoint(info.path)
+            problem = None
+        except CheckpointCorrupt as e:
+            problem = str(e)
+        self._verified[info.path] = (stats, problem)
+        return problem
+
+    def newest_valid(self) -> tuple[CheckpointInfo | None, list[str]]:
+        """The newest checkpoint that verifies (``None`` if none does) and the problems of the newer ones, newest
+        first. Reads only: nothing is moved or deleted."""
+        problems = []
+        for info in reversed(self.list()):
+            problem = self.verify(info)
+            if problem is None:
+                return info, problems
+            problems.append(problem)
+        return None, problems
+
     def save(self, state: Mapping[str, Any], iteration: int, *,
              extra_writers: Mapping[str, PathWriter] | None = None) -> Path | None:
         """Write a checkpoint if the snapshot mode says so (else return ``None``), then rotate old ones.
@@ -255,6 +299,7 @@ class Checkpointer:
             raise ValueError(f"iteration must be >= 0, got {iteration}")
         if not self.will_save(iteration):
             return None
+        self._remove_stale()
         target = self.directory / f"itr_{iteration:08d}"
         try:
             write_checkpoint(target, state, iteration=iteration, extra_writers=extra_writers)
@@ -270,26 +315,33 @@ class Checkpointer:
     def load_latest(
         self, *, map_location: str | torch.device = "cpu", extra_readers: Mapping[str, PathWriter] | None = None
     ) -> tuple[dict[str, Any], CheckpointInfo] | None:
-        """Load the newest checkpoint that verifies; ``None`` if there is none.
+        """Load the newest checkpoint that verifies (see :meth:`verify`); ``None`` if there is none.
 
         A corrupt newer checkpoint is named in a :class:`CheckpointWarning` and moved to ``corrupt/`` (so it is
         neither loaded nor overwritten later), unless ``strict``, which raises instead and changes nothing.
         """
+        self._remove_stale()
         for info in reversed(self.list()):
-            try:
-                state = read_checkpoint(info.path, map_location=map_location, extra_readers=extra_readers)
-            except CheckpointCorrupt as e:
-                if self.strict:
-                    raise CheckpointCorrupt(f"{e}; strict resume is on (checkpoint.strict_resume=true)") from None
-                moved = self._quarantine(info)
-                warnings.warn(f"CORRUPT CHECKPOINT SKIPPED: {e}. Moved it to {moved}; falling back to the previous "
-                              "one.", CheckpointWarning, stacklevel=2)
-                continue
-            return state, info
+            problem = self.verify(info)
+            if problem is None:
+                try:
+                    state = read_checkpoint(info.path, map_location=map_location, extra_readers=extra_readers,
+                                            verify=False)
+                    return state, info
+                except CheckpointCorrupt as e:
+                    problem = str(e)
+            if self.strict:
+                raise CheckpointCorrupt(f"{problem}; strict resume is on (checkpoint.strict_resume=true)")
+            moved = self._quarantine(info)
+            warnings.warn(f"CORRUPT CHECKPOINT SKIPPED: {problem}. Moved it to {moved}; falling back to the previous "
+                          "one.", CheckpointWarning, stacklevel=2)
         return None
 
     def _remove_stale(self) -> None:
-        """Remove temp and half-deleted dirs left by killed writers (ours only: their pid is gone)."""
+        """Remove temp and half-deleted dirs left by killed writers (ours only: their pid is gone); once."""
+        if self._stale_removed:
+            return
+        self._stale_removed = True
         for entry in self.directory.iterdir():
             if entry.name.startswith(".del-"):
                 shutil.rmtree(entry, ignore_errors=True)
@@ -299,23 +351,25 @@ class Checkpointer:
                     shutil.rmtree(entry, ignore_errors=True)
 
     def _rotate(self, keep: Path) -> None:
+        """Remove what the snapshot mode does not keep, never ``keep`` (just written) nor the newest other one."""
         mode = self.snapshot_mode
         if mode in ("all", "gap"):
             return
-        for info in self.list():
-            if info.path == keep:
-                continue
+        others = [info for info in self.list() if info.path != keep]
+        for info in others[:-1]:  # the newest other one stays: it is what a bad ``keep`` falls back to
             if mode == "last" or (mode == "gap_and_last" and info.iteration % self.snapshot_gap != 0):
                 doomed = self.directory / f".del-{info.path.name}-{uuid.uuid4().hex[:8]}"
                 # Rename first: a kill mid-delete leaves a .del- dir, never a half-deleted itr_ dir.
                 os.rename(info.path, doomed)
                 shutil.rmtree(doomed, ignore_errors=True)
+                self._verified.pop(info.path, None)
 
     def _quarantine(self, info: CheckpointInfo) -> Path:
         corrupt = self.directory / "corrupt"
         corrupt.mkdir(exist_ok=True)
         target = corrupt / f"{info.path.name}-{time.strftime('%Y%m%d_%H%M%S')}-{uuid.uuid4().hex[:4]}"
         os.rename(info.path, target)
+        self._verified.pop(info.path, None)
         return target
 
 

@@ -12,12 +12,14 @@ process computes the other group's actions, hiding inference behind env stepping
 
 from __future__ import annotations
 
+from typing import Any
+
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.batch import PolicyWriter
 from tdrl.collect.policy import PolicyStep
-from tdrl.collect.runner import SliceSettings, allocate
+from tdrl.collect.runner import SliceSettings, allocate, check_slices
 from tdrl.collect.workers import WorkerPool, acquire, get_context, worker_specs
 
 __all__ = ["ActionServerEngine"]
@@ -71,6 +73,20 @@ class ActionServerEngine:
                     write(t, policy_step(obs, is_init))
                     for w in ranks:
                         actions_ready[w].release()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The workers' slices (envs and episodes) and the recurrent state of each group's policy step, kept here;
+        the torch RNG the policy samples from is this process's (the trainer's ``Run`` saves it)."""
+        return {"slices": self.pool.get_state(), "policy": [step.state_dict() for step in self.policy_steps]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_slices(state["slices"], self.pool.ranges)
+        if len(state["policy"]) != len(self.policy_steps):
+            raise ValueError(f"the collector state holds {len(state['policy'])} policy groups, this collector "
+                             f"{len(self.policy_steps)}: build it with the same kind and policy")
+        self.pool.set_state(state["slices"])
+        for step, saved in zip(self.policy_steps, state["policy"], strict=True):
+            step.load_state_dict(saved)
 
     def shutdown(self) -> None:
         self.pool.shutdown()

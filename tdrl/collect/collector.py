@@ -31,6 +31,12 @@ class Engine(Protocol):
     def run(self, exploration: InteractionType) -> tuple[TensorDictBase, list[dict[str, float]]]:
         """One batch (an engine may reuse its buffer) and the episodes finished during it."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the next batch continues from (read between batches); picklable with ``torch.save``."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` of an engine built with the same arguments."""
+
     def shutdown(self) -> None: ...
 
 
@@ -101,11 +107,17 @@ class BatchCollector:
                             f"got {type(weights)}")
 
     def state_dict(self) -> dict[str, Any]:
-        """Counters (``frames``, ``iter``). Env state is not captured: resuming restarts episodes."""
-        return {"frames": self.frames, "iter": self.batches}
+        """Counters (``frames``, ``iter``) and the engine's state (``engine``): every env's state, its current
+        observation, the episodes in progress, recurrent policy state and worker RNGs. Call between batches."""
+        return {"frames": self.frames, "iter": self.batches, "engine": self.engine.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` of a collector built with the same arguments: its next batches are
+        those the saved one would have yielded (bitwise, with the caller's torch RNG restored as the trainer
+        does; an env whose state cannot be captured starts a fresh episode, see the build-time warning)."""
         self.frames, self.batches = int(state_dict["frames"]), int(state_dict["iter"])
+        if "engine" in state_dict:  # absent in checkpoints written before env state was captured
+            self.engine.load_state_dict(state_dict["engine"])
 
     def shutdown(self) -> None:
         """Stop the engine's envs and processes; safe to call more than once."""

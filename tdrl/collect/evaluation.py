@@ -33,6 +33,14 @@ class EvalCollector:
         self.traj_infos = self.collector.traj_infos
         return self.traj_infos
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where the eval envs' streams stand (their state between evaluations), so a resumed run evaluates the
+        same episodes."""
+        return self.collector.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.collector.load_state_dict(state)
+
     def shutdown(self) -> None:
         self.collector.shutdown()
 

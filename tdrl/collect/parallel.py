@@ -9,13 +9,14 @@ stochastic ones sample from per-worker generators seeded from the collector seed
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.policy import module_tensors
-from tdrl.collect.runner import SliceSettings, allocate
+from tdrl.collect.runner import SliceSettings, allocate, check_slices
 from tdrl.collect.workers import WorkerPool, get_context, worker_specs
 
 __all__ = ["ParallelEngine"]
@@ -53,6 +54,14 @@ class ParallelEngine:
     def run(self, exploration: InteractionType) -> tuple[TensorDictBase, list[dict[str, float]]]:
         self._sync_weights()
         return self.buffer, self.pool.run_batch(("collect", exploration))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each worker's slice (envs, episodes, recurrent state) and torch RNG, which its policy samples from."""
+        return {"slices": self.pool.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_slices(state["slices"], self.pool.ranges)
+        self.pool.set_state(state["slices"])
 
     def shutdown(self) -> None:
         self.pool.shutdown()

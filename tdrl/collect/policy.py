@@ -142,6 +142,21 @@ class PolicyStep:
     def _as_td(self, env: Env) -> TensorDict:
         return TensorDict(env, batch_size=[self.n])
 
+    def state_dict(self) -> dict[NestedKey, torch.Tensor]:
+        """The recurrent state per env (CPU copies; empty for a feed-forward policy)."""
+        return {key: value.detach().to("cpu", copy=True) for key, value in self.state.items()}
+
+    def load_state_dict(self, state: dict[NestedKey, torch.Tensor]) -> None:
+        """Restore :meth:`state_dict` of a step over the same envs with the same policy architecture."""
+        if set(state) != set(self.state):
+            raise ValueError(f"saved recurrent state has keys {sorted(map(str, state))}, this policy "
+                             f"{sorted(map(str, self.state))}")
+        for key, value in state.items():
+            if value.shape != self.state[key].shape:
+                raise ValueError(f"saved recurrent state {key!r} has shape {tuple(value.shape)}, this policy's "
+                                 f"{tuple(self.state[key].shape)}")
+            self.state[key] = value.to(self.device, dtype=self.state[key].dtype, copy=True)
+
     @contextmanager
     def running(self) -> Iterator[None]:
         """Context to hold around a batch of steps: no autograd, the collector's exploration type."""

@@ -6,7 +6,8 @@ The serial engine runs one :class:`SliceRunner` over all envs, the parallel engi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from tdrl.collect.policy import PolicyStep
 from tdrl.collect.stepping import STEP_NEXT_KEYS, EnvSlice, make_step_td
 from tdrl.envs.make import EnvSpecs
 
-__all__ = ["SliceRunner", "SliceSettings", "allocate"]
+__all__ = ["SliceRunner", "SliceSettings", "allocate", "check_slices"]
 
 OBS_KEYS = ["observation", "is_init"]
 Entries = list[tuple[int, int, dict[str, float]]]
@@ -47,8 +48,12 @@ class SliceSettings:
 def allocate(settings: SliceSettings, policy: TensorDictModuleBase | None, batch_B: int, batch_T: int,
         exploration: InteractionType) -> tuple[EnvSpecs, TensorDict, TensorDict]:
     """The env specs, the ``[B]`` step TensorDict and the zero ``[B, T]`` batch with the policy's output keys
-    (only ``action`` for ``policy=None``: random actions)."""
+    (only ``action`` for ``policy=None``: random actions). Warns (once, here in the main process) when the env's
+    state cannot be checkpointed."""
     specs = env_specs(settings.env_factory)
+    if specs.capture_problem is not None:
+        warnings.warn(f"the collector cannot checkpoint its envs' state ({specs.capture_problem}); a resumed run "
+                      "restarts their episodes", stacklevel=2)
     step_td = make_step_td(batch_B, specs.observation_spec)
     if policy is None:
         template = TensorDict({"action": specs.action_spec.zero((batch_B,))}, batch_size=[batch_B])
@@ -138,5 +143,26 @@ class SliceRunner:
         """Wait-reset: reset finished envs (workers do it after replying, while the trainer is busy)."""
         self.envs.finish_batch()
 
+    def state_dict(self) -> dict[str, Any]:
+        """This slice's envs and episodes (:meth:`EnvSlice.state_dict`) and the policy's recurrent state; read
+        between batches (after :meth:`finish_batch`)."""
+        return {"lo": self.lo, "hi": self.hi, "envs": self.envs.state_dict(),
+                "policy": None if self.policy_step is None else self.policy_step.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` of the same slice of a collector built with the same arguments."""
+        check_slices([state], [(self.lo, self.hi)])
+        self.envs.load_state_dict(state["envs"])
+        if self.policy_step is not None and state["policy"] is not None:
+            self.policy_step.load_state_dict(state["policy"])
+
     def close(self) -> None:
         self.envs.close()
+
+
+def check_slices(saved: Sequence[dict[str, Any]], ranges: Sequence[tuple[int, int]]) -> None:
+    """Raise ``ValueError`` unless the saved slices cover the same env rows as this collector's (``ranges``)."""
+    saved_ranges = [(int(s["lo"]), int(s["hi"])) for s in saved]
+    if saved_ranges != list(ranges):
+        raise ValueError(f"the collector state was saved over env slices {saved_ranges}, this collector has "
+                         f"{list(ranges)}: build it with the same batch_B, kind and n_workers")

@@ -6,11 +6,13 @@ deterministic policy, and ``breakpoint()`` works inside the policy or the env.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.common import sorted_infos
-from tdrl.collect.runner import SliceRunner, SliceSettings, allocate
+from tdrl.collect.runner import SliceRunner, SliceSettings, allocate, check_slices
 
 __all__ = ["SerialEngine"]
 
@@ -29,6 +31,15 @@ class SerialEngine:
         entries = self.runner.run_batch(exploration)
         self.runner.finish_batch()
         return self.buffer, sorted_infos(entries)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The slice's envs, episodes and recurrent state; the torch RNG is the caller's (the trainer's ``Run``
+        saves it)."""
+        return {"slices": [self.runner.state_dict()]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_slices(state["slices"], [(0, self.batch_B)])
+        self.runner.load_state_dict(state["slices"][0])
 
     def shutdown(self) -> None:
         self.runner.close()

@@ -22,6 +22,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from tdrl.collect.traj_info import EpisodeTracker
+from tdrl.envs.state import capture_problem, get_env_state, set_env_state
 
 __all__ = ["STEP_NEXT_KEYS", "EnvSlice", "env_seed", "make_step_td"]
 
@@ -166,6 +167,31 @@ class EnvSlice:
             self.obs[i], _ = self.envs[i].reset()
             self.is_init[i] = True
         self.idle[:] = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the next batch reads (call between batches): each env's state (``None`` for an env whose state
+        cannot be captured, see :func:`tdrl.envs.state.capture_problem`), the ``observation``/``is_init`` rows,
+        wait-reset idle flags, the running sums of the episodes in progress and the per-env episode counters."""
+        return {
+            "envs": [None if capture_problem(env) else get_env_state(env) for env in self.envs],
+            "observation": self.obs.copy(), "is_init": self.is_init.copy(), "idle": self.idle.copy(),
+            "episodes": self.tracker.state_dict(), "episode_count": self.episode_count.copy(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` of a slice built with the same settings (its envs were reset at
+        start; this overwrites them). An env saved as ``None`` keeps the fresh episode it started here: its
+        observation, ``is_init`` and episode sums stay as built; its episode counter is restored (unique ids)."""
+        if len(state["envs"]) != len(self.envs):
+            raise ValueError(f"saved slice has {len(state['envs'])} envs, this one {len(self.envs)}")
+        restored = np.array([env_state is not None for env_state in state["envs"]], dtype=bool)
+        for env, env_state in zip(self.envs, state["envs"], strict=True):
+            if env_state is not None:
+                set_env_state(env, env_state)
+        for dst, key in ((self.obs, "observation"), (self.is_init, "is_init"), (self.idle, "idle")):
+            dst[restored] = np.asarray(state[key])[restored]  # in place: the step arrays are shared views
+        self.tracker.load_state_dict(state["episodes"], restored)
+        self.episode_count[:] = state["episode_count"]
 
     def close(self) -> None:
         for env in self.envs:

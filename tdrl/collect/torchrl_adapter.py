@@ -5,12 +5,13 @@ its weight-sync schemes). ``n_workers == 1`` wraps ``Collector(SerialEnv(batch_B
 ``MultiSyncCollector`` over ``n_workers`` × ``SerialEnv(batch_B / n_workers)``. Batches are reshaped to
 ``[batch_B, batch_T]`` with an all-True ``("collector", "mask")``; float64 observations become float32, discrete
 actions are indices. TrajInfos come from each batch's reward and done flags (after ``transform``). Only
-reset-at-once, and no decorrelation steps.
+reset-at-once, and no decorrelation steps. Its ``state_dict`` holds no env state (warned at build).
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,10 @@ from tdrl.collect.common import sorted_infos
 from tdrl.collect.runner import SliceSettings
 from tdrl.collect.traj_info import EpisodeTracker
 
-__all__ = ["TorchRLEngine"]
+__all__ = ["NOT_CAPTURED", "TorchRLEngine"]
+
+NOT_CAPTURED = ("collector kind 'torchrl' does not checkpoint its envs or episodes in progress: a resumed run restarts "
+                "them (the tdrl kinds resume exactly)")
 
 
 def _gym_env(env_factory: Callable[..., Any], transform: Any) -> Any:
@@ -72,6 +76,13 @@ class TorchRLEngine:
             self.collector = MultiSyncCollector([make] * n_workers, policy, **kwargs)
         self.collector.set_seed(settings.seed)
         self.batches = iter(self.collector)
+        warnings.warn(NOT_CAPTURED, stacklevel=3)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"captured": False, "reason": NOT_CAPTURED}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore (see :data:`NOT_CAPTURED`)."""
 
     def run(self, exploration: InteractionType) -> tuple[TensorDictBase, list[dict[str, float]]]:
         """One batch with the policy's current weights (TorchRL fixes the exploration type when it is built)."""

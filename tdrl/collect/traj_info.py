@@ -39,6 +39,21 @@ class EpisodeTracker:
         self._nonzero = np.zeros(n_envs, np.int64)
         self._pows = np.ones(1, np.float64)
 
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The running sums of the episodes in progress (copies)."""
+        return {"return": self._ret.copy(), "discounted_return": self._disc_ret.copy(),
+                "discount_power": self._disc_pow.copy(), "length": self._len.copy(), "nonzero": self._nonzero.copy()}
+
+    def load_state_dict(self, state: dict[str, np.ndarray], rows: np.ndarray | None = None) -> None:
+        """Restore the running sums (of the envs selected by the bool mask ``rows`` only, when given)."""
+        rows = np.ones(self.n_envs, bool) if rows is None else rows
+        sums = (self._ret, self._disc_ret, self._disc_pow, self._len, self._nonzero)
+        for dst, key in zip(sums, ("return", "discounted_return", "discount_power", "length", "nonzero"), strict=True):
+            value = np.asarray(state[key])
+            if value.shape != dst.shape:
+                raise ValueError(f"episode sums {key!r} have shape {value.shape}, this collector's {dst.shape}")
+            dst[rows] = value[rows]
+
     def _powers(self, n: int) -> np.ndarray:
         if len(self._pows) < n:
             self._pows = self.discount ** np.arange(max(n, 2 * len(self._pows)), dtype=np.float64)

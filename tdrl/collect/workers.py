@@ -135,6 +135,12 @@ def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
                 wait = functools.partial(acquire, check=watch.check)
                 conn.send(("done", runner.served_batch(spec.obs_ready, spec.actions_ready, wait)))
                 runner.finish_batch()
+            elif kind == "get_state":  # between batches: finish_batch above has run
+                conn.send(("state", {**runner.state_dict(), "torch_rng": torch.get_rng_state()}))
+            elif kind == "set_state":
+                runner.load_state_dict(cmd[1])
+                torch.set_rng_state(cmd[1]["torch_rng"])  # this worker samples actions with its own generator
+                conn.send(("ok",))
             elif kind == "close":
                 break
             else:
@@ -180,6 +186,7 @@ class WorkerPool:
         self.procs: list[Any] = []
         self.conns: list[Connection] = []
         self._pending: dict[int, list[Any]] = {}
+        self.ranges = [(spec.lo, spec.hi) for spec in specs]
         ctx = get_context()
         try:
             for spec in specs:
@@ -216,8 +223,29 @@ class WorkerPool:
             raise
         return sorted_infos([entry for reply in replies for entry in reply[1]])
 
-    def send(self, message: tuple) -> None:
-        for rank in range(self.n):
+    def get_state(self) -> list[dict[str, Any]]:
+        """Each worker's slice state and torch RNG (between batches)."""
+        return [reply[1] for reply in self.call([("get_state",)] * self.n, "state")]
+
+    def set_state(self, states: Sequence[dict[str, Any]]) -> None:
+        """Load :meth:`get_state`'s list into the workers of a pool built with the same specs."""
+        self.call([("set_state", state) for state in states], "ok")
+
+    def call(self, messages: Sequence[tuple], expect: str) -> list[Any]:
+        """Send worker ``r`` ``messages[r]`` and gather the replies; a failure stops the workers (as
+        :meth:`run_batch`)."""
+        if self.closed:
+            raise RuntimeError("collector is shut down")
+        try:
+            for rank, message in enumerate(messages):
+                self.send(message, [rank])
+            return self.gather(expect)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def send(self, message: tuple, ranks: Sequence[int] | None = None) -> None:
+        for rank in range(self.n) if ranks is None else ranks:
             try:
                 self.conns[rank].send(message)
             except (BrokenPipeError, ConnectionResetError, OSError):

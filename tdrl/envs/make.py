@@ -7,6 +7,7 @@ TorchRL specs, so models and losses are built the TorchRL way.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import sys
 import warnings
@@ -18,7 +19,9 @@ import numpy as np
 import torch
 from torchrl.data import Bounded, Categorical, Composite, MultiCategorical, TensorSpec, Unbounded
 
-__all__ = ["EnvError", "EnvFactory", "EnvSpecs", "make_env", "space_to_spec"]
+from tdrl.envs.state import capture_problem
+
+__all__ = ["EnvError", "EnvFactory", "EnvSpecs", "TimeLimit", "make_env", "space_to_spec"]
 
 
 class EnvError(RuntimeError):
@@ -73,12 +76,57 @@ def _route_mujoco_warnings() -> None:
         mujoco.set_mju_user_warning(_mujoco_warning)
 
 
-def make_env(env_id: str, seed: int | None = None, **kwargs: Any) -> gym.Env:
+class TimeLimit(gym.Wrapper):
+    """Truncates an episode after ``max_episode_steps`` steps, as gymnasium's ``TimeLimit`` does, with a public,
+    checkpointable step counter (gymnasium's is a private attribute, so a resumed episode could not keep it)."""
+
+    def __init__(self, env: gym.Env, max_episode_steps: int):
+        if max_episode_steps <= 0:
+            raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps}")
+        super().__init__(env)
+        self.max_episode_steps = max_episode_steps
+        self.elapsed_steps = 0
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        self.elapsed_steps += 1
+        if self.elapsed_steps >= self.max_episode_steps:
+            truncated = True
+        return observation, reward, terminated, truncated, info
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        self.elapsed_steps = 0
+        return self.env.reset(seed=seed, options=options)
+
+    @property
+    def spec(self) -> gym.envs.registration.EnvSpec | None:
+        """The wrapped env's spec with this limit, as gymnasium reports it."""
+        spec = self.env.spec
+        return None if spec is None else dataclasses.replace(spec, max_episode_steps=self.max_episode_steps)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"elapsed_steps": self.elapsed_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.elapsed_steps = int(state["elapsed_steps"])
+
+
+def _make_limited(env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]) -> gym.Env:
+    """``gymnasium.make`` with tdrl's :class:`TimeLimit` in place of gymnasium's (same place, same limit: the
+    argument, else the registered one; -1 means none)."""
+    env = gym.make(env_id, max_episode_steps=-1, **kwargs)
+    limit = gym.spec(env_id).max_episode_steps if max_episode_steps is None else max_episode_steps
+    return env if limit is None or limit == -1 else TimeLimit(env, limit)
+
+
+def make_env(env_id: str, seed: int | None = None, max_episode_steps: int | None = None, **kwargs: Any) -> gym.Env:
     """Build one gymnasium env by id, seeded (first reset and action space), with the family's preprocessing.
 
     Atari ids get the standard DQN preprocessing (no-op reset, frame skip 4 with 2-frame max, 84×84 grey,
     4-frame stack, uint8; no reward clipping and no episodic life: the algorithm clips, and the game score stays
-    the return). MuJoCo ids first route MuJoCo's warnings to Python. ``kwargs`` go to ``gymnasium.make``.
+    the return). MuJoCo ids first route MuJoCo's warnings to Python. ``kwargs`` go to ``gymnasium.make``; the
+    time limit (``max_episode_steps``, default the registered one) is tdrl's :class:`TimeLimit`, so that
+    :func:`tdrl.envs.get_env_state` can capture it.
     Raises :class:`EnvError` for an unknown id (naming the nearest ids) or a missing extra (with the pip command).
     """
     _check_registered(env_id)
@@ -86,13 +134,13 @@ def make_env(env_id: str, seed: int | None = None, **kwargs: Any) -> gym.Env:
         if _is_atari(env_id):
             kwargs.setdefault("frameskip", 1)  # the preprocessing wrapper skips frames itself
             kwargs.setdefault("repeat_action_probability", 0.25 if env_id.startswith("ALE/") else 0.0)
-            env = gym.make(env_id, **kwargs)
+            env = _make_limited(env_id, max_episode_steps, kwargs)
             env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, noop_max=30)
             env = gym.wrappers.FrameStackObservation(env, 4)
         else:
             if _is_mujoco(env_id):
                 _route_mujoco_warnings()
-            env = gym.make(env_id, **kwargs)
+            env = _make_limited(env_id, max_episode_steps, kwargs)
     except gym.error.DependencyNotInstalled as e:
         raise EnvError(
             f"environment '{env_id}' needs an extra: {e}. "
@@ -156,6 +204,7 @@ class EnvSpecs:
     observation_spec: TensorSpec
     action_spec: TensorSpec
     max_episode_steps: int | None = None
+    capture_problem: str | None = None  # why the env's state cannot be checkpointed (see tdrl.envs.state)
 
     @classmethod
     def from_env(cls, env: gym.Env) -> EnvSpecs:
@@ -163,6 +212,7 @@ class EnvSpecs:
             observation_spec=space_to_spec(env.observation_space),
             action_spec=space_to_spec(env.action_space),
             max_episode_steps=getattr(env.spec, "max_episode_steps", None) if env.spec else None,
+            capture_problem=capture_problem(env),
         )
 
     @property

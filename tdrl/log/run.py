@@ -21,6 +21,7 @@ Run directory (``<run.root>/<yyyymmdd>/<hhmmss>_<name>/run_<seed>/`` or ``run.di
     debug.log       everything printed while the run is open, appended across relaunches
     checkpoints/    itr_<N>/ checkpoint directories (see tdrl.ckpt)
     wandb_id.txt    the W&B run id, reused on resume; wandb/ holds W&B's files (offline: ``wandb sync`` them)
+    wandb_step.txt  the last step sent to W&B: rows re-run after a resume are not sent twice
     videos/         evaluation videos (:meth:`Run.log_video`)
     summary.json    final numbers: frames, wall_s, eval/return_mean, and what the caller adds
 
@@ -28,8 +29,11 @@ Exact resume at iteration boundaries: launching again on an explicit ``run.dir``
 it; the saved config must match (see :func:`tdrl.log.rundir.check_resume_config`) unless ``run.force``.
 ``load_checkpoint`` restores the newest valid checkpoint, its RNG states and the logger's position (later
 progress.csv rows are dropped: they are re-run). Call it after building everything, right before the loop, so
-RNG draws made while building are the same in both runs. One process owns a run directory (an ``flock``); in
-distributed training only rank 0 opens the Run.
+RNG draws made while building are the same in both runs. The checkpoints are verified when the run is opened,
+before anything is written: a corrupt newest one is skipped for the one before (the default snapshot mode keeps
+two); a directory whose checkpoints all fail stops with a :class:`tdrl.log.rundir.RunDirError` naming them and
+changes nothing, unless ``run.force`` (then it starts over). A run killed before its first checkpoint starts over.
+One process owns a run directory (an ``flock``); in distributed training only rank 0 opens the Run.
 """
 
 from __future__ import annotations
@@ -41,10 +45,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from tdrl.ckpt import Checkpointer, CheckpointError, CheckpointInfo, PathWriter
+from tdrl.ckpt import CheckpointCorrupt, Checkpointer, CheckpointError, CheckpointInfo, PathWriter
 from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig
 from tdrl.log.progress import ProgressCSV, metric_value
-from tdrl.log.rundir import check_writable, claim_run_dir, config_dict, lock_run_dir, save_config
+from tdrl.log.rundir import (
+    RunDirError,
+    check_resume_config,
+    check_writable,
+    claim_run_dir,
+    config_dict,
+    lock_run_dir,
+    save_config,
+    sign_lock,
+)
 from tdrl.log.sinks import ConsoleSink, Sink, make_tensorboard_sink
 from tdrl.log.tee import DebugLog
 from tdrl.log.video import write_video
@@ -64,6 +77,23 @@ WALL_TIME_COLUMNS: frozenset[str] = frozenset({"CumTime", "StepsPerSecond", "Upd
 _POSITION_FORMAT = 1
 
 
+def _check_resumable(directory: Path, checkpointer: Checkpointer, progress: ProgressCSV, *, force: bool) -> None:
+    """Verify the checkpoints before a relaunch writes anything (the verdicts are remembered for loading).
+
+    Raises :class:`RunDirError` when checkpoints exist but none verifies (a run that never wrote one starts over:
+    nothing is lost), unless ``force``; :class:`CheckpointCorrupt` when the newest fails under strict resume.
+    """
+    newest, problems = checkpointer.newest_valid()
+    if problems and checkpointer.strict:
+        raise CheckpointCorrupt(f"{problems[0]}; strict resume is on (checkpoint.strict_resume=true)")
+    if newest is None and problems and not force:
+        raise RunDirError(
+            f"cannot resume {directory}: no checkpoint is loadable ({'; '.join(problems)}); its "
+            f"{progress.num_rows} progress rows would be lost, so nothing was changed. Restore a checkpoint, or "
+            "relaunch with run.force=true to start over (the corrupt ones are then moved to checkpoints/corrupt/)"
+        )
+
+
 def is_wall_time_column(key: str) -> bool:
     """True for columns measured in wall-clock time (excluded when comparing runs)."""
     return key in WALL_TIME_COLUMNS or key.startswith("time/")
@@ -77,7 +107,7 @@ class Run:
     def __init__(self, directory: Path, *, name: str, resumed: bool, checkpointer: Checkpointer,
                  progress: ProgressCSV, sinks: Sequence[Sink] = (), debug_log: DebugLog | None = None,
                  log_interval_steps: int = 0, checkpoint_interval_steps: int = 0, wandb_id: str | None = None,
-                 lock: IO[str] | None = None) -> None:
+                 lock: IO[str] | None = None, force: bool = False) -> None:
         self.dir = Path(directory)
         self.name = name
         self.resumed = resumed
@@ -88,6 +118,7 @@ class Run:
         self.last_checkpoint: CheckpointInfo | None = None
         self._debug_log = debug_log
         self._lock = lock
+        self._force = force
         self._log_interval = log_interval_steps
         self._ckpt_interval = checkpoint_interval_steps
         self._position_known = not resumed  # a resumed run learns its position from load_checkpoint
@@ -107,25 +138,34 @@ class Run:
         built-in ones; ``tee`` copies stdout/stderr into ``debug.log``.
 
         Raises:
-            tdrl.log.rundir.RunDirError: the directory cannot be created or written, or another live process
-                has it open.
+            tdrl.log.rundir.RunDirError: the directory cannot be created or written, another live process has it
+                open, or it holds checkpoints of which none verifies (unless ``run.force``: then it starts over).
             tdrl.config.ConfigError: resuming a directory whose saved config differs (lists the keys), unless
                 ``run.force``.
+            tdrl.ckpt.CheckpointCorrupt: the newest checkpoint is corrupt and ``checkpoint.strict_resume`` is on.
             ValueError: a bad ``checkpoint.snapshot_mode``/``snapshot_gap`` or W&B mode.
+
+        A resume that is refused changes nothing in the run directory.
         """
         logger = logger if logger is not None else LoggerConfig()
         checkpoint = checkpoint if checkpoint is not None else CheckpointConfig()
         name = run.name or name
         cfg = config_dict(config)
         directory, resumed = claim_run_dir(run, name)
-        check_writable(directory)
         lock = lock_run_dir(directory)
         debug_log: DebugLog | None = None
         built: list[Sink] = []
         try:
-            diff = save_config(directory, cfg, name=name, seed=run.seed, resumed=resumed, force=run.force)
             checkpointer = Checkpointer(directory / "checkpoints", snapshot_mode=checkpoint.snapshot_mode,
                                         snapshot_gap=checkpoint.snapshot_gap, strict=checkpoint.strict_resume)
+            progress = ProgressCSV(directory / "progress.csv")
+            diff = check_resume_config(directory, cfg, force=run.force) if resumed else {}
+            if resumed:
+                _check_resumable(directory, checkpointer, progress, force=run.force)
+            # from here on the launch goes ahead and writes
+            check_writable(directory)
+            sign_lock(lock)
+            save_config(directory, cfg, name=name, seed=run.seed, diff=diff)
             debug_log = DebugLog(directory / "debug.log") if tee else None
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             print(f"tdrl: {'resuming' if resumed else 'new'} run {name!r} in {directory} ({stamp})", flush=True)
@@ -142,11 +182,10 @@ class Run:
                 if closable is not None:
                     closable.close()
             raise
-        return cls(directory, name=name, resumed=resumed, checkpointer=checkpointer,
-                   progress=ProgressCSV(directory / "progress.csv"), sinks=[*built, *sinks], debug_log=debug_log,
-                   log_interval_steps=logger.log_interval_steps,
+        return cls(directory, name=name, resumed=resumed, checkpointer=checkpointer, progress=progress,
+                   sinks=[*built, *sinks], debug_log=debug_log, log_interval_steps=logger.log_interval_steps,
                    checkpoint_interval_steps=checkpoint.interval_steps or logger.log_interval_steps,
-                   wandb_id=wandb.run_id if wandb is not None else None, lock=lock)
+                   wandb_id=wandb.run_id if wandb is not None else None, lock=lock, force=run.force)
 
     def log_due(self, step: int) -> bool:
         """Whether ``step`` crossed a multiple of ``log_interval_steps`` since the last logged step."""
@@ -262,9 +301,17 @@ class Run:
         A corrupt newer checkpoint is skipped with a loud warning for the previous valid one (an error with
         ``checkpoint.strict_resume``). With no checkpoint, a resumed run's progress.csv starts over.
         ``extra_readers`` (``{name: reader(dir)}``) match the ``extra_writers`` used when saving.
+
+        Raises:
+            tdrl.log.rundir.RunDirError: every checkpoint failed to load (verified when the run was opened, but
+                ``state.pt`` does not unpickle), unless ``run.force``.
         """
+        had_checkpoints = bool(self.checkpointer.list())
         loaded = self.checkpointer.load_latest(map_location=map_location, extra_readers=extra_readers)
         if loaded is None:
+            if had_checkpoints and not self._force:
+                raise RunDirError(f"no checkpoint in {self.checkpointer.directory} loads (moved to corrupt/, see the "
+                                  "warnings); relaunch with run.force=true to start over")
             if self.resumed and self.progress.num_rows:
                 print(f"tdrl: no valid checkpoint in {self.checkpointer.directory}; starting over", flush=True)
             self._set_position(None)

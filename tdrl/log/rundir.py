@@ -24,7 +24,7 @@ from tdrl.config import ConfigError, RunConfig, diff_configs
 from tdrl.utils.files import write_json_atomic
 
 __all__ = ["RESUME_IGNORED_KEYS", "RunDirError", "check_resume_config", "check_writable", "claim_run_dir",
-    "config_dict", "lock_run_dir", "save_config"]
+    "config_dict", "lock_run_dir", "save_config", "sign_lock"]
 
 CONFIG_FILE = "config.json"
 PARAMS_FILE = "params.json"
@@ -35,7 +35,8 @@ RESUME_IGNORED_KEYS: frozenset[str] = frozenset(
 
 
 class RunDirError(RuntimeError):
-    """The run directory cannot be created or written, or holds unreadable run files."""
+    """The run directory cannot be created or written, or holds unreadable run files (e.g. no loadable checkpoint
+    left to resume from)."""
 
 
 def config_dict(config: Any) -> dict[str, Any]:
@@ -85,10 +86,15 @@ def lock_run_dir(directory: Path) -> IO[str]:
 
     Two processes writing one run directory (a requeued job starting while the old one still runs, the same
     ``run.dir`` launched twice) would interleave rows and checkpoints. The lock is an ``flock``, so the kernel
-    releases it when its holder dies, even by SIGKILL. Raises :class:`RunDirError` (with the holder's pid) when
-    another live process holds it.
+    releases it when its holder dies, even by SIGKILL. Nothing is written yet (:func:`sign_lock` does once the
+    launch goes ahead, so a refused resume changes nothing). Raises :class:`RunDirError` (with the holder's pid)
+    when another live process holds it, or when the lock file cannot be created.
     """
-    f = open(Path(directory) / ".lock", "a+")
+    try:
+        f = open(Path(directory) / ".lock", "a+")
+    except OSError as e:
+        raise RunDirError(f"run directory {directory} is not writable: {e.strerror or e} ({e}); set run.root or "
+                          "run.dir to a writable location") from e
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -99,11 +105,15 @@ def lock_run_dir(directory: Path) -> IO[str]:
             f"run directory {directory} is in use by another process ({holder}); wait for it to exit or "
             "choose another run.dir"
         ) from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    f.flush()
     return f
+
+
+def sign_lock(lock: IO[str]) -> None:
+    """Record this process as the holder of a lock from :func:`lock_run_dir` (named when another launch is refused)."""
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    lock.flush()
 
 
 def check_writable(directory: Path) -> None:
@@ -146,19 +156,15 @@ def check_resume_config(directory: Path, config: Mapping[str, Any], *, force: bo
     return diff
 
 
-def save_config(directory: Path, config: Mapping[str, Any], *, name: str, seed: int, resumed: bool,
-                force: bool) -> dict[str, tuple]:
-    """Write ``config.json`` and ``params.json`` (plus ``name`` and ``run_ID``); on resume check them first.
-
-    Returns the differences a forced resume accepted (:func:`check_resume_config`); the config the run started
-    with is then kept as ``config.before-<time>.json``.
-    """
-    diff = check_resume_config(directory, config, force=force) if resumed else {}
+def save_config(directory: Path, config: Mapping[str, Any], *, name: str, seed: int,
+                diff: Mapping[str, tuple] | None = None) -> None:
+    """Write ``config.json`` and ``params.json`` (plus ``name`` and ``run_ID``). ``diff`` is what a forced resume
+    accepted (:func:`check_resume_config`); the config the run started with is then kept as
+    ``config.before-<time>.json``."""
     if diff:
         shutil.copy2(directory / CONFIG_FILE, directory / f"config.before-{time.strftime('%Y%m%d_%H%M%S')}.json")
     write_json_atomic(directory / CONFIG_FILE, config)
     write_json_atomic(directory / PARAMS_FILE, {**config, "name": name, "run_ID": seed})
-    return diff
 
 
 def _shown(value: Any) -> str:

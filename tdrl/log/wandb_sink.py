@@ -5,7 +5,8 @@ never into ``os.environ`` (TorchRL's ``WandbLogger(offline=True)`` sets ``WANDB_
 an existing ``WANDB_MODE`` wins over the config so CI can switch W&B off. The run id is stored in
 ``<run_dir>/wandb_id.txt`` and passed back with ``resume="allow"``, so an online run continues after a requeue (W&B
 cannot resume offline runs: each relaunch writes another ``offline-run-*`` with the same id). Env frames are the
-step axis, so rows re-logged after a resume never clash with W&B's monotonic step.
+step axis. The rows a resumed run re-runs (those after its checkpoint) were already sent: the last step sent is kept
+in ``<run_dir>/wandb_step.txt``, and a relaunch sends only rows and videos past it, so W&B gets each step once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tdrl.utils.files import write_atomic
 __all__ = ["WandbSink", "load_or_create_run_id", "make_wandb_sink", "resolve_wandb_mode"]
 
 ID_FILE = "wandb_id.txt"
+STEP_FILE = "wandb_step.txt"
 _MODES = ("online", "offline", "disabled")
 
 
@@ -54,7 +56,8 @@ class WandbSink:
     """Mirror log rows and videos to a W&B run (``mode`` online or offline; see :func:`make_wandb_sink`).
 
     W&B files go to ``run_dir/wandb`` unless ``WANDB_DIR`` is set; empty ``project``, ``entity``, ``group`` mean
-    W&B's defaults / no group; ``config`` is logged as the run's config.
+    W&B's defaults / no group; ``config`` is logged as the run's config. Rows and videos at steps an earlier launch
+    on ``run_dir`` already sent (up to :attr:`sent_before`) are skipped.
     """
 
     def __init__(self, *, run_dir: Path, run_id: str, mode: str, name: str, project: str, entity: str = "",
@@ -63,6 +66,9 @@ class WandbSink:
 
         self._wandb = wandb
         self.run_id = run_id
+        self._step_file = Path(run_dir) / STEP_FILE
+        self.sent_before = _read_step(self._step_file)
+        """The last step sent by earlier launches (-1: none); rows up to it are re-runs."""
         self._run: Any = wandb.init(
             project=project or None, entity=entity or None, group=group or None, name=name, id=run_id, resume="allow",
             mode=mode, job_type="train", dir=os.environ.get("WANDB_DIR") or str(run_dir), config=dict(config or {}),
@@ -72,13 +78,18 @@ class WandbSink:
         self._run.define_metric("*", step_metric="frames")
 
     def write(self, row: Mapping[str, Any], step: int) -> None:
-        """Log the row's values with ``frames=step``."""
+        """Log the row's values with ``frames=step`` (unless an earlier launch sent that step), then record it."""
+        if step <= self.sent_before:
+            return
         data = {k: v for k, v in row.items() if v is not None}
         data["frames"] = step
         self._run.log(data)
+        write_atomic(self._step_file, f"{step}\n")
 
     def add_video(self, key: str, path: Path, step: int) -> None:
-        """Attach an mp4 (``wandb.Video(path)`` needs no moviepy)."""
+        """Attach an mp4 (``wandb.Video(path)`` needs no moviepy), unless an earlier launch sent that step."""
+        if step <= self.sent_before:
+            return
         self._run.log({key: self._wandb.Video(str(path), format="mp4"), "frames": step})
 
     def set_summary(self, summary: Mapping[str, Any]) -> None:
@@ -91,6 +102,13 @@ class WandbSink:
         if self._run is not None:
             self._run.finish(exit_code=exit_code)
             self._run = None
+
+
+def _read_step(path: Path) -> int:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):  # no file yet (or cut by a crash): nothing is skipped
+        return -1
 
 
 def make_wandb_sink(run_dir: Path, logger: LoggerConfig, config: Mapping[str, Any], name: str) -> WandbSink | None:

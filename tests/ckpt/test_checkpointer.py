@@ -75,10 +75,10 @@ def test_replay_buffer_through_extra_writers_samples_identically(tmp_path):
     ("mode", "kept", "written"),
     [
         ("none", [], []),
-        ("last", [12], list(range(13))),
+        ("last", [11, 12], list(range(13))),  # the one before the newest survives a bad newest
         ("all", list(range(13)), list(range(13))),
         ("gap", [0, 5, 10], [0, 5, 10]),
-        ("gap_and_last", [0, 5, 10, 12], list(range(13))),
+        ("gap_and_last", [0, 5, 10, 11, 12], list(range(13))),
     ],
 )
 def test_snapshot_modes(tmp_path, mode, kept, written):
@@ -170,6 +170,38 @@ def test_all_corrupt_returns_none(tmp_path):
         assert ckpt.load_latest() is None
 
 
+@pytest.mark.parametrize("mode", ["last", "gap_and_last"])
+def test_default_rotation_keeps_the_one_before_a_corrupt_newest(tmp_path, mode):
+    ckpt = Checkpointer(tmp_path / "ck", snapshot_mode=mode, snapshot_gap=5)
+    for i in range(4):
+        ckpt.save(_state(i), i)
+    assert _iterations(ckpt)[-2:] == [2, 3]
+    _corrupt_flip(tmp_path / "ck" / "itr_00000003")
+    with pytest.warns(CheckpointWarning, match="itr_00000003"):
+        state, info = ckpt.load_latest()
+    assert info.iteration == 2 and state["iteration"] == 2
+    ckpt.save(_state(3), 3)  # training goes on from there
+    assert _iterations(ckpt)[-2:] == [2, 3]
+
+
+def test_verification_is_remembered_until_a_file_changes(tmp_path, monkeypatch):
+    import tdrl.ckpt
+
+    ckpt = Checkpointer(tmp_path / "ck")
+    ckpt.save(_state(0), 0)
+    ckpt.save(_state(1), 1)
+    hashed = []
+    real = tdrl.ckpt._hash_file
+    monkeypatch.setattr(tdrl.ckpt, "_hash_file", lambda p, **kw: hashed.append(p.name) or real(p, **kw))
+    newest, problems = ckpt.newest_valid()
+    assert newest.iteration == 1 and problems == [] and hashed == ["state.pt"]
+    assert ckpt.load_latest()[1].iteration == 1 and hashed == ["state.pt"]  # not hashed again
+    _corrupt_flip(tmp_path / "ck" / "itr_00000001")  # rewritten after the check: checked again
+    newest, problems = ckpt.newest_valid()
+    assert newest.iteration == 0 and "itr_00000001: file state.pt sha256" in problems[0]
+    assert _iterations(ckpt) == [0, 1]  # newest_valid only reads
+
+
 def test_unpicklable_state_leaves_nothing_behind(tmp_path):
     ckpt = Checkpointer(tmp_path / "ck")
     ckpt.save(_state(0), 0)
@@ -186,8 +218,9 @@ def test_stale_temp_dirs_are_ignored_and_removed(tmp_path):
     stale.mkdir()
     (stale / "state.pt").write_bytes(b"partial")
     ckpt = Checkpointer(root)
-    assert not stale.exists()
+    assert stale.exists()  # building a Checkpointer changes nothing (a refused resume must not)
     assert ckpt.load_latest()[1].iteration == 0
+    assert not stale.exists()
 
 
 def test_resave_same_iteration_replaces_it(tmp_path):

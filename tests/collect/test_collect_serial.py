@@ -340,8 +340,9 @@ def test_total_frames_len_state_dict_and_bad_args():
     with SerialCollector(StairsFactory(), None, batch_B=2, batch_T=5, total_frames=25) as c:
         assert len(c) == 3
         assert sum(b.numel() for b in c) == 30
-        assert c.state_dict() == {"frames": 30, "iter": 3}
-        c.load_state_dict({"frames": 10, "iter": 1})
+        state = c.state_dict()
+        assert (state["frames"], state["iter"]) == (30, 3)
+        c.load_state_dict({"frames": 10, "iter": 1})  # a checkpoint written before env state was captured
         assert c.frames == 10
     c.shutdown()  # idempotent
     with pytest.raises(ValueError, match="batch_B"):

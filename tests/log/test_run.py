@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tdrl.ckpt import CheckpointError
+from tdrl.ckpt import CheckpointCorrupt, CheckpointError, CheckpointWarning
 from tdrl.config import CheckpointConfig, ConfigError, LoggerConfig, RunConfig, apply_overrides
 from tdrl.log import Run, RunDirError, read_progress
 
@@ -241,3 +242,84 @@ def test_full_disk_at_checkpoint_time_keeps_previous_and_names_cause(tmp_path):
         run.close()
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _flip_byte(checkpoint: Path) -> None:
+    state = checkpoint / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    state.write_bytes(bytes(data))
+
+
+def _run_with_checkpoints(cfg: Cfg, n: int) -> Path:
+    """A run that logged a row and saved a checkpoint at iterations 0..n-1, then a row past the last one."""
+    run = _open(cfg)
+    for itr in range(n):
+        run.log({"v": float(itr)}, step=(itr + 1) * 10, iteration=itr)
+        run.save_checkpoint({"itr": itr}, itr)
+    run.log({"v": float(n)}, step=(n + 1) * 10, iteration=n)
+    run.close()  # killed
+    return run.dir
+
+
+def test_corrupt_newest_checkpoint_resumes_from_the_one_before(tmp_path):
+    cfg = apply_overrides(Cfg(), {"run.dir": str(tmp_path / "r")})  # default snapshot mode
+    run_dir = _run_with_checkpoints(cfg, 3)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["itr_00000001", "itr_00000002"]
+    _flip_byte(run_dir / "checkpoints" / "itr_00000002")
+    run = _open(cfg)
+    with pytest.warns(CheckpointWarning, match=r"itr_00000002: file state.pt sha256"):
+        assert run.load_checkpoint() == {"itr": 1}
+    assert [r["Iteration"] for r in read_progress(run_dir / "progress.csv")[1]] == ["0", "1"]
+    run.close()
+
+
+def _snapshot(root: Path) -> dict[str, tuple]:
+    """Every file and directory under ``root``: kind, size, mtime and the sha256 of files."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        out[path.relative_to(root).as_posix()] = (path.is_dir(), st.st_size, st.st_mtime_ns, digest)
+    out["."] = (True, root.stat().st_size, root.stat().st_mtime_ns, None)
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_no_loadable_checkpoint_stops_and_changes_nothing_unless_forced(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_DIR", raising=False)  # W&B files go into the run directory
+    logger = LoggerConfig(wandb=True, progress_bar=False)
+    cfg = apply_overrides(Cfg(logger=logger), {"run.dir": str(tmp_path / "r")})
+    run_dir = _run_with_checkpoints(cfg, 2)
+    for checkpoint in (run_dir / "checkpoints").iterdir():
+        _flip_byte(checkpoint)
+    (run_dir / "wandb_step.txt").unlink()  # a W&B sink, if built, would write it again
+    before = _snapshot(run_dir)
+    assert {"debug.log", "progress.csv", "config.json", "params.json", ".lock", "wandb_id.txt"} <= before.keys()
+    with pytest.raises(RunDirError) as err:
+        _open(cfg)
+    message = str(err.value)
+    assert "\n" not in message and "run.force=true" in message and "3 progress rows" in message
+    assert "itr_00000001: file state.pt sha256" in message and "itr_00000000: file state.pt sha256" in message
+    assert _snapshot(run_dir) == before  # byte for byte, mtimes included
+
+    forced = apply_overrides(cfg, {"run.force": True})
+    run = _open(forced)
+    with pytest.warns(CheckpointWarning, match="CORRUPT"):
+        assert run.load_checkpoint() is None
+    assert not list((run_dir / "checkpoints").glob("itr_*"))
+    assert len(list((run_dir / "checkpoints" / "corrupt").iterdir())) == 2
+    assert read_progress(run_dir / "progress.csv")[1] == []  # started over
+    run.log({"v": 0.0}, step=10, iteration=0)
+    run.finish()
+
+
+def test_strict_resume_refuses_a_corrupt_newest_before_writing(tmp_path):
+    cfg = apply_overrides(Cfg(), {"run.dir": str(tmp_path / "r")})
+    run_dir = _run_with_checkpoints(cfg, 2)
+    _flip_byte(run_dir / "checkpoints" / "itr_00000001")
+    before = _snapshot(run_dir)
+    with pytest.raises(CheckpointCorrupt, match=r"itr_00000001.*strict_resume=true"):
+        _open(apply_overrides(cfg, {"checkpoint.strict_resume": True}))
+    assert _snapshot(run_dir) == before
