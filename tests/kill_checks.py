@@ -36,6 +36,18 @@ def deterministic_progress(run_dir: Path) -> tuple[list[str], list[list[str]]]:
     return keep, [[r[k] for k in keep] for r in rows]
 
 
+def assert_same_progress(reference: Path, run_dir: Path, note: str) -> None:
+    """progress.csv of ``run_dir`` equals ``reference``'s minus wall-time columns; names the first differing row
+    and its differing columns."""
+    ref_header, ref_rows = deterministic_progress(reference)
+    header, rows = deterministic_progress(run_dir)
+    assert header == ref_header, f"{note}: progress.csv columns differ"
+    for i, (ref_row, row) in enumerate(zip(ref_rows, rows, strict=False)):
+        diff = {k: (a, b) for k, a, b in zip(header, ref_row, row, strict=True) if a != b}
+        assert not diff, f"{note}: progress.csv row {i} differs (column: (reference, relaunched)): {diff}"
+    assert len(rows) == len(ref_rows), f"{note}: {len(rows)} progress.csv rows, reference {len(ref_rows)}"
+
+
 def finish(proc: subprocess.Popen, timeout: float = 120) -> str:
     """Wait for a launched run; its output, asserting it succeeded."""
     out, _ = proc.communicate(timeout=timeout)

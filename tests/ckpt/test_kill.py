@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kill_checks import assert_same_tree, deterministic_progress, finish, kill_when, progress_rows
+from kill_checks import assert_same_progress, assert_same_tree, deterministic_progress, finish, kill_when, progress_rows
 
 from tdrl.ckpt import Checkpointer, CheckpointWarning
 
@@ -46,7 +46,7 @@ def _launch(run_dir: Path, *extra: str) -> subprocess.Popen:
 def test_sigkill_at_random_points_then_relaunch_is_bitwise_equal(tmp_path):
     reference = tmp_path / "reference"
     finish(_launch(reference))
-    ref_header, ref_rows = deterministic_progress(reference)
+    _, ref_rows = deterministic_progress(reference)
     assert [r[0] for r in ref_rows] == [str(i) for i in range(ITERATIONS)]
     seed = random.randrange(2**31)
     rng = random.Random(seed)
@@ -62,11 +62,7 @@ def test_sigkill_at_random_points_then_relaunch_is_bitwise_equal(tmp_path):
         assert not (run_dir / "final.pt").exists()
         out = finish(_launch(run_dir))
         assert "resuming run" in out, note
-        header, rows = deterministic_progress(run_dir)
-        assert header == ref_header, note
-        assert rows == ref_rows, (
-            f"{note}: progress.csv differs (duplicate, missing or different rows)"
-        )
+        assert_same_progress(reference, run_dir, note)
         assert_same_tree(torch.load(reference / "final.pt"), torch.load(run_dir / "final.pt"), note)
         log = (run_dir / "debug.log").read_text()  # appended across both launches
         assert log.count("run 'resume' in") == 2 and "resumed from itr_" in log, note

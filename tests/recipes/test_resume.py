@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from kill_checks import assert_same_tree, deterministic_progress, finish, kill_when, progress_rows
+from kill_checks import assert_same_progress, assert_same_tree, finish, kill_when, progress_rows
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 COMMON = ("logger.wandb=false", "logger.progress_bar=false", "eval.n_envs=2", "run.seed=3",
@@ -94,13 +94,13 @@ def references(tmp_path_factory):
 
 def kill_and_relaunch(name: str, reference: Path, tmp_path: Path, trials: int) -> None:
     case = CASES[name]
-    ref_header, ref_rows = deterministic_progress(reference)
+    n_rows = progress_rows(reference / "progress.csv")
     ref_state = newest_state(reference)
     seed = int(os.environ.get("KILL_SEED", random.randrange(2**31)))
     rng = random.Random(seed)
     for trial in range(trials):
         run_dir = tmp_path / f"trial{trial}"
-        kill_after_rows = rng.randint(1, len(ref_rows) - 2)
+        kill_after_rows = rng.randint(1, n_rows - 2)
         delay = rng.uniform(0.0, 0.2)
         note = f"{name} trial {trial}, KILL_SEED={seed}: killed {delay:.3f}s after {kill_after_rows} rows"
         proc = launch(case, run_dir)
@@ -110,9 +110,7 @@ def kill_and_relaunch(name: str, reference: Path, tmp_path: Path, trials: int) -
         note += f" (resuming from frame {resume_from['state']['trainer']['frames']})"
         out = finish(launch(case, run_dir))
         assert "resumed from itr_" in out, f"{note}:\n{out}"
-        header, rows = deterministic_progress(run_dir)
-        assert header == ref_header, note
-        assert rows == ref_rows, f"{note}: progress.csv differs (duplicate, missing or different rows)"
+        assert_same_progress(reference, run_dir, note)
         assert_same_tree(ref_state, newest_state(run_dir), note)
 
 
