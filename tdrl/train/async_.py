@@ -20,7 +20,15 @@ collector every ``updates_per_sync`` updates through shared memory, between batc
 Failures: a collector exception or death is raised here as :class:`AsyncTrainerError` within ``POLL_S`` plus the
 current round; an exception here stops the collector, and so does this process's death. Use the trainer as a
 context manager when the loop body may raise (an abandoned generator is only finalised when the exception's
-traceback is released). A resumed run continues exactly, but not bitwise (the interleaving is timing-dependent).
+traceback is released).
+
+Resume: a checkpoint is taken at a boundary, with the collector paused and the optimizer's owed updates paid
+(bounded lag), so it holds one consistent state: the collector's (each env's state, the observations, the episodes
+in progress, worker RNGs), the collector process's RNGs, the replay's data and sampler, the models, optimizers and
+counters, the evaluator's envs. A relaunch restores that state exactly: no episode restarts, and the counters of
+every later row (frames, episodes, replay writes; with a bounded lag also updates and replay samples) equal an
+uninterrupted run's. What follows is not bitwise: which weights the collector acts with, and hence the data and the
+losses, depend on the timing of the two processes, as in any two async runs with the same seed.
 """
 
 from __future__ import annotations
