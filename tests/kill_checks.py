@@ -29,6 +29,16 @@ def progress_rows(path: Path) -> int:
         return 0
 
 
+def checkpoints(run_dir: Path) -> list[Path]:
+    """A run's published checkpoint directories, oldest first (temp dirs start with a dot)."""
+    return sorted((Path(run_dir) / "checkpoints").glob("itr_*"))
+
+
+def newest_state(run_dir: Path) -> dict[str, Any]:
+    """The newest checkpoint's ``state.pt`` (as ``Run.save_checkpoint`` wrote it)."""
+    return torch.load(checkpoints(run_dir)[-1] / "state.pt", weights_only=False)
+
+
 def deterministic_progress(run_dir: Path) -> tuple[list[str], list[list[str]]]:
     """progress.csv's header and rows without the wall-time columns."""
     header, rows = read_progress(Path(run_dir) / "progress.csv")

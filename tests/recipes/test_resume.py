@@ -20,8 +20,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-from kill_checks import assert_same_progress, assert_same_tree, finish, kill_when, progress_rows
+from kill_checks import (
+    assert_same_progress,
+    assert_same_tree,
+    checkpoints,
+    finish,
+    kill_when,
+    newest_state,
+    progress_rows,
+)
 
 from tdrl.log import read_progress
 
@@ -75,15 +82,6 @@ CASES = {
 def launch(case: Case, run_dir: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(RECIPES / case.recipe), *COMMON, *case.args, f"run.dir={run_dir}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def checkpoints(run_dir: Path) -> list[Path]:
-    """Published checkpoint directories, oldest first (temp dirs start with a dot)."""
-    return sorted((run_dir / "checkpoints").glob("itr_*"))
-
-
-def newest_state(run_dir: Path) -> dict[str, Any]:
-    return torch.load(checkpoints(run_dir)[-1] / "state.pt", weights_only=False)
 
 
 @pytest.fixture(scope="module")
