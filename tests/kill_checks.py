@@ -4,6 +4,7 @@ checkpoint states tensor by tensor)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -67,14 +68,18 @@ def finish(proc: subprocess.Popen, timeout: float = 120) -> str:
 
 def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], delay: float, note: str,
               timeout: float = 120) -> None:
-    """SIGKILL ``proc`` ``delay`` seconds after ``ready()`` first holds; assert it was still running."""
+    """SIGKILL ``proc`` ``delay`` seconds after ``ready()`` first holds; assert it was still running. A process
+    started with ``start_new_session=True`` is killed with its whole group (ranks, workers), as a lost node is."""
     deadline = time.monotonic() + timeout
     while not ready():
         assert proc.poll() is None, f"{note}: the run ended before the kill point:\n{proc.communicate()[0]}"
         assert time.monotonic() < deadline, f"{note}: kill point not reached in {timeout:.0f} s"
         time.sleep(0.002)
     time.sleep(delay)
-    proc.send_signal(signal.SIGKILL)
+    if os.getpgid(proc.pid) == proc.pid:
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.send_signal(signal.SIGKILL)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL, f"{note}: the run ended before the kill:\n{out}"
 

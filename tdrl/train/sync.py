@@ -259,7 +259,7 @@ class SyncTrainer:
 
     def _save_checkpoint(self) -> None:
         mine = {**self.rank_objects.state_dict(), "collector": self.collector.state_dict(), "rng": rng_state(),
-                "pending_trajs": list(self._pending_trajs)}
+                "pending_trajs": list(self._pending_trajs), "metrics": metrics_to_floats(self.book.metrics)}
         self.book.save_checkpoint(self.objects, ranks=gather_to_main(mine), world_size=self.world_size,
                                   **eval_collector_state(self.eval_collector))
 
@@ -278,4 +278,5 @@ class SyncTrainer:
         load_eval_collector_state(self.eval_collector, state)
         set_rng_state(mine["rng"])
         self._pending_trajs = list(mine["pending_trajs"])
+        self.book.metrics = list(mine.get("metrics", []))  # this rank's (the books hold rank 0's)
         self.resumed = True

@@ -67,6 +67,10 @@ CASES = {
         "collector.n_workers=2", "collector.batch_T=16", "collector.total_frames=768",
         "logger.log_interval_steps=128", "checkpoint.interval_steps=192", "eval.max_steps=40", "loss.epochs=2",
         "loss.minibatches=2", "model.hidden_sizes=[16]"), trials=2),
+    "ppo_ddp": Case("ppo.py", (
+        "trainer.kind=ddp", "trainer.world_size=2", "collector.batch_B=2", "collector.batch_T=16",
+        "collector.total_frames=768", "logger.log_interval_steps=128", "checkpoint.interval_steps=192",
+        "eval.max_steps=40", "loss.epochs=2", "loss.minibatches=2", "model.hidden_sizes=[16]"), trials=1),
     "sac_async": Case("sac.py", ("trainer.kind=async", "collector.total_frames=600", "logger.log_interval_steps=100",
                                  "checkpoint.interval_steps=130", "eval.max_steps=30", "optim.min_steps_learn=64",
                                  "model.hidden_sizes=[16]", "optim.batch_size=32", "optim.replay_ratio=32",
@@ -81,7 +85,7 @@ CASES = {
 
 def launch(case: Case, run_dir: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(RECIPES / case.recipe), *COMMON, *case.args, f"run.dir={run_dir}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 @pytest.fixture(scope="module")
