@@ -10,7 +10,8 @@ Rows (``ms`` is the median over ``--repeats``; ``baseline`` is the unsafe way to
   of a SAC-sized state: actor 17→256→256→12, twin Q 23→256→256→1 and their targets, Adam states for actor,
   critic and temperature (``--obs 17 --act 6``, HalfCheetah's sizes). Baseline: rlpyt's
   ``torch.save(state, "params.pkl")`` in place (no fsync, no checksum; unloadable after a kill mid-write).
-* ``load SAC`` — :meth:`Run.load_checkpoint` (sha256 of every file, then ``torch.load``). Baseline: ``torch.load``.
+* ``load SAC`` — what a resume pays: :func:`tdrl.ckpt.read_checkpoint` (sha256 of every file, then ``torch.load``;
+  ``Run.open`` verifies, ``Run.load_checkpoint`` then loads without hashing again). Baseline: ``torch.load``.
 * ``save/load SAC + replay`` — the same plus a TorchRL ``LazyMemmapStorage`` replay of ``--transitions``
   transitions through ``extra_writers={"replay": rb.dumps}`` / ``extra_readers={"replay": rb.loads}``.
   Baseline: ``torch.save`` + ``rb.dumps`` / ``torch.load`` + ``rb.loads`` into a plain directory.
@@ -18,6 +19,16 @@ Rows (``ms`` is the median over ``--repeats``; ``baseline`` is the unsafe way to
 Run from a temporary directory on the disk you train on (fsync cost depends on it)::
 
     cd $(mktemp -d) && python /path/to/benchmarks/logging_overhead.py [--quick]
+
+``--sac-recipe`` measures instead the checkpoint a real ``recipes/sac.py`` run saves (Pendulum-v1, its defaults:
+the loss, both updaters, the replay with its data, the collector and trainer state): every save of a
+``--sac-frames`` run with one checkpoint per ``--sac-every`` frames is timed around the trainer's
+``_save_checkpoint`` (collector state capture, torch.save, replay copy, fsync, sha256 manifest, rotation), and the
+table gives the median. ``--trees A B ...`` runs that measurement on other checkouts (each tree's ``tdrl`` and
+``recipes/sac.py``, one subprocess per tree and round, rounds interleaved) and gives each tree's ratio to the first::
+
+    git worktree add /tmp/old e69dfe2
+    python benchmarks/logging_overhead.py --trees /tmp/old . --rounds 3
 
 (Not ``benchmarks/logging.py``: a script's directory is first on ``sys.path``, so that name would shadow the
 standard library's ``logging`` for every script in ``benchmarks/``.)
@@ -28,9 +39,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,8 +54,12 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, ReplayBuffer
 
-from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig
-from tdrl.log import Run, summarize_columns, summarize_records
+TREE_VAR = "TDRL_BENCH_TREE"
+# this checkout's tdrl (not another installed copy), or the tree --trees measures in this subprocess
+sys.path.insert(1, os.environ.get(TREE_VAR) or str(Path(__file__).resolve().parents[1]))
+from tdrl.ckpt import read_checkpoint  # noqa: E402
+from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig  # noqa: E402
+from tdrl.log import Run, summarize_columns, summarize_records  # noqa: E402
 
 
 def _mlp(sizes: list[int]) -> torch.nn.Sequential:
@@ -156,6 +174,74 @@ def log_rows(run: Run, n: int) -> float:
         return median_ms(one, repeats=5, inner=n)
 
 
+def sac_recipe_saves(recipe: Path, root: Path, frames: int, every: int, replay_size: int) -> dict:
+    """Seconds of every checkpoint a ``recipes/sac.py`` run saves, and the newest checkpoint's size in MB.
+
+    Uses only what the tree at e69dfe2 already has (load_recipe, apply_overrides, the sync trainer's
+    ``_save_checkpoint``), so the same function measures the old tree and the new one.
+    """
+    from tdrl.config import apply_overrides
+    from tdrl.launch.recipe import load_recipe
+    from tdrl.train.sync import SyncTrainer
+
+    module = load_recipe(recipe)
+    cfg = apply_overrides(module.Config(), [
+        f"run.dir={root / 'run'}", "logger.wandb=false", "logger.progress_bar=false",
+        f"collector.total_frames={frames}", f"logger.log_interval_steps={every}", f"checkpoint.interval_steps={every}",
+        f"replay.size={replay_size}",
+    ])
+    seconds: list[float] = []
+    save = SyncTrainer._save_checkpoint
+
+    def timed_save(trainer: SyncTrainer) -> None:
+        start = time.perf_counter()
+        save(trainer)
+        seconds.append(time.perf_counter() - start)
+
+    SyncTrainer._save_checkpoint = timed_save
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            module.main(cfg)
+    finally:
+        SyncTrainer._save_checkpoint = save
+    newest = max((root / "run" / "checkpoints").glob("itr_*"))
+    return {"seconds": seconds, "mb": dir_mb(newest)}
+
+
+def sac_recipe_table(args: argparse.Namespace) -> None:
+    """Median save time of the SAC recipe's checkpoint on this checkout, or on each of ``--trees``."""
+    here = Path(__file__).resolve().parents[1]
+    trees = [Path(t).resolve() for t in args.trees] if args.trees else [here]
+    seconds: dict[Path, list[float]] = {tree: [] for tree in trees}
+    sizes: dict[Path, float] = {}
+    sizes_args = [f"--sac-frames={args.sac_frames}", f"--sac-every={args.sac_every}", f"--sac-replay={args.sac_replay}"]
+    for _ in range(args.rounds if args.trees else 1):
+        for tree in trees:
+            with tempfile.TemporaryDirectory(prefix="tdrl-bench-sac-", dir=args.dir or os.getcwd()) as tmp:
+                if args.trees:  # the tree's own tdrl and recipe, in a process of their own
+                    out = Path(tmp) / "saves.json"
+                    env = {**os.environ, TREE_VAR: str(tree)}
+                    subprocess.run([sys.executable, __file__, "--sac-child", str(out), *sizes_args], env=env,
+                                   cwd=tmp, check=True)
+                    result = json.loads(out.read_text())
+                    if Path(result["tdrl"]) != tree / "tdrl":
+                        raise RuntimeError(f"the subprocess for {tree} imported {result['tdrl']}")
+                else:
+                    result = sac_recipe_saves(tree / "recipes" / "sac.py", Path(tmp), args.sac_frames,
+                                              args.sac_every, args.sac_replay)
+            seconds[tree] += result["seconds"]
+            sizes[tree] = result["mb"]
+    print(f"\nrecipes/sac.py checkpoint save (Pendulum-v1, {args.sac_frames} frames, one save per {args.sac_every}, "
+          f"replay.size={args.sac_replay}; load average {os.getloadavg()[0]:.1f})\n")
+    print(f"| {'tree':<40} | {'saves':>5} | {'median ms':>9} | {'min ms':>7} | {'MB':>6} | {'ratio':>6} |")
+    print(f"|{'-' * 42}|{'-' * 7}|{'-' * 11}|{'-' * 9}|{'-' * 8}|{'-' * 8}|")
+    first = statistics.median(seconds[trees[0]])
+    for tree in trees:
+        median = statistics.median(seconds[tree])
+        print(f"| {str(tree)[-40:]:<40} | {len(seconds[tree]):>5} | {median * 1e3:9.1f} | "
+              f"{min(seconds[tree]) * 1e3:7.1f} | {sizes[tree]:6.1f} | {median / first:5.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
@@ -165,9 +251,26 @@ def main() -> None:
     parser.add_argument(
         "--dir", default=None, help="where to write (default: a temp dir in the cwd)"
     )
+    parser.add_argument("--sac-recipe", action="store_true", help="only the recipes/sac.py checkpoint save table")
+    parser.add_argument("--trees", nargs="+", help="checkouts to compare (implies --sac-recipe)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per tree with --trees, interleaved")
+    parser.add_argument("--sac-frames", type=int, default=2000)
+    parser.add_argument("--sac-every", type=int, default=250)
+    parser.add_argument("--sac-replay", type=int, default=100_000, help="replay.size (the recipe's default)")
+    parser.add_argument("--sac-child", help=argparse.SUPPRESS)  # --trees: write this tree's saves as JSON here
     args = parser.parse_args()
-    torch.set_num_threads(1)
     os.environ.setdefault("WANDB_SILENT", "true")
+    if args.sac_child:
+        import tdrl
+
+        recipe = Path(tdrl.__file__).resolve().parents[1] / "recipes" / "sac.py"
+        result = sac_recipe_saves(recipe, Path.cwd(), args.sac_frames, args.sac_every, args.sac_replay)
+        Path(args.sac_child).write_text(json.dumps({**result, "tdrl": str(recipe.parents[1] / "tdrl")}))
+        return
+    if args.sac_recipe or args.trees:
+        sac_recipe_table(args)
+        return
+    torch.set_num_threads(1)
     repeats = 3 if args.quick else 7
     root = Path(tempfile.mkdtemp(prefix="tdrl-bench-", dir=args.dir or os.getcwd()))
     rows: list[tuple[str, str, float, float | None]] = []  # name, size, ms, baseline ms
@@ -203,7 +306,8 @@ def main() -> None:
                     save_base,
                 )
             )
-            rows.append(("load SAC", size, median_ms(run.load_checkpoint, repeats), load_base))
+            newest = run.last_checkpoint.path
+            rows.append(("load SAC", size, median_ms(lambda: read_checkpoint(newest), repeats), load_base))
         run.finish()
 
         rb = replay_buffer(root / "scratch", args.transitions, args.obs, args.act)
@@ -237,7 +341,7 @@ def main() -> None:
             size = f"{dir_mb(run.last_checkpoint.path):.1f} MB"
             rows.append((f"save {label}", size, ms, save_base))
             ms = median_ms(
-                lambda: run.load_checkpoint(extra_readers={"replay": rb_load.loads}), repeats
+                lambda: read_checkpoint(run.last_checkpoint.path, extra_readers={"replay": rb_load.loads}), repeats
             )
             rows.append((f"load {label}", size, ms, load_base))
         assert len(rb_load) == args.transitions

@@ -9,7 +9,7 @@ mtime, inode), so checking before loading does not hash a large replay twice.
 
 Layout of ``directory`` (usually ``<run_dir>/checkpoints``): ``itr_00000012/`` holding ``MANIFEST.json``,
 ``state.pt`` and one folder per ``extra_writers`` entry (e.g. a replay buffer's ``dumps``); ``.tmp-*`` folders
-being written (stale ones are removed at start); ``corrupt/``.
+being written (stale ones are removed by the first save or load); ``corrupt/``.
 
 Snapshot modes (rlpyt's): ``none`` never writes; ``last`` keeps the newest two; ``all`` keeps every one; ``gap``
 writes only when ``iteration % gap == 0``; ``gap_and_last`` keeps the multiples of ``gap`` plus the newest two.

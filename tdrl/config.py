@@ -89,7 +89,8 @@ class RunConfig:
     torch_threads: int = 1
     """torch intra-op threads of the main process (small nets on few cores are fastest with 1)."""
     force: bool = False
-    """Resume even if the saved config differs from this one."""
+    """Resume even if the saved config differs from this one; start over when none of the run directory's
+    checkpoints loads (without it that launch stops and changes nothing)."""
 
 
 @dataclass
@@ -119,7 +120,8 @@ class CheckpointConfig:
     """Snapshots (rlpyt's snapshot modes) and resume."""
 
     snapshot_mode: Literal["none", "last", "all", "gap", "gap_and_last"] = "last"
-    """Which checkpoints to keep: none, the last, all, every ``snapshot_gap`` iterations, or gap and last."""
+    """Which checkpoints to keep: none, the last two (the one before the newest survives a bad newest), all, every
+    ``snapshot_gap`` iterations, or those multiples plus the last two."""
     snapshot_gap: int = 10
     """Iterations between kept checkpoints in ``gap`` modes."""
     interval_steps: int = 0

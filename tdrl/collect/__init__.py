@@ -19,6 +19,11 @@ works), ``parallel`` (worker processes with policy copies; rlpyt's CpuSampler), 
 ``alternating`` (workers step envs, this process acts; rlpyt's GpuSampler / AlternatingSampler), ``torchrl``
 (TorchRL's own collectors). Same seed + deterministic policy => every tdrl kind yields the serial batches.
 :func:`make_eval_collector` runs whole greedy episodes on its own envs.
+
+``state_dict()`` (between batches) holds each env's state, the episodes in progress, recurrent policy state and
+worker RNGs: a collector rebuilt with the same arguments and ``load_state_dict``-ed continues bitwise (the
+caller restores its own torch RNG, as the trainers do). Envs that cannot be captured (warned at build) and the
+``torchrl`` kind restart their episodes.
 """
 
 from tdrl.collect.collector import BatchCollector

@@ -115,9 +115,9 @@ class BatchCollector:
         """Continue from :meth:`state_dict` of a collector built with the same arguments: its next batches are
         those the saved one would have yielded (bitwise, with the caller's torch RNG restored as the trainer
         does; an env whose state cannot be captured starts a fresh episode, see the build-time warning)."""
-        self.frames, self.batches = int(state_dict["frames"]), int(state_dict["iter"])
         if "engine" in state_dict:  # absent in checkpoints written before env state was captured
             self.engine.load_state_dict(state_dict["engine"])
+        self.frames, self.batches = int(state_dict["frames"]), int(state_dict["iter"])
 
     def shutdown(self) -> None:
         """Stop the engine's envs and processes; safe to call more than once."""

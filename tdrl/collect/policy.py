@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase, set_interaction_type
@@ -90,7 +91,7 @@ class PolicyStep:
         if self.recurrent_keys:
             self.state = self._initial_state(example)
         inputs = self._inputs(example[OBS_KEY], example[INIT_KEY])
-        with torch.no_grad(), set_interaction_type(exploration_type):
+        with torch.no_grad(), set_interaction_type(exploration_type), self._rng_untouched():
             reference = policy(self._as_td(inputs))
         self.out_keys = [k for k in (unravel_key(k) for k in reference.keys(True, True)) if k not in inputs]
         if "action" not in self.out_keys:
@@ -107,11 +108,18 @@ class PolicyStep:
                           stacklevel=2)
         self._act = (torch.compile(policy.act) if compile else policy.act) if self.acting else None
 
+    def _rng_untouched(self) -> AbstractContextManager:
+        """Context of the calls that probe the policy at build: the caller's torch generators (CPU and the
+        policy's device) are restored after them, so building a collector draws nothing and a resumed run may
+        restore its RNG before or after building one."""
+        if self.device.type == "cuda":
+            return torch.random.fork_rng(devices=[self.device.index or 0], device_type="cuda")
+        return torch.random.fork_rng(devices=[])
+
     def _check_act(self, inputs: Env) -> None:
-        """``act`` must write the keys the TensorDict forward writes (the contract of :mod:`tdrl.models.acting`);
-        checked on a forked RNG, so the first batch draws what it would without the check."""
+        """``act`` must write the keys the TensorDict forward writes (the contract of :mod:`tdrl.models.acting`)."""
         for kind in ACTING_TYPES:
-            with torch.no_grad(), set_interaction_type(kind), torch.random.fork_rng(devices=[]):
+            with torch.no_grad(), set_interaction_type(kind), self._rng_untouched():
                 written = set(self.policy(self._as_td(inputs)).keys(True, True)) - set(inputs)
                 acted = self.policy.act(inputs[OBS_KEY], inputs, deterministic=kind is InteractionType.DETERMINISTIC)
             if {unravel_key(k) for k in acted} != {unravel_key(k) for k in written}:
@@ -121,7 +129,7 @@ class PolicyStep:
     def _initial_state(self, example: TensorDictBase) -> Env:
         inputs = {OBS_KEY: example[OBS_KEY], INIT_KEY: torch.ones_like(example[INIT_KEY])}
         try:
-            with torch.no_grad(), set_interaction_type(self.exploration_type):
+            with torch.no_grad(), set_interaction_type(self.exploration_type), self._rng_untouched():
                 out = self.policy(self._as_td(inputs))
         except Exception as err:
             raise RuntimeError(
@@ -142,11 +150,12 @@ class PolicyStep:
     def _as_td(self, env: Env) -> TensorDict:
         return TensorDict(env, batch_size=[self.n])
 
-    def state_dict(self) -> dict[NestedKey, torch.Tensor]:
-        """The recurrent state per env (CPU copies; empty for a feed-forward policy)."""
-        return {key: value.detach().to("cpu", copy=True) for key, value in self.state.items()}
+    def state_dict(self) -> dict[NestedKey, np.ndarray]:
+        """The recurrent state per env (numpy copies: they cross worker pipes as plain bytes; empty for a
+        feed-forward policy)."""
+        return {key: value.detach().cpu().numpy().copy() for key, value in self.state.items()}
 
-    def load_state_dict(self, state: dict[NestedKey, torch.Tensor]) -> None:
+    def load_state_dict(self, state: dict[NestedKey, np.ndarray]) -> None:
         """Restore :meth:`state_dict` of a step over the same envs with the same policy architecture."""
         if set(state) != set(self.state):
             raise ValueError(f"saved recurrent state has keys {sorted(map(str, state))}, this policy "
@@ -155,7 +164,7 @@ class PolicyStep:
             if value.shape != self.state[key].shape:
                 raise ValueError(f"saved recurrent state {key!r} has shape {tuple(value.shape)}, this policy's "
                                  f"{tuple(self.state[key].shape)}")
-            self.state[key] = value.to(self.device, dtype=self.state[key].dtype, copy=True)
+            self.state[key] = torch.tensor(value, dtype=self.state[key].dtype, device=self.device)
 
     @contextmanager
     def running(self) -> Iterator[None]:

@@ -136,10 +136,10 @@ def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
                 conn.send(("done", runner.served_batch(spec.obs_ready, spec.actions_ready, wait)))
                 runner.finish_batch()
             elif kind == "get_state":  # between batches: finish_batch above has run
-                conn.send(("state", {**runner.state_dict(), "torch_rng": torch.get_rng_state()}))
+                conn.send(("state", {**runner.state_dict(), "torch_rng": torch.get_rng_state().numpy()}))
             elif kind == "set_state":
                 runner.load_state_dict(cmd[1])
-                torch.set_rng_state(cmd[1]["torch_rng"])  # this worker samples actions with its own generator
+                torch.set_rng_state(torch.from_numpy(cmd[1]["torch_rng"]))  # this worker's policy samples from it
                 conn.send(("ok",))
             elif kind == "close":
                 break

@@ -124,17 +124,20 @@ def make_env(env_id: str, seed: int | None = None, max_episode_steps: int | None
 
     Atari ids get the standard DQN preprocessing (no-op reset, frame skip 4 with 2-frame max, 84×84 grey,
     4-frame stack, uint8; no reward clipping and no episodic life: the algorithm clips, and the game score stays
-    the return). MuJoCo ids first route MuJoCo's warnings to Python. ``kwargs`` go to ``gymnasium.make``; the
-    time limit (``max_episode_steps``, default the registered one) is tdrl's :class:`TimeLimit`, so that
-    :func:`tdrl.envs.get_env_state` can capture it.
+    the return; sticky actions, 0.25 for ``ALE/`` ids, by gymnasium's ``StickyAction`` rather than ALE's, whose
+    state cannot be captured). MuJoCo ids first route MuJoCo's warnings to Python. ``kwargs`` go to
+    ``gymnasium.make``; the time limit (``max_episode_steps``, default the registered one) is tdrl's
+    :class:`TimeLimit`, so that :func:`tdrl.envs.get_env_state` can capture it.
     Raises :class:`EnvError` for an unknown id (naming the nearest ids) or a missing extra (with the pip command).
     """
     _check_registered(env_id)
     try:
         if _is_atari(env_id):
             kwargs.setdefault("frameskip", 1)  # the preprocessing wrapper skips frames itself
-            kwargs.setdefault("repeat_action_probability", 0.25 if env_id.startswith("ALE/") else 0.0)
-            env = _make_limited(env_id, max_episode_steps, kwargs)
+            sticky = kwargs.pop("repeat_action_probability", 0.25 if env_id.startswith("ALE/") else 0.0)
+            env = _make_limited(env_id, max_episode_steps, {**kwargs, "repeat_action_probability": 0.0})
+            if sticky > 0:  # per emulator frame, as in ALE, whose own previous action cloneState leaves out
+                env = gym.wrappers.StickyAction(env, repeat_action_probability=sticky)
             env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, noop_max=30)
             env = gym.wrappers.FrameStackObservation(env, 4)
         else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -23,7 +23,6 @@ class EnvStateError(RuntimeError):
     """An env's state cannot be captured, or a state does not fit the env it is loaded into."""
 
 
-@runtime_checkable
 class StatefulEnv(Protocol):
     """A layer (env or wrapper) that checkpoints itself, the torch way. ``state_dict`` returns copies that later
     steps do not change, made of picklable values (numpy arrays, python scalars, bytes)."""
@@ -37,17 +36,19 @@ Getter = Callable[[Any], dict[str, Any]]
 Setter = Callable[[Any, dict[str, Any]], None]
 
 
-def _attributes(*names: str) -> tuple[Getter, Setter]:
-    """Adapter of an env whose episode state is the public attributes ``names`` and its ``np_random``."""
+def _attributes(*names: str, rng: bool = True) -> tuple[Getter, Setter]:
+    """Adapter of a layer whose state is the public attributes ``names``, and its ``np_random`` if ``rng`` (a
+    wrapper's ``np_random`` is its env's, captured there)."""
 
-    def get(env: gym.Env) -> dict[str, Any]:
-        state = {name: copy.deepcopy(getattr(env, name, None)) for name in names}
-        return {**state, "np_random": env.np_random.bit_generator.state}
+    def get(layer: Any) -> dict[str, Any]:
+        state = {name: copy.deepcopy(getattr(layer, name, None)) for name in names}
+        return {**state, "np_random": layer.np_random.bit_generator.state} if rng else state
 
-    def set_(env: gym.Env, state: dict[str, Any]) -> None:
+    def set_(layer: Any, state: dict[str, Any]) -> None:
         for name in names:
-            setattr(env, name, copy.deepcopy(state[name]))
-        env.np_random.bit_generator.state = state["np_random"]
+            setattr(layer, name, copy.deepcopy(state[name]))
+        if rng:
+            layer.np_random.bit_generator.state = state["np_random"]
 
     return get, set_
 
@@ -125,8 +126,10 @@ _ADAPTERS: dict[str, tuple[Getter, Setter]] = {
     # envs read before stepping (Ant's torso, Humanoid's centre of mass), which mj_step leaves at the last
     # substep's start instead of recomputing them from the state
     "gymnasium.envs.mujoco.mujoco_env.MujocoEnv": (_get_mujoco, _set_mujoco),
-    # Atari: the emulator with its RNG (sticky actions); np_random draws the no-op starts
+    # Atari: the emulator with its RNG; np_random draws the no-op starts and gymnasium's sticky actions
     "ale_py.env.AtariEnv": (_get_ale, _set_ale),
+    "gymnasium.wrappers.stateful_action.StickyAction": _attributes(
+        "last_action", "is_sticky_actions", "num_repeats", "repeats_taken", rng=False),
     "gymnasium.wrappers.atari_preprocessing.AtariPreprocessing": (_get_atari_preprocessing, _set_atari_preprocessing),
     "gymnasium.wrappers.stateful_observation.FrameStackObservation": (_get_frame_stack, _set_frame_stack),
     # remembers only whether reset was called / checks only the first reset and step
@@ -152,11 +155,12 @@ def _accessors(layer: Any) -> tuple[Getter, Setter] | None:
     """How to get and set a layer's state: its own protocol methods, else the adapter of a library class it
     derives from. A subclass defined outside those libraries may keep more state, so it must implement the
     protocol itself."""
-    if isinstance(layer, StatefulEnv):
-        return type(layer).state_dict, type(layer).load_state_dict
-    if type(layer).__module__.partition(".")[0] not in _LIBRARIES:
+    own = type(layer)  # not isinstance(layer, StatefulEnv): a runtime protocol check costs ~50 µs per layer
+    if callable(getattr(own, "state_dict", None)) and callable(getattr(own, "load_state_dict", None)):
+        return own.state_dict, own.load_state_dict
+    if own.__module__.partition(".")[0] not in _LIBRARIES:
         return None
-    for cls in type(layer).__mro__:
+    for cls in own.__mro__:
         if _class_name(cls) in _ADAPTERS:
             return _ADAPTERS[_class_name(cls)]
     return None
@@ -165,16 +169,20 @@ def _accessors(layer: Any) -> tuple[Getter, Setter] | None:
 def capture_problem(env: gym.Env) -> str | None:
     """None when every layer of ``env`` can be captured, else one sentence naming the first layer that cannot and
     what to do about it."""
+    fresh = "; until then a resumed run starts this env on a fresh episode"
     for layer in _layers(env):
         if _accessors(layer) is None:
             todo = ("build the env with tdrl.envs.make_env, or gymnasium.make(..., max_episode_steps=-1) wrapped in "
                     "tdrl.envs.TimeLimit" if type(layer) is gym.wrappers.TimeLimit else
                     "implement state_dict()/load_state_dict() on it (tdrl.envs.StatefulEnv)")
-            return (f"env layer {_class_name(type(layer))} cannot be captured for exact resume: {todo}; until then "
-                    "a resumed run starts this env on a fresh episode")
+            return f"env layer {_class_name(type(layer))} cannot be captured for exact resume: {todo}{fresh}"
+    base = env.unwrapped
+    if _class_name(type(base)) == "ale_py.env.AtariEnv" and base.ale.getFloat("repeat_action_probability") > 0:
+        return ("ALE's sticky actions keep the previous action outside its cloneState: build the env with "
+                f"repeat_action_probability=0 and gymnasium.wrappers.StickyAction (as tdrl.envs.make_env does){fresh}")
     if isinstance(env.action_space, (gym.spaces.Dict, gym.spaces.Tuple)):
         return (f"the action space {type(env.action_space).__name__} of {env} samples from one RNG per subspace, "
-                "which tdrl does not capture; a resumed run starts this env on a fresh episode")
+                f"which tdrl does not capture{fresh}")
     return None
 
 
@@ -190,7 +198,8 @@ def get_env_state(env: gym.Env) -> dict[str, Any]:
 
 def set_env_state(env: gym.Env, state: dict[str, Any]) -> None:
     """Restore ``state`` into an env built by the same factory and reset at least once. Raises
-    :class:`EnvStateError`, before changing anything, when its layers differ from the state's."""
+    :class:`EnvStateError` when its layers differ from the state's (before changing anything) or it was never
+    reset."""
     layers = _layers(env)
     have = [_class_name(type(layer)) for layer in layers]
     want = [saved["class"] for saved in state["layers"]]

@@ -21,7 +21,7 @@ Run directory (``<run.root>/<yyyymmdd>/<hhmmss>_<name>/run_<seed>/`` or ``run.di
     debug.log       everything printed while the run is open, appended across relaunches
     checkpoints/    itr_<N>/ checkpoint directories (see tdrl.ckpt)
     wandb_id.txt    the W&B run id, reused on resume; wandb/ holds W&B's files (offline: ``wandb sync`` them)
-    wandb_step.txt  the last step sent to W&B: rows re-run after a resume are not sent twice
+    wandb_step.txt  the last step sent to W&B (at its close): rows re-run after a resume are not sent twice
     videos/         evaluation videos (:meth:`Run.log_video`)
     summary.json    final numbers: frames, wall_s, eval/return_mean, and what the caller adds
 
@@ -101,7 +101,8 @@ def is_wall_time_column(key: str) -> bool:
 
 class Run:
     """An open run directory with its progress.csv, sinks (mirrors of each row), checkpointer and ``debug.log``
-    tee. Build it with :meth:`Run.open`; ``lock`` is the directory's open lock file, released by :meth:`close`.
+    tee. Build it with :meth:`Run.open`; ``lock`` is the directory's open lock file, released by :meth:`close`;
+    ``force`` (``run.force``): when no checkpoint loads, :meth:`load_checkpoint` starts over instead of raising.
     """
 
     def __init__(self, directory: Path, *, name: str, resumed: bool, checkpointer: Checkpointer,

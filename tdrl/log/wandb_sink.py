@@ -5,8 +5,11 @@ never into ``os.environ`` (TorchRL's ``WandbLogger(offline=True)`` sets ``WANDB_
 an existing ``WANDB_MODE`` wins over the config so CI can switch W&B off. The run id is stored in
 ``<run_dir>/wandb_id.txt`` and passed back with ``resume="allow"``, so an online run continues after a requeue (W&B
 cannot resume offline runs: each relaunch writes another ``offline-run-*`` with the same id). Env frames are the
-step axis. The rows a resumed run re-runs (those after its checkpoint) were already sent: the last step sent is kept
-in ``<run_dir>/wandb_step.txt``, and a relaunch sends only rows and videos past it, so W&B gets each step once.
+step axis. The rows a resumed run re-runs (those after its checkpoint) were already sent: when the W&B run is closed
+(finished or failed), the last step sent is kept in ``<run_dir>/wandb_step.txt``, and a relaunch sends only rows
+and videos past it, so W&B gets each step once. It is written after ``finish`` returns, not after each row: W&B's
+service buffers its files, and a launch killed outright (SIGKILL) loses the rows it had not written yet, so those
+re-run rows are sent again rather than skipped (a row it had written appears twice then, with the same values).
 """
 
 from __future__ import annotations
@@ -68,7 +71,8 @@ class WandbSink:
         self.run_id = run_id
         self._step_file = Path(run_dir) / STEP_FILE
         self.sent_before = _read_step(self._step_file)
-        """The last step sent by earlier launches (-1: none); rows up to it are re-runs."""
+        """The last step earlier launches sent and closed (-1: none); rows up to it are re-runs."""
+        self._last_sent = self.sent_before
         self._run: Any = wandb.init(
             project=project or None, entity=entity or None, group=group or None, name=name, id=run_id, resume="allow",
             mode=mode, job_type="train", dir=os.environ.get("WANDB_DIR") or str(run_dir), config=dict(config or {}),
@@ -78,13 +82,13 @@ class WandbSink:
         self._run.define_metric("*", step_metric="frames")
 
     def write(self, row: Mapping[str, Any], step: int) -> None:
-        """Log the row's values with ``frames=step`` (unless an earlier launch sent that step), then record it."""
+        """Log the row's values with ``frames=step``, unless an earlier launch sent that step."""
         if step <= self.sent_before:
             return
         data = {k: v for k, v in row.items() if v is not None}
         data["frames"] = step
         self._run.log(data)
-        write_atomic(self._step_file, f"{step}\n")
+        self._last_sent = max(self._last_sent, step)
 
     def add_video(self, key: str, path: Path, step: int) -> None:
         """Attach an mp4 (``wandb.Video(path)`` needs no moviepy), unless an earlier launch sent that step."""
@@ -98,10 +102,12 @@ class WandbSink:
             self._run.summary[key] = value
 
     def close(self, exit_code: int = 0) -> None:
-        """Finish the W&B run; idempotent."""
+        """Finish the W&B run (its files are complete then) and record the last step sent; idempotent."""
         if self._run is not None:
             self._run.finish(exit_code=exit_code)
             self._run = None
+            if self._last_sent > self.sent_before:
+                write_atomic(self._step_file, f"{self._last_sent}\n")
 
 
 def _read_step(path: Path) -> int:

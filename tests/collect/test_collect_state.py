@@ -107,6 +107,31 @@ def test_loaded_collector_continues_bitwise(kind, policy_name, reset_mode, decor
     assert_same_batches(got, expected)
 
 
+@pytest.mark.parametrize("env_id,module", [("Hopper-v5", "mujoco"), ("ALE/Pong-v5", "ale_py")])
+def test_mujoco_and_atari_collectors_continue_bitwise(env_id, module):
+    """The other env families through the collectors (random actions: the action spaces' RNGs are env state)."""
+    pytest.importorskip(module)
+    factory = EnvFactory(env_id)
+    kwargs = dict(reset_mode="wait_reset", max_decorrelation_steps=30)
+    with build("serial", factory, None, 10, **kwargs) as saved:
+        saved.collect()
+        state = through_torch_save(saved.state_dict())
+        expected = [(saved.collect(), saved.traj_infos) for _ in range(2)]
+    assert in_progress(state)[0] > 0
+    with build("serial", factory, None, 10, **kwargs) as loaded:
+        loaded.load_state_dict(state)
+        assert_same_batches([(loaded.collect(), loaded.traj_infos) for _ in range(2)], expected)
+
+
+@pytest.mark.parametrize("policy_name", ["gaussian", "lstm"])
+def test_building_a_collector_draws_nothing_from_the_callers_rng(policy_name):
+    """So a resumed run may restore its RNG before or after building its collectors (the async one does before)."""
+    factory, policy, batch_T = POLICIES[policy_name]()
+    before = torch.get_rng_state()
+    with build("serial", factory, policy, batch_T):
+        assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_eval_collector_resumes_its_episodes():
     policy = mlp_policy(3, 1, discrete=False)
     evaluator = make_eval_collector("Pendulum-v1", policy, n_envs=2, max_steps=20, seed=11)

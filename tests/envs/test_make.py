@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tdrl.envs import EnvError, EnvFactory, make_env
+from tdrl.envs import EnvError, EnvFactory, TimeLimit, make_env
 
 
 def test_seeded_envs_repeat():
@@ -23,6 +23,15 @@ def test_factory_pickles_and_gives_specs():
     assert not specs.discrete and specs.n_actions == 1 and specs.max_episode_steps == 200
     cartpole = EnvFactory("CartPole-v1").specs()
     assert cartpole.discrete and cartpole.n_actions == 2
+
+
+def test_time_limit_is_tdrls_with_the_registered_or_the_given_limit():
+    # tdrl's TimeLimit: its step counter is public, so env state can be checkpointed (tdrl.envs.state)
+    env = make_env("CartPole-v1")
+    assert isinstance(env, TimeLimit) and env.max_episode_steps == 500 and env.spec.max_episode_steps == 500
+    assert make_env("CartPole-v1", max_episode_steps=7).max_episode_steps == 7
+    assert not isinstance(make_env("CartPole-v1", max_episode_steps=-1), TimeLimit)
+    assert EnvFactory("CartPole-v1", {"max_episode_steps": 7}).specs().max_episode_steps == 7
 
 
 def test_mujoco_specs():

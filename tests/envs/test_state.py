@@ -11,6 +11,7 @@ from gymnasium.envs.classic_control import CartPoleEnv
 
 from tdrl.envs import (
     EnvFactory,
+    EnvSpecs,
     EnvStateError,
     TimeLimit,
     capture_problem,
@@ -114,14 +115,6 @@ def test_time_limit_truncates_at_the_same_step_after_a_restore():
     assert truncations == [False] * 49 + [True]
 
 
-def test_make_env_keeps_the_registered_and_the_given_limit():
-    env = make_env("CartPole-v1")
-    assert isinstance(env, TimeLimit) and env.max_episode_steps == 500 and env.spec.max_episode_steps == 500
-    assert make_env("CartPole-v1", max_episode_steps=7).max_episode_steps == 7
-    assert not isinstance(make_env("CartPole-v1", max_episode_steps=-1), TimeLimit)
-    assert EnvFactory("CartPole-v1", {"max_episode_steps": 7}).specs().max_episode_steps == 7
-
-
 class Counter(gym.Wrapper):
     """A user's wrapper that keeps state without the protocol."""
 
@@ -156,6 +149,7 @@ def test_a_wrapper_without_the_protocol_is_named():
     assert "MyCartPole" in capture_problem(TimeLimit(MyCartPole(), 10))
     assert "tdrl.envs.make_env" in capture_problem(gym.make("CartPole-v1"))  # gymnasium's private counter
     assert EnvFactory("CartPole-v1").specs().capture_problem is None
+    assert "test_state.Counter" in EnvSpecs.from_env(env).capture_problem  # what collectors warn with, once
 
 
 def test_a_wrapper_with_the_protocol_is_captured():
@@ -188,3 +182,40 @@ MUJOCO = [
 def test_mujoco_continues_bitwise(factory, ends_before):
     pytest.importorskip("mujoco", reason="MuJoCo envs need gymnasium[mujoco]")
     _check_continuation(factory, k=60, m=60, ends_before=ends_before)
+
+
+ATARI = [
+    # the limit counts emulator frames (4 per step), so episodes end within the recorded steps; sticky actions
+    # (ALE's RNG) and the no-op starts (np_random) matter
+    (EnvFactory("ALE/Pong-v5", {"max_episode_steps": 160}), 1),
+    (EnvFactory("PongNoFrameskip-v4", {"max_episode_steps": 160}), 1),
+]
+
+
+@pytest.mark.parametrize(("factory", "ends_before"), ATARI, ids=[f.env_id for f, _ in ATARI])
+def test_atari_continues_bitwise(factory, ends_before):
+    pytest.importorskip("ale_py", reason="Atari envs need ale-py: pip install 'tdrl[atari]'")
+    _check_continuation(factory, k=60, m=60, ends_before=ends_before)
+
+
+def test_atari_continues_bitwise_from_any_step():
+    # a sticky repeat of the action before the capture shows only from some capture points
+    pytest.importorskip("ale_py", reason="Atari envs need ale-py: pip install 'tdrl[atari]'")
+    factory = EnvFactory("ALE/Pong-v5", {"max_episode_steps": 160})
+    env, fresh = factory(seed=0), factory(seed=1)
+    _random_steps(env, 50)
+    actions = _fixed_actions(env, 10)
+    for _ in range(15):
+        env.step(env.action_space.sample())
+        state = get_env_state(env)
+        expected, _ = _play(env, actions)
+        set_env_state(fresh, state)
+        assert _play(fresh, actions)[0] == expected
+        set_env_state(env, state)  # back to the capture point, to go on from there
+
+
+def test_sticky_actions_inside_ale_are_reported():
+    pytest.importorskip("ale_py", reason="Atari envs need ale-py: pip install 'tdrl[atari]'")
+    # ALE's own sticky actions (gymnasium's default for ALE/ ids): its previous action is not in cloneState
+    assert "sticky actions" in capture_problem(gym.make("ALE/Pong-v5"))
+    assert isinstance(make_env("ALE/Pong-v5").env.env, gym.wrappers.StickyAction)

@@ -1,8 +1,14 @@
-"""W&B mirror with real offline runs: files written, config logged, run id kept across a resume, videos."""
+"""W&B mirror with real offline runs: files written, config logged, run id kept across a resume, each step sent
+once across relaunches, videos."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 
@@ -45,6 +51,41 @@ def _offline_runs(wandb_dir):
     return sorted(p for p in wandb_dir.iterdir() if p.name.startswith("offline-run-"))
 
 
+def _records(path):
+    """The protobuf records of a W&B transaction log: a 7-byte header, then LevelDB log blocks of 32 KiB whose
+    chunks (4-byte crc, 2-byte length, 1-byte type: 1 full, 2 first, 3 middle, 4 last) make up the records."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, pending, records = path.read_bytes(), 7, b"", []
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # block trailer padding
+            pos += 32768 - pos % 32768
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        if kind == 0:
+            break
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def _logged_frames(wandb_dir, run_id):
+    """The ``frames`` of every history row in every offline run of ``run_id`` (each relaunch writes one)."""
+    frames = []
+    for run in _offline_runs(wandb_dir):
+        for record in _records(run / f"run-{run_id}.wandb"):
+            if record.WhichOneof("record_type") == "history":
+                items = {item.key or "/".join(item.nested_key): item.value_json for item in record.history.item}
+                if "frames" in items:  # W&B adds rows of its own (runtime at exit)
+                    frames.append(json.loads(items["frames"]))
+    return frames
+
+
 @pytest.mark.timeout(120)
 def test_offline_run_writes_files_and_keeps_its_id_across_resume(offline, tmp_path):
     cfg = Cfg(run=RunConfig(dir=str(tmp_path / "r"), seed=4))
@@ -80,6 +121,51 @@ def test_offline_run_writes_files_and_keeps_its_id_across_resume(offline, tmp_pa
     )
     assert all((p / f"run-{run_id}.wandb").is_file() for p in runs)
     assert os.environ["WANDB_MODE"] == "offline"  # never rewritten by tdrl
+
+
+KILLED_RUN = textwrap.dedent(
+    """
+    import os, signal, sys
+    from tdrl.config import LoggerConfig, RunConfig
+    from tdrl.log import Run
+
+    run = Run.open(config={"x": 1}, run=RunConfig(dir=sys.argv[1]),
+                   logger=LoggerConfig(wandb=True, progress_bar=False), name="sac")
+    for itr in range(5):
+        run.log({"v": float(itr)}, step=(itr + 1) * 100, iteration=itr)
+        if itr == 2:
+            run.save_checkpoint({"itr": itr}, itr)
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    run.close(exit_code=1)  # a failed run: closed without finish (W&B's files are complete)
+    """
+)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("end", ["close", "kill"])
+def test_rows_rerun_after_a_resume_are_sent_once(offline, tmp_path, end):
+    run_dir = tmp_path / "r"
+    # a launch of its own, as a requeued job: not attached to this process's W&B service
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    proc = subprocess.run([sys.executable, "-c", KILLED_RUN, str(run_dir), end], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == (-signal.SIGKILL if end == "kill" else 0), proc.stderr
+    # closed: W&B's files are complete up to 500; killed: W&B's service may have lost any of them, so none is skipped
+    assert (run_dir / "wandb_step.txt").is_file() == (end == "close")
+    run = Run.open(config={"x": 1}, run=RunConfig(dir=str(run_dir)),
+                   logger=LoggerConfig(wandb=True, progress_bar=False), name="sac")
+    assert run.load_checkpoint() == {"itr": 2}
+    for itr in range(3, 7):  # 400 and 500 are re-runs of rows the first launch sent
+        run.log({"v": float(itr)}, step=(itr + 1) * 100, iteration=itr)
+    run.finish()
+    run_id = run.wandb_id
+    assert len(_offline_runs(offline)) == 2
+    frames = _logged_frames(offline, run_id)
+    if end == "close":
+        assert sorted(frames) == list(range(100, 800, 100)), frames  # every step exactly once
+    else:  # what the killed launch's W&B service had not written is lost, but no re-run row is skipped
+        assert set(range(400, 800, 100)) <= set(frames), frames
 
 
 @pytest.mark.timeout(120)
