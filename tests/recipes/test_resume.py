@@ -130,13 +130,15 @@ def killed_and_relaunched(name: str, reference: Path, tmp_path: Path, trials: in
     """Per trial: launch ``CASES[name]``, SIGKILL it at a random point after its first checkpoint, relaunch it on
     the same run directory until it finishes; yields the run directory and a note naming the kill point."""
     case = CASES[name]
-    n_rows = progress_rows(reference / "progress.csv")
+    _, ref_rows = read_progress(reference / "progress.csv")
+    n_rows = len(ref_rows)
+    row_s = float(ref_rows[-1]["CumTime"]) / (n_rows - 1)  # the kill lands within one row of the 2+ left
     seed = int(os.environ.get("KILL_SEED", random.randrange(2**31)))
     rng = random.Random(seed)
     for trial in range(trials):
         run_dir = tmp_path / f"trial{trial}"
         kill_after_rows = rng.randint(1, n_rows - 2)
-        delay = rng.uniform(0.0, 0.2)
+        delay = rng.uniform(0.0, row_s)
         note = f"{name} trial {trial}, KILL_SEED={seed}: killed {delay:.3f}s after {kill_after_rows} rows"
         proc = launch(case, run_dir)
         kill_when(proc, lambda d=run_dir, k=kill_after_rows: bool(checkpoints(d)) and
