@@ -44,6 +44,8 @@ class Case:
     recipe: str
     args: tuple[str, ...]
     trials: int
+    slow: bool = False
+    """Only in the slow suite (``-m slow``)."""
 
 
 CASES = {
@@ -75,6 +77,13 @@ CASES = {
                                  "checkpoint.interval_steps=130", "eval.max_steps=30", "optim.min_steps_learn=64",
                                  "model.hidden_sizes=[16]", "optim.batch_size=32", "optim.replay_ratio=32",
                                  "replay.size=1000"), trials=2),
+    "a2c": Case("a2c.py", ("collector.batch_B=4", "collector.batch_T=8", "collector.total_frames=512",
+                           "logger.log_interval_steps=128", "checkpoint.interval_steps=96", "eval.max_steps=40",
+                           "model.hidden_sizes=[16]"), trials=2, slow=True),
+    "ddpg_mujoco": Case("ddpg.py", ("env.id=Hopper-v5", "collector.total_frames=384", "logger.log_interval_steps=96",
+                                    "checkpoint.interval_steps=96", "eval.max_steps=20", "optim.min_steps_learn=64",
+                                    "model.hidden_sizes=[16]", "optim.batch_size=32", "optim.replay_ratio=32",
+                                    "replay.size=1000"), trials=2, slow=True),
     # HalfCheetah: 1000-step episodes, checkpoints every 96 frames
     "td3_mujoco": Case("td3.py", ("env.id=HalfCheetah-v5", "collector.total_frames=384",
                                   "logger.log_interval_steps=96", "checkpoint.interval_steps=96", "eval.max_steps=20",
@@ -155,7 +164,7 @@ EXACT = [name for name in CASES if not name.endswith("_async")]
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", EXACT)
+@pytest.mark.parametrize("name", [name for name in EXACT if not CASES[name].slow])
 def test_sigkilled_recipe_relaunched_ends_bitwise_equal(name, references, tmp_path):
     reference = references(name)
     for run_dir, note in killed_and_relaunched(name, reference, tmp_path, CASES[name].trials):
