@@ -160,24 +160,20 @@ def killed_and_relaunched(name: str, reference: Path, tmp_path: Path, trials: in
         yield run_dir, note
 
 
-EXACT = [name for name in CASES if not name.endswith("_async")]
+def bitwise_cases() -> Iterator[Any]:
+    """``(name, trials)``: each sync/ddp case with its trials, and with 10 trials in the slow suite."""
+    for name, case in CASES.items():
+        if name.endswith("_async"):
+            continue
+        if not case.slow:
+            yield pytest.param(name, case.trials, id=name, marks=pytest.mark.timeout(300))
+        yield pytest.param(name, 10, id=f"{name}-10-trials", marks=[pytest.mark.slow, pytest.mark.timeout(900)])
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("name", [name for name in EXACT if not CASES[name].slow])
-def test_sigkilled_recipe_relaunched_ends_bitwise_equal(name, references, tmp_path):
+@pytest.mark.parametrize(("name", "trials"), list(bitwise_cases()))
+def test_sigkilled_recipe_relaunched_ends_bitwise_equal(name, trials, references, tmp_path):
     reference = references(name)
-    for run_dir, note in killed_and_relaunched(name, reference, tmp_path, CASES[name].trials):
-        assert_same_progress(reference, run_dir, note)
-        assert_same_tree(newest_state(reference), newest_state(run_dir), note)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", EXACT)
-def test_sigkilled_recipe_relaunched_ends_bitwise_equal_many_trials(name, references, tmp_path):
-    reference = references(name)
-    for run_dir, note in killed_and_relaunched(name, reference, tmp_path, 10):
+    for run_dir, note in killed_and_relaunched(name, reference, tmp_path, trials):
         assert_same_progress(reference, run_dir, note)
         assert_same_tree(newest_state(reference), newest_state(run_dir), note)
 
