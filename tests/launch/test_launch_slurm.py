@@ -182,13 +182,16 @@ SAC_OVERRIDES = {
 
 
 @pytest.mark.timeout(420)
-def test_preempted_real_recipe_requeues_and_ends_bitwise_equal(write_sweep, tmp_path):
+@pytest.mark.parametrize("collector", [{}, {"collector.kind": "parallel", "collector.batch_B": 2,
+                                            "collector.n_workers": 2}], ids=["serial", "parallel"])
+def test_preempted_real_recipe_requeues_and_ends_bitwise_equal(write_sweep, tmp_path, collector):
     """recipes/sac.py, preempted with USR2 after a checkpoint: requeued, it resumes mid-episode from that checkpoint
-    and ends bitwise equal to an uninterrupted run (final checkpoint state, progress.csv minus wall-time columns)."""
+    and ends bitwise equal to an uninterrupted run (final checkpoint state, progress.csv minus wall-time columns).
+    With a parallel collector the signal reaches its worker processes too."""
     recipe = REPO / "recipes" / "sac.py"
     plan = plan_sweep(load_sweep(write_sweep("sac", f"""
         seeds=[3],
-        overrides={SAC_OVERRIDES!r},
+        overrides={ {**SAC_OVERRIDES, **collector}!r},
         resources=Resources(cpus_per_run=1, time_min=5, partition="debug"),
         """, recipe=recipe)))
     subs = submit_sweep(plan, out=io.StringIO())
