@@ -20,7 +20,15 @@ collector every ``updates_per_sync`` updates through shared memory, between batc
 Failures: a collector exception or death is raised here as :class:`AsyncTrainerError` within ``POLL_S`` plus the
 current round; an exception here stops the collector, and so does this process's death. Use the trainer as a
 context manager when the loop body may raise (an abandoned generator is only finalised when the exception's
-traceback is released). A resumed run continues exactly, but not bitwise (the interleaving is timing-dependent).
+traceback is released).
+
+Resume: a checkpoint is taken at a boundary, with the collector paused and the optimizer's owed updates paid
+(bounded lag), so it holds one consistent state: the collector's (each env's state, the observations, the episodes
+in progress, worker RNGs), the collector process's RNGs, the replay's data and sampler, the models, optimizers and
+counters, the evaluator's envs. A relaunch restores that state exactly: no episode restarts, and the counters of
+every later row (frames, episodes, replay writes; with a bounded lag also updates and replay samples) equal an
+uninterrupted run's. What follows is not bitwise: which weights the collector acts with, and hence the data and the
+losses, depend on the timing of the two processes, as in any two async runs with the same seed.
 """
 
 from __future__ import annotations
@@ -39,7 +47,15 @@ import torch.multiprocessing as mp
 from tensordict import TensorDict
 
 from tdrl.train.async_collector import POLL_S, CollectorProcessSpec, Control, collector_process_main, owed_updates
-from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
+from tdrl.train.bookkeeping import (
+    Bookkeeper,
+    CheckpointObjects,
+    book_counter,
+    eval_collector_state,
+    frames_per_batch,
+    iteration_counts,
+    load_eval_collector_state,
+)
 from tdrl.train.sync import shutdown
 from tdrl.utils.seeding import spawn_seeds
 
@@ -367,7 +383,8 @@ class AsyncTrainer:
             self.book.log(self._row_extra())
             self.stopped_early = self.book.reached(self.stop_return)
         if itr % self.checkpoint_interval_itrs == 0 or final or self.stopped_early:
-            self.book.save_checkpoint(self.objects, collector=info["collector_state"], collector_rng=info["rng"])
+            self.book.save_checkpoint(self.objects, collector=info["collector_state"], collector_rng=info["rng"],
+                                      **eval_collector_state(self.eval_collector))
         if self.stopped_early:
             self._ctrl.stop.set()
         self._ctrl.go.set()
@@ -402,4 +419,5 @@ class AsyncTrainer:
         if state is None:
             return
         self._collector_state, self._collector_rng = state["collector"], state["collector_rng"]
+        load_eval_collector_state(self.eval_collector, state)
         self.resumed = True

@@ -16,10 +16,10 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from tdrl.utils.stats import summarize_metrics, summarize_records
+from tdrl.utils.stats import metrics_to_floats, summarize_metrics, summarize_records
 
-__all__ = ["Bookkeeper", "CheckpointObjects", "book_counter", "frames_per_batch", "iteration_counts",
-           "updates_per_iteration"]
+__all__ = ["Bookkeeper", "CheckpointObjects", "book_counter", "eval_collector_state", "frames_per_batch",
+           "iteration_counts", "load_eval_collector_state", "updates_per_iteration"]
 
 
 def iteration_counts(n_steps: int, log_interval_steps: int, frames_per_itr: int) -> tuple[int, int]:
@@ -59,6 +59,18 @@ def frames_per_batch(collector: Any) -> int:
 def book_counter(name: str, doc: str) -> property:
     """A read-only trainer attribute that reads its :class:`Bookkeeper`'s (``trainer.itr`` is ``trainer.book.itr``)."""
     return property(lambda trainer: getattr(trainer.book, name), doc=doc)
+
+
+def eval_collector_state(eval_collector: Any) -> dict[str, Any]:
+    """``{"eval_collector": its state_dict()}`` for a checkpoint (``{}`` without an evaluator), so a resumed run's
+    evaluations continue the evaluation envs' streams (the same initial states as an uninterrupted run)."""
+    return {} if eval_collector is None else {"eval_collector": eval_collector.state_dict()}
+
+
+def load_eval_collector_state(eval_collector: Any, state: Mapping[str, Any]) -> None:
+    """Restore :func:`eval_collector_state` (a checkpoint without it leaves the evaluator freshly seeded)."""
+    if eval_collector is not None and "eval_collector" in state:
+        eval_collector.load_state_dict(state["eval_collector"])
 
 
 class CheckpointObjects:
@@ -267,6 +279,8 @@ class Bookkeeper:
             "frames_at_log": self._frames_at_log, "updates_at_log": self._updates_at_log,
             "train_s_at_log": self._train_s_at_log, "last_eval": dict(self.last_eval), "curve": list(self.curve),
             "frames_per_itr": self.frames_per_itr,
+            # a checkpoint between log rows: the next row still summarises the whole interval
+            "metrics": metrics_to_floats(self.metrics), "new_trajs": list(self.new_trajs),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -281,4 +295,5 @@ class Bookkeeper:
         self._train_s_at_log = float(state["train_s_at_log"])
         self.last_eval = dict(state["last_eval"])
         self.curve = list(state["curve"])
+        self.metrics, self.new_trajs = list(state.get("metrics", [])), list(state.get("new_trajs", []))
         self.start_session()

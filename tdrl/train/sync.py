@@ -12,8 +12,10 @@ Semantics (rlpyt's ``runners/minibatch_rl.py``): the iteration count is rounded 
 the iterations that complete an interval; an ``eval_collector`` also evaluates the untrained agent at iteration
 0 (evaluation time is excluded from ``time/train_s`` and frames/s). ``updates_due`` is 0 before
 ``min_steps_learn``, then :func:`~tdrl.train.updates_per_iteration`. ``trainer.itr`` is the 0-based iteration
-inside the body. Launching again on the same run directory resumes bitwise after the last checkpoint; an
-interrupted run is closed without ``summary.json``.
+inside the body. Launching again on the same run directory resumes bitwise after the last checkpoint, which holds
+the ``checkpoint_state`` objects, every rank's collector (its envs, episodes in progress, recurrent state, worker
+RNGs) and RNGs, the evaluator's envs and the open log interval's episodes and metrics; an interrupted run is
+closed without ``summary.json``.
 
 Data parallel (rlpyt's SyncRl, ``trainer.kind=ddp``): every rank of a process group builds its own collector,
 replay and model copy and runs this loop; ``modules`` (the loss module) start from rank 0's weights and their
@@ -38,8 +40,10 @@ from tdrl.train.bookkeeping import (
     Bookkeeper,
     CheckpointObjects,
     book_counter,
+    eval_collector_state,
     frames_per_batch,
     iteration_counts,
+    load_eval_collector_state,
     updates_per_iteration,
 )
 from tdrl.train.replicas import (
@@ -73,7 +77,8 @@ class SyncTrainer:
             ``shutdown()``, ``state_dict()``); under ddp this rank's, seeded with ``rank_seed``.
         n_steps, log_interval_steps: env frames (all ranks) in total and between log rows (and evaluations).
         run: a ``tdrl.log.Run`` on rank 0 only; ``None`` keeps rows in :attr:`history` only.
-        eval_collector: ``evaluate()`` returns whole greedy episodes; ``None`` reports online training episodes.
+        eval_collector: ``evaluate()`` returns whole greedy episodes, ``state_dict()``/``load_state_dict()`` carry
+            its envs through checkpoints; ``None`` reports online training episodes.
         replay: off-policy replay buffer; every batch is ``replay.extend``-ed before the loop body runs.
         modules: the replicated modules (the loss module) whose gradients ddp averages; unused on one rank.
         log_traj_window: completed training episodes kept for online statistics.
@@ -256,8 +261,9 @@ class SyncTrainer:
 
     def _save_checkpoint(self) -> None:
         mine = {**self.rank_objects.state_dict(), "collector": self.collector.state_dict(), "rng": rng_state(),
-                "pending_trajs": list(self._pending_trajs)}
-        self.book.save_checkpoint(self.objects, ranks=gather_to_main(mine), world_size=self.world_size)
+                "pending_trajs": list(self._pending_trajs), "metrics": metrics_to_floats(self.book.metrics)}
+        self.book.save_checkpoint(self.objects, ranks=gather_to_main(mine), world_size=self.world_size,
+                                  **eval_collector_state(self.eval_collector))
 
     def _maybe_resume(self) -> None:
         if self.resumed:
@@ -271,6 +277,8 @@ class SyncTrainer:
         mine = state["ranks"][self.rank]
         self.rank_objects.load_state_dict(mine)
         self.collector.load_state_dict(mine["collector"])
+        load_eval_collector_state(self.eval_collector, state)
         set_rng_state(mine["rng"])
         self._pending_trajs = list(mine["pending_trajs"])
+        self.book.metrics = list(mine.get("metrics", []))  # this rank's (the books hold rank 0's)
         self.resumed = True

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from kill_checks import assert_same_progress, assert_same_tree, deterministic_progress, finish, kill_when, progress_rows
 
 from tdrl.ckpt import Checkpointer, CheckpointWarning
-from tdrl.log import is_wall_time_column, read_progress
 
 SCRIPT = Path(__file__).with_name("resume_script.py")
 ITERATIONS = 16
@@ -42,47 +42,11 @@ def _launch(run_dir: Path, *extra: str) -> subprocess.Popen:
     )
 
 
-def _finish(proc: subprocess.Popen) -> str:
-    out, _ = proc.communicate(timeout=90)
-    assert proc.returncode == 0, out
-    return out
-
-
-def _rows(path: Path) -> int:
-    try:
-        with open(path) as f:
-            return max(sum(1 for _ in f) - 1, 0)
-    except FileNotFoundError:
-        return 0
-
-
-def _deterministic_progress(run_dir: Path) -> tuple[list[str], list[list[str]]]:
-    header, rows = read_progress(run_dir / "progress.csv")
-    keep = [k for k in header if not is_wall_time_column(k)]
-    return keep, [[r[k] for k in keep] for r in rows]
-
-
-def _assert_same_final(a: Path, b: Path, note: str) -> None:
-    fa, fb = torch.load(a / "final.pt"), torch.load(b / "final.pt")
-    assert fa["frames"] == fb["frames"], note
-    for name, tensor in fa["policy"].items():
-        assert torch.equal(tensor, fb["policy"][name]), f"{note}: parameter {name} differs"
-    sa, sb = fa["optim"]["state"], fb["optim"]["state"]
-    assert sa.keys() == sb.keys(), note
-    for idx in sa:
-        for key in sa[idx]:
-            assert torch.equal(sa[idx][key], sb[idx][key]), (
-                f"{note}: optimizer state {idx}.{key} differs"
-            )
-    assert fa["optim"]["param_groups"] == fb["optim"]["param_groups"], note
-    assert fa["sched"] == fb["sched"], note
-
-
 @pytest.mark.timeout(240)
 def test_sigkill_at_random_points_then_relaunch_is_bitwise_equal(tmp_path):
     reference = tmp_path / "reference"
-    _finish(_launch(reference))
-    ref_header, ref_rows = _deterministic_progress(reference)
+    finish(_launch(reference))
+    _, ref_rows = deterministic_progress(reference)
     assert [r[0] for r in ref_rows] == [str(i) for i in range(ITERATIONS)]
     seed = random.randrange(2**31)
     rng = random.Random(seed)
@@ -93,23 +57,13 @@ def test_sigkill_at_random_points_then_relaunch_is_bitwise_equal(tmp_path):
         delay = rng.uniform(0.0, 0.04)
         note = f"trial {trial}, rng seed {seed}, killed after {kill_after_rows} rows + {delay:.3f}s"
         proc = _launch(run_dir)
-        deadline = time.monotonic() + 60
-        while _rows(run_dir / "progress.csv") < kill_after_rows and proc.poll() is None:
-            assert time.monotonic() < deadline, note
-            time.sleep(0.002)
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=30)
-        assert proc.returncode == -signal.SIGKILL, f"{note}: the run ended before the kill"
+        kill_when(proc, lambda d=run_dir, k=kill_after_rows: progress_rows(d / "progress.csv") >= k, delay, note,
+                  timeout=60)
         assert not (run_dir / "final.pt").exists()
-        out = _finish(_launch(run_dir))
+        out = finish(_launch(run_dir))
         assert "resuming run" in out, note
-        header, rows = _deterministic_progress(run_dir)
-        assert header == ref_header, note
-        assert rows == ref_rows, (
-            f"{note}: progress.csv differs (duplicate, missing or different rows)"
-        )
-        _assert_same_final(reference, run_dir, note)
+        assert_same_progress(reference, run_dir, note)
+        assert_same_tree(torch.load(reference / "final.pt"), torch.load(run_dir / "final.pt"), note)
         log = (run_dir / "debug.log").read_text()  # appended across both launches
         assert log.count("run 'resume' in") == 2 and "resumed from itr_" in log, note
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from kill_checks import assert_same_progress, assert_same_tree, checkpoints, finish, newest_state, progress_rows
 
 from tdrl.launch import Resources, SweepError, load_sweep, plan_sweep, sweep_status
 from tdrl.launch.status import collect_results, format_status
@@ -18,6 +21,7 @@ from tdrl.launch.submit import submit_sweep, wait_for_sweep
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm_cluster")]
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 
 
 def _queued(job_ids: list[str]) -> set[str]:
@@ -166,6 +170,56 @@ def test_preempted_job_requeues_and_resumes_to_the_same_parameters(write_sweep, 
         assert [int(r["Iteration"]) for r in csv.DictReader(f)] == list(
             range(40)
         )  # no duplicated or lost rows
+
+
+# Pendulum's episodes last 200 steps; every checkpoint (a multiple of 330 frames) falls mid-episode
+SAC_OVERRIDES = {
+    "collector.total_frames": 3000, "logger.log_interval_steps": 250, "checkpoint.interval_steps": 330,
+    "eval.n_envs": 2, "eval.max_steps": 30, "optim.min_steps_learn": 64, "model.hidden_sizes": [16],
+    "optim.batch_size": 32, "optim.replay_ratio": 32, "replay.size": 4000, "run.torch_threads": 1,
+    "logger.wandb": False, "logger.progress_bar": False,
+}
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("collector", [{}, {"collector.kind": "parallel", "collector.batch_B": 2,
+                                            "collector.n_workers": 2}], ids=["serial", "parallel"])
+def test_preempted_real_recipe_requeues_and_ends_bitwise_equal(write_sweep, tmp_path, collector):
+    """recipes/sac.py, preempted with USR2 after a checkpoint: requeued, it resumes mid-episode from that checkpoint
+    and ends bitwise equal to an uninterrupted run (final checkpoint state, progress.csv minus wall-time columns).
+    With a parallel collector the signal reaches its worker processes too."""
+    recipe = REPO / "recipes" / "sac.py"
+    plan = plan_sweep(load_sweep(write_sweep("sac", f"""
+        seeds=[3],
+        overrides={ {**SAC_OVERRIDES, **collector}!r},
+        resources=Resources(cpus_per_run=1, time_min=5, partition="debug"),
+        """, recipe=recipe)))
+    subs = submit_sweep(plan, out=io.StringIO())
+    run_dir = subs[0].run.run_dir
+    reference = tmp_path / "reference"  # the uninterrupted run, on the other core meanwhile
+    args = [a for a in plan.runs[0].overrides if not a.startswith("run.dir=")]
+    uninterrupted = subprocess.Popen([sys.executable, str(recipe), *args, f"run.dir={reference}"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (checkpoints(run_dir) and progress_rows(run_dir / "progress.csv") >= 4):
+            assert time.monotonic() < deadline, format_status(sweep_status(plan.exp_dir))
+            time.sleep(0.2)
+        subprocess.run(["scancel", "--signal=USR2", subs[0].job_id], check=True)
+        statuses = wait_for_sweep(plan.exp_dir, poll_s=1, timeout_s=300)
+    finally:
+        _cancel(subs)
+    finish(uninterrupted, timeout=180)
+    assert statuses[0].state == "COMPLETED", format_status(statuses)
+    events = [json.loads(line)["event"] for line in (run_dir / "launch_events.jsonl").read_text().splitlines()]
+    assert events == ["start", "requeue", "start", "end"]
+    resumed = re.findall(r"resumed from itr_\d+ \(iteration \d+, ([\d,]+) frames", (run_dir / "debug.log").read_text())
+    assert len(resumed) == 1, (run_dir / "debug.log").read_text()
+    frames = int(resumed[0].replace(",", ""))
+    note = f"preempted SAC run resumed from frame {frames}"
+    assert 0 < frames < 3000 and frames % 200, note  # mid-episode
+    assert_same_progress(reference, run_dir, note)
+    assert_same_tree(newest_state(reference), newest_state(run_dir), note)
 
 
 @pytest.mark.timeout(240)

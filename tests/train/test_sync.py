@@ -62,6 +62,12 @@ class ScriptedEval:
     def shutdown(self):
         self.shutdowns += 1
 
+    def state_dict(self):
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state):
+        self.calls = state["calls"]
+
 
 class MemoryRun:
     """Run double: keeps logged rows, checkpoints in memory, and the finished summary."""
@@ -205,3 +211,25 @@ def test_stop_return_ends_early():
     for _ in trainer:
         pass
     assert trainer.stopped_early and trainer.itr == 2  # evals: 101 (itr 0), 201, 301 -> stop
+
+
+def test_resume_between_log_rows_keeps_the_open_interval_and_the_evaluator():
+    def train(run, stop_at=None):
+        trainer = SyncTrainer(collector=ScriptedCollector(), n_steps=60, log_interval_steps=30, run=run,
+                              eval_collector=ScriptedEval(), checkpoint_interval_steps=20)
+        for _ in trainer:
+            trainer.record({"loss_x": torch.tensor(float(trainer.itr))}, updates=1)
+            if trainer.itr == stop_at:
+                break  # killed in iteration 3: the last checkpoint (after 2 iterations) is inside the row at 3
+
+    def rows(run):
+        return [(step, {k: v for k, v in row.items() if not k.startswith("time/")}) for step, row in run.rows]
+
+    reference, resumed = MemoryRun(), MemoryRun()
+    train(reference)
+    train(resumed, stop_at=3)
+    assert [itr for itr, _ in resumed.checkpoints] == [2]
+    train(resumed)
+    # the row at 3 again, then 6: the same loss statistics (updates 0-2), episodes and evaluations (201, 301)
+    assert rows(resumed)[-2:] == rows(reference)[-2:]
+    assert rows(reference)[-2][1]["loss/x_mean"] == 1.0 and rows(reference)[-1][1]["eval/return_mean"] == 301
