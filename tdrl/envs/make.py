@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torchrl.data import Bounded, Categorical, Composite, MultiCategorical, TensorSpec, Unbounded
 
+from tdrl.envs import atari
+
 __all__ = ["EnvError", "EnvFactory", "EnvSpecs", "make_env", "space_to_spec"]
 
 
@@ -29,6 +31,10 @@ def _is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
 
 
+def _is_minatar(env_id: str) -> bool:
+    return env_id.startswith("MinAtar/")
+
+
 def _check_registered(env_id: str) -> None:
     if _is_atari(env_id):
         try:
@@ -38,6 +44,11 @@ def _check_registered(env_id: str) -> None:
         except ImportError:
             hint = f"environment '{env_id}' is an Atari game and needs ale-py: pip install 'tdrl[atari]'"
             raise EnvError(hint) from None
+    if _is_minatar(env_id):
+        try:
+            atari.register_minatar()
+        except ImportError:
+            raise EnvError(f"environment '{env_id}' needs minatar: pip install 'tdrl[minatar]'") from None
     if env_id not in gym.registry:
         near = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
@@ -77,18 +88,17 @@ def make_env(env_id: str, seed: int | None = None, **kwargs: Any) -> gym.Env:
     """Build one gymnasium env by id, seeded (first reset and action space), with the family's preprocessing.
 
     Atari ids get the standard DQN preprocessing (no-op reset, frame skip 4 with 2-frame max, 84×84 grey,
-    4-frame stack, uint8; no reward clipping and no episodic life: the algorithm clips, and the game score stays
-    the return). MuJoCo ids first route MuJoCo's warnings to Python. ``kwargs`` go to ``gymnasium.make``.
+    4-frame stack, uint8; no reward clipping and no episodic life unless asked: the algorithm clips, and the game
+    score stays the return) with rlpyt's options as ``kwargs`` (:mod:`tdrl.envs.atari`). MuJoCo ids first route
+    MuJoCo's warnings to Python. ``kwargs`` go to ``gymnasium.make``.
     Raises :class:`EnvError` for an unknown id (naming the nearest ids) or a missing extra (with the pip command).
     """
     _check_registered(env_id)
     try:
         if _is_atari(env_id):
-            kwargs.setdefault("frameskip", 1)  # the preprocessing wrapper skips frames itself
-            kwargs.setdefault("repeat_action_probability", 0.25 if env_id.startswith("ALE/") else 0.0)
-            env = gym.make(env_id, **kwargs)
-            env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, noop_max=30)
-            env = gym.wrappers.FrameStackObservation(env, 4)
+            env = atari.make_atari(env_id, **kwargs)
+        elif _is_minatar(env_id):
+            env = atari.make_minatar(env_id, **kwargs)
         else:
             if _is_mujoco(env_id):
                 _route_mujoco_warnings()
