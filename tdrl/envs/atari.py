@@ -73,6 +73,7 @@ def make_atari(env_id: str, **kwargs: Any) -> gym.Env:
     """One Atari game by id with rlpyt's options (module docstring); other ``kwargs`` go to ``gymnasium.make``
     (ALE's own arguments, e.g. ``full_action_space``). Needs ``pip install 'tdrl[atari]'`` (ale-py, opencv)."""
     options = {key: kwargs.pop(key, default) for key, default in ATARI_DEFAULTS.items()}
+    options["horizon"] = kwargs.pop("max_episode_steps", None) or options["horizon"]  # agent steps, not frames
     kwargs.setdefault("repeat_action_probability", 0.25 if env_id.startswith("ALE/") else 0.0)
     frames = options["horizon"] * options["frame_skip"] if options["horizon"] else 0  # ALE: 0 = no limit
     env = gym.make(env_id, frameskip=1, max_num_frames_per_episode=frames, **kwargs)  # the wrapper skips frames

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torchrl.data import Bounded, Categorical, Composite, MultiCategorical, TensorSpec, Unbounded
 
-from tdrl.envs import atari
+from tdrl.envs import atari, pomdp
 
 __all__ = ["EnvError", "EnvFactory", "EnvSpecs", "make_env", "space_to_spec"]
 
@@ -44,6 +44,8 @@ def _check_registered(env_id: str) -> None:
         except ImportError:
             hint = f"environment '{env_id}' is an Atari game and needs ale-py: pip install 'tdrl[atari]'"
             raise EnvError(hint) from None
+    if env_id.startswith("tdrl/"):
+        pomdp.register_pomdps()
     if _is_minatar(env_id):
         try:
             atari.register_minatar()
