@@ -8,7 +8,8 @@ the same state. Targets are n-step double-Q with value rescaling; sequences are 
 ``eta * max + (1 - eta) * mean |TD|``, new ones by the TD errors of the Q-values recorded while acting (input
 priorities). ``optim.replay_ratio`` counts every replayed step (burn-in and lookahead too) per collected frame.
 rlpyt's Atari defaults are named in each field's doc; the defaults here are for the quick recurrent check,
-CartPole without velocities (a POMDP).
+CartPole without velocities (a POMDP). With ``env.episodic_lives=true`` training episodes (and their TrajInfo) end
+at each lost life; evaluation plays whole games, so ``eval/return_mean`` is the game score.
 
     python recipes/r2d1.py                                     # tdrl/CartPoleNoVelocity-v1
     python recipes/r2d1.py trainer.kind=async                  # collector process + optimizer process
@@ -109,6 +110,8 @@ class LossConfig:
 class OptimConfig:
     lr: float = 1e-3
     """Adam learning rate (rlpyt: 1e-4)."""
+    lr_final: float | None = 1e-4
+    """Decay the learning rate linearly to this over the run; None keeps it constant (rlpyt)."""
     adam_eps: float = 1e-3
     """Adam epsilon (R2D2: 1e-3)."""
     batch_B: int = 32
@@ -166,6 +169,7 @@ def main(cfg: Config) -> dict:
     from tdrl.models import EpsilonGreedy, chain_policy
     from tdrl.models.recurrent_q import PreviousAction, make_recurrent_q_actor
     from tdrl.objectives.r2d1 import R2D1Loss, input_priorities
+    from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.replay import PrioritizedSampler, SequenceReplayBuffer
     from tdrl.train import check_trainer, make_trainer
@@ -231,6 +235,8 @@ def main(cfg: Config) -> dict:
                            checkpoint_interval_steps=cfg.checkpoint.interval_steps,
                            checkpoint_state={"loss": loss, "updater": updater, "replay": replay,
                                              "exploration": exploration})
+    lr_at = LinearSchedule(cfg.optim.lr, cfg.optim.lr if cfg.optim.lr_final is None else cfg.optim.lr_final,
+                           duration=cfg.collector.total_frames)
 
     # --- Update ---------------------------------------------------------------------------------------------
     def update():
@@ -245,6 +251,7 @@ def main(cfg: Config) -> dict:
     # --- Loop -----------------------------------------------------------------------------------------------
     for _ in trainer:  # the trainer put the new batch into the replay (async: the collector process did)
         exploration.set_frames(trainer.frames)
+        updater.lr = lr_at(trainer.frames)
         metrics = [update() for _ in range(trainer.updates_due)]
         trainer.record(metrics, updates=len(metrics))
     return trainer.summary
