@@ -75,6 +75,7 @@ def make_atari(env_id: str, **kwargs: Any) -> gym.Env:
     options = {key: kwargs.pop(key, default) for key, default in ATARI_DEFAULTS.items()}
     options["horizon"] = kwargs.pop("max_episode_steps", None) or options["horizon"]  # agent steps, not frames
     kwargs.setdefault("repeat_action_probability", 0.25 if env_id.startswith("ALE/") else 0.0)
+    kwargs.setdefault("obs_type", "grayscale")  # the raw frames ALE copies out each frame are unused: 1 byte, not 3
     frames = options["horizon"] * options["frame_skip"] if options["horizon"] else 0  # ALE: 0 = no limit
     env = gym.make(env_id, frameskip=1, max_num_frames_per_episode=frames, **kwargs)  # the wrapper skips frames
     env = gym.wrappers.AtariPreprocessing(env, noop_max=options["noop_max"], frame_skip=options["frame_skip"],
