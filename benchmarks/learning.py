@@ -289,7 +289,7 @@ TASKS: list[Task] = [
                     "optim.max_grad_norm=0.8", "loss.value_loss_coeff=1.16", "loss.entropy_coeff=0.0004",
                     "loss.reward_scale=0.1"]),
     # R2D1's quick recurrent check: CartPole observing only position and angle (a POMDP), the recipe's defaults
-    Task("r2d1-cartpole-novel", "r2d1", "tdrl/CartPoleNoVelocity-v1", threshold=475, budget=400_000,
+    Task("r2d1-cartpole-novel", "r2d1", "tdrl/CartPoleNoVelocity-v1", threshold=475, budget=500_000,
          eval_interval=10_000),
     # MinAtar (pip install 'tdrl[minatar]'): 10x10 image games, the CPU-scale Atari family; MinAtar paper's DQN
     # settings (replay 100k, batch 32, target every 1000 updates, epsilon 1 -> 0.1 over 100k

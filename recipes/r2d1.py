@@ -116,12 +116,12 @@ class OptimConfig:
     """Adam epsilon (R2D2: 1e-3)."""
     batch_B: int = 32
     """Sequences per gradient update (rlpyt batch_B: 64)."""
-    replay_ratio: float = 4.0
+    replay_ratio: float = 16.0
     """Replayed steps (all L = warmup + batch + n_step of each sequence) per collected frame (rlpyt: 1, counting
     trained steps)."""
     min_steps_learn: int = 5_000
     """Env frames before the first update (rlpyt: 1e5)."""
-    target_update_interval: int = 500
+    target_update_interval: int = 250
     """Gradient updates between target copies (rlpyt: 2500)."""
     max_grad_norm: float = 80.0
     """Gradient norm clip (rlpyt clip_grad_norm)."""
@@ -133,7 +133,7 @@ class R2D1CollectorConfig(CollectorConfig):
     """Environments stepped together (rlpyt R2D1 Atari: 16 per worker group)."""
     batch_T: int = 20
     """Steps per batch, also rlpyt's store_rnn_state_interval: sequences start at batch starts (rlpyt: 40)."""
-    total_frames: int = 300_000
+    total_frames: int = 500_000
     """Env frames to train for."""
 
 
@@ -179,6 +179,11 @@ def main(cfg: Config) -> dict:
     if cfg.collector.batch_T <= cfg.loss.n_step and cfg.replay.prioritized and cfg.replay.input_priorities:
         raise ConfigError(f"collector.batch_T={cfg.collector.batch_T} must exceed loss.n_step={cfg.loss.n_step} for "
                           "input priorities (or set replay.input_priorities=false)")
+    seq_len, envs = cfg.replay.warmup_T + cfg.replay.batch_T + cfg.loss.n_step, cfg.collector.batch_B
+    needed = envs * (seq_len + cfg.collector.batch_T * -(-cfg.optim.batch_B // envs))
+    if cfg.optim.min_steps_learn < needed:
+        raise ConfigError(f"optim.min_steps_learn={cfg.optim.min_steps_learn} is below the {needed} frames after which "
+                          f"{cfg.optim.batch_B} whole sequences of {seq_len} steps can be replayed")
     # --- Build ----------------------------------------------------------------------------------------------
     if cfg.trainer.kind == "sync":  # async builds its collector in its own process
         start_workers_early(cfg.collector.kind)

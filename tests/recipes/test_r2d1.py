@@ -57,6 +57,8 @@ def test_smoke_parallel_collector_images(tmp_path):
 def test_bad_input_before_anything_starts(tmp_path):
     with pytest.raises(ConfigError, match="must exceed loss.n_step"):
         r2d1.main(tiny(tmp_path, "collector.batch_T=3"))
+    with pytest.raises(ConfigError, match="min_steps_learn=50 is below the 76 frames"):  # 2 x (18 + 10 x 2)
+        r2d1.main(tiny(tmp_path, "optim.min_steps_learn=50"))
     with pytest.raises(ConfigError, match="continuous actions"):
         r2d1.main(tiny(tmp_path, "env.id=Pendulum-v1"))
     assert not list(tmp_path.rglob("progress.csv"))
