@@ -8,12 +8,13 @@ the same state. Targets are n-step double-Q with value rescaling; sequences are 
 ``eta * max + (1 - eta) * mean |TD|``, new ones by the TD errors of the Q-values recorded while acting (input
 priorities). ``optim.replay_ratio`` counts every replayed step (burn-in and lookahead too) per collected frame.
 rlpyt's Atari defaults are named in each field's doc; the defaults here are for the quick recurrent check,
-CartPole without velocities (a POMDP): greedy evaluation reaches 475 on 2 of 3 seeds within 300k frames. With ``env.episodic_lives=true`` training episodes (and their TrajInfo) end
-at each lost life; evaluation plays whole games, so ``eval/return_mean`` is the game score.
+CartPole without velocities (a POMDP): greedy evaluation reaches 475 on 2 of 3 seeds within 300k frames. With
+``env.episodic_lives=true`` training episodes (and their TrajInfo) end at each lost life; evaluation plays whole
+games, so ``eval/return_mean`` is the game score.
 
     python recipes/r2d1.py                                     # tdrl/CartPoleNoVelocity-v1
     python recipes/r2d1.py trainer.kind=async                  # collector process + optimizer process
-    python recipes/r2d1.py env.id=MinAtar/Breakout-v1 model.lstm_size=128 collector.total_frames=2000000
+    python recipes/r2d1.py env.id=MinAtar/Breakout-v1 model.lstm_size=128  # images; not tuned yet
     python recipes/r2d1.py --help                              # every key
 
 Atari (rlpyt's R2D1 defaults; ``pip install 'tdrl[atari]'``; episodic lives as rlpyt trains it)::
