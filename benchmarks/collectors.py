@@ -18,6 +18,13 @@ Rows (``--json`` names):
   (``make_actor_critic``: sampling, log-prob and the value head, 2×64 tanh MLPs) against ``sb3-rollout``.
 * ``tdrl-parallel-startup`` — seconds to build a 2-worker, 32-env HalfCheetah collector in a fresh process
   (cold: first collector of the process; warm: the next one).
+* Atari section (``ALE/Pong-v5``: 84x84x4 uint8, frame skip 4, sticky actions 0.25; skipped without ale-py, or with
+  ``--skip atari``): ``B = 2 workers x 4 envs``, a random policy and the Nature-DQN CNN (``make_q_actor``, greedy):
+  ``envpool-atari-*`` (envpool's ``Pong-v5`` with the same settings, 2 threads), ``gym-async-atari-*`` (gymnasium's
+  ``AsyncVectorEnv``, one process per env, ``tdrl.envs`` preprocessing), ``tdrl-parallel-atari-*`` and
+  ``tdrl-action-server-atari-cnn``. Then the replay memory of 1M Atari transitions, measured on small buffers and
+  scaled: stacked observations (``TransitionReplayBuffer``), frame de-duplication (``FrameStack``) and R2D1's
+  ``SequenceReplayBuffer`` (stacks, plus a 512-wide LSTM state every 32 steps).
 
 Besides wall-clock frames/s, every row reports frames per CPU-second of all its processes (main + workers):
 a load-independent efficiency figure for shared machines (a 2-worker collector on 2 idle cores delivers about
@@ -364,6 +371,121 @@ def bench_startup() -> tuple[float, float]:
     return float(cold), float(warm)
 
 
+# ----------------------------------------------------------------------------- Atari
+ATARI_ID, ATARI_B = "ALE/Pong-v5", 2 * 4
+
+
+def nature_cnn():
+    """tdrl's greedy Nature-DQN actor for Pong and its plain network (``[n, 4, 84, 84]`` uint8 -> Q-values)."""
+    from tdrl.envs import EnvFactory
+    from tdrl.models import make_q_actor
+
+    torch.manual_seed(0)
+    actor = make_q_actor(EnvFactory(ATARI_ID).specs())
+    return actor, actor.module[0].module
+
+
+def atari_loop(vec, obs: np.ndarray, n_actions: int, cnn: bool) -> Callable[[], None]:
+    """``T`` steps of an Atari vector env: random actions or the Nature CNN's greedy ones, one forward per step."""
+    net = nature_cnn()[1] if cnn else None
+    rng = np.random.default_rng(0)
+    state = {"obs": obs}
+
+    def run() -> None:
+        obs = state["obs"]
+        with torch.no_grad():
+            for _ in range(T):
+                if net is None:
+                    action = rng.integers(n_actions, size=len(obs))
+                else:
+                    action = net(torch.from_numpy(obs)).argmax(-1).numpy()
+                obs, *_ = vec.step(action)
+        state["obs"] = obs
+
+    return run
+
+
+def atari_rows(skip: list[str]) -> list[Row]:
+    """The Atari rows (module docstring), random policy then CNN."""
+    from tdrl.collect import make_collector
+    from tdrl.envs import EnvFactory, make_env
+
+    factory = EnvFactory(ATARI_ID)
+    n_actions = factory.specs().n_actions
+    rows = []
+    for policy_name, cnn in (("random", False), ("cnn", True)):
+        if "envpool" not in skip:
+            try:
+                import envpool
+
+                pool = envpool.make_gymnasium("Pong-v5", num_envs=ATARI_B, batch_size=ATARI_B, num_threads=WORKERS,
+                                              seed=0, repeat_action_probability=0.25, use_fire_reset=False)
+                rows.append(Row(f"envpool-atari-{policy_name}", "atari",
+                                atari_loop(pool, pool.reset()[0], n_actions, cnn), ATARI_B * T, pool.close))
+            except Exception as err:  # not installed, or built for another numpy/python
+                print(f"  envpool Atari row skipped: {err}", flush=True)
+        if "gym-async-atari" not in skip:
+            vec = gym.vector.AsyncVectorEnv([functools.partial(make_env, ATARI_ID) for _ in range(ATARI_B)])
+            rows.append(Row(f"gym-async-atari-{policy_name}", "atari",
+                            atari_loop(vec, vec.reset(seed=0)[0], n_actions, cnn), ATARI_B * T, vec.close))
+        for kind in ("parallel", "action_server") if cnn else ("parallel",):
+            collector = make_collector(kind, factory, nature_cnn()[0] if cnn else None, batch_B=ATARI_B, batch_T=T,
+                                       n_workers=WORKERS, seed=0, return_same_td=True)
+            rows.append(Row(f"tdrl-{kind.replace('_', '-')}-atari-{policy_name}", "atari", collector.collect,
+                            ATARI_B * T, collector.shutdown))
+    return rows
+
+
+def atari_replay_memory(directory: str, capacity: int = 4096) -> dict[str, float]:
+    """GB of replay for 1M Atari transitions, from the bytes of ``capacity``-step buffers (8 streams)."""
+    from tdrl.collect import make_collector
+    from tdrl.envs import EnvFactory
+    from tdrl.replay import FrameStack, SequenceReplayBuffer, TransitionReplayBuffer
+
+    with make_collector("serial", EnvFactory(ATARI_ID), None, batch_B=ATARI_B, batch_T=64, seed=0) as collector:
+        batch = collector.collect().clone()
+    batch["h"] = torch.zeros(ATARI_B, 64, 1, 512)
+    transitions = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
+                   ("next", "terminated"), ("next", "truncated"), "is_init"]
+    buffers = {
+        "stacks (TransitionReplayBuffer)": TransitionReplayBuffer(f"{directory}/plain", capacity, keys=transitions),
+        "frame de-duplication (FrameStack)": TransitionReplayBuffer(
+            f"{directory}/frames", capacity, frame_stack=FrameStack(4, padding="reset"), keys=transitions),
+        "R2D1 sequences (SequenceReplayBuffer)": SequenceReplayBuffer(
+            f"{directory}/seq", capacity, batch_T=8, warmup_T=8, lookahead_T=5, rnn_state_interval=32,
+            state_keys=["h"], keys=[k for k in transitions if k != ("next", "observation")] + ["h"]),
+    }
+    out = {}
+    for name, replay in buffers.items():
+        replay.extend(batch)
+        out[name] = replay.ring.store.nbytes() / capacity * 1e6 / 1e9
+    return out
+
+
+def atari_section(args, seconds: float, repeats: int, add) -> dict[str, float]:
+    """Measure the Atari rows (added with ``add``) and the replay memory; returns the memory figures (GB)."""
+    import tempfile
+
+    try:
+        import ale_py  # noqa: F401
+    except ImportError:
+        print("  Atari section skipped: pip install 'tdrl[atari]'", flush=True)
+        return {}
+    rows = atari_rows(args.skip)
+    try:
+        measure_interleaved(rows, seconds, repeats, args.quiet)
+    finally:
+        for row in rows:
+            row.close()
+    for row in rows:
+        add(ATARI_ID, row.name, statistics.median(row.rates), row.section, statistics.median(row.cpu_rates))
+    with tempfile.TemporaryDirectory() as directory:
+        memory = atari_replay_memory(directory)
+    for name, gb in memory.items():
+        print(f"  replay of 1M Atari transitions, {name}: {gb:.1f} GB", flush=True)
+    return memory
+
+
 # ----------------------------------------------------------------------------- main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -427,6 +549,7 @@ def main() -> None:
             add(env_id, row.name, statistics.median(row.rates), row.section, statistics.median(row.cpu_rates))
             if row.section == "torchrl" and env_rows[i + 1].section != "torchrl":
                 add(env_id, "torchrl-best", max(torchrl))
+    memory = atari_section(args, seconds, repeats, add) if "atari" not in args.skip else {}
     startup = None
     if "tdrl-parallel-startup" not in args.skip:
         startup = bench_startup()
@@ -466,11 +589,26 @@ def main() -> None:
                 cpu = f"{r['frames_per_cpu_s']:13,.0f}" if r["frames_per_cpu_s"] else ""
                 print(f"  {r['collector']:34s} {r['frames_per_s']:12,.0f} {'':7s} {xs} {cpu}")
         print()
+    atari = {r["collector"]: r["frames_per_s"] for r in rows if r["env"] == ATARI_ID}
+    if atari:
+        print(f"{ATARI_ID}  (84x84x4 uint8, B={ATARI_B}: {WORKERS} workers x {ATARI_B // WORKERS}, T={T})")
+        for r in rows:
+            if r["env"] == ATARI_ID:
+                print(f"  {r['collector']:34s} {r['frames_per_s']:12,.0f} {r['frames_per_cpu_s'] or 0:13,.0f}")
+        for policy in ("random", "cnn"):
+            ours, pool = atari.get(f"tdrl-parallel-atari-{policy}"), atari.get(f"envpool-atari-{policy}")
+            if ours and pool:
+                print(f"  tdrl-parallel-atari-{policy} = {ours / pool:.2f}x envpool-atari-{policy}")
+        for name, gb in memory.items():
+            print(f"  replay of 1M transitions, {name}: {gb:.1f} GB")
+        print()
     if startup is not None:
         print(f"tdrl-parallel-startup (HalfCheetah-v5, 2 workers x 16 envs): cold {startup[0]:.2f} s, "
               f"warm {startup[1]:.2f} s")
     if args.json:
         out = [{"env": r["env"], "collector": r["collector"], "frames_per_s": r["frames_per_s"]} for r in rows]
+        out += [{"env": ATARI_ID, "collector": f"replay-1M {name}", "frames_per_s": None, "gb": gb}
+                for name, gb in memory.items()]
         if startup is not None:
             out.append({"env": "HalfCheetah-v5", "collector": "tdrl-parallel-startup", "frames_per_s": None,
                         "startup_s": startup[0], "startup_warm_s": startup[1]})

@@ -7,7 +7,9 @@ exploration type, runs as ``policy(td)`` on a small TensorDict of its in_keys.
 Recurrent state follows TorchRL's convention: any in_key other than the observation and ``is_init`` whose
 ``("next", key)`` the policy writes is kept per env, fed back every step and zeroed where ``is_init`` marks a new
 episode. A policy may also read ``("collector", "env_index")``: the ``[n]`` int64 global indices of its envs
-(e.g. to pick a per-env epsilon, which then also works in a worker that sees only its ``B/W`` envs).
+(e.g. to pick a per-env epsilon, which then also works in a worker that sees only its ``B/W`` envs), and
+``prev_reward``: ``[n, 1]`` the reward of the step that led to the observation, zero where ``is_init`` (R2D1's
+model input, rlpyt's ``prev_reward``); the collector stores it with the batch.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ Env = dict[NestedKey, torch.Tensor]
 OBS_KEY = "observation"
 INIT_KEY = "is_init"
 ENV_INDEX_KEY = ("collector", "env_index")
+PREV_REWARD_KEY = "prev_reward"
 ACTING_TYPES = (InteractionType.RANDOM, InteractionType.DETERMINISTIC)
 
 
@@ -73,6 +76,8 @@ class PolicyStep:
         self.exploration_type = exploration_type
         self.device = policy_device(policy)
         self.n = int(example.batch_size[0])
+        # the step rows' reward, read before the envs overwrite it: the previous step's (a view, shared with workers)
+        self.prev_reward = example.get(("next", "reward")) if PREV_REWARD_KEY in policy.in_keys else None
         example = example.select(OBS_KEY, INIT_KEY).to(self.device)
         in_keys = [unravel_key(k) for k in policy.in_keys]
         out_keys = {unravel_key(k) for k in policy.out_keys}
@@ -80,25 +85,26 @@ class PolicyStep:
         self.env_index = None
         if ENV_INDEX_KEY in in_keys:
             self.env_index = torch.arange(env_offset, env_offset + self.n, device=self.device)
-        provided = (OBS_KEY, INIT_KEY, ENV_INDEX_KEY)
+        provided = (OBS_KEY, INIT_KEY, ENV_INDEX_KEY, PREV_REWARD_KEY)
         self.recurrent_keys = [k for k in in_keys if k not in provided and unravel_key(("next", k)) in out_keys]
         missing = [k for k in in_keys if k not in provided and k not in self.recurrent_keys]
         if missing:
             raise KeyError(f"policy reads {missing}, which the collector does not provide: a policy sees "
-                           "'observation', 'is_init', ('collector', 'env_index') and recurrent state keys K it "
-                           "writes back as ('next', K)")
+                           "'observation', 'is_init', ('collector', 'env_index'), 'prev_reward' and recurrent state "
+                           "keys K it writes back as ('next', K)")
         self.state: Env = {}
         if self.recurrent_keys:
             self.state = self._initial_state(example)
         inputs = self._inputs(example[OBS_KEY], example[INIT_KEY])
         with torch.no_grad(), set_interaction_type(exploration_type), self._rng_untouched():
             reference = policy(self._as_td(inputs))
+        self.stored_inputs = self.recurrent_keys + ([PREV_REWARD_KEY] if self.prev_reward is not None else [])
         self.out_keys = [k for k in (unravel_key(k) for k in reference.keys(True, True)) if k not in inputs]
         if "action" not in self.out_keys:
             raise KeyError(f"policy must write 'action'; it writes {self.out_keys}")
         self.out_template = TensorDict(batch_size=[self.n])
-        for key in self.out_keys + self.recurrent_keys:
-            value = reference.get(key) if key in self.out_keys else self.state[key]
+        for key in self.out_keys + self.stored_inputs:
+            value = reference.get(key) if key in self.out_keys else inputs[key]
             self.out_template.set(key, torch.zeros_like(value, device="cpu"))
         self.acting = isinstance(policy, Acting)
         if self.acting:
@@ -144,6 +150,9 @@ class PolicyStep:
             env[INIT_KEY] = is_init
         if self.env_index is not None:
             env[ENV_INDEX_KEY] = self.env_index
+        if self.prev_reward is not None:
+            reward = self.prev_reward.to(self.device, non_blocking=True)
+            env[PREV_REWARD_KEY] = torch.where(is_init, torch.zeros_like(reward), reward)
         env.update(self.state)
         return env
 
@@ -188,7 +197,8 @@ class PolicyStep:
         else:
             result = self.policy(self._as_td(inputs))
             out = {key: result.get(key) for key in self.out_keys}
-        for key in self.recurrent_keys:
+        for key in self.stored_inputs:
             out[key] = inputs[key]
+        for key in self.recurrent_keys:
             self.state[key] = out[unravel_key(("next", key))]
         return out

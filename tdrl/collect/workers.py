@@ -117,10 +117,11 @@ def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
     try:
         torch.manual_seed(env_seed(spec.settings.seed, 1_000_000 + spec.rank))
         # The step arrays are written env by env; keep them private to this worker (neighbouring workers' rows
-        # share cache lines) except what the action server reads: the observation and is_init.
+        # share cache lines) except what the action server reads: the observation, is_init and the reward (a
+        # policy's prev_reward).
         step_td = spec.step_td.clone()
         if spec.obs_ready is not None:
-            for key in ("observation", "is_init"):
+            for key in ("observation", "is_init", ("next", "reward")):
                 step_td.set(key, spec.step_td.get(key))
         runner = SliceRunner(spec.settings, spec.lo, spec.hi, step_td, spec.batch, spec.policy, spec.exploration,
                              spec.compile)

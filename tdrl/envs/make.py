@@ -7,7 +7,6 @@ TorchRL specs, so models and losses are built the TorchRL way.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import sys
 import warnings
@@ -19,7 +18,9 @@ import numpy as np
 import torch
 from torchrl.data import Bounded, Categorical, Composite, MultiCategorical, TensorSpec, Unbounded
 
+from tdrl.envs import atari, pomdp
 from tdrl.envs.state import capture_problem
+from tdrl.envs.time_limit import TimeLimit
 from tdrl.utils.errors import UserError
 
 __all__ = ["EnvError", "EnvFactory", "EnvSpecs", "TimeLimit", "make_env", "space_to_spec"]
@@ -33,6 +34,10 @@ def _is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
 
 
+def _is_minatar(env_id: str) -> bool:
+    return env_id.startswith("MinAtar/")
+
+
 def _check_registered(env_id: str) -> None:
     if _is_atari(env_id):
         try:
@@ -42,6 +47,13 @@ def _check_registered(env_id: str) -> None:
         except ImportError:
             hint = f"environment '{env_id}' is an Atari game and needs ale-py: pip install 'tdrl[atari]'"
             raise EnvError(hint) from None
+    if env_id.startswith("tdrl/"):
+        pomdp.register_pomdps()
+    if _is_minatar(env_id):
+        try:
+            atari.register_minatar()
+        except ImportError:
+            raise EnvError(f"environment '{env_id}' needs minatar: pip install 'tdrl[minatar]'") from None
     if env_id not in gym.registry:
         near = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
@@ -77,41 +89,6 @@ def _route_mujoco_warnings() -> None:
         mujoco.set_mju_user_warning(_mujoco_warning)
 
 
-class TimeLimit(gym.Wrapper):
-    """Truncates an episode after ``max_episode_steps`` steps, as gymnasium's ``TimeLimit`` does, with a public,
-    checkpointable step counter (gymnasium's is a private attribute, so a resumed episode could not keep it)."""
-
-    def __init__(self, env: gym.Env, max_episode_steps: int):
-        if max_episode_steps <= 0:
-            raise ValueError(f"max_episode_steps must be positive, got {max_episode_steps}")
-        super().__init__(env)
-        self.max_episode_steps = max_episode_steps
-        self.elapsed_steps = 0
-
-    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
-        observation, reward, terminated, truncated, info = self.env.step(action)
-        self.elapsed_steps += 1
-        if self.elapsed_steps >= self.max_episode_steps:
-            truncated = True
-        return observation, reward, terminated, truncated, info
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        self.elapsed_steps = 0
-        return self.env.reset(seed=seed, options=options)
-
-    @property
-    def spec(self) -> gym.envs.registration.EnvSpec | None:
-        """The wrapped env's spec with this limit, as gymnasium reports it."""
-        spec = self.env.spec
-        return None if spec is None else dataclasses.replace(spec, max_episode_steps=self.max_episode_steps)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"elapsed_steps": self.elapsed_steps}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.elapsed_steps = int(state["elapsed_steps"])
-
-
 def _make_limited(env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]) -> gym.Env:
     """``gymnasium.make`` with tdrl's :class:`TimeLimit` in place of gymnasium's (same place, same limit: the
     argument, else the registered one; -1 means none)."""
@@ -124,23 +101,20 @@ def make_env(env_id: str, seed: int | None = None, max_episode_steps: int | None
     """Build one gymnasium env by id, seeded (first reset and action space), with the family's preprocessing.
 
     Atari ids get the standard DQN preprocessing (no-op reset, frame skip 4 with 2-frame max, 84×84 grey,
-    4-frame stack, uint8; no reward clipping and no episodic life: the algorithm clips, and the game score stays
-    the return; sticky actions, 0.25 for ``ALE/`` ids, by gymnasium's ``StickyAction`` rather than ALE's, whose
-    state cannot be captured). MuJoCo ids first route MuJoCo's warnings to Python. ``kwargs`` go to
-    ``gymnasium.make``; the time limit (``max_episode_steps``, default the registered one) is tdrl's
-    :class:`TimeLimit`, so that :func:`tdrl.envs.get_env_state` can capture it.
+    4-frame stack, uint8; no reward clipping and no episodic life unless asked: the algorithm clips, and the game
+    score stays the return) with rlpyt's options as ``kwargs`` (:mod:`tdrl.envs.atari`). MuJoCo ids first route
+    MuJoCo's warnings to Python. ``kwargs`` go to ``gymnasium.make``; the time limit (``max_episode_steps``,
+    default the registered one; Atari: the horizon in agent steps) is tdrl's :class:`TimeLimit`, so that
+    :func:`tdrl.envs.get_env_state` can capture it.
     Raises :class:`EnvError` for an unknown id (naming the nearest ids) or a missing extra (with the pip command).
     """
     _check_registered(env_id)
     try:
         if _is_atari(env_id):
-            kwargs.setdefault("frameskip", 1)  # the preprocessing wrapper skips frames itself
-            sticky = kwargs.pop("repeat_action_probability", 0.25 if env_id.startswith("ALE/") else 0.0)
-            env = _make_limited(env_id, max_episode_steps, {**kwargs, "repeat_action_probability": 0.0})
-            if sticky > 0:  # per emulator frame, as in ALE, whose own previous action cloneState leaves out
-                env = gym.wrappers.StickyAction(env, repeat_action_probability=sticky)
-            env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84, noop_max=30)
-            env = gym.wrappers.FrameStackObservation(env, 4)
+            horizon = {} if max_episode_steps is None else {"horizon": max_episode_steps}  # agent steps
+            env = atari.make_atari(env_id, **horizon, **kwargs)
+        elif _is_minatar(env_id):
+            env = atari.make_minatar(env_id, **kwargs)
         else:
             if _is_mujoco(env_id):
                 _route_mujoco_warnings()

@@ -2,7 +2,8 @@
 
 Replay and shared memory hold frames as uint8 (DESIGN.md §1), so the scaling to ``[0, 1]`` happens here, inside
 the model, on whichever device the model lives on. This is rlpyt's ``AtariDqnModel`` torso (Nature DQN sizes) as a
-plain ``nn.Module``: no keys, no specs.
+plain ``nn.Module``: no keys, no specs. :class:`SmallImageConv` is MinAtar's torso (Young & Tian 2019) for
+images too small for it, and :func:`image_torso` picks one by size.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["AtariConv"]
+__all__ = ["AtariConv", "SmallImageConv", "image_torso"]
 
 
 class AtariConv(nn.Module):
@@ -42,3 +43,30 @@ class AtariConv(nn.Module):
         x = image.reshape(-1, *self.image_shape)
         x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
         return self.conv(x).reshape(*lead, self.output_size)
+
+
+class SmallImageConv(nn.Module):
+    """One 3x3 convolution (16 channels, stride 1) and ReLU for small images such as MinAtar's ``[C, 10, 10]``
+    (the MinAtar paper's DQN torso); input and output as :class:`AtariConv`."""
+
+    def __init__(self, image_shape: Sequence[int], channels: int = 16) -> None:
+        super().__init__()
+        if len(image_shape) != 3:
+            raise ValueError(f"image_shape must be (C, H, W), got {tuple(image_shape)}")
+        self.image_shape = tuple(int(d) for d in image_shape)
+        self.conv = nn.Sequential(nn.Conv2d(self.image_shape[0], channels, 3, 1), nn.ReLU())
+        self.output_size = channels * (self.image_shape[1] - 2) * (self.image_shape[2] - 2)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        lead = image.shape[:-3]
+        x = image.reshape(-1, *self.image_shape)
+        x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+        return self.conv(x).reshape(*lead, self.output_size)
+
+
+def image_torso(image_shape: Sequence[int]) -> tuple[nn.Module, int]:
+    """The conv torso for ``[C, H, W]`` frames and the width of the hidden layer after it: :class:`AtariConv` and
+    512 (Nature DQN) for Atari-sized frames, :class:`SmallImageConv` and 128 (MinAtar) below 36 pixels."""
+    if min(image_shape[1:]) < 36:  # AtariConv's 8/4, 4/2, 3/1 kernels need at least 36 pixels
+        return SmallImageConv(image_shape), 128
+    return AtariConv(image_shape), 512

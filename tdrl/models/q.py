@@ -2,7 +2,7 @@
 
 Plain ``nn.Module`` networks plus ``make_*`` factories wrapping them in the TorchRL modules TorchRL's losses expect
 (keys in each factory's docstring). Image observations (uint8 ``[C, H, W]``) get the
-:class:`~tdrl.models.conv.AtariConv` torso, vector observations an MLP torso.
+:func:`~tdrl.models.conv.image_torso`, vector observations an MLP torso.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torchrl.data import Bounded, Categorical, OneHot, TensorSpec
 from torchrl.modules import MLP, DistributionalQValueActor, QValueActor, TanhNormal, ValueOperator
 
 from tdrl.models.acting import Inputs, ObservationModule, Outputs, ProbabilisticPolicy
-from tdrl.models.conv import AtariConv
+from tdrl.models.conv import image_torso
 from tdrl.models.nets import flat_obs_size
 
 __all__ = [
@@ -115,8 +115,9 @@ def make_q_actor(specs, *, hidden_sizes: Sequence[int] = (64, 64), dueling: bool
     ``chosen_action_value``) or C51 (TorchRL's ``DistributionalQValueActor``; ``action_value`` holds log-probabilities
     ``[*batch, n_atoms, n_actions]`` over atoms ``v_min..v_max``).
 
-    ``hidden_sizes`` are the MLP torso of vector observations; images get :class:`AtariConv` and one 512-wide hidden
-    layer after it, as rlpyt's Atari model. Raises ``ValueError`` for continuous actions or bad atom settings.
+    ``hidden_sizes`` are the MLP torso of vector observations; images get :func:`~tdrl.models.conv.image_torso` (rlpyt's
+    Atari model: :class:`AtariConv` and one 512-wide hidden layer; MinAtar's for small images). Raises
+    ``ValueError`` for continuous actions or bad atom settings.
     """
     if not isinstance(specs.action_spec, (Categorical, OneHot)) or len(specs.action_spec.shape) > 0:
         raise ValueError(
@@ -128,9 +129,9 @@ def make_q_actor(specs, *, hidden_sizes: Sequence[int] = (64, 64), dueling: bool
     n_actions = int(specs.action_spec.space.n)
     obs_spec = specs.observation_spec
     if _is_image(obs_spec):
-        torso: nn.Module = AtariConv(obs_spec.shape)
+        torso, hidden_size = image_torso(obs_spec.shape)
         feature_size = torso.output_size
-        head_sizes: Sequence[int] = (512,)
+        head_sizes: Sequence[int] = (hidden_size,)
     else:
         hidden = list(hidden_sizes)
         torso = _mlp(flat_obs_size(obs_spec), hidden[-1], hidden[:-1], activate_last=True) if hidden else nn.Identity()

@@ -15,7 +15,7 @@ trained steps.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,9 @@ class SequenceReplayBuffer:
         state_keys: keys of the recurrent state the policy read at each step.
         sampler: ``None`` (uniform over stored starts) or a :class:`PrioritizedSampler` (one leaf per start).
         pri_eta: max/mean mix for per-step TD errors passed to :meth:`update_priority`.
+        input_priority: with a sampler, ``f(batch) -> [B, T]`` priorities of each new batch's steps (R2D1's input
+            priorities: the steps that start sequences get theirs); a picklable callable, as it travels with the
+            buffer to an async collector process. ``None``: a batch's own ``"priority"`` key, else the default.
         Others as in :class:`~tdrl.replay.buffer.TransitionReplayBuffer`; ``mask_key`` marks invalid starts.
     """
 
@@ -53,6 +56,7 @@ class SequenceReplayBuffer:
                  lookahead_T: int = 0, rnn_state_interval: int, state_keys: Sequence[NestedKey],
                  sampler: PrioritizedSampler | None = None, pri_eta: float = 0.9,
                  mask_key: NestedKey | None = ("collector", "mask"), keys: Sequence[NestedKey] | None = None,
+                 input_priority: Callable[[TensorDictBase], torch.Tensor] | None = None,
                  seed: int | None = None) -> None:
         if batch_T < 1 or warmup_T < 0 or lookahead_T < 0 or rnn_state_interval < 1:
             raise ValueError("need batch_T >= 1, warmup_T >= 0, lookahead_T >= 0, rnn_state_interval >= 1")
@@ -64,6 +68,7 @@ class SequenceReplayBuffer:
         self.state_keys = [as_key(k) for k in state_keys]
         self.sampler = sampler
         self.pri_eta = float(pri_eta)
+        self.input_priority = input_priority
         exclude = [*self.state_keys, *(("next", *k) for k in self.state_keys)]
         self.ring = StreamRing(scratch_dir, capacity, {"kind": "sequence", "interval": self.interval}, keys=keys,
                                exclude_keys=exclude, stride=self.interval, lookahead=self.seq_len - 1,
@@ -94,6 +99,8 @@ class SequenceReplayBuffer:
         """Write a ``[B, T]`` collector batch; raises :class:`ReplayError` (writing nothing) on a bad batch."""
         if not self.ring.allocated:
             self._allocate(batch)
+        if self.input_priority is not None and self.sampler is not None:
+            batch = batch.copy().set("priority", self.input_priority(batch))  # shallow: the caller's batch is kept
         columns, steps, priority = self.ring.check(batch)
         fields = {key: self.ring.field("state." + key_name(key)) for key in self.state_keys}
         schema = BatchSchema({key: (field.dtype, field.shape[2:]) for key, field in fields.items()}, strict=False)
