@@ -30,8 +30,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import partial
 
-from tdrl.config import CollectorConfig, ConfigError, EnvConfig, LoggerConfig, RecipeConfig, RunConfig, parse_args
-from tdrl.train import TrainerConfig
+from tdrl.config import (
+    CollectorConfig,
+    ConfigError,
+    EnvConfig,
+    LoggerConfig,
+    RecipeConfig,
+    RunConfig,
+    TrainerConfig,
+    run_recipe,
+)
 
 REPLAY_KEYS = ["observation", "prev_action", "prev_reward", "is_init", "action", ("next", "reward"),
                ("next", "terminated"), ("next", "truncated"), ("next", "done"), ("collector", "mask")]
@@ -231,7 +239,7 @@ def main(cfg: Config) -> dict:
                                 batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers, seed=cfg.run.seed,
                                 reset_mode="wait_reset", discount=cfg.loss.gamma, return_same_td=True)
     eval_collector = make_eval_collector(cfg.env.id, eval_policy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma)
+                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
     samples_per_update = cfg.optim.batch_B * replay.seq_len  # what the replay ratio counts
     trainer = make_trainer(cfg.trainer, on_policy=False, collector_factory=collector_factory, replay=replay,
                            policy=policy, seed=cfg.run.seed, eval_collector=eval_collector, run=run,
@@ -264,4 +272,4 @@ def main(cfg: Config) -> dict:
 
 
 if __name__ == "__main__":
-    main(parse_args(Config(), prog="recipes/r2d1.py", doc=__doc__))
+    run_recipe(main, Config(), prog="recipes/r2d1.py", doc=__doc__)
