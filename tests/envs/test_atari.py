@@ -6,17 +6,25 @@ import pickle
 from importlib import metadata
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import tomllib
 
-from tdrl.envs import EnvFactory, make_env
+from tdrl.envs import EnvFactory, capture_problem, make_env
 from tdrl.envs.atari import EpisodicLives
 
 pytest.importorskip("ale_py", reason="needs ale-py: pip install 'tdrl[atari]'")
 pytest.importorskip("cv2", reason="needs opencv: pip install 'tdrl[atari]'")
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _layers(env):
+    layers = [env]
+    while isinstance(layers[-1], gym.Wrapper):
+        layers.append(layers[-1].env)
+    return layers
 
 
 def test_atari_extra_installs_what_the_preprocessing_imports():
@@ -31,10 +39,14 @@ def test_atari_env_observations_and_options():
     env = make_env("ALE/Pong-v5", seed=0)
     obs, _ = env.reset(seed=0)
     assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8
-    assert env.unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(0.25)
+    # sticky actions by gymnasium's StickyAction right above the emulator (ALE's own cannot be checkpointed)
+    assert env.unwrapped.ale.getFloat("repeat_action_probability") == 0.0
+    sticky = [layer for layer in _layers(env) if isinstance(layer, gym.wrappers.StickyAction)]
+    assert len(sticky) == 1 and sticky[0].repeat_action_probability == pytest.approx(0.25)
+    assert capture_problem(env) is None
     env.close()
     env = make_env("PongNoFrameskip-v4", seed=0, horizon=50, frame_skip=2, noop_max=0)
-    assert env.unwrapped.ale.getFloat("repeat_action_probability") == 0.0
+    assert not any(isinstance(layer, gym.wrappers.StickyAction) for layer in _layers(env))
     env.reset(seed=0)
     steps, terminated, truncated = 0, False, False
     while not (terminated or truncated) and steps < 1000:

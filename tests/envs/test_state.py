@@ -105,7 +105,7 @@ def test_time_limit_truncates_at_the_same_step_after_a_restore():
     for action in actions[:20]:
         env.step(action)
     state = get_env_state(env)
-    assert state["layers"][0] == {"class": "tdrl.envs.make.TimeLimit", "state": {"elapsed_steps": 20}}
+    assert state["layers"][0] == {"class": "tdrl.envs.time_limit.TimeLimit", "state": {"elapsed_steps": 20}}
 
     restored = factory(seed=9)
     set_env_state(restored, state)
@@ -185,10 +185,10 @@ def test_mujoco_continues_bitwise(factory, ends_before):
 
 
 ATARI = [
-    # the limit counts emulator frames (4 per step), so episodes end within the recorded steps; sticky actions
-    # (ALE's RNG) and the no-op starts (np_random) matter
-    (EnvFactory("ALE/Pong-v5", {"max_episode_steps": 160}), 1),
-    (EnvFactory("PongNoFrameskip-v4", {"max_episode_steps": 160}), 1),
+    # the horizon (agent steps) ends episodes within the recorded steps; sticky actions and the no-op starts
+    # (np_random) matter
+    (EnvFactory("ALE/Pong-v5", {"max_episode_steps": 40}), 1),
+    (EnvFactory("PongNoFrameskip-v4", {"max_episode_steps": 40}), 1),
 ]
 
 
@@ -201,7 +201,7 @@ def test_atari_continues_bitwise(factory, ends_before):
 def test_atari_continues_bitwise_from_any_step():
     # a sticky repeat of the action before the capture shows only from some capture points
     pytest.importorskip("ale_py", reason="Atari envs need ale-py: pip install 'tdrl[atari]'")
-    factory = EnvFactory("ALE/Pong-v5", {"max_episode_steps": 160})
+    factory = EnvFactory("ALE/Pong-v5", {"max_episode_steps": 40})
     env, fresh = factory(seed=0), factory(seed=1)
     _random_steps(env, 50)
     actions = _fixed_actions(env, 10)
@@ -218,4 +218,4 @@ def test_sticky_actions_inside_ale_are_reported():
     pytest.importorskip("ale_py", reason="Atari envs need ale-py: pip install 'tdrl[atari]'")
     # ALE's own sticky actions (gymnasium's default for ALE/ ids): its previous action is not in cloneState
     assert "sticky actions" in capture_problem(gym.make("ALE/Pong-v5"))
-    assert isinstance(make_env("ALE/Pong-v5").env.env, gym.wrappers.StickyAction)
+    assert isinstance(make_env("ALE/Pong-v5").env.env.env, gym.wrappers.StickyAction)
