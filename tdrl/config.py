@@ -165,8 +165,8 @@ class CheckpointConfig:
     """Fail on a corrupt latest checkpoint instead of falling back to the previous valid one."""
 
     def validate(self) -> None:
-        _check(self.snapshot_gap >= 1 and self.interval_steps >= 0, f"checkpoint.snapshot_gap={self.snapshot_gap} "
-               f"must be >= 1 and checkpoint.interval_steps={self.interval_steps} >= 0")
+        for key, least in (("snapshot_gap", 1), ("interval_steps", 0)):
+            _check(getattr(self, key) >= least, f"checkpoint.{key}={getattr(self, key)} must be >= {least}")
 
 
 @dataclass

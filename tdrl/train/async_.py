@@ -46,16 +46,9 @@ import torch
 import torch.multiprocessing as mp
 from tensordict import TensorDict
 
+from tdrl.train import bookkeeping
 from tdrl.train.async_collector import POLL_S, CollectorProcessSpec, Control, collector_process_main, owed_updates
-from tdrl.train.bookkeeping import (
-    Bookkeeper,
-    CheckpointObjects,
-    book_counter,
-    eval_collector_state,
-    frames_per_batch,
-    iteration_counts,
-    load_eval_collector_state,
-)
+from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
 from tdrl.train.sync import shutdown
 from tdrl.utils.seeding import spawn_seeds
 
@@ -384,7 +377,7 @@ class AsyncTrainer:
             self.stopped_early = self.book.reached(self.stop_return)
         if itr % self.checkpoint_interval_itrs == 0 or final or self.stopped_early:
             self.book.save_checkpoint(self.objects, collector=info["collector_state"], collector_rng=info["rng"],
-                                      **eval_collector_state(self.eval_collector))
+                                      **bookkeeping.eval_collector_state(self.eval_collector))
         if self.stopped_early:
             self._ctrl.stop.set()
         self._ctrl.go.set()
@@ -419,5 +412,5 @@ class AsyncTrainer:
         if state is None:
             return
         self._collector_state, self._collector_rng = state["collector"], state["collector_rng"]
-        load_eval_collector_state(self.eval_collector, state)
+        bookkeeping.load_eval_collector_state(self.eval_collector, state)
         self.resumed = True
