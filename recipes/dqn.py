@@ -31,7 +31,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
-from tdrl.config import CollectorConfig, ConfigError, LoggerConfig, RecipeConfig, RunConfig, TrainerConfig, run_recipe
+from tdrl.config import (
+    CollectorConfig,
+    ConfigError,
+    EpsilonGreedyConfig,
+    LoggerConfig,
+    RecipeConfig,
+    RunConfig,
+    TrainerConfig,
+    run_recipe,
+)
 
 REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
                ("next", "terminated"), ("next", "truncated")]
@@ -52,20 +61,6 @@ class ModelConfig:
     """Lowest C51 atom (rlpyt V_min; -10 for clipped-reward Atari)."""
     v_max: float = 100.0
     """Highest C51 atom (rlpyt V_max; 10 for clipped-reward Atari; CartPole's discounted return is <= 100)."""
-
-
-@dataclass
-class ExplorationConfig:
-    eps_init: float = 1.0
-    """Epsilon until optim.min_steps_learn frames."""
-    eps_final: float = 0.04
-    """Final epsilon (the largest per-env final value with vector epsilon)."""
-    eps_final_min: float | None = None
-    """Smallest per-env final epsilon: log-spaced over envs (rlpyt vector epsilon; serial/action_server only)."""
-    eps_steps: int = 9_000
-    """Env frames at which epsilon reaches its final value (rlpyt eps_steps)."""
-    eps_eval: float = 0.001
-    """Epsilon of evaluation episodes (rlpyt eps_eval)."""
 
 
 @dataclass
@@ -125,7 +120,7 @@ class Config(RecipeConfig):
     collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_B=1, batch_T=8))
     model: ModelConfig = field(default_factory=ModelConfig)
     """Q-network."""
-    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
+    exploration: EpsilonGreedyConfig = field(default_factory=EpsilonGreedyConfig)
     """Epsilon-greedy schedule."""
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     """Replay buffer."""

@@ -34,6 +34,7 @@ from tdrl.config import (
     CollectorConfig,
     ConfigError,
     EnvConfig,
+    EpsilonGreedyConfig,
     LoggerConfig,
     RecipeConfig,
     RunConfig,
@@ -65,20 +66,6 @@ class ModelConfig:
     """Hidden widths of the Q head (rlpyt: [512])."""
     dueling: bool = True
     """Dueling head (rlpyt's AtariR2d1Model: True)."""
-
-
-@dataclass
-class ExplorationConfig:
-    eps_init: float = 1.0
-    """Epsilon until optim.min_steps_learn frames."""
-    eps_final: float = 0.02
-    """Final epsilon (largest per-env value with vector epsilon)."""
-    eps_final_min: float | None = None
-    """Smallest per-env final epsilon (Ape-X vector epsilon over collector.batch_B envs); None: one epsilon."""
-    eps_steps: int = 40_000
-    """Env frames at which epsilon reaches its final value (rlpyt: 1e6)."""
-    eps_eval: float = 0.0
-    """Epsilon of evaluation episodes."""
 
 
 @dataclass
@@ -152,7 +139,8 @@ class Config(RecipeConfig):
     collector: R2D1CollectorConfig = field(default_factory=R2D1CollectorConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     """Recurrent Q-network."""
-    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
+    exploration: EpsilonGreedyConfig = field(
+        default_factory=lambda: EpsilonGreedyConfig(eps_final=0.02, eps_steps=40_000, eps_eval=0.0))
     """Epsilon-greedy schedule."""
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     """Sequence replay."""

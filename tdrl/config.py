@@ -30,7 +30,8 @@ from typing import Any, Literal, TypeVar
 
 from tdrl.utils.errors import UserError
 
-__all__ = ["CheckpointConfig", "CollectorConfig", "ConfigError", "EnvConfig", "EvalConfig", "LoggerConfig",
+__all__ = ["CheckpointConfig", "CollectorConfig", "ConfigError", "EnvConfig", "EpsilonGreedyConfig", "EvalConfig",
+           "LoggerConfig",
            "RecipeConfig", "RunConfig", "TrainerConfig", "UserError", "apply_overrides", "config_help", "diff_configs",
            "flatten", "merge_nested", "parse_args", "run_recipe", "to_dict", "user_errors", "validate"]
 
@@ -78,6 +79,23 @@ class CollectorConfig:
         _check(self.kind == "serial" or self.batch_B % self.n_workers == 0,
                f"collector.batch_B={self.batch_B} must be divisible by collector.n_workers={self.n_workers} (each "
                f"{self.kind} worker steps the same number of envs)")
+
+
+@dataclass
+class EpsilonGreedyConfig:
+    """Epsilon-greedy exploration of the value-based recipes (DQN, R2D1); each re-declares it with its defaults."""
+
+    eps_init: float = 1.0
+    """Epsilon until optim.min_steps_learn frames."""
+    eps_final: float = 0.04
+    """Final epsilon (the largest per-env final value with vector epsilon)."""
+    eps_final_min: float | None = None
+    """Smallest per-env final epsilon, log-spaced over the envs (rlpyt's and Ape-X's vector epsilon); None: one
+    epsilon for all envs."""
+    eps_steps: int = 9_000
+    """Env frames at which epsilon reaches its final value (rlpyt eps_steps)."""
+    eps_eval: float = 0.001
+    """Epsilon of evaluation episodes (rlpyt eps_eval)."""
 
 
 @dataclass
