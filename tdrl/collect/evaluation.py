@@ -124,12 +124,19 @@ def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_e
         max_steps: episode time limit; 0 takes the env's own (1000 when it has none).
         seed: seed of the eval envs (use another than the training collector's).
         discount: discount of the TrajInfo ``DiscountedReturn``.
-        env_kwargs: extra ``gymnasium.make`` arguments.
+        env_kwargs: extra ``gymnasium.make`` arguments; not Atari's ``episodic_lives``: an evaluation plays whole
+            games (rlpyt's eval envs), and one episode per env would stop at the first lost life.
         video: keep the frames of env 0's episode in ``video_frames`` after each evaluation.
+
+    Raises:
+        ValueError: ``env_kwargs`` asks for ``episodic_lives``.
     """
     if n_envs == 0:
         return None
     kwargs = dict(env_kwargs or {})
+    if kwargs.get("episodic_lives"):
+        raise ValueError("evaluation plays whole games: build the eval envs without episodic_lives (training "
+                         "TrajInfos span the game anyway)")
     limit = max_steps or EnvFactory(env_id, kwargs).specs().max_episode_steps or 1000
     factory = EnvFactory(env_id, {**kwargs, "max_episode_steps": limit})
     filmed = _FilmFirstEnv(factory) if video else None

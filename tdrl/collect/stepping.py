@@ -9,6 +9,12 @@ TensorDict* (in shared memory when workers are used):
 ``is_init``                    ``[B, 1]`` bool, True where ``observation`` starts an episode
 =============================  =====================================================================
 
+An env may end the *episode* the agent sees before the *game* it plays, as rlpyt's Atari ``episodic_lives`` does
+(:class:`tdrl.envs.atari.EpisodicLives`): at a done step, ``info["traj_done"]`` False says the game goes on. The
+agent still sees the done (``is_init`` after it, no bootstrap across it), but the TrajInfo runs to the game's end,
+so its ``Return``/``GameScore`` is the game score. ``info`` is read at done steps only (a game ends only where an
+episode does), so envs that never set it pay nothing per step.
+
 Env ``i`` of a collector seeded ``s`` is reset with ``env_seed(s, i)``, so it gets the same stream whichever
 worker steps it: this is what makes the parallel collectors reproduce the serial one exactly.
 """
@@ -72,6 +78,7 @@ class EnvSlice:
         self.idle = np.zeros(n, dtype=bool)
         self.rewards_block = np.zeros((n, batch_T), dtype=np.float32)
         self.dones_block = np.zeros((n, batch_T), dtype=bool)
+        self.game_goes_on: list[tuple[int, int]] = []  # (env, step) of this batch's dones with traj_done False
         self.tracker = EpisodeTracker(n, discount=settings.discount, game_score=settings.game_score)
         self.episode_count = np.zeros(n, dtype=np.int64)
 
@@ -83,18 +90,18 @@ class EnvSlice:
         high = max(max_decorrelation_steps, 0) + 1
         counts = [int(np.random.default_rng(s).integers(0, high)) for s in self.seeds]
         rewards = np.zeros((n, max(counts)), np.float32)
-        dones = np.zeros_like(rewards, bool)
+        game_ends = np.zeros_like(rewards, bool)
         for i, env in enumerate(self.envs):
             self.obs[i], _ = env.reset(seed=self.seeds[i])
             env.action_space.seed(self.seeds[i])
             for k in range(counts[i]):
-                obs, rewards[i, k], term, trunc, _ = env.step(env.action_space.sample())
+                obs, rewards[i, k], term, trunc, info = env.step(env.action_space.sample())
                 if term or trunc:
-                    dones[i, k] = True
+                    game_ends[i, k] = info.get("traj_done", True)
                     obs, _ = env.reset()
                 self.obs[i] = obs
         if rewards.size:
-            self.tracker.add(rewards, dones, np.arange(rewards.shape[1]) < np.asarray(counts)[:, None], keep=False)
+            self.tracker.add(rewards, game_ends, np.arange(rewards.shape[1]) < np.asarray(counts)[:, None], keep=False)
         self.is_init[:] = True
 
     def sample_actions(self, out: np.ndarray) -> None:
@@ -107,7 +114,7 @@ class EnvSlice:
 
         Reset-at-once: a done env is reset at once (``("next", "observation")`` keeps its final observation,
         ``observation`` gets the reset one). Wait-reset: a done env idles until :meth:`finish_batch` (the batch
-        masks those steps).
+        masks those steps). A done whose ``info["traj_done"]`` is False is noted: its game goes on.
         """
         envs = self.envs
         next_obs, reward, terminated, truncated = self.next_obs, self.reward, self.terminated, self.truncated
@@ -117,12 +124,14 @@ class EnvSlice:
         for i in range(len(envs)):
             if wait_reset and idle[i]:
                 continue
-            obs, r, term, trunc, _ = envs[i].step(actions[i])
+            obs, r, term, trunc, info = envs[i].step(actions[i])
             next_obs[i] = obs
             reward[i] = r
             terminated[i] = term
             truncated[i] = trunc
             if term or trunc:
+                if not info.get("traj_done", True):
+                    self.game_goes_on.append((i, t))
                 if wait_reset:
                     idle[i] = True
                 else:
@@ -137,8 +146,14 @@ class EnvSlice:
         self.dones_block[:, t] = self.done
 
     def batch_traj_infos(self, valid: np.ndarray | None) -> list[tuple[int, int, dict[str, float]]]:
-        """Episodes finished in this batch as ``(t, global_env_index, traj_info)``."""
-        done = self.tracker.add(self.rewards_block, self.dones_block, valid)
+        """Games finished in this batch as ``(t, global_env_index, traj_info)``: episodes, unless the env said
+        ``traj_done`` False at their end (then the TrajInfo continues with the game)."""
+        game_ends = self.dones_block
+        if self.game_goes_on:
+            game_ends = game_ends.copy()
+            game_ends[tuple(np.array(self.game_goes_on).T)] = False
+            self.game_goes_on.clear()
+        done = self.tracker.add(self.rewards_block, game_ends, valid)
         return [(t, self.lo + i, info) for t, i, info in done]
 
     def valid_mask(self) -> np.ndarray:

@@ -2,9 +2,11 @@
 
 A collector reports one plain ``dict`` per finished episode, ``{"Length", "Return", "NonzeroRewards",
 "DiscountedReturn"}`` (plus ``"GameScore"`` on Atari), computed from the **env's own reward** (before any collector
-transform), so ``Return`` is the score a paper would report. Fields starting with ``_`` are never logged (rlpyt's
-convention). Episodes carry their partial sums across batches; decorrelation steps count toward each env's first
-episode, but episodes that *finish* during decorrelation are dropped.
+transform), so ``Return`` is the score a paper would report. An env that reports ``info["traj_done"]`` (Atari with
+episodic lives) ends a TrajInfo at game over, not at each lost life (see :mod:`tdrl.collect.stepping`), so
+``Return`` and ``GameScore`` are the game's. Fields starting with ``_`` are never logged (rlpyt's convention).
+Episodes carry their partial sums across batches; decorrelation steps count toward each env's first episode, but
+episodes that *finish* during decorrelation are dropped.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class EpisodeTracker:
 
         Args:
             rewards: ``[n_envs, k]`` raw env rewards.
-            dones: ``[n_envs, k]`` episode ends (terminated or truncated).
+            dones: ``[n_envs, k]`` episode ends (terminated or truncated; game ends where the env says
+                ``traj_done``).
             valid: optional ``[n_envs, k]`` mask; invalid steps (wait-reset idling) are skipped.
             keep: False drops finished episodes (decorrelation) instead of returning them.
 

@@ -167,3 +167,55 @@ class AtariLikeFactory(StairsFactory):
     """StairsEnv flagged as Atari, so TrajInfos carry GameScore."""
 
     is_atari: bool = True
+
+
+class LivesEnv(gym.Env):
+    """A game of ``lives`` lives of ``life_length`` steps, as Atari with episodic lives looks to a collector: a lost
+    life is ``terminated`` with ``info["traj_done"]`` False and ``reset()`` after it continues the game; the last
+    life ends the game (``traj_done`` True). Step ``k`` of a game (1-based) pays ``k``; observation ``[k, lives]``.
+    Checkpoints itself (``state_dict``) for exact resume."""
+
+    metadata: dict = {}
+
+    def __init__(self, lives: int = 3, life_length: int = 4) -> None:
+        self.lives, self.life_length = lives, life_length
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.k = 0
+        self.game_over = True
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.k, self.lives - self.k // self.life_length], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if self.game_over or seed is not None:
+            self.k, self.game_over = 0, False
+        return self._obs(), {}
+
+    def step(self, action):
+        self.k += 1
+        self.game_over = self.k >= self.lives * self.life_length
+        life_lost = self.k % self.life_length == 0
+        return self._obs(), float(self.k), life_lost, False, {"traj_done": self.game_over}
+
+    def state_dict(self) -> dict:
+        return {"k": self.k, "game_over": self.game_over}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.k, self.game_over = int(state["k"]), bool(state["game_over"])
+
+
+@dataclass(frozen=True)
+class LivesFactory:
+    """Picklable factory for :class:`LivesEnv`, flagged as Atari (TrajInfos carry GameScore)."""
+
+    lives: int = 3
+    life_length: int = 4
+    is_atari: bool = True
+
+    def __call__(self, seed: int | None = None) -> gym.Env:
+        return LivesEnv(self.lives, self.life_length)
+
+    def specs(self) -> EnvSpecs:
+        return EnvSpecs.from_env(self())
