@@ -7,7 +7,10 @@ no update before ``optim.min_steps_learn`` frames, ``optim.target_update_interva
 epsilon stays at ``eps_init`` until ``min_steps_learn`` and then falls linearly to ``eps_final`` at
 ``exploration.eps_steps`` (per env with ``exploration.eps_final_min``: vector epsilon), evaluation with
 ``eps_eval``. Time limits bootstrap (``truncated``), terminals do not. Defaults (double + dueling, 3-step
-returns) solve CartPole-v1 (greedy evaluation 500) within 100k frames.
+returns) solve CartPole-v1 (greedy evaluation 500) within 100k frames. ``loss.clip_reward=true`` clips each step's
+reward to [-1, 1] before the replay sums n-step returns (rlpyt's Atari clipping); TrajInfos keep the raw score. With
+``env.episodic_lives=true`` a lost life ends the agent's episode (no bootstrap across it), while training TrajInfos
+span the whole game and evaluation plays whole games: ``train/`` and ``eval/return_mean`` are game scores.
 
     python recipes/dqn.py                                          # double + dueling DQN, CartPole-v1
     python recipes/dqn.py model.categorical=true                   # C51 (+ double, dueling, n-step)
@@ -18,11 +21,11 @@ returns) solve CartPole-v1 (greedy evaluation 500) within 100k frames.
 
 Atari (rlpyt's defaults; needs ``pip install 'tdrl[atari]'``)::
 
-    python recipes/dqn.py env.id=ALE/Pong-v5 collector.total_frames=10000000 collector.batch_B=8 \
-        collector.batch_T=2 replay.size=1000000 optim.min_steps_learn=50000 exploration.eps_steps=1000000 \
-        exploration.eps_final=0.01 optim.lr=2.5e-4 optim.lr_final=none optim.batch_size=32 \
-        optim.replay_ratio=8 optim.target_update_interval=312 loss.n_step=1 model.v_min=-10 model.v_max=10 \
-        eval.max_steps=27000 logger.log_interval_steps=100000
+    python recipes/dqn.py env.id=ALE/Pong-v5 env.episodic_lives=true loss.clip_reward=true \
+        collector.total_frames=10000000 collector.batch_B=8 collector.batch_T=2 replay.size=1000000 \
+        optim.min_steps_learn=50000 exploration.eps_steps=1000000 exploration.eps_final=0.01 optim.lr=2.5e-4 \
+        optim.lr_final=none optim.batch_size=32 optim.replay_ratio=8 optim.target_update_interval=312 \
+        loss.n_step=1 model.v_min=-10 model.v_max=10 eval.max_steps=27000 logger.log_interval_steps=100000
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Literal
 from tdrl.config import (
     CollectorConfig,
     ConfigError,
+    EnvConfig,
     EpsilonGreedyConfig,
     LoggerConfig,
     RecipeConfig,
@@ -47,6 +51,12 @@ REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "rewar
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
+@dataclass
+class DQNEnvConfig(EnvConfig):
+    episodic_lives: bool = False
+    """Atari: a lost life ends the RL episode (no bootstrap), the game goes on (rlpyt: True)."""
+
+
 @dataclass
 class ModelConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
@@ -89,6 +99,8 @@ class LossConfig:
     """Double DQN: online network selects the bootstrap action, target network evaluates it (C51: always)."""
     loss_function: Literal["huber", "mse"] = "huber"
     """Huber (rlpyt delta_clip=1) or squared error (delta_clip=None); C51 uses cross-entropy."""
+    clip_reward: bool = False
+    """Clip each step's reward to [-1, 1] before n-step sums (rlpyt's Atari setting; TrajInfos stay raw)."""
 
 
 @dataclass
@@ -117,6 +129,7 @@ class OptimConfig:
 
 @dataclass
 class Config(RecipeConfig):
+    env: DQNEnvConfig = field(default_factory=DQNEnvConfig)
     collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_B=1, batch_T=8))
     model: ModelConfig = field(default_factory=ModelConfig)
     """Q-network."""
@@ -159,7 +172,7 @@ def main(cfg: Config) -> dict:
     torch.set_num_threads(cfg.run.torch_threads)
     seed_everything(cfg.run.seed)
     device = resolve_device(cfg.run.device)
-    env_factory = EnvFactory(cfg.env.id)
+    env_factory = EnvFactory(cfg.env.id, {"episodic_lives": True} if cfg.env.episodic_lives else {})
     check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
     specs = env_factory.specs()
     if not specs.discrete:
@@ -196,7 +209,8 @@ def main(cfg: Config) -> dict:
                                  beta_final=cfg.replay.beta_final, beta_steps=cfg.replay.beta_steps,
                                  seed=cfg.run.seed) if cfg.replay.prioritized else None
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, sampler=sampler, n_step=cfg.loss.n_step,
-                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed)
+                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed,
+                                    clip_reward=cfg.loss.clip_reward)  # the loss sees clipped rewards
     # built by the trainer (async: in its own process)
     collector_factory = partial(make_collector, cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
                                 batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,

@@ -54,16 +54,19 @@ class TransitionReplayBuffer:
         mask_key: per-step validity mask of wait-reset collectors; False steps are never sampled.
         keys: store only these keys (default: every tensor leaf of the first batch).
         seed: seed of the uniform index generator.
+        clip_reward: samples clip each step's reward to [-1, 1] before the n-step sum (rlpyt's Atari clipping);
+            the stored rewards stay raw.
     """
 
     def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, sampler: PrioritizedSampler | None = None,
                  n_step: int = 1, gamma: float = 0.99, frame_stack: FrameStack | None = None,
                  mask_key: NestedKey | None = ("collector", "mask"), keys: Sequence[NestedKey] | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, clip_reward: bool = False) -> None:
         if n_step < 1 or not 0.0 <= gamma <= 1.0:
             raise ValueError(f"need n_step >= 1 and gamma in [0, 1], got {n_step}, {gamma}")
         self.n_step = int(n_step)
         self.gamma = float(gamma)
+        self.clip_reward = clip_reward
         self.sampler = sampler
         self.frame_stack = frame_stack
         stacked = frame_stack is not None
@@ -136,10 +139,14 @@ class TransitionReplayBuffer:
         if self.n_step == 1:
             last = index
             values = ring.gather_keys(index)
+            if self.clip_reward:
+                values[("next", "reward")] = values[("next", "reward")].clamp(-1.0, 1.0)
         else:
             window = torch.from_numpy(ring.flat_index(stream[:, None], time[:, None] + np.arange(self.n_step)))
             reward = ring.gather(("next", "reward"), window.reshape(-1)).view(n, self.n_step, -1)
             done = ring.gather(("next", "done"), window.reshape(-1)).view(n, self.n_step, -1)
+            if self.clip_reward:
+                reward = reward.clamp(-1.0, 1.0)
             reward_n, steps = nstep_returns(reward, done, self.gamma)
             last = window[torch.arange(n), steps - 1]
             values = ring.gather_keys(index, "root")

@@ -1,5 +1,6 @@
-"""recipes/dqn.py: in-process smoke runs (DQN, C51 + PER + n-step, vector epsilon, parallel collector), update
-counts from replay_ratio/min_steps_learn, bad input before anything starts, the CLI, and a learning check."""
+"""recipes/dqn.py: in-process smoke runs (DQN, C51 + PER + n-step, vector epsilon, parallel collector, reward
+clipping, Atari with episodic lives), update counts from replay_ratio/min_steps_learn, bad input before anything
+starts, the CLI, and a learning check."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from tdrl.config import ConfigError, apply_overrides
 from tdrl.launch.recipe import load_recipe
@@ -122,3 +126,81 @@ def test_resume_restores_epsilon_and_counters(tmp_path):
     assert float(eps) == pytest.approx(1.0 + (256 - 128) / (300 - 128) * (0.04 - 1.0))
     second = dqn.main(tiny(tmp_path, f"run.dir={run_dir}", *cfg[:1], "collector.total_frames=512", "run.force=true"))
     assert second["frames"] == 512 and second["updates"] == 48
+
+
+class TenPerStep(gym.Env):
+    """Pays 10 per step; episodes of 8 steps (return 80): reward clipping would show in a logged return."""
+
+    metadata: dict = {"render_modes": []}
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(4, self.t / 8, np.float32), 10.0, self.t >= 8, False, {}
+
+    def state_dict(self) -> dict:
+        return {"t": self.t}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.t = state["t"]
+
+
+def test_clip_reward_smoke_keeps_the_logged_returns_raw(tmp_path):
+    if "tdrl_test/TenPerStep-v0" not in gym.registry:
+        gym.register("tdrl_test/TenPerStep-v0", entry_point=TenPerStep)
+    summary = dqn.main(tiny(tmp_path, "env.id=tdrl_test/TenPerStep-v0", "loss.clip_reward=true"))
+    assert summary["updates"] == 48
+    assert summary["train/return_mean"] == summary["eval/return_mean"] == 80.0
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_clip_reward_clips_each_step_before_the_n_step_sum(tmp_path, n_step):
+    """The DQN loss reads the replay's n-step reward: with clipping it is the discounted sum of the *clipped* step
+    rewards (not the clipped sum); the stored rewards (and the collector's TrajInfos) stay raw."""
+    from tdrl.envs import EnvFactory
+    from tdrl.models import make_q_actor
+    from tdrl.objectives.dqn import make_dqn_loss
+    from tdrl.replay import TransitionReplayBuffer
+
+    gamma, T = 0.5, 8
+    raw = torch.tensor([5.0, -3.0, 0.5, 2.0, -0.25, 7.0, 1.0, -9.0])
+    flags = {key: torch.zeros(1, T, 1, dtype=torch.bool) for key in ("done", "terminated", "truncated")}
+    time = torch.arange(T, dtype=torch.float32).view(1, T, 1).expand(1, T, 4)  # observation[0] = the step
+    batch = TensorDict({"observation": time, "action": torch.zeros(1, T, dtype=torch.long),
+                        "next": {"observation": time + 1, "reward": raw.view(1, T, 1), **flags}}, [1, T])
+    samples = {}
+    for clip in (False, True):
+        replay = TransitionReplayBuffer(tmp_path / str(clip), 100, n_step=n_step, gamma=gamma, seed=0,
+                                        clip_reward=clip)
+        replay.extend(batch)
+        samples[clip] = replay.sample(64)
+    for clip, source in ((False, raw), (True, raw.clamp(-1, 1))):
+        start = samples[clip]["observation"][:, 0].long()
+        expected = sum(gamma**i * source[start + i] for i in range(n_step))
+        torch.testing.assert_close(samples[clip]["next", "reward"].squeeze(-1), expected)
+    q_actor = make_q_actor(EnvFactory("CartPole-v1").specs(), hidden_sizes=[8])
+    with torch.no_grad():
+        for param in q_actor.parameters():
+            param.zero_()  # Q = 0 everywhere: the TD target is the sampled reward
+    sample = samples[True]
+    make_dqn_loss(q_actor, gamma=gamma)(sample)
+    clipped_return = sample["next", "reward"].squeeze(-1)
+    assert clipped_return.abs().max() <= sum(gamma**i for i in range(n_step))
+    torch.testing.assert_close(sample["td_error"].squeeze(-1), clipped_return.pow(2))
+
+
+@pytest.mark.timeout(300)
+def test_atari_episodic_lives_clipped_smoke(tmp_path):
+    """env.episodic_lives reaches the Atari env (Breakout, conv torso), with loss.clip_reward."""
+    pytest.importorskip("ale_py", reason="needs ale-py: pip install 'tdrl[atari]'")
+    summary = dqn.main(tiny(tmp_path, "env.id=ALE/Breakout-v5", "env.episodic_lives=true", "loss.clip_reward=true",
+                            "collector.total_frames=256", "optim.min_steps_learn=192", "optim.batch_size=8",
+                            "optim.replay_ratio=1",
+                            "eval.n_envs=1", "eval.max_steps=20", "replay.size=300"))
+    assert summary["frames"] == 256 and summary["updates"] > 0 and math.isfinite(summary["eval/return_mean"])
