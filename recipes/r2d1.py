@@ -9,8 +9,8 @@ the same state. Targets are n-step double-Q with value rescaling; sequences are 
 priorities). ``optim.replay_ratio`` counts every replayed step (burn-in and lookahead too) per collected frame.
 rlpyt's Atari defaults are named in each field's doc; the defaults here are for the quick recurrent check,
 CartPole without velocities (a POMDP): greedy evaluation reaches 475 on 2 of 3 seeds within 300k frames. With
-``env.episodic_lives=true`` training episodes (and their TrajInfo) end at each lost life; evaluation plays whole
-games, so ``eval/return_mean`` is the game score.
+``env.episodic_lives=true`` training episodes end at each lost life while their TrajInfos span the game, and
+evaluation plays whole games, so ``train/`` and ``eval/return_mean`` are game scores.
 
     python recipes/r2d1.py                                     # tdrl/CartPoleNoVelocity-v1
     python recipes/r2d1.py trainer.kind=async                  # collector process + optimizer process
