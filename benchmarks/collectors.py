@@ -24,7 +24,8 @@ Rows (``--json`` names):
   ``AsyncVectorEnv``, one process per env, ``tdrl.envs`` preprocessing), ``tdrl-parallel-atari-*`` and
   ``tdrl-action-server-atari-cnn``. Then the replay memory of 1M Atari transitions, measured on small buffers and
   scaled: stacked observations (``TransitionReplayBuffer``), frame de-duplication (``FrameStack``) and R2D1's
-  ``SequenceReplayBuffer`` (stacks, plus a 512-wide LSTM state every 32 steps).
+  ``SequenceReplayBuffer`` (stacks, plus a 512-wide LSTM state every 32 steps). ``--skip atari-random``,
+  ``atari-cnn`` or ``atari-replay-memory`` leave those parts out; ``--envs`` with no id, the sections above.
 
 Besides wall-clock frames/s, every row reports frames per CPU-second of all its processes (main + workers):
 a load-independent efficiency figure for shared machines (a 2-worker collector on 2 idle cores delivers about
@@ -414,6 +415,8 @@ def atari_rows(skip: list[str]) -> list[Row]:
     n_actions = factory.specs().n_actions
     rows = []
     for policy_name, cnn in (("random", False), ("cnn", True)):
+        if f"atari-{policy_name}" in skip:
+            continue
         if "envpool" not in skip:
             try:
                 import envpool
@@ -479,6 +482,8 @@ def atari_section(args, seconds: float, repeats: int, add) -> dict[str, float]:
             row.close()
     for row in rows:
         add(ATARI_ID, row.name, statistics.median(row.rates), row.section, statistics.median(row.cpu_rates))
+    if "atari-replay-memory" in args.skip:
+        return {}
     with tempfile.TemporaryDirectory() as directory:
         memory = atari_replay_memory(directory)
     for name, gb in memory.items():
@@ -491,7 +496,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short timings, one TorchRL config (< 1 min)")
     parser.add_argument("--json", metavar="PATH", help="write every row as {env, collector, frames_per_s}")
-    parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "HalfCheetah-v5"])
+    parser.add_argument("--envs", nargs="*", default=["CartPole-v1", "HalfCheetah-v5"])
     parser.add_argument("--seconds", type=float, default=None, help="seconds per timed repeat (3; quick 0.5)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per row (3; quick 1)")
     parser.add_argument("--skip", nargs="*", default=[], help="row names to skip (e.g. torchrl-best sb3-rollout)")

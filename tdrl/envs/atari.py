@@ -1,4 +1,4 @@
-"""Atari and MinAtar envs with rlpyt's options, built from gymnasium's wrappers.
+"""Atari and MinAtar envs with rlpyt's options; Atari frames come from one layer on ALE's interface.
 
 :func:`make_atari` takes rlpyt's ``AtariEnv`` options as keyword arguments of ``make_env`` (so an
 ``EnvFactory("ALE/Pong-v5", {"episodic_lives": True})`` carries them to worker processes):
@@ -6,7 +6,7 @@
 =============================  =========================================================================
 ``frame_skip`` (4)             agent steps repeat the action this many frames, max-pooling the last two
 ``repeat_action_probability``  sticky actions, per frame (0.25 for ``ALE/*-v5``, 0 for ``*NoFrameskip-v4``)
-``noop_max`` (30)              up to this many no-op steps after each game reset (rlpyt ``max_start_noops``)
+``noop_max`` (30)              up to this many no-op frames after each game reset (rlpyt ``max_start_noops``)
 ``horizon`` (27000)            agent steps before a game is truncated (rlpyt ``horizon``; ``max_episode_steps``)
 ``episodic_lives`` (False)     a lost life ends the RL episode, not the game (:class:`EpisodicLives`)
 ``screen_size``, ``frame_stack``  84x84 grey frames, 4 stacked: uint8 ``[4, 84, 84]`` observations
@@ -25,10 +25,115 @@ import numpy as np
 
 from tdrl.envs.time_limit import TimeLimit
 
-__all__ = ["ATARI_DEFAULTS", "EpisodicLives", "make_atari", "make_minatar"]
+__all__ = ["ATARI_DEFAULTS", "AtariFrames", "EpisodicLives", "make_atari", "make_minatar"]
 
 ATARI_DEFAULTS = {"frame_skip": 4, "noop_max": 30, "horizon": 27_000, "episodic_lives": False, "screen_size": 84,
                   "frame_stack": 4}
+
+
+class AtariFrames(gym.Wrapper):
+    """rlpyt's ``AtariEnv`` as one layer over gymnasium's ``AtariEnv`` (built with ``frameskip=1`` and no sticky
+    actions): each agent step drives the emulator (``env.unwrapped.ale``) directly for ``frame_skip`` frames, so
+    the per-frame wrapper calls and screen copies of a wrapper stack are gone. It keeps the semantics of
+    gymnasium's ``StickyAction`` -> ``AtariPreprocessing`` -> ``FrameStackObservation`` (the stack ``make_atari``
+    built before), bitwise, draws included:
+
+    - sticky actions per frame, the previous frame's action repeated with ``repeat_action_probability`` (none on
+      the first frame after a reset);
+    - ``noop_max`` > 0: after each reset, a number of no-op frames drawn from ``integers(1, noop_max + 1)``, the
+      game reset again if it ends during them;
+    - the last two frames of a step max-pooled, resized to ``screen_size`` (``cv2.INTER_AREA``), stacked
+      ``frame_stack`` deep, a reset filling the stack with its frame; a step that ends the game stops at that
+      frame (its observation then pools the frames grabbed before);
+    - ``terminated`` on game over only (a lost life is :class:`EpisodicLives`'s business).
+
+    Random draws come from the env's ``np_random``, which ``reset(seed=...)`` seeds, so seeding stays gymnasium's
+    and the emulator layer's state (:mod:`tdrl.envs.state`) holds the RNG. This layer's own state is the last
+    action and the frame buffers (``state_dict``/``load_state_dict``).
+    """
+
+    def __init__(self, env: gym.Env, frame_skip: int = 4, repeat_action_probability: float = 0.0,
+                 noop_max: int = 30, screen_size: int | tuple[int, int] = 84, frame_stack: int = 4) -> None:
+        try:
+            import cv2  # noqa: F401
+        except ImportError as e:
+            raise gym.error.DependencyNotInstalled("opencv-python is not installed (Atari frame resizing)") from e
+        super().__init__(env)
+        if not isinstance(env.action_space, gym.spaces.Discrete):
+            raise ValueError(f"AtariFrames needs discrete actions, got {env.action_space}")
+        if frame_skip < 1 or noop_max < 0 or frame_stack < 1 or not 0 <= repeat_action_probability < 1:
+            raise ValueError(f"invalid Atari options: {frame_skip=}, {noop_max=}, {frame_stack=}, "
+                             f"{repeat_action_probability=}")
+        self.ale = env.unwrapped.ale
+        legal = {action.name: action for action in self.ale.getLegalActionSet()}
+        meanings = env.unwrapped.get_action_meanings()
+        if noop_max > 0 and meanings[0] != "NOOP":
+            raise ValueError("no-op starts (noop_max > 0) need action 0 to be NOOP")
+        self.actions = [legal[name] for name in meanings]  # action index -> ALE action, as the env maps them
+        self.frame_skip, self.noop_max = frame_skip, noop_max
+        self.repeat_action_probability = repeat_action_probability
+        width, height = (screen_size, screen_size) if isinstance(screen_size, int) else screen_size
+        self.screen_size = (width, height)
+        self.screens = np.zeros((2, *self.ale.getScreenDims()), np.uint8)  # a step's last two frames, pooled in [0]
+        self.frames = np.zeros((frame_stack, height, width), np.uint8)
+        self.last_action: int | None = None  # what the sticky draw repeats; None right after a reset
+        self.observation_space = gym.spaces.Box(0, 255, self.frames.shape, np.uint8)
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        action, rng, reward = int(action), self.np_random, 0.0
+        for t in range(self.frame_skip):
+            reward += self.act(action, rng)
+            if self.ale.game_over():
+                break
+            if t >= self.frame_skip - 2:
+                self.ale.getScreenGrayscale(self.screens[self.frame_skip - 1 - t])
+        terminated, truncated = self.ale.game_over(with_truncation=False), self.ale.game_truncated()
+        self.push_frame()
+        return self.frames.copy(), reward, terminated, truncated, self.frame_info()
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        _, info = self.env.reset(seed=seed, options=options)
+        self.last_action = None
+        rng = self.np_random
+        for _ in range(rng.integers(1, self.noop_max + 1) if self.noop_max > 0 else 0):
+            self.act(0, rng)
+            if self.ale.game_over():
+                _, info = self.env.reset(seed=seed, options=options)
+                self.last_action = None
+        self.ale.getScreenGrayscale(self.screens[0])
+        self.screens[1].fill(0)
+        self.push_frame()
+        self.frames[:-1] = self.frames[-1]  # the stack starts full of the reset frame
+        return self.frames.copy(), {**info, **self.frame_info()}
+
+    def act(self, action: int, rng: np.random.Generator) -> float:
+        """One frame of ``action``, or of the previous frame's action with the sticky probability."""
+        if self.last_action is None or not (self.repeat_action_probability > 0
+                                            and rng.random() < self.repeat_action_probability):
+            self.last_action = action
+        return self.ale.act(self.actions[self.last_action])
+
+    def push_frame(self) -> None:
+        """Pool a step's last two frames and push their resized image onto the stack."""
+        import cv2
+
+        if self.frame_skip > 1:
+            np.maximum(self.screens[0], self.screens[1], out=self.screens[0])
+        self.frames[:-1] = self.frames[1:]
+        cv2.resize(self.screens[0], self.screen_size, dst=self.frames[-1], interpolation=cv2.INTER_AREA)
+
+    def frame_info(self) -> dict[str, Any]:
+        """The info ALE's env reports."""
+        return {"lives": self.ale.lives(), "episode_frame_number": self.ale.getEpisodeFrameNumber(),
+                "frame_number": self.ale.getFrameNumber()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_action": self.last_action, "screens": self.screens.copy(), "frames": self.frames.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.last_action = None if state["last_action"] is None else int(state["last_action"])
+        np.copyto(self.screens, state["screens"])
+        np.copyto(self.frames, state["frames"])
 
 
 class EpisodicLives(gym.Wrapper):
@@ -76,25 +181,22 @@ def make_atari(env_id: str, **kwargs: Any) -> gym.Env:
     other ``kwargs`` go to ``gymnasium.make`` (ALE's own arguments, e.g. ``full_action_space``). Needs
     ``pip install 'tdrl[atari]'`` (ale-py, opencv).
 
-    Every layer can be checkpointed (:mod:`tdrl.envs.state`): sticky actions come from gymnasium's
-    ``StickyAction`` right above the emulator (same probability per frame as ALE's own, whose previous action
-    ``cloneState`` leaves out), and the horizon is tdrl's :class:`~tdrl.envs.time_limit.TimeLimit` in agent steps.
+    Every layer can be checkpointed (:mod:`tdrl.envs.state`): frame skip, sticky actions (per frame, as ALE's own,
+    whose previous action ``cloneState`` leaves out), no-op starts and the frame stack are :class:`AtariFrames`,
+    and the horizon is tdrl's :class:`~tdrl.envs.time_limit.TimeLimit` in agent steps.
     """
     options = {key: kwargs.pop(key, default) for key, default in ATARI_DEFAULTS.items()}
-    horizon = options.pop("horizon")
+    horizon, episodic_lives = options.pop("horizon"), options.pop("episodic_lives")
     sticky = kwargs.pop("repeat_action_probability", 0.25 if env_id.startswith("ALE/") else 0.0)
-    kwargs.setdefault("obs_type", "grayscale")  # the raw frames ALE copies out each frame are unused: 1 byte, not 3
-    # frame skipping is the preprocessing's; no limit inside ALE or gymnasium: the TimeLimit below counts agent steps
+    kwargs.setdefault("obs_type", "grayscale")  # what ALE copies out at a reset: 1 byte a pixel, not 3
+    # frame skipping and sticky actions are AtariFrames'; no limit inside ALE or gymnasium: the TimeLimit below
+    # counts agent steps
     env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0, max_num_frames_per_episode=0,
                    max_episode_steps=-1, **kwargs)
-    if sticky > 0:
-        env = gym.wrappers.StickyAction(env, repeat_action_probability=sticky)
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=options["noop_max"], frame_skip=options["frame_skip"],
-                                          screen_size=options["screen_size"])
-    env = gym.wrappers.FrameStackObservation(env, options["frame_stack"])
+    env = AtariFrames(env, repeat_action_probability=sticky, **options)
     if horizon and horizon > 0:
         env = TimeLimit(env, horizon)
-    return EpisodicLives(env) if options["episodic_lives"] else env
+    return EpisodicLives(env) if episodic_lives else env
 
 
 class MinAtarImage(gym.ObservationWrapper):

@@ -36,19 +36,17 @@ Getter = Callable[[Any], dict[str, Any]]
 Setter = Callable[[Any, dict[str, Any]], None]
 
 
-def _attributes(*names: str, rng: bool = True) -> tuple[Getter, Setter]:
-    """Adapter of a layer whose state is the public attributes ``names``, and its ``np_random`` if ``rng`` (a
-    wrapper's ``np_random`` is its env's, captured there)."""
+def _attributes(*names: str) -> tuple[Getter, Setter]:
+    """Adapter of an env whose state is its public attributes ``names`` and its ``np_random``."""
 
     def get(layer: Any) -> dict[str, Any]:
         state = {name: copy.deepcopy(getattr(layer, name, None)) for name in names}
-        return {**state, "np_random": layer.np_random.bit_generator.state} if rng else state
+        return {**state, "np_random": layer.np_random.bit_generator.state}
 
     def set_(layer: Any, state: dict[str, Any]) -> None:
         for name in names:
             setattr(layer, name, copy.deepcopy(state[name]))
-        if rng:
-            layer.np_random.bit_generator.state = state["np_random"]
+        layer.np_random.bit_generator.state = state["np_random"]
 
     return get, set_
 
@@ -95,25 +93,6 @@ def _set_ale(env: Any, state: dict[str, Any]) -> None:
     env.np_random.bit_generator.state = state["np_random"]
 
 
-def _get_atari_preprocessing(layer: Any) -> dict[str, Any]:
-    return {"lives": layer.lives, "game_over": layer.game_over, "obs_buffer": [b.copy() for b in layer.obs_buffer]}
-
-
-def _set_atari_preprocessing(layer: Any, state: dict[str, Any]) -> None:
-    layer.lives, layer.game_over = state["lives"], state["game_over"]
-    for buffer, saved in zip(layer.obs_buffer, state["obs_buffer"], strict=True):
-        np.copyto(buffer, saved)  # in place: the wrapper writes screens into these very arrays
-
-
-def _get_frame_stack(layer: Any) -> dict[str, Any]:
-    return {"obs_queue": [copy.deepcopy(obs) for obs in layer.obs_queue]}
-
-
-def _set_frame_stack(layer: Any, state: dict[str, Any]) -> None:
-    layer.obs_queue.clear()
-    layer.obs_queue.extend(copy.deepcopy(obs) for obs in state["obs_queue"])
-
-
 # Third-party layers, by the qualified name of the library class (no import of mujoco or ale_py to look them up).
 _ADAPTERS: dict[str, tuple[Getter, Setter]] = {
     # classic control: the dynamics state, CartPole's steps-after-termination counter, Pendulum's last torque
@@ -126,12 +105,8 @@ _ADAPTERS: dict[str, tuple[Getter, Setter]] = {
     # envs read before stepping (Ant's torso, Humanoid's centre of mass), which mj_step leaves at the last
     # substep's start instead of recomputing them from the state
     "gymnasium.envs.mujoco.mujoco_env.MujocoEnv": (_get_mujoco, _set_mujoco),
-    # Atari: the emulator with its RNG; np_random draws the no-op starts and gymnasium's sticky actions
+    # Atari: the emulator with its RNG; np_random draws tdrl's AtariFrames' no-op starts and sticky actions
     "ale_py.env.AtariEnv": (_get_ale, _set_ale),
-    "gymnasium.wrappers.stateful_action.StickyAction": _attributes(
-        "last_action", "is_sticky_actions", "num_repeats", "repeats_taken", rng=False),
-    "gymnasium.wrappers.atari_preprocessing.AtariPreprocessing": (_get_atari_preprocessing, _set_atari_preprocessing),
-    "gymnasium.wrappers.stateful_observation.FrameStackObservation": (_get_frame_stack, _set_frame_stack),
     # remembers only whether reset was called / checks only the first reset and step
     "gymnasium.wrappers.common.OrderEnforcing": (_get_order, _set_order),
     "gymnasium.wrappers.common.PassiveEnvChecker": _stateless(),
@@ -179,7 +154,7 @@ def capture_problem(env: gym.Env) -> str | None:
     base = env.unwrapped
     if _class_name(type(base)) == "ale_py.env.AtariEnv" and base.ale.getFloat("repeat_action_probability") > 0:
         return ("ALE's sticky actions keep the previous action outside its cloneState: build the env with "
-                f"repeat_action_probability=0 and gymnasium.wrappers.StickyAction (as tdrl.envs.make_env does){fresh}")
+                f"repeat_action_probability=0 and tdrl.envs.atari.AtariFrames (as tdrl.envs.make_env does){fresh}")
     if isinstance(env.action_space, (gym.spaces.Dict, gym.spaces.Tuple)):
         return (f"the action space {type(env.action_space).__name__} of {env} samples from one RNG per subspace, "
                 f"which tdrl does not capture{fresh}")

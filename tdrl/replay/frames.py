@@ -6,8 +6,8 @@ stream and rebuilds both stacks when sampling. Every step writes the newest fram
 ends an episode also writes the final frame of its ``("next", "observation")`` right after, so a step's next stack
 always ends one frame later. Per step the ring stores the position of its newest frame and how many history frames
 belong to its episode (episode starts from ``is_init``, else the previous ``done``). Frames before an episode start
-are padding: zeros (``padding="zero"``, rlpyt) or the episode's first frame (``"reset"``, gymnasium's
-``FrameStackObservation``, used by ``tdrl.envs`` Atari presets); the first episode starts are checked against it.
+are padding: zeros (``padding="zero"``, rlpyt) or the episode's first frame (``"reset"``, as gymnasium's
+``FrameStackObservation`` and ``tdrl.envs.atari.AtariFrames`` stack); the first episode starts are checked against it.
 
 Memory per transition is ``1 + slack`` frames; ``slack`` (default 1/16) is room for the final frames of episodes
 ending inside the buffer, i.e. episodes of at least 16 steps on average. Shorter ones make :meth:`prepare` raise

@@ -218,4 +218,4 @@ def test_sticky_actions_inside_ale_are_reported():
     pytest.importorskip("ale_py", reason="Atari envs need ale-py: pip install 'tdrl[atari]'")
     # ALE's own sticky actions (gymnasium's default for ALE/ ids): its previous action is not in cloneState
     assert "sticky actions" in capture_problem(gym.make("ALE/Pong-v5"))
-    assert isinstance(make_env("ALE/Pong-v5").env.env.env, gym.wrappers.StickyAction)
+    assert make_env("ALE/Pong-v5").env.repeat_action_probability == 0.25  # tdrl.envs.atari.AtariFrames
