@@ -4,8 +4,9 @@ A reference, and the way to TorchRL features (transforms with per-env state such
 its weight-sync schemes). ``n_workers == 1`` wraps ``Collector(SerialEnv(batch_B))``, more wrap
 ``MultiSyncCollector`` over ``n_workers`` × ``SerialEnv(batch_B / n_workers)``. Batches are reshaped to
 ``[batch_B, batch_T]`` with an all-True ``("collector", "mask")``; float64 observations become float32, discrete
-actions are indices. TrajInfos come from each batch's reward and done flags (after ``transform``). Only
-reset-at-once, and no decorrelation steps. Its ``state_dict`` holds no env state (warned at build).
+actions are indices. TrajInfos come from each batch's reward and done flags (after ``transform``; ``info``'s
+``traj_done`` is not read, so with Atari's episodic lives they end at each lost life). Only reset-at-once, and no
+decorrelation steps. Its ``state_dict`` holds no env state (warned at build).
 """
 
 from __future__ import annotations
