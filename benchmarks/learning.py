@@ -289,25 +289,27 @@ TASKS: list[Task] = [
                     "optim.max_grad_norm=0.8", "loss.value_loss_coeff=1.16", "loss.entropy_coeff=0.0004",
                     "loss.reward_scale=0.1"]),
     # R2D1's quick recurrent check: CartPole observing only position and angle (a POMDP), the recipe's defaults
-    Task("r2d1-cartpole-novel", "r2d1", "tdrl/CartPoleNoVelocity-v1", threshold=475, budget=500_000,
+    Task("r2d1-cartpole-novel", "r2d1", "tdrl/CartPoleNoVelocity-v1", threshold=475, budget=300_000,
          eval_interval=10_000),
     # MinAtar (pip install 'tdrl[minatar]'): 10x10 image games, the CPU-scale Atari family; MinAtar paper's DQN
-    # settings (replay 100k, batch 32, target every 1000 updates, epsilon 1 -> 0.1 over 100k
-    # frames, learning from 5k frames) with one update per 4 frames (Nature DQN; the paper: 1) on the recipe's
-    # double + dueling 3-step DQN; thresholds are provisional (not yet measured)
-    Task("dqn-minatar-breakout", "dqn", "MinAtar/Breakout-v1", threshold=10, budget=1_000_000, eval_interval=50_000,
+    # settings (replay 100k, batch 32, target every 1000 updates, epsilon 1 -> 0.1 over 100k frames, learning from
+    # 5k frames) with one update per 4 frames (Nature DQN; the paper: 1) on the recipe's double + dueling 3-step DQN
+    Task("dqn-minatar-breakout", "dqn", "MinAtar/Breakout-v1", threshold=10, budget=250_000, eval_interval=25_000,
          default=False,
          overrides=["replay.size=100000", "optim.batch_size=32", "optim.replay_ratio=8", "optim.lr=2.5e-4",
                     "optim.lr_final=none", "optim.min_steps_learn=5000", "optim.target_update_interval=1000",
                     "exploration.eps_final=0.1", "exploration.eps_steps=100000", "optim.adam_eps=3.125e-4",
                     "loss.gamma=0.99"]),
-    Task("r2d1-minatar-breakout", "r2d1", "MinAtar/Breakout-v1", threshold=10, budget=1_000_000, eval_interval=50_000,
+    # R2D1 on MinAtar: the DQN row's exploration; 16 sequences of 10 burn-in + 20 trained steps per update, one update
+    # per ~16 frames (replay ratio 32 over all 35 steps), the target copied every 500 updates (~8k frames), constant
+    # lr 3e-4 with Adam eps 1e-5 (with the recipe's CartPole lr, eps 1e-3 and 1000-update target copies it stayed
+    # near random play)
+    Task("r2d1-minatar-breakout", "r2d1", "MinAtar/Breakout-v1", threshold=10, budget=250_000, eval_interval=25_000,
          default=False,
-         # the recipe's learning rate and replay ratio (16: ~2 updates of 32 sequences per 160 frames); with the
-         # DQN row's lr 2.5e-4 and replay ratio 8 it stayed at random play (0.2 after 250k frames); with these, 1.2
-         # after 275k frames (seed 0; DQN: 12.1 after 300k): R2D1 on MinAtar is not tuned yet
-         overrides=["model.lstm_size=128", "model.head_sizes=[128]", "optim.min_steps_learn=5000",
-                    "optim.target_update_interval=1000", "exploration.eps_final=0.1", "exploration.eps_steps=100000"]),
+         overrides=["model.lstm_size=128", "model.head_sizes=[128]", "replay.warmup_T=10", "optim.batch_B=16",
+                    "optim.lr=3e-4", "optim.lr_final=none", "optim.adam_eps=1e-5", "optim.min_steps_learn=5000",
+                    "optim.target_update_interval=500", "exploration.eps_final=0.1",
+                    "exploration.eps_steps=100000"]),
 ]
 
 

@@ -14,7 +14,9 @@ evaluation plays whole games, so ``train/`` and ``eval/return_mean`` are game sc
 
     python recipes/r2d1.py                                     # tdrl/CartPoleNoVelocity-v1
     python recipes/r2d1.py trainer.kind=async                  # collector process + optimizer process
-    python recipes/r2d1.py env.id=MinAtar/Breakout-v1 model.lstm_size=128  # images; not tuned yet
+    python recipes/r2d1.py env.id=MinAtar/Breakout-v1 model.lstm_size=128 model.head_sizes=[128] \
+        replay.warmup_T=10 optim.batch_B=16 optim.lr=3e-4 optim.lr_final=none optim.adam_eps=1e-5 \
+        optim.target_update_interval=500 exploration.eps_final=0.1 exploration.eps_steps=100000  # MinAtar
     python recipes/r2d1.py --help                              # every key
 
 Atari (rlpyt's R2D1 defaults; ``pip install 'tdrl[atari]'``; episodic lives as rlpyt trains it)::
@@ -112,12 +114,12 @@ class OptimConfig:
     """Adam epsilon (R2D2: 1e-3)."""
     batch_B: int = 32
     """Sequences per gradient update (rlpyt batch_B: 64)."""
-    replay_ratio: float = 16.0
+    replay_ratio: float = 32.0
     """Replayed steps (all L = warmup + batch + n_step of each sequence) per collected frame (rlpyt: 1, counting
     trained steps)."""
     min_steps_learn: int = 5_000
     """Env frames before the first update (rlpyt: 1e5)."""
-    target_update_interval: int = 250
+    target_update_interval: int = 50
     """Gradient updates between target copies (rlpyt: 2500)."""
     max_grad_norm: float = 80.0
     """Gradient norm clip (rlpyt clip_grad_norm)."""
@@ -129,7 +131,7 @@ class R2D1CollectorConfig(CollectorConfig):
     """Environments stepped together (rlpyt R2D1 Atari: 16 per worker group)."""
     batch_T: int = 20
     """Steps per batch, also rlpyt's store_rnn_state_interval: sequences start at batch starts (rlpyt: 40)."""
-    total_frames: int = 500_000
+    total_frames: int = 300_000
     """Env frames to train for."""
 
 
