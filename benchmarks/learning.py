@@ -12,6 +12,7 @@ of wall-clock to threshold is measured side by side.
     python benchmarks/learning.py --tasks sac-pendulum --stop --quiet 0.1          # each run waits for idle cores
     python benchmarks/learning.py --tasks ppo-cartpole --seeds 0,1,2 --json out.json
     python benchmarks/learning.py --tasks ppo-halfcheetah --no-sb3 --stop         # long (not in the default set)
+    python benchmarks/learning.py --rows a.json b.json --markdown docs/x.md       # report runs made side by side
     python benchmarks/learning.py --gae --losses all                              # micro: tdrl vs TorchRL, ms/call
     python benchmarks/learning.py --iteration all          # whole recipe iterations: TorchRL's loss vs tdrl's twin
 
@@ -556,6 +557,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--stop", action="store_true",
                         help="stop each run at the threshold (frames/time to threshold only; no final return)")
     parser.add_argument("--json", default="", help="write every row to this file")
+    parser.add_argument("--rows", nargs="+", default=[], metavar="JSON",
+                        help="report the rows of earlier runs' --json files instead of running (e.g. runs made side "
+                             "by side, one per core)")
     parser.add_argument("--quiet", type=float, default=None, metavar="FRACTION",
                         help="before each run, wait (up to 10 min) until other processes use less than this fraction "
                              "of the machine (/proc/stat; e.g. 0.1): 2-thread updates slow 3-4x on a shared core")
@@ -586,6 +590,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if unknown:
         parser.error(f"unknown task(s) {sorted(unknown)}; choose from {[t.name for t in TASKS]}")
     tasks = [t for t in TASKS if t.name in names] if names else [t for t in TASKS if t.default]
+    if args.rows:
+        rows = [row for path in args.rows for row in json.loads(Path(path).read_text())]
+        for row in rows:
+            print_row(row)
+        report([t for t in TASKS if any(r["task"] == t.name for r in rows)], rows)
+        return rows
     seeds = [int(s) for s in args.seeds.split(",")]
     have_sb3 = importlib.util.find_spec("stable_baselines3") is not None and not args.no_sb3
     rows: list[dict[str, Any]] = []
@@ -608,9 +618,23 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                            "final_return": curve[-1]["return_mean"], "final_frames": curve[-1]["frames"],
                            "train_s": curve[-1]["train_s"], "curve": curve}
                     rows.append(row)
-                    print(f"{task.name:16s} {impl:5s} seed {seed}: threshold at {frames:>9,.0f} frames, "
-                          f"{train_s:7.1f} s; final {row['final_return']:8.1f} at {row['final_frames']:,} frames "
-                          f"({row['train_s']:.1f} s)", flush=True)
+                    print_row(row)
+    report(tasks, rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def print_row(row: dict[str, Any]) -> None:
+    """One run: threshold crossing, final and best evaluation return."""
+    best = max(point["return_mean"] for point in row["curve"])
+    print(f"{row['task']:16s} {row['impl']:5s} seed {row['seed']}: threshold at {row['frames_to_threshold']:>9,.0f} "
+          f"frames, {row['train_s_to_threshold']:7.1f} s; final {row['final_return']:8.1f} at "
+          f"{row['final_frames']:,} frames ({row['train_s']:.1f} s); best {best:.1f}", flush=True)
+
+
+def report(tasks: list[Task], rows: list[dict[str, Any]]) -> None:
+    """The table of means over seeds, per task and implementation."""
     print()
     print(f"{'task':16s} {'impl':5s} {'final return':>12s} {'frames to thr':>14s} {'s to thr':>9s} "
           f"{'train s':>8s} {'s ratio tdrl/sb3':>17s}")
@@ -625,9 +649,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                   f"{_mean([r['frames_to_threshold'] for r in rs]):14,.0f} {secs[impl]:9.1f} "
                   f"{np.mean([r['train_s'] for r in rs]):8.1f} {ratio:17.2f}")
     print("(means over seeds; 'to thr' is nan when a seed never reached the threshold; times exclude evaluation)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
-    return rows
 
 
 if __name__ == "__main__":
