@@ -594,7 +594,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         rows = [row for path in args.rows for row in json.loads(Path(path).read_text())]
         for row in rows:
             print_row(row)
-        report([t for t in TASKS if any(r["task"] == t.name for r in rows)], rows)
+        done = [t for t in TASKS if any(r["task"] == t.name for r in rows)]
+        report(done, rows)
+        print("\nEach task's rows again:")
+        for task in done:
+            seeds = ",".join(str(r["seed"]) for r in rows if r["task"] == task.name and r["impl"] == "tdrl")
+            print(f"  python benchmarks/learning.py --tasks {task.name} --seeds {seeds} --no-sb3")
         return rows
     seeds = [int(s) for s in args.seeds.split(",")]
     have_sb3 = importlib.util.find_spec("stable_baselines3") is not None and not args.no_sb3
