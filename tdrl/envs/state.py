@@ -10,6 +10,7 @@ episode.
 from __future__ import annotations
 
 import copy
+import pickle
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -93,7 +94,17 @@ def _set_ale(env: Any, state: dict[str, Any]) -> None:
     env.np_random.bit_generator.state = state["np_random"]
 
 
-# Third-party layers, by the qualified name of the library class (no import of mujoco or ale_py to look them up).
+def _get_minatar(env: Any) -> dict[str, Any]:
+    return {"game": pickle.dumps(env.game), "np_random": env.np_random.bit_generator.state}
+
+
+def _set_minatar(env: Any, state: dict[str, Any]) -> None:
+    env.game = pickle.loads(state["game"])
+    env.np_random.bit_generator.state = state["np_random"]
+
+
+# Third-party layers, by the qualified name of the library class (no import of mujoco, ale_py or minatar to look them
+# up).
 _ADAPTERS: dict[str, tuple[Getter, Setter]] = {
     # classic control: the dynamics state, CartPole's steps-after-termination counter, Pendulum's last torque
     "gymnasium.envs.classic_control.cartpole.CartPoleEnv": _attributes("state", "steps_beyond_terminated"),
@@ -107,11 +118,15 @@ _ADAPTERS: dict[str, tuple[Getter, Setter]] = {
     "gymnasium.envs.mujoco.mujoco_env.MujocoEnv": (_get_mujoco, _set_mujoco),
     # Atari: the emulator with its RNG; np_random draws tdrl's AtariFrames' no-op starts and sticky actions
     "ale_py.env.AtariEnv": (_get_ale, _set_ale),
+    # MinAtar: its public `game` (minatar.Environment: the game, the previous action that sticky actions repeat,
+    # their RandomState and the game's, one object once seeded) pickled whole, so a shared RandomState stays
+    # shared; np_random is what wrappers above draw from (MinAtar itself draws nothing from it)
+    "minatar.gym.BaseEnv": (_get_minatar, _set_minatar),
     # remembers only whether reset was called / checks only the first reset and step
     "gymnasium.wrappers.common.OrderEnforcing": (_get_order, _set_order),
     "gymnasium.wrappers.common.PassiveEnvChecker": _stateless(),
 }
-_LIBRARIES = ("gymnasium", "ale_py")
+_LIBRARIES = ("gymnasium", "ale_py", "minatar")
 
 
 def _class_name(cls: type) -> str:

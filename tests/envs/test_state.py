@@ -198,20 +198,38 @@ def test_atari_continues_bitwise(factory, ends_before):
     _check_continuation(factory, k=60, m=60, ends_before=ends_before)
 
 
-def test_atari_continues_bitwise_from_any_step():
+STICKY = [(EnvFactory("ALE/Pong-v5", {"max_episode_steps": 40}), "ale_py", 15),
+          (EnvFactory("MinAtar/Breakout-v1"), "minatar", 30)]
+
+
+@pytest.mark.parametrize(("factory", "module", "captures"), STICKY, ids=[f.env_id for f, _, _ in STICKY])
+def test_sticky_actions_continue_bitwise_from_any_step(factory, module, captures):
     # a sticky repeat of the action before the capture shows only from some capture points
-    pytest.importorskip("ale_py", reason="Atari envs need ale-py: pip install 'tdrl[atari]'")
-    factory = EnvFactory("ALE/Pong-v5", {"max_episode_steps": 40})
+    pytest.importorskip(module)
     env, fresh = factory(seed=0), factory(seed=1)
     _random_steps(env, 50)
     actions = _fixed_actions(env, 10)
-    for _ in range(15):
-        env.step(env.action_space.sample())
+    for _ in range(captures):
+        _random_steps(env, 1)  # resets after an episode end (a MinAtar game over stays over)
         state = get_env_state(env)
         expected, _ = _play(env, actions)
         set_env_state(fresh, state)
         assert _play(fresh, actions)[0] == expected
         set_env_state(env, state)  # back to the capture point, to go on from there
+
+
+MINATAR = [EnvFactory("MinAtar/Breakout-v1"), EnvFactory("MinAtar/Asterix-v1")]
+
+
+@pytest.mark.parametrize("factory", MINATAR, ids=[f.env_id for f in MINATAR])
+def test_minatar_continues_bitwise(factory):
+    # MinAtar's sticky actions (0.1 by default) repeat the previous action with draws from the game's RandomState,
+    # which a seeded game shares with its own (Asterix draws from it for spawns every step)
+    pytest.importorskip("minatar", reason="needs minatar: pip install 'tdrl[minatar]'")
+    env = factory(seed=0)
+    assert capture_problem(env) is None and factory.specs().capture_problem is None
+    assert env.unwrapped.game.sticky_action_prob == 0.1
+    _check_continuation(factory, k=60, m=200, ends_before=1)
 
 
 def test_sticky_actions_inside_ale_are_reported():
