@@ -107,7 +107,8 @@ def test_loaded_collector_continues_bitwise(kind, policy_name, reset_mode, decor
     assert_same_batches(got, expected)
 
 
-@pytest.mark.parametrize("env_id,module", [("Hopper-v5", "mujoco"), ("ALE/Pong-v5", "ale_py")])
+@pytest.mark.parametrize("env_id,module", [("Hopper-v5", "mujoco"), ("ALE/Pong-v5", "ale_py"),
+                                           ("MinAtar/Breakout-v1", "minatar")])
 def test_mujoco_and_atari_collectors_continue_bitwise(env_id, module):
     """The other env families through the collectors (random actions: the action spaces' RNGs are env state)."""
     pytest.importorskip(module)
