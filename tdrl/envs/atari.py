@@ -221,7 +221,11 @@ class MinAtarImage(gym.ObservationWrapper):
 def make_minatar(env_id: str, **kwargs: Any) -> gym.Env:
     """A MinAtar game (``MinAtar/Breakout-v1``: minimal action set; ``-v0``: all 6 actions) as uint8 images;
     ``kwargs`` go to ``gymnasium.make`` (e.g. ``sticky_action_prob``, 0.1 by default). Needs ``pip install
-    'tdrl[minatar]'``."""
+    'tdrl[minatar]'``.
+
+    Every layer can be checkpointed (:mod:`tdrl.envs.state`): the game, with its sticky actions' previous action
+    and RNG, through the adapter of ``minatar.gym.BaseEnv``; :class:`MinAtarImage` keeps no state.
+    """
     return MinAtarImage(gym.make(env_id, **kwargs))
 
 
