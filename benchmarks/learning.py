@@ -302,14 +302,14 @@ TASKS: list[Task] = [
                     "exploration.eps_final=0.1", "exploration.eps_steps=100000", "optim.adam_eps=3.125e-4",
                     "loss.gamma=0.99"]),
     # R2D1 on MinAtar: the DQN row's exploration; 16 sequences of 10 burn-in + 20 trained steps per update, one update
-    # per ~16 frames (replay ratio 32 over all 35 steps), the target copied every 500 updates (~8k frames), constant
+    # per ~18 frames (replay ratio 32 over all 35 steps), the target copied every 500 updates (~8k frames), constant
     # lr 3e-4 with Adam eps 1e-5 (with the recipe's CartPole lr, eps 1e-3 and 1000-update target copies it stayed
     # near random play)
     Task("r2d1-minatar-breakout", "r2d1", "MinAtar/Breakout-v1", threshold=10, budget=250_000, eval_interval=25_000,
          default=False,
          overrides=["model.lstm_size=128", "model.head_sizes=[128]", "replay.warmup_T=10", "optim.batch_B=16",
-                    "optim.lr=3e-4", "optim.lr_final=none", "optim.adam_eps=1e-5", "optim.min_steps_learn=5000",
-                    "optim.target_update_interval=500", "exploration.eps_final=0.1",
+                    "optim.lr=3e-4", "optim.lr_final=none", "optim.adam_eps=1e-5", "optim.replay_ratio=32",
+                    "optim.min_steps_learn=5000", "optim.target_update_interval=500", "exploration.eps_final=0.1",
                     "exploration.eps_steps=100000"]),
 ]
 

@@ -16,7 +16,7 @@ evaluation plays whole games, so ``train/`` and ``eval/return_mean`` are game sc
     python recipes/r2d1.py trainer.kind=async                  # collector process + optimizer process
     python recipes/r2d1.py env.id=MinAtar/Breakout-v1 model.lstm_size=128 model.head_sizes=[128] \
         replay.warmup_T=10 optim.batch_B=16 optim.lr=3e-4 optim.lr_final=none optim.adam_eps=1e-5 \
-        optim.target_update_interval=500 exploration.eps_final=0.1 exploration.eps_steps=100000  # MinAtar
+        optim.replay_ratio=32 optim.target_update_interval=500 exploration.eps_final=0.1 exploration.eps_steps=100000
     python recipes/r2d1.py --help                              # every key
 
 Atari (rlpyt's R2D1 defaults; ``pip install 'tdrl[atari]'``; episodic lives as rlpyt trains it)::
@@ -114,7 +114,7 @@ class OptimConfig:
     """Adam epsilon (R2D2: 1e-3)."""
     batch_B: int = 32
     """Sequences per gradient update (rlpyt batch_B: 64)."""
-    replay_ratio: float = 32.0
+    replay_ratio: float = 64.0
     """Replayed steps (all L = warmup + batch + n_step of each sequence) per collected frame (rlpyt: 1, counting
     trained steps)."""
     min_steps_learn: int = 5_000
