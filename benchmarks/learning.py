@@ -294,13 +294,14 @@ TASKS: list[Task] = [
          eval_interval=10_000),
     # MinAtar (pip install 'tdrl[minatar]'): 10x10 image games, the CPU-scale Atari family; MinAtar paper's DQN
     # settings (replay 100k, batch 32, target every 1000 updates, epsilon 1 -> 0.1 over 100k frames, learning from
-    # 5k frames) with one update per 4 frames (Nature DQN; the paper: 1) on the recipe's double + dueling 3-step DQN
+    # 5k frames) with one update per 4 frames (Nature DQN; the paper: 1) on the recipe's double + dueling 3-step DQN;
+    # one torch thread (the recipe's 2 stall when another run shares the cores: 60 frames/s instead of ~700)
     Task("dqn-minatar-breakout", "dqn", "MinAtar/Breakout-v1", threshold=10, budget=250_000, eval_interval=25_000,
          default=False,
          overrides=["replay.size=100000", "optim.batch_size=32", "optim.replay_ratio=8", "optim.lr=2.5e-4",
                     "optim.lr_final=none", "optim.min_steps_learn=5000", "optim.target_update_interval=1000",
                     "exploration.eps_final=0.1", "exploration.eps_steps=100000", "optim.adam_eps=3.125e-4",
-                    "loss.gamma=0.99"]),
+                    "loss.gamma=0.99", "run.torch_threads=1"]),
     # R2D1 on MinAtar: the DQN row's exploration; 16 sequences of 10 burn-in + 20 trained steps per update, one update
     # per ~18 frames (replay ratio 32 over all 35 steps), the target copied every 500 updates (~8k frames), constant
     # lr 3e-4 with Adam eps 1e-5 (with the recipe's CartPole lr, eps 1e-3 and 1000-update target copies it stayed
