@@ -35,9 +35,9 @@ from functools import partial
 from typing import Literal
 
 from tdrl.config import (
+    AtariEnvConfig,
     CollectorConfig,
     ConfigError,
-    EnvConfig,
     EpsilonGreedyConfig,
     LoggerConfig,
     RecipeConfig,
@@ -51,12 +51,6 @@ REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "rewar
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
-@dataclass
-class DQNEnvConfig(EnvConfig):
-    episodic_lives: bool = False
-    """Atari: a lost life ends the RL episode (no bootstrap), the game goes on (rlpyt: True)."""
-
-
 @dataclass
 class ModelConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
@@ -129,7 +123,7 @@ class OptimConfig:
 
 @dataclass
 class Config(RecipeConfig):
-    env: DQNEnvConfig = field(default_factory=DQNEnvConfig)
+    env: AtariEnvConfig = field(default_factory=AtariEnvConfig)
     collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_B=1, batch_T=8))
     model: ModelConfig = field(default_factory=ModelConfig)
     """Q-network."""

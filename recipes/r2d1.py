@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from tdrl.config import (
+    AtariEnvConfig,
     CollectorConfig,
     ConfigError,
-    EnvConfig,
     EpsilonGreedyConfig,
     LoggerConfig,
     RecipeConfig,
@@ -51,11 +51,9 @@ STATE_KEYS = [("recurrent_state", "h"), ("recurrent_state", "c")]
 
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
-class R2D1EnvConfig(EnvConfig):
+class R2D1EnvConfig(AtariEnvConfig):
     id: str = "tdrl/CartPoleNoVelocity-v1"
     """Gymnasium id: vector, MinAtar (``MinAtar/Breakout-v1``) or Atari (``ALE/Pong-v5``) observations."""
-    episodic_lives: bool = False
-    """Atari: a lost life ends the RL episode (agent reset, no bootstrap), the game goes on (rlpyt: True)."""
 
 
 @dataclass

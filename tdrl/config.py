@@ -30,8 +30,8 @@ from typing import Any, Literal, TypeVar
 
 from tdrl.utils.errors import UserError
 
-__all__ = ["CheckpointConfig", "CollectorConfig", "ConfigError", "EnvConfig", "EpsilonGreedyConfig", "EvalConfig",
-           "LoggerConfig",
+__all__ = ["AtariEnvConfig", "CheckpointConfig", "CollectorConfig", "ConfigError", "EnvConfig", "EpsilonGreedyConfig",
+           "EvalConfig", "LoggerConfig",
            "RecipeConfig", "RunConfig", "TrainerConfig", "UserError", "apply_overrides", "config_help", "diff_configs",
            "flatten", "merge_nested", "parse_args", "run_recipe", "to_dict", "user_errors", "validate"]
 
@@ -56,6 +56,14 @@ class EnvConfig:
 
     id: str = "CartPole-v1"
     """Gymnasium id (classic control, MuJoCo ``HalfCheetah-v5``, Atari ``ALE/Pong-v5``)."""
+
+
+@dataclass
+class AtariEnvConfig(EnvConfig):
+    """The training environment of a recipe that plays Atari games (DQN, R2D1); evaluation plays whole games."""
+
+    episodic_lives: bool = False
+    """Atari: a lost life ends the RL episode (agent reset, no bootstrap), the game goes on (rlpyt: True)."""
 
 
 @dataclass
