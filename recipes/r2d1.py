@@ -8,7 +8,7 @@ the same state. Targets are n-step double-Q with value rescaling; sequences are 
 ``eta * max + (1 - eta) * mean |TD|``, new ones by the TD errors of the Q-values recorded while acting (input
 priorities). ``optim.replay_ratio`` counts every replayed step (burn-in and lookahead too) per collected frame.
 rlpyt's Atari defaults are named in each field's doc; the defaults here are for the quick recurrent check,
-CartPole without velocities (a POMDP): greedy evaluation reaches 475 on 2 of 3 seeds within 300k frames. With
+CartPole without velocities (a POMDP): greedy evaluation reaches 475 on seeds 0-2 (60k-150k frames). With
 ``env.episodic_lives=true`` training episodes end at each lost life while their TrajInfos span the game, and
 evaluation plays whole games, so ``train/`` and ``eval/return_mean`` are game scores.
 
