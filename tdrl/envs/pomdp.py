@@ -27,6 +27,12 @@ class MaskObservation(gym.ObservationWrapper):
     def observation(self, observation: np.ndarray) -> np.ndarray:
         return observation[self.keep]
 
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # a pure function of the observation: the env below holds the state (exact resume)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
 
 def cartpole_no_velocity(**kwargs: Any) -> gym.Env:
     """CartPole observing ``[x, theta]`` (entries 0 and 2; velocities 1 and 3 are masked)."""

@@ -84,6 +84,7 @@ def _check_continuation(factory: EnvFactory, k: int, m: int, ends_before: int = 
 
 CLASSIC = [
     (EnvFactory("CartPole-v1"), 1),  # random actions end an episode within ~20 steps
+    (EnvFactory("tdrl/CartPoleNoVelocity-v1"), 1),  # R2D1's default env: the mask layer joins the protocol
     (EnvFactory("Pendulum-v1", {"max_episode_steps": 25}), 1),
     (EnvFactory("Acrobot-v1", {"max_episode_steps": 25}), 1),
     (EnvFactory("MountainCar-v0", {"max_episode_steps": 25}), 1),

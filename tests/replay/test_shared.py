@@ -89,7 +89,9 @@ def test_concurrent_extend_and_uniform_sample(tmp_path):
 def test_concurrent_extend_and_prioritized_sample_update(tmp_path):
     B, T = 4, 16
     sampler = PrioritizedSampler(alpha=0.6, seed=0)
-    rb = TransitionReplayBuffer(tmp_path / "rb", B * 64, sampler=sampler, seed=0)
+    # 1024 steps per stream, as in the uniform test: a 64-step ring was lapped within one gather when 4 processes
+    # shared the 2 cores (the documented "writer is lapping the buffer" error, not a torn read)
+    rb = TransitionReplayBuffer(tmp_path / "rb", B * 1024, sampler=sampler, seed=0)
     rng = np.random.default_rng(0)
 
     def sample_and_update(n):
