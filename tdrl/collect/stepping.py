@@ -186,10 +186,12 @@ class EnvSlice:
     def state_dict(self) -> dict[str, Any]:
         """What the next batch reads (call between batches): each env's state (``None`` for an env whose state
         cannot be captured, see :func:`tdrl.envs.state.capture_problem`), the ``observation``/``is_init`` rows,
-        wait-reset idle flags, the running sums of the episodes in progress and the per-env episode counters."""
+        wait-reset idle flags, the last step's rewards (a policy's ``prev_reward``), the running sums of the
+        episodes in progress and the per-env episode counters."""
         return {
             "envs": [None if capture_problem(env) else get_env_state(env) for env in self.envs],
             "observation": self.obs.copy(), "is_init": self.is_init.copy(), "idle": self.idle.copy(),
+            "reward": self.reward.copy(),
             "episodes": self.tracker.state_dict(), "episode_count": self.episode_count.copy(),
         }
 
@@ -203,7 +205,8 @@ class EnvSlice:
         for env, env_state in zip(self.envs, state["envs"], strict=True):
             if env_state is not None:
                 set_env_state(env, env_state)
-        for dst, key in ((self.obs, "observation"), (self.is_init, "is_init"), (self.idle, "idle")):
+        for dst, key in ((self.obs, "observation"), (self.is_init, "is_init"), (self.idle, "idle"),
+                         (self.reward, "reward")):
             dst[restored] = np.asarray(state[key])[restored]  # in place: the step arrays are shared views
         self.tracker.load_state_dict(state["episodes"], restored)
         self.episode_count[:] = state["episode_count"]

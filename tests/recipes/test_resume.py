@@ -73,6 +73,14 @@ CASES = {
         "trainer.kind=ddp", "trainer.world_size=2", "collector.batch_B=2", "collector.batch_T=16",
         "collector.total_frames=768", "logger.log_interval_steps=128", "checkpoint.interval_steps=192",
         "eval.max_steps=40", "loss.epochs=2", "loss.minibatches=2", "model.hidden_sizes=[16]"), trials=1),
+    # R2D1 on its default POMDP CartPole: sequence replay with stored LSTM states, wait-reset parallel workers
+    "r2d1_parallel": Case("r2d1.py", (
+        "collector.kind=parallel", "collector.batch_B=4", "collector.n_workers=2", "collector.batch_T=8",
+        "collector.total_frames=640", "logger.log_interval_steps=128", "checkpoint.interval_steps=96",
+        "eval.max_steps=40", "replay.warmup_T=4", "replay.batch_T=4", "loss.n_step=2", "replay.size=1000",
+        "model.hidden_sizes=[16]", "model.lstm_size=16", "model.head_sizes=[16]", "optim.batch_B=4",
+        "optim.replay_ratio=8", "optim.min_steps_learn=96", "optim.target_update_interval=10",
+        "exploration.eps_steps=400"), trials=2),
     "sac_async": Case("sac.py", ("trainer.kind=async", "collector.total_frames=600", "logger.log_interval_steps=100",
                                  "checkpoint.interval_steps=130", "eval.max_steps=30", "optim.min_steps_learn=64",
                                  "model.hidden_sizes=[16]", "optim.batch_size=32", "optim.replay_ratio=32",
