@@ -207,7 +207,8 @@ class EnvSlice:
                 set_env_state(env, env_state)
         for dst, key in ((self.obs, "observation"), (self.is_init, "is_init"), (self.idle, "idle"),
                          (self.reward, "reward")):
-            dst[restored] = np.asarray(state[key])[restored]  # in place: the step arrays are shared views
+            if key in state:  # checkpoints written before "reward" was saved resume with zero prev_reward
+                dst[restored] = np.asarray(state[key])[restored]  # in place: the step arrays are shared views
         self.tracker.load_state_dict(state["episodes"], restored)
         self.episode_count[:] = state["episode_count"]
 
