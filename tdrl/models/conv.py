@@ -25,8 +25,7 @@ class AtariConv(nn.Module):
 
     def __init__(self, image_shape: Sequence[int]) -> None:
         super().__init__()
-        if len(image_shape) != 3:
-            raise ValueError(f"image_shape must be (C, H, W), got {tuple(image_shape)}")
+        _check_image_shape(image_shape)
         self.conv = nn.Sequential(
             nn.Conv2d(int(image_shape[0]), 32, 8, 4), nn.ReLU(),
             nn.Conv2d(32, 64, 4, 2), nn.ReLU(),
@@ -37,12 +36,9 @@ class AtariConv(nn.Module):
             self.output_size = int(self.conv(torch.zeros(1, *self.image_shape)).numel())
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
-        lead = image.shape[:-3]
         if image.shape[-3:] != self.image_shape:
             raise ValueError(f"AtariConv expects [..., {self.image_shape}], got {tuple(image.shape)}")
-        x = image.reshape(-1, *self.image_shape)
-        x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
-        return self.conv(x).reshape(*lead, self.output_size)
+        return _apply(self.conv, image, self.image_shape, self.output_size)
 
 
 class SmallImageConv(nn.Module):
@@ -51,17 +47,26 @@ class SmallImageConv(nn.Module):
 
     def __init__(self, image_shape: Sequence[int], channels: int = 16) -> None:
         super().__init__()
-        if len(image_shape) != 3:
-            raise ValueError(f"image_shape must be (C, H, W), got {tuple(image_shape)}")
+        _check_image_shape(image_shape)
         self.image_shape = tuple(int(d) for d in image_shape)
         self.conv = nn.Sequential(nn.Conv2d(self.image_shape[0], channels, 3, 1), nn.ReLU())
         self.output_size = channels * (self.image_shape[1] - 2) * (self.image_shape[2] - 2)
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
-        lead = image.shape[:-3]
-        x = image.reshape(-1, *self.image_shape)
-        x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
-        return self.conv(x).reshape(*lead, self.output_size)
+        return _apply(self.conv, image, self.image_shape, self.output_size)
+
+
+def _check_image_shape(image_shape: Sequence[int]) -> None:
+    if len(image_shape) != 3:
+        raise ValueError(f"image_shape must be (C, H, W), got {tuple(image_shape)}")
+
+
+def _apply(conv: nn.Module, image: torch.Tensor, image_shape: tuple[int, ...], output_size: int) -> torch.Tensor:
+    """``conv`` over ``[*batch, C, H, W]`` frames (uint8 scaled to ``[0, 1]`` here), flattened to ``[*batch, out]``."""
+    lead = image.shape[:-3]
+    x = image.reshape(-1, *image_shape)
+    x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
+    return conv(x).reshape(*lead, output_size)
 
 
 def image_torso(image_shape: Sequence[int]) -> tuple[nn.Module, int]:

@@ -20,8 +20,8 @@ from tdrl.models.nets import flat_obs_size
 
 __all__ = [
     "DuelingHead", "LogStdGaussianParams", "QActor", "QNetwork", "ScaledTanh", "StateActionValue", "TwinQ",
-    "make_deterministic_actor", "make_q_actor", "make_q_critic", "make_tanh_gaussian_actor", "make_twin_q",
-    "stacked_mlp",
+    "is_image_spec", "make_deterministic_actor", "make_q_actor", "make_q_critic", "make_tanh_gaussian_actor",
+    "make_twin_q", "relu_mlp", "stacked_mlp", "vector_torso",
 ]
 
 
@@ -38,7 +38,9 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-def _mlp(in_features: int, out_features: int, hidden_sizes: Sequence[int], activate_last: bool = False) -> nn.Module:
+def relu_mlp(in_features: int, out_features: int, hidden_sizes: Sequence[int],
+        activate_last: bool = False) -> nn.Module:
+    """TorchRL's ReLU ``MLP``: the layers of tdrl's Q networks, heads and torsos."""
     return MLP(
         in_features=in_features,
         out_features=out_features,
@@ -59,11 +61,11 @@ class DuelingHead(nn.Module):
         super().__init__()
         self.n_actions, self.n_atoms, self.grad_scale = n_actions, n_atoms, grad_scale
         hidden = list(hidden_sizes)
-        self.advantage_body = _mlp(in_features, hidden[-1], hidden[:-1], activate_last=True) if hidden else None
+        self.advantage_body = relu_mlp(in_features, hidden[-1], hidden[:-1], activate_last=True) if hidden else None
         adv_in = hidden[-1] if hidden else in_features
         self.advantage_out = nn.Linear(adv_in, n_actions * n_atoms, bias=False)
         self.advantage_bias = nn.Parameter(torch.zeros(n_atoms, 1))
-        self.value = _mlp(in_features, n_atoms, hidden)
+        self.value = relu_mlp(in_features, n_atoms, hidden)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         if self.grad_scale != 1.0 and features.requires_grad:
@@ -87,7 +89,7 @@ class QNetwork(nn.Module):
         if dueling:
             self.head: nn.Module = DuelingHead(feature_size, n_actions, head_sizes, n_atoms=n_atoms)
         else:
-            self.head = _mlp(feature_size, n_actions * n_atoms, head_sizes)
+            self.head = relu_mlp(feature_size, n_actions * n_atoms, head_sizes)
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         out = self.head(self.torso(observation))
@@ -96,8 +98,17 @@ class QNetwork(nn.Module):
         return out
 
 
-def _is_image(spec: TensorSpec) -> bool:
+def is_image_spec(spec: TensorSpec) -> bool:
+    """uint8 ``[C, H, W]`` observations: frames, for :func:`~tdrl.models.conv.image_torso`."""
     return spec.dtype == torch.uint8 and len(spec.shape) == 3
+
+
+def vector_torso(obs_spec: TensorSpec, hidden_sizes: Sequence[int]) -> tuple[nn.Module, int]:
+    """The ReLU MLP torso of ``hidden_sizes`` for vector observations and its output width (no layers: identity)."""
+    hidden, size = list(hidden_sizes), flat_obs_size(obs_spec)
+    if not hidden:
+        return nn.Identity(), size
+    return relu_mlp(size, hidden[-1], hidden[:-1], activate_last=True), hidden[-1]
 
 
 class QActor(QValueActor):
@@ -128,14 +139,12 @@ def make_q_actor(specs, *, hidden_sizes: Sequence[int] = (64, 64), dueling: bool
         raise ValueError(f"need n_atoms >= 1 and v_max > v_min, got n_atoms={n_atoms}, [{v_min}, {v_max}]")
     n_actions = int(specs.action_spec.space.n)
     obs_spec = specs.observation_spec
-    if _is_image(obs_spec):
+    if is_image_spec(obs_spec):
         torso, hidden_size = image_torso(obs_spec.shape)
         feature_size = torso.output_size
         head_sizes: Sequence[int] = (hidden_size,)
     else:
-        hidden = list(hidden_sizes)
-        torso = _mlp(flat_obs_size(obs_spec), hidden[-1], hidden[:-1], activate_last=True) if hidden else nn.Identity()
-        feature_size = hidden[-1] if hidden else flat_obs_size(obs_spec)
+        torso, feature_size = vector_torso(obs_spec, hidden_sizes)
         head_sizes = ()
     net = QNetwork(torso, feature_size, n_actions, head_sizes, dueling=dueling, n_atoms=n_atoms)
     action_spec = Categorical(n_actions, shape=(), dtype=torch.int64)
@@ -175,7 +184,7 @@ class StateActionValue(nn.Module):
 
     def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: Sequence[int] = (256, 256)) -> None:
         super().__init__()
-        self.net = _mlp(obs_dim + action_dim, 1, hidden_sizes)
+        self.net = relu_mlp(obs_dim + action_dim, 1, hidden_sizes)
 
     def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         return self.net(torch.cat([observation, action], -1))
@@ -258,7 +267,8 @@ def make_deterministic_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256))
     ``action``; exploration noise is a separate module (:func:`tdrl.models.exploration.make_gaussian_noise`).
     """
     low, high = _bounds(specs)
-    net = nn.Sequential(_mlp(flat_obs_size(specs.observation_spec), low.numel(), hidden_sizes), ScaledTanh(low, high))
+    mlp = relu_mlp(flat_obs_size(specs.observation_spec), low.numel(), hidden_sizes)
+    net = nn.Sequential(mlp, ScaledTanh(low, high))
     return ObservationModule(net)
 
 
@@ -286,7 +296,7 @@ def make_tanh_gaussian_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256))
     log-std (:class:`LogStdGaussianParams`). Discrete actions raise ``ValueError``.
     """
     low, high = _bounds(specs)
-    mlp = _mlp(flat_obs_size(specs.observation_spec), 2 * low.numel(), hidden_sizes)
+    mlp = relu_mlp(flat_obs_size(specs.observation_spec), 2 * low.numel(), hidden_sizes)
     net = nn.Sequential(mlp, LogStdGaussianParams())
     return ProbabilisticPolicy(net, ["loc", "scale"], specs.action_spec, TanhNormal, {"low": low, "high": high},
                                return_log_prob=False)

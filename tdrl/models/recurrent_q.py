@@ -21,8 +21,7 @@ from torch.nn import functional as F
 
 from tdrl.models.acting import Inputs, Outputs
 from tdrl.models.conv import image_torso
-from tdrl.models.nets import flat_obs_size
-from tdrl.models.q import DuelingHead, _is_image, _mlp
+from tdrl.models.q import DuelingHead, is_image_spec, relu_mlp, vector_torso
 
 __all__ = ["PreviousAction", "RECURRENT_KEYS", "RecurrentQActor", "RecurrentQNetwork", "make_recurrent_q_actor"]
 
@@ -42,7 +41,8 @@ class RecurrentQNetwork(nn.Module):
         super().__init__()
         self.torso, self.n_actions, self.lstm_size = torso, n_actions, lstm_size
         self.lstm = nn.LSTM(feature_size + n_actions + 1, lstm_size, batch_first=True)
-        self.head = DuelingHead(lstm_size, n_actions, head_sizes) if dueling else _mlp(lstm_size, n_actions, head_sizes)
+        head = DuelingHead if dueling else relu_mlp
+        self.head = head(lstm_size, n_actions, head_sizes)
 
     def zero_state(self, batch: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(h, c)`` zeros ``[batch, 1, lstm_size]``: a new episode's state."""
@@ -133,15 +133,11 @@ def make_recurrent_q_actor(specs, *, hidden_sizes: Sequence[int] = (64,), lstm_s
     """R2D1's greedy actor: images get :func:`~tdrl.models.conv.image_torso` and its hidden layer, vectors an MLP
     of ``hidden_sizes``; then the LSTM (``lstm_size``) and the head (``head_sizes``, dueling)."""
     obs_spec = specs.observation_spec
-    if _is_image(obs_spec):
-        conv, hidden = image_torso(obs_spec.shape)
-        torso: nn.Module = nn.Sequential(conv, nn.Linear(conv.output_size, hidden), nn.ReLU())
-        feature_size = hidden
+    if is_image_spec(obs_spec):
+        conv, feature_size = image_torso(obs_spec.shape)
+        torso: nn.Module = nn.Sequential(conv, nn.Linear(conv.output_size, feature_size), nn.ReLU())
     else:
-        hidden_list = list(hidden_sizes)
-        size = flat_obs_size(obs_spec)
-        torso = _mlp(size, hidden_list[-1], hidden_list[:-1], activate_last=True) if hidden_list else nn.Identity()
-        feature_size = hidden_list[-1] if hidden_list else size
+        torso, feature_size = vector_torso(obs_spec, hidden_sizes)
     net = RecurrentQNetwork(torso, feature_size, specs.n_actions, lstm_size=lstm_size, head_sizes=head_sizes,
                             dueling=dueling)
     return RecurrentQActor(net)
