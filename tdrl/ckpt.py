@@ -42,11 +42,12 @@ from typing import Any, Literal, get_args
 import torch
 
 from tdrl import __version__
+from tdrl.utils.errors import UserError
 from tdrl.utils.files import write_atomic
 from tdrl.utils.process import pid_alive
 
 __all__ = ["SNAPSHOT_MODES", "CheckpointCorrupt", "CheckpointError", "CheckpointInfo", "CheckpointWarning",
-    "Checkpointer", "read_checkpoint", "verify_checkpoint", "write_checkpoint"]
+    "Checkpointer", "StrictResumeError", "read_checkpoint", "verify_checkpoint", "write_checkpoint"]
 
 SnapshotMode = Literal["none", "last", "all", "gap", "gap_and_last"]
 SNAPSHOT_MODES: tuple[str, ...] = get_args(SnapshotMode)
@@ -66,6 +67,11 @@ class CheckpointError(RuntimeError):
 
 class CheckpointCorrupt(CheckpointError):
     """A checkpoint's files do not match its manifest; the message names the checkpoint and the file."""
+
+
+class StrictResumeError(CheckpointCorrupt, UserError):
+    """Strict resume (``checkpoint.strict_resume``) refused a corrupt newest checkpoint: the user's setting, so a
+    recipe ends with one line and exit status 2, having changed nothing."""
 
 
 class CheckpointWarning(UserWarning):
@@ -318,7 +324,8 @@ class Checkpointer:
         """Load the newest checkpoint that verifies (see :meth:`verify`); ``None`` if there is none.
 
         A corrupt newer checkpoint is named in a :class:`CheckpointWarning` and moved to ``corrupt/`` (so it is
-        neither loaded nor overwritten later), unless ``strict``, which raises instead and changes nothing.
+        neither loaded nor overwritten later), unless ``strict``, which raises :class:`StrictResumeError` instead and
+        changes nothing.
         """
         self._remove_stale()
         for info in reversed(self.list()):
@@ -331,7 +338,7 @@ class Checkpointer:
                 except CheckpointCorrupt as e:
                     problem = str(e)
             if self.strict:
-                raise CheckpointCorrupt(f"{problem}; strict resume is on (checkpoint.strict_resume=true)")
+                raise StrictResumeError(f"{problem}; strict resume is on (checkpoint.strict_resume=true)")
             moved = self._quarantine(info)
             warnings.warn(f"CORRUPT CHECKPOINT SKIPPED: {problem}. Moved it to {moved}; falling back to the previous "
                           "one.", CheckpointWarning, stacklevel=2)

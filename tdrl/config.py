@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from tdrl.utils.errors import UserError
+from tdrl.utils.interrupt import interrupts_end_in_one_line
 
 __all__ = ["AtariEnvConfig", "CheckpointConfig", "CollectorConfig", "ConfigError", "EnvConfig", "EpsilonGreedyConfig",
            "EvalConfig", "LoggerConfig",
@@ -486,7 +487,10 @@ def run_recipe(main: typing.Callable[[C], Any], cfg: C, *, prog: str | None = No
     """A recipe's command line: ``main(parse_args(cfg, argv, prog, doc))``, where bad input (any
     :class:`UserError`: a config value, an env id, an algorithm the env does not fit, a resource this machine lacks)
     ends with one line and exit status 2. A recipe imports only this module at the top and the heavy modules (torch,
-    TorchRL, envs) inside ``main``, so a config error shows in well under a second."""
+    TorchRL, envs) inside ``main``, so a config error shows in well under a second. Ctrl-C and SIGTERM end with one
+    line giving the command that resumes the run, and exit status 130 / 143 (:mod:`tdrl.utils.interrupt`)."""
+    script = sys.argv[0] if argv is None else (prog or sys.argv[0])  # as the user typed it
+    argv = sys.argv[1:] if argv is None else argv
     cfg = parse_args(cfg, argv, prog, doc)
-    with user_errors():
+    with interrupts_end_in_one_line(script, argv), user_errors():
         return main(cfg)

@@ -29,6 +29,7 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 from tdrl.collect.common import CollectorError, sorted_infos
 from tdrl.collect.runner import SliceSettings
 from tdrl.collect.stepping import env_seed
+from tdrl.utils.interrupt import ignore_sigint
 
 __all__ = ["POLL_S", "WorkerPool", "WorkerSpec", "get_context", "worker_specs"]
 
@@ -111,6 +112,7 @@ def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of a worker process: build the slice, then serve commands until ``close``."""
     from tdrl.collect.runner import SliceRunner  # imported here: spawn children import as little as possible
 
+    ignore_sigint()  # Ctrl-C reaches the whole process group; the main process stops us
     torch.set_num_threads(1)
     watch = _ParentWatch(conn)
     runner = None

@@ -128,12 +128,13 @@ def _tail(path: Path, n: int = 8) -> str:
 
 
 def launch_local(
-    plan: SweepPlan, slots: list[Slot], python: str = sys.executable, poll_s: float = 0.2, rerun_done: bool = False,
+    plan: SweepPlan, slots: list[Slot], python: str | None = None, poll_s: float = 0.2, rerun_done: bool = False,
     out: IO[str] | None = None,
 ) -> list[RunOutcome]:
     """Run every run of ``plan`` over ``slots``, one run per slot at a time, and wait for all of them.
 
-    ``slots`` (:func:`tdrl.launch.slots.make_slots`) set the concurrency; ``rerun_done`` also runs those with a
+    ``slots`` (:func:`tdrl.launch.slots.make_slots`) set the concurrency; ``python`` runs each recipe (``None``: this
+    process's interpreter, ``sys.executable``); ``rerun_done`` also runs those with a
     ``summary.json`` (they resume from their last checkpoint); progress lines and the status table go to ``out``.
     Returns one :class:`RunOutcome` per run, in plan order; a failed run does not raise.
 
@@ -142,6 +143,7 @@ def launch_local(
         KeyboardInterrupt: Ctrl-C or SIGTERM, after the running runs were stopped and recorded as interrupted.
     """
     out = out or sys.stdout
+    python = python or sys.executable
     if not slots:
         raise ValueError("launch_local needs at least one slot")
     check_not_running(plan)

@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from tdrl.ckpt import CheckpointCorrupt, Checkpointer, CheckpointError, CheckpointInfo, PathWriter
+from tdrl.ckpt import Checkpointer, CheckpointError, CheckpointInfo, PathWriter, StrictResumeError
 from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig
 from tdrl.log.progress import ProgressCSV, metric_value
 from tdrl.log.rundir import (
@@ -61,8 +61,9 @@ from tdrl.log.rundir import (
 from tdrl.log.sinks import ConsoleSink, Sink, make_tensorboard_sink
 from tdrl.log.tee import DebugLog
 from tdrl.log.video import write_video
-from tdrl.log.wandb_sink import make_wandb_sink
+from tdrl.log.wandb_sink import check_wandb_credentials, make_wandb_sink
 from tdrl.utils.files import write_json_atomic
+from tdrl.utils.interrupt import note_run_dir
 from tdrl.utils.seeding import rng_state, set_rng_state
 
 __all__ = ["RESERVED_COLUMNS", "WALL_TIME_COLUMNS", "Run", "is_wall_time_column"]
@@ -81,11 +82,12 @@ def _check_resumable(directory: Path, checkpointer: Checkpointer, progress: Prog
     """Verify the checkpoints before a relaunch writes anything (the verdicts are remembered for loading).
 
     Raises :class:`RunDirError` when checkpoints exist but none verifies (a run that never wrote one starts over:
-    nothing is lost), unless ``force``; :class:`CheckpointCorrupt` when the newest fails under strict resume.
+    nothing is lost), unless ``force``; :class:`StrictResumeError` when the newest fails under strict resume.
     """
     newest, problems = checkpointer.newest_valid()
     if problems and checkpointer.strict:
-        raise CheckpointCorrupt(f"{problems[0]}; strict resume is on (checkpoint.strict_resume=true)")
+        raise StrictResumeError(f"{problems[0]}; strict resume is on (checkpoint.strict_resume=true); nothing was "
+                                "changed: relaunch without it to fall back to the previous valid checkpoint")
     if newest is None and problems and not force:
         raise RunDirError(
             f"cannot resume {directory}: no checkpoint is loadable ({'; '.join(problems)}); its "
@@ -143,7 +145,9 @@ class Run:
                 open, or it holds checkpoints of which none verifies (unless ``run.force``: then it starts over).
             tdrl.config.ConfigError: resuming a directory whose saved config differs (lists the keys), unless
                 ``run.force``.
-            tdrl.ckpt.CheckpointCorrupt: the newest checkpoint is corrupt and ``checkpoint.strict_resume`` is on.
+            tdrl.ckpt.StrictResumeError: the newest checkpoint is corrupt and ``checkpoint.strict_resume`` is on.
+            tdrl.utils.errors.UserError: ``logger.wandb_mode=online`` without W&B credentials (before the directory
+                is made).
             ValueError: a bad ``checkpoint.snapshot_mode``/``snapshot_gap`` or W&B mode.
 
         A resume that is refused changes nothing in the run directory.
@@ -152,6 +156,7 @@ class Run:
         checkpoint = checkpoint if checkpoint is not None else CheckpointConfig()
         name = run.name or name
         cfg = config_dict(config)
+        check_wandb_credentials(logger)  # before the directory exists: a refused launch leaves nothing behind
         directory, resumed = claim_run_dir(run, name)
         lock = lock_run_dir(directory)
         debug_log: DebugLog | None = None
@@ -166,6 +171,7 @@ class Run:
             # from here on the launch goes ahead and writes
             check_writable(directory)
             sign_lock(lock)
+            note_run_dir(directory)  # an interrupted launch names it in the command that resumes it
             save_config(directory, cfg, name=name, seed=run.seed, diff=diff)
             debug_log = DebugLog(directory / "debug.log") if tee else None
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")

@@ -15,12 +15,14 @@ import json
 import os
 import re
 import shutil
+import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from tdrl.config import ConfigError, RunConfig, diff_configs
+from tdrl.utils.errors import UserError
 from tdrl.utils.files import write_json_atomic
 
 __all__ = ["RESUME_IGNORED_KEYS", "RunDirError", "check_resume_config", "check_writable", "claim_run_dir",
@@ -34,9 +36,9 @@ RESUME_IGNORED_KEYS: frozenset[str] = frozenset(
 """Keys that may differ between a run and its relaunch: where it lives and how it is watched, not what it computes."""
 
 
-class RunDirError(RuntimeError):
-    """The run directory cannot be created or written, or holds unreadable run files (e.g. no loadable checkpoint
-    left to resume from)."""
+class RunDirError(UserError):
+    """The run directory cannot be created or written, is in use by a live run, or holds unreadable run files (e.g.
+    no loadable checkpoint left to resume from): bad input, so a recipe ends with one line and exit status 2."""
 
 
 def config_dict(config: Any) -> dict[str, Any]:
@@ -60,6 +62,8 @@ def claim_run_dir(run: RunConfig, name: str) -> tuple[Path, bool]:
     try:
         if run.dir:
             directory = Path(run.dir).expanduser().absolute()
+            if directory.exists() and not directory.is_dir():
+                raise RunDirError(f"run.dir={run.dir!r} is a file, not a directory; choose another run.dir")
             directory.mkdir(parents=True, exist_ok=True)
             return directory, (directory / CONFIG_FILE).is_file()
         day, second = time.strftime("%Y%m%d %H%M%S").split()
@@ -87,8 +91,8 @@ def lock_run_dir(directory: Path) -> IO[str]:
     Two processes writing one run directory (a requeued job starting while the old one still runs, the same
     ``run.dir`` launched twice) would interleave rows and checkpoints. The lock is an ``flock``, so the kernel
     releases it when its holder dies, even by SIGKILL. Nothing is written yet (:func:`sign_lock` does once the
-    launch goes ahead, so a refused resume changes nothing). Raises :class:`RunDirError` (with the holder's pid)
-    when another live process holds it, or when the lock file cannot be created.
+    launch goes ahead, so a refused resume changes nothing). Raises :class:`RunDirError` (with the holder's pid and
+    host) when another live process holds it, or when the lock file cannot be created.
     """
     try:
         f = open(Path(directory) / ".lock", "a+")
@@ -112,7 +116,7 @@ def sign_lock(lock: IO[str]) -> None:
     """Record this process as the holder of a lock from :func:`lock_run_dir` (named when another launch is refused)."""
     lock.seek(0)
     lock.truncate()
-    lock.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    lock.write(f"pid {os.getpid()} on host {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     lock.flush()
 
 

@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tdrl.config import LoggerConfig
+from tdrl.config import ConfigError, LoggerConfig
 from tdrl.utils.files import write_atomic
 
-__all__ = ["WandbSink", "load_or_create_run_id", "make_wandb_sink", "resolve_wandb_mode"]
+__all__ = ["WandbSink", "check_wandb_credentials", "load_or_create_run_id", "make_wandb_sink", "resolve_wandb_mode"]
 
 ID_FILE = "wandb_id.txt"
 STEP_FILE = "wandb_step.txt"
@@ -33,13 +33,26 @@ _MODES = ("online", "offline", "disabled")
 
 def resolve_wandb_mode(configured: str) -> str:
     """``WANDB_MODE`` from the environment if set (``dryrun`` means offline), else ``configured``; a mode other
-    than online, offline, disabled is a ``ValueError`` naming where it came from."""
+    than online, offline, disabled is a :class:`~tdrl.config.ConfigError` naming where it came from."""
     env = os.environ.get("WANDB_MODE", "").strip().lower()
     mode, source = (env, "WANDB_MODE") if env else (configured, "logger.wandb_mode")
     mode = {"dryrun": "offline", "run": "online"}.get(mode, mode)
     if mode not in _MODES:
-        raise ValueError(f"{source}={mode!r} is not one of {list(_MODES)}")
+        raise ConfigError(f"{source}={mode!r} is not one of {list(_MODES)}")
     return mode
+
+
+def check_wandb_credentials(logger: LoggerConfig) -> None:
+    """Raise :class:`~tdrl.config.ConfigError` when the run would log to W&B online and this machine has no
+    credentials (``wandb login``, ``WANDB_API_KEY``): called before the run directory is made, so the launch fails
+    in one line and leaves nothing behind. Asks ``wandb.login`` without prompting or contacting the server."""
+    if not logger.wandb or resolve_wandb_mode(logger.wandb_mode) != "online":
+        return
+    import wandb
+
+    if not wandb.login(prompt=False, verify=False):
+        raise ConfigError("logger.wandb_mode=online needs W&B credentials and this machine has none: run `wandb "
+                          "login` or set WANDB_API_KEY, or log offline (logger.wandb_mode=offline, `wandb sync` later)")
 
 
 def load_or_create_run_id(run_dir: Path) -> str:

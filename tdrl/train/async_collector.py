@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from tdrl.utils.interrupt import ignore_sigint
 from tdrl.utils.seeding import rng_state, seed_everything, set_rng_state
 
 __all__ = ["CollectorProcessSpec", "Control", "collector_process_main", "owed_updates", "watch_parent"]
@@ -100,6 +101,7 @@ def collector_process_main(spec: CollectorProcessSpec, ctrl: Control, parent_pid
     """Entry point of the collector process. Messages on ``ctrl.queue``: ``("started", pid)``; ``("batch", info)``
     per batch (``itr``, ``frames``, ``episodes``, ``collect_s``, ``lag_wait_s``, ``weights_version`` and, at
     boundaries, ``collector_state`` and ``rng``); ``("done",)`` at the end; ``("error", traceback)`` on failure."""
+    ignore_sigint()  # Ctrl-C reaches the whole process group; the optimizer process stops us
     finished = threading.Event()
 
     def stop_orphaned() -> None:  # the loop stops at its next check, else the process is killed

@@ -32,6 +32,7 @@ from tdrl.utils.distributed import (
     is_distributed,
     resolve_backend,
 )
+from tdrl.utils.interrupt import ignore_sigint
 
 __all__ = ["DataParallelError", "launch_data_parallel"]
 
@@ -163,6 +164,7 @@ def _run_rank(local_rank: int, call: tuple[str, str | None, bytes], world: int, 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=local_rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
     if result_path is not None:
+        ignore_sigint()  # Ctrl-C reaches the whole process group; the launching process stops the ranks
         watch_parent(os.getppid(), 0.5, lambda: os._exit(1))  # exit with the launching process
     try:
         result = fn(*args, **kwargs)

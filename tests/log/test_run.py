@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -170,7 +171,8 @@ def test_logging_on_resumed_run_before_load_warns_and_starts_over(tmp_path):
 def test_a_live_run_directory_cannot_be_opened_twice(tmp_path):
     cfg = apply_overrides(Cfg(), {"run.dir": str(tmp_path / "r")})
     first = _open(cfg)
-    with pytest.raises(RunDirError, match=rf"in use by another process \(pid {os.getpid()} since"):
+    holder = rf"pid {os.getpid()} on host {re.escape(socket.gethostname())} since"
+    with pytest.raises(RunDirError, match=rf"in use by another process \({holder}"):
         _open(cfg)
     assert first.log({"x": 1.0}, step=1)["CumSteps"] == 1  # the failed open changed nothing
     first.close()

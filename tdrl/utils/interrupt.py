@@ -1,0 +1,94 @@
+"""Ctrl-C and SIGTERM end a recipe with one line that says how to resume it.
+
+A recipe's command line (:func:`tdrl.config.run_recipe`) raises SIGTERM as the same exception as Ctrl-C (a
+``KeyboardInterrupt``), so the same cleanup runs: the trainer stops its worker processes and closes the run; the
+checkpoints already written are complete (they are published atomically). Then one line on stderr names the signal
+and the command that resumes the run, the same arguments plus ``run.dir=<its directory>`` (which
+:meth:`tdrl.log.Run.open` reports with :func:`note_run_dir`), and the process exits with ``128 + signal`` (130 for
+SIGINT, 143 for SIGTERM), as a shell reports a process killed by it. ``TDRL_DEBUG=1`` keeps the traceback.
+
+Worker processes ignore SIGINT (:func:`ignore_sigint`): a terminal's Ctrl-C reaches the whole process group, and
+only the main process decides how they stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+__all__ = ["Interrupted", "ignore_sigint", "interrupts_end_in_one_line", "note_run_dir", "resume_command"]
+
+_state: dict[str, object] = {"run_dir": None, "signum": None}
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (or SIGINT) received while a recipe runs; raised like Ctrl-C so the same cleanup runs."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def note_run_dir(path: str | os.PathLike) -> None:
+    """Record the directory of the run this process has open: the one an interrupted launch resumes."""
+    _state["run_dir"] = str(Path(path).absolute())
+
+
+def ignore_sigint() -> None:
+    """In a worker process: leave Ctrl-C to the main process, which stops the workers itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _python() -> str:
+    """How to name this interpreter in a command the user can paste: ``python`` when that is the one on PATH."""
+    on_path = shutil.which("python")
+    if on_path and Path(on_path).resolve() == Path(sys.executable).resolve():
+        return "python"
+    return sys.executable
+
+
+def resume_command(script: str, args: Sequence[str], run_dir: str | os.PathLike) -> str:
+    """``python <script> <args> run.dir=<run_dir>``, without any ``run.dir`` the args had, quoted for a shell."""
+    kept = [a for a in args if not a.lstrip("-").startswith("run.dir=")]
+    return shlex.join([_python(), script, *kept, f"run.dir={Path(run_dir).absolute()}"])
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    _state["signum"] = signum
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def interrupts_end_in_one_line(script: str, args: Sequence[str]) -> Iterator[None]:
+    """Run the enclosed recipe with SIGINT and SIGTERM raising :class:`Interrupted`; once one has arrived, whatever
+    the cleanup raised ends as one line ``error: interrupted by SIG...; resume with: ...`` and exit 128 + signal."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
+        yield
+        return
+    _state.update(run_dir=None, signum=None)
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    except BaseException as e:
+        signum = _state["signum"] or (signal.SIGINT if isinstance(e, KeyboardInterrupt) else None)
+        if signum is None or isinstance(e, SystemExit) or os.environ.get("TDRL_DEBUG", "") not in ("", "0"):
+            raise
+        name = signal.Signals(signum).name
+        run_dir = _state["run_dir"]
+        if run_dir is None:  # not opened yet, or opened by another process (rank 0 of a spawned ddp run)
+            line = (f"interrupted by {name}; if a run directory was printed above, resume with: "
+                    f"{resume_command(script, args, '<that directory>')}")
+        else:
+            line = f"interrupted by {name}; resume with: {resume_command(script, args, run_dir)}"
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + int(signum)) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
