@@ -493,7 +493,10 @@ def atari_section(args, seconds: float, repeats: int, add) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- main
 def main() -> None:
+    from report import add_markdown_option
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_markdown_option(parser)
     parser.add_argument("--quick", action="store_true", help="short timings, one TorchRL config (< 1 min)")
     parser.add_argument("--json", metavar="PATH", help="write every row as {env, collector, frames_per_s}")
     parser.add_argument("--envs", nargs="*", default=["CartPole-v1", "HalfCheetah-v5"])

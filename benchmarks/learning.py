@@ -550,7 +550,10 @@ def _mean(values: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    from report import add_markdown_option
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_markdown_option(parser)
     parser.add_argument("--tasks", default="", help="comma-separated task names (default: the default set): "
                         + ", ".join(t.name for t in TASKS))
     parser.add_argument("--seeds", default="0,1,2")

@@ -243,7 +243,10 @@ def sac_recipe_table(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    from report import add_markdown_option
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_markdown_option(parser)
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--transitions", type=int, default=100_000)
     parser.add_argument("--obs", type=int, default=17)

@@ -67,7 +67,10 @@ def rate(fn: Callable[[], int], seconds: float, repeats: int) -> float:
 
 
 def main() -> None:
+    from report import add_markdown_option
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_markdown_option(parser)
     parser.add_argument("--quick", action="store_true", help="short timings (< 1 minute in all)")
     parser.add_argument("--json", metavar="PATH", help="write rows {buffer, op, per_s} to PATH")
     parser.add_argument("--capacity", type=int, default=1_000_000)

@@ -7,6 +7,7 @@ takes ``--markdown PATH`` out of ``sys.argv``, copies everything printed meanwhi
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import io
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["machine_line", "markdown_page"]
+__all__ = ["add_markdown_option", "machine_line", "markdown_page"]
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "torchrl", "tensordict", "gymnasium", "stable-baselines3", "envpool")
@@ -85,6 +86,13 @@ def _versions() -> str:
         with contextlib.suppress(metadata.PackageNotFoundError):
             found.append(f"{name} {metadata.version(name)}")
     return ", ".join(found)
+
+
+def add_markdown_option(parser: argparse.ArgumentParser) -> None:
+    """List ``--markdown PATH`` in a script's ``--help`` (:func:`markdown_page` takes it out of ``sys.argv`` before
+    the script's own parser runs)."""
+    parser.add_argument("--markdown", metavar="PATH", help="also write this run as a dated docs page at PATH "
+                        "(machine, software, commit, command and the printed output)")
 
 
 @contextlib.contextmanager

@@ -112,7 +112,10 @@ def print_table(title: str, rows: list[dict], base: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from report import add_markdown_option
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_markdown_option(parser)
     parser.add_argument("--quick", action="store_true", help="small budgets (smoke test of the script)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sections", nargs="+", default=["async", "ddp"], choices=["async", "ddp"])

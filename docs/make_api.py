@@ -19,7 +19,7 @@ MODULES = [
     "tdrl.config", "tdrl.envs", "tdrl.models", "tdrl.collect", "tdrl.replay",
     "tdrl.objectives.advantage", "tdrl.objectives.policy_gradient", "tdrl.objectives.dqn",
     "tdrl.objectives.continuous", "tdrl.objectives.sac", "tdrl.objectives.update", "tdrl.objectives.schedules",
-    "tdrl.train", "tdrl.log", "tdrl.ckpt", "tdrl.launch", "tdrl.plot",
+    "tdrl.train", "tdrl.log", "tdrl.ckpt", "tdrl.launch", "tdrl.launch.recipe", "tdrl.plot",
 ]
 
 
@@ -36,6 +36,17 @@ def signature(obj: object) -> str:
     return re.sub(r" at 0x[0-9a-f]+", "", text)  # no addresses: the page must be reproducible
 
 
+def methods(cls: type) -> list[str]:
+    """The public methods a class defines itself, with a docstring of their own (inherited ones are documented
+    where they are defined)."""
+    found = []
+    for name, member in vars(cls).items():
+        function = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+        if not name.startswith("_") and inspect.isfunction(function) and function.__doc__:
+            found.append(name)
+    return found
+
+
 def render() -> str:
     lines = ["# API reference", "", "Generated from the docstrings by `python docs/make_api.py`; do not edit by hand.",
              "Each entry: the signature and the first paragraph of the docstring (`help(name)` has the rest).", ""]
@@ -47,6 +58,9 @@ def render() -> str:
             if inspect.isclass(obj) or inspect.isfunction(obj):
                 kind = "class" if inspect.isclass(obj) else "def"
                 lines += [f"- **{kind} `{public}`**`{signature(obj)}`: {first_paragraph(obj)}".rstrip(": ")]
+                if inspect.isclass(obj):
+                    lines += [f"  - **`{public}.{method}`**`{signature(getattr(obj, method))}`: "
+                              f"{first_paragraph(getattr(obj, method))}".rstrip(": ") for method in methods(obj)]
             else:
                 text = repr(sorted(obj) if isinstance(obj, (set, frozenset)) else obj)  # sets: a fixed order
                 text = re.sub(r" at 0x[0-9a-f]+", "", text)

@@ -11,7 +11,7 @@ __all__ = ["main"]
 USAGE = """usage: tdrl <command> [args...]
 
 commands:
-  plot       learning-curve PNGs from run directories (mean and 95% CI over seeds)
+  plot       learning-curve PNGs from run directories (interquartile mean and its 95% bootstrap CI over seeds)
   sweep      plan, run locally, submit to SLURM, or follow a sweep (slurm/sweeps/*.py)
 
 Run `tdrl <command> --help` for a command's arguments."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import datetime
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import pytest  # noqa: E402
 from report import markdown_page  # noqa: E402
 
 
@@ -20,6 +24,35 @@ def test_api_page_is_up_to_date():
     assert proc.returncode == 0, proc.stderr
     page = (ROOT / "docs" / "api.md").read_text()
     assert "**def `make_collector`**" in page and "**class `TransitionReplayBuffer`**" in page
+    assert "**`Run.open`**" in page and "## `tdrl.launch.recipe`" in page and "**def `load_recipe`**" in page
+
+
+def test_every_benchmark_lists_markdown_in_its_help():
+    for script in sorted((ROOT / "benchmarks").glob("*.py")):
+        source = script.read_text()
+        if "markdown_page(" in source and script.name != "report.py":
+            assert "add_markdown_option(parser)" in source, f"{script.name}: --help does not list --markdown"
+
+
+def test_no_tracked_file_holds_a_machine_path():
+    """A page generated on one machine (a default argument's absolute path) fails a fresh install elsewhere."""
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    machine = {str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix, sys.executable, Path.home(), ROOT)}
+    patterns = [*sorted(machine - {"/"}), "/.pyenv/", "site-packages/", "/home/"]
+    found = []
+    for name in tracked:
+        if name == "tests/test_docs.py":
+            continue  # names the patterns
+        path = ROOT / name
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue  # binary or unreadable: not text a reader copies
+        for number, line in enumerate(text.splitlines(), 1):
+            found += [f"{name}:{number}: {pattern}" for pattern in patterns if pattern in line]
+    assert not found, "\n".join(found)
 
 
 def test_markdown_page_records_machine_commit_command_and_output(tmp_path, capsys):
@@ -37,3 +70,106 @@ def test_markdown_page_records_machine_commit_command_and_output(tmp_path, capsy
     with markdown_page("Nothing", ["x.py"]):  # without --markdown: no page
         pass
     assert list(tmp_path.rglob("*.md")) == [path]
+
+
+# --- Config keys named in the docs exist ----------------------------------------------------------------------
+# Every `section.key` or `section.key=value` in README.md and docs/*.md (inline code, shell blocks; not Python
+# blocks, where `trainer.frames` is an attribute) is checked against the recipes' configs: in a command
+# `python recipes/<r>.py ...` against that recipe, with its values (all of the command's overrides together);
+# elsewhere against the recipes the same line names (`PPO`, `a2c.py`), or any recipe when it names none. A shell
+# line whose comment says `error:` shows bad input on purpose: it must fail. The commands in the recipes' docstrings
+# (their --help) are checked the same way.
+
+DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+ALGORITHMS = {"ppo": "PPO", "a2c": "A2C", "dqn": "DQN", "ddpg": "DDPG", "td3": "TD3", "sac": "SAC", "r2d1": "R2D1"}
+NOT_CONFIG_KEYS = {"collector.traj_infos": "a collector's attribute", "logger.record_tabular": "rlpyt's function"}
+COMMAND = re.compile(r"python\s+(?:\S*/)?recipes/(\w+)\.py((?:[ \t]+[^\s#`|]+)*)")
+KEY = re.compile(r"(?<![\w./-])([a-z][a-z_]*)\.([A-Za-z_][A-Za-z0-9_]*)(?:=([^\s`|,;)\]\"']+))?(?![\w(.])")
+PLACEHOLDER = re.compile(r"^([A-Z]|<.*>|\.\.\.)$")  # trainer.world_size=N, run.dir=<dir>
+
+
+def _recipe_configs():
+    from tdrl.launch.recipe import load_recipe
+
+    return {name: load_recipe(ROOT / "recipes" / f"{name}.py").Config() for name in ALGORITHMS}
+
+
+def _named_recipes(text: str) -> list[str]:
+    return [r for r, algo in ALGORITHMS.items() if re.search(rf"\b({algo}|{r}\.py)\b", text)]
+
+
+def _doc_spans(text: str):
+    """(line number, context, span, shows an error) for each inline code span and each line of a non-Python block;
+    the context, where the recipes a span is about are named, is the text after the span when that names one."""
+    in_block, python_block = False, False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            in_block, python_block = not in_block, line.strip().removeprefix("```").startswith("python")
+            continue
+        if in_block:
+            if not python_block:
+                code, _, comment = line.partition("  #")
+                yield number, line, code, comment.strip().startswith("error:")
+        else:
+            parts = line.split("`")  # odd indices are code spans; the text after one says what it is about
+            for i in range(1, len(parts) - 1, 2):
+                after = parts[i + 1]
+                yield number, after if _named_recipes(after) else line, parts[i], False
+
+
+def _doc_mentions():
+    """Every config mention in the docs: (where, recipes it is checked against, overrides, must fail)."""
+    configs = _recipe_configs()
+    sections = {f for cfg in configs.values() for f in dataclasses.asdict(cfg)}
+    for path in DOC_FILES:
+        for number, line, span, error in _doc_spans(path.read_text().replace("\\\n", " ")):
+            where = f"{path.relative_to(ROOT)}:{number}: {span.strip()[:100]}"
+            for match in COMMAND.finditer(span):
+                overrides = [a for a in match.group(2).split() if "=" in a and not a.startswith("-")]
+                yield where, [match.group(1)], overrides, error
+            named = _named_recipes(line)
+            for section, key, value in KEY.findall(COMMAND.sub("", span)):
+                if section in sections and f"{section}.{key}" not in NOT_CONFIG_KEYS:
+                    value = "" if PLACEHOLDER.match(value) else value
+                    yield where, named or list(ALGORITHMS), [f"{section}.{key}" + (f"={value}" if value else "")], error
+
+
+def _docstring_commands():
+    """The commands in each recipe's docstring (its ``--help``): (where, [recipe], overrides, must fail)."""
+    for recipe in ALGORITHMS:
+        path = ROOT / "recipes" / f"{recipe}.py"
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        for number, line in enumerate(doc.replace("\\\n", " ").splitlines(), 1):
+            code, _, comment = line.partition("  #")
+            for match in COMMAND.finditer(code):
+                overrides = [a for a in match.group(2).split() if "=" in a and not a.startswith("-")]
+                yield f"recipes/{recipe}.py docstring:{number}", [match.group(1)], overrides, "error:" in comment
+
+
+def _config_error(config, overrides: list[str]) -> str | None:
+    from tdrl.config import ConfigError, apply_overrides, flatten, to_dict
+
+    keys = flatten(to_dict(config))
+    if missing := [o for o in overrides if "=" not in o and o not in keys]:
+        return f"no key {missing[0]}"
+    try:
+        apply_overrides(config, [o for o in overrides if "=" in o])
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def test_every_config_key_in_the_docs_exists():
+    configs = _recipe_configs()
+    problems, checked = [], 0
+    for where, recipes, overrides, must_fail in [*_doc_mentions(), *_docstring_commands()]:
+        checked += 1
+        errors = {recipe: _config_error(configs[recipe], overrides) for recipe in recipes}
+        failed = [f"{recipe}: {error}" for recipe, error in errors.items() if error]
+        if must_fail:
+            if len(failed) < len(recipes):
+                problems.append(f"{where} -> shown as an error, but it is valid")
+        elif len(failed) == len(recipes) or (len(recipes) < len(ALGORITHMS) and failed):
+            problems.append(f"{where} -> {'; '.join(failed)}")
+    assert checked > 80, checked  # the scan found the docs' keys
+    assert not problems, "\n".join(problems)

@@ -3,7 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
+import shlex
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -78,3 +85,176 @@ def test_build_errors_are_one_line(recipe, args, message, tmp_path):
     proc, _ = run(recipe, *args, f"run.root={tmp_path}")
     assert_one_line_error(proc, message)
     assert not list(tmp_path.rglob("progress.csv"))  # nothing ran
+
+
+# --- The run directory: each failure one line, exit 2, and the directory unchanged ------------------------------
+# A real PPO run makes the directory; each case relaunches on a copy of it, as a user would, and the copy's files
+# must hash the same afterwards. The cases run side by side (each loads torch before it reaches the run directory).
+
+RUN = ("collector.total_frames=2048", "logger.log_interval_steps=512", "eval.n_envs=0", "logger.wandb=false",
+       "logger.progress_bar=false")
+
+
+def _recipe_command(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "recipes" / "ppo.py"), *args]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "TDRL_DEBUG": "0", **extra}
+
+
+def _tree_hashes(directory: Path) -> dict[str, str]:
+    """Every entry under ``directory``: files by sha256, folders as such (a new empty folder is a change too)."""
+    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(directory.rglob("*"))}
+
+
+def _corrupt(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished PPO run with two kept checkpoints."""
+    directory = tmp_path_factory.mktemp("base") / "run"
+    proc = subprocess.run(_recipe_command(*RUN, f"run.dir={directory}"), capture_output=True, text=True, env=_env(),
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert len(list((directory / "checkpoints").glob("itr_*"))) == 2
+    return directory
+
+
+def _no_checkpoint_loads(run_dir: Path) -> list[str]:
+    for state in (run_dir / "checkpoints").glob("itr_*/state.pt"):
+        _corrupt(state)
+    return []
+
+
+def _newest_checkpoint_corrupt(run_dir: Path) -> list[str]:
+    _corrupt(sorted((run_dir / "checkpoints").glob("itr_*/state.pt"))[-1])
+    return ["checkpoint.strict_resume=true"]
+
+
+def _unreadable_config(run_dir: Path) -> list[str]:
+    (run_dir / "config.json").write_text("{not json")
+    return []
+
+
+RUN_DIR_ERRORS = {  # name: (prepare(run_dir) -> extra args, message)
+    "no loadable checkpoint": (_no_checkpoint_loads, "no checkpoint is loadable"),
+    "strict resume": (_newest_checkpoint_corrupt, "strict resume is on (checkpoint.strict_resume=true)"),
+    "another config": (lambda run_dir: ["optim.lr=0.01"], "holds a run with a different config; differing keys: "
+                                                          "optim.lr: saved"),
+    "unreadable config.json": (_unreadable_config, "cannot read"),
+}
+
+
+@pytest.fixture(scope="module")
+def run_dir_outcomes(finished_run, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, bool]]:
+    """Each case relaunched on its own copy of the finished run: ``{name: (process, directory unchanged)}``; plus
+    a ``run.dir`` that is a file, an unwritable ``run.root`` and W&B online without credentials (none of which may
+    leave a directory behind)."""
+    root = tmp_path_factory.mktemp("cases")
+    launches: dict[str, tuple[list[str], dict[str, str], Path]] = {}
+    for name, (prepare, _) in RUN_DIR_ERRORS.items():
+        run_dir = root / name.replace(" ", "_")
+        shutil.copytree(finished_run, run_dir)
+        args = prepare(run_dir)
+        launches[name] = (_recipe_command(*RUN, *args, f"run.dir={run_dir}"), _env(), run_dir)
+    (root / "a_file").write_text("not a directory")
+    launches["run.dir is a file"] = (_recipe_command(*RUN, f"run.dir={root / 'a_file'}"), _env(), root / "a_file")
+    launches["run.root cannot be made"] = (_recipe_command(*RUN, "run.root=/proc/tdrl-runs"), _env(), root / "none")
+    home = root / "home_without_credentials"
+    home.mkdir()
+    no_wandb = {k: v for k, v in _env(HOME=str(home)).items() if not k.startswith(("WANDB_", "NETRC"))}
+    launches["W&B online without credentials"] = (
+        [*_recipe_command(*RUN, f"run.dir={root / 'wandb_run'}"), "logger.wandb=true", "logger.wandb_mode=online"],
+        no_wandb, root / "wandb_run")
+    before = {name: _tree_hashes(d) if d.is_dir() else d.read_bytes() if d.exists() else None
+              for name, (_, _, d) in launches.items()}
+    outcomes = {}
+    names = list(launches)
+    for pair in (names[i:i + 2] for i in range(0, len(names), 2)):  # two at a time: one per core
+        procs = {n: subprocess.Popen(launches[n][0], env=launches[n][1], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True) for n in pair}
+        for n, proc in procs.items():
+            out, err = proc.communicate(timeout=300)
+            d = launches[n][2]
+            after = _tree_hashes(d) if d.is_dir() else d.read_bytes() if d.exists() else None
+            outcomes[n] = (subprocess.CompletedProcess(proc.args, proc.returncode, out, err), after == before[n])
+    return outcomes
+
+
+RUN_DIR_MESSAGES = {name: message for name, (_, message) in RUN_DIR_ERRORS.items()} | {
+    "run.dir is a file": "is a file, not a directory",
+    "run.root cannot be made": "cannot create run directory under '/proc/tdrl-runs'",
+    "W&B online without credentials": "logger.wandb_mode=online needs W&B credentials",
+}
+
+
+@pytest.mark.parametrize("name", list(RUN_DIR_MESSAGES))
+def test_run_directory_errors_are_one_line_and_change_nothing(name, run_dir_outcomes):
+    proc, unchanged = run_dir_outcomes[name]
+    assert_one_line_error(proc, RUN_DIR_MESSAGES[name])
+    assert unchanged, f"{name}: the launch changed the run directory"
+
+
+def test_a_run_directory_in_use_names_its_holder_and_sigterm_names_the_resume_command(finished_run, tmp_path):
+    """A live run holds its directory: a second launch on it names the holder's pid and host and changes nothing.
+    SIGTERM then stops the live run with one line giving the command that resumes it, and exit status 143."""
+    run_dir = tmp_path / "live"
+    args = ("collector.total_frames=100000000", *RUN[1:], f"run.dir={run_dir}")
+    live = subprocess.Popen(_recipe_command(*args), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((run_dir / "checkpoints").glob("itr_*")) and time.monotonic() < deadline:
+            assert live.poll() is None, live.communicate()
+            time.sleep(0.1)
+        second = subprocess.run(_recipe_command(*args), env=_env(), capture_output=True, text=True, timeout=300)
+        assert_one_line_error(second, f"in use by another process (pid {live.pid} on host {socket.gethostname()}")
+        assert live.poll() is None  # the refused launch left the live run alone
+        live.send_signal(signal.SIGTERM)
+        _, err = live.communicate(timeout=60)
+    finally:
+        live.kill()
+    assert live.returncode == 143, err
+    (line,) = err.splitlines()
+    prefix = "error: interrupted by SIGTERM; resume with: "
+    assert line.startswith(prefix), line
+    python, *command = shlex.split(line.removeprefix(prefix))
+    assert python in ("python", sys.executable) and command == _recipe_command(*args)[1:]
+
+
+def test_ctrl_c_stops_workers_and_prints_the_command_that_resumes(tmp_path):
+    """Ctrl-C in a terminal signals the whole process group (main process and collector workers): one line, exit
+    130, and the printed command resumes the run to its end."""
+    root = tmp_path / "runs"
+    args = ("collector.kind=parallel", "collector.total_frames=40960", "logger.log_interval_steps=1024",
+            "eval.n_envs=0", "logger.wandb=false", "logger.progress_bar=false", f"run.root={root}")
+    proc = subprocess.Popen(_recipe_command(*args), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(root.rglob("checkpoints/itr_*")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    (line,) = err.splitlines()
+    prefix = "error: interrupted by SIGINT; resume with: "
+    assert line.startswith(prefix), line
+    python, *command = shlex.split(line.removeprefix(prefix))
+    run_dir = next(root.rglob("run_0"))
+    assert python in ("python", sys.executable) and command == [*_recipe_command(*args)[1:], f"run.dir={run_dir}"]
+    resumed = subprocess.run([sys.executable, *command], env=_env(), capture_output=True, text=True, timeout=300,
+                             cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from itr_" in resumed.stdout
+    assert json.loads((run_dir / "summary.json").read_text())["frames"] >= 40960

@@ -97,9 +97,9 @@ class RunSpec:
         """``lr1e-3/cartpole/run_0`` (the run directory relative to the experiment directory)."""
         return f"{self.log_dir}/run_{self.seed}" if self.log_dir else f"run_{self.seed}"
 
-    def command(self, recipe: Path, python: str = sys.executable) -> list[str]:
-        """``[python, recipe, key=value, ...]``: this run as a process."""
-        return [python, str(recipe), *self.overrides]
+    def command(self, recipe: Path, python: str | None = None) -> list[str]:
+        """``[python, recipe, key=value, ...]``: this run as a process (``python``: default this interpreter)."""
+        return [python or sys.executable, str(recipe), *self.overrides]
 
     def is_done(self) -> bool:
         """The run finished before: its ``summary.json`` exists."""
