@@ -137,7 +137,6 @@ class R2D1CollectorConfig(CollectorConfig):
     batch_T: Count = 20
     """Steps per batch, also rlpyt's store_rnn_state_interval: sequences start at batch starts (rlpyt: 40)."""
     total_frames: Count = 300_000
-    """Env frames to train for."""
 
 
 @dataclass

@@ -103,7 +103,8 @@ class CollectorConfig:
     batch_T: Count = 32
     """Time steps per env per iteration (rlpyt batch_T; the batch's second dim)."""
     total_frames: Count = 100_000
-    """Env frames to train for (rlpyt n_steps; rounded up to a whole log interval)."""
+    """Env frames to train for, at least (rlpyt n_steps): ceil(total_frames / frames per iteration) iterations
+    (batch_B * batch_T frames, times the ranks with trainer.kind=ddp), rounded up to whole log intervals."""
 
     def validate(self) -> None:
         _check(self.kind == "serial" or self.batch_B % self.n_workers == 0,
@@ -180,7 +181,8 @@ class LoggerConfig:
     """Metric sinks: console, progress.csv, W&B."""
 
     log_interval_steps: Count = 10_000
-    """Env frames between log rows (rlpyt's ``log_interval_steps``)."""
+    """Env frames between log rows and evaluations (rlpyt's ``log_interval_steps``), rounded down to whole
+    iterations (at least one)."""
     wandb: bool = True
     """Mirror metrics to Weights & Biases (the run directory stays the source of truth)."""
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
