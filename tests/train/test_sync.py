@@ -135,6 +135,14 @@ def test_loop_counts_frames_iterations_and_weight_syncs():
     assert trainer.history[-1]["train/return_mean"] == pytest.approx(sum(range(1, 13)) / 12)
 
 
+def test_loop_trains_at_least_n_steps_frames():
+    trainer = SyncTrainer(collector=ScriptedCollector(), n_steps=25, log_interval_steps=25)  # 10-frame batches
+    for _ in trainer:
+        pass
+    # 25 frames = 2.5 iterations -> 3, then on to the next log row (every 2 iterations): 4; rlpyt's floor gave 20
+    assert trainer.frames == 40 and [row["iteration"] for row in trainer.history] == [2, 4]
+
+
 def test_online_statistics_use_last_log_traj_window_episodes():
     trainer = SyncTrainer(collector=ScriptedCollector(), n_steps=100, log_interval_steps=100, log_traj_window=4)
     for _ in trainer:
