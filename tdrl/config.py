@@ -1,17 +1,17 @@
 """Typed configs with dotted ``key=value`` overrides. Every recipe declares a nested dataclass config; the command
-line takes TorchRL-style dotted overrides (``python recipes/sac.py env.id=Hopper-v5 optim.lr=3e-4``). Unknown keys
-and wrong types are errors that name the full dotted key and suggest the nearest one, before any env starts.
-``--help`` lists every field with its type, default and the string literal under it (CleanRL style).
+line takes TorchRL-style dotted overrides (``python recipes/sac.py env.id=Hopper-v5 optim.lr=3e-4``). Unknown keys,
+wrong types and values out of a field's declared range are errors that name the full dotted key (an unknown one
+with the nearest valid key), before any env starts. ``--help`` lists every field with its type and range, default
+and the string literal under it (CleanRL style).
 
 The sections every recipe has live here, so common keys are spelled the same everywhere (``env.id``,
 ``collector.batch_B``, ``run.seed``...); a recipe changes their defaults with ``field(default_factory=lambda:
 CollectorConfig(batch_B=1))``. Every numeric field declares its valid range in its type (``lr: PositiveFloat``,
 ``Annotated[int, Range(ge=-1)]``; lists: each item, and ``Length`` for the list), checked whenever a value is set or
-a config validated and shown in ``--help``. A section may define ``validate(self)`` raising :class:`ConfigError`
-for values that cannot work together; :func:`apply_overrides` calls it after every override is in. This module
-imports nothing heavy,
-so a recipe that imports only it at the top (torch, TorchRL and tdrl's other layers inside ``main``) and ends with
-``run_recipe(main, Config(), doc=__doc__)`` reports a bad key or value in well under a second.
+a config validated and shown in ``--help``. A section may define ``validate(self)`` raising :class:`ConfigError` for
+values that cannot work together; :func:`apply_overrides` calls it after every override is in. This module imports
+nothing heavy, so a recipe that imports only it at the top (torch, TorchRL and tdrl's other layers inside ``main``)
+and ends with ``run_recipe(main, Config(), doc=__doc__)`` reports a bad key or value in well under a second.
 """
 
 from __future__ import annotations
