@@ -16,23 +16,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tdrl.config import CollectorConfig, LoggerConfig, RecipeConfig, run_recipe
+from tdrl.config import (
+    AnyFloat,
+    CollectorConfig,
+    Count,
+    Fraction,
+    LayerSizes,
+    LoggerConfig,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveFraction,
+    RecipeConfig,
+    run_recipe,
+)
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
 class ModelConfig:
-    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    hidden_sizes: LayerSizes = field(default_factory=lambda: [64, 64])
     """Hidden widths of the actor and critic MLPs (the LSTM policy's embedding uses the first)."""
     activation: Literal["tanh", "relu", "elu", "silu"] = "tanh"
     """Hidden activation."""
     lstm: bool = False
     """Recurrent policy: MLP embedding -> LSTM (shared by actor and critic) -> heads."""
-    lstm_size: int = 64
+    lstm_size: Count = 64
     """LSTM hidden size."""
     distribution: Literal["auto", "categorical", "normal", "tanh_normal"] = "auto"
     """Action distribution; auto = categorical for discrete actions, tanh_normal for continuous ones."""
-    init_log_std: float = 0.0
+    init_log_std: AnyFloat = 0.0
     """Initial log standard deviation of Gaussian policies."""
     normalize_observation: bool = False
     """Normalise observations by running mean/std inside the model (rlpyt normalize_observation)."""
@@ -40,13 +52,13 @@ class ModelConfig:
 
 @dataclass
 class LossConfig:
-    gamma: float = 0.99
+    gamma: PositiveFraction = 0.99
     """Discount."""
-    gae_lambda: float = 1.0
+    gae_lambda: Fraction = 1.0
     """GAE lambda; 1.0 = discounted return bootstrapped with V(s_T) (rlpyt's default)."""
-    value_loss_coeff: float = 1.0
+    value_loss_coeff: NonNegativeFloat = 1.0
     """Weight of the value loss 0.5*(V - R)^2 (rlpyt A2C: 0.5; 1.0 equals SB3's vf_coef=0.5 on a plain MSE)."""
-    entropy_coeff: float = 0.0
+    entropy_coeff: NonNegativeFloat = 0.0
     """Weight of the entropy bonus (rlpyt: 0.01)."""
     normalize_advantage: bool = False
     """Normalise advantages over the batch."""
@@ -56,13 +68,13 @@ class LossConfig:
 class OptimConfig:
     name: Literal["adam", "rmsprop"] = "rmsprop"
     """Optimizer: rmsprop (alpha 0.99, as A3C/SB3) or adam (rlpyt's default)."""
-    lr: float = 7e-4
+    lr: PositiveFloat = 7e-4
     """Learning rate (start value when decayed)."""
-    eps: float = 1e-5
+    eps: PositiveFloat = 1e-5
     """Optimizer epsilon."""
     linear_decay: bool = False
     """Decay the learning rate linearly to 0 over the run."""
-    max_grad_norm: float = 0.5
+    max_grad_norm: PositiveFloat = 0.5
     """Gradient norm clip (rlpyt clip_grad_norm)."""
     compile: bool = False
     """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""

@@ -17,7 +17,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tdrl.config import CollectorConfig, ConfigError, EnvConfig, LoggerConfig, RecipeConfig, run_recipe
+from tdrl.config import (
+    CollectorConfig,
+    ConfigError,
+    Count,
+    EnvConfig,
+    LayerSizes,
+    LoggerConfig,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveFraction,
+    RecipeConfig,
+    run_recipe,
+)
 
 REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
                ("next", "terminated"), ("next", "truncated")]
@@ -26,27 +38,27 @@ REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "rewar
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
 class ModelConfig:
-    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    hidden_sizes: LayerSizes = field(default_factory=lambda: [256, 256])
     """Hidden widths of the policy and of each Q critic."""
 
 
 @dataclass
 class ExplorationConfig:
-    action_noise: float = 0.1
+    action_noise: NonNegativeFloat = 0.1
     """Std of the Gaussian exploration noise, relative to the half-width of the action box (rlpyt action_std)."""
 
 
 @dataclass
 class ReplayConfig:
-    size: int = 100_000
+    size: Count = 100_000
     """Transitions held (rlpyt replay_size is 1e6; Pendulum needs no more than its budget)."""
 
 
 @dataclass
 class LossConfig:
-    gamma: float = 0.99
+    gamma: PositiveFraction = 0.99
     """Discount per env step."""
-    n_step: int = 1
+    n_step: Count = 1
     """n-step returns (rlpyt n_step_return); the bootstrap is gamma ** steps, per sample."""
     bootstrap_timelimit: bool = True
     """Bootstrap through time limits (rlpyt bootstrap_timelimit); false treats them as terminal."""
@@ -54,21 +66,21 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
-    actor_lr: float = 1e-4
+    actor_lr: PositiveFloat = 1e-4
     """Adam learning rate of the policy (rlpyt learning_rate)."""
-    critic_lr: float = 1e-3
+    critic_lr: PositiveFloat = 1e-3
     """Adam learning rate of the critic (rlpyt q_learning_rate)."""
-    batch_size: int = 64
+    batch_size: Count = 64
     """Transitions per gradient update."""
-    replay_ratio: float = 64.0
+    replay_ratio: PositiveFloat = 64.0
     """Transitions sampled per transition collected (rlpyt replay_ratio); sets updates per iteration."""
-    min_steps_learn: int = 1_000
+    min_steps_learn: Count = 1_000
     """Env frames collected before the first update (rlpyt: 10000)."""
-    target_update_interval: int = 1
+    target_update_interval: Count = 1
     """Gradient updates between target updates (rlpyt target_update_interval)."""
-    target_update_tau: float = 0.01
+    target_update_tau: PositiveFraction = 0.01
     """Polyak factor of the target networks (rlpyt target_update_tau)."""
-    max_grad_norm: float | None = None
+    max_grad_norm: PositiveFloat | None = None
     """Gradient norm clip (rlpyt clip_grad_norm=1e8: effectively none)."""
     compile: bool = False
     """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""

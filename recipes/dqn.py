@@ -32,14 +32,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal
+from typing import Annotated, Literal
 
 from tdrl.config import (
+    AnyFloat,
     AtariEnvConfig,
     CollectorConfig,
     ConfigError,
+    Count,
     EpsilonGreedyConfig,
+    Fraction,
+    LayerSizes,
     LoggerConfig,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveFraction,
+    Range,
     RecipeConfig,
     RunConfig,
     TrainerConfig,
@@ -53,41 +62,45 @@ REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "rewar
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
 class ModelConfig:
-    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    hidden_sizes: LayerSizes = field(default_factory=lambda: [256, 256])
     """MLP torso widths for vector observations (images get the Nature-DQN conv torso)."""
     dueling: bool = True
     """Dueling head: Q = V + A - mean(A)."""
     categorical: bool = False
     """Categorical DQN (C51): learn the return distribution on a fixed support."""
-    n_atoms: int = 51
+    n_atoms: Annotated[int, Range(ge=2)] = 51
     """Atoms of the C51 support."""
-    v_min: float = 0.0
+    v_min: AnyFloat = 0.0
     """Lowest C51 atom (rlpyt V_min; -10 for clipped-reward Atari)."""
-    v_max: float = 100.0
+    v_max: AnyFloat = 100.0
     """Highest C51 atom (rlpyt V_max; 10 for clipped-reward Atari; CartPole's discounted return is <= 100)."""
+
+    def validate(self) -> None:
+        if not self.v_min < self.v_max:
+            raise ConfigError(f"model.v_min={self.v_min} must be < model.v_max={self.v_max} (the C51 support)")
 
 
 @dataclass
 class ReplayConfig:
-    size: int = 100_000
+    size: Count = 100_000
     """Transitions held (rlpyt replay_size)."""
     prioritized: bool = False
     """Prioritized replay by |TD error| (C51: cross-entropy)."""
-    alpha: float = 0.6
+    alpha: NonNegativeFloat = 0.6
     """Priority exponent (rlpyt pri_alpha)."""
-    beta_init: float = 0.4
+    beta_init: Fraction = 0.4
     """Importance-weight exponent at the start (rlpyt pri_beta_init)."""
-    beta_final: float = 1.0
+    beta_final: Fraction = 1.0
     """Importance-weight exponent after beta_steps frames (rlpyt pri_beta_final)."""
-    beta_steps: int = 100_000
+    beta_steps: NonNegativeInt = 100_000
     """Env frames over which beta anneals (rlpyt pri_beta_steps)."""
 
 
 @dataclass
 class LossConfig:
-    gamma: float = 0.99
+    gamma: PositiveFraction = 0.99
     """Discount per env step."""
-    n_step: int = 3
+    n_step: Count = 3
     """n-step returns (rlpyt n_step_return); the bootstrap is gamma ** steps, per sample."""
     double: bool = True
     """Double DQN: online network selects the bootstrap action, target network evaluates it (C51: always)."""
@@ -99,23 +112,23 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 2.3e-3
+    lr: PositiveFloat = 2.3e-3
     """Adam learning rate (RL-Zoo's CartPole value; rlpyt's Atari default is 2.5e-4)."""
-    lr_final: float | None = 1e-4
+    lr_final: NonNegativeFloat | None = 1e-4
     """Decay the learning rate linearly to this over the run; None keeps it constant."""
-    adam_eps: float = 0.01 / 64
+    adam_eps: PositiveFloat = 0.01 / 64
     """Adam epsilon (rlpyt: 0.01 / batch_size)."""
-    batch_size: int = 64
+    batch_size: Count = 64
     """Transitions per gradient update."""
-    replay_ratio: float = 32.0
+    replay_ratio: PositiveFloat = 32.0
     """Transitions sampled per transition collected (rlpyt replay_ratio); sets updates per iteration."""
-    min_steps_learn: int = 1_000
+    min_steps_learn: Count = 1_000
     """Env frames collected before the first update (rlpyt min_steps_learn)."""
-    target_update_interval: int = 128
+    target_update_interval: Count = 128
     """Gradient updates between target-network updates (rlpyt counts updates, not frames)."""
-    target_update_tau: float = 1.0
+    target_update_tau: PositiveFraction = 1.0
     """Target update factor; 1.0 copies, <1 is polyak averaging (rlpyt target_update_tau)."""
-    max_grad_norm: float = 10.0
+    max_grad_norm: PositiveFloat = 10.0
     """Gradient norm clip (rlpyt clip_grad_norm)."""
     compile: bool = False
     """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""

@@ -29,23 +29,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tdrl.config import LoggerConfig, RecipeConfig, TrainerConfig, run_recipe
+from tdrl.config import (
+    AnyFloat,
+    Count,
+    Fraction,
+    LayerSizes,
+    LoggerConfig,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveFraction,
+    RecipeConfig,
+    TrainerConfig,
+    run_recipe,
+)
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
 class ModelConfig:
-    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    hidden_sizes: LayerSizes = field(default_factory=lambda: [64, 64])
     """Hidden widths of the actor and critic MLPs (the LSTM policy's embedding uses the first)."""
     activation: Literal["tanh", "relu", "elu", "silu"] = "tanh"
     """Hidden activation."""
     lstm: bool = False
     """Recurrent policy: MLP embedding -> LSTM (shared by actor and critic) -> heads."""
-    lstm_size: int = 64
+    lstm_size: Count = 64
     """LSTM hidden size."""
     distribution: Literal["auto", "categorical", "normal", "tanh_normal"] = "auto"
     """Action distribution; auto = categorical for discrete actions, tanh_normal for continuous ones."""
-    init_log_std: float = 0.0
+    init_log_std: AnyFloat = 0.0
     """Initial log standard deviation of Gaussian policies."""
     normalize_observation: bool = False
     """Normalise observations by running mean/std inside the model (rlpyt normalize_observation)."""
@@ -53,35 +65,35 @@ class ModelConfig:
 
 @dataclass
 class LossConfig:
-    gamma: float = 0.98
+    gamma: PositiveFraction = 0.98
     """Discount."""
-    gae_lambda: float = 0.8
+    gae_lambda: Fraction = 0.8
     """GAE lambda (1.0 = discounted return with bootstrap, rlpyt's default)."""
-    clip_epsilon: float = 0.2
+    clip_epsilon: PositiveFloat = 0.2
     """Likelihood-ratio clip (rlpyt ratio_clip)."""
     linear_decay: bool = True
     """Decay the learning rate and the ratio clip linearly to 0 over the run (rlpyt linear_lr_schedule)."""
-    epochs: int = 10
+    epochs: Count = 10
     """Passes over each batch."""
-    minibatches: int = 1
+    minibatches: Count = 1
     """Minibatches per epoch (split over envs for LSTM policies)."""
-    value_loss_coeff: float = 1.0
+    value_loss_coeff: NonNegativeFloat = 1.0
     """Weight of the value loss 0.5*(V - R)^2 (rlpyt PPO: 1.0)."""
-    entropy_coeff: float = 0.0
+    entropy_coeff: NonNegativeFloat = 0.0
     """Weight of the entropy bonus."""
     normalize_advantage: bool = True
     """Normalise advantages per minibatch."""
-    reward_scale: float = 1.0
+    reward_scale: PositiveFloat = 1.0
     """Multiply rewards by this before computing advantages (returns in the logs stay raw)."""
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 4e-3
+    lr: PositiveFloat = 4e-3
     """Adam learning rate (start value when decayed)."""
-    eps: float = 1e-5
+    eps: PositiveFloat = 1e-5
     """Adam epsilon."""
-    max_grad_norm: float = 0.5
+    max_grad_norm: PositiveFloat = 0.5
     """Gradient norm clip (rlpyt clip_grad_norm)."""
     compile: bool = False
     """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""

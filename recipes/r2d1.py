@@ -36,8 +36,15 @@ from tdrl.config import (
     AtariEnvConfig,
     CollectorConfig,
     ConfigError,
+    Count,
     EpsilonGreedyConfig,
+    Fraction,
+    LayerSizes,
     LoggerConfig,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveFraction,
     RecipeConfig,
     RunConfig,
     TrainerConfig,
@@ -58,11 +65,11 @@ class R2D1EnvConfig(AtariEnvConfig):
 
 @dataclass
 class ModelConfig:
-    hidden_sizes: list[int] = field(default_factory=lambda: [64])
+    hidden_sizes: LayerSizes = field(default_factory=lambda: [64])
     """MLP torso of vector observations (images: the conv torso and its 512 or, MinAtar, 128-wide layer)."""
-    lstm_size: int = 64
+    lstm_size: Count = 64
     """LSTM width (rlpyt: 512)."""
-    head_sizes: list[int] = field(default_factory=lambda: [64])
+    head_sizes: list[Count] = field(default_factory=lambda: [64])
     """Hidden widths of the Q head (rlpyt: [512])."""
     dueling: bool = True
     """Dueling head (rlpyt's AtariR2d1Model: True)."""
@@ -70,19 +77,19 @@ class ModelConfig:
 
 @dataclass
 class ReplayConfig:
-    size: int = 100_000
+    size: Count = 100_000
     """Time steps held (rlpyt replay_size: 1e6)."""
-    warmup_T: int = 20
+    warmup_T: NonNegativeInt = 20
     """Burn-in steps before the trained ones (rlpyt: 40)."""
-    batch_T: int = 20
+    batch_T: Count = 20
     """Trained steps per sequence (rlpyt: 80)."""
     prioritized: bool = True
     """Prioritized sequences (rlpyt: True)."""
-    alpha: float = 0.6
+    alpha: NonNegativeFloat = 0.6
     """Priority exponent (rlpyt pri_alpha)."""
-    beta: float = 0.9
+    beta: Fraction = 0.9
     """Importance-weight exponent, constant (rlpyt pri_beta_init = pri_beta_final = 0.9)."""
-    eta: float = 0.9
+    eta: Fraction = 0.9
     """Sequence priority eta * max + (1 - eta) * mean |TD| (rlpyt pri_eta)."""
     input_priorities: bool = True
     """New sequences get priorities from the Q-values recorded while acting (rlpyt: True)."""
@@ -90,13 +97,13 @@ class ReplayConfig:
 
 @dataclass
 class LossConfig:
-    gamma: float = 0.99
+    gamma: PositiveFraction = 0.99
     """Discount per env step (rlpyt: 0.997)."""
-    n_step: int = 5
+    n_step: Count = 5
     """n-step returns (rlpyt n_step_return)."""
     double: bool = True
     """Double DQN targets (rlpyt double_dqn)."""
-    value_scale_eps: float = 1e-3
+    value_scale_eps: PositiveFloat = 1e-3
     """eps of the value rescaling h(x) = sign(x)(sqrt(|x|+1)-1) + eps x (rlpyt value_scale_eps)."""
     clip_reward: bool = False
     """Clip rewards to [-1, 1] in the targets (R2D1 rescales values instead; rlpyt's Atari env clips)."""
@@ -104,33 +111,32 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-3
+    lr: PositiveFloat = 1e-3
     """Adam learning rate (rlpyt: 1e-4)."""
-    lr_final: float | None = 1e-4
+    lr_final: NonNegativeFloat | None = 1e-4
     """Decay the learning rate linearly to this over the run; None keeps it constant (rlpyt)."""
-    adam_eps: float = 1e-3
+    adam_eps: PositiveFloat = 1e-3
     """Adam epsilon (R2D2: 1e-3)."""
-    batch_B: int = 32
+    batch_B: Count = 32
     """Sequences per gradient update (rlpyt batch_B: 64)."""
-    replay_ratio: float = 64.0
+    replay_ratio: PositiveFloat = 64.0
     """Replayed steps (all L = warmup + batch + n_step of each sequence) per collected frame (rlpyt: 1, counting
     trained steps)."""
-    min_steps_learn: int = 5_000
+    min_steps_learn: Count = 5_000
     """Env frames before the first update (rlpyt: 1e5)."""
-    target_update_interval: int = 50
+    target_update_interval: Count = 50
     """Gradient updates between target copies (rlpyt: 2500)."""
-    max_grad_norm: float = 80.0
+    max_grad_norm: PositiveFloat = 80.0
     """Gradient norm clip (rlpyt clip_grad_norm)."""
 
 
 @dataclass
 class R2D1CollectorConfig(CollectorConfig):
-    batch_B: int = 8
+    batch_B: Count = 8
     """Environments stepped together (rlpyt R2D1 Atari: 16 per worker group)."""
-    batch_T: int = 20
+    batch_T: Count = 20
     """Steps per batch, also rlpyt's store_rnn_state_interval: sequences start at batch starts (rlpyt: 40)."""
-    total_frames: int = 300_000
-    """Env frames to train for."""
+    total_frames: Count = 300_000
 
 
 @dataclass

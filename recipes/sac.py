@@ -27,10 +27,15 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from tdrl.config import (
+    AnyFloat,
     CollectorConfig,
     ConfigError,
+    Count,
     EnvConfig,
+    LayerSizes,
     LoggerConfig,
+    PositiveFloat,
+    PositiveFraction,
     RecipeConfig,
     RunConfig,
     TrainerConfig,
@@ -44,27 +49,27 @@ REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "rewar
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
 class ModelConfig:
-    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    hidden_sizes: LayerSizes = field(default_factory=lambda: [256, 256])
     """Hidden widths of the policy and of each Q critic."""
 
 
 @dataclass
 class ReplayConfig:
-    size: int = 100_000
+    size: Count = 100_000
     """Transitions held (rlpyt replay_size is 1e6; Pendulum needs no more than its budget)."""
 
 
 @dataclass
 class LossConfig:
-    gamma: float = 0.99
+    gamma: PositiveFraction = 0.99
     """Discount per env step."""
-    n_step: int = 1
+    n_step: Count = 1
     """n-step returns (rlpyt n_step_return); the bootstrap is gamma ** steps, per sample."""
-    alpha_init: float = 1.0
+    alpha_init: PositiveFloat = 1.0
     """Initial entropy temperature."""
     fixed_alpha: bool = False
     """Keep alpha at alpha_init instead of tuning it (rlpyt fixed_alpha)."""
-    target_entropy: float | None = None
+    target_entropy: AnyFloat | None = None
     """Entropy target of the alpha tuning; None: -action_dim for actions rescaled to [-1, 1] (SB3's convention)."""
     bootstrap_timelimit: bool = True
     """Bootstrap through time limits (rlpyt bootstrap_timelimit); false treats them as terminal."""
@@ -72,20 +77,20 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-3
+    lr: PositiveFloat = 1e-3
     """Adam learning rate of the policy, the critics and alpha (rlpyt 3e-4; RL-Zoo Pendulum 1e-3)."""
-    batch_size: int = 256
+    batch_size: Count = 256
     """Transitions per gradient update."""
-    replay_ratio: float = 256.0
+    replay_ratio: PositiveFloat = 256.0
     """Transitions sampled per transition collected (rlpyt replay_ratio); sets updates per iteration."""
-    min_steps_learn: int = 100
+    min_steps_learn: Count = 100
     """Env frames collected (with the initial policy) before the first update (rlpyt 10000; SB3 100); may be below
     batch_size: the replay draws with replacement."""
-    target_update_tau: float = 0.005
+    target_update_tau: PositiveFraction = 0.005
     """Polyak factor of the target critics (rlpyt target_update_tau)."""
-    target_update_interval: int = 1
+    target_update_interval: Count = 1
     """Gradient updates between target updates (rlpyt target_update_interval)."""
-    max_grad_norm: float | None = None
+    max_grad_norm: PositiveFloat | None = None
     """Gradient norm clip (rlpyt clip_grad_norm=1e9: effectively none)."""
     compile: bool = False
     """torch.compile the loss terms (opt-in: compiling takes tens of seconds on CPU)."""

@@ -1,14 +1,17 @@
 """Typed configs with dotted ``key=value`` overrides. Every recipe declares a nested dataclass config; the command
-line takes TorchRL-style dotted overrides (``python recipes/sac.py env.id=Hopper-v5 optim.lr=3e-4``). Unknown keys
-and wrong types are errors that name the full dotted key and suggest the nearest one, before any env starts.
-``--help`` lists every field with its type, default and the string literal under it (CleanRL style).
+line takes TorchRL-style dotted overrides (``python recipes/sac.py env.id=Hopper-v5 optim.lr=3e-4``). Unknown keys,
+wrong types and values out of a field's declared range are errors that name the full dotted key (an unknown one
+with the nearest valid key), before any env starts. ``--help`` lists every field with its type and range, default
+and the string literal under it (CleanRL style).
 
 The sections every recipe has live here, so common keys are spelled the same everywhere (``env.id``,
 ``collector.batch_B``, ``run.seed``...); a recipe changes their defaults with ``field(default_factory=lambda:
-CollectorConfig(batch_B=1))``. A section may define ``validate(self)`` raising :class:`ConfigError` for values
-that cannot work; :func:`apply_overrides` calls it after every override is in. This module imports nothing heavy,
-so a recipe that imports only it at the top (torch, TorchRL and tdrl's other layers inside ``main``) and ends with
-``run_recipe(main, Config(), doc=__doc__)`` reports a bad key or value in well under a second.
+CollectorConfig(batch_B=1))``. Every numeric field declares its valid range in its type (``lr: PositiveFloat``,
+``Annotated[int, Range(ge=-1)]``; lists: each item, and ``Length`` for the list), checked whenever a value is set or
+a config validated and shown in ``--help``. A section may define ``validate(self)`` raising :class:`ConfigError` for
+values that cannot work together; :func:`apply_overrides` calls it after every override is in. This module imports
+nothing heavy, so a recipe that imports only it at the top (torch, TorchRL and tdrl's other layers inside ``main``)
+and ends with ``run_recipe(main, Config(), doc=__doc__)`` reports a bad key or value in well under a second.
 """
 
 from __future__ import annotations
@@ -26,17 +29,38 @@ import textwrap
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from tdrl.utils.errors import UserError
 from tdrl.utils.interrupt import interrupts_end_in_one_line
+from tdrl.utils.ranges import Length, Range
 
-__all__ = ["AtariEnvConfig", "CheckpointConfig", "CollectorConfig", "ConfigError", "EnvConfig", "EpsilonGreedyConfig",
-           "EvalConfig", "LoggerConfig",
-           "RecipeConfig", "RunConfig", "TrainerConfig", "UserError", "apply_overrides", "config_help", "diff_configs",
-           "flatten", "merge_nested", "parse_args", "run_recipe", "to_dict", "user_errors", "validate"]
+__all__ = ["AnyFloat", "AtariEnvConfig", "CheckpointConfig", "CollectorConfig", "ConfigError", "Count", "EnvConfig",
+           "EpsilonGreedyConfig", "EvalConfig", "Fraction", "LayerSizes", "Length", "LoggerConfig", "NonNegativeFloat",
+           "NonNegativeInt", "PositiveFloat", "PositiveFraction", "Range", "RecipeConfig", "RunConfig", "TrainerConfig",
+           "UserError", "apply_overrides", "config_help", "diff_configs", "flatten", "merge_nested", "parse_args",
+           "run_recipe", "to_dict", "user_errors", "validate"]
 
 C = TypeVar("C")
+
+# --- Ranges: every int or float field of a config declares one (tests/test_config.py walks the recipes) --------
+
+AnyFloat = Annotated[float, Range()]
+"""Any number, on purpose (a return threshold, a log-std, an atom's value)."""
+PositiveFloat = Annotated[float, Range(gt=0)]
+"""> 0: learning rates, optimizer epsilons, clip ranges, scales."""
+NonNegativeFloat = Annotated[float, Range(ge=0)]
+""">= 0: loss coefficients, noise levels, exponents."""
+Fraction = Annotated[float, Range(ge=0, le=1)]
+"""In [0, 1]: probabilities, epsilons, GAE lambda, importance exponents."""
+PositiveFraction = Annotated[float, Range(gt=0, le=1)]
+"""In (0, 1]: discounts, polyak factors."""
+Count = Annotated[int, Range(ge=1)]
+""">= 1: sizes, counts, intervals."""
+NonNegativeInt = Annotated[int, Range(ge=0)]
+""">= 0: seeds, frame counts where 0 means none or off."""
+LayerSizes = Annotated[list[Count], Length(1)]
+"""Hidden layer widths: at least one layer, each >= 1."""
 
 
 class ConfigError(UserError):
@@ -73,18 +97,17 @@ class CollectorConfig:
 
     kind: Literal["serial", "parallel", "action_server"] = "serial"
     """serial (one process), parallel (CPU workers), action_server (workers step, main process acts)."""
-    n_workers: int = 2
+    n_workers: Count = 2
     """Worker processes of the parallel/action_server collectors (must divide batch_B)."""
-    batch_B: int = 8
+    batch_B: Count = 8
     """Environments stepped together (rlpyt batch_B; the batch's first dim)."""
-    batch_T: int = 32
+    batch_T: Count = 32
     """Time steps per env per iteration (rlpyt batch_T; the batch's second dim)."""
-    total_frames: int = 100_000
-    """Env frames to train for (rlpyt n_steps; rounded up to a whole log interval)."""
+    total_frames: Count = 100_000
+    """Env frames to train for, at least (rlpyt n_steps): ceil(total_frames / frames per iteration) iterations
+    (batch_B * batch_T frames, times the ranks with trainer.kind=ddp), rounded up to whole log intervals."""
 
     def validate(self) -> None:
-        for key in ("n_workers", "batch_B", "batch_T", "total_frames"):
-            _check(getattr(self, key) >= 1, f"collector.{key}={getattr(self, key)} must be >= 1")
         _check(self.kind == "serial" or self.batch_B % self.n_workers == 0,
                f"collector.batch_B={self.batch_B} must be divisible by collector.n_workers={self.n_workers} (each "
                f"{self.kind} worker steps the same number of envs)")
@@ -94,33 +117,36 @@ class CollectorConfig:
 class EpsilonGreedyConfig:
     """Epsilon-greedy exploration of the value-based recipes (DQN, R2D1); each re-declares it with its defaults."""
 
-    eps_init: float = 1.0
+    eps_init: Fraction = 1.0
     """Epsilon until optim.min_steps_learn frames."""
-    eps_final: float = 0.04
+    eps_final: Fraction = 0.04
     """Final epsilon (the largest per-env final value with vector epsilon)."""
-    eps_final_min: float | None = None
+    eps_final_min: PositiveFraction | None = None
     """Smallest per-env final epsilon, log-spaced over the envs (rlpyt's and Ape-X's vector epsilon); None: one
     epsilon for all envs."""
-    eps_steps: int = 9_000
+    eps_steps: NonNegativeInt = 9_000
     """Env frames at which epsilon reaches its final value (rlpyt eps_steps)."""
-    eps_eval: float = 0.001
+    eps_eval: Fraction = 0.001
     """Epsilon of evaluation episodes (rlpyt eps_eval)."""
+
+    def validate(self) -> None:
+        _check(self.eps_final_min is None or self.eps_final_min <= self.eps_final,
+               f"exploration.eps_final_min={self.eps_final_min} must be <= exploration.eps_final={self.eps_final} "
+               "(the per-env final epsilons are log-spaced between them)")
 
 
 @dataclass
 class EvalConfig:
     """Offline evaluation (rlpyt MinibatchRlEval): whole greedy episodes on dedicated envs."""
 
-    n_envs: int = 10
+    n_envs: NonNegativeInt = 10
     """Evaluation episodes at iteration 0 and every log interval; 0 logs online training episodes instead."""
-    max_steps: int = 0
+    max_steps: NonNegativeInt = 0
     """Time limit of evaluation episodes; 0 uses the env's own (1000 if it has none)."""
     video: bool = False
     """Record one greedy episode per evaluation as ``videos/video_<frames>.mp4`` in the run directory (and W&B)."""
 
     def validate(self) -> None:
-        _check(self.n_envs >= 0 and self.max_steps >= 0, f"eval.n_envs={self.n_envs} and eval.max_steps="
-               f"{self.max_steps} must be >= 0")
         _check(not self.video or self.n_envs >= 1, "eval.video=true records an evaluation episode, so it needs "
                "eval.n_envs >= 1")
 
@@ -135,18 +161,17 @@ class RunConfig:
     """This run's directory, explicitly. Launching again with the same ``run.dir`` resumes the run there."""
     name: str = ""
     """Run name used in the directory and W&B; empty means the recipe's name."""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """Seed for python, numpy, torch and the environments."""
     device: str = "cpu"
     """Device of the learner (``cpu``, ``cuda``, ``cuda:1``)."""
-    torch_threads: int = 1
+    torch_threads: Count = 1
     """torch intra-op threads of the main process (small nets on few cores are fastest with 1)."""
     force: bool = False
     """Resume even if the saved config differs from this one; start over when none of the run directory's
     checkpoints loads (without it that launch stops and changes nothing)."""
 
     def validate(self) -> None:
-        _check(self.torch_threads >= 1, f"run.torch_threads={self.torch_threads} must be >= 1")
         kind, _, index = self.device.partition(":")
         _check(kind in ("cpu", "cuda", "mps") and (not index or index.isdigit()),
                f"run.device={self.device!r} is not a device; use cpu, cuda, cuda:<index> or mps")
@@ -156,8 +181,9 @@ class RunConfig:
 class LoggerConfig:
     """Metric sinks: console, progress.csv, W&B."""
 
-    log_interval_steps: int = 10_000
-    """Env frames between log rows (rlpyt's ``log_interval_steps``)."""
+    log_interval_steps: Count = 10_000
+    """Env frames between log rows and evaluations (rlpyt's ``log_interval_steps``), rounded down to whole
+    iterations (at least one)."""
     wandb: bool = True
     """Mirror metrics to Weights & Biases (the run directory stays the source of truth)."""
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
@@ -173,9 +199,6 @@ class LoggerConfig:
     progress_bar: bool = True
     """Show a tqdm progress bar (it turns itself off when stderr is not a terminal)."""
 
-    def validate(self) -> None:
-        _check(self.log_interval_steps >= 1, f"logger.log_interval_steps={self.log_interval_steps} must be >= 1")
-
 
 @dataclass
 class CheckpointConfig:
@@ -184,16 +207,12 @@ class CheckpointConfig:
     snapshot_mode: Literal["none", "last", "all", "gap", "gap_and_last"] = "last"
     """Which checkpoints to keep: none, the last two (the one before the newest survives a bad newest), all, every
     ``snapshot_gap`` iterations, or those multiples plus the last two."""
-    snapshot_gap: int = 10
+    snapshot_gap: Count = 10
     """Iterations between kept checkpoints in ``gap`` modes."""
-    interval_steps: int = 0
+    interval_steps: NonNegativeInt = 0
     """Env frames between checkpoints; 0 means at every log interval."""
     strict_resume: bool = False
     """Fail on a corrupt latest checkpoint instead of falling back to the previous valid one."""
-
-    def validate(self) -> None:
-        for key, least in (("snapshot_gap", 1), ("interval_steps", 0)):
-            _check(getattr(self, key) >= least, f"checkpoint.{key}={getattr(self, key)} must be >= {least}")
 
 
 @dataclass
@@ -204,20 +223,16 @@ class TrainerConfig:
     """sync: collect, then update, in one process (rlpyt MinibatchRl); ddp: world_size full replicas, gradients
     all-reduced (rlpyt SyncRl); async: collector process + optimizer process on a shared replay (rlpyt AsyncRl,
     off-policy only)."""
-    world_size: int = 2
+    world_size: Count = 2
     """ddp: number of ranks (local processes; under torchrun/SLURM it must equal WORLD_SIZE)."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """ddp: torch.distributed backend; auto = NCCL on CUDA devices, gloo on CPU."""
-    max_lag_frames: int = 0
+    max_lag_frames: Annotated[int, Range(ge=-1)] = 0
     """async: frames the collector may run ahead of the optimizer beyond one batch (0: it collects the next batch
     while the last one trains, so the replay ratio holds); -1: no limit (rlpyt: full speed, fewer updates per frame
     when the optimizer is slower)."""
-    updates_per_sync: int = 1
+    updates_per_sync: Count = 1
     """async: gradient updates between weight publications to the collector."""
-
-    def validate(self) -> None:
-        _check(self.world_size >= 1, f"trainer.world_size={self.world_size} must be >= 1")
-        _check(self.updates_per_sync >= 1, f"trainer.updates_per_sync={self.updates_per_sync} must be >= 1")
 
 
 # --- Conversion ------------------------------------------------------------------------------------------
@@ -240,7 +255,7 @@ class RecipeConfig:
     """Logging cadence and sinks."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Snapshots and resume."""
-    stop_return: float | None = None
+    stop_return: AnyFloat | None = None
     """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
 
 
@@ -279,8 +294,8 @@ def diff_configs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[Any, A
 
 
 def _fields(cls: type) -> dict[str, Any]:
-    """Field name -> resolved type hint."""
-    hints = typing.get_type_hints(cls)
+    """Field name -> resolved type hint (with its ``Annotated`` range)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
@@ -308,37 +323,37 @@ def _unknown_key(key: str, cfg: Any) -> ConfigError:
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Convert ``value`` (a CLI string or a python value) to type ``tp`` or raise naming ``key``."""
+    """Convert ``value`` (a CLI string or a python value) to type ``tp`` and check its declared range, or raise
+    naming ``key`` (a list's item as ``key[i]``)."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
         return value
+    if origin is Annotated:
+        out = _coerce(key, value, args[0])
+        for bound in args[1:]:
+            if isinstance(bound, (Range, Length)) and (problem := bound.violation(out)) is not None:
+                raise ConfigError(f"config key '{key}': {problem}")
+        return out
     if origin in (typing.Union, types.UnionType):
         is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
         if is_none and type(None) in args:
             return None
-        for arg in args:
-            if arg is not type(None):
-                with contextlib.suppress(ConfigError):
-                    return _coerce(key, value, arg)
-        raise ConfigError(f"config key '{key}': {value!r} does not fit {tp}")
+        arms = [arg for arg in args if arg is not type(None)]
+        if len(arms) == 1:  # its own error says what is wrong (the type or the range)
+            return _coerce(key, value, arms[0])
+        for arg in arms:
+            with contextlib.suppress(ConfigError):
+                return _coerce(key, value, arg)
+        raise ConfigError(f"config key '{key}': {value!r} does not fit {_type_name(tp)}")
     if origin is Literal:
         for choice in args:
             if value == choice or (isinstance(value, str) and str(choice) == value):
                 return choice
         raise ConfigError(f"config key '{key}': {value!r} is not one of {list(args)}")
     if origin in (list, tuple):
-        if isinstance(value, str):
-            text = value.strip()
-            if text.startswith(("[", "(")):
-                text = text[1:-1]
-            items = [s.strip() for s in text.split(",") if s.strip()]
-        elif isinstance(value, (list, tuple)):
-            items = list(value)
-        else:
-            raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
         item_tp = args[0] if args else Any
-        out = [_coerce(key, v, item_tp) for v in items]
+        out = [_coerce(f"{key}[{i}]", item, item_tp) for i, item in enumerate(_list_items(key, value))]
         return tuple(out) if origin is tuple else out
     if tp is bool:
         if isinstance(value, bool):
@@ -362,6 +377,25 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
         return str(value)
     raise ConfigError(f"config key '{key}': unsupported field type {tp}")
+
+
+def _list_items(key: str, value: Any) -> list[Any]:
+    """The items of a list value: a python list or tuple, or a string ``[a, b]``, ``(a, b)`` or ``a, b`` with
+    balanced brackets and no empty item (``[]`` is the empty list), so a typo cannot drop an item silently."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
+    text = value.strip()
+    if text[:1] in ("[", "(") and text[-1:] == {"[": "]", "(": ")"}[text[0]]:
+        text = text[1:-1].strip()
+        if not text:
+            return []
+    items = [item.strip() for item in text.split(",")]
+    if any(not item or any(c in item for c in "[]()") for item in items):
+        raise ConfigError(f"config key '{key}': {value!r} is not a list; write it as [64, 64] (balanced brackets, "
+                          "no empty item; [] is the empty list)")
+    return items
 
 
 def apply_overrides(cfg: C, overrides: dict[str, Any] | list[str]) -> C:
@@ -398,12 +432,15 @@ def apply_overrides(cfg: C, overrides: dict[str, Any] | list[str]) -> C:
     return out
 
 
-def validate(cfg: Any) -> None:
-    """Call ``validate()`` on every section of ``cfg`` that has one (after all overrides, so checks may relate
-    fields); it raises :class:`ConfigError` naming the key."""
-    for name in _fields(type(cfg)):
+def validate(cfg: Any, prefix: str = "") -> None:
+    """Check every field's value against its type and declared range, as an override is checked (so a default or a
+    value set in code cannot skip it), then call ``validate()`` on every section that has one (after all overrides,
+    so checks may relate fields). Raises :class:`ConfigError` naming the dotted key (``prefix`` + field)."""
+    for name, tp in _fields(type(cfg)).items():
         if dataclasses.is_dataclass(value := getattr(cfg, name)):
-            validate(value)
+            validate(value, f"{prefix}{name}.")
+        else:
+            _coerce(f"{prefix}{name}", value, tp)
     if callable(check := getattr(cfg, "validate", None)):
         check()
 
@@ -436,8 +473,24 @@ def _own_field_docs(cls: type) -> dict[str, str]:
 
 
 def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is Literal:
-        return "{" + ",".join(str(a) for a in typing.get_args(tp)) + "}"
+    """How ``--help`` shows a type: ``float > 0``, ``non-empty list[int >= 1]``, ``float in (0, 1] or None``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return "{" + ",".join(str(a) for a in args) + "}"
+    if origin is Annotated:
+        name = _type_name(args[0])
+        for bound in args[1:]:
+            if isinstance(bound, Range) and str(bound):
+                name = f"{name} {bound}"
+            elif isinstance(bound, Length):
+                name = f"{bound} {name}"
+        return name
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if origin in (list, tuple):
+        return f"{origin.__name__}[{', '.join('...' if a is Ellipsis else _type_name(a) for a in args)}]"
+    if tp is type(None):
+        return "None"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 

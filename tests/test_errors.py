@@ -47,7 +47,14 @@ CONFIG_ERRORS = [
     ("ppo.py", ["run.seed=abc"], "config key 'run.seed': expected an int"),
     ("ppo.py", ["collector.kind=parallel", "collector.n_workers=3"], "divisible by collector.n_workers=3"),
     ("ppo.py", ["run.device=gpu"], "run.device='gpu' is not a device"),
-    *[(recipe, ["collector.batch_B=0"], "collector.batch_B=0 must be >= 1") for recipe in RECIPES],
+    *[(recipe, ["collector.batch_B=0"], "config key 'collector.batch_B': 0 must be >= 1") for recipe in RECIPES],
+    # found by a user: each ran (or failed with a torch traceback seconds later) before ranges were declared
+    ("ppo.py", ["optim.lr=-1"], "config key 'optim.lr': -1.0 must be > 0"),
+    ("ppo.py", ["optim.lr=0"], "config key 'optim.lr': 0.0 must be > 0"),
+    ("a2c.py", ["loss.gamma=2"], "config key 'loss.gamma': 2.0 must be in (0, 1]"),
+    ("ddpg.py", ["optim.actor_lr=-1"], "config key 'optim.actor_lr': -1.0 must be > 0"),
+    ("ppo.py", ["model.hidden_sizes=[0]"], "config key 'model.hidden_sizes[0]': 0 must be >= 1"),
+    ("ppo.py", ["model.hidden_sizes=[64,"], "config key 'model.hidden_sizes': '[64,' is not a list"),
 ]
 
 

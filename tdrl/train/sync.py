@@ -7,15 +7,15 @@ checkpoints, resume, the summary); the recipe's ``for`` body is the algorithm::
         metrics = [updater.step(loss(replay.sample())) for _ in range(trainer.updates_due)]  # or update(batch)
         trainer.record(metrics, updates=len(metrics))
 
-Semantics (rlpyt's ``runners/minibatch_rl.py``): the iteration count is rounded **up** to whole log intervals
-(:func:`~tdrl.train.iteration_counts`), so the run ends on a log row; rows, evaluations and checkpoints follow
-the iterations that complete an interval; an ``eval_collector`` also evaluates the untrained agent at iteration
-0 (evaluation time is excluded from ``time/train_s`` and frames/s). ``updates_due`` is 0 before
-``min_steps_learn``, then :func:`~tdrl.train.updates_per_iteration`. ``trainer.itr`` is the 0-based iteration
-inside the body. Launching again on the same run directory resumes bitwise after the last checkpoint, which holds
-the ``checkpoint_state`` objects, every rank's collector (its envs, episodes in progress, recurrent state, worker
-RNGs) and RNGs, the evaluator's envs and the open log interval's episodes and metrics; an interrupted run is
-closed without ``summary.json``.
+Semantics (rlpyt's ``runners/minibatch_rl.py``): the run collects at least ``n_steps`` frames, its iteration count
+rounded **up** to whole iterations and then to whole log intervals (:func:`~tdrl.train.iteration_counts`), so the
+run ends on a log row; rows, evaluations and checkpoints follow the iterations that complete an interval; an
+``eval_collector`` also evaluates the untrained agent at iteration 0 (evaluation time is excluded from
+``time/train_s`` and frames/s). ``updates_due`` is 0 before ``min_steps_learn``, then
+:func:`~tdrl.train.updates_per_iteration`. ``trainer.itr`` is the 0-based iteration inside the body. Launching again
+on the same run directory resumes bitwise after the last checkpoint, which holds the ``checkpoint_state`` objects,
+every rank's collector (its envs, episodes in progress, recurrent state, worker RNGs) and RNGs, the evaluator's envs
+and the open log interval's episodes and metrics; an interrupted run is closed without ``summary.json``.
 
 Data parallel (rlpyt's SyncRl, ``trainer.kind=ddp``): every rank of a process group builds its own collector,
 replay and model copy and runs this loop; ``modules`` (the loss module) start from rank 0's weights and their

@@ -96,6 +96,18 @@ def test_iteration_counts_round_up_to_log_interval():
     assert iteration_counts(1000, 30, 10) == (102, 3)
     assert iteration_counts(1000, 5, 10) == (100, 1)  # log interval shorter than a batch -> every iteration
     assert iteration_counts(100, 100, 10) == (10, 10)
+    # at least n_steps (rlpyt rounds down first: 1000 frames of 256-frame iterations logged every 1000 ran 768)
+    assert iteration_counts(1000, 1000, 256) == (6, 3)
+
+
+@pytest.mark.parametrize("frames_per_itr", [1, 7, 40, 256])
+def test_iteration_counts_train_at_least_n_steps_and_end_on_a_log_row(frames_per_itr):
+    for n_steps in [1, 99, 100, 255, 256, 257, 1000, 4097]:
+        for log_interval_steps in [1, 50, 256, 1000, 10_000]:
+            n_itr, log_itrs = iteration_counts(n_steps, log_interval_steps, frames_per_itr)
+            assert log_itrs == max(log_interval_steps // frames_per_itr, 1)  # log at least as often as asked
+            assert n_itr % log_itrs == 0 and n_itr * frames_per_itr >= n_steps
+            assert (n_itr - log_itrs) * frames_per_itr < n_steps  # no log interval more than needed
 
 
 def test_updates_per_iteration_from_replay_ratio():
@@ -121,6 +133,14 @@ def test_loop_counts_frames_iterations_and_weight_syncs():
     assert [row["iteration"] for row in trainer.history] == [3, 6, 9, 12]
     assert trainer.history[0]["loss/x_mean"] == 1.0 and trainer.history[0]["loss/x_std"] == 0.0
     assert trainer.history[-1]["train/return_mean"] == pytest.approx(sum(range(1, 13)) / 12)
+
+
+def test_loop_trains_at_least_n_steps_frames():
+    trainer = SyncTrainer(collector=ScriptedCollector(), n_steps=25, log_interval_steps=25)  # 10-frame batches
+    for _ in trainer:
+        pass
+    # 25 frames = 2.5 iterations -> 3, then on to the next log row (every 2 iterations): 4; rlpyt's floor gave 20
+    assert trainer.frames == 40 and [row["iteration"] for row in trainer.history] == [2, 4]
 
 
 def test_online_statistics_use_last_log_traj_window_episodes():
