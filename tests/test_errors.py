@@ -74,24 +74,53 @@ def test_debug_shows_the_traceback():
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "ConfigError" in proc.stderr
 
 
-BUILD_ERRORS = [  # found once the env or the machine is looked at (after torch loads), still one line
-    ("ppo.py", ["env.id=CartPol-v1"], "unknown environment id 'CartPol-v1'; did you mean 'CartPole-v1'"),
-    ("sac.py", ["env.id=CartPole-v1"], "SAC needs a continuous (Box) action space"),
-    ("dqn.py", ["env.id=Pendulum-v1"], "DQN needs a discrete action space"),
-    ("td3.py", ["env.id=CartPole-v1"], "discrete"),
-    ("a2c.py", ["env.id=Pendulum-v1", "model.distribution=categorical"], "does not fit this env's continuous"),
-    ("ppo.py", ["trainer.kind=async"], "trainer.kind=async needs an off-policy algorithm"),
-    ("ppo.py", ["trainer.kind=ddp", "trainer.world_size=512"], "trainer.world_size=512 exceeds"),
-    pytest.param("a2c.py", ["run.device=cuda:7"], "run.device='cuda:7'", marks=pytest.mark.skipif(
-        torch.cuda.device_count() > 7, reason="this machine has a cuda:7")),
-]
+BUILD_ERRORS = {  # found once the env or the machine is looked at (after torch loads), still one line
+    "unknown env id": ("ppo.py", ["env.id=CartPol-v1"],
+                       "unknown environment id 'CartPol-v1'; did you mean 'CartPole-v1'"),
+    "SAC on discrete actions": ("sac.py", ["env.id=CartPole-v1"], "SAC needs a continuous (Box) action space"),
+    "DQN on continuous actions": ("dqn.py", ["env.id=Pendulum-v1"], "DQN needs a discrete action space"),
+    "TD3 on discrete actions": ("td3.py", ["env.id=CartPole-v1"], "discrete"),
+    "categorical A2C on a Box": ("a2c.py", ["env.id=Pendulum-v1", "model.distribution=categorical"],
+                                 "does not fit this env's continuous"),
+    "async PPO": ("ppo.py", ["trainer.kind=async"], "trainer.kind=async needs an off-policy algorithm"),
+    "more ranks than cores": ("ppo.py", ["trainer.kind=ddp", "trainer.world_size=512"],
+                              "trainer.world_size=512 exceeds"),
+    "a CUDA device this machine lacks": ("a2c.py", ["run.device=cuda:7"], "run.device='cuda:7'"),
+}
 
 
-@pytest.mark.parametrize("recipe, args, message", BUILD_ERRORS)
-def test_build_errors_are_one_line(recipe, args, message, tmp_path):
-    proc, _ = run(recipe, *args, f"run.root={tmp_path}")
-    assert_one_line_error(proc, message)
-    assert not list(tmp_path.rglob("progress.csv"))  # nothing ran
+def _side_by_side(launches: dict[str, tuple[list[str], dict[str, str]]], width: int = 2
+                  ) -> dict[str, subprocess.CompletedProcess]:
+    """Run the commands ``width`` at a time (each spends seconds loading torch on one core): ``{name: result}``."""
+    waiting, running, done = list(launches), {}, {}
+    while waiting or running:
+        while waiting and len(running) < width:
+            name = waiting.pop(0)
+            command, env = launches[name]
+            running[name] = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             text=True)
+        name = next(iter(running))
+        out, err = running[name].communicate(timeout=300)
+        done[name] = subprocess.CompletedProcess(running[name].args, running.pop(name).returncode, out, err)
+    return done
+
+
+@pytest.fixture(scope="module")
+def build_outcomes(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    root = tmp_path_factory.mktemp("build")
+    launches = {name: ([sys.executable, str(ROOT / "recipes" / recipe), *args, "logger.wandb=false",
+                        f"run.root={root / str(i)}"], {**os.environ, "PYTHONPATH": str(ROOT), "TDRL_DEBUG": "0"})
+                for i, (name, (recipe, args, _)) in enumerate(BUILD_ERRORS.items())}
+    return {name: (proc, root / str(i)) for i, (name, proc) in enumerate(_side_by_side(launches).items())}
+
+
+@pytest.mark.parametrize("name", list(BUILD_ERRORS))
+def test_build_errors_are_one_line(name, build_outcomes):
+    if name == "a CUDA device this machine lacks" and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    proc, root = build_outcomes[name]
+    assert_one_line_error(proc, BUILD_ERRORS[name][2])
+    assert not list(root.rglob("progress.csv"))  # nothing ran
 
 
 # --- The run directory: each failure one line, exit 2, and the directory unchanged ------------------------------
@@ -181,16 +210,12 @@ def run_dir_outcomes(finished_run, tmp_path_factory) -> dict[str, tuple[subproce
         no_wandb, root / "wandb_run")
     before = {name: _tree_hashes(d) if d.is_dir() else d.read_bytes() if d.exists() else None
               for name, (_, _, d) in launches.items()}
+    results = _side_by_side({name: (command, env) for name, (command, env, _) in launches.items()})
     outcomes = {}
-    names = list(launches)
-    for pair in (names[i:i + 2] for i in range(0, len(names), 2)):  # two at a time: one per core
-        procs = {n: subprocess.Popen(launches[n][0], env=launches[n][1], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True) for n in pair}
-        for n, proc in procs.items():
-            out, err = proc.communicate(timeout=300)
-            d = launches[n][2]
-            after = _tree_hashes(d) if d.is_dir() else d.read_bytes() if d.exists() else None
-            outcomes[n] = (subprocess.CompletedProcess(proc.args, proc.returncode, out, err), after == before[n])
+    for name, proc in results.items():
+        d = launches[name][2]
+        after = _tree_hashes(d) if d.is_dir() else d.read_bytes() if d.exists() else None
+        outcomes[name] = (proc, after == before[name])
     return outcomes
 
 
@@ -239,7 +264,7 @@ def test_ctrl_c_stops_workers_and_prints_the_command_that_resumes(tmp_path):
     """Ctrl-C in a terminal signals the whole process group (main process and collector workers): one line, exit
     130, and the printed command resumes the run to its end."""
     root = tmp_path / "runs"
-    args = ("collector.kind=parallel", "collector.total_frames=40960", "logger.log_interval_steps=1024",
+    args = ("collector.kind=parallel", "collector.total_frames=20480", "logger.log_interval_steps=512",
             "eval.n_envs=0", "logger.wandb=false", "logger.progress_bar=false", f"run.root={root}")
     proc = subprocess.Popen(_recipe_command(*args), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, cwd=tmp_path)
@@ -264,4 +289,4 @@ def test_ctrl_c_stops_workers_and_prints_the_command_that_resumes(tmp_path):
                              cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from itr_" in resumed.stdout
-    assert json.loads((run_dir / "summary.json").read_text())["frames"] >= 40960
+    assert json.loads((run_dir / "summary.json").read_text())["frames"] >= 20480
