@@ -2,7 +2,7 @@
 PY ?= python
 PIP ?= $(PY) -m pip
 
-.PHONY: install demo test test-all bench docs
+.PHONY: install demo test test-all bench docs gpu-wheels gpu-check
 
 install:
 	$(PIP) install -q torch==2.13.0
@@ -22,3 +22,23 @@ bench: install
 
 docs:
 	$(PY) docs/make_api.py
+
+# The prepared GPU check (benchmarks/gpu_check.py). Here: `make gpu-wheels` downloads into the git-ignored .whl/
+# what the lent GPU machine lacks (it has Python 3.12, torch 2.11.0+cu130, numpy, opencv, pytest; no package index).
+# There, in one call: `make gpu-check` installs them beside its torch and writes docs/gpu-<date>.md (and into $OUT).
+GPU_PY ?= python3
+GPU_WHEELS = tensordict==0.14.3 torchrl==0.14.1 pyvers==0.2.3 hoptorch==0.1.4 orjson==3.13.0 \
+	importlib_metadata==10.2.0 gymnasium==1.4.0 farama-notifications==0.0.4 ale-py==0.12.1
+GPU_PLATFORMS = manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
+
+gpu-wheels:
+	rm -rf .whl
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(addprefix --platform ,$(GPU_PLATFORMS)) -d .whl $(GPU_WHEELS)
+	du -sh .whl
+
+gpu-check:
+	$(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tdrl-site \
+		.whl/*.whl
+	PYTHONPATH=/tmp/tdrl-site:$(CURDIR) $(GPU_PY) benchmarks/gpu_check.py --markdown docs/gpu-$$(date +%F).md; \
+		status=$$?; if [ -n "$$OUT" ]; then cp docs/gpu-*.md "$$OUT"/; fi; exit $$status
