@@ -34,8 +34,10 @@ Replay checkpoints (what a checkpoint of a big replay writes and keeps on disk; 
 allocated blocks, each hard-linked file once):
 
 * ``--pong``: the checkpoints a real ``recipes/dqn.py env.id=ALE/Pong-v5 collector.total_frames=512`` run leaves
-  (100k-transition replay of ``[4, 84, 84]`` observations; evaluation off by default, ``--pong-args``: it plays whole
-  Pong games for minutes and writes no replay), on this checkout or on each of ``--trees``, ratio to the first.
+  (100k-transition replay of ``[4, 84, 84]`` observations and next observations), on this checkout or on each of
+  ``--trees``, ratio to the first. ``--pong-runs``: override sets; the defaults turn evaluation off (it plays whole
+  Pong games for minutes and writes no replay), and the recipe rounds 512 frames up to its 5000-frame log interval
+  unless ``logger.log_interval_steps=512``.
 * ``--replay-growth``: ``--growth-frames`` synthetic Atari frames (random ``84x84`` frames in ``[B, T]`` batches
   of stacks, as a collector gives them) into a ``--growth-capacity`` frame-de-duplicated prioritized
   :class:`~tdrl.replay.TransitionReplayBuffer`, checkpointed every ``--growth-every`` frames (``snapshot_mode=last``):
@@ -272,7 +274,7 @@ PONG_ARGS = ("env.id=ALE/Pong-v5", "collector.total_frames=512", "logger.wandb=f
 
 
 def pong_checkpoints(tree: Path, root: Path, extra: list[str]) -> dict:
-    """Run ``tree``'s ``recipes/dqn.py`` on Pong with ``tree``'s tdrl; disk use of what it leaves."""
+    """Run ``tree``'s ``recipes/dqn.py`` on Pong with ``tree``'s tdrl; what it collected and leaves on disk."""
     from tdrl.utils.files import disk_bytes
 
     run_dir = root / "run"
@@ -281,28 +283,32 @@ def pong_checkpoints(tree: Path, root: Path, extra: list[str]) -> dict:
                    env={**os.environ, "PYTHONPATH": str(tree)}, cwd=root, check=True, capture_output=True)
     seconds = time.perf_counter() - start
     kept = sorted((run_dir / "checkpoints").glob("itr_*"))
-    layout = "segments" if (kept[-1] / "replay" / "segments").is_dir() else "whole files"
-    return {"kept": len(kept), "disk": disk_bytes(run_dir / "checkpoints"), "apparent": dir_mb(run_dir / "checkpoints"),
-            "replay": disk_bytes(run_dir / "replay"), "layout": layout, "seconds": seconds}
+    return {"frames": json.loads((run_dir / "summary.json").read_text())["frames"], "kept": len(kept),
+            "layout": "segments" if (kept[-1] / "replay" / "segments").is_dir() else "whole files",
+            "disk": disk_bytes(run_dir / "checkpoints"), "in_replay": disk_bytes(*(c / "replay" for c in kept)),
+            "replay_dir": disk_bytes(run_dir / "replay"), "seconds": seconds}
 
 
 def pong_table(args: argparse.Namespace) -> None:
-    """(a) Disk use of the Pong run's checkpoints, on this checkout or each of ``--trees``."""
+    """(a) Disk use of the Pong run's checkpoints, for each ``--pong-runs`` override set, on this checkout or each of
+    ``--trees`` (ratio to the first)."""
     here = Path(__file__).resolve().parents[1]
     trees = [Path(t).resolve() for t in args.trees] if args.trees else [here]
-    results = {}
-    for tree in trees:
-        with tempfile.TemporaryDirectory(prefix="tdrl-bench-pong-", dir=args.dir or os.getcwd()) as tmp:
-            results[tree] = pong_checkpoints(tree, Path(tmp), args.pong_args)
-    print(f"\nrecipes/dqn.py {' '.join(PONG_ARGS[:2])} {' '.join(args.pong_args)}: its checkpoints/ after the run "
-          "(du: allocated blocks, hard links once; apparent: file sizes)\n")
-    print(f"| {'tree':<32} | {'layout':<11} | {'kept':>4} | {'du MB':>8} | {'apparent MB':>11} | "
-          f"{'replay/ du MB':>13} | {'run s':>6} | {'ratio':>6} |")
-    print(f"|{'-' * 34}|{'-' * 13}|{'-' * 6}|{'-' * 10}|{'-' * 13}|{'-' * 15}|{'-' * 8}|{'-' * 8}|")
-    first = results[trees[0]]["disk"]
-    for tree, r in results.items():
-        print(f"| {str(tree)[-32:]:<32} | {r['layout']:<11} | {r['kept']:>4} | {r['disk'] / 1e6:8.1f} | "
-              f"{r['apparent']:11.1f} | {r['replay'] / 1e6:13.1f} | {r['seconds']:6.0f} | {r['disk'] / first:5.3f}x |")
+    rows = []
+    for overrides in args.pong_runs:
+        for tree in trees:
+            with tempfile.TemporaryDirectory(prefix="tdrl-bench-pong-", dir=args.dir or os.getcwd()) as tmp:
+                rows.append((overrides, tree, pong_checkpoints(tree, Path(tmp), overrides.split())))
+    print(f"\nrecipes/dqn.py {' '.join(PONG_ARGS[:2])} + overrides: checkpoints/ after the run (du: allocated blocks, "
+          "hard links once; 'of it replay/': the checkpoints' replay folders; 'replay dir': the run's own replay/)\n")
+    print(f"| {'overrides':<44} | {'tree':<20} | {'layout':<11} | {'frames':>6} | {'kept':>4} | {'du MB':>8} | "
+          f"{'of it replay/':>13} | {'replay dir MB':>13} | {'run s':>5} | {'ratio':>6} |")
+    print("|" + "|".join("-" * n for n in (46, 22, 13, 8, 6, 10, 15, 15, 7, 8)) + "|")
+    for i, (overrides, tree, r) in enumerate(rows):
+        first = rows[i - i % len(trees)][2]["disk"]
+        print(f"| {overrides:<44} | {str(tree)[-20:]:<20} | {r['layout']:<11} | {r['frames']:>6} | {r['kept']:>4} | "
+              f"{r['disk'] / 1e6:8.1f} | {r['in_replay'] / 1e6:13.1f} | {r['replay_dir'] / 1e6:13.1f} | "
+              f"{r['seconds']:5.0f} | {r['disk'] / first:5.3f}x |")
 
 
 class SyntheticAtari:
@@ -410,7 +416,10 @@ def main() -> None:
     parser.add_argument("--sac-child", help=argparse.SUPPRESS)  # --trees: write this tree's saves as JSON here
     parser.add_argument("--pong", action="store_true", help="disk use of a 512-frame recipes/dqn.py Pong run's "
                         "checkpoints (on each of --trees)")
-    parser.add_argument("--pong-args", nargs="*", default=["eval.n_envs=0"], help="more overrides of that run")
+    parser.add_argument("--pong-runs", nargs="+",
+                        default=["eval.n_envs=0", "eval.n_envs=0 logger.log_interval_steps=512"],
+                        help="override sets of those runs, one quoted string each (the recipe rounds 512 frames up "
+                        "to a log interval: 5000 frames unless the second)")
     parser.add_argument("--replay-growth", action="store_true", help="bytes each checkpoint of a growing Atari "
                         "replay writes")
     parser.add_argument("--growth-frames", type=int, default=200_000)
