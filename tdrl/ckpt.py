@@ -166,12 +166,15 @@ def _entries(tmp: Path, component: Path, previous: Path | None,
                 raise CheckpointError(f"{file}: checkpoint files must be regular files (no symlinks)")
             rel = file.relative_to(tmp).as_posix()
             entry = previous_files.get(rel) if previous is not None else None
-            if entry is not None and _same_inode(st, previous / rel):
-                if (entry.get("size"), entry.get("mtime_ns")) != (st.st_size, st.st_mtime_ns):
+            shared = entry is not None and _same_inode(st, previous / rel)
+            if shared and "mtime_ns" in entry:
+                if (entry["size"], entry["mtime_ns"]) != (st.st_size, st.st_mtime_ns):
                     raise _SharedFileChanged(rel)
                 files[rel] = {"sha256": entry["sha256"], "size": st.st_size, "mtime_ns": st.st_mtime_ns}
                 continue
             sha, size = _hash_file(file, fsync=True)
+            if shared and sha != entry["sha256"]:  # a manifest without mtimes: compare the content
+                raise _SharedFileChanged(rel)
             files[rel] = {"sha256": sha, "size": size, "mtime_ns": os.stat(file).st_mtime_ns}
     return files
 

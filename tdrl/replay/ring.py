@@ -15,6 +15,7 @@ the ``lookback`` steps before it are not overwritten, and where the validity mas
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -407,6 +408,9 @@ class StreamRing:
         saved = state["ring"]["meta"] or self.layout
         if {key: saved.get(key) for key in self.layout} != self.layout:
             raise ReplayError(f"state is of a buffer with {saved}, this buffer has {self.layout}")
+        if saved is not self.layout and "cursors" not in saved:  # saved before segments: the ring's own fields
+            groups = pack(BatchSchema.from_json(saved["schema"]))
+            state = {**state, "ring": {**state["ring"], "meta": {**saved, "cursors": dict.fromkeys(groups, 1)}}}
         self.store.restore(state["ring"], keep_data=keep_data)
         self.lineage = Lineage()  # data of unknown history: share no checkpoint segments until one is loaded
         self.synced = False
@@ -425,6 +429,9 @@ class StreamRing:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         if self.allocated and path.resolve() != self.store.directory.resolve():
+            if previous is not None and Path(previous).resolve() == path.resolve():
+                raise ValueError(f"dump {path}: previous must be another dump, not the one being replaced")
+            shutil.rmtree(path / SEGMENTS, ignore_errors=True)  # names only: other dumps keep files they link
             linked = Path(previous) / SEGMENTS if previous is not None else None
             write_segments(self.store, path / SEGMENTS, linked, self.lineage, self.segment_bytes)
         elif self.allocated:

@@ -166,3 +166,35 @@ def test_linking_writer_contract(tmp_path):
     assert (second / "blob" / "kept.bin").stat().st_nlink == 2
     ckpt.save({}, 2, extra_writers={"blob": LinkingWriter(write)})
     assert (tmp_path / "ck" / "itr_00000002" / "blob" / "kept.bin").stat().st_nlink == 2  # itr 0 rotated away
+
+
+def test_links_into_a_checkpoint_whose_manifest_has_no_mtimes_are_hashed(tmp_path, monkeypatch):
+    """Manifests written before files were shared record no mtimes: a file linked from one is read and compared."""
+    import tdrl.ckpt
+
+    def write(directory: Path, previous: Path | None) -> None:
+        if previous is not None:
+            os.link(previous / "kept.bin", directory / "kept.bin")
+        else:
+            (directory / "kept.bin").write_bytes(b"k" * 100)
+
+    def strip_mtimes(checkpoint: Path) -> None:
+        manifest = json.loads((checkpoint / "MANIFEST.json").read_text())
+        for entry in manifest["files"].values():
+            del entry["mtime_ns"]
+        (checkpoint / "MANIFEST.json").write_text(json.dumps(manifest))
+
+    ckpt = Checkpointer(tmp_path / "ck", snapshot_mode="all")
+    strip_mtimes(ckpt.save({}, 0, extra_writers={"blob": LinkingWriter(write)}))
+    hashed = []
+    real = tdrl.ckpt._hash_file
+    monkeypatch.setattr(tdrl.ckpt, "_hash_file", lambda p, **kw: hashed.append(p.name) or real(p, **kw))
+    second = ckpt.save({}, 1, extra_writers={"blob": LinkingWriter(write)})
+    assert "kept.bin" in hashed and (second / "blob" / "kept.bin").stat().st_nlink == 2
+    strip_mtimes(second)
+    with open(second / "blob" / "kept.bin", "r+b") as f:  # the same size, other content
+        f.write(b"x")
+    with pytest.warns(CheckpointWarning, match="kept.bin changed after"):
+        third = ckpt.save({}, 2, extra_writers={"blob": LinkingWriter(write)})
+    verify_checkpoint(third)
+    assert (third / "blob" / "kept.bin").read_bytes() == b"k" * 100  # written again, not linked

@@ -223,11 +223,32 @@ def test_dumps_of_whole_field_files_still_load(tmp_path):
     rb.ring.store.flush()
     for name in rb.ring.store.fields:
         shutil.copyfile(rb.ring.store.directory / f"{name}.bin", old / "storage" / f"{name}.bin")
-    torch.save(rb.state_dict(), old / "replay_state.pt")
+    state = rb.state_dict()
+    del state["ring"]["meta"]["cursors"]  # as saved then
+    torch.save(state, old / "replay_state.pt")
     resumed = _transitions(tmp_path / "rb2")
     resumed.loads(old)
     _assert_same_store(_store_copy(rb), resumed)
     assert (resumed.sample(16) == rb.sample(16)).all()
+    resumed.dumps(tmp_path / "new")  # and its next dump holds only the filled part again
+    assert sum(f.stat().st_size for f in (tmp_path / "new" / "segments").glob("*.bin")) == sum(
+        field[:, :90].numel() * field.element_size() for field in rb.ring.store.fields.values())
+
+
+def test_dumping_again_into_the_same_path_replaces_it(tmp_path):
+    rb = _transitions(tmp_path / "rb")
+    rb.extend(make_stream(2, 90, seed=0))
+    rb.dumps(tmp_path / "first")
+    rb.dumps(tmp_path / "dump", previous=tmp_path / "first")
+    rb.extend(make_stream(2, 30, seed=1))
+    rb.dumps(tmp_path / "dump", previous=tmp_path / "first")
+    with pytest.raises(ValueError, match="previous must be another dump"):
+        rb.dumps(tmp_path / "dump", previous=tmp_path / "dump")
+    for path in ("first", "dump"):
+        resumed = _transitions(tmp_path / f"rb-{path}")
+        resumed.loads(tmp_path / path)
+        assert resumed.write_count == (180 if path == "first" else 240)
+    _assert_same_store(_store_copy(rb), resumed)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "missing"])
