@@ -156,7 +156,7 @@ def _entries(tmp: Path, component: Path, previous: Path | None,
              previous_files: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Manifest entries of the files under ``component``: a file linked unchanged from ``previous`` carries its
     sha256 from ``previous_files``; any other is hashed and fsynced. Raises :class:`_SharedFileChanged` when a
-    linked file's size or mtime differ from the entry it was published with."""
+    linked file's size or mtime (or, in a manifest without mtimes, its content) differ from its published entry."""
     files = {}
     for root, _, filenames in os.walk(component):
         for fname in filenames:
