@@ -30,6 +30,23 @@ table gives the median. ``--trees A B ...`` runs that measurement on other check
     git worktree add /tmp/old e69dfe2
     python benchmarks/logging_overhead.py --trees /tmp/old . --rounds 3
 
+Replay checkpoints (what a checkpoint of a big replay writes and keeps on disk; disk use as ``du`` counts it:
+allocated blocks, each hard-linked file once):
+
+* ``--pong``: the checkpoints a real ``recipes/dqn.py env.id=ALE/Pong-v5 collector.total_frames=512`` run leaves
+  (100k-transition replay of ``[4, 84, 84]`` observations and next observations), on this checkout or on each of
+  ``--trees``, ratio to the first. ``--pong-runs``: override sets; the defaults turn evaluation off (it plays whole
+  Pong games for minutes and writes no replay), and the recipe rounds 512 frames up to its 5000-frame log interval
+  unless ``logger.log_interval_steps=512``.
+* ``--replay-growth``: ``--growth-frames`` synthetic Atari frames (random ``84x84`` frames in ``[B, T]`` batches
+  of stacks, as a collector gives them) into a ``--growth-capacity`` frame-de-duplicated prioritized
+  :class:`~tdrl.replay.TransitionReplayBuffer`, checkpointed every ``--growth-every`` frames (``snapshot_mode=last``):
+  per checkpoint the bytes the buffer stored since the one before, the bytes the checkpoint wrote (files it did not
+  link) and their ratio, then the disk the two kept checkpoints take against the replay's own directory::
+
+    git worktree add /tmp/base efbc6ad
+    python benchmarks/logging_overhead.py --trees /tmp/base . --pong --replay-growth --markdown docs/PAGE.md
+
 (Not ``benchmarks/logging.py``: a script's directory is first on ``sys.path``, so that name would shadow the
 standard library's ``logging`` for every script in ``benchmarks/``.)
 """
@@ -50,6 +67,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, ReplayBuffer
@@ -242,6 +260,144 @@ def sac_recipe_table(args: argparse.Namespace) -> None:
               f"{min(seconds[tree]) * 1e3:7.1f} | {sizes[tree]:6.1f} | {median / first:5.2f}x |")
 
 
+def tree_commits(trees: list[Path]) -> None:
+    """Print which commit each compared tree is at (a tree path says nothing about its code)."""
+    for tree in trees:
+        def git(*args: str, at: Path = tree) -> str:
+            return subprocess.run(["git", "-C", str(at), *args], capture_output=True, text=True).stdout.strip()
+
+        dirty = " with uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+        print(f"tree {tree}: commit {git('rev-parse', '--short', 'HEAD') or 'unknown'}{dirty}")
+
+
+PONG_ARGS = ("env.id=ALE/Pong-v5", "collector.total_frames=512", "logger.wandb=false", "logger.progress_bar=false")
+
+
+def pong_checkpoints(tree: Path, root: Path, extra: list[str]) -> dict:
+    """Run ``tree``'s ``recipes/dqn.py`` on Pong with ``tree``'s tdrl; what it collected and leaves on disk."""
+    from tdrl.utils.files import disk_bytes
+
+    run_dir = root / "run"
+    start = time.perf_counter()
+    subprocess.run([sys.executable, str(tree / "recipes" / "dqn.py"), *PONG_ARGS, *extra, f"run.dir={run_dir}"],
+                   env={**os.environ, "PYTHONPATH": str(tree)}, cwd=root, check=True, capture_output=True)
+    seconds = time.perf_counter() - start
+    kept = sorted((run_dir / "checkpoints").glob("itr_*"))
+    return {"frames": json.loads((run_dir / "summary.json").read_text())["frames"], "kept": len(kept),
+            "layout": "segments" if (kept[-1] / "replay" / "segments").is_dir() else "whole files",
+            "disk": disk_bytes(run_dir / "checkpoints"), "in_replay": disk_bytes(*(c / "replay" for c in kept)),
+            "replay_dir": disk_bytes(run_dir / "replay"), "seconds": seconds}
+
+
+def pong_table(args: argparse.Namespace) -> None:
+    """(a) Disk use of the Pong run's checkpoints, for each ``--pong-runs`` override set, on this checkout or each of
+    ``--trees`` (ratio to the first)."""
+    here = Path(__file__).resolve().parents[1]
+    trees = [Path(t).resolve() for t in args.trees] if args.trees else [here]
+    rows = []
+    for overrides in args.pong_runs:
+        for tree in trees:
+            with tempfile.TemporaryDirectory(prefix="tdrl-bench-pong-", dir=args.dir or os.getcwd()) as tmp:
+                rows.append((overrides, tree, pong_checkpoints(tree, Path(tmp), overrides.split())))
+    print(f"\nrecipes/dqn.py {' '.join(PONG_ARGS[:2])} + overrides: checkpoints/ after the run (du: allocated blocks, "
+          "hard links once; 'of it replay/': the checkpoints' replay folders; 'replay dir': the run's own replay/)\n")
+    print(f"| {'overrides':<44} | {'tree':<20} | {'layout':<11} | {'frames':>6} | {'kept':>4} | {'du MB':>8} | "
+          f"{'of it replay/':>13} | {'replay dir MB':>13} | {'run s':>5} | {'ratio':>6} |")
+    print("|" + "|".join("-" * n for n in (46, 22, 13, 8, 6, 10, 15, 15, 7, 8)) + "|")
+    for i, (overrides, tree, r) in enumerate(rows):
+        first = rows[i - i % len(trees)][2]["disk"]
+        print(f"| {overrides:<44} | {str(tree)[-20:]:<20} | {r['layout']:<11} | {r['frames']:>6} | {r['kept']:>4} | "
+              f"{r['disk'] / 1e6:8.1f} | {r['in_replay'] / 1e6:13.1f} | {r['replay_dir'] / 1e6:13.1f} | "
+              f"{r['seconds']:5.0f} | {r['disk'] / first:5.3f}x |")
+
+
+class SyntheticAtari:
+    """``[B, T]`` collector-like batches of ``[4, 84, 84]`` uint8 stacks over random frames: one new frame per step,
+    the next stack one frame later; ``done`` about every ``mean_len`` steps (the replay stores the final frame
+    again), the stacks running on across it (``is_init`` only at the very start)."""
+
+    def __init__(self, num_streams: int, seed: int, mean_len: int = 1000) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.mean_len = mean_len
+        first = torch.from_numpy(self.rng.integers(0, 256, (num_streams, 1, 84, 84), dtype=np.uint8))
+        self.stack = torch.cat([torch.zeros(num_streams, 3, 84, 84, dtype=torch.uint8), first], 1)  # zero-padded
+        self.started = False
+
+    def batch(self, steps: int) -> TensorDict:
+        B = self.stack.shape[0]
+        frames = torch.cat([self.stack, torch.from_numpy(self.rng.integers(0, 256, (B, steps, 84, 84),
+                                                                           dtype=np.uint8))], 1)
+        stacks = frames.unfold(1, 4, 1).permute(0, 1, 4, 2, 3)  # [B, steps + 1, 4, 84, 84] views
+        is_init = torch.zeros(B, steps, 1, dtype=torch.bool)
+        is_init[:, 0] = not self.started
+        self.stack, self.started = frames[:, -4:].clone(), True
+        done = torch.from_numpy(self.rng.random((B, steps, 1)) < 1 / self.mean_len)
+        return TensorDict({
+            "observation": stacks[:, :-1], "is_init": is_init,
+            "action": torch.from_numpy(self.rng.integers(0, 6, (B, steps))),
+            "next": {"observation": stacks[:, 1:], "reward": torch.zeros(B, steps, 1), "done": done,
+                     "terminated": done, "truncated": torch.zeros_like(done)},
+        }, batch_size=[B, steps])
+
+
+def new_files(path: Path, before: Path | None) -> list[Path]:
+    """Files of checkpoint ``path`` that are not hard links of a file in ``before`` (what writing it wrote)."""
+    seen = {f.stat().st_ino for f in before.rglob("*") if f.is_file()} if before is not None else set()
+    return [f for f in path.rglob("*") if f.is_file() and f.stat().st_ino not in seen]
+
+
+def replay_growth_table(args: argparse.Namespace) -> None:
+    """(b) Bytes each checkpoint of a growing 1M-frame Atari replay writes, against the bytes stored since the one
+    before; the disk the two kept checkpoints take."""
+    from tdrl.ckpt import Checkpointer
+    from tdrl.replay import FrameStack, PrioritizedSampler, TransitionReplayBuffer
+    from tdrl.replay.segments import field_cursors
+    from tdrl.utils.files import disk_bytes
+
+    B, T = 8, 125  # rlpyt's Atari batch_B; 1000 frames per extend
+    root = Path(tempfile.mkdtemp(prefix="tdrl-bench-growth-", dir=args.dir or os.getcwd()))
+    rows = []
+    try:
+        rb = TransitionReplayBuffer(root / "replay", args.growth_capacity, frame_stack=FrameStack(4), seed=0,
+                                    sampler=PrioritizedSampler(alpha=0.6, beta_steps=args.growth_capacity, seed=0))
+        source, ckpt = SyntheticAtari(B, seed=0), Checkpointer(root / "checkpoints", snapshot_mode="last")
+        stored, previous = {}, None
+        for i in range(args.growth_frames // args.growth_every):
+            for _ in range(args.growth_every // (B * T)):
+                rb.extend(source.batch(T))
+            cursors = field_cursors(rb.ring.store)
+            added = 0
+            for name, field in rb.ring.store.fields.items():
+                entry = field[0, 0].numel() * field.element_size()
+                c = cursors[name]
+                added += entry * int((c - stored.get(name, 0)).sum()) if c is not None else field.numel() * entry
+            stored = {name: c for name, c in cursors.items() if c is not None}
+            start = time.perf_counter()
+            path = ckpt.save({}, i, extra_writers={"replay": rb.checkpoint_writer()})
+            seconds = time.perf_counter() - start
+            files = new_files(path, previous)
+            data = sum(f.stat().st_size for f in files if f.suffix == ".bin")
+            total = sum(f.stat().st_size for f in files)
+            linked = sum(1 for f in (path / "replay" / "segments").glob("*.bin") if f not in files)
+            rows.append((rb.write_count, added, data, total, linked, len(files), seconds))
+            previous = path
+        kept, replay_dir = disk_bytes(root / "checkpoints"), disk_bytes(root / "replay")
+        capacity = rb.ring.store.nbytes()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"\n{args.growth_frames:,} Atari frames into a {args.growth_capacity:,}-frame frame-de-duplicated "
+          f"prioritized replay (B={B}), a checkpoint every {args.growth_every:,} (snapshot_mode=last)\n")
+    print(f"| {'frames':>8} | {'added MB':>8} | {'data written MB':>15} | {'all written MB':>14} | "
+          f"{'written/added':>13} | {'linked':>6} | {'new files':>9} | {'save s':>6} |")
+    print(f"|{'-' * 10}|{'-' * 10}|{'-' * 17}|{'-' * 16}|{'-' * 15}|{'-' * 8}|{'-' * 11}|{'-' * 8}|")
+    for frames, added, data, total, linked, n_new, seconds in rows:
+        print(f"| {frames:>8,} | {added / 1e6:8.1f} | {data / 1e6:15.1f} | {total / 1e6:14.1f} | "
+              f"{total / added:12.3f}x | {linked:>6} | {n_new:>9} | {seconds:6.2f} |")
+    print(f"\nthe two kept checkpoints: {kept / 1e6:.1f} MB on disk; the replay's own directory: "
+          f"{replay_dir / 1e6:.1f} MB on disk ({kept / replay_dir:.3f}x); its field files' size: "
+          f"{capacity / 1e6:.1f} MB (what a checkpoint copying whole files wrote each time)")
+
+
 def main() -> None:
     from report import add_markdown_option
 
@@ -255,12 +411,23 @@ def main() -> None:
         "--dir", default=None, help="where to write (default: a temp dir in the cwd)"
     )
     parser.add_argument("--sac-recipe", action="store_true", help="only the recipes/sac.py checkpoint save table")
-    parser.add_argument("--trees", nargs="+", help="checkouts to compare (implies --sac-recipe)")
+    parser.add_argument("--trees", nargs="+", help="checkouts to compare (alone: implies --sac-recipe)")
     parser.add_argument("--rounds", type=int, default=3, help="runs per tree with --trees, interleaved")
     parser.add_argument("--sac-frames", type=int, default=2000)
     parser.add_argument("--sac-every", type=int, default=250)
     parser.add_argument("--sac-replay", type=int, default=100_000, help="replay.size (the recipe's default)")
     parser.add_argument("--sac-child", help=argparse.SUPPRESS)  # --trees: write this tree's saves as JSON here
+    parser.add_argument("--pong", action="store_true", help="disk use of a 512-frame recipes/dqn.py Pong run's "
+                        "checkpoints (on each of --trees)")
+    parser.add_argument("--pong-runs", nargs="+",
+                        default=["eval.n_envs=0", "eval.n_envs=0 logger.log_interval_steps=512"],
+                        help="override sets of those runs, one quoted string each (the recipe rounds 512 frames up "
+                        "to a log interval: 5000 frames unless the second)")
+    parser.add_argument("--replay-growth", action="store_true", help="bytes each checkpoint of a growing Atari "
+                        "replay writes")
+    parser.add_argument("--growth-frames", type=int, default=200_000)
+    parser.add_argument("--growth-every", type=int, default=50_000)
+    parser.add_argument("--growth-capacity", type=int, default=1_000_000)
     args = parser.parse_args()
     os.environ.setdefault("WANDB_SILENT", "true")
     if args.sac_child:
@@ -270,8 +437,15 @@ def main() -> None:
         result = sac_recipe_saves(recipe, Path.cwd(), args.sac_frames, args.sac_every, args.sac_replay)
         Path(args.sac_child).write_text(json.dumps({**result, "tdrl": str(recipe.parents[1] / "tdrl")}))
         return
-    if args.sac_recipe or args.trees:
-        sac_recipe_table(args)
+    if args.sac_recipe or args.trees or args.pong or args.replay_growth:
+        if args.trees:
+            tree_commits([Path(t).resolve() for t in args.trees])
+        if args.sac_recipe or (args.trees and not (args.pong or args.replay_growth)):
+            sac_recipe_table(args)
+        if args.pong:
+            pong_table(args)
+        if args.replay_growth:
+            replay_growth_table(args)
         return
     torch.set_num_threads(1)
     repeats = 3 if args.quick else 7

@@ -8,8 +8,19 @@ one is used (``strict=True``: an error). A verified checkpoint is remembered whi
 mtime, inode), so checking before loading does not hash a large replay twice.
 
 Layout of ``directory`` (usually ``<run_dir>/checkpoints``): ``itr_00000012/`` holding ``MANIFEST.json``,
-``state.pt`` and one folder per ``extra_writers`` entry (e.g. a replay buffer's ``dumps``); ``.tmp-*`` folders
-being written (stale ones are removed by the first save or load); ``corrupt/``.
+``state.pt`` and one folder per ``extra_writers`` entry (e.g. a replay buffer's ``checkpoint_writer()``: its
+``replay_state.pt`` and ``segments/``, see :mod:`tdrl.replay.segments`); ``.tmp-*`` folders being written (stale
+ones are removed by the first save or load); ``corrupt/``.
+
+Files shared between checkpoints: a :class:`LinkingWriter` is handed the same component's folder in the newest
+published checkpoint and may hard-link files from it that its data has not changed since (a replay links the time
+segments nothing was written to), so a checkpoint costs what changed, not the whole replay. A linked file is one
+inode under several names: it is never written again (new data always goes to a new file), and rotating or
+quarantining a checkpoint only renames or unlinks names, so a surviving checkpoint keeps every file it lists. The
+manifest still lists every file with its sha256; a linked file whose size and mtime match the previous manifest's
+entry carries that entry's sha256 instead of being read again (so the hashing cost follows the new data too), and
+one that changed since it was published is not trusted: the component is written again without links. A shared
+file corrupted in place fails the verification of every checkpoint that links it.
 
 Snapshot modes (rlpyt's): ``none`` never writes; ``last`` keeps the newest two; ``all`` keeps every one; ``gap``
 writes only when ``iteration % gap == 0``; ``gap_and_last`` keeps the multiples of ``gap`` plus the newest two.
@@ -31,6 +42,7 @@ import os
 import platform
 import re
 import shutil
+import stat
 import time
 import uuid
 import warnings
@@ -47,7 +59,8 @@ from tdrl.utils.files import write_atomic
 from tdrl.utils.process import pid_alive
 
 __all__ = ["SNAPSHOT_MODES", "CheckpointCorrupt", "CheckpointError", "CheckpointInfo", "CheckpointWarning",
-    "Checkpointer", "StrictResumeError", "read_checkpoint", "verify_checkpoint", "write_checkpoint"]
+    "Checkpointer", "LinkingWriter", "PathWriter", "StrictResumeError", "read_checkpoint", "verify_checkpoint",
+    "write_checkpoint"]
 
 SnapshotMode = Literal["none", "last", "all", "gap", "gap_and_last"]
 SNAPSHOT_MODES: tuple[str, ...] = get_args(SnapshotMode)
@@ -59,6 +72,27 @@ _CHUNK = 1 << 20
 
 PathWriter = Callable[[Path], Any]
 """Writes a component's files into the directory it is given (e.g. ``ReplayBuffer.dumps``)."""
+
+
+@dataclass(frozen=True)
+class LinkingWriter:
+    """An ``extra_writers`` entry that may share unchanged files with the previous checkpoint.
+
+    ``write(directory, previous)`` writes the component into ``directory`` like a :data:`PathWriter`; ``previous``
+    is the same component's folder in the newest published checkpoint (``None`` when there is none, it lacks the
+    component or its manifest is unreadable). The writer may ``os.link`` a file of ``previous`` into ``directory``
+    under the same relative name when its content is what it would write; it must never open a file of
+    ``previous`` for writing. Called as a plain writer (``writer(directory)``) it writes everything.
+    """
+
+    write: Callable[[Path, Path | None], Any]
+
+    def __call__(self, directory: Path) -> Any:
+        return self.write(directory, None)
+
+
+class _SharedFileChanged(Exception):
+    """A file linked from the previous checkpoint no longer matches that checkpoint's manifest entry."""
 
 
 class CheckpointError(RuntimeError):
@@ -75,7 +109,7 @@ class StrictResumeError(CheckpointCorrupt, UserError):
 
 
 class CheckpointWarning(UserWarning):
-    """A corrupt checkpoint was skipped in favour of an older one."""
+    """A corrupt checkpoint was skipped in favour of an older one (or not shared from by a new one)."""
 
 
 @dataclass(frozen=True)
@@ -114,44 +148,108 @@ def _write_error(target: Path, exc: OSError, previous: CheckpointInfo | None) ->
     return CheckpointError(f"could not write checkpoint {target}: {reason} [{exc}]; {kept}")
 
 
+def _previous_files(previous: Path | None) -> dict[str, dict[str, Any]] | None:
+    """The manifest entries of the checkpoint to link from, or ``None`` (none given, or its manifest unreadable)."""
+    if previous is None:
+        return None
+    try:
+        files = json.loads((previous / MANIFEST).read_text())["files"]
+        return files if isinstance(files, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _entries(tmp: Path, component: Path, previous: Path | None,
+             previous_files: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Manifest entries of the files under ``component``: a file linked unchanged from ``previous`` carries its
+    sha256 from ``previous_files``; any other is hashed and fsynced. Raises :class:`_SharedFileChanged` when a
+    linked file's size or mtime (or, in a manifest without mtimes, its content) differ from its published entry."""
+    files = {}
+    for root, _, filenames in os.walk(component):
+        for fname in filenames:
+            file = Path(root) / fname
+            st = os.lstat(file)
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointError(f"{file}: checkpoint files must be regular files (no symlinks)")
+            rel = file.relative_to(tmp).as_posix()
+            entry = previous_files.get(rel) if previous is not None else None
+            shared = entry is not None and _same_inode(st, previous / rel)
+            if shared and "mtime_ns" in entry:
+                if (entry["size"], entry["mtime_ns"]) != (st.st_size, st.st_mtime_ns):
+                    raise _SharedFileChanged(rel)
+                files[rel] = {"sha256": entry["sha256"], "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+                continue
+            sha, size = _hash_file(file, fsync=True)
+            if shared and sha != entry["sha256"]:  # a manifest without mtimes: compare the content
+                raise _SharedFileChanged(rel)
+            files[rel] = {"sha256": sha, "size": size, "mtime_ns": os.stat(file).st_mtime_ns}
+    return files
+
+
+def _same_inode(st: os.stat_result, other: Path) -> bool:
+    try:
+        other_st = os.lstat(other)
+    except OSError:
+        return False
+    return (other_st.st_dev, other_st.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _write_component(tmp: Path, name: str, writer: PathWriter | LinkingWriter, previous: Path | None,
+                     previous_files: Mapping[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Run one extra writer into ``tmp/name`` and return its manifest entries; a :class:`LinkingWriter` gets the
+    component's folder in ``previous``, and runs again without it if a file it linked changed since."""
+    directory = tmp / name
+    link_from = previous / name if previous is not None and previous_files is not None else None
+    if not isinstance(writer, LinkingWriter) or link_from is None or not link_from.is_dir():
+        directory.mkdir()
+        writer(directory)
+        return _entries(tmp, directory, None, {})
+    directory.mkdir()
+    writer.write(directory, link_from)
+    try:
+        return _entries(tmp, directory, previous, previous_files)
+    except _SharedFileChanged as e:
+        warnings.warn(f"{previous / str(e)} changed after its checkpoint was written (corrupt?); writing {name!r} "
+                      "again without sharing files with it", CheckpointWarning, stacklevel=4)
+        shutil.rmtree(directory)
+        directory.mkdir()
+        writer(directory)
+        return _entries(tmp, directory, None, {})
+
+
 def write_checkpoint(path: Path, state: Mapping[str, Any], *, iteration: int,
-                     extra_writers: Mapping[str, PathWriter] | None = None) -> Path:
+                     extra_writers: Mapping[str, PathWriter | LinkingWriter] | None = None,
+                     previous: Path | None = None) -> Path:
     """Write one checkpoint directory atomically: temp dir, fsync every file, manifest, rename, fsync parent.
 
     ``state`` is saved with ``torch.save``; each ``extra_writers[name](dir)`` writes its own files into ``dir``
-    before the manifest is computed, so they are checksummed too. An existing ``path`` is replaced. A failed write
-    raises (``OSError``, or ``RuntimeError`` from ``torch.save``) with nothing at ``path`` changed.
+    before the manifest is computed, so they are checksummed too. ``previous``: a published checkpoint whose
+    files :class:`LinkingWriter` entries may link (see the module docstring). An existing ``path`` is replaced. A
+    failed write raises (``OSError``, or ``RuntimeError`` from ``torch.save``) with nothing at ``path`` changed.
     """
     path = Path(path)
     extra_writers = dict(extra_writers or {})
     for name in extra_writers:
         if not name or "/" in name or name.startswith(".") or name in (MANIFEST, STATE_FILE):
             raise ValueError(f"extra writer name {name!r} must be a plain directory name")
+    previous = Path(previous) if previous is not None else None
+    previous_files = _previous_files(previous)
     tmp = path.parent / f".tmp-{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         with open(tmp / STATE_FILE, "wb") as f:
             torch.save(dict(state), f)
+        files = _entries(tmp, tmp, None, {})
         for name, writer in extra_writers.items():
-            (tmp / name).mkdir()
-            writer(tmp / name)
-        files: dict[str, dict[str, Any]] = {}
-        dirs = [tmp]
-        for root, dirnames, filenames in os.walk(tmp):
-            dirs.extend(Path(root) / d for d in dirnames)
-            for fname in filenames:
-                file = Path(root) / fname
-                if file.is_symlink() or not file.is_file():
-                    raise CheckpointError(f"{file}: checkpoint files must be regular files (no links)")
-                sha, size = _hash_file(file, fsync=True)
-                files[file.relative_to(tmp).as_posix()] = {"sha256": sha, "size": size}
+            files.update(_write_component(tmp, name, writer, previous, previous_files))
         manifest = {
             "format": FORMAT_VERSION, "iteration": int(iteration), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "versions": {"torch": torch.__version__, "tdrl": __version__, "python": platform.python_version()},
             "files": dict(sorted(files.items())),
         }
         write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1))
-        for d in reversed(dirs):
+        dirs = [Path(root) / d for root, dirnames, _ in os.walk(tmp) for d in dirnames]
+        for d in [*reversed(dirs), tmp]:
             _fsync_dir(d)
         old = None
         if path.exists():  # the same iteration saved again: move the old one away, publish, then delete it
@@ -296,10 +394,12 @@ class Checkpointer:
         return None, problems
 
     def save(self, state: Mapping[str, Any], iteration: int, *,
-             extra_writers: Mapping[str, PathWriter] | None = None) -> Path | None:
+             extra_writers: Mapping[str, PathWriter | LinkingWriter] | None = None) -> Path | None:
         """Write a checkpoint if the snapshot mode says so (else return ``None``), then rotate old ones.
 
-        Raises :class:`CheckpointError` if the write failed (disk full, read-only); earlier ones are untouched.
+        :class:`LinkingWriter` entries link from the newest published checkpoint not known to be corrupt
+        (:meth:`link_source`). Raises :class:`CheckpointError` if the write failed (disk full, read-only); earlier
+        ones are untouched.
         """
         if iteration < 0:
             raise ValueError(f"iteration must be >= 0, got {iteration}")
@@ -308,7 +408,8 @@ class Checkpointer:
         self._remove_stale()
         target = self.directory / f"itr_{iteration:08d}"
         try:
-            write_checkpoint(target, state, iteration=iteration, extra_writers=extra_writers)
+            write_checkpoint(target, state, iteration=iteration, extra_writers=extra_writers,
+                             previous=self.link_source())
         except Exception as e:
             os_error = _os_error_in_chain(e)  # torch.save reports ENOSPC as a RuntimeError
             if os_error is None:
@@ -317,6 +418,15 @@ class Checkpointer:
             raise _write_error(target, os_error, existing[-1] if existing else None) from e
         self._rotate(keep=target)
         return target
+
+    def link_source(self) -> Path | None:
+        """The checkpoint a new one shares unchanged files with: the newest published one, skipping those whose
+        last verification (:meth:`verify`) failed; ``None`` when there is none."""
+        for info in reversed(self.list()):
+            known = self._verified.get(info.path)
+            if known is None or known[1] is None:
+                return info.path
+        return None
 
     def load_latest(
         self, *, map_location: str | torch.device = "cpu", extra_readers: Mapping[str, PathWriter] | None = None

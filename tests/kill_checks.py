@@ -4,6 +4,7 @@ checkpoint states tensor by tensor)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -108,3 +109,18 @@ def assert_same_tree(a: Any, b: Any, note: str, path: str = "") -> None:
         assert isinstance(b, float) and b != b, f"{where}: nan != {b!r}"
     else:
         assert type(a) is type(b) and a == b, f"{where}: {a!r:.200} != {b!r:.200}"
+
+
+def assert_same_replay(reference: Path, run_dir: Path, note: str) -> None:
+    """The newest checkpoints' replay components (``replay/``) are equal: the state (counters, sampler, RNG), the
+    layout and version of every data segment, and each segment file's bytes. Runs without a replay pass."""
+    ref, got = checkpoints(reference)[-1] / "replay", checkpoints(run_dir)[-1] / "replay"
+    assert ref.is_dir() == got.is_dir(), f"{note}: only one of the runs checkpoints a replay"
+    if not ref.is_dir():
+        return
+    states = [torch.load(d / "replay_state.pt", weights_only=False) for d in (ref, got)]
+    assert_same_tree(*states, note, "replay/replay_state.pt")
+    indexes = [json.loads((d / "segments" / "index.json").read_text())["fields"] for d in (ref, got)]
+    assert indexes[0] == indexes[1], f"{note}: the replay segments differ in layout or version"
+    for file in sorted((ref / "segments").glob("*.bin")):
+        assert file.read_bytes() == (got / "segments" / file.name).read_bytes(), f"{note}: replay {file.name} differs"

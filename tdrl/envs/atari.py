@@ -211,6 +211,13 @@ class MinAtarImage(gym.ObservationWrapper):
     def observation(self, observation: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(np.moveaxis(observation, -1, 0)).astype(np.uint8) * np.uint8(255)
 
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        """Also seeds ``np_random`` as gymnasium's ``reset(seed=)`` does (MinAtar's seeds only its game): unseeded,
+        it starts from OS entropy, and a resumed run's env state would differ from an uninterrupted one's."""
+        if seed is not None:
+            self.unwrapped.np_random, _ = gym.utils.seeding.np_random(seed)
+        return super().reset(seed=seed, options=options)
+
     def state_dict(self) -> dict[str, Any]:
         return {}  # a pure function of the observation
 

@@ -9,8 +9,9 @@ rlpyt's ``logger_context`` plus atomic checksummed checkpoints, exact resume and
     for itr in range(start, n_itr):
         if run.log_due(frames):
             run.log(summarize_records(episodes, "train/"), step=frames, iteration=itr, episodes=n_done)
-        if run.checkpoint_due(frames):
-            run.save_checkpoint({"model": ..., "itr": itr}, itr, step=frames, extra_writers={"replay": buffer.dumps})
+        if run.checkpoint_due(frames):  # the replay links what is unchanged since the previous checkpoint
+            run.save_checkpoint({"model": ..., "itr": itr}, itr, step=frames,
+                                extra_writers={"replay": buffer.checkpoint_writer()})
     run.finish({"eval/return_mean": last_eval_return})
 
 Run directory (``<run.root>/<yyyymmdd>/<hhmmss>_<name>/run_<seed>/`` or ``run.dir``)::
@@ -45,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from tdrl.ckpt import Checkpointer, CheckpointError, CheckpointInfo, PathWriter, StrictResumeError
+from tdrl.ckpt import Checkpointer, CheckpointError, CheckpointInfo, LinkingWriter, PathWriter, StrictResumeError
 from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig
 from tdrl.log.progress import ProgressCSV, metric_value
 from tdrl.log.rundir import (
@@ -270,11 +271,12 @@ class Run:
         return self._ckpt_interval <= 0 or step // self._ckpt_interval > self._ckpt_step // self._ckpt_interval
 
     def save_checkpoint(self, state: Mapping[str, Any], iteration: int, *, step: int | None = None,
-                        extra_writers: Mapping[str, PathWriter] | None = None) -> Path | None:
+                        extra_writers: Mapping[str, PathWriter | LinkingWriter] | None = None) -> Path | None:
         """Checkpoint ``state`` (tensors, state dicts, python values) with the logger position and RNG states.
 
         ``iteration`` (just completed) names the checkpoint and decides the snapshot mode; ``step`` is the env
-        frames so far (default: the last logged step); ``extra_writers`` (``{name: writer(dir)}``) are components
+        frames so far (default: the last logged step); ``extra_writers`` (``{name: writer(dir)}``, or a
+        :class:`tdrl.ckpt.LinkingWriter` that shares unchanged files with the previous checkpoint) are components
         that write their own files (replay). Returns the checkpoint directory, or ``None`` when the snapshot mode
         skips it. Raises :class:`tdrl.ckpt.CheckpointError` if the write failed; earlier checkpoints are intact.
         """

@@ -16,7 +16,9 @@ pre-reset observation, so targets bootstrap; ``terminated`` stops bootstrapping)
 A buffer pickled to another process sends only paths: one process extends, others sample (a seqlock redraws samples
 overwritten during their gather), and they share ``write_count``, ``samples_drawn`` and ``len(buffer)``, on which an
 async trainer throttles. ``state_dict``/``load_state_dict`` hold counters, layout, RNG and sampler state and reopen
-the data in place; ``dumps(path)``/``loads(path)`` copy the data files too (exact resume).
+the data in place; ``dumps(path)``/``loads(path)`` copy the data too (exact resume): only its filled part, in time
+segments, and ``checkpoint_writer()`` makes each checkpoint hard-link the segments unchanged since the one before
+(:mod:`tdrl.replay.segments`), so keeping two checkpoints costs about one replay.
 
 Ours rather than TorchRL's: its memmap buffer is an order of magnitude slower per extend and sample here, its
 prioritized sampler's C++ extension does not load against torch 2.13, and it has no frame de-duplication,

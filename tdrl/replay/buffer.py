@@ -16,6 +16,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
+from tdrl.ckpt import LinkingWriter
 from tdrl.replay.frames import FrameStack
 from tdrl.replay.prioritized import PrioritizedSampler
 from tdrl.replay.ring import StreamRing, nest
@@ -172,9 +173,15 @@ class TransitionReplayBuffer:
         copied there by :meth:`loads`)."""
         self.ring.load_state_dict(state)
 
-    def dumps(self, path: str | os.PathLike) -> None:
-        """Write a complete copy (data files + state) to ``path``; only the state when ``path`` is ``scratch_dir``."""
-        self.ring.dump(path)
+    def dumps(self, path: str | os.PathLike, previous: str | os.PathLike | None = None) -> None:
+        """Write a complete copy (the filled part of the data + state) to ``path``, hard-linking the data unchanged
+        since the copy in ``previous``; only the state when ``path`` is ``scratch_dir``."""
+        self.ring.dump(path, previous)
+
+    def checkpoint_writer(self) -> LinkingWriter:
+        """:meth:`dumps` as a checkpoint's ``extra_writers`` entry: each checkpoint links the data unchanged since
+        the one before, so it costs the data collected in between."""
+        return LinkingWriter(self.dumps)
 
     def loads(self, path: str | os.PathLike) -> None:
         """Restore a copy written by :meth:`dumps` into this buffer's ``scratch_dir``."""

@@ -65,11 +65,11 @@ class FrameStack:
             raise ReplayError(f"frame stacking needs key {key_name(self.key)!r} as stacks [B, T, {self.n_frames}, "
                               f"*frame] (oldest to newest), got shape {shape}")
         frame_capacity = time_capacity + max(1, math.ceil(time_capacity * self.slack))
-        return {
-            _PIXELS: ((num_streams, frame_capacity, *obs.shape[3:]), obs.dtype),
-            _POS: ((num_streams, time_capacity), torch.int64),
-            _OFFSET: ((num_streams, time_capacity), torch.uint8),
-            _WRITTEN: ((num_streams, 1), torch.int64),
+        return {  # name: (shape, dtype, cursor): frames go by each stream's frame count, the rest by ring step
+            _PIXELS: ((num_streams, frame_capacity, *obs.shape[3:]), obs.dtype, _WRITTEN),
+            _POS: ((num_streams, time_capacity), torch.int64, 1),
+            _OFFSET: ((num_streams, time_capacity), torch.uint8, 1),
+            _WRITTEN: ((num_streams, 1), torch.int64, None),
         }
 
     def prepare(self, ring: Any, batch: TensorDictBase, steps: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ the ``lookback`` steps before it are not overwritten, and where the validity mas
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,14 @@ from tensordict.utils import NestedKey
 
 from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
 from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
+from tdrl.replay.segments import SEGMENT_BYTES, Lineage, read_segments, write_segments
 from tdrl.replay.storage import MemmapStore
 
 __all__ = ["StreamRing", "nest"]
 
 _MAX_REDRAWS = 64
 PRIORITY_KEY = ("priority",)  # per-step input priorities of a batch, for a prioritized sampler's new slots
+SEGMENTS, STATE_FILE = "segments", "replay_state.pt"  # a dump's data and state
 
 
 def pack(schema: BatchSchema) -> dict[str, list]:
@@ -93,6 +96,8 @@ class StreamRing:
         self.groups: dict[str, list] = {}  # packed group -> [(key, offset, size, shape)]
         self.fields: dict[tuple[str, ...], torch.Tensor] = {}  # key -> [B, T_cap, *shape] view of its group
         self.flat: dict[Any, torch.Tensor] = {}  # key or group -> [B * T_cap, ...] view, for gathers by flat index
+        self.lineage = Lineage()  # which checkpoint segments this data still matches (dump links them)
+        self.segment_bytes = SEGMENT_BYTES  # size of one checkpoint segment file
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "fields": {}, "flat": {}, "synced": False}  # views are rebuilt by _sync()
@@ -120,7 +125,8 @@ class StreamRing:
 
     def allocate(self, batch: TensorDictBase, extra_fields: Callable[[int, int], dict] | None = None) -> None:
         """Fix ``B``, ``T_cap`` and the schema from the first batch and create the files (with codec-owned fields
-        ``extra_fields(B, T_cap)``: name -> (shape, dtype)), and the sampler's tree."""
+        ``extra_fields(B, T_cap)``: name -> (shape, dtype, cursor), the cursor as in
+        :func:`~tdrl.replay.segments.field_cursors`), and the sampler's tree."""
         if batch.batch_dims not in (1, 2):
             raise ReplayError(f"batch_size must be [B, T] (collector batch) or [N] (flat transitions), got "
                               f"{list(batch.batch_size)}")
@@ -138,9 +144,10 @@ class StreamRing:
         extra = extra_fields(num_streams, time_capacity) if extra_fields is not None else {}
         if set(fields) & set(extra):
             raise ReplayError(f"field name clash in replay storage: {sorted(set(fields) & set(extra))}")
+        cursors = {**dict.fromkeys(fields, 1), **{name: spec[2] for name, spec in extra.items() if spec[2] is not None}}
         meta = {"num_streams": num_streams, "time_capacity": time_capacity, "flat_batches": flat,
-                "schema": schema.to_json(), **self.layout}
-        self.store.allocate({**fields, **extra}, meta)
+                "schema": schema.to_json(), "cursors": cursors, **self.layout}
+        self.store.allocate({**fields, **{name: spec[:2] for name, spec in extra.items()}}, meta)
         if self.sampler is not None:
             self.sampler.bind(num_streams * (time_capacity // self.stride), self.store.directory)
         self._sync()
@@ -395,10 +402,17 @@ class StreamRing:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Reopen the files in place with the layout and counters of :meth:`state_dict`, then restore the rest."""
+        self._restore(state, keep_data=True)
+
+    def _restore(self, state: dict[str, Any], keep_data: bool) -> None:
         saved = state["ring"]["meta"] or self.layout
         if {key: saved.get(key) for key in self.layout} != self.layout:
             raise ReplayError(f"state is of a buffer with {saved}, this buffer has {self.layout}")
-        self.store.restore(state["ring"])
+        if saved is not self.layout and "cursors" not in saved:  # saved before segments: the ring's own fields
+            groups = pack(BatchSchema.from_json(saved["schema"]))
+            state = {**state, "ring": {**state["ring"], "meta": {**saved, "cursors": dict.fromkeys(groups, 1)}}}
+        self.store.restore(state["ring"], keep_data=keep_data)
+        self.lineage = Lineage()  # data of unknown history: share no checkpoint segments until one is loaded
         self.synced = False
         if self.store.meta is not None:
             self._adopt_meta()
@@ -408,19 +422,29 @@ class StreamRing:
             self.sampler.load_state_dict(state["sampler"])
         self.rng.bit_generator.state = state["rng"]
 
-    def dump(self, path: str | os.PathLike) -> None:
-        """Save :meth:`state_dict` to ``path`` with a copy of the data files (unless ``path`` holds them)."""
+    def dump(self, path: str | os.PathLike, previous: str | os.PathLike | None = None) -> None:
+        """Save :meth:`state_dict` to ``path`` with the filled part of the data as ``segments/`` (unless ``path``
+        holds the data files), hard-linking the segments unchanged since the dump in ``previous`` (an earlier
+        ``path``, e.g. in the previous checkpoint; read only): see :mod:`tdrl.replay.segments`."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         if self.allocated and path.resolve() != self.store.directory.resolve():
-            self.store.copy_files_to(path / "storage")
+            if previous is not None and Path(previous).resolve() == path.resolve():
+                raise ValueError(f"dump {path}: previous must be another dump, not the one being replaced")
+            shutil.rmtree(path / SEGMENTS, ignore_errors=True)  # names only: other dumps keep files they link
+            linked = Path(previous) / SEGMENTS if previous is not None else None
+            write_segments(self.store, path / SEGMENTS, linked, self.lineage, self.segment_bytes)
         elif self.allocated:
             self.store.flush()
-        torch.save(self.state_dict(), path / "replay_state.pt")
+        torch.save(self.state_dict(), path / STATE_FILE)
 
     def load(self, path: str | os.PathLike) -> None:
-        """Restore what :meth:`dump` wrote: the state, then the data."""
+        """Restore what :meth:`dump` wrote: the state, then the data (also the whole field files of ``storage/``
+        that dumps held before segments)."""
         path = Path(path)
-        self.load_state_dict(torch.load(path / "replay_state.pt", weights_only=False))
-        if self.store.allocated and (path / "storage").exists():
+        segments = path / SEGMENTS
+        self._restore(torch.load(path / STATE_FILE, weights_only=False), keep_data=not segments.is_dir())
+        if self.store.allocated and segments.is_dir():
+            self.lineage = read_segments(self.store, segments)
+        elif self.store.allocated and (path / "storage").exists():
             self.store.copy_files_from(path / "storage")

@@ -23,6 +23,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
+from tdrl.ckpt import LinkingWriter
 from tdrl.replay.prioritized import PrioritizedSampler
 from tdrl.replay.ring import StreamRing, nest
 from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
@@ -123,7 +124,8 @@ class SequenceReplayBuffer:
         states = BatchSchema.from_batch(batch, 2, self.state_keys).entries
 
         def state_fields(num_streams: int, time_capacity: int) -> dict[str, Any]:
-            return {"state." + key_name(key): ((num_streams, time_capacity // self.interval, *shape), dtype)
+            slots = time_capacity // self.interval  # one state every `interval` ring steps: its cursor
+            return {"state." + key_name(key): ((num_streams, slots, *shape), dtype, self.interval)
                     for key, (dtype, shape) in states.items()}
 
         self.ring.allocate(batch, state_fields)
@@ -180,9 +182,13 @@ class SequenceReplayBuffer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.ring.load_state_dict(state)
 
-    def dumps(self, path: str | os.PathLike) -> None:
-        """Full copy (data + state) into ``path``; only the state when ``path`` is ``scratch_dir``."""
-        self.ring.dump(path)
+    def dumps(self, path: str | os.PathLike, previous: str | os.PathLike | None = None) -> None:
+        """Copy (filled data + state) into ``path``, linking what is unchanged since the copy in ``previous``."""
+        self.ring.dump(path, previous)
+
+    def checkpoint_writer(self) -> LinkingWriter:
+        """:meth:`dumps` for ``extra_writers``: a checkpoint shares the unchanged sequences with the one before."""
+        return LinkingWriter(self.dumps)
 
     def loads(self, path: str | os.PathLike) -> None:
         """Restore what :meth:`dumps` wrote."""

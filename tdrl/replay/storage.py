@@ -19,7 +19,6 @@ import contextlib
 import fcntl
 import json
 import os
-import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,13 +81,15 @@ class MemmapStore:
         """Whether the fields exist (in this process)."""
         return self.meta is not None
 
-    def allocate(self, fields: dict[str, tuple[tuple[int, ...], torch.dtype]], meta: dict[str, Any]) -> None:
-        """Create (or reuse, when present with the right size) one file per field ``name -> (shape, dtype)``, then
-        write ``meta.json`` (the fields and the JSON ``meta`` a buffer needs to reopen the store)."""
+    def allocate(self, fields: dict[str, tuple[tuple[int, ...], torch.dtype]], meta: dict[str, Any], *,
+                 keep_data: bool = True) -> None:
+        """Create (or reuse, when present with the right size and ``keep_data``) one file per field
+        ``name -> (shape, dtype)``, then write ``meta.json`` (the fields and the JSON ``meta`` a buffer needs to
+        reopen the store). New files are sparse and read as zeros."""
         spec = {name: {"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")} for name, (shape, dtype)
                 in fields.items()}
         self.meta = {"fields": spec, **meta}
-        self._map_fields(create=True)
+        self._map_fields(create=True, keep_data=keep_data)
         write_atomic(self.directory / "meta.json", json.dumps(self.meta, indent=1))
 
     def ensure_open(self) -> bool:
@@ -98,13 +99,14 @@ class MemmapStore:
             self._map_fields(create=False)
         return self.allocated
 
-    def _map_fields(self, create: bool) -> None:
+    def _map_fields(self, create: bool, keep_data: bool = True) -> None:
         self.fields, self._arrays = {}, {}
         for name, spec in self.meta["fields"].items():
             shape = tuple(spec["shape"])
             path = self.directory / f"{name}.bin"
             dtype = torch.empty((), dtype=getattr(torch, spec["dtype"])).numpy().dtype
-            reuse = path.exists() and path.stat().st_size == int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            reuse = keep_data and path.exists() and path.stat().st_size == nbytes
             self._arrays[name] = np.memmap(path, dtype=dtype, mode="r+" if (reuse or not create) else "w+",
                                            shape=shape)
             self.fields[name] = torch.from_numpy(self._arrays[name])
@@ -147,12 +149,13 @@ class MemmapStore:
         """Counters and layout (no data: the field files stay in :attr:`directory`)."""
         return {"counters": {name: self.counter(name) for name in _COUNTERS}, "meta": self.meta}
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """Reopen the field files in place with the layout and counters of :meth:`state_dict`."""
+    def restore(self, state: dict[str, Any], *, keep_data: bool = True) -> None:
+        """Reopen the field files in place with the layout and counters of :meth:`state_dict` (``keep_data=False``:
+        recreate them all zero, to be filled from a checkpoint)."""
         if state["meta"] is not None:
             fields = {name: (tuple(spec["shape"]), getattr(torch, spec["dtype"]))
                       for name, spec in state["meta"]["fields"].items()}
-            self.allocate(fields, {k: v for k, v in state["meta"].items() if k != "fields"})
+            self.allocate(fields, {k: v for k, v in state["meta"].items() if k != "fields"}, keep_data=keep_data)
         for name, value in state["counters"].items():
             self._counters[_COUNTERS.index(name)] = value
 
@@ -162,15 +165,9 @@ class MemmapStore:
             array.flush()
         self._counters_map.flush()
 
-    def copy_files_to(self, path: str | os.PathLike) -> None:
-        """Copy every field file into ``path`` (a snapshot of the data)."""
-        Path(path).mkdir(parents=True, exist_ok=True)
-        self.flush()
-        for name in self.fields:
-            shutil.copyfile(self.directory / f"{name}.bin", Path(path) / f"{name}.bin")
-
     def copy_files_from(self, path: str | os.PathLike) -> None:
-        """Copy field files written by :meth:`copy_files_to` into this (already allocated) store, in place."""
+        """Copy whole field files (``<name>.bin``, as checkpoints held them before
+        :mod:`tdrl.replay.segments`) into this (already allocated) store, in place."""
         for name, array in self._arrays.items():
             src = Path(path) / f"{name}.bin"
             if not src.exists() or src.stat().st_size != array.nbytes:

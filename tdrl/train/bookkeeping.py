@@ -103,7 +103,10 @@ class CheckpointObjects:
             obj.load_state_dict(state[name])
 
     def writers(self) -> dict[str, Any] | None:
-        return {name: obj.dumps for name, obj in self.files.items()} or None
+        """``extra_writers``: an object's ``checkpoint_writer()`` where it has one (a ``tdrl.ckpt.LinkingWriter``
+        that shares unchanged files with the previous checkpoint), else its ``dumps``."""
+        return {name: obj.checkpoint_writer() if hasattr(obj, "checkpoint_writer") else obj.dumps
+                for name, obj in self.files.items()} or None
 
     def readers(self) -> dict[str, Any] | None:
         return {name: obj.loads for name, obj in self.files.items()} or None

@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_atomic", "write_json_atomic"]
+__all__ = ["disk_bytes", "write_atomic", "write_json_atomic"]
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
@@ -23,3 +23,17 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     """:func:`write_atomic` of ``data`` as indented JSON (values JSON lacks become their ``str``)."""
     write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def disk_bytes(*paths: str | os.PathLike) -> int:
+    """Bytes the files under ``paths`` take on disk, as ``du`` counts them: allocated blocks (a sparse file counts
+    what was written), each inode once however many hard links name it."""
+    seen, total = set(), 0
+    for top in paths:
+        for root, _, names in os.walk(top):
+            for name in names:
+                st = os.lstat(os.path.join(root, name))
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_blocks * 512
+    return total

@@ -233,6 +233,15 @@ def test_minatar_continues_bitwise(factory):
     _check_continuation(factory, k=60, m=200, ends_before=1)
 
 
+@pytest.mark.parametrize("factory", MINATAR, ids=[f.env_id for f in MINATAR])
+def test_minatar_state_is_a_function_of_the_seed(factory):
+    # MinAtar's reset seeds only its game; left unseeded, np_random would start from OS entropy in every process and
+    # an uninterrupted run's checkpoints would differ from a resumed one's
+    pytest.importorskip("minatar", reason="needs minatar: pip install 'tdrl[minatar]'")
+    states = [get_env_state(factory(seed=5)) for _ in range(2)]
+    assert states[0]["layers"][-1]["state"]["np_random"] == states[1]["layers"][-1]["state"]["np_random"]
+
+
 def test_sticky_actions_inside_ale_are_reported():
     pytest.importorskip("ale_py", reason="Atari envs need ale-py: pip install 'tdrl[atari]'")
     # ALE's own sticky actions (gymnasium's default for ALE/ ids): its previous action is not in cloneState

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from kill_checks import (
     assert_same_progress,
+    assert_same_replay,
     assert_same_tree,
     checkpoints,
     finish,
@@ -59,6 +60,14 @@ CASES = {
         "replay.prioritized=true", "loss.n_step=3", "collector.total_frames=640", "logger.log_interval_steps=160",
         "checkpoint.interval_steps=104", "eval.max_steps=40", "optim.min_steps_learn=64", "model.hidden_sizes=[16]",
         "replay.size=1000", "optim.replay_ratio=8", "exploration.eps_steps=400"), trials=2),
+    # MinAtar Breakout frames [4, 10, 10] in a prioritized 3-step replay of 150 steps per env, which the 320
+    # steps per env wrap twice: the replay segments of the resumed checkpoint were overwritten since; random play
+    # ends many games together, and checkpoints every 112 frames fall mid-game for some env
+    "dqn_minatar": Case("dqn.py", (
+        "env.id=MinAtar/Breakout-v1", "collector.batch_B=2", "collector.batch_T=4", "replay.prioritized=true",
+        "collector.total_frames=640", "logger.log_interval_steps=128", "checkpoint.interval_steps=112",
+        "eval.max_steps=40", "optim.min_steps_learn=64", "replay.size=300", "optim.replay_ratio=4",
+        "exploration.eps_steps=400"), trials=2),
     "ppo_parallel": Case("ppo.py", (
         "collector.kind=parallel", "collector.batch_B=4", "collector.n_workers=2", "collector.batch_T=16",
         "collector.total_frames=768", "logger.log_interval_steps=128", "checkpoint.interval_steps=192",
@@ -184,6 +193,7 @@ def test_sigkilled_recipe_relaunched_ends_bitwise_equal(name, trials, references
     for run_dir, note in killed_and_relaunched(name, reference, tmp_path, trials):
         assert_same_progress(reference, run_dir, note)
         assert_same_tree(newest_state(reference), newest_state(run_dir), note)
+        assert_same_replay(reference, run_dir, note)
 
 
 # counters that do not depend on the interleaving of the two processes (the optimizer pays its updates before

@@ -5,51 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tensordict import TensorDict
 
 from tdrl.replay import FrameStack, PrioritizedSampler, ReplayError, TransitionReplayBuffer
+from tests.replay.helpers import F, atari_episodes
 
-F, H, W = 4, 84, 84
-
-
-def _episodes(B: int, T: int, seed: int, padding: str, mean_len: int = 12):
-    """Synthetic Atari-like [B, T] batch with env-style stacks (zero- or reset-padded at episode starts)."""
-    rng = np.random.default_rng(seed)
-    frames = rng.integers(0, 256, size=(B, T + 1, H, W), dtype=np.uint8)  # frame t+1 = newest of next obs
-    done = rng.random((B, T)) < 1.0 / mean_len
-    obs = np.zeros((B, T, F, H, W), dtype=np.uint8)
-    next_obs = np.zeros_like(obs)
-    reset_frames = rng.integers(0, 256, size=(B, T, H, W), dtype=np.uint8)
-    for b in range(B):
-        stack = None
-        for t in range(T):
-            if stack is None:  # episode start: the env's reset frame
-                first = reset_frames[b, t]
-                pad = np.zeros((F - 1, H, W), np.uint8) if padding == "zero" else np.repeat(first[None], F - 1, 0)
-                stack = np.concatenate([pad, first[None]])
-            obs[b, t] = stack
-            stack = np.concatenate([stack[1:], frames[b, t + 1][None]])
-            next_obs[b, t] = stack
-            if done[b, t]:
-                stack = None
-    is_init = np.zeros((B, T, 1), dtype=bool)
-    is_init[:, 0] = True
-    is_init[:, 1:, 0] = done[:, :-1]
-    term = done & (rng.random((B, T)) < 0.5)
-    time = np.broadcast_to(np.arange(T), (B, T))
-    return TensorDict({
-        "observation": torch.from_numpy(obs), "is_init": torch.from_numpy(is_init),
-        "action": torch.from_numpy(time.copy()),
-        "next": {"observation": torch.from_numpy(next_obs), "reward": torch.zeros(B, T, 1),
-                 "done": torch.from_numpy(done[..., None]), "terminated": torch.from_numpy(term[..., None]),
-                 "truncated": torch.from_numpy((done & ~term)[..., None])},
-    }, batch_size=[B, T])
+H, W = 84, 84
 
 
 @pytest.mark.parametrize("padding,n_step,prioritized", [("zero", 1, False), ("reset", 3, False), ("zero", 2, True)])
 def test_rebuilt_stacks_equal_naive_stacks(tmp_path, padding, n_step, prioritized):
     B, T, chunk = 2, 96, 24
-    data = _episodes(B, T, seed=1, padding=padding)
+    data = atari_episodes(B, T, seed=1, padding=padding)
     capacity = B * 40  # wraps: frames from overwritten steps must not leak into stacks
     sampler = PrioritizedSampler(alpha=0.6, seed=0) if prioritized else None
     rb = TransitionReplayBuffer(tmp_path / "rb", capacity, n_step=n_step, gamma=0.9, sampler=sampler,
@@ -78,7 +44,7 @@ def test_rebuilt_stacks_equal_naive_stacks(tmp_path, padding, n_step, prioritize
 
 
 def test_padding_mismatch_is_an_error(tmp_path):
-    data = _episodes(2, 20, seed=0, padding="reset")
+    data = atari_episodes(2, 20, seed=0, padding="reset")
     rb = TransitionReplayBuffer(tmp_path / "rb", 100, frame_stack=FrameStack(F, padding="zero"))
     with pytest.raises(ReplayError, match="padding='reset'"):
         rb.extend(data)
@@ -86,7 +52,7 @@ def test_padding_mismatch_is_an_error(tmp_path):
 
 def test_frame_memory_is_about_a_quarter(tmp_path):
     B, T = 4, 64
-    data = _episodes(B, T, seed=0, padding="zero", mean_len=50)
+    data = atari_episodes(B, T, seed=0, padding="zero", mean_len=50)
     capacity = 4 * 1024
     rb = TransitionReplayBuffer(tmp_path / "rb", capacity, frame_stack=FrameStack(F), seed=0)
     rb.extend(data)
@@ -95,18 +61,18 @@ def test_frame_memory_is_about_a_quarter(tmp_path):
     assert 0.24 < ours / stacked_obs < 0.29
     # 1M transitions of 4x84x84: layout sizes without allocating
     fields = FrameStack(F).fields(data, B, 1_000_000 // B)
-    nbytes = sum(int(np.prod(shape)) * torch.empty((), dtype=dt).element_size() for shape, dt in fields.values())
+    nbytes = sum(int(np.prod(shape)) * torch.empty((), dtype=dt).element_size() for shape, dt, _ in fields.values())
     assert nbytes / (1_000_000 * F * H * W) < 0.28
 
 
 def test_episodes_too_short_for_slack_raise_before_writing(tmp_path):
     B, T = 1, 40
-    data = _episodes(B, T, seed=0, padding="zero", mean_len=2)
+    data = atari_episodes(B, T, seed=0, padding="zero", mean_len=2)
     rb = TransitionReplayBuffer(tmp_path / "rb", 40, frame_stack=FrameStack(F, slack=1 / 16), seed=0)
     rb.extend(data[:, :20])
     with pytest.raises(ReplayError, match="slack"):
         for start in range(20, 400, 20):
             before = rb.write_count, rb.ring.field("frames.written").clone()
-            rb.extend(_episodes(B, 20, seed=start, padding="zero", mean_len=2))
+            rb.extend(atari_episodes(B, 20, seed=start, padding="zero", mean_len=2))
     assert rb.write_count == before[0]
     assert torch.equal(rb.ring.field("frames.written"), before[1])
