@@ -167,7 +167,7 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.dqn import dqn_priorities, make_dqn_loss
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import TargetUpdate, Updater
-    from tdrl.replay import PrioritizedSampler, TransitionReplayBuffer
+    from tdrl.replay import FrameStack, PrioritizedSampler, TransitionReplayBuffer
     from tdrl.train import check_min_steps_learn, check_trainer, make_trainer
     from tdrl.utils.distributed import resolve_device
     from tdrl.utils.seeding import seed_everything
@@ -215,9 +215,12 @@ def main(cfg: Config) -> dict:
     sampler = PrioritizedSampler(alpha=cfg.replay.alpha, beta_init=cfg.replay.beta_init,
                                  beta_final=cfg.replay.beta_final, beta_steps=cfg.replay.beta_steps,
                                  seed=cfg.run.seed) if cfg.replay.prioritized else None
+    # Atari: each 84x84 frame stored once, not in 8 stacks (rlpyt's frame buffer; 7.5 GB per 1M steps, not 56.5)
+    frame_stack = FrameStack(4, padding="reset") if env_factory.is_atari else None
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, sampler=sampler, n_step=cfg.loss.n_step,
                                     gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed,
-                                    clip_reward=cfg.loss.clip_reward)  # the loss sees clipped rewards
+                                    clip_reward=cfg.loss.clip_reward,  # the loss sees clipped rewards
+                                    frame_stack=frame_stack)
     # built by the trainer (async: in its own process)
     collector_factory = partial(make_collector, cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
                                 batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
