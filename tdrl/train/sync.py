@@ -223,6 +223,7 @@ class SyncTrainer:
             book.close_run(self.summary if completed else None)
 
     def _log(self) -> None:
+        self.objects.check_finite()  # updates skipped for a NaN/inf loss since the last row raise here
         trajs, self._pending_trajs = self._pending_trajs, []
         if self.world_size == 1:
             self.book.add_episodes(trajs)
@@ -260,6 +261,7 @@ class SyncTrainer:
     # --- Checkpoints: shared objects from rank 0, every rank's own state gathered into rank 0's checkpoint ------
 
     def _save_checkpoint(self) -> None:
+        self.objects.check_finite()
         mine = {**self.rank_objects.state_dict(), "collector": self.collector.state_dict(), "rng": rng_state(),
                 "pending_trajs": list(self._pending_trajs), "metrics": metrics_to_floats(self.book.metrics)}
         self.book.save_checkpoint(self.objects, ranks=gather_to_main(mine), world_size=self.world_size,
