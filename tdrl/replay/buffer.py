@@ -18,7 +18,7 @@ from tensordict.utils import NestedKey
 
 from tdrl.replay.frames import FrameStack
 from tdrl.replay.prioritized import PrioritizedSampler
-from tdrl.replay.ring import StreamRing, nest
+from tdrl.replay.ring import StreamRing, deliver, nest, sample_device
 from tdrl.replay.schema import ReplayError, key_name
 
 __all__ = ["TransitionReplayBuffer", "nstep_returns"]
@@ -56,17 +56,20 @@ class TransitionReplayBuffer:
         seed: seed of the uniform index generator.
         clip_reward: samples clip each step's reward to [-1, 1] before the n-step sum (rlpyt's Atari clipping);
             the stored rewards stay raw.
+        device: where samples are returned (the learner's device); ``None`` leaves them on the host. The data stays
+            in host memory: a GPU sample is gathered into pinned memory and copied without blocking the host.
     """
 
     def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, sampler: PrioritizedSampler | None = None,
                  n_step: int = 1, gamma: float = 0.99, frame_stack: FrameStack | None = None,
                  mask_key: NestedKey | None = ("collector", "mask"), keys: Sequence[NestedKey] | None = None,
-                 seed: int | None = None, clip_reward: bool = False) -> None:
+                 seed: int | None = None, clip_reward: bool = False, device: str | torch.device | None = None) -> None:
         if n_step < 1 or not 0.0 <= gamma <= 1.0:
             raise ValueError(f"need n_step >= 1 and gamma in [0, 1], got {n_step}, {gamma}")
         self.n_step = int(n_step)
         self.gamma = float(gamma)
         self.clip_reward = clip_reward
+        self.device = sample_device(device)
         self.sampler = sampler
         self.frame_stack = frame_stack
         stacked = frame_stack is not None
@@ -118,8 +121,9 @@ class TransitionReplayBuffer:
                     raise ReplayError(f"n_step={self.n_step} needs key {key_name(key)!r} in the batch")
 
     def sample(self, batch_size: int) -> TensorDict:
-        """Draw ``batch_size`` transitions, with replacement, as a flat TensorDict ``[batch_size]`` (keys: see
-        :mod:`tdrl.replay`); it may exceed the transitions ready (SB3 starts learning at 100 with batch 256)."""
+        """Draw ``batch_size`` transitions, with replacement, as a flat TensorDict ``[batch_size]`` on ``device``
+        (keys: see :mod:`tdrl.replay`); it may exceed the transitions ready (SB3 starts learning at 100 with batch
+        256)."""
         if batch_size < 1:
             raise ReplayError(f"batch_size must be >= 1, got {batch_size}")
         if self.ring.ready_count() < 1:
@@ -130,7 +134,7 @@ class TransitionReplayBuffer:
         if weights is not None:
             out.set("priority_weight", torch.from_numpy(weights))
         self.ring.store.add_counter("samples_drawn", batch_size)
-        return out
+        return deliver(out, self.device)
 
     def _gather(self, stream: np.ndarray, time: np.ndarray) -> TensorDict:
         ring = self.ring
@@ -138,7 +142,7 @@ class TransitionReplayBuffer:
         n = index.shape[0]
         if self.n_step == 1:
             last = index
-            values = ring.gather_keys(index)
+            values = ring.gather_keys(index, device=self.device)
             if self.clip_reward:
                 values[("next", "reward")] = values[("next", "reward")].clamp(-1.0, 1.0)
         else:
@@ -149,8 +153,8 @@ class TransitionReplayBuffer:
                 reward = reward.clamp(-1.0, 1.0)
             reward_n, steps = nstep_returns(reward, done, self.gamma)
             last = window[torch.arange(n), steps - 1]
-            values = ring.gather_keys(index, "root")
-            values.update(ring.gather_keys(last, "next"))
+            values = ring.gather_keys(index, "root", self.device)
+            values.update(ring.gather_keys(last, "next", self.device))
             values[("next", "reward")] = reward_n
             values[("steps_to_next_obs",)] = steps.unsqueeze(-1)
         if self.frame_stack is not None:

@@ -28,7 +28,7 @@ from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
 from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
 from tdrl.replay.storage import MemmapStore
 
-__all__ = ["StreamRing", "nest"]
+__all__ = ["StreamRing", "deliver", "nest", "sample_device"]
 
 _MAX_REDRAWS = 64
 PRIORITY_KEY = ("priority",)  # per-step input priorities of a batch, for a prioritized sampler's new slots
@@ -54,6 +54,32 @@ def nest(flat: dict[tuple[str, ...], torch.Tensor], batch_size: Sequence[int]) -
             node = node.setdefault(part, {})
         node[key[-1]] = value
     return TensorDict(tree, batch_size=batch_size)
+
+
+def sample_device(device: str | torch.device | None) -> torch.device | None:
+    """``device`` as samples are compared against it (``cuda`` becomes ``cuda:<current>``); ``None`` stays."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _staged(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` (host) on ``device``; to a GPU through pinned memory, without blocking the host."""
+    if tensor.device == device:
+        return tensor
+    if device.type != "cuda":
+        return tensor.to(device)
+    return (tensor if tensor.is_pinned() else tensor.pin_memory()).to(device, non_blocking=True)
+
+
+def deliver(sample: TensorDictBase, device: torch.device | None) -> TensorDictBase:
+    """The leaves of ``sample`` still on the host, moved to ``device`` (``None``: left where they are)."""
+    if device is None:
+        return sample
+    return sample.apply(lambda t: _staged(t, device))
 
 
 class StreamRing:
@@ -355,15 +381,22 @@ class StreamRing:
         """One key at flat ``index`` (a strided gather; prefer :meth:`gather_keys` for many keys)."""
         return torch.index_select(self.flat[key], 0, index)
 
-    def gather_keys(self, index: torch.Tensor, part: str | None = None) -> dict[tuple[str, ...], torch.Tensor]:
+    def gather_keys(self, index: torch.Tensor, part: str | None = None, device: torch.device | None = None
+                    ) -> dict[tuple[str, ...], torch.Tensor]:
         """Every stored key (or only ``part``: ``"root"`` or ``"next"`` keys) at flat ``index`` ``[N]``: one
-        ``index_select`` per packed group, then per-key views ``[N, *shape]`` of it."""
+        ``index_select`` per packed group (into pinned memory and on to ``device`` in one copy when that is a GPU),
+        then per-key views ``[N, *shape]`` of it."""
         out = {}
         n = index.shape[0]
+        pinned = device is not None and device.type == "cuda"
         for group, members in self.groups.items():
             if part is not None and not group.startswith(part + "."):
                 continue
-            rows = torch.index_select(self.flat[group], 0, index)
+            source = self.flat[group]
+            rows = torch.empty((n, *source.shape[1:]), dtype=source.dtype, pin_memory=pinned)
+            torch.index_select(source, 0, index, out=rows)
+            if device is not None:
+                rows = _staged(rows, device)
             for key, offset, size, shape in members:
                 out[key] = rows[:, offset : offset + size].view(n, *shape)
         return out
