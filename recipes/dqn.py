@@ -52,6 +52,7 @@ from tdrl.config import (
     RecipeConfig,
     RunConfig,
     TrainerConfig,
+    check_cudagraphs,
     run_recipe,
 )
 
@@ -132,6 +133,8 @@ class OptimConfig:
     """Gradient norm clip (rlpyt clip_grad_norm)."""
     compile: bool = False
     """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""
+    cudagraphs: bool = False
+    """Replay each update (loss, backward, step) from one CUDA graph (needs run.device=cuda)."""
 
 
 @dataclass
@@ -155,6 +158,9 @@ class Config(RecipeConfig):
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """sync, or async (trainer.kind=async: a collector process fills the replay while this one optimises)."""
 
+    def validate(self) -> None:
+        check_cudagraphs(self.optim.cudagraphs, self.run.device)
+
 
 def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
@@ -165,6 +171,7 @@ def main(cfg: Config) -> dict:
     from tdrl.log.run import Run
     from tdrl.models import EpsilonGreedy, chain_policy, make_q_actor
     from tdrl.objectives.dqn import dqn_priorities, make_dqn_loss
+    from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.replay import PrioritizedSampler, TransitionReplayBuffer
@@ -204,8 +211,8 @@ def main(cfg: Config) -> dict:
     loss = make_dqn_loss(q_actor, gamma=cfg.loss.gamma, double_dqn=cfg.loss.double,
                          loss_function=cfg.loss.loss_function)
     target_update = TargetUpdate(loss, interval=cfg.optim.target_update_interval, tau=cfg.optim.target_update_tau)
-    optimizer = torch.optim.Adam(q_actor.parameters(), lr=cfg.optim.lr,
-                                 eps=cfg.optim.adam_eps, fused=True)
+    optimizer = torch.optim.Adam(q_actor.parameters(), lr=graph_lr(cfg.optim.lr, device, cfg.optim.cudagraphs),
+                                 eps=cfg.optim.adam_eps, fused=True, capturable=cfg.optim.cudagraphs)
     updater = Updater(optimizer, max_grad_norm=cfg.optim.max_grad_norm,
                       target_update=target_update)
     delta_clip = 1.0 if cfg.loss.loss_function == "huber" else None
@@ -216,7 +223,7 @@ def main(cfg: Config) -> dict:
                                  beta_final=cfg.replay.beta_final, beta_steps=cfg.replay.beta_steps,
                                  seed=cfg.run.seed) if cfg.replay.prioritized else None
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, sampler=sampler, n_step=cfg.loss.n_step,
-                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed,
+                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed, device=device,
                                     clip_reward=cfg.loss.clip_reward)  # the loss sees clipped rewards
     # built by the trainer (async: in its own process)
     collector_factory = partial(make_collector, cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
@@ -240,12 +247,20 @@ def main(cfg: Config) -> dict:
     # --- Update ---------------------------------------------------------------------------------------------
     compute_loss = torch.compile(loss) if cfg.optim.compile else loss
 
-    def update():
-        sample = replay.sample(cfg.optim.batch_size)
-        metrics = updater.step(compute_loss(sample).rename_key_("loss", "loss_q"))  # logged as loss/q
+    def learn(sample):  # the device half of an update: optim.cudagraphs replays it from one CUDA graph
+        metrics = updater.apply(compute_loss(sample).rename_key_("loss", "loss_q"))  # logged as loss/q
         if sampler is not None:
-            replay.update_priority(sample["index"],
-                                   dqn_priorities(sample, categorical=cfg.model.categorical, delta_clip=delta_clip))
+            metrics["priority"] = dqn_priorities(sample, categorical=cfg.model.categorical, delta_clip=delta_clip)
+        return metrics
+
+    learn = update_step(learn, cudagraphs=cfg.optim.cudagraphs, device=device)
+
+    def update():
+        sample = replay.sample(cfg.optim.batch_size)  # on the learner's device
+        metrics = learn(sample)
+        updater.advance()  # counters and the target network, on the host
+        if sampler is not None:  # the sum tree is on the host: the one value read back per update
+            replay.update_priority(sample["index"], metrics.pop("priority"))
         return metrics
 
     # --- Loop -----------------------------------------------------------------------------------------------

@@ -38,8 +38,8 @@ from tdrl.utils.ranges import Length, Range
 __all__ = ["AnyFloat", "AtariEnvConfig", "CheckpointConfig", "CollectorConfig", "ConfigError", "Count", "EnvConfig",
            "EpsilonGreedyConfig", "EvalConfig", "Fraction", "LayerSizes", "Length", "LoggerConfig", "NonNegativeFloat",
            "NonNegativeInt", "PositiveFloat", "PositiveFraction", "Range", "RecipeConfig", "RunConfig", "TrainerConfig",
-           "UserError", "apply_overrides", "config_help", "diff_configs", "flatten", "merge_nested", "parse_args",
-           "run_recipe", "to_dict", "user_errors", "validate"]
+           "UserError", "apply_overrides", "check_cudagraphs", "config_help", "diff_configs", "flatten", "merge_nested",
+           "parse_args", "run_recipe", "to_dict", "user_errors", "validate"]
 
 C = TypeVar("C")
 
@@ -70,6 +70,14 @@ class ConfigError(UserError):
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
+
+
+def check_cudagraphs(cudagraphs: bool, device: str) -> None:
+    """``optim.cudagraphs=true`` needs ``run.device=cuda``: a CUDA graph replays GPU work, and on the CPU it would
+    silently do nothing (a recipe's ``Config.validate`` calls this, so the launch fails before torch loads)."""
+    _check(not cudagraphs or device.partition(":")[0] == "cuda",
+           f"optim.cudagraphs=true replays CUDA graphs, but run.device={device!r}; set run.device=cuda or "
+           "optim.cudagraphs=false")
 
 
 # --- Shared sections -------------------------------------------------------------------------------------
