@@ -222,3 +222,59 @@ def test_updater_drives_target_and_checkpoints_counts():
     updater2.load_state_dict(state)
     assert updater2.updates == 4 and updater2.target_update.calls == 4
     del td
+
+
+CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _learner_on(device, tensor_lr):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).to(device)
+    lr = torch.tensor(0.01, device=device) if tensor_lr else 0.01
+    return net, Updater(torch.optim.Adam(net.parameters(), lr=lr, fused=True), max_grad_norm=1.0)
+
+
+def _steps(net, updater, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    device = next(net.parameters()).device
+    for _ in range(n):
+        x, y = torch.randn(16, 3, generator=g).to(device), torch.randn(16, 1, generator=g).to(device)
+        updater.step({"loss_mse": (net(x) - y).pow(2).mean()})
+
+
+@pytest.mark.parametrize("tensor_lr", [False, True], ids=["float-lr", "tensor-lr"])
+@pytest.mark.parametrize("saved_on, resumed_on", [
+    ("cpu", "cpu"), pytest.param("cuda", "cpu", marks=CUDA), pytest.param("cpu", "cuda", marks=CUDA)])
+def test_updater_checkpoint_resumes_on_another_device(tmp_path, saved_on, resumed_on, tensor_lr):
+    """What a trainer does: save through the Checkpointer, load with map_location="cpu", load_state_dict into an
+    updater on the resuming device. The optimizer state lands on the parameters' device, a tensor learning rate
+    stays the resuming updater's tensor, and training continues as it would have without the interruption."""
+    from tdrl.ckpt import Checkpointer
+
+    net, updater = _learner_on(saved_on, tensor_lr)
+    _steps(net, updater, 5, seed=1)
+    updater.lr = 0.005
+    ckpt = Checkpointer(tmp_path / "ck")
+    ckpt.save({"model": net.state_dict(), "updater": updater.state_dict()}, 0)
+    state, _ = ckpt.load_latest(map_location="cpu")
+
+    net2, updater2 = _learner_on(resumed_on, tensor_lr)
+    lr_tensor = updater2.optimizer.param_groups[0]["lr"]
+    net2.load_state_dict(state["model"])
+    updater2.load_state_dict(state["updater"])
+    assert updater2.updates == 5 and updater2.lr == pytest.approx(0.005)
+    group = updater2.optimizer.param_groups[0]
+    if tensor_lr:  # the same tensor a captured graph reads, now holding the saved rate
+        assert group["lr"] is lr_tensor and group["lr"].device.type == resumed_on
+    for p in net2.parameters():
+        for key, value in updater2.optimizer.state[p].items():
+            assert value.device == p.device, key
+    if saved_on == resumed_on:  # then bit for bit as an uninterrupted run
+        _steps(net, updater, 3, seed=2)
+        _steps(net2, updater2, 3, seed=2)
+        for p, q in zip(net.parameters(), net2.parameters(), strict=True):
+            assert torch.equal(p, q)
+    else:
+        _steps(net2, updater2, 3, seed=2)
+        assert all(torch.isfinite(p).all() for p in net2.parameters())
+    updater2.check_finite()

@@ -135,3 +135,25 @@ def test_cuda_r2d1_syncs_only_where_episodes_start(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="synchronizing CUDA operation") as err:
         test_r2d1.r2d1.main(test_r2d1.tiny(tmp_path, "replay.prioritized=false", "run.device=cuda"))
     assert any(entry.path.name == "recurrent_q.py" for entry in err.traceback)
+
+
+CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("first, then", [
+    ("cpu", "cpu"), pytest.param("cuda", "cpu", marks=CUDA), pytest.param("cpu", "cuda", marks=CUDA)])
+@pytest.mark.parametrize("name", ["dqn", "sac"])
+def test_checkpoint_resumes_on_the_other_device(name, first, then, tmp_path):
+    """A run checkpointed on one device continues on the other: models, optimizer state (fused Adam's step on the
+    parameters' device), replay and RNGs load through map_location="cpu"; CUDA RNG states only where CUDA is
+    (cpu -> cpu runs the same path here)."""
+    module, overrides = RECIPES[name]
+    recipe = getattr(module, name)
+    run_dir = tmp_path / "run"
+    half = recipe.main(module.tiny(tmp_path, *overrides, f"run.dir={run_dir}", f"run.device={first}"))
+    total = 2 * half["frames"]
+    resumed = recipe.main(module.tiny(tmp_path, *overrides, f"run.dir={run_dir}", f"run.device={then}",
+                                      f"collector.total_frames={total}", "run.force=true"))
+    assert resumed["frames"] == total and resumed["updates"] > half["updates"]
+    assert resumed["eval/return_mean"] == resumed["eval/return_mean"]
