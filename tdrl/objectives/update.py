@@ -108,20 +108,20 @@ class _Guard:
     tensor ops only, so it runs inside a captured CUDA graph too. ``count`` (updates since the check) is shared by
     the guards of one updater."""
 
-    def __init__(self, keys: Sequence[str], count: torch.Tensor) -> None:
+    def __init__(self, keys: Sequence[str], count: torch.Tensor, values: torch.Tensor) -> None:
         self.keys = (*keys, "grad_norm")
         self.count = count
-        self.clean = torch.ones((), dtype=torch.bool, device=count.device)
-        self.at = torch.zeros((), dtype=torch.int64, device=count.device)  # count at the first bad update
-        self.values = torch.zeros(len(self.keys), device=count.device)  # its loss terms and norm
-        self.skipped = torch.zeros((), dtype=torch.int64, device=count.device)
+        self.clean = torch.ones((), dtype=torch.bool, device=count.device)  # no update skipped since the check
+        self.at = torch.zeros_like(count)  # count at the first skipped update
+        self.values = torch.zeros_like(values)  # its loss terms and gradient norm
+        self.skipped = torch.zeros((), device=count.device)
 
-    def record(self, values: torch.Tensor, skip: torch.Tensor) -> None:
-        first = self.clean & skip
-        torch.where(first, values.to(self.values.dtype), self.values, out=self.values)
-        torch.where(first, self.count, self.at, out=self.at)
-        self.clean.logical_and_(~skip)
-        self.skipped.add_(skip)
+    def record(self, values: torch.Tensor, finite: torch.Tensor, found_inf: torch.Tensor) -> None:
+        # while clean, the record follows every update; the first skipped one is the last it follows
+        torch.where(self.clean, values, self.values, out=self.values)
+        torch.where(self.clean, self.count, self.at, out=self.at)
+        self.clean.logical_and_(finite)
+        self.skipped.add_(found_inf)
 
     def read_and_reset(self) -> tuple[bool, int, list[float], int]:
         """``(clean, at, values, skipped)`` in one device-to-host copy; the record starts over."""
@@ -153,8 +153,8 @@ class Updater:
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.skips_on_device = isinstance(optimizer, FOUND_INF_OPTIMIZERS) and all(
             group.get("fused") for group in optimizer.param_groups)
-        lr = optimizer.param_groups[0]["lr"]
-        self._lr = float(lr)  # a tensor lr (CUDA graphs) is read once, here
+        self._lr = float(optimizer.param_groups[0]["lr"])  # a tensor lr (CUDA graphs) is read once, here
+        self._lr_metric = (self._lr, torch.tensor(self._lr))  # shared by the updates' metrics until the lr changes
         self._guards: dict[tuple[str, ...], _Guard] = {}  # per set of loss keys
         self._count: torch.Tensor | None = None  # updates since the last check, on the device
         self._checked_at = 0  # self.updates at the last check_finite()
@@ -163,8 +163,9 @@ class Updater:
     @property
     def lr(self) -> float:
         """Learning rate of the first parameter group; setting it sets every group (for linear LR decay). A tensor
-        learning rate (as CUDA graphs need) is filled in place."""
-        return self._lr
+        learning rate (as CUDA graphs need) is filled in place, and read back as the value last set here."""
+        lr = self.optimizer.param_groups[0]["lr"]
+        return self._lr if isinstance(lr, torch.Tensor) else float(lr)
 
     @lr.setter
     def lr(self, value: float) -> None:
@@ -198,37 +199,46 @@ class Updater:
         total.backward()
         # the norm is always computed: a finite loss can still give NaN/inf gradients, which must not be stepped
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        values = torch.stack([t.detach().to(sums[0].dtype) for t in (*sums, norm)])
-        skip = values.isfinite().all().logical_not_()
+        with torch.no_grad():
+            values = torch.stack([*sums, norm])
+            finite = values.isfinite().all()
+            found_inf = torch.where(finite, 0.0, 1.0)  # the skip flag, as fused optimizers take it
         if self.max_grad_norm is not None:  # clipping to inf would still rescale every gradient by 1.0
             torch.nn.utils.clip_grads_with_norm_(params, self.max_grad_norm, norm)
-        self._step(skip)
-        self._record(keys, values, skip)
-        out = losses.detach() if isinstance(losses, TensorDictBase) else TensorDict(
-            {k: v.detach() for k, v in losses.items()}
-        )
-        out.set("grad_norm", norm.detach())
-        lr = self.optimizer.param_groups[0]["lr"]
-        out.set("lr", lr.detach().clone() if isinstance(lr, torch.Tensor) else torch.tensor(lr))
-        return out
+        self._step(finite, found_inf)
+        self._record(keys, values, finite, found_inf)
+        out = {key: value.detach() for key, value in losses.items()}
+        out.update(grad_norm=norm, lr=self._lr_tensor())  # one TensorDict construction: cheaper than detach()+set()
+        return TensorDict(out, batch_size=losses.batch_size if isinstance(losses, TensorDictBase) else [])
 
-    def _step(self, skip: torch.Tensor) -> None:
+    def _lr_tensor(self) -> torch.Tensor:
+        """The ``lr`` metric: a copy of a tensor learning rate, else one tensor per float value."""
+        lr = self.optimizer.param_groups[0]["lr"]
+        if isinstance(lr, torch.Tensor):
+            return lr.detach().clone()
+        if lr != self._lr_metric[0]:
+            self._lr_metric = (lr, torch.tensor(float(lr)))
+        return self._lr_metric[1]
+
+    def _step(self, finite: torch.Tensor, found_inf: torch.Tensor) -> None:
         if not self.skips_on_device:
-            if not skip:  # the one host read of an optimizer without a fused step
+            if finite:  # the one host read of an optimizer without a fused step
                 self.optimizer.step()
             return
-        self.optimizer.found_inf = skip.float()  # as torch.amp.GradScaler.step hands it to a fused optimizer
+        self.optimizer.found_inf = found_inf  # as torch.amp.GradScaler.step hands it to a fused optimizer
         try:
             self.optimizer.step()
         finally:
             del self.optimizer.found_inf
 
-    def _record(self, keys: tuple[str, ...], values: torch.Tensor, skip: torch.Tensor) -> None:
+    def _record(self, keys: tuple[str, ...], values: torch.Tensor, finite: torch.Tensor,
+                found_inf: torch.Tensor) -> None:
         if self._count is None:
             self._count = torch.zeros((), dtype=torch.int64, device=values.device)
-        if keys not in self._guards:
-            self._guards[keys] = _Guard(keys, self._count)
-        self._guards[keys].record(values, skip)
+        guard = self._guards.get(keys)
+        if guard is None:
+            guard = self._guards[keys] = _Guard(keys, self._count, values)
+        guard.record(values, finite, found_inf)
         self._count.add_(1)
 
     def advance(self) -> None:
