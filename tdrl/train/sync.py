@@ -88,6 +88,8 @@ class SyncTrainer:
         checkpoint_state: named objects with ``state_dict``/``load_state_dict`` (models, optimizers, updaters) or
             ``dumps``/``loads`` (replay buffers), saved in checkpoints and restored on resume. Under ddp a
             replay's ``state_dict`` (counters) is saved per rank; its data stays in the rank's scratch directory.
+            Those with ``check_finite()`` (updaters) are checked before every log row and checkpoint: an update
+            skipped for a NaN/inf loss raises ``NonFiniteLossError`` there.
         checkpoint_interval_steps: env frames between checkpoints; 0 means at every log row.
         stop_return: stop early once the evaluation (or online) mean return reaches this (benchmarks).
     """
