@@ -130,11 +130,8 @@ class TransitionReplayBuffer:
             raise ReplayError(f"no transition is ready to sample ({len(self)} stored; the newest "
                               f"{self.ring.lookahead} steps per stream wait for their n-step window)")
         index, out, weights = self.ring.sample(batch_size, self._gather)
-        out.set("index", torch.from_numpy(index))
-        if weights is not None:
-            out.set("priority_weight", torch.from_numpy(weights))
         self.ring.store.add_counter("samples_drawn", batch_size)
-        return deliver(out, self.device)
+        return deliver(out, index, weights, self.device)
 
     def _gather(self, stream: np.ndarray, time: np.ndarray) -> TensorDict:
         ring = self.ring

@@ -75,8 +75,13 @@ def _staged(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return (tensor if tensor.is_pinned() else tensor.pin_memory()).to(device, non_blocking=True)
 
 
-def deliver(sample: TensorDictBase, device: torch.device | None) -> TensorDictBase:
-    """The leaves of ``sample`` still on the host, moved to ``device`` (``None``: left where they are)."""
+def deliver(sample: TensorDictBase, index: np.ndarray, weights: np.ndarray | None,
+            device: torch.device | None) -> TensorDictBase:
+    """``sample`` with its leaves (``index``) and importance weights (``priority_weight``, prioritized), and the
+    entries still on the host moved to ``device`` (``None``: left where they are)."""
+    sample.set("index", torch.from_numpy(index))
+    if weights is not None:
+        sample.set("priority_weight", torch.from_numpy(weights))
     if device is None:
         return sample
     return sample.apply(lambda t: _staged(t, device))

@@ -138,10 +138,7 @@ class SequenceReplayBuffer:
             raise ReplayError(f"batch_B={batch_B} exceeds the {self.ready_count()} sequences ready to sample "
                               f"({len(self)} steps stored; a sequence needs L={self.seq_len} steps)")
         index, gathered, weights = self.ring.sample(batch_B, self._gather)
-        gathered.set("index", torch.from_numpy(index))
-        if weights is not None:
-            gathered.set("priority_weight", torch.from_numpy(weights))
-        gathered = deliver(gathered, self.device)  # before the broadcasts: one row per sequence crosses
+        gathered = deliver(gathered, index, weights, self.device)  # before the broadcasts: one row per sequence
         out = gathered["steps"]
         broadcast = [*self.state_keys, "index", *(["priority_weight"] if weights is not None else [])]
         for key in broadcast:  # stride-0 views along time: one stored state (index, weight) per sequence
