@@ -113,13 +113,15 @@ def _no_sync(where: str):
 
 CUDA_RUNS = [(name, []) for name in RECIPES] + [(name, ["optim.cudagraphs=true"]) for name in OFF_POLICY] + [
     ("dqn", ["optim.cudagraphs=true", "optim.lr_final=1e-5"]),  # the lr schedule reaches the captured step
+    # the policy on the GPU, envs stepping in CPU workers
+    ("sac", ["collector.kind=action_server", "collector.batch_B=2", "collector.n_workers=2"]),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("name, extra", CUDA_RUNS, ids=[f"{n}{'-graphs' if e else ''}" for n, e in CUDA_RUNS])
+@pytest.mark.parametrize("name, extra", CUDA_RUNS, ids=[f"{n}-{'-'.join(e) or 'defaults'}" for n, e in CUDA_RUNS])
 def test_cuda_run_never_syncs_in_an_update(name, extra, tmp_path, monkeypatch):
     calls = _guard_updates(monkeypatch, _no_sync)
     summary = _run(name, tmp_path, "run.device=cuda", *extra)
