@@ -50,9 +50,11 @@ from tdrl.config import (
     PositiveFraction,
     Range,
     RecipeConfig,
+    ReplayDevice,
     RunConfig,
     TrainerConfig,
-    check_cudagraphs,
+    check_devices,
+    replay_copy,
     run_recipe,
 )
 
@@ -95,6 +97,9 @@ class ReplayConfig:
     """Importance-weight exponent after beta_steps frames (rlpyt pri_beta_final)."""
     beta_steps: NonNegativeInt = 100_000
     """Env frames over which beta anneals (rlpyt pri_beta_steps)."""
+    device: ReplayDevice = "auto"
+    """Where samples are gathered: cpu (host memory, each sample copied to run.device), cuda (a copy of the data
+    on run.device; sync trainer), auto (cuda when run.device is a GPU and the data fits a quarter of it)."""
 
 
 @dataclass
@@ -159,7 +164,7 @@ class Config(RecipeConfig):
     """sync, or async (trainer.kind=async: a collector process fills the replay while this one optimises)."""
 
     def validate(self) -> None:
-        check_cudagraphs(self.optim.cudagraphs, self.run.device)
+        check_devices(self)
 
 
 def main(cfg: Config) -> dict:
@@ -224,6 +229,7 @@ def main(cfg: Config) -> dict:
                                  seed=cfg.run.seed) if cfg.replay.prioritized else None
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, sampler=sampler, n_step=cfg.loss.n_step,
                                     gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed, device=device,
+                                    copy_on_device=replay_copy(cfg),
                                     clip_reward=cfg.loss.clip_reward)  # the loss sees clipped rewards
     # built by the trainer (async: in its own process)
     collector_factory = partial(make_collector, cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,

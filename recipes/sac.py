@@ -37,9 +37,11 @@ from tdrl.config import (
     PositiveFloat,
     PositiveFraction,
     RecipeConfig,
+    ReplayDevice,
     RunConfig,
     TrainerConfig,
-    check_cudagraphs,
+    check_devices,
+    replay_copy,
     run_recipe,
 )
 
@@ -58,6 +60,9 @@ class ModelConfig:
 class ReplayConfig:
     size: Count = 100_000
     """Transitions held (rlpyt replay_size is 1e6; Pendulum needs no more than its budget)."""
+    device: ReplayDevice = "auto"
+    """Where samples are gathered: cpu (host memory, each sample copied to run.device), cuda (a copy of the data
+    on run.device; sync trainer), auto (cuda when run.device is a GPU and the data fits a quarter of it)."""
 
 
 @dataclass
@@ -120,7 +125,7 @@ class Config(RecipeConfig):
     """sync, or async (trainer.kind=async: a collector process fills the replay while this one optimises)."""
 
     def validate(self) -> None:
-        check_cudagraphs(self.optim.cudagraphs, self.run.device)
+        check_devices(self)
 
 
 def main(cfg: Config) -> dict:
@@ -179,7 +184,8 @@ def main(cfg: Config) -> dict:
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="sac",
                    total_frames=cfg.collector.total_frames)
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step,
-                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed, device=device)
+                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed, device=device,
+                                    copy_on_device=replay_copy(cfg))
     # built by the trainer (async: in its own process)
     collector_factory = partial(make_collector, cfg.collector.kind, env_factory, actor, batch_B=cfg.collector.batch_B,
                                 batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,

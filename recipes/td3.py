@@ -34,8 +34,10 @@ from tdrl.config import (
     PositiveFloat,
     PositiveFraction,
     RecipeConfig,
+    ReplayDevice,
     RunConfig,
-    check_cudagraphs,
+    check_devices,
+    replay_copy,
     run_recipe,
 )
 
@@ -60,6 +62,9 @@ class ExplorationConfig:
 class ReplayConfig:
     size: Count = 100_000
     """Transitions held (rlpyt replay_size is 1e6; Pendulum needs no more than its budget)."""
+    device: ReplayDevice = "auto"
+    """Where samples are gathered: cpu (host memory, each sample copied to run.device), cuda (a copy of the data
+    on run.device; sync trainer), auto (cuda when run.device is a GPU and the data fits a quarter of it)."""
 
 
 @dataclass
@@ -123,7 +128,7 @@ class Config(RecipeConfig):
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=1_000))
 
     def validate(self) -> None:
-        check_cudagraphs(self.optim.cudagraphs, self.run.device)
+        check_devices(self)
 
 
 def main(cfg: Config) -> dict:
@@ -171,7 +176,8 @@ def main(cfg: Config) -> dict:
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="td3",
                    total_frames=cfg.collector.total_frames)
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step,
-                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed, device=device)
+                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed, device=device,
+                                    copy_on_device=replay_copy(cfg))
     collector = make_collector(cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
                                batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
                                seed=cfg.run.seed, discount=cfg.loss.gamma,

@@ -15,7 +15,7 @@ the ``lookback`` steps before it are not overwritten, and where the validity mas
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,12 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
+from tdrl.replay.device import staged, views
 from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
 from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
 from tdrl.replay.storage import MemmapStore
 
-__all__ = ["StreamRing", "deliver", "nest", "sample_device"]
+__all__ = ["StreamRing", "nest"]
 
 _MAX_REDRAWS = 64
 PRIORITY_KEY = ("priority",)  # per-step input priorities of a batch, for a prioritized sampler's new slots
@@ -54,37 +55,6 @@ def nest(flat: dict[tuple[str, ...], torch.Tensor], batch_size: Sequence[int]) -
             node = node.setdefault(part, {})
         node[key[-1]] = value
     return TensorDict(tree, batch_size=batch_size)
-
-
-def sample_device(device: str | torch.device | None) -> torch.device | None:
-    """``device`` as samples are compared against it (``cuda`` becomes ``cuda:<current>``); ``None`` stays."""
-    if device is None:
-        return None
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _staged(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``tensor`` (host) on ``device``; to a GPU through pinned memory, without blocking the host."""
-    if tensor.device == device:
-        return tensor
-    if device.type != "cuda":
-        return tensor.to(device)
-    return (tensor if tensor.is_pinned() else tensor.pin_memory()).to(device, non_blocking=True)
-
-
-def deliver(sample: TensorDictBase, index: np.ndarray, weights: np.ndarray | None,
-            device: torch.device | None) -> TensorDictBase:
-    """``sample`` with its leaves (``index``) and importance weights (``priority_weight``, prioritized), and the
-    entries still on the host moved to ``device`` (``None``: left where they are)."""
-    sample.set("index", torch.from_numpy(index))
-    if weights is not None:
-        sample.set("priority_weight", torch.from_numpy(weights))
-    if device is None:
-        return sample
-    return sample.apply(lambda t: _staged(t, device))
 
 
 class StreamRing:
@@ -182,13 +152,8 @@ class StreamRing:
         self.num_streams, self.time_capacity = meta["num_streams"], meta["time_capacity"]
         self.flat_batches = meta["flat_batches"]
         self.schema = BatchSchema.from_json(meta["schema"])
-        self.groups, self.fields, self.flat = pack(self.schema), {}, {}
-        for group, members in self.groups.items():
-            whole = self.store.fields[group]
-            self.flat[group] = whole.flatten(0, 1)
-            for key, offset, size, shape in members:
-                self.fields[key] = whole[..., offset : offset + size].view(*whole.shape[:2], *shape)
-                self.flat[key] = self.fields[key].flatten(0, 1)
+        self.groups = pack(self.schema)
+        self.fields, self.flat = views(self.groups, self.store.fields)
 
     def field(self, name: str) -> torch.Tensor:
         """An extra (codec-owned) field by name."""
@@ -382,26 +347,27 @@ class StreamRing:
             out[torch.from_numpy(rows)] = gather(stream[rows], slot[rows])
         raise ReplayError("sampling kept colliding with concurrent writes; the writer is lapping the buffer")
 
-    def gather(self, key: tuple[str, ...], index: torch.Tensor) -> torch.Tensor:
-        """One key at flat ``index`` (a strided gather; prefer :meth:`gather_keys` for many keys)."""
-        return torch.index_select(self.flat[key], 0, index)
+    def gather(self, key: tuple[str, ...], index: torch.Tensor, flat: Mapping | None = None) -> torch.Tensor:
+        """One key at flat ``index`` (a strided gather; prefer :meth:`gather_keys` for many keys), from :attr:`flat`
+        or the same views of a copy (``flat``, with ``index`` on its device)."""
+        return torch.index_select((self.flat if flat is None else flat)[key], 0, index)
 
-    def gather_keys(self, index: torch.Tensor, part: str | None = None, device: torch.device | None = None
-                    ) -> dict[tuple[str, ...], torch.Tensor]:
+    def gather_keys(self, index: torch.Tensor, part: str | None = None, device: torch.device | None = None,
+                    flat: Mapping | None = None) -> dict[tuple[str, ...], torch.Tensor]:
         """Every stored key (or only ``part``: ``"root"`` or ``"next"`` keys) at flat ``index`` ``[N]``: one
-        ``index_select`` per packed group (into pinned memory and on to ``device`` in one copy when that is a GPU),
-        then per-key views ``[N, *shape]`` of it."""
+        ``index_select`` per packed group (into pinned memory and on to ``device`` in one copy when that is a GPU;
+        on a copy's device with ``flat``), then per-key views ``[N, *shape]`` of it."""
         out = {}
         n = index.shape[0]
-        pinned = device is not None and device.type == "cuda"
+        pinned = flat is None and device is not None and device.type == "cuda"
         for group, members in self.groups.items():
             if part is not None and not group.startswith(part + "."):
                 continue
-            source = self.flat[group]
-            rows = torch.empty((n, *source.shape[1:]), dtype=source.dtype, pin_memory=pinned)
+            source = (self.flat if flat is None else flat)[group]
+            rows = torch.empty((n, *source.shape[1:]), dtype=source.dtype, device=source.device, pin_memory=pinned)
             torch.index_select(source, 0, index, out=rows)
             if device is not None:
-                rows = _staged(rows, device)
+                rows = staged(rows, device)
             for key, offset, size, shape in members:
                 out[key] = rows[:, offset : offset + size].view(n, *shape)
         return out

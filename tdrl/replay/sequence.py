@@ -23,8 +23,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
+from tdrl.replay.device import deliver, sample_device
 from tdrl.replay.prioritized import PrioritizedSampler
-from tdrl.replay.ring import StreamRing, deliver, nest, sample_device
+from tdrl.replay.ring import StreamRing, nest
 from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
 
 __all__ = ["SequenceReplayBuffer", "sequence_priority"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,10 +97,25 @@ def test_r2d1_reads_where_episodes_start_in_its_sequences(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("name", OFF_POLICY)
-def test_cudagraphs_on_cpu_is_a_config_error(name, tmp_path):
+def test_device_settings_that_cannot_work_are_config_errors(name, tmp_path):
     module, _ = RECIPES[name]
     with pytest.raises(ConfigError, match=r"optim.cudagraphs=true replays CUDA graphs, but run.device='cpu'"):
         module.tiny(tmp_path, "optim.cudagraphs=true")
+    with pytest.raises(ConfigError, match=r"replay.device=cuda keeps a copy of the replay on the GPU, but run.dev"):
+        module.tiny(tmp_path, "replay.device=cuda")
+    if name in ("dqn", "sac"):  # the recipes with an async trainer
+        with pytest.raises(ConfigError, match=r"replay.device=cuda needs trainer.kind=sync"):
+            module.tiny(tmp_path, "run.device=cuda", "replay.device=cuda", "trainer.kind=async")
+
+
+def test_replay_device_chooses_the_copy():
+    from tdrl.config import replay_copy
+
+    cfg = test_dqn.tiny(Path("."))
+    assert replay_copy(cfg) is None  # auto: the buffer decides by size, on a GPU only
+    for value, kind, copy in [("cuda", "sync", True), ("cpu", "sync", False), ("auto", "async", False)]:
+        cfg.replay.device, cfg.trainer.kind = value, kind
+        assert replay_copy(cfg) is copy
 
 
 @contextlib.contextmanager
@@ -112,6 +128,7 @@ def _no_sync(where: str):
 
 
 CUDA_RUNS = [(name, []) for name in RECIPES] + [(name, ["optim.cudagraphs=true"]) for name in OFF_POLICY] + [
+    *[(name, ["replay.device=cpu"]) for name in OFF_POLICY],  # host gathers, pinned copies (auto copies these)
     ("dqn", ["optim.cudagraphs=true", "optim.lr_final=1e-5"]),  # the lr schedule reaches the captured step
     # the policy on the GPU, envs stepping in CPU workers
     ("sac", ["collector.kind=action_server", "collector.batch_B=2", "collector.n_workers=2"]),

@@ -1,4 +1,5 @@
-"""Replay ``device=``: samples land on the learner's device with the host sample's values; the data stays on the host.
+"""Replay ``device=``: samples land on the learner's device with the host sample's values; the data stays on the host
+(``copy_on_device``: a copy of it is kept on the device too, and samples are gathered there).
 
 ``cpu`` must give the host sample bit for bit; ``meta`` (a device every torch build has) runs the transfer path on a
 CPU-only machine: every leaf moves, none is left behind; ``cuda`` (gpu) goes through pinned memory and
@@ -8,11 +9,12 @@ non-blocking copies and must not synchronise the host.
 from __future__ import annotations
 
 import contextlib
+import pickle
 
 import pytest
 import torch
 
-from tdrl.replay import FrameStack, PrioritizedSampler, SequenceReplayBuffer, TransitionReplayBuffer
+from tdrl.replay import FrameStack, PrioritizedSampler, ReplayError, SequenceReplayBuffer, TransitionReplayBuffer
 from tests.replay.helpers import make_stream
 from tests.replay.test_frames import _episodes
 from tests.replay.test_sequence import STATE, _batch
@@ -112,3 +114,55 @@ def test_cuda_samples_are_staged_in_pinned_memory(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.Tensor, "to", to)
     rb.sample(16)
     assert staged and all(pinned and non_blocking for pinned, non_blocking in staged)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n_step, prioritized", [(1, False), (3, False), (2, True)])
+def test_device_copy_gives_the_host_samples_while_the_ring_wraps(tmp_path, device, n_step, prioritized):
+    """copy_on_device=True: samples gathered from the copy equal the host's, extend after extend, as the ring wraps
+    (a refresh then copies two slices) -- on the CPU the same code runs with the copy in host memory."""
+    def build(path, **kwargs):
+        sampler = PrioritizedSampler(alpha=0.6, seed=0) if prioritized else None
+        return TransitionReplayBuffer(path, 4 * 50, n_step=n_step, gamma=0.9, sampler=sampler, clip_reward=True,
+                                      seed=0, **kwargs)
+
+    host, copied = build(tmp_path / "host"), build(tmp_path / "copy", device=device, copy_on_device=True)
+    for i, steps in enumerate([30, 7, 13, 50, 21, 44]):  # T_cap = 50 per stream: wraps three times
+        batch = make_stream(4, steps, seed=i)
+        host.extend(batch)
+        copied.extend(batch)
+        expected = host.sample(16)
+        with _no_sync(device):  # refresh and gather without waiting for the GPU
+            sample = copied.sample(16)
+        assert copied._copy is not None and copied._copy.copied == copied.ring.write_done
+        for key in expected.keys(True, True):
+            assert sample[key].device.type == device, key
+            if device != "meta":
+                assert torch.equal(sample[key].cpu(), expected[key]), (i, key)
+    if device != "meta":  # the copy holds exactly the stored data
+        for group, copy in copied._copy.groups.items():
+            assert torch.equal(copy.cpu(), copied.ring.store.fields[group]), group
+
+
+def test_device_copy_refuses_a_writer_in_another_process(tmp_path):
+    rb = _transition(tmp_path / "rb", "cpu")
+    rb.copy_on_device = True
+    rb.sample(4)
+    rb.ring.store.begin_write(5)  # what a collector process does while this one samples
+    with pytest.raises(ReplayError, match="needs its writes in this process"):
+        rb.sample(4)
+
+
+def test_device_copy_choices(tmp_path):
+    auto = _transition(tmp_path / "auto", "cpu")
+    auto.copy_on_device = None
+    auto.sample(4)
+    assert auto._copy is None and auto.copy_on_device is False  # auto copies to a GPU only
+    with pytest.raises(ValueError, match="copy_on_device=True needs device="):
+        TransitionReplayBuffer(tmp_path / "x", 100, copy_on_device=True)
+    with pytest.raises(ValueError, match="no frame_stack"):
+        TransitionReplayBuffer(tmp_path / "y", 100, device="cpu", frame_stack=FrameStack(4), copy_on_device=True)
+    copied = _transition(tmp_path / "copied", "cpu")
+    copied.copy_on_device = True
+    copied.sample(4)
+    assert pickle.loads(pickle.dumps(copied))._copy is None  # the copy stays in this process
