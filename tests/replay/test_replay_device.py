@@ -106,8 +106,9 @@ def test_cuda_samples_are_staged_in_pinned_memory(tmp_path, monkeypatch):
     staged = []
     real_to = torch.Tensor.to
 
-    def to(self, *args, **kwargs):
-        if self.device.type == "cpu":
+    def to(self, *args, **kwargs):  # records host-to-GPU copies (not dtype conversions)
+        targets = [*args, kwargs.get("device")]
+        if self.device.type == "cpu" and any(isinstance(t, (str, torch.device)) and "cuda" in str(t) for t in targets):
             staged.append((self.is_pinned(), kwargs.get("non_blocking", False)))
         return real_to(self, *args, **kwargs)
 
