@@ -18,7 +18,8 @@ PAGE = Path(__file__).resolve().parent / "api.md"
 MODULES = [
     "tdrl.config", "tdrl.envs", "tdrl.models", "tdrl.collect", "tdrl.replay",
     "tdrl.objectives.advantage", "tdrl.objectives.policy_gradient", "tdrl.objectives.dqn",
-    "tdrl.objectives.continuous", "tdrl.objectives.sac", "tdrl.objectives.update", "tdrl.objectives.schedules",
+    "tdrl.objectives.continuous", "tdrl.objectives.sac", "tdrl.objectives.update", "tdrl.objectives.graphs",
+    "tdrl.objectives.schedules",
     "tdrl.train", "tdrl.log", "tdrl.ckpt", "tdrl.launch", "tdrl.launch.recipe", "tdrl.plot",
 ]
 

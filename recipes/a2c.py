@@ -102,6 +102,7 @@ def main(cfg: Config) -> dict:
     from tdrl.log.run import Run
     from tdrl.models import make_actor_critic, make_recurrent_actor_critic
     from tdrl.objectives.advantage import GAE
+    from tdrl.objectives.graphs import update_step
     from tdrl.objectives.policy_gradient import make_a2c_loss
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import Updater
@@ -149,13 +150,20 @@ def main(cfg: Config) -> dict:
     # --- Update ---------------------------------------------------------------------------------------------
     compute_loss = torch.compile(loss) if cfg.optim.compile else loss
 
+    def learn(batch):  # the device half of an update (RMSprop has no fused step: it reads the skip flag)
+        with set_recurrent_mode(ac.recurrent):  # LSTM: whole [B, T] sequences from the stored initial state
+            return updater.apply(compute_loss(batch if ac.recurrent else batch.reshape(-1)))
+
+    learn = update_step(learn, cudagraphs=False, device=device)
+
     def update(batch):
         advantage(batch)  # writes state_value, advantage and value_target (time limits bootstrap, terminations not)
         if cfg.loss.normalize_advantage:
             adv = batch["advantage"]
             batch["advantage"] = (adv - adv.mean()) / (adv.std() + 1e-8)
-        with set_recurrent_mode(ac.recurrent):  # LSTM: whole [B, T] sequences from the stored initial state
-            return updater.step(compute_loss(batch if ac.recurrent else batch.reshape(-1)))
+        metrics = learn(batch)
+        updater.advance()
+        return metrics
 
     # --- Loop -----------------------------------------------------------------------------------------------
     for batch in trainer:

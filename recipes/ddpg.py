@@ -28,6 +28,9 @@ from tdrl.config import (
     PositiveFloat,
     PositiveFraction,
     RecipeConfig,
+    ReplayDevice,
+    check_devices,
+    replay_copy,
     run_recipe,
 )
 
@@ -52,6 +55,9 @@ class ExplorationConfig:
 class ReplayConfig:
     size: Count = 100_000
     """Transitions held (rlpyt replay_size is 1e6; Pendulum needs no more than its budget)."""
+    device: ReplayDevice = "auto"
+    """Where samples are gathered: cpu (host memory, each sample copied to run.device), cuda (a copy of the data
+    on run.device; sync trainer), auto (cuda when run.device is a GPU and the data fits a quarter of it)."""
 
 
 @dataclass
@@ -84,6 +90,8 @@ class OptimConfig:
     """Gradient norm clip (rlpyt clip_grad_norm=1e8: effectively none)."""
     compile: bool = False
     """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""
+    cudagraphs: bool = False
+    """Replay each update (loss, backward, step) from CUDA graphs (needs run.device=cuda)."""
 
 
 @dataclass
@@ -103,6 +111,9 @@ class Config(RecipeConfig):
     """Optimizers and update cadence."""
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=1_000))
 
+    def validate(self) -> None:
+        check_devices(self)
+
 
 def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
@@ -113,6 +124,7 @@ def main(cfg: Config) -> dict:
     from tdrl.log.run import Run
     from tdrl.models import chain_policy, make_deterministic_actor, make_gaussian_noise, make_twin_q
     from tdrl.objectives.continuous import make_ddpg_loss, timeouts_as_terminal
+    from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.replay import TransitionReplayBuffer
     from tdrl.train import SyncTrainer, check_min_steps_learn
@@ -135,10 +147,13 @@ def main(cfg: Config) -> dict:
     policy = chain_policy(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
     loss = make_ddpg_loss(actor, critic, gamma=cfg.loss.gamma).to(device)  # a TwinQ critic: FusedTD3Loss
     # one optimizer, two rates: loss_actor sees the critic through detached parameters, so the sum is separable
+    def lr(value):  # a tensor under CUDA graphs, so it reaches the captured step
+        return graph_lr(value, device, cfg.optim.cudagraphs)
+
     optimizer = torch.optim.Adam([
-        {"params": list(actor.parameters()), "lr": cfg.optim.actor_lr},
-        {"params": list(critic.parameters()), "lr": cfg.optim.critic_lr},
-    ], fused=True)
+        {"params": list(actor.parameters()), "lr": lr(cfg.optim.actor_lr)},
+        {"params": list(critic.parameters()), "lr": lr(cfg.optim.critic_lr)},
+    ], fused=True, capturable=cfg.optim.cudagraphs)  # fused: a non-finite update is skipped on the device
     updater = Updater(optimizer, loss_keys=("loss_actor", "loss_qvalue"), max_grad_norm=cfg.optim.max_grad_norm,
                       target_update=TargetUpdate(loss, interval=cfg.optim.target_update_interval,
                                                  tau=cfg.optim.target_update_tau))
@@ -146,7 +161,8 @@ def main(cfg: Config) -> dict:
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="ddpg",
                    total_frames=cfg.collector.total_frames)
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step,
-                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed)
+                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed, device=device,
+                                    copy_on_device=replay_copy(cfg))
     collector = make_collector(cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
                                batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
                                seed=cfg.run.seed, discount=cfg.loss.gamma,
@@ -164,11 +180,17 @@ def main(cfg: Config) -> dict:
     # --- Update ---------------------------------------------------------------------------------------------
     compute_loss = torch.compile(loss) if cfg.optim.compile else loss
 
-    def update():
-        sample = replay.sample(cfg.optim.batch_size)
+    def learn(sample):  # the device half of an update: optim.cudagraphs replays it from one CUDA graph
         if not cfg.loss.bootstrap_timelimit:
             timeouts_as_terminal(sample)
-        return updater.step(compute_loss(sample))
+        return updater.apply(compute_loss(sample))
+
+    learn = update_step(learn, cudagraphs=cfg.optim.cudagraphs, device=device)
+
+    def update():
+        metrics = learn(replay.sample(cfg.optim.batch_size))  # the sample is on the learner's device
+        updater.advance()  # counters and the target networks, on the host
+        return metrics
 
     # --- Loop -----------------------------------------------------------------------------------------------
     for _ in trainer:  # the trainer put the new frames into the replay

@@ -50,8 +50,11 @@ from tdrl.config import (
     PositiveFraction,
     Range,
     RecipeConfig,
+    ReplayDevice,
     RunConfig,
     TrainerConfig,
+    check_devices,
+    replay_copy,
     run_recipe,
 )
 
@@ -94,6 +97,9 @@ class ReplayConfig:
     """Importance-weight exponent after beta_steps frames (rlpyt pri_beta_final)."""
     beta_steps: NonNegativeInt = 100_000
     """Env frames over which beta anneals (rlpyt pri_beta_steps)."""
+    device: ReplayDevice = "auto"
+    """Where samples are gathered: cpu (host memory, each sample copied to run.device), cuda (a copy of the data
+    on run.device; sync trainer), auto (cuda when run.device is a GPU and the data fits a quarter of it)."""
 
 
 @dataclass
@@ -132,6 +138,8 @@ class OptimConfig:
     """Gradient norm clip (rlpyt clip_grad_norm)."""
     compile: bool = False
     """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""
+    cudagraphs: bool = False
+    """Replay each update (loss, backward, step) from one CUDA graph (needs run.device=cuda)."""
 
 
 @dataclass
@@ -155,6 +163,9 @@ class Config(RecipeConfig):
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """sync, or async (trainer.kind=async: a collector process fills the replay while this one optimises)."""
 
+    def validate(self) -> None:
+        check_devices(self)
+
 
 def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
@@ -165,6 +176,7 @@ def main(cfg: Config) -> dict:
     from tdrl.log.run import Run
     from tdrl.models import EpsilonGreedy, chain_policy, make_q_actor
     from tdrl.objectives.dqn import dqn_priorities, make_dqn_loss
+    from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.replay import FrameStack, PrioritizedSampler, TransitionReplayBuffer
@@ -204,8 +216,8 @@ def main(cfg: Config) -> dict:
     loss = make_dqn_loss(q_actor, gamma=cfg.loss.gamma, double_dqn=cfg.loss.double,
                          loss_function=cfg.loss.loss_function)
     target_update = TargetUpdate(loss, interval=cfg.optim.target_update_interval, tau=cfg.optim.target_update_tau)
-    optimizer = torch.optim.Adam(q_actor.parameters(), lr=cfg.optim.lr,
-                                 eps=cfg.optim.adam_eps, fused=True)
+    optimizer = torch.optim.Adam(q_actor.parameters(), lr=graph_lr(cfg.optim.lr, device, cfg.optim.cudagraphs),
+                                 eps=cfg.optim.adam_eps, fused=True, capturable=cfg.optim.cudagraphs)
     updater = Updater(optimizer, max_grad_norm=cfg.optim.max_grad_norm,
                       target_update=target_update)
     delta_clip = 1.0 if cfg.loss.loss_function == "huber" else None
@@ -217,10 +229,13 @@ def main(cfg: Config) -> dict:
                                  seed=cfg.run.seed) if cfg.replay.prioritized else None
     # Atari: each 84x84 frame stored once, not in 8 stacks (rlpyt's frame buffer; 7.5 GB per 1M steps, not 56.5)
     frame_stack = FrameStack(4, padding="reset") if env_factory.is_atari else None
+    if frame_stack is not None and cfg.replay.device == "cuda":
+        raise ConfigError("replay.device=cuda keeps a copy of the replay on the GPU, which the Atari replay (each "
+                          "frame stored once, on the host) does not have; use replay.device=auto or cpu")
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, sampler=sampler, n_step=cfg.loss.n_step,
-                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed,
-                                    clip_reward=cfg.loss.clip_reward,  # the loss sees clipped rewards
-                                    frame_stack=frame_stack)
+                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed, device=device,
+                                    copy_on_device=replay_copy(cfg), frame_stack=frame_stack,
+                                    clip_reward=cfg.loss.clip_reward)  # the loss sees clipped rewards
     # built by the trainer (async: in its own process)
     collector_factory = partial(make_collector, cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
                                 batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
@@ -243,12 +258,20 @@ def main(cfg: Config) -> dict:
     # --- Update ---------------------------------------------------------------------------------------------
     compute_loss = torch.compile(loss) if cfg.optim.compile else loss
 
-    def update():
-        sample = replay.sample(cfg.optim.batch_size)
-        metrics = updater.step(compute_loss(sample).rename_key_("loss", "loss_q"))  # logged as loss/q
+    def learn(sample):  # the device half of an update: optim.cudagraphs replays it from one CUDA graph
+        metrics = updater.apply(compute_loss(sample).rename_key_("loss", "loss_q"))  # logged as loss/q
         if sampler is not None:
-            replay.update_priority(sample["index"],
-                                   dqn_priorities(sample, categorical=cfg.model.categorical, delta_clip=delta_clip))
+            metrics["priority"] = dqn_priorities(sample, categorical=cfg.model.categorical, delta_clip=delta_clip)
+        return metrics
+
+    learn = update_step(learn, cudagraphs=cfg.optim.cudagraphs, device=device)
+
+    def update():
+        sample = replay.sample(cfg.optim.batch_size)  # on the learner's device
+        metrics = learn(sample)
+        updater.advance()  # counters and the target network, on the host
+        if sampler is not None:  # the sum tree is on the host: the one value read back per update
+            replay.update_priority(sample["index"], metrics.pop("priority"))
         return metrics
 
     # --- Loop -----------------------------------------------------------------------------------------------

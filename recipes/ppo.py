@@ -122,6 +122,7 @@ def main(cfg: Config) -> dict:
     from tdrl.log.run import Run
     from tdrl.models import make_actor_critic, make_recurrent_actor_critic
     from tdrl.objectives.advantage import GAE
+    from tdrl.objectives.graphs import update_step
     from tdrl.objectives.policy_gradient import make_ppo_loss
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import Updater
@@ -176,11 +177,17 @@ def main(cfg: Config) -> dict:
     def minibatches(batch):
         """Random minibatches of a [B, T] batch: over steps (feed-forward) or over envs (recurrent: whole sequences)."""
         if ac.recurrent:
-            return [batch[idx] for idx in torch.randperm(batch.shape[0]).chunk(cfg.loss.minibatches)]
+            return [batch[idx] for idx in torch.randperm(batch.shape[0], device=device).chunk(cfg.loss.minibatches)]
         flat = batch.select(*loss.in_keys).reshape(-1)  # only what the loss reads: cheaper to index
         if cfg.loss.minibatches == 1:  # one full-batch gradient: the order does not matter
             return [flat]
-        return [flat[idx] for idx in torch.randperm(flat.shape[0]).chunk(cfg.loss.minibatches)]
+        return [flat[idx] for idx in torch.randperm(flat.shape[0], device=device).chunk(cfg.loss.minibatches)]
+
+    def learn(minibatch):  # the device half of an update
+        with set_recurrent_mode(ac.recurrent):
+            return updater.apply(compute_loss(minibatch))
+
+    learn = update_step(learn, cudagraphs=False, device=device)
 
     def update(batch):
         batch["next", "reward"] = batch["next", "reward"] * cfg.loss.reward_scale
@@ -188,8 +195,8 @@ def main(cfg: Config) -> dict:
         metrics = []
         for _ in range(cfg.loss.epochs):
             for minibatch in minibatches(batch):
-                with set_recurrent_mode(ac.recurrent):
-                    metrics.append(updater.step(compute_loss(minibatch)))
+                metrics.append(learn(minibatch))
+                updater.advance()
         return metrics
 
     # --- Loop -----------------------------------------------------------------------------------------------

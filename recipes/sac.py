@@ -37,8 +37,11 @@ from tdrl.config import (
     PositiveFloat,
     PositiveFraction,
     RecipeConfig,
+    ReplayDevice,
     RunConfig,
     TrainerConfig,
+    check_devices,
+    replay_copy,
     run_recipe,
 )
 
@@ -57,6 +60,9 @@ class ModelConfig:
 class ReplayConfig:
     size: Count = 100_000
     """Transitions held (rlpyt replay_size is 1e6; Pendulum needs no more than its budget)."""
+    device: ReplayDevice = "auto"
+    """Where samples are gathered: cpu (host memory, each sample copied to run.device), cuda (a copy of the data
+    on run.device; sync trainer), auto (cuda when run.device is a GPU and the data fits a quarter of it)."""
 
 
 @dataclass
@@ -94,6 +100,8 @@ class OptimConfig:
     """Gradient norm clip (rlpyt clip_grad_norm=1e9: effectively none)."""
     compile: bool = False
     """torch.compile the loss terms (opt-in: compiling takes tens of seconds on CPU)."""
+    cudagraphs: bool = False
+    """Replay each update (both losses, backwards, steps) from one CUDA graph (needs run.device=cuda)."""
 
 
 @dataclass
@@ -116,6 +124,9 @@ class Config(RecipeConfig):
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """sync, or async (trainer.kind=async: a collector process fills the replay while this one optimises)."""
 
+    def validate(self) -> None:
+        check_devices(self)
+
 
 def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
@@ -126,6 +137,7 @@ def main(cfg: Config) -> dict:
     from tdrl.log.run import Run
     from tdrl.models.q import make_tanh_gaussian_actor, make_twin_q
     from tdrl.objectives.continuous import timeouts_as_terminal
+    from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.sac import FusedSACLoss
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.replay import TransitionReplayBuffer
@@ -159,9 +171,12 @@ def main(cfg: Config) -> dict:
                         fixed_alpha=cfg.loss.fixed_alpha, target_entropy=target_entropy).to(device)
     critic_params = list(critic.parameters())
     policy_params = [*actor.parameters(), *([] if cfg.loss.fixed_alpha else [loss.log_alpha])]
-    critic_updater = Updater(torch.optim.Adam(critic_params, lr=cfg.optim.lr, fused=True), loss_keys=("loss_qvalue",),
-                             max_grad_norm=cfg.optim.max_grad_norm)
-    policy_updater = Updater(torch.optim.Adam(policy_params, lr=cfg.optim.lr, fused=True),
+    def adam(params):  # fused: a non-finite update is skipped on the device (tdrl.objectives.update)
+        return torch.optim.Adam(params, lr=graph_lr(cfg.optim.lr, device, cfg.optim.cudagraphs), fused=True,
+                                capturable=cfg.optim.cudagraphs)
+
+    critic_updater = Updater(adam(critic_params), loss_keys=("loss_qvalue",), max_grad_norm=cfg.optim.max_grad_norm)
+    policy_updater = Updater(adam(policy_params),
                              loss_keys=("loss_actor", "loss_alpha"), max_grad_norm=cfg.optim.max_grad_norm,
                              target_update=TargetUpdate(loss, interval=cfg.optim.target_update_interval,
                                                         tau=cfg.optim.target_update_tau))
@@ -169,7 +184,8 @@ def main(cfg: Config) -> dict:
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="sac",
                    total_frames=cfg.collector.total_frames)
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step,
-                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed)
+                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed, device=device,
+                                    copy_on_device=replay_copy(cfg))
     # built by the trainer (async: in its own process)
     collector_factory = partial(make_collector, cfg.collector.kind, env_factory, actor, batch_B=cfg.collector.batch_B,
                                 batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
@@ -192,13 +208,20 @@ def main(cfg: Config) -> dict:
     if cfg.optim.compile:
         critic_loss, actor_loss = torch.compile(critic_loss), torch.compile(actor_loss)
 
-    def update():
-        sample = replay.sample(cfg.optim.batch_size)
+    def learn(sample):  # the device half of an update: optim.cudagraphs replays it from one CUDA graph
         if not cfg.loss.bootstrap_timelimit:
             timeouts_as_terminal(sample)
-        critic_metrics = critic_updater.step(critic_loss(sample))
-        metrics = policy_updater.step(actor_loss(sample))  # against the critics updated just now (SB3's order)
+        critic_metrics = critic_updater.apply(critic_loss(sample))
+        metrics = policy_updater.apply(actor_loss(sample))  # against the critics updated just now (SB3's order)
         metrics["loss_qvalue"], metrics["grad_norm_critic"] = critic_metrics["loss_qvalue"], critic_metrics["grad_norm"]
+        return metrics
+
+    learn = update_step(learn, cudagraphs=cfg.optim.cudagraphs, device=device)
+
+    def update():
+        metrics = learn(replay.sample(cfg.optim.batch_size))  # the sample is on the learner's device
+        critic_updater.advance()
+        policy_updater.advance()  # and the target critics
         return metrics
 
     # --- Loop -----------------------------------------------------------------------------------------------

@@ -37,9 +37,9 @@ from tdrl.utils.ranges import Length, Range
 
 __all__ = ["AnyFloat", "AtariEnvConfig", "CheckpointConfig", "CollectorConfig", "ConfigError", "Count", "EnvConfig",
            "EpsilonGreedyConfig", "EvalConfig", "Fraction", "LayerSizes", "Length", "LoggerConfig", "NonNegativeFloat",
-           "NonNegativeInt", "PositiveFloat", "PositiveFraction", "Range", "RecipeConfig", "RunConfig", "TrainerConfig",
-           "UserError", "apply_overrides", "config_help", "diff_configs", "flatten", "merge_nested", "parse_args",
-           "run_recipe", "to_dict", "user_errors", "validate"]
+           "NonNegativeInt", "PositiveFloat", "PositiveFraction", "Range", "RecipeConfig", "ReplayDevice", "RunConfig",
+           "TrainerConfig", "UserError", "apply_overrides", "check_devices", "config_help", "diff_configs", "flatten",
+           "merge_nested", "parse_args", "replay_copy", "run_recipe", "to_dict", "user_errors", "validate"]
 
 C = TypeVar("C")
 
@@ -70,6 +70,35 @@ class ConfigError(UserError):
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
+
+
+ReplayDevice = Literal["auto", "cpu", "cuda"]
+"""``replay.device``: where an off-policy recipe gathers its samples (see :func:`replay_copy`)."""
+
+
+def check_devices(cfg: Any) -> None:
+    """Raise :class:`ConfigError` for device settings that cannot work (a recipe's ``Config.validate`` calls this, so
+    the launch fails before torch loads): ``optim.cudagraphs=true`` without ``run.device=cuda`` (a CUDA graph replays
+    GPU work; on the CPU it would silently do nothing), ``replay.device=cuda`` without ``run.device=cuda`` or with
+    ``trainer.kind=async`` (the GPU copy follows the writes of this process)."""
+    cuda = cfg.run.device.partition(":")[0] == "cuda"
+    _check(not cfg.optim.cudagraphs or cuda, f"optim.cudagraphs=true replays CUDA graphs, but run.device="
+           f"{cfg.run.device!r}; set run.device=cuda or optim.cudagraphs=false")
+    replay = cfg.replay.device
+    _check(replay != "cuda" or cuda, f"replay.device=cuda keeps a copy of the replay on the GPU, but run.device="
+           f"{cfg.run.device!r}; set run.device=cuda or replay.device=cpu")
+    kind = getattr(getattr(cfg, "trainer", None), "kind", "sync")
+    _check(replay != "cuda" or kind == "sync", f"replay.device=cuda needs trainer.kind=sync (the GPU copy follows "
+           f"the writes of the learner's process); trainer.kind={kind}")
+
+
+def replay_copy(cfg: Any) -> bool | None:
+    """``copy_on_device`` of a ``TransitionReplayBuffer`` for ``replay.device``: ``cuda`` copies the stored data to
+    ``run.device`` and gathers samples there, ``cpu`` gathers them in host memory and copies each over (pinned,
+    non-blocking), ``auto`` copies (``None``: the buffer decides) when ``run.device`` is a GPU with room for the
+    data in a quarter of its memory, under the sync trainer only."""
+    kind = getattr(getattr(cfg, "trainer", None), "kind", "sync")
+    return {"cuda": True, "cpu": False, "auto": None if kind == "sync" else False}[cfg.replay.device]
 
 
 # --- Shared sections -------------------------------------------------------------------------------------

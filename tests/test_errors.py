@@ -47,6 +47,7 @@ CONFIG_ERRORS = [
     ("ppo.py", ["run.seed=abc"], "config key 'run.seed': expected an int"),
     ("ppo.py", ["collector.kind=parallel", "collector.n_workers=3"], "divisible by collector.n_workers=3"),
     ("ppo.py", ["run.device=gpu"], "run.device='gpu' is not a device"),
+    ("sac.py", ["optim.cudagraphs=true"], "optim.cudagraphs=true replays CUDA graphs, but run.device='cpu'"),
     *[(recipe, ["collector.batch_B=0"], "config key 'collector.batch_B': 0 must be >= 1") for recipe in RECIPES],
     # found by a user: each ran (or failed with a torch traceback seconds later) before ranges were declared
     ("ppo.py", ["optim.lr=-1"], "config key 'optim.lr': -1.0 must be > 0"),

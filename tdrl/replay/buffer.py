@@ -17,6 +17,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from tdrl.ckpt import LinkingWriter
+from tdrl.replay.device import DeviceCopy, deliver, fits_on_device, sample_device, staged
 from tdrl.replay.frames import FrameStack
 from tdrl.replay.prioritized import PrioritizedSampler
 from tdrl.replay.ring import StreamRing, nest
@@ -36,7 +37,7 @@ def nstep_returns(reward: torch.Tensor, done: torch.Tensor, gamma: float) -> tup
     not_done = (~done).to(reward.dtype)
     # alive[:, j] = 1 while no done happened at steps < j
     alive = torch.cat([torch.ones_like(not_done[:, :1]), torch.cumprod(not_done[:, :-1], dim=1)], dim=1)
-    discounts = gamma ** torch.arange(n, dtype=reward.dtype).view(1, n, 1)
+    discounts = gamma ** torch.arange(n, dtype=reward.dtype, device=reward.device).view(1, n, 1)
     reward_n = (reward * alive * discounts).sum(dim=1)
     steps = alive.sum(dim=1).squeeze(-1).to(torch.int64)
     return reward_n, steps
@@ -57,17 +58,29 @@ class TransitionReplayBuffer:
         seed: seed of the uniform index generator.
         clip_reward: samples clip each step's reward to [-1, 1] before the n-step sum (rlpyt's Atari clipping);
             the stored rewards stay raw.
+        device: where samples are returned (the learner's device); ``None`` leaves them on the host. The data stays
+            in host memory: a GPU sample is gathered into pinned memory and copied without blocking the host.
+        copy_on_device: also keep a copy of the stored data on ``device`` and gather samples there
+            (:mod:`tdrl.replay.device`: no frame stack, writes in this process); ``None``: when ``device`` is a
+            GPU and the data takes at most a quarter of its memory.
     """
 
     def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, sampler: PrioritizedSampler | None = None,
                  n_step: int = 1, gamma: float = 0.99, frame_stack: FrameStack | None = None,
                  mask_key: NestedKey | None = ("collector", "mask"), keys: Sequence[NestedKey] | None = None,
-                 seed: int | None = None, clip_reward: bool = False) -> None:
+                 seed: int | None = None, clip_reward: bool = False, device: str | torch.device | None = None,
+                 copy_on_device: bool | None = False) -> None:
         if n_step < 1 or not 0.0 <= gamma <= 1.0:
             raise ValueError(f"need n_step >= 1 and gamma in [0, 1], got {n_step}, {gamma}")
+        if copy_on_device and (device is None or frame_stack is not None):
+            raise ValueError("copy_on_device=True needs device= and no frame_stack (frame stacks stay on the host)")
         self.n_step = int(n_step)
         self.gamma = float(gamma)
         self.clip_reward = clip_reward
+        self.device = sample_device(device)
+        self.copy_on_device = False if frame_stack is not None else copy_on_device
+        self._copy: DeviceCopy | None = None
+        self._flat = None  # the device copy's views during a sample
         self.sampler = sampler
         self.frame_stack = frame_stack
         stacked = frame_stack is not None
@@ -76,6 +89,9 @@ class TransitionReplayBuffer:
                                exclude_keys=frame_stack.keys if stacked else (),
                                lookback=frame_stack.n_frames - 1 if stacked else 0, lookahead=self.n_step - 1 + stacked,
                                sampler=sampler, mask_key=mask_key, seed=seed)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_copy": None}  # the device copy stays in this process
 
     @property
     def write_count(self) -> int:
@@ -119,39 +135,54 @@ class TransitionReplayBuffer:
                     raise ReplayError(f"n_step={self.n_step} needs key {key_name(key)!r} in the batch")
 
     def sample(self, batch_size: int) -> TensorDict:
-        """Draw ``batch_size`` transitions, with replacement, as a flat TensorDict ``[batch_size]`` (keys: see
-        :mod:`tdrl.replay`); it may exceed the transitions ready (SB3 starts learning at 100 with batch 256)."""
+        """Draw ``batch_size`` transitions, with replacement, as a flat TensorDict ``[batch_size]`` on ``device``
+        (keys: see :mod:`tdrl.replay`); it may exceed the transitions ready (SB3 starts learning at 100 with batch
+        256)."""
         if batch_size < 1:
             raise ReplayError(f"batch_size must be >= 1, got {batch_size}")
         if self.ring.ready_count() < 1:
             raise ReplayError(f"no transition is ready to sample ({len(self)} stored; the newest "
                               f"{self.ring.lookahead} steps per stream wait for their n-step window)")
+        copy = self._device_copy()
+        self._flat = copy.flat if copy is not None else None
         index, out, weights = self.ring.sample(batch_size, self._gather)
-        out.set("index", torch.from_numpy(index))
-        if weights is not None:
-            out.set("priority_weight", torch.from_numpy(weights))
         self.ring.store.add_counter("samples_drawn", batch_size)
-        return out
+        return deliver(out, index, weights, self.device)
+
+    def _device_copy(self) -> DeviceCopy | None:
+        """The device copy, built at the first sample and refreshed at every one; ``None`` without one."""
+        if self._copy is None:
+            if not self.copy_on_device and (self.copy_on_device is not None or self.device is None):
+                return None
+            if self.copy_on_device is None and not fits_on_device(self.ring, self.device):
+                self.copy_on_device = False
+                return None
+            self._copy = DeviceCopy(self.ring, self.device)
+        self._copy.refresh(self.ring)
+        return self._copy
 
     def _gather(self, stream: np.ndarray, time: np.ndarray) -> TensorDict:
-        ring = self.ring
+        ring, flat, device = self.ring, self._flat, self.device
         index = torch.from_numpy(ring.flat_index(stream, time))
+        if flat is not None:  # gathered from the device copy: the indices go there
+            index = staged(index, device)
         n = index.shape[0]
         if self.n_step == 1:
             last = index
-            values = ring.gather_keys(index)
+            values = ring.gather_keys(index, device=device, flat=flat)
             if self.clip_reward:
                 values[("next", "reward")] = values[("next", "reward")].clamp(-1.0, 1.0)
         else:
             window = torch.from_numpy(ring.flat_index(stream[:, None], time[:, None] + np.arange(self.n_step)))
-            reward = ring.gather(("next", "reward"), window.reshape(-1)).view(n, self.n_step, -1)
-            done = ring.gather(("next", "done"), window.reshape(-1)).view(n, self.n_step, -1)
+            window = window if flat is None else staged(window, device)
+            reward = ring.gather(("next", "reward"), window.reshape(-1), flat).view(n, self.n_step, -1)
+            done = ring.gather(("next", "done"), window.reshape(-1), flat).view(n, self.n_step, -1)
             if self.clip_reward:
                 reward = reward.clamp(-1.0, 1.0)
             reward_n, steps = nstep_returns(reward, done, self.gamma)
-            last = window[torch.arange(n), steps - 1]
-            values = ring.gather_keys(index, "root")
-            values.update(ring.gather_keys(last, "next"))
+            last = window[torch.arange(n, device=window.device), steps - 1]
+            values = ring.gather_keys(index, "root", device, flat)
+            values.update(ring.gather_keys(last, "next", device, flat))
             values[("next", "reward")] = reward_n
             values[("steps_to_next_obs",)] = steps.unsqueeze(-1)
         if self.frame_stack is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
+from tdrl.replay.device import staged, views
 from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
 from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
 from tdrl.replay.segments import SEGMENT_BYTES, Lineage, read_segments, write_segments
@@ -158,13 +159,8 @@ class StreamRing:
         self.num_streams, self.time_capacity = meta["num_streams"], meta["time_capacity"]
         self.flat_batches = meta["flat_batches"]
         self.schema = BatchSchema.from_json(meta["schema"])
-        self.groups, self.fields, self.flat = pack(self.schema), {}, {}
-        for group, members in self.groups.items():
-            whole = self.store.fields[group]
-            self.flat[group] = whole.flatten(0, 1)
-            for key, offset, size, shape in members:
-                self.fields[key] = whole[..., offset : offset + size].view(*whole.shape[:2], *shape)
-                self.flat[key] = self.fields[key].flatten(0, 1)
+        self.groups = pack(self.schema)
+        self.fields, self.flat = views(self.groups, self.store.fields)
 
     def field(self, name: str) -> torch.Tensor:
         """An extra (codec-owned) field by name."""
@@ -358,19 +354,27 @@ class StreamRing:
             out[torch.from_numpy(rows)] = gather(stream[rows], slot[rows])
         raise ReplayError("sampling kept colliding with concurrent writes; the writer is lapping the buffer")
 
-    def gather(self, key: tuple[str, ...], index: torch.Tensor) -> torch.Tensor:
-        """One key at flat ``index`` (a strided gather; prefer :meth:`gather_keys` for many keys)."""
-        return torch.index_select(self.flat[key], 0, index)
+    def gather(self, key: tuple[str, ...], index: torch.Tensor, flat: Mapping | None = None) -> torch.Tensor:
+        """One key at flat ``index`` (a strided gather; prefer :meth:`gather_keys` for many keys), from :attr:`flat`
+        or the same views of a copy (``flat``, with ``index`` on its device)."""
+        return torch.index_select((self.flat if flat is None else flat)[key], 0, index)
 
-    def gather_keys(self, index: torch.Tensor, part: str | None = None) -> dict[tuple[str, ...], torch.Tensor]:
+    def gather_keys(self, index: torch.Tensor, part: str | None = None, device: torch.device | None = None,
+                    flat: Mapping | None = None) -> dict[tuple[str, ...], torch.Tensor]:
         """Every stored key (or only ``part``: ``"root"`` or ``"next"`` keys) at flat ``index`` ``[N]``: one
-        ``index_select`` per packed group, then per-key views ``[N, *shape]`` of it."""
+        ``index_select`` per packed group (into pinned memory and on to ``device`` in one copy when that is a GPU;
+        on a copy's device with ``flat``), then per-key views ``[N, *shape]`` of it."""
         out = {}
         n = index.shape[0]
+        pinned = flat is None and device is not None and device.type == "cuda"
         for group, members in self.groups.items():
             if part is not None and not group.startswith(part + "."):
                 continue
-            rows = torch.index_select(self.flat[group], 0, index)
+            source = (self.flat if flat is None else flat)[group]
+            rows = torch.empty((n, *source.shape[1:]), dtype=source.dtype, device=source.device, pin_memory=pinned)
+            torch.index_select(source, 0, index, out=rows)
+            if device is not None:
+                rows = staged(rows, device)
             for key, offset, size, shape in members:
                 out[key] = rows[:, offset : offset + size].view(n, *shape)
         return out

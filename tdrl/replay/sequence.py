@@ -24,6 +24,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from tdrl.ckpt import LinkingWriter
+from tdrl.replay.device import deliver, sample_device
 from tdrl.replay.prioritized import PrioritizedSampler
 from tdrl.replay.ring import StreamRing, nest
 from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
@@ -50,7 +51,8 @@ class SequenceReplayBuffer:
         input_priority: with a sampler, ``f(batch) -> [B, T]`` priorities of each new batch's steps (R2D1's input
             priorities: the steps that start sequences get theirs); a picklable callable, as it travels with the
             buffer to an async collector process. ``None``: a batch's own ``"priority"`` key, else the default.
-        Others as in :class:`~tdrl.replay.buffer.TransitionReplayBuffer`; ``mask_key`` marks invalid starts.
+        Others as in :class:`~tdrl.replay.buffer.TransitionReplayBuffer` (``device``: where samples are returned);
+        ``mask_key`` marks invalid starts.
     """
 
     def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, batch_T: int, warmup_T: int = 0,
@@ -58,7 +60,7 @@ class SequenceReplayBuffer:
                  sampler: PrioritizedSampler | None = None, pri_eta: float = 0.9,
                  mask_key: NestedKey | None = ("collector", "mask"), keys: Sequence[NestedKey] | None = None,
                  input_priority: Callable[[TensorDictBase], torch.Tensor] | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, device: str | torch.device | None = None) -> None:
         if batch_T < 1 or warmup_T < 0 or lookahead_T < 0 or rnn_state_interval < 1:
             raise ValueError("need batch_T >= 1, warmup_T >= 0, lookahead_T >= 0, rnn_state_interval >= 1")
         if not state_keys:
@@ -70,6 +72,7 @@ class SequenceReplayBuffer:
         self.sampler = sampler
         self.pri_eta = float(pri_eta)
         self.input_priority = input_priority
+        self.device = sample_device(device)
         exclude = [*self.state_keys, *(("next", *k) for k in self.state_keys)]
         self.ring = StreamRing(scratch_dir, capacity, {"kind": "sequence", "interval": self.interval}, keys=keys,
                                exclude_keys=exclude, stride=self.interval, lookahead=self.seq_len - 1,
@@ -138,13 +141,12 @@ class SequenceReplayBuffer:
             raise ReplayError(f"batch_B={batch_B} exceeds the {self.ready_count()} sequences ready to sample "
                               f"({len(self)} steps stored; a sequence needs L={self.seq_len} steps)")
         index, gathered, weights = self.ring.sample(batch_B, self._gather)
+        gathered = deliver(gathered, index, weights, self.device)  # before the broadcasts: one row per sequence
         out = gathered["steps"]
-        for key in self.state_keys:  # stride-0 views along time: one stored state per sequence
+        broadcast = [*self.state_keys, "index", *(["priority_weight"] if weights is not None else [])]
+        for key in broadcast:  # stride-0 views along time: one stored state (index, weight) per sequence
             value = gathered[key]
             out[key] = value.unsqueeze(1).expand(batch_B, self.seq_len, *value.shape[1:])
-        out["index"] = torch.from_numpy(index).unsqueeze(1).expand(batch_B, self.seq_len)
-        if weights is not None:
-            out["priority_weight"] = torch.from_numpy(weights).unsqueeze(1).expand(batch_B, self.seq_len)
         self.ring.store.add_counter("samples_drawn", batch_B * self.seq_len)
         return out
 
@@ -153,7 +155,7 @@ class SequenceReplayBuffer:
         n, L = stream.shape[0], self.seq_len
         times = start_no[:, None] * self.interval + np.arange(L)[None, :]
         index = torch.from_numpy(self.ring.flat_index(stream[:, None], times).reshape(-1))
-        values = {k: v.view(n, L, *v.shape[1:]) for k, v in self.ring.gather_keys(index).items()}
+        values = {k: v.view(n, L, *v.shape[1:]) for k, v in self.ring.gather_keys(index, device=self.device).items()}
         state_index = torch.from_numpy(self.ring.leaf(stream, start_no))
         out = {("steps",): nest(values, [n, L])}
         for key in self.state_keys:

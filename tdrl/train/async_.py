@@ -370,6 +370,7 @@ class AsyncTrainer:
         info, self._boundary = self._boundary, None
         itr = self.book.itr
         final = itr >= self.n_itr
+        self.objects.check_finite()  # updates skipped for a NaN/inf loss since the last boundary raise here
         if itr % self.log_interval_itrs == 0 or final:
             if self.eval_collector is not None:
                 self.book.evaluate(self.eval_collector)

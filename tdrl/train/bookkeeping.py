@@ -96,6 +96,13 @@ class CheckpointObjects:
     def state_dict(self) -> dict[str, Any]:
         return {name: obj.state_dict() for name, obj in self.states.items()}
 
+    def check_finite(self) -> None:
+        """Call ``check_finite()`` of the objects that have one (updaters: a skipped NaN/inf update raises
+        :class:`~tdrl.objectives.update.NonFiniteLossError` here, at the next log row or checkpoint)."""
+        for obj in [*self.states.values(), *self.files.values()]:
+            if callable(check := getattr(obj, "check_finite", None)):
+                check()
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for name, obj in self.states.items():
             if name not in state:

@@ -88,6 +88,8 @@ class SyncTrainer:
         checkpoint_state: named objects with ``state_dict``/``load_state_dict`` (models, optimizers, updaters) or
             ``dumps``/``loads`` (replay buffers), saved in checkpoints and restored on resume. Under ddp a
             replay's ``state_dict`` (counters) is saved per rank; its data stays in the rank's scratch directory.
+            Those with ``check_finite()`` (updaters) are checked before every log row and checkpoint: an update
+            skipped for a NaN/inf loss raises ``NonFiniteLossError`` there.
         checkpoint_interval_steps: env frames between checkpoints; 0 means at every log row.
         stop_return: stop early once the evaluation (or online) mean return reaches this (benchmarks).
     """
@@ -223,6 +225,7 @@ class SyncTrainer:
             book.close_run(self.summary if completed else None)
 
     def _log(self) -> None:
+        self.objects.check_finite()  # updates skipped for a NaN/inf loss since the last row raise here
         trajs, self._pending_trajs = self._pending_trajs, []
         if self.world_size == 1:
             self.book.add_episodes(trajs)
@@ -260,6 +263,7 @@ class SyncTrainer:
     # --- Checkpoints: shared objects from rank 0, every rank's own state gathered into rank 0's checkpoint ------
 
     def _save_checkpoint(self) -> None:
+        self.objects.check_finite()
         mine = {**self.rank_objects.state_dict(), "collector": self.collector.state_dict(), "rng": rng_state(),
                 "pending_trajs": list(self._pending_trajs), "metrics": metrics_to_floats(self.book.metrics)}
         self.book.save_checkpoint(self.objects, ranks=gather_to_main(mine), world_size=self.world_size,

@@ -92,29 +92,49 @@ def _scalars(metrics: Iterable[Any]) -> Iterable[dict[str, Any]]:
         yield row
 
 
+def _series(metrics: Iterable[Any]) -> tuple[int, dict[str, tuple[list[int], list[Any]]]]:
+    """``(rows, {log key: (row numbers, values)})``, every key's tensors copied to the host in one transfer per
+    device (not one ``.item()`` sync per update)."""
+    series: dict[str, tuple[list[int], list[Any]]] = {}
+    rows = 0
+    for rows, row in enumerate(_scalars(metrics), 1):
+        for name, value in row.items():
+            at, values = series.setdefault(name, ([], []))
+            at.append(rows - 1)
+            values.append(value)
+    for name, (at, values) in series.items():
+        tensors: dict[Any, list[int]] = {}
+        for i, value in enumerate(values):
+            if isinstance(value, torch.Tensor):
+                tensors.setdefault(value.device, []).append(i)
+        for positions in tensors.values():
+            host = torch.stack([values[i] for i in positions]).to(torch.float64).tolist()
+            for i, v in zip(positions, host, strict=True):
+                values[i] = v
+        series[name] = (at, [float(v) for v in values])
+    return rows, series
+
+
 def metrics_to_floats(metrics: Iterable[Any]) -> list[dict[str, float]]:
     """Recorded metric entries (TensorDicts or mappings) as ``{log key: float}`` dicts, cheap to pickle.
 
     Nested TensorDict keys join with ``/``; entries that are not scalars are dropped.
     """
-    return [{k: float(v) for k, v in row.items()} for row in _scalars(metrics)]
+    rows, series = _series(metrics)
+    out: list[dict[str, float]] = [{} for _ in range(rows)]
+    for name, (at, values) in series.items():
+        for i, v in zip(at, values, strict=True):
+            out[i][name] = v
+    return out
 
 
 def summarize_metrics(metrics: Iterable[Any]) -> dict[str, float]:
     """Per key, the five statistics over a list of metric TensorDicts/mappings (one per update), renamed by
     :func:`metric_name`: recorded ``loss_objective`` values become ``loss/objective_mean``, ``..._std``, ...
 
-    Tensors are stacked and copied to the host once per key (not one ``.item()`` sync per update).
+    Tensors are stacked and copied to the host once per key and device (not one ``.item()`` sync per update).
     """
-    series: dict[str, list[Any]] = {}
-    for row in _scalars(metrics):
-        for name, value in row.items():
-            series.setdefault(name, []).append(value)
     out: dict[str, float] = {}
-    for name, values in series.items():
-        if all(isinstance(v, torch.Tensor) for v in values):
-            values = torch.stack([v.to(torch.float64) for v in values])
-        else:
-            values = [float(v) for v in values]
+    for name, (_, values) in _series(metrics)[1].items():
         out.update(summarize(name, values))
     return out

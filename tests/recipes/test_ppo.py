@@ -80,11 +80,24 @@ def test_unknown_key_names_nearest():
         apply_overrides(ppo.Config(), ["loss.epochs=many"])
 
 
-def test_nan_loss_stops_run_without_nan_parameters(tmp_path):
-    cfg = tiny(tmp_path, "loss.reward_scale=nan", "checkpoint.snapshot_mode=all")
-    with pytest.raises(NonFiniteLossError, match=r"non-finite loss_\w+ = nan at gradient update 0") as err:
+def test_nan_loss_stops_run_without_nan_parameters(tmp_path, monkeypatch):
+    """Every update's loss is NaN: each is skipped on the device and the first log row (2 iterations of 2 epochs x
+    2 minibatches) raises, naming update 0; no checkpoint holds a NaN parameter."""
+    from tdrl.objectives import policy_gradient
+
+    real_make_loss = policy_gradient.make_ppo_loss
+
+    def nan_loss(*args, **kwargs):
+        loss = real_make_loss(*args, **kwargs)
+        forward = loss.forward
+        loss.forward = lambda td: forward(td).apply(lambda v: v * float("nan"))
+        return loss
+
+    monkeypatch.setattr(policy_gradient, "make_ppo_loss", nan_loss)  # main imports it when it runs
+    cfg = tiny(tmp_path, "checkpoint.snapshot_mode=all")
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss_\w+ = nan at gradient update 0; 8 update") as err:
         ppo.main(cfg)
-    assert err.value.key.startswith("loss_")
+    assert err.value.key.startswith("loss_") and err.value.skipped == 8
     assert not list(tmp_path.rglob("summary.json"))  # the run did not finish
     for state_file in tmp_path.rglob("state.pt"):  # no checkpoint holds a NaN parameter
         state = torch.load(state_file, weights_only=False)["state"]["model"]

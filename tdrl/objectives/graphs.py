@@ -1,0 +1,90 @@
+"""``optim.cudagraphs``: replay the device half of an update (loss, backward, clip, optimizer step) from one CUDA graph.
+
+Small RL networks leave a GPU waiting on kernel launches (a few microseconds each, hundreds per update); a CUDA
+graph launches them all at once, which is where TorchRL's sota recipes and LeanRL get their GPU speed. The capture
+follows torch's whole-network recipe (``torch.cuda.graphs``): warm up on a side stream, capture once, then copy
+each sample into the graph's input buffers and replay. tensordict's ``CudaGraphModule`` is not used: it calls
+``torch.cuda.synchronize()`` before every replay (tensordict 0.14), a host wait per update.
+
+What the graph replays must be device work with fixed shapes and no Python state that changes between calls:
+``Updater.apply`` and the loss, not ``Updater.advance`` (counters, target updates), which runs eagerly after each
+replay; the optimizer needs ``capturable=True`` and a tensor learning rate (:func:`graph_lr`), so that a learning
+rate schedule reaches the captured step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from tensordict import TensorDictBase
+
+from tdrl.utils.errors import UserError
+
+__all__ = ["CudaGraphUpdate", "graph_lr", "update_step"]
+
+WARMUP_CALLS = 3
+"""Eager calls before the capture: they create the optimizer state, cuBLAS workspaces and autograd's buffers."""
+
+
+def graph_lr(lr: float, device: torch.device, cudagraphs: bool) -> float | torch.Tensor:
+    """The optimizer's ``lr``: a tensor on ``device`` under CUDA graphs (a float would be baked into the graph)."""
+    return torch.tensor(float(lr), device=device) if cudagraphs else lr
+
+
+def update_step(fn: Callable[[TensorDictBase], TensorDictBase], *, cudagraphs: bool, device: torch.device,
+                key: str = "optim.cudagraphs") -> Callable[[TensorDictBase], TensorDictBase]:
+    """``fn`` itself, or a :class:`CudaGraphUpdate` of it when ``cudagraphs``; raises :class:`UserError` naming
+    ``key`` when ``cudagraphs`` is asked for on a device that is not CUDA (there is nothing to capture)."""
+    if not cudagraphs:
+        return fn
+    if torch.device(device).type != "cuda":
+        raise UserError(f"{key}=true replays CUDA graphs, but run.device={str(device)!r}; set run.device=cuda or "
+                        f"{key}=false")
+    return CudaGraphUpdate(fn, device=torch.device(device))
+
+
+class CudaGraphUpdate:
+    """``fn(sample) -> metrics``, run eagerly on a side stream for ``warmup`` calls, then captured into a CUDA graph
+    and replayed: each call copies ``sample`` (same keys, shapes and device every call) into the graph's inputs,
+    replays, and returns a copy of the outputs (the graph overwrites them at the next replay).
+
+    Args:
+        fn: device work only (see the module docstring); the capture call runs it once without executing it.
+        device: the CUDA device of the samples and the model.
+        warmup: eager calls before the capture (each is a real update).
+    """
+
+    def __init__(self, fn: Callable[[TensorDictBase], TensorDictBase], *, device: torch.device,
+                 warmup: int = WARMUP_CALLS) -> None:
+        if warmup < 1:
+            raise ValueError(f"warmup must be >= 1 call, got {warmup}")
+        self.fn, self.device, self.warmup = fn, device, int(warmup)
+        self.calls = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.inputs: list[tuple[object, torch.Tensor]] = []  # (key, buffer the graph reads)
+        self.outputs: TensorDictBase | None = None
+
+    def __call__(self, sample: TensorDictBase) -> TensorDictBase:
+        self.calls += 1
+        if self.graph is not None:
+            for key, buffer in self.inputs:  # device-to-device copies into the buffers the graph reads
+                buffer.copy_(sample.get(key))
+            self.graph.replay()
+            return self.outputs.clone()
+        if self.calls <= self.warmup:
+            current = torch.cuda.current_stream(self.device)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                out = self.fn(sample)
+            current.wait_stream(side)
+            return out
+        static = sample.clone()
+        # kept apart from ``static``, whose entries fn may rebind to its own outputs while it is captured
+        self.inputs = list(static.items(include_nested=True, leaves_only=True))
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = self.fn(static)
+        self.graph.replay()  # the capture recorded this call's update without running it
+        return self.outputs.clone()
