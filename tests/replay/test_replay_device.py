@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from tdrl.replay import FrameStack, PrioritizedSampler, ReplayError, SequenceReplayBuffer, TransitionReplayBuffer
-from tests.replay.helpers import make_stream
-from tests.replay.test_frames import _episodes
+from tests.replay.helpers import atari_episodes, make_stream
 from tests.replay.test_sequence import STATE, _batch
 
 DEVICES = ["cpu", "meta", pytest.param("cuda", marks=[
@@ -34,7 +33,7 @@ def _transition(path, device, *, n_step=1, prioritized=False, clip_reward=False)
 def _frames(path, device):
     rb = TransitionReplayBuffer(path, 200, n_step=2, frame_stack=FrameStack(4, padding="zero"), seed=0,
                                 device=device)
-    rb.extend(_episodes(2, 30, seed=0, padding="zero"))
+    rb.extend(atari_episodes(2, 30, seed=0, padding="zero"))
     return rb
 
 
