@@ -25,7 +25,7 @@ Steps, each in its own processes with a time limit, so one failure is reported a
 4. updates per second, GPU against this machine's CPU in the same run: DQN (Nature CNN on Pong, batch 32), SAC
    (256x256 on Pendulum, batch 256) and R2D1, each with ``optim.compile`` and ``optim.cudagraphs`` off and on. Each
    variant is the real recipe, run for a fixed time and stopped (SIGTERM); the figure is the median
-   ``UpdatesPerSecond`` of its progress rows after the first (compilation and warm-up);
+   ``UpdatesPerSecond`` of its progress rows after the first row with updates (compilation and warm-up);
 5. Atari frames per second of the action server (the Nature CNN on the GPU, 8 CPU worker processes) against
    gymnasium's AsyncVectorEnv with the same CNN on the GPU, same envs, same cores; envpool too where it is
    importable (it is not carried: with its assets it is 115 MB, over the 64 MiB a call carries).
@@ -83,7 +83,7 @@ UPDATE_BENCH = {
 UPDATE_DRY = {  # the same rows at sizes a CPU finishes in seconds
     "dqn": ("optim.batch_size=4", "optim.replay_ratio=4", "optim.min_steps_learn=16", "replay.size=2000"),
     "sac": ("model.hidden_sizes=[16]", "optim.batch_size=16", "optim.replay_ratio=16", "optim.min_steps_learn=32"),
-    "r2d1": TINY["r2d1"][3:],
+    "r2d1": tuple(a for a in TINY["r2d1"] if not a.startswith(("collector.total_frames", "logger."))),
 }
 
 
@@ -174,30 +174,31 @@ def recipes_on_device(device: str, workdir: Path, timeout_s: float) -> None:
 
 
 def _progress_rates(path: Path) -> list[float]:
-    """``UpdatesPerSecond`` of each progress row after the first (compilation, warm-up), where updates happened."""
+    """``UpdatesPerSecond`` of the progress rows after the first row with updates (it holds compilation and
+    warm-up); empty while there are none."""
     if not path.is_file():
         return []
     lines = path.read_text().splitlines()
     if len(lines) < 2:
         return []
     column = lines[0].split(",").index("UpdatesPerSecond")
-    rates = [float(line.split(",")[column] or "nan") for line in lines[1:]]
-    return [r for r in rates[1:] if r > 0]
+    rates = [float(line.split(",")[column] or "nan") for line in lines[1:] if line.count(",") >= column]
+    first = next((i for i, r in enumerate(rates) if r > 0), len(rates))
+    return [r for r in rates[first + 1:] if r > 0]
 
 
 def updates_per_second(recipe: str, args: tuple[str, ...], run_dir: Path, seconds: float) -> tuple[float, str]:
-    """Run the recipe for ``seconds`` after its first progress row, stop it (SIGTERM), and return the median update
-    rate of its later rows, or NaN and the reason."""
+    """Run the recipe until ``seconds`` after its first timed progress row (see :func:`_progress_rates`), stop it
+    (SIGTERM), and return the median update rate of its timed rows, or NaN and the reason."""
     proc = subprocess.Popen(_recipe(recipe, ("collector.total_frames=100000000", *args), run_dir), env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     progress = run_dir / "progress.csv"
     started, deadline = time.monotonic(), time.monotonic() + 4 * seconds + 120  # room for start-up and compilation
-    first_row_at = None
+    timed_from = None  # the first row after the warm-up row: timing starts there
     while proc.poll() is None and time.monotonic() < deadline:
-        rows = len(progress.read_text().splitlines()) - 1 if progress.is_file() else 0
-        if rows >= 1 and first_row_at is None:
-            first_row_at = time.monotonic()
-        if first_row_at is not None and time.monotonic() - first_row_at >= seconds:
+        if timed_from is None and _progress_rates(progress):
+            timed_from = time.monotonic()
+        if timed_from is not None and time.monotonic() - timed_from >= seconds:
             break
         time.sleep(0.2)
     if proc.poll() is None:
