@@ -55,7 +55,7 @@ import torch
 
 from tdrl import __version__
 from tdrl.utils.errors import UserError
-from tdrl.utils.files import write_atomic
+from tdrl.utils.files import LinkingWriter, write_atomic
 from tdrl.utils.process import pid_alive
 
 __all__ = ["SNAPSHOT_MODES", "CheckpointCorrupt", "CheckpointError", "CheckpointInfo", "CheckpointWarning",
@@ -72,23 +72,6 @@ _CHUNK = 1 << 20
 
 PathWriter = Callable[[Path], Any]
 """Writes a component's files into the directory it is given (e.g. ``ReplayBuffer.dumps``)."""
-
-
-@dataclass(frozen=True)
-class LinkingWriter:
-    """An ``extra_writers`` entry that may share unchanged files with the previous checkpoint.
-
-    ``write(directory, previous)`` writes the component into ``directory`` like a :data:`PathWriter`; ``previous``
-    is the same component's folder in the newest published checkpoint (``None`` when there is none, it lacks the
-    component or its manifest is unreadable). The writer may ``os.link`` a file of ``previous`` into ``directory``
-    under the same relative name when its content is what it would write; it must never open a file of
-    ``previous`` for writing. Called as a plain writer (``writer(directory)``) it writes everything.
-    """
-
-    write: Callable[[Path, Path | None], Any]
-
-    def __call__(self, directory: Path) -> Any:
-        return self.write(directory, None)
 
 
 class _SharedFileChanged(Exception):

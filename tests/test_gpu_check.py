@@ -28,7 +28,7 @@ def test_gpu_check_dry_run_writes_its_page(tmp_path):
         assert f"| {recipe} | ok |" in text
     update_rows = [line for line in text.splitlines() if line.startswith(("| dqn (", "| sac (", "| r2d1 ("))]
     assert len(update_rows) == 3 and all(float(row.split("|")[5].replace(",", "")) > 0 for row in update_rows)
-    assert "| tdrl action server |" in text
+    assert "| tdrl action server (" in text
 
 
 def test_gpu_check_refuses_to_run_without_a_gpu_unless_dry():

@@ -16,12 +16,12 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
-from tdrl.ckpt import LinkingWriter
 from tdrl.replay.device import DeviceCopy, deliver, fits_on_device, sample_device, staged
 from tdrl.replay.frames import FrameStack
 from tdrl.replay.prioritized import PrioritizedSampler
 from tdrl.replay.ring import StreamRing, nest
 from tdrl.replay.schema import ReplayError, key_name
+from tdrl.utils.files import LinkingWriter
 
 __all__ = ["TransitionReplayBuffer", "nstep_returns"]
 

@@ -23,11 +23,11 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
-from tdrl.ckpt import LinkingWriter
 from tdrl.replay.device import deliver, sample_device
 from tdrl.replay.prioritized import PrioritizedSampler
 from tdrl.replay.ring import StreamRing, nest
 from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
+from tdrl.utils.files import LinkingWriter
 
 __all__ = ["SequenceReplayBuffer", "sequence_priority"]
 

@@ -2,10 +2,12 @@
 
 import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["disk_bytes", "write_atomic", "write_json_atomic"]
+__all__ = ["LinkingWriter", "disk_bytes", "write_atomic", "write_json_atomic"]
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
@@ -37,3 +39,20 @@ def disk_bytes(*paths: str | os.PathLike) -> int:
                     seen.add((st.st_dev, st.st_ino))
                     total += st.st_blocks * 512
     return total
+
+
+@dataclass(frozen=True)
+class LinkingWriter:
+    """An ``extra_writers`` entry that may share unchanged files with the previous checkpoint.
+
+    ``write(directory, previous)`` writes the component into ``directory`` like a :data:`PathWriter`; ``previous``
+    is the same component's folder in the newest published checkpoint (``None`` when there is none, it lacks the
+    component or its manifest is unreadable). The writer may ``os.link`` a file of ``previous`` into ``directory``
+    under the same relative name when its content is what it would write; it must never open a file of
+    ``previous`` for writing. Called as a plain writer (``writer(directory)``) it writes everything.
+    """
+
+    write: Callable[[Path, Path | None], Any]
+
+    def __call__(self, directory: Path) -> Any:
+        return self.write(directory, None)
