@@ -17,6 +17,7 @@ span the whole game and evaluation plays whole games: ``train/`` and ``eval/retu
     python recipes/dqn.py replay.prioritized=true                  # + prioritized replay
     python recipes/dqn.py collector.kind=parallel collector.batch_B=2 collector.n_workers=2
     python recipes/dqn.py trainer.kind=async                       # collect and optimise in two processes
+    python recipes/dqn.py trainer.kind=ray replay.prioritized=true # Ape-X: 4 collector actors on Ray, one learner
     python recipes/dqn.py --help                                   # every key
 
 Atari (rlpyt's defaults; needs ``pip install 'tdrl[atari]'``)::
@@ -174,19 +175,19 @@ def main(cfg: Config) -> dict:
     from tdrl.collect import make_collector, make_eval_collector, start_workers_early
     from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
-    from tdrl.models import EpsilonGreedy, chain_policy, make_q_actor
-    from tdrl.objectives.dqn import dqn_priorities, make_dqn_loss
+    from tdrl.models import ApexEpsilons, EpsilonGreedy, chain_policy, make_q_actor
+    from tdrl.objectives.dqn import ActorPriorities, dqn_priorities, make_dqn_loss
     from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.replay import FrameStack, PrioritizedSampler, TransitionReplayBuffer
-    from tdrl.train import check_min_steps_learn, check_trainer, make_trainer
+    from tdrl.train import check_min_steps_learn, check_trainer, make_trainer, module_path
     from tdrl.utils.distributed import resolve_device
     from tdrl.utils.seeding import seed_everything
 
-    check_trainer(cfg.trainer, on_policy=False, supported=("sync", "async"))  # before any process starts
+    check_trainer(cfg.trainer, on_policy=False, supported=("sync", "async", "ray"))  # before any process starts
     # --- Build ----------------------------------------------------------------------------------------------
-    if cfg.trainer.kind == "sync":  # async builds its collector in its own process
+    if cfg.trainer.kind == "sync":  # async and ray build their collectors in their own processes
         start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
     torch.set_num_threads(cfg.run.torch_threads)
     seed_everything(cfg.run.seed)
@@ -251,7 +252,14 @@ def main(cfg: Config) -> dict:
                            min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
                            checkpoint_interval_steps=cfg.checkpoint.interval_steps,
                            checkpoint_state={"loss": loss, "updater": updater, "replay": replay,
-                                             "exploration": exploration})  # epsilon resumes where it was
+                                             "exploration": exploration},  # epsilon resumes where it was
+                           # ray (Ape-X): actors get the Q-network only, keep their own fixed epsilons and compute
+                           # their batches' initial priorities
+                           weights_module=q_actor,
+                           actor_setup=ApexEpsilons(cfg.exploration.actor_eps, cfg.exploration.actor_eps_alpha),
+                           actor_priorities=ActorPriorities(gamma=cfg.loss.gamma, n_step=cfg.loss.n_step,
+                                                            q_path=module_path(policy, q_actor), delta_clip=delta_clip)
+                           if sampler is not None and not cfg.model.categorical else None)
     lr_at = LinearSchedule(cfg.optim.lr, cfg.optim.lr if cfg.optim.lr_final is None else cfg.optim.lr_final,
                            duration=cfg.collector.total_frames)
 

@@ -157,6 +157,11 @@ class EpsilonGreedyConfig:
     """Env frames at which epsilon reaches its final value (rlpyt eps_steps)."""
     eps_eval: Fraction = 0.001
     """Epsilon of evaluation episodes (rlpyt eps_eval)."""
+    actor_eps: PositiveFraction = 0.4
+    """trainer.kind=ray: actor i of N explores with the fixed actor_eps ** (1 + actor_eps_alpha * i / (N - 1))
+    (Ape-X's schedule)."""
+    actor_eps_alpha: NonNegativeFloat = 7.0
+    """trainer.kind=ray: exponent spread of the actors' epsilons (Ape-X: 7)."""
 
     def validate(self) -> None:
         _check(self.eps_final_min is None or self.eps_final_min <= self.eps_final,
@@ -248,20 +253,31 @@ class CheckpointConfig:
 class TrainerConfig:
     """Which trainer runs the recipe's loop, and its process settings (:func:`tdrl.train.make_trainer`)."""
 
-    kind: Literal["sync", "ddp", "async"] = "sync"
+    kind: Literal["sync", "ddp", "async", "ray"] = "sync"
     """sync: collect, then update, in one process (rlpyt MinibatchRl); ddp: world_size full replicas, gradients
     all-reduced (rlpyt SyncRl); async: collector process + optimizer process on a shared replay (rlpyt AsyncRl,
-    off-policy only)."""
+    off-policy only); ray: n_actors collector actors anywhere in a Ray cluster, the learner here (Ape-X with a
+    replay, IMPALA without)."""
     world_size: Count = 2
     """ddp: number of ranks (local processes; under torchrun/SLURM it must equal WORLD_SIZE)."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """ddp: torch.distributed backend; auto = NCCL on CUDA devices, gloo on CPU."""
     max_lag_frames: Annotated[int, Range(ge=-1)] = 0
-    """async: frames the collector may run ahead of the optimizer beyond one batch (0: it collects the next batch
-    while the last one trains, so the replay ratio holds); -1: no limit (rlpyt: full speed, fewer updates per frame
-    when the optimizer is slower)."""
+    """async, ray: frames the collectors may run ahead of the optimizer beyond one batch each (0: they collect the
+    next batch while the last one trains, so the replay ratio holds); -1: no limit (rlpyt's AsyncRl, Ape-X's
+    actors: full speed, fewer updates per frame when the optimizer is slower)."""
     updates_per_sync: Count = 1
-    """async: gradient updates between weight publications to the collector."""
+    """async, ray: gradient updates between weight publications to the collectors."""
+    n_actors: Count = 4
+    """ray: collector actors (each builds the recipe's collector, with its own seed)."""
+    ray_address: str = ""
+    """ray: the cluster to join (host:port); empty: RAY_ADDRESS if set, else Ray starts on this machine."""
+    actor_cpus: PositiveFloat = 1.0
+    """ray: CPUs each collector actor reserves in the cluster."""
+    call_timeout_s: PositiveFloat = 60.0
+    """ray: a rollout or hub call taking longer has its actor killed and restarted (a lost node)."""
+    unrolls_per_batch: Count = 1
+    """ray, on-policy (IMPALA): actors' unrolls concatenated into one learner batch."""
 
 
 # --- Conversion ------------------------------------------------------------------------------------------

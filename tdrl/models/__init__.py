@@ -3,7 +3,7 @@ and the acting contract collectors call (``acting``)."""
 
 from tdrl.models.acting import Acting, ActingSequential, ObservationModule, ProbabilisticPolicy, chain_policy
 from tdrl.models.conv import AtariConv
-from tdrl.models.exploration import EpsilonGreedy, GaussianNoise, make_gaussian_noise
+from tdrl.models.exploration import ApexEpsilons, EpsilonGreedy, GaussianNoise, make_gaussian_noise
 from tdrl.models.nets import MLP, ObsNorm
 from tdrl.models.policies import ActorCritic, make_actor_critic, make_recurrent_actor_critic
 from tdrl.models.q import (
@@ -19,7 +19,8 @@ from tdrl.models.q import (
 )
 
 __all__ = [
-    "MLP", "Acting", "ActingSequential", "ActorCritic", "AtariConv", "DuelingHead", "EpsilonGreedy", "GaussianNoise",
+    "MLP", "Acting", "ActingSequential", "ActorCritic", "ApexEpsilons", "AtariConv", "DuelingHead", "EpsilonGreedy",
+    "GaussianNoise",
     "ObsNorm", "ObservationModule", "ProbabilisticPolicy", "QActor", "QNetwork", "TwinQ", "make_actor_critic",
     "make_deterministic_actor", "make_gaussian_noise", "make_q_actor", "make_q_critic", "make_recurrent_actor_critic",
     "chain_policy", "make_tanh_gaussian_actor", "make_twin_q",

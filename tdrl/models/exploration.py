@@ -17,7 +17,8 @@ from torchrl.envs.utils import ExplorationType, exploration_type
 
 from tdrl.models.acting import Inputs, Outputs
 
-__all__ = ["EpsilonGreedy", "GaussianNoise", "linear_epsilon", "make_gaussian_noise", "vector_epsilon"]
+__all__ = ["ApexEpsilons", "EpsilonGreedy", "GaussianNoise", "apex_epsilon", "linear_epsilon", "make_gaussian_noise",
+           "vector_epsilon"]
 
 ENV_INDEX_KEY = ("collector", "env_index")
 
@@ -74,6 +75,11 @@ class EpsilonGreedy(TensorDictModuleBase):
         self.register_buffer("eps_final", final)
         self.register_buffer("eps", torch.full_like(final, float(eps_init)))
         self.register_buffer("eps_eval", torch.tensor(float(eps_eval)))
+
+    def fix(self, eps: float) -> None:
+        """Explore with ``eps`` from now on, whatever the frame count (an Ape-X actor's own epsilon)."""
+        for buffer in (self.eps_init, self.eps_final, self.eps):
+            buffer.fill_(float(eps))
 
     def set_frames(self, frames: int) -> None:
         """Set epsilon to its scheduled value after ``frames`` env frames (call once per iteration)."""
@@ -147,3 +153,23 @@ def make_gaussian_noise(specs, *, std: float = 0.1) -> GaussianNoise:
         )
     low, high = spec.space.low.float(), spec.space.high.float()
     return GaussianNoise(std * (high - low) / 2, low, high)
+
+
+def apex_epsilon(index: int, n_actors: int, *, eps: float = 0.4, alpha: float = 7.0) -> float:
+    """Ape-X's epsilon of actor ``index`` of ``n_actors``: ``eps ** (1 + alpha * index / (n_actors - 1))``."""
+    return eps ** (1 + alpha * index / (n_actors - 1)) if n_actors > 1 else eps
+
+
+class ApexEpsilons:
+    """``trainer.kind=ray`` actor setup: fixes every :class:`EpsilonGreedy` of actor ``index``'s policy at
+    :func:`apex_epsilon` (picklable; the learner publishes the Q-network only, so it stays)."""
+
+    def __init__(self, eps: float = 0.4, alpha: float = 7.0) -> None:
+        self.eps, self.alpha = eps, alpha
+
+    def __call__(self, policy: torch.nn.Module, index: int, n_actors: int) -> None:
+        modules = [m for m in policy.modules() if isinstance(m, EpsilonGreedy)]
+        if not modules:
+            raise ValueError("ApexEpsilons found no EpsilonGreedy module in the actor's policy")
+        for module in modules:
+            module.fix(apex_epsilon(index, n_actors, eps=self.eps, alpha=self.alpha))

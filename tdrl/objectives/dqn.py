@@ -19,7 +19,7 @@ from torchrl.objectives import DistributionalDQNLoss, DQNLoss, LossModule, Value
 
 from tdrl.objectives.terms import WEIGHT_KEY, check_gamma, td0_target, weighted_mean
 
-__all__ = ["FusedDQNLoss", "dqn_priorities", "make_dqn_loss"]
+__all__ = ["ActorPriorities", "FusedDQNLoss", "dqn_priorities", "make_dqn_loss"]
 
 _LOSS_FUNCTIONS = {"huber": "smooth_l1", "mse": "l2"}
 
@@ -120,3 +120,39 @@ def dqn_priorities(sample: TensorDictBase, *, categorical: bool, delta_clip: flo
         return td_error
     abs_error = td_error.sqrt()
     return abs_error.clamp(max=delta_clip) if delta_clip is not None else abs_error
+
+
+class ActorPriorities:
+    """Ape-X's initial priorities, computed by the actor that collected a ``[B, T]`` batch with its own copy of the
+    Q-network (Horgan et al. 2018): ``|G - Q(s_t, a_t)|`` with ``G`` the ``n_step`` return inside the batch
+    (shorter at its end) bootstrapped with ``max_a Q(s', a)``, clipped to ``delta_clip`` as the learner's
+    :func:`dqn_priorities`. Picklable; ``q_path`` names the Q-network inside the actor's policy."""
+
+    def __init__(self, *, gamma: float, n_step: int, q_path: str, delta_clip: float | None = 1.0) -> None:
+        self.gamma, self.n_step, self.q_path, self.delta_clip = float(gamma), int(n_step), q_path, delta_clip
+
+    @torch.no_grad()
+    def __call__(self, policy: torch.nn.Module, batch: TensorDictBase) -> torch.Tensor:
+        q_actor = policy.get_submodule(self.q_path) if self.q_path else policy
+        B, T = batch.batch_size
+        q = q_actor(batch.select("observation").reshape(-1).clone())["action_value"].reshape(B, T, -1)
+        q_taken = q.gather(-1, batch["action"].reshape(B, T, 1).long()).squeeze(-1)
+        q_next = q_actor(batch.select(("next", "observation")).reshape(-1)["next"].clone())["action_value"]
+        v_next = q_next.max(-1).values.reshape(B, T)
+        reward = batch["next", "reward"].reshape(B, T).float()
+        done = batch["next", "done"].reshape(B, T)
+        terminated = batch["next", "terminated"].reshape(B, T).float()
+        target = torch.zeros(B, T)
+        for t in range(T):  # T is a rollout's length (tens of steps): a loop the reader can check
+            ret, discount, last = torch.zeros(B), torch.ones(B), torch.full((B,), t)
+            alive = torch.ones(B, dtype=torch.bool)
+            for k in range(t, min(t + self.n_step, T)):
+                ret = ret + alive * discount * reward[:, k]
+                last = torch.where(alive, torch.full_like(last, k), last)
+                discount = torch.where(alive, discount * self.gamma, discount)
+                alive = alive & ~done[:, k]
+            idx = last.unsqueeze(-1)
+            bootstrap = v_next.gather(1, idx).squeeze(1) * (1 - terminated.gather(1, idx).squeeze(1))
+            target[:, t] = ret + discount * bootstrap
+        error = (target - q_taken).abs()
+        return error.clamp(max=self.delta_clip) if self.delta_clip is not None else error

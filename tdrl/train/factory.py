@@ -7,6 +7,7 @@ A recipe with a ``trainer: TrainerConfig`` section calls :func:`check_trainer` f
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ from torch import nn
 
 from tdrl.config import ConfigError, TrainerConfig
 from tdrl.train.async_ import AsyncTrainer
+from tdrl.train.ray_trainer import RayTrainer
 from tdrl.train.sync import SyncTrainer
 from tdrl.utils.distributed import (
     DistributedSetupError,
@@ -25,7 +27,7 @@ from tdrl.utils.distributed import (
 
 __all__ = ["TRAINER_KINDS", "TrainerConfig", "check_min_steps_learn", "check_trainer", "make_trainer"]
 
-TRAINER_KINDS = ("sync", "ddp", "async")
+TRAINER_KINDS = ("sync", "ddp", "async", "ray")
 
 
 def check_min_steps_learn(min_steps_learn: int, *, n_step: int, batch_B: int) -> None:
@@ -62,6 +64,8 @@ def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu",
         backend = resolve_backend(cfg.backend, device, key="trainer.backend")
         if env_world() is None:  # local spawn; torchrun/SLURM decide the ranks' placement themselves
             check_local_world_size(cfg.world_size, backend, key="trainer.world_size")
+    if cfg.kind == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("trainer.kind=ray needs Ray: pip install 'tdrl[distributed]'")
     if cfg.kind == "ddp" and cfg.world_size < 1:
         raise DistributedSetupError(f"trainer.world_size must be >= 1, got {cfg.world_size}")
 
@@ -76,13 +80,18 @@ def make_trainer(
     replay: Any = None,
     policy: nn.Module | None = None,
     seed: int = 0,
+    weights_module: nn.Module | None = None,
+    actor_setup: Callable[[Any, int, int], None] | None = None,
+    actor_priorities: Callable[[Any, Any], Any] | None = None,
     **kwargs: Any,
-) -> SyncTrainer | AsyncTrainer:
+) -> SyncTrainer | AsyncTrainer | RayTrainer:
     """The trainer ``cfg.kind`` names, built from one set of arguments.
 
     ``collector`` (sync, ddp) or ``collector_factory`` (picklable; async builds the collector in its process);
     ``modules``: what ddp averages the gradients of (the loss module); ``replay``: filled with every batch;
-    ``policy``: whose weights the async collector receives; ``seed``: seeds the async collector process;
+    ``policy``: whose weights the async collector (ray: the actors) receives; ``seed``: seeds the async collector
+    process (ray: the actors); ``weights_module``, ``actor_setup``, ``actor_priorities``: ray only (see
+    :class:`RayTrainer`);
     ``**kwargs``: the trainers' common arguments (``n_steps``, ``log_interval_steps``, ``run``, ...). Raises
     ``ValueError`` (see :func:`check_trainer`) before any collector is built.
     """
@@ -96,6 +105,19 @@ def make_trainer(
         if not is_distributed() and cfg.world_size > 1:
             raise ValueError(f"trainer.kind=ddp with trainer.world_size={cfg.world_size}, but no process group: this "
                              "recipe must start its ranks with tdrl.train.launch_data_parallel before building them")
+    if cfg.kind == "ray":
+        if collector_factory is None or policy is None:
+            raise ValueError("trainer.kind=ray needs collector_factory (each actor builds its collector) and the "
+                             "policy whose weights the actors receive")
+        if collector is not None:
+            collector.shutdown()
+        return RayTrainer(collector_factory=collector_factory, replay=replay, policy=policy, seed=seed,
+                          weights_module=weights_module, actor_setup=actor_setup,
+                          actor_priorities=actor_priorities, n_actors=cfg.n_actors,
+                          address=cfg.ray_address or None, actor_cpus=cfg.actor_cpus,
+                          call_timeout_s=cfg.call_timeout_s, updates_per_sync=cfg.updates_per_sync,
+                          max_lag_frames=None if cfg.max_lag_frames < 0 else cfg.max_lag_frames,
+                          unrolls_per_batch=cfg.unrolls_per_batch, **kwargs)
     if cfg.kind == "async":
         if collector_factory is None or policy is None:
             raise ValueError("trainer.kind=async needs collector_factory (the collector is built in its own process) "

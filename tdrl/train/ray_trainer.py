@@ -1,0 +1,407 @@
+"""``trainer.kind=ray``: collector actors anywhere in a Ray cluster, one learner here (Ape-X and IMPALA).
+
+The recipe's loop body is the one it has for the other trainers:
+
+- **Off-policy** (a ``replay`` is given: Ape-X): actors write their batches into the replay through the
+  :class:`~tdrl.train.ray_actors.LearnerHub`; an iteration is one optimizer round that yields its
+  ``updates_due`` (the async trainer's replay-ratio throttle, at most ``updates_per_sync``), and the loop body
+  samples the replay itself. The actors run ``max_lag_frames`` at most ahead of the ratio (``None``: free, as
+  the Ape-X paper's actors).
+- **On-policy** (no replay: IMPALA): each iteration yields ``unrolls_per_batch`` actors' ``[B, T]`` unrolls
+  concatenated on dim 0, each step tagged with the weights version it was collected with (``VERSION_KEY``);
+  the recipe corrects for the lag (V-trace).
+
+Weights are published as a new version after every ``updates_per_sync`` updates (on-policy: after every batch)
+and pulled by each actor at the start of its next rollout. Counters are frames of acknowledged rollouts;
+``iteration`` counts rollouts. Log rows add per-actor frames/s, restarts, weight lag, queue depth and bytes
+on the wire per frame.
+
+Checkpoints (interval, end, and SIGTERM, which this trainer turns into a checkpoint at the next round before
+raising :class:`~tdrl.utils.interrupt.Interrupted`) hold the learner's objects, the books, the replay (its
+writes paused) and the published version. A relaunch resumes the learner, optimizer, replay and counters exactly
+as saved; the actors start fresh (new episodes, new env seeds per session), and what they collect afterwards
+depends on timing: nothing after the checkpoint is bitwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from tdrl.train import bookkeeping
+from tdrl.train.async_collector import POLL_S, owed_updates
+from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
+from tdrl.train.ray_actors import ActorPool, CollectorActor, LearnerHub, RayTrainerError, actor_seeds
+from tdrl.train.replicas import tensor_digest
+from tdrl.train.sync import shutdown
+from tdrl.utils.interrupt import Interrupted
+
+__all__ = ["RayTrainer", "connect_ray", "module_path"]
+
+
+def describe(digest: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in digest.items())
+
+
+def connect_ray(address: str | None, *, cpus_wanted: float) -> bool:
+    """Join the cluster at ``address`` (else ``RAY_ADDRESS``), or start Ray on this machine with enough CPUs for
+    every actor. Returns whether Ray was started here (so the run shuts it down)."""
+    try:
+        import ray
+    except ImportError:
+        raise RayTrainerError("trainer.kind=ray needs Ray: pip install 'tdrl[distributed]'") from None
+    if ray.is_initialized():
+        return False
+    target = address or os.environ.get("RAY_ADDRESS") or None
+    quiet = {"logging_level": logging.WARNING, "configure_logging": True}
+    try:
+        if target:
+            ray.init(address=target, **quiet)
+            return False
+        # "local": a new Ray of this run's own, even where another one runs on this machine (ray.init() would join it)
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_wanted)), include_dashboard=False,
+                 **quiet)
+        return True
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        where = f"the Ray cluster at {target}" if target else "a local Ray instance"
+        raise RayTrainerError(f"cannot start or reach {where}: {str(error).splitlines()[0]}") from None
+
+
+def module_path(root: torch.nn.Module, module: torch.nn.Module) -> str:
+    """The dotted name of ``module`` inside ``root`` (``""`` for ``root`` itself)."""
+    for name, candidate in root.named_modules():
+        if candidate is module:
+            return name
+    raise ValueError(f"{type(module).__name__} is not a submodule of the policy {type(root).__name__}")
+
+
+class RayTrainer:
+    """Collector actors on Ray, learner here (see the module docstring). Takes the async trainer's arguments
+    (``n_steps``, ``log_interval_steps``, ``run``, ``eval_collector``, ``replay``, ``replay_ratio``,
+    ``batch_size``, ``min_steps_learn``, ``checkpoint_state``, ``checkpoint_interval_steps``, ``stop_return``,
+    ``updates_per_sync``, ``max_lag_frames``, ``seed``), and:
+
+    Args:
+        collector_factory: picklable callable building one actor's collector; called with ``seed=``.
+        policy: the learner's policy; ``weights_module`` (default: ``policy``) is what is published, found in each
+            actor's copy of the policy at the same path (Ape-X keeps each actor's epsilon out of it).
+        actor_setup: ``actor_setup(policy, index, n_actors)`` in each actor after it is built.
+        actor_priorities: ``actor_priorities(policy, batch)``, the initial priorities each actor computes (Ape-X).
+        n_actors, address, actor_cpus, call_timeout_s: the actors, the cluster (``None``: ``RAY_ADDRESS``, else
+            local), CPUs each actor reserves, and the timeout of every remote call.
+        unrolls_per_batch: on-policy: unrolls per learner batch.
+    """
+
+    def __init__(
+        self,
+        *,
+        collector_factory: Callable[..., Any],
+        policy: torch.nn.Module,
+        n_steps: int,
+        log_interval_steps: int,
+        weights_module: torch.nn.Module | None = None,
+        actor_setup: Callable[[Any, int, int], None] | None = None,
+        actor_priorities: Callable[[Any, Any], torch.Tensor] | None = None,
+        n_actors: int = 4,
+        address: str | None = None,
+        actor_cpus: float = 1.0,
+        call_timeout_s: float = 60.0,
+        replay: Any = None,
+        replay_ratio: float | None = None,
+        batch_size: int | None = None,
+        run: Any = None,
+        eval_collector: Any = None,
+        min_steps_learn: int = 0,
+        log_traj_window: int = 100,
+        checkpoint_state: Mapping[str, Any] | None = None,
+        checkpoint_interval_steps: int = 0,
+        stop_return: float | None = None,
+        updates_per_sync: int = 1,
+        max_lag_frames: int | None = 0,
+        unrolls_per_batch: int = 1,
+        seed: int = 0,
+    ) -> None:
+        self.on_policy = replay is None
+        if not self.on_policy and (not replay_ratio or not batch_size):
+            raise ValueError("an off-policy ray trainer throttles on replay_ratio and batch_size; pass both")
+        self.collector_factory, self.policy = collector_factory, policy
+        self.weights_module = weights_module if weights_module is not None else policy
+        self.weights_path = module_path(policy, self.weights_module)
+        self.actor_setup, self.actor_priorities = actor_setup, actor_priorities
+        self.n_actors, self.address = int(n_actors), address
+        self.actor_cpus, self.call_timeout_s = float(actor_cpus), float(call_timeout_s)
+        self.replay = replay
+        self.replay_ratio, self.batch_size = replay_ratio, batch_size
+        self.frames_per_itr = frames_per_batch(collector_factory)  # one rollout
+        self.n_itr, self.log_interval_itrs = iteration_counts(n_steps, log_interval_steps, self.frames_per_itr)
+        ckpt_itrs = int(checkpoint_interval_steps) // self.frames_per_itr
+        self.checkpoint_interval_itrs = max(ckpt_itrs, 1) if checkpoint_interval_steps else self.log_interval_itrs
+        self.learn_start_frames = int(min_steps_learn)
+        self.eval_collector = eval_collector
+        others = {name: obj for name, obj in (checkpoint_state or {}).items() if obj is not replay}
+        self.objects = CheckpointObjects({**others, "replay": replay} if replay is not None else others)
+        self.stop_return = stop_return
+        self.updates_per_sync, self.max_lag_frames = int(updates_per_sync), max_lag_frames
+        self.unrolls_per_batch = int(unrolls_per_batch)
+        self.seed = seed
+        self.book = Bookkeeper(run=run, frames_per_itr=self.frames_per_itr, log_traj_window=log_traj_window,
+                               update_batch_size=None if self.on_policy else batch_size)
+        self.policy_version = 0
+        self.resumed = self.stopped_early = False
+        self.pool: ActorPool | None = None
+        self._hub: Any = None
+        self._started_ray = False
+        self._due = 0
+        self._unrolls: list[Any] = []
+        self._updates_at_publish = 0
+        self._publish_ref: Any = None
+        self._factory_ref: Any = None
+        self._logged = self._saved = 0  # log and checkpoint boundaries passed
+        self._interval = self._new_interval()
+        self._sigterm = False
+
+    itr = book_counter("itr", "Rollouts received (one collector batch each).")
+    frames = book_counter("frames", "Env frames of the rollouts received.")
+    updates = book_counter("updates", "Gradient updates recorded.")
+    history = book_counter("history", "Log rows.")
+
+    @property
+    def updates_due(self) -> int:
+        """Gradient updates allowed in this round (off-policy)."""
+        return self._due
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        extra = {"actors": self.n_actors, "actor_restarts": self.pool.restarts if self.pool else 0,
+                 "actor_nodes": self.pool.nodes() if self.pool else 0}
+        return self.book.summary(stopped_early=self.stopped_early, **extra)
+
+    def record(self, metrics: Any = None, *, updates: int = 0) -> None:
+        self.book.record(metrics, updates=updates)
+
+    def actor_pids(self) -> list[int | None]:
+        """Process ids of the actors' last rollouts (for tests and tools)."""
+        return self.pool.pids() if self.pool else []
+
+    # --- The loop ----------------------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        book = self.book
+        completed = False
+        book.start_session()
+        try:
+            with self._sigterm_checkpoints():
+                self._maybe_resume()
+                if self.eval_collector is not None and book.itr == 0 and not self.resumed:
+                    book.evaluate(self.eval_collector)
+                    book.log(self._row_extra())
+                with book.paused():  # starting Ray and the actors is not training time
+                    self._start()
+                while book.itr < self.n_itr and not self.stopped_early:
+                    yield from self._unroll_round() if self.on_policy else self._replay_round()
+                    self._boundaries()
+            completed = True
+        finally:
+            book.end_session()
+            self._stop()
+            shutdown(self.eval_collector)
+            book.close_run(self.summary if completed else None)
+
+    def _replay_round(self) -> Iterator[int]:
+        self._due = self._owed()
+        self._account(self.pool.poll(timeout=0.0 if self._due else POLL_S))
+        self._due = self._due or self._owed()
+        if self._due:
+            yield self._due
+            if self.book.updates - self._updates_at_publish >= self.updates_per_sync:
+                self._publish()
+
+    def _unroll_round(self) -> Iterator[Any]:
+        self._account(self.pool.poll(timeout=POLL_S))
+        while len(self._unrolls) >= self.unrolls_per_batch:
+            parts, self._unrolls = self._unrolls[:self.unrolls_per_batch], self._unrolls[self.unrolls_per_batch:]
+            yield torch.cat(parts, 0)
+            self._publish()
+
+    def _owed(self) -> int:
+        replay = self.replay
+        owed = owed_updates(replay_ratio=self.replay_ratio, batch_size=self.batch_size,
+                            write_count=replay.write_count, samples_drawn=replay.samples_drawn,
+                            learn_start_frames=self.learn_start_frames, ready=replay.ready_count())
+        return min(owed, self.updates_per_sync)
+
+    def _account(self, reports: list[Any]) -> None:
+        iv = self._interval
+        for report in reports:
+            self.book.frames += report.frames
+            self.book.itr += 1
+            self.book.add_episodes(report.trajs)
+            lag = self.policy_version - report.version
+            iv["lag_sum"] += lag
+            iv["lag_max"] = max(iv["lag_max"], lag)
+            iv["rollouts"] += 1
+            iv["wire_bytes"] += report.wire_bytes
+            iv["frames"] += report.frames
+            if report.batch is not None:
+                self._unrolls.append(report.batch)
+        for line in self.pool.events:
+            print(f"tdrl: {line}", file=sys.stderr, flush=True)
+        self.pool.events.clear()
+
+    def _boundaries(self) -> None:
+        itr, final = self.book.itr, self.book.itr >= self.n_itr
+        if itr // self.log_interval_itrs > self._logged or final:
+            self._logged = itr // self.log_interval_itrs
+            self.objects.check_finite()
+            if self.eval_collector is not None:
+                self.book.evaluate(self.eval_collector)
+            self.book.log(self._row_extra())
+            self.stopped_early = self.book.reached(self.stop_return)
+        if itr // self.checkpoint_interval_itrs > self._saved or final or self.stopped_early or self._sigterm:
+            self._saved = itr // self.checkpoint_interval_itrs
+            self._save_checkpoint()
+        if self._sigterm:
+            raise Interrupted(signal.SIGTERM)
+
+    # --- Actors, weights, observability ------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self._started_ray = connect_ray(self.address, cpus_wanted=self.n_actors * self.actor_cpus)
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self._hub = ray.remote(LearnerHub).options(num_cpus=0, max_concurrency=8, scheduling_strategy=here).remote(
+            self.replay, replay_ratio=self.replay_ratio, batch_size=self.batch_size,
+            learn_start_frames=self.learn_start_frames, max_lag_frames=self.max_lag_frames)
+        self._publish()
+        actor_class = ray.remote(CollectorActor).options(num_cpus=self.actor_cpus, max_restarts=-1,
+                                                         max_task_retries=0)
+        seeds = actor_seeds(self.seed + self.book.itr, self.n_actors)  # a resumed session: fresh env streams
+        # held here for the whole run, so a restarted actor finds its factory (ray#53727); passed in a list, so
+        # each actor fetches it itself and its constructor's own arguments stay small
+        self._factory_ref = ray.put(self.collector_factory)
+
+        def make_actor(i: int) -> Any:
+            return actor_class.remote(i, self.n_actors, [self._factory_ref], seeds[i],
+                                      weights_path=self.weights_path, hub=self._hub, setup=self.actor_setup,
+                                      priorities=self.actor_priorities,
+                                      call_timeout_s=self.call_timeout_s)
+
+        self.pool = ActorPool(make_actor, self.n_actors, mode="unroll" if self.on_policy else "replay",
+                              call_timeout_s=self.call_timeout_s)
+
+    def _publish(self) -> None:
+        """Put the learner's weights in the object store as the next version and hand the hub its reference."""
+        import ray
+
+        if self._publish_ref is not None:  # one publish in flight at a time
+            ray.get(self._publish_ref, timeout=self.call_timeout_s)
+        self.policy_version += 1
+        weights = TensorDict.from_module(self.weights_module).data.to("cpu")
+        self._publish_ref = self._hub.publish.remote(self.policy_version, [ray.put(weights)])
+        self._updates_at_publish = self.book.updates
+
+    def _stop(self) -> None:
+        if self._hub is None:
+            return
+        import ray
+
+        with contextlib.suppress(Exception):
+            if self.pool is not None:
+                self.pool.shutdown(timeout=self.call_timeout_s / 4)
+        with contextlib.suppress(Exception):
+            ray.kill(self._hub, no_restart=True)
+        self._hub = None
+        if self._started_ray:
+            ray.shutdown()
+
+    @staticmethod
+    def _new_interval() -> dict[str, float]:
+        return {"lag_sum": 0.0, "lag_max": 0.0, "rollouts": 0, "wire_bytes": 0, "frames": 0}
+
+    def _row_extra(self) -> dict[str, float]:
+        iv, self._interval = self._interval, self._new_interval()
+        extra = {"actors/weight_version": float(self.policy_version)}
+        if self.pool is None:
+            return extra
+        extra.update({
+            "actors/restarts": float(self.pool.restarts),
+            "actors/weight_lag_mean": iv["lag_sum"] / max(iv["rollouts"], 1),
+            "actors/weight_lag_max": iv["lag_max"],
+            "actors/queue_depth": float(len(self._unrolls) if self.on_policy else 0),
+            "actors/in_flight": float(sum(len(s.pending) for s in self.pool.slots)),
+            "ray/wire_bytes_per_frame": iv["wire_bytes"] / max(iv["frames"], 1),
+        })
+        for i, fps in enumerate(self.pool.take_fps()):
+            extra[f"actors/fps_{i}"] = fps
+        if not self.on_policy:
+            samples, writes = self.replay.samples_drawn, self.replay.write_count
+            learned = writes - self.learn_start_frames
+            extra.update({"replay/ratio": samples / learned if learned > 0 else 0.0,
+                          "replay/writes": float(writes), "replay/samples": float(samples)})
+        return extra
+
+    def _digest(self) -> dict[str, Any]:
+        """What a resume must restore exactly: counters, replay size and priority sum, the learner's parameters."""
+        modules = [obj for obj in self.objects.states.values() if isinstance(obj, torch.nn.Module)]
+        sampler = getattr(self.replay, "sampler", None)
+        return {"frames": self.book.frames, "updates": self.book.updates,
+                "replay_size": len(self.replay) if self.replay is not None else 0,
+                "priority_sum": round(sampler.total, 6) if sampler is not None else None,
+                "parameters_sha256": tensor_digest(p for m in modules for p in m.parameters())[:16]}
+
+    # --- Checkpoints -------------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _sigterm_checkpoints(self) -> Iterator[None]:
+        """SIGTERM sets a flag the next round boundary checkpoints on, then raises ``Interrupted`` there."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def later(signum: int, frame: Any) -> None:
+            self._sigterm = True
+
+        previous = signal.signal(signal.SIGTERM, later)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _save_checkpoint(self) -> None:
+        import ray
+
+        self.objects.check_finite()
+        if self.replay is not None:
+            ray.get(self._hub.pause.remote(), timeout=self.call_timeout_s)  # the replay holds still while saved
+        try:
+            self.book.save_checkpoint(self.objects, policy_version=self.policy_version, digest=self._digest(),
+                                      **bookkeeping.eval_collector_state(self.eval_collector))
+        finally:
+            if self.replay is not None:
+                ray.get(self._hub.resume.remote(), timeout=self.call_timeout_s)
+
+    def _maybe_resume(self) -> None:
+        state = self.book.load_checkpoint(self.objects)
+        if state is None:
+            return
+        self.policy_version = int(state["policy_version"])
+        restored = self._digest()
+        if restored != state["digest"]:
+            raise RayTrainerError(f"the restored learner differs from its checkpoint: {restored} != {state['digest']}")
+        print(f"tdrl: resumed {describe(restored)} (equal to the checkpoint's)", file=sys.stderr, flush=True)
+        bookkeeping.load_eval_collector_state(self.eval_collector, state)
+        self._logged = self.book.itr // self.log_interval_itrs
+        self._saved = self.book.itr // self.checkpoint_interval_itrs
+        self.resumed = True

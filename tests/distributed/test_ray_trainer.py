@@ -1,0 +1,161 @@
+"""``trainer.kind=ray`` on a Ray cluster of a head and two simulated nodes (loopback, own network namespace): the real
+recipe, the real layout a user runs (a driver pointed at a cluster with ``trainer.ray_address``), and its faults."""
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tdrl.ckpt import Checkpointer, read_checkpoint
+from tdrl.train.ray_trainer import describe
+from tests.distributed.cluster import ADDRESS, LoopbackCluster, can_make_namespaces
+
+pytestmark = pytest.mark.distributed
+
+ROOT = Path(__file__).resolve().parents[2]
+ACTOR = "ray::CollectorActor"
+
+
+def apex_args(run_dir: Path, frames: int, *extra: str) -> list[str]:
+    """Ape-X DQN on CartPole, small enough for two busy cores: 4 actors over the two nodes."""
+    return [sys.executable, str(ROOT / "recipes" / "dqn.py"), "trainer.kind=ray", f"trainer.ray_address={ADDRESS}",
+            "trainer.n_actors=4", "trainer.updates_per_sync=8", "trainer.call_timeout_s=20",
+            "replay.prioritized=true", "model.hidden_sizes=[32,32]", "optim.replay_ratio=8",
+            "optim.min_steps_learn=256", f"collector.total_frames={frames}", "logger.log_interval_steps=256",
+            "eval.n_envs=0", "logger.wandb=false", "logger.progress_bar=false", "run.torch_threads=1",
+            f"run.dir={run_dir}", *extra]
+
+
+def rows(run_dir: Path) -> list[dict[str, float]]:
+    with open(run_dir / "progress.csv") as f:
+        return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+
+
+def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def frames_logged(run_dir: Path) -> float:
+    try:
+        return max((r["CumSteps"] for r in rows(run_dir)), default=0.0)
+    except (FileNotFoundError, KeyError):
+        return 0.0
+
+
+def no_actor_left(cluster: LoopbackCluster) -> None:
+    wait_for(lambda: not cluster.processes(ACTOR) and not cluster.processes("ray::LearnerHub"), 30,
+             "the run's actors to exit")
+
+
+def test_apex_dqn_spans_both_nodes_and_throttles_to_the_replay_ratio(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = cluster.run(apex_args(run_dir, 2048, "optim.replay_ratio=32"), timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["frames"] >= 2048 and summary["updates"] > 0
+    assert summary["actor_nodes"] == 2, summary  # 4 actors of 1 CPU on two nodes of 2 CPUs (the head has none)
+    assert summary["actor_restarts"] == 0
+    table = rows(run_dir)
+    last = table[-1]
+    for column in ("actors/fps_0", "actors/fps_3", "actors/weight_lag_max", "actors/in_flight",
+                   "ray/wire_bytes_per_frame", "replay/ratio"):
+        assert column in last, sorted(last)
+    assert 0 < last["ray/wire_bytes_per_frame"] < 10_000
+    # the slow learner (32 samples per frame) holds the actors back: what it has not learned from stays within
+    # one batch per write (hub throttle, max_lag_frames=0), and in-flight rollouts within 2 per actor
+    batch_frames = 8  # collector.batch_B * batch_T of dqn's defaults
+    for row in table[1:]:
+        unlearned = row["replay/writes"] - 256 - row["replay/samples"] / 32
+        assert unlearned <= batch_frames + 64 / 32, row
+        assert row["actors/in_flight"] <= 2 * 4
+    no_actor_left(cluster)
+
+
+def test_actor_sigkill_is_restarted_and_counted(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = cluster.popen(apex_args(run_dir, 6144), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: frames_logged(run_dir) >= 512, 240, "frames collected", proc)
+        victims = cluster.processes(ACTOR)
+        assert len(victims) == 4, victims
+        os.kill(victims[0], signal.SIGKILL)
+        killed_at_frames = frames_logged(run_dir)
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    back = re.findall(r"collector actor \d is back after ([\d.]+) s", err)
+    assert back and float(back[0]) < 10, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["actor_restarts"] >= 1 and summary["frames"] >= 6144 > killed_at_frames
+    assert max(r.get("actors/restarts", 0) for r in rows(run_dir)) >= 1
+    no_actor_left(cluster)
+
+
+def test_learner_sigkill_then_relaunch_restores_the_checkpoint(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    args = apex_args(run_dir, 4096, "checkpoint.interval_steps=512")
+    proc = cluster.popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    checkpoints = Checkpointer(run_dir / "checkpoints")
+    try:
+        wait_for(lambda: (run_dir / "checkpoints").is_dir() and len(checkpoints.list()) >= 2, 300,
+                 "two checkpoints", proc)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    no_actor_left(cluster)  # the learner owned them: Ray ends them with it
+    newest, _ = checkpoints.newest_valid()
+    saved = read_checkpoint(newest.path)["state"]["digest"]
+    assert saved["replay_size"] > 0 and saved["updates"] > 0 and saved["priority_sum"] > 0
+    relaunch = cluster.run(args, timeout=400)
+    assert relaunch.returncode == 0, relaunch.stderr[-3000:]
+    assert f"tdrl: resumed {describe(saved)} (equal to the checkpoint's)" in relaunch.stderr, relaunch.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["frames"] >= 4096
+    no_actor_left(cluster)
+
+
+def test_losing_a_node_shrinks_the_actors_and_the_run_ends(cluster, tmp_path):
+    """Last in this module: the cluster has one node fewer afterwards."""
+    run_dir = tmp_path / "run"
+    proc = cluster.popen(apex_args(run_dir, 3072), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: frames_logged(run_dir) >= 512, 240, "frames collected", proc)
+        cluster.remove_node(1)
+        lost_at = time.monotonic()
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["frames"] >= 3072 and summary["actor_restarts"] >= 1, summary
+    assert "died" in err or "timed out" in err
+    assert time.monotonic() - lost_at < 400
+    no_actor_left(cluster)
+
+
+def test_a_run_that_starts_ray_itself_leaves_no_process(tmp_path):
+    if (why := can_make_namespaces()) is not None:
+        pytest.skip(f"Ray loopback cluster: {why}")
+    bare = LoopbackCluster(tmp_path, start=False)
+    try:
+        args = [a for a in apex_args(tmp_path / "run", 512) if not a.startswith("trainer.ray_address")]
+        proc = bare.run([*args, "trainer.n_actors=2"], timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        wait_for(lambda: not bare.pids(), 30, "every process of the run's own Ray to exit")
+    finally:
+        assert not bare.stop()
