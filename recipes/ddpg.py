@@ -10,12 +10,14 @@ frames.
 
     python recipes/ddpg.py                                         # Pendulum-v1
     python recipes/ddpg.py collector.kind=parallel collector.batch_B=2 collector.n_workers=2
+    python recipes/ddpg.py trainer.kind=ray collector.batch_T=32    # Ape-X DPG: 4 collector actors on Ray
     python recipes/ddpg.py --help                                  # every key
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 from tdrl.config import (
     CollectorConfig,
@@ -29,6 +31,7 @@ from tdrl.config import (
     PositiveFraction,
     RecipeConfig,
     ReplayDevice,
+    TrainerConfig,
     check_devices,
     replay_copy,
     run_recipe,
@@ -110,6 +113,8 @@ class Config(RecipeConfig):
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizers and update cadence."""
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=1_000))
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """sync, async (a collector process fills the replay) or ray (Ape-X DPG: collector actors on Ray)."""
 
     def validate(self) -> None:
         check_devices(self)
@@ -127,12 +132,14 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.replay import TransitionReplayBuffer
-    from tdrl.train import SyncTrainer, check_min_steps_learn
+    from tdrl.train import check_min_steps_learn, check_trainer, make_trainer
     from tdrl.utils.distributed import resolve_device
     from tdrl.utils.seeding import seed_everything
 
+    check_trainer(cfg.trainer, on_policy=False, supported=("sync", "async", "ray"))  # before any process starts
     # --- Build ----------------------------------------------------------------------------------------------
-    start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
+    if cfg.trainer.kind == "sync":  # async and ray build their collectors in their own processes
+        start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
     torch.set_num_threads(cfg.run.torch_threads)
     seed_everything(cfg.run.seed)
     device = resolve_device(cfg.run.device)
@@ -163,19 +170,22 @@ def main(cfg: Config) -> dict:
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step,
                                     gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed, device=device,
                                     copy_on_device=replay_copy(cfg))
-    collector = make_collector(cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
-                               batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
-                               seed=cfg.run.seed, discount=cfg.loss.gamma,
-                               return_same_td=True)  # no copy per batch: each goes straight into the replay
+    # built by the trainer (async, ray: in their own processes)
+    collector_factory = partial(make_collector, cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
+                                batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
+                                seed=cfg.run.seed, discount=cfg.loss.gamma,
+                                return_same_td=True)  # no copy per batch: each goes straight into the replay
     # each evaluation: n_envs whole greedy episodes on their own envs
     eval_collector = make_eval_collector(cfg.env.id, actor, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
                                          seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
-    trainer = SyncTrainer(collector=collector, replay=replay, eval_collector=eval_collector, run=run,
-                          n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
-                          replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
-                          min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
-                          checkpoint_interval_steps=cfg.checkpoint.interval_steps,
-                          checkpoint_state={"loss": loss, "updater": updater, "replay": replay})
+    trainer = make_trainer(cfg.trainer, on_policy=False, collector_factory=collector_factory, replay=replay,
+                           policy=policy, seed=cfg.run.seed, eval_collector=eval_collector, run=run,
+                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
+                           replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
+                           min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
+                           checkpoint_interval_steps=cfg.checkpoint.interval_steps,
+                           checkpoint_state={"loss": loss, "updater": updater, "replay": replay},
+                           weights_module=actor)  # ray: the actors receive the policy network (their noise stays)
 
     # --- Update ---------------------------------------------------------------------------------------------
     compute_loss = torch.compile(loss) if cfg.optim.compile else loss

@@ -1,0 +1,220 @@
+"""Throughput of ``trainer.kind=ray`` against the local parallel collector, in the same run, at equal cores.
+
+A Ray cluster of a head and two simulated nodes of one CPU each runs on loopback in its own network namespace
+(``tests/distributed/cluster.py``), so Ray's actors get two CPUs in all, as the local collector's two worker
+processes do. Each row fills a prioritized replay with CartPole-v1 frames acted by DQN's default Q-network and
+epsilon-greedy (16 envs in all, 32 steps per batch), for ``--seconds`` after a warm-up:
+
+- ``local parallel``: ``make_collector("parallel", n_workers=2)`` writing into the replay in this process;
+- ``ray, N actors``: N collector actors (serial collectors of 16/N envs, 2/N CPUs each) writing through the
+  learner hub, the path of Ape-X (the data never passes the learner's process).
+
+Then the learner: DQN updates/s (batch 64, the recipe's network) sampling the replay, with no actor running and
+with 4 actors writing. Bytes on the wire per frame: the rollouts' tensors plus the weights pulled.
+
+    python benchmarks/distributed.py                       # about 4 minutes
+    python benchmarks/distributed.py --markdown docs/distributed-<date>.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+ENVS, BATCH_T = 16, 32
+
+
+def build(scratch: Path):
+    """The DQN policy, a prioritized replay and the collector factory of the rows."""
+    import torch
+
+    from tdrl.collect import make_collector
+    from tdrl.envs import EnvFactory
+    from tdrl.models import EpsilonGreedy, chain_policy, make_q_actor
+    from tdrl.replay import PrioritizedSampler, TransitionReplayBuffer
+
+    torch.set_num_threads(1)
+    env_factory = EnvFactory("CartPole-v1")
+    q_actor = make_q_actor(env_factory.specs(), hidden_sizes=[256, 256], dueling=True)
+    policy = chain_policy(q_actor, EpsilonGreedy(2, eps_init=0.1, eps_final=0.1))
+    replay = TransitionReplayBuffer(scratch, 200_000, sampler=PrioritizedSampler(seed=0), n_step=3,
+                                    keys=["observation", "action", ("next", "observation"), ("next", "reward"),
+                                          ("next", "done"), ("next", "terminated"), ("next", "truncated")], seed=0)
+
+    def factory(kind: str, envs: int, workers: int = 2):
+        return partial(make_collector, kind, env_factory, policy, batch_B=envs, batch_T=BATCH_T, n_workers=workers,
+                       seed=0, return_same_td=True)
+
+    return q_actor, policy, replay, factory
+
+
+def local_row(seconds: float, scratch: Path) -> dict:
+    _, _, replay, factory = build(scratch)
+    collector = factory("parallel", ENVS)()
+    try:
+        batches = iter(collector)
+        for _ in range(3):  # warm-up: workers started, first batches
+            replay.extend(next(batches))
+        frames, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            batch = next(batches)
+            replay.extend(batch)
+            frames += batch.numel()
+        return {"row": "local parallel (2 workers)", "fps": frames / (time.perf_counter() - start), "bytes": 0.0}
+    finally:
+        collector.shutdown()
+
+
+def start_pool(n_actors: int, scratch: Path, *, hub_kwargs: dict | None = None):
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from tensordict import TensorDict
+
+    from tdrl.train import module_path
+    from tdrl.train.ray_actors import ActorPool, CollectorActor, LearnerHub
+
+    q_actor, policy, replay, factory = build(scratch)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    hub = ray.remote(LearnerHub).options(num_cpus=0, max_concurrency=8, scheduling_strategy=here).remote(
+        replay, **(hub_kwargs or {}))
+    ray.get(hub.publish.remote(1, [ray.put(TensorDict.from_module(q_actor).data)]))
+    factory_ref = ray.put(factory("serial", ENVS // n_actors))
+    path = module_path(policy, q_actor)
+    actor_class = ray.remote(CollectorActor).options(num_cpus=2 / n_actors, max_restarts=-1, max_task_retries=0)
+    pool = ActorPool(lambda i: actor_class.remote(i, n_actors, [factory_ref], i, weights_path=path, hub=hub),
+                     n_actors, mode="replay")
+    return q_actor, replay, hub, pool, factory_ref
+
+
+def ray_row(n_actors: int, seconds: float, scratch: Path) -> dict:
+    _, _, hub, pool, _ = start_pool(n_actors, scratch)
+    try:
+        while sum(s.started for s in pool.slots) < n_actors:  # warm-up: every actor built and collecting
+            pool.poll(timeout=1.0)
+        for _ in range(2 * n_actors):
+            pool.poll(timeout=5.0)
+        frames = wire = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for report in pool.poll(timeout=0.5):
+                frames += report.frames
+                wire += report.wire_bytes
+        fps = frames / (time.perf_counter() - start)
+        return {"row": f"ray, {n_actors} actor{'s' * (n_actors > 1)} ({2 / n_actors:g} CPU each)", "fps": fps,
+                "bytes": wire / max(frames, 1)}
+    finally:
+        pool.shutdown()
+
+
+def learner_rows(seconds: float, scratch: Path) -> list[dict]:
+    import torch
+
+    from tdrl.objectives.dqn import make_dqn_loss
+
+    q_actor, replay, hub, pool, _ = start_pool(4, scratch)
+    loss = make_dqn_loss(q_actor, gamma=0.99, double_dqn=True)
+    optimizer = torch.optim.Adam(q_actor.parameters(), lr=1e-4)
+
+    def updates_per_s(polling: bool) -> float:
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            sample = replay.sample(64)
+            optimizer.zero_grad()
+            loss(sample)["loss"].backward()
+            optimizer.step()
+            replay.update_priority(sample["index"], sample["td_error"].detach().sqrt().reshape(-1))
+            n += 1
+            if polling and n % 16 == 0:
+                pool.poll(timeout=0.0)
+        return n / (time.perf_counter() - start)
+
+    try:
+        while len(replay) < 20_000:
+            pool.poll(timeout=1.0)
+        with_actors = updates_per_s(True)
+    finally:
+        pool.shutdown()
+    time.sleep(2.0)
+    alone = updates_per_s(False)
+    return [{"row": "learner, no actor running", "ups": alone},
+            {"row": "learner, 4 actors writing", "ups": with_actors}]
+
+
+def inner(args: argparse.Namespace) -> None:
+    """In the cluster's namespace: measure and print one JSON line per row."""
+    import ray
+
+    ray.init(address=args.address, logging_level="ERROR")
+    with tempfile.TemporaryDirectory(prefix="tdrl-bench-dist-") as root:
+        rows = []
+        for rnd in range(args.rounds):  # interleaved, so drifting load hits every row alike
+            rows.append({**local_row(args.seconds, Path(root) / f"local{rnd}"), "round": rnd})
+            for n in (1, 2, 4):
+                rows.append({**ray_row(n, args.seconds, Path(root) / f"ray{n}-{rnd}"), "round": rnd})
+        rows += learner_rows(args.seconds, Path(root) / "learner")
+    for row in rows:
+        print("ROW " + json.dumps(row), flush=True)
+
+
+def main() -> None:
+    from report import add_markdown_option
+
+    sys.path.insert(0, str(REPO / "tests" / "distributed"))
+    from cluster import ADDRESS, LoopbackCluster, can_make_namespaces
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds per row")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the collection rows")
+    add_markdown_option(parser)
+    args = parser.parse_args()
+    if (why := can_make_namespaces()) is not None:
+        raise SystemExit(f"benchmarks/distributed.py {why}")
+    print(f"load before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    with tempfile.TemporaryDirectory(prefix="tdrl-bench-cluster-") as work:
+        cluster = LoopbackCluster(Path(work), n_nodes=2, cpus=1)
+        try:
+            proc = cluster.run([sys.executable, __file__, "--inner", "--address", ADDRESS, "--seconds",
+                                str(args.seconds), "--rounds", str(args.rounds)], timeout=3000)
+        finally:
+            cluster.stop()
+    rows = [json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("ROW ")]
+    if proc.returncode or not rows:
+        raise SystemExit(f"the measurement failed:\n{proc.stderr[-3000:]}")
+    local = [r["fps"] for r in rows if r.get("row", "").startswith("local")]
+    print(f"\nCartPole-v1 frames/s into a prioritized replay, 2 CPUs for collection ({ENVS} envs, T={BATCH_T}, "
+          f"DQN 256x256 + epsilon-greedy; load after: {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
+    print(f"{'collection':<34} {'round':>5} {'frames/s':>9} {'x local':>8} {'overhead/frame':>15} {'wire B/frame':>13}")
+    for r in rows:
+        if "fps" not in r:
+            continue
+        base = local[r["round"]]
+        print(f"{r['row']:<34} {r['round']:>5} {r['fps']:>9.0f} {r['fps'] / base:>7.2f}x "
+              f"{(base / r['fps'] - 1) * 100:>14.1f}% {r['bytes']:>13.0f}")
+    print("\nlearner (DQN 256x256, batch 64, prioritized replay of CartPole frames)")
+    for r in rows:
+        if "ups" in r:
+            print(f"{r['row']:<34} {r['ups']:>9.1f} updates/s")
+
+
+if __name__ == "__main__":
+    if "--inner" in sys.argv:
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--inner", action="store_true")
+        parser.add_argument("--address")
+        parser.add_argument("--seconds", type=float)
+        parser.add_argument("--rounds", type=int)
+        inner(parser.parse_args())
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from report import markdown_page
+
+        with markdown_page("Distributed collection on Ray (loopback cluster)"):
+            main()
