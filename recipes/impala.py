@@ -13,7 +13,6 @@ baseline cost 0.5, gradient clip 40; unrolls of 10 steps at a learning rate of 1
     python recipes/impala.py                                      # CartPole-v1
     python recipes/impala.py collector.kind=parallel collector.n_workers=2
     python recipes/impala.py env.id=Pendulum-v1                   # continuous actions (tanh-Gaussian)
-    python recipes/impala.py model.lstm=true                      # recurrent agent
     python recipes/impala.py --help                               # every key
 """
 
