@@ -53,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = ("ppo", "a2c", "dqn", "ddpg", "td3", "sac", "r2d1")
+RECIPES = ("ppo", "a2c", "impala", "dqn", "ddpg", "td3", "sac", "r2d1")
 STEPS = ("versions", "tests", "recipes", "updates", "atari")
 COMMON = ("logger.wandb=false", "logger.progress_bar=false")
 OFF_POLICY_TINY = ("optim.min_steps_learn=16", "optim.batch_size=16", "optim.replay_ratio=16", "replay.size=1000",
@@ -61,6 +61,7 @@ OFF_POLICY_TINY = ("optim.min_steps_learn=16", "optim.batch_size=16", "optim.rep
 TINY = {  # a few iterations and two log rows per recipe (as tests/test_readme.py runs the README's commands)
     "ppo": ("collector.total_frames=256", "logger.log_interval_steps=128", "loss.epochs=1"),
     "a2c": ("collector.total_frames=80", "logger.log_interval_steps=40"),
+    "impala": ("collector.total_frames=160", "logger.log_interval_steps=80"),
     "dqn": ("collector.total_frames=64", "logger.log_interval_steps=32", *OFF_POLICY_TINY),
     "ddpg": ("collector.total_frames=40", "logger.log_interval_steps=20", *OFF_POLICY_TINY),
     "td3": ("collector.total_frames=40", "logger.log_interval_steps=20", *OFF_POLICY_TINY),

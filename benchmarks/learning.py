@@ -269,6 +269,7 @@ TASKS: list[Task] = [
          sb3=sb3_ppo_cartpole),
     Task("a2c-cartpole", "a2c", "CartPole-v1", threshold=475, budget=500_000, eval_interval=10_000,
          sb3=sb3_a2c_cartpole),
+    Task("impala-cartpole", "impala", "CartPole-v1", threshold=475, budget=500_000, eval_interval=10_000),
     Task("dqn-cartpole", "dqn", "CartPole-v1", threshold=475, budget=100_000, eval_interval=5_000,
          sb3=sb3_dqn_cartpole),
     Task("c51-cartpole", "dqn", "CartPole-v1", threshold=475, budget=100_000, eval_interval=5_000,

@@ -24,7 +24,7 @@ def test_gpu_check_dry_run_writes_its_page(tmp_path):
     text = page.read_text()
     for heading in ("## versions", "## tests", "## recipes", "## updates", "## atari", "Steps failed: none"):
         assert heading in text, heading
-    for recipe in ("ppo", "a2c", "dqn", "ddpg", "td3", "sac", "r2d1"):
+    for recipe in ("ppo", "a2c", "impala", "dqn", "ddpg", "td3", "sac", "r2d1"):
         assert f"| {recipe} | ok |" in text
     update_rows = [line for line in text.splitlines() if line.startswith(("| dqn (", "| sac (", "| r2d1 ("))]
     assert len(update_rows) == 3 and all(float(row.split("|")[5].replace(",", "")) > 0 for row in update_rows)

@@ -29,6 +29,7 @@ OFF_POLICY = ["optim.min_steps_learn=16", "optim.batch_size=16", "optim.replay_r
 TINY = {  # a budget of a few iterations and two log rows per recipe
     "ppo.py": ["collector.total_frames=256", "logger.log_interval_steps=128", "loss.epochs=1"],
     "a2c.py": ["collector.total_frames=80", "logger.log_interval_steps=40"],
+    "impala.py": ["collector.total_frames=160", "logger.log_interval_steps=80"],
     "dqn.py": ["collector.total_frames=64", "logger.log_interval_steps=32", *OFF_POLICY],
     "ddpg.py": ["collector.total_frames=40", "logger.log_interval_steps=20", *OFF_POLICY],
     "td3.py": ["collector.total_frames=40", "logger.log_interval_steps=20", *OFF_POLICY],

@@ -1,14 +1,18 @@
-"""GAE on ``[B, T]`` collector batches with one critic forward, on TorchRL's kernels.
+"""GAE and V-trace on ``[B, T]`` collector batches with one critic forward, on TorchRL's kernels.
 
 TorchRL's ``GAE`` module calls the critic twice through its generic value-network machinery (parameter swaps,
-optional vmap), which costs more than a small MLP. Semantics are TorchRL's (and rlpyt's ``*_tl`` variants):
+optional vmap), which costs more than a small MLP. TorchRL's ``VTrace`` module (torchrl 0.14) scores a fresh sample
+of the current policy rather than the action taken, so its importance weight ``pi/mu`` compares two different
+actions (``tests/objectives/test_advantage.py`` pins this); :class:`VTrace` here scores the stored ``action`` and
+calls the same kernel, ``vtrace_advantage_estimate``. Semantics are TorchRL's (and rlpyt's ``*_tl`` variants):
 ``("next", "done")`` cuts the trace, ``("next", "terminated")`` drops the bootstrap value, and a time-limit
 ``truncated`` step bootstraps from the critic's value of the true final observation in ``("next", "observation")``.
 Recurrent critics are evaluated step-wise from the stored states, as during collection (``("recurrent_state", ...)``
 and the policy-written ``("next", "recurrent_state", ...)``).
 
-Keys read: the critic's ``in_keys`` at the root and under ``"next"``, ``("next", "reward"|"done"|"terminated")``.
-Keys written: ``state_value``, ``advantage``, ``value_target``, each ``[B, T, 1]``.
+Keys read: the critic's ``in_keys`` at the root and under ``"next"``, ``("next", "reward"|"done"|"terminated")``;
+V-trace also the actor's inputs, ``action`` and the behaviour policy's ``action_log_prob``.
+Keys written: ``state_value``, ``advantage``, ``value_target`` (V-trace also ``rho``), each ``[B, T, 1]``.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.objectives.value.functional import (
     generalized_advantage_estimate,
     vec_generalized_advantage_estimate,
+    vtrace_advantage_estimate,
 )
 
-__all__ = ["GAE"]
+__all__ = ["GAE", "VTrace"]
 
 _VECTORISE_FROM_T = 32  # the python recursion is faster on short batches, the vectorised one on long ones
 
@@ -44,15 +49,8 @@ class GAE:
 
     @torch.no_grad()
     def __call__(self, batch: TensorDictBase) -> TensorDictBase:
-        if batch.ndim != 2:
-            raise ValueError(f"GAE expects a [B, T] batch, got batch_size {tuple(batch.batch_size)}")
-        n_envs = batch.shape[0]
+        value, next_value = _state_values(self.critic, batch, "GAE")
         nxt = batch.get("next")
-        if "is_init" in self.in_keys and "is_init" not in nxt.keys():
-            nxt.set("is_init", torch.zeros_like(batch.get("is_init")))  # a next state continues its episode
-        both = torch.cat([batch.select(*self.in_keys), nxt.select(*self.in_keys)], dim=0)
-        values = self.critic(both).get("state_value")
-        value, next_value = values[:n_envs], values[n_envs:]
         kernel = vec_generalized_advantage_estimate if batch.shape[1] >= _VECTORISE_FROM_T \
             else generalized_advantage_estimate
         advantage, target = kernel(self.gamma, self.lmbda, value, next_value, nxt.get("reward"), nxt.get("done"),
@@ -60,4 +58,69 @@ class GAE:
         batch.set("state_value", value)
         batch.set("advantage", advantage)
         batch.set("value_target", target)
+        return batch
+
+
+def _state_values(critic: TensorDictModuleBase, batch: TensorDictBase, who: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``V(s_t)`` and ``V(s_{t+1})`` of a ``[B, T]`` batch, ``[B, T, 1]`` each, from one critic call on both."""
+    if batch.ndim != 2:
+        raise ValueError(f"{who} expects a [B, T] batch, got batch_size {tuple(batch.batch_size)}")
+    n_envs = batch.shape[0]
+    nxt = batch.get("next")
+    in_keys = list(critic.in_keys)
+    if "is_init" in in_keys and "is_init" not in nxt.keys():
+        nxt.set("is_init", torch.zeros_like(batch.get("is_init")))  # a next state continues its episode
+    values = critic(torch.cat([batch.select(*in_keys), nxt.select(*in_keys)], dim=0)).get("state_value")
+    return values[:n_envs], values[n_envs:]
+
+
+class VTrace:
+    """V-trace targets and advantages (Espeholt et al. 2018, arXiv:1802.01561) for ``[B, T]`` batches of unrolls
+    collected by a behaviour policy ``mu``, which may lag the learner's ``pi``.
+
+    With ``rho_t = min(rho_bar, pi(a_t|x_t) / mu(a_t|x_t))`` and ``c_t = min(c_bar, pi/mu)``, the target is
+    ``v_s = V(x_s) + sum_t gamma^(t-s) (c_s ... c_{t-1}) rho_t (r_t + gamma V(x_{t+1}) - V(x_t))`` and the
+    policy-gradient advantage ``rho_s (r_s + gamma v_{s+1} - V(x_s))``; on-policy (``pi = mu``, ``rho_bar, c_bar >=
+    1``) the target is the discounted return bootstrapped with ``V(x_T)``. TorchRL's ``vtrace_advantage_estimate``
+    computes both; ``pi(a_t|x_t)`` is the actor's probability of the stored ``action`` (recurrent actors: step-wise
+    from the stored states, as during collection).
+
+    Args:
+        actor: the learner's probabilistic actor (``get_dist``), whose behaviour copies wrote ``log_prob_key``.
+        critic: TensorDict module writing ``state_value`` (see :class:`GAE`).
+        gamma: discount.
+        rho_bar: clip of the importance weight in the TD errors (the fixed point's policy: 1.0 is ``pi`` itself).
+        c_bar: clip of the trace-cutting weights (the contraction speed); the paper assumes ``c_bar <= rho_bar``.
+        log_prob_key: the behaviour policy's ``log mu(a_t|x_t)`` in the batch.
+
+    Writes ``state_value``, ``advantage``, ``value_target`` and ``rho`` (the clipped importance weight), all without
+    gradients.
+    """
+
+    def __init__(self, actor: TensorDictModuleBase, critic: TensorDictModuleBase, *, gamma: float,
+                 rho_bar: float = 1.0, c_bar: float = 1.0, log_prob_key: str = "action_log_prob") -> None:
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        if rho_bar <= 0 or c_bar <= 0:
+            raise ValueError(f"rho_bar and c_bar must be > 0, got {rho_bar}, {c_bar}")
+        self.actor, self.critic, self.gamma = actor, critic, float(gamma)
+        self.rho_bar, self.c_bar, self.log_prob_key = float(rho_bar), float(c_bar), log_prob_key
+
+    @torch.no_grad()
+    def __call__(self, batch: TensorDictBase) -> TensorDictBase:
+        value, next_value = _state_values(self.critic, batch, "VTrace")
+        log_mu = batch.get(self.log_prob_key, None)
+        if log_mu is None:
+            raise KeyError(f"V-trace needs the behaviour policy's log-probabilities {self.log_prob_key!r} in the "
+                           f"batch (the collector stores what the policy writes); it has {sorted(batch.keys())}")
+        log_pi = self.actor.get_dist(batch.select(*self.actor.in_keys, strict=False)).log_prob(batch.get("action"))
+        log_pi, log_mu = log_pi.reshape(value.shape), log_mu.reshape(value.shape)
+        nxt = batch.get("next")
+        advantage, target = vtrace_advantage_estimate(
+            self.gamma, log_pi, log_mu, value, next_value, nxt.get("reward"), nxt.get("done"), nxt.get("terminated"),
+            rho_thresh=self.rho_bar, c_thresh=self.c_bar, time_dim=-2)
+        batch.set("state_value", value)
+        batch.set("advantage", advantage)
+        batch.set("value_target", target)
+        batch.set("rho", (log_pi - log_mu).exp().clamp_max(self.rho_bar))
         return batch

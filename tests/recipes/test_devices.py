@@ -23,7 +23,7 @@ from host_reads import HostReadError, forbid_host_reads
 from tdrl.config import ConfigError
 from tdrl.objectives import graphs
 from tdrl.objectives.update import TargetUpdate, Updater
-from tests.recipes import test_a2c, test_ddpg, test_dqn, test_ppo, test_r2d1, test_sac, test_td3
+from tests.recipes import test_a2c, test_ddpg, test_dqn, test_impala, test_ppo, test_r2d1, test_sac, test_td3
 
 pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
 
@@ -34,6 +34,7 @@ RECIPES = {  # name: (its test module, overrides of a tiny run with uniform repl
     "ddpg": (test_ddpg, []),
     "ppo": (test_ppo, []),
     "a2c": (test_a2c, ["optim.name=adam"]),
+    "impala": (test_impala, ["optim.name=adam"]),
 }
 OFF_POLICY = ["dqn", "sac", "td3", "ddpg"]
 

@@ -1,0 +1,207 @@
+"""IMPALA: importance-weighted actor-learner (Espeholt et al. 2018, arXiv:1802.01561) with V-trace, on TorchRL.
+
+Actors collect ``[B, T]`` unrolls with a copy of the policy that may lag the learner's; the learner corrects for the
+lag with V-trace (``tdrl.objectives.advantage.VTrace`` on TorchRL's ``vtrace_advantage_estimate``: truncated
+importance weights ``rho_bar``, ``c_bar``) and takes one gradient step per batch on TorchRL's ``A2CLoss`` terms:
+``-rho_s log pi(a_s|x_s) (r_s + gamma v_{s+1} - V(x_s)) + value_loss_coeff * 0.5 * (V(x_s) - v_s)^2 - entropy_coeff
+* H``. Time-limit truncation keeps bootstrapping, termination stops it. ``trainer.kind=sync`` collects with the
+learner's own weights (no lag: V-trace is the n-step return bootstrapped with ``V(x_T)``). The paper's settings
+where they fit CartPole: ``rho_bar = c_bar = 1``, RMSProp (decay 0.99) with linear decay to 0, entropy cost 0.01,
+baseline cost 0.5, gradient clip 40; unrolls of 10 steps at a learning rate of 1e-3. Defaults solve CartPole-v1
+(eval return 475) within 60k frames (10 of 10 seeds, median 15k).
+
+    python recipes/impala.py                                      # CartPole-v1
+    python recipes/impala.py collector.kind=parallel collector.n_workers=2
+    python recipes/impala.py env.id=Pendulum-v1                   # continuous actions (tanh-Gaussian)
+    python recipes/impala.py --help                               # every key
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Literal
+
+from tdrl.config import (
+    AnyFloat,
+    CollectorConfig,
+    Count,
+    LayerSizes,
+    LoggerConfig,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveFraction,
+    RecipeConfig,
+    TrainerConfig,
+    run_recipe,
+)
+
+
+# --- Config ---------------------------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    hidden_sizes: LayerSizes = field(default_factory=lambda: [64, 64])
+    """Hidden widths of the actor and critic MLPs (the LSTM policy's embedding uses the first)."""
+    activation: Literal["tanh", "relu", "elu", "silu"] = "tanh"
+    """Hidden activation."""
+    lstm: bool = False
+    """Recurrent policy: MLP embedding -> LSTM (shared by actor and critic) -> heads (the paper's agents)."""
+    lstm_size: Count = 64
+    """LSTM hidden size."""
+    distribution: Literal["auto", "categorical", "normal", "tanh_normal"] = "auto"
+    """Action distribution; auto = categorical for discrete actions, tanh_normal for continuous ones."""
+    init_log_std: AnyFloat = 0.0
+    """Initial log standard deviation of Gaussian policies."""
+    normalize_observation: bool = False
+    """Normalise observations by running mean/std inside the model."""
+
+
+@dataclass
+class LossConfig:
+    gamma: PositiveFraction = 0.99
+    """Discount (the paper's 0.99)."""
+    rho_bar: PositiveFloat = 1.0
+    """Clip of the importance weight in V-trace's TD errors and the policy gradient (the paper's 1.0)."""
+    c_bar: PositiveFloat = 1.0
+    """Clip of V-trace's trace-cutting weights (the paper's 1.0; it assumes c_bar <= rho_bar)."""
+    value_loss_coeff: NonNegativeFloat = 0.5
+    """Weight of the value loss 0.5*(V - v_s)^2 (the paper's baseline cost 0.5)."""
+    entropy_coeff: NonNegativeFloat = 0.01
+    """Weight of the entropy bonus (the paper's 0.01 on Atari)."""
+
+
+@dataclass
+class OptimConfig:
+    name: Literal["rmsprop", "adam"] = "rmsprop"
+    """Optimizer: rmsprop (decay 0.99, momentum 0, the paper's) or adam."""
+    lr: PositiveFloat = 1e-3
+    """Learning rate (start value when decayed)."""
+    eps: PositiveFloat = 1e-5
+    """Optimizer epsilon."""
+    linear_decay: bool = True
+    """Decay the learning rate linearly to 0 over collector.total_frames (the paper's schedule)."""
+    max_grad_norm: PositiveFloat = 40.0
+    """Gradient norm clip (the paper's 40)."""
+    compile: bool = False
+    """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""
+
+
+@dataclass
+class Config(RecipeConfig):
+    collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_B=8, batch_T=10,
+                                                                               total_frames=500_000))
+    """Training collector and budget: 8 unrolls of 10 steps per update (the paper: 32 of 20)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Actor-critic networks."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """V-trace targets and the actor-critic objective."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and its schedule."""
+    logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=10_000))
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """sync: collect with the learner's weights, then update, in one process."""
+
+
+def main(cfg: Config) -> dict:
+    # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
+    import torch
+    from torchrl.modules import set_recurrent_mode
+
+    from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+    from tdrl.envs import EnvFactory
+    from tdrl.log.run import Run
+    from tdrl.models import make_actor_critic, make_recurrent_actor_critic
+    from tdrl.objectives.advantage import VTrace
+    from tdrl.objectives.graphs import update_step
+    from tdrl.objectives.policy_gradient import make_a2c_loss
+    from tdrl.objectives.schedules import LinearSchedule
+    from tdrl.objectives.update import Updater
+    from tdrl.train import check_trainer, make_trainer
+    from tdrl.utils.distributed import resolve_device
+    from tdrl.utils.seeding import seed_everything
+
+    # TODO(ray): supported=("sync", "ray") once trainer.kind=ray lands (issue 28); nothing else here changes
+    check_trainer(cfg.trainer, on_policy=True, device=cfg.run.device, supported=("sync",))  # before any process
+    # --- Build ----------------------------------------------------------------------------------------------
+    if cfg.trainer.kind == "sync":  # other trainers build their collectors in their own processes
+        start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
+    torch.set_num_threads(cfg.run.torch_threads)
+    seed_everything(cfg.run.seed)
+    device = resolve_device(cfg.run.device)
+    env_factory = EnvFactory(cfg.env.id)
+    specs = env_factory.specs()  # checks the action space against model.distribution before any collector starts
+    make_model = make_recurrent_actor_critic if cfg.model.lstm else make_actor_critic
+    model_kwargs = {"lstm_size": cfg.model.lstm_size, "hidden_sizes": cfg.model.hidden_sizes[:1]} if cfg.model.lstm \
+        else {"hidden_sizes": cfg.model.hidden_sizes}
+    ac = make_model(specs, activation=cfg.model.activation, distribution=cfg.model.distribution,
+                    init_log_std=cfg.model.init_log_std, normalize_observation=cfg.model.normalize_observation,
+                    **model_kwargs).to(device)
+
+    # V-trace targets and advantages on TorchRL's kernel, scoring the actions the behaviour policy took
+    vtrace = VTrace(ac.actor, ac.critic, gamma=cfg.loss.gamma, rho_bar=cfg.loss.rho_bar, c_bar=cfg.loss.c_bar)
+    # TorchRL's A2CLoss: -log pi * advantage (V-trace's, rho-weighted), squared value error, entropy bonus
+    loss = make_a2c_loss(ac, entropy_coeff=cfg.loss.entropy_coeff, critic_coeff=0.5 * cfg.loss.value_loss_coeff)
+    if cfg.optim.name == "rmsprop":
+        optim = torch.optim.RMSprop(loss.parameters(), lr=cfg.optim.lr, alpha=0.99, eps=cfg.optim.eps, foreach=True)
+    else:
+        optim = torch.optim.Adam(loss.parameters(), lr=cfg.optim.lr, eps=cfg.optim.eps, fused=True)
+    updater = Updater(optim, max_grad_norm=cfg.optim.max_grad_norm)
+
+    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="impala",
+                   total_frames=cfg.collector.total_frames)
+    # picklable: the trainer builds the collector (sync: here; a distributed trainer: one per actor)
+    collector_factory = partial(make_collector, cfg.collector.kind, env_factory, ac.actor,
+                                batch_B=cfg.collector.batch_B, batch_T=cfg.collector.batch_T,
+                                n_workers=cfg.collector.n_workers, seed=cfg.run.seed, discount=cfg.loss.gamma)
+    # each evaluation: n_envs whole greedy episodes on their own envs
+    eval_collector = make_eval_collector(cfg.env.id, ac.greedy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
+                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
+    trainer = make_trainer(cfg.trainer, on_policy=True, collector_factory=collector_factory, policy=ac.actor,
+                           seed=cfg.run.seed, eval_collector=eval_collector, run=run,
+                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
+                           checkpoint_interval_steps=cfg.checkpoint.interval_steps, stop_return=cfg.stop_return,
+                           checkpoint_state={"model": ac, "updater": updater})
+    lr_at = LinearSchedule(cfg.optim.lr, 0.0 if cfg.optim.linear_decay else cfg.optim.lr,
+                           duration=cfg.collector.total_frames)
+
+    # --- Update ---------------------------------------------------------------------------------------------
+    compute_loss = torch.compile(loss) if cfg.optim.compile else loss
+
+    def learn(batch):  # the device half of an update (RMSprop has no fused step: it reads the skip flag)
+        with set_recurrent_mode(ac.recurrent):  # LSTM: whole [B, T] sequences from the stored initial state
+            metrics = updater.apply(compute_loss(batch if ac.recurrent else batch.reshape(-1)))
+        metrics["rho"] = batch["rho"].mean()  # < 1: the policy moved since these unrolls were collected
+        return metrics
+
+    learn = update_step(learn, cudagraphs=False, device=device)
+
+    def policy_lag(batch):
+        """Learner version minus each frame's behaviour-policy version: mean and max (unrolls tagged by their
+        actor; the sync trainer's carry no tag, and lag 0)."""
+        tags = batch.get(("collector", "policy_version"), None)
+        if tags is None:
+            return {}
+        lag = (getattr(trainer, "policy_version", updater.updates) - tags).float()
+        return {"policy_lag": lag.mean(), "policy_lag_max": lag.max()}
+
+    def update(batch):
+        vtrace(batch)  # writes state_value, advantage, value_target and rho (time limits bootstrap, terminations not)
+        metrics = learn(batch)
+        updater.advance()
+        return metrics
+
+    # --- Loop -----------------------------------------------------------------------------------------------
+    for batch in trainer:  # [B, T] unrolls (a distributed trainer: several actors' unrolls, tagged by version)
+        batch = batch.to(device)
+        updater.lr = lr_at(trainer.frames)
+        lag = policy_lag(batch)
+        metrics = update(batch)
+        metrics.update(lag)
+        if ac.obs_norm is not None:  # after the update, so this batch was collected and trained with one normaliser
+            ac.obs_norm.update(batch["observation"])
+        trainer.record(metrics, updates=1)
+    return trainer.summary
+
+
+if __name__ == "__main__":
+    run_recipe(main, Config(), prog="recipes/impala.py", doc=__doc__)
