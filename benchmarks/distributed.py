@@ -6,14 +6,20 @@ processes do. Each row fills a prioritized replay with CartPole-v1 frames acted 
 epsilon-greedy (16 envs in all, 32 steps per batch), for ``--seconds`` after a warm-up:
 
 - ``local parallel``: ``make_collector("parallel", n_workers=2)`` writing into the replay in this process;
-- ``ray, N actors``: N collector actors (serial collectors of 16/N envs, 2/N CPUs each) writing through the
-  learner hub, the path of Ape-X (the data never passes the learner's process).
+- ``ray, N actors``: N collector actors (serial collectors of 16/N envs; 1 CPU each, 0.5 for 4 actors, so 2 and 4
+  actors have the local collector's 2 CPUs and 1 actor has half) writing through the learner hub, the path of
+  Ape-X (the data never passes the learner's process).
 
 Then the learner: DQN updates/s (batch 64, the recipe's network) sampling the replay, with no actor running and
 with 4 actors writing. Bytes on the wire per frame: the rollouts' tensors plus the weights pulled.
 
     python benchmarks/distributed.py                       # about 4 minutes
     python benchmarks/distributed.py --markdown docs/distributed-<date>.md
+
+``--learning ARGS...``: run ``benchmarks/learning.py ARGS`` as a driver on a cluster of a head and two simulated
+nodes of 2 CPUs (4 actors of 1 CPU), with ``RAY_ADDRESS`` set, for its ``trainer.kind=ray`` tasks::
+
+    python benchmarks/distributed.py --learning --tasks apex-dqn-cartpole --seeds 0,1,2 --no-sb3 --stop --json a.json
 """
 
 from __future__ import annotations
@@ -79,16 +85,17 @@ def start_pool(n_actors: int, scratch: Path, *, hub_kwargs: dict | None = None):
     from tensordict import TensorDict
 
     from tdrl.train import module_path
-    from tdrl.train.ray_actors import ActorPool, CollectorActor, LearnerHub
+    from tdrl.train.ray_actors import ActorPool, CollectorActor, LearnerHub, to_wire
 
     q_actor, policy, replay, factory = build(scratch)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     hub = ray.remote(LearnerHub).options(num_cpus=0, max_concurrency=8, scheduling_strategy=here).remote(
         replay, **(hub_kwargs or {}))
-    ray.get(hub.publish.remote(1, [ray.put(TensorDict.from_module(q_actor).data)]))
+    ray.get(hub.publish.remote(1, [ray.put(to_wire(TensorDict.from_module(q_actor).data))]))
     factory_ref = ray.put(factory("serial", ENVS // n_actors))
     path = module_path(policy, q_actor)
-    actor_class = ray.remote(CollectorActor).options(num_cpus=2 / n_actors, max_restarts=-1, max_task_retries=0)
+    cpus = min(1.0, 2 / n_actors)  # a node has one CPU
+    actor_class = ray.remote(CollectorActor).options(num_cpus=cpus, max_restarts=-1, max_task_retries=0)
     pool = ActorPool(lambda i: actor_class.remote(i, n_actors, [factory_ref], i, weights_path=path, hub=hub),
                      n_actors, mode="replay")
     return q_actor, replay, hub, pool, factory_ref
@@ -97,8 +104,11 @@ def start_pool(n_actors: int, scratch: Path, *, hub_kwargs: dict | None = None):
 def ray_row(n_actors: int, seconds: float, scratch: Path) -> dict:
     _, _, hub, pool, _ = start_pool(n_actors, scratch)
     try:
+        deadline = time.monotonic() + 300
         while sum(s.started for s in pool.slots) < n_actors:  # warm-up: every actor built and collecting
             pool.poll(timeout=1.0)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{n_actors} actors did not start within 300 s")
         for _ in range(2 * n_actors):
             pool.poll(timeout=5.0)
         frames = wire = 0
@@ -108,7 +118,7 @@ def ray_row(n_actors: int, seconds: float, scratch: Path) -> dict:
                 frames += report.frames
                 wire += report.wire_bytes
         fps = frames / (time.perf_counter() - start)
-        return {"row": f"ray, {n_actors} actor{'s' * (n_actors > 1)} ({2 / n_actors:g} CPU each)", "fps": fps,
+        return {"row": f"ray, {n_actors} actor{'s' * (n_actors > 1)} ({min(1, 2 / n_actors):g} CPU each)", "fps": fps,
                 "bytes": wire / max(frames, 1)}
     finally:
         pool.shutdown()
@@ -204,7 +214,26 @@ def main() -> None:
             print(f"{r['row']:<34} {r['ups']:>9.1f} updates/s")
 
 
+def learning(args: list[str]) -> int:
+    sys.path.insert(0, str(REPO / "tests" / "distributed"))
+    from cluster import ADDRESS, LoopbackCluster
+
+    with tempfile.TemporaryDirectory(prefix="tdrl-bench-cluster-") as work:
+        cluster = LoopbackCluster(Path(work), n_nodes=2, cpus=2)
+        try:
+            proc = cluster.run([sys.executable, str(REPO / "benchmarks" / "learning.py"), *args], timeout=20_000,
+                               env={"RAY_ADDRESS": ADDRESS}, cwd=work)
+        finally:
+            cluster.stop()
+    print(proc.stdout)
+    if proc.returncode:
+        print(proc.stderr[-3000:], file=sys.stderr)
+    return proc.returncode
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--learning"]:
+        raise SystemExit(learning(sys.argv[2:]))
     if "--inner" in sys.argv:
         parser = argparse.ArgumentParser()
         parser.add_argument("--inner", action="store_true")

@@ -280,6 +280,16 @@ TASKS: list[Task] = [
          sb3=sb3_td3_pendulum),
     Task("ddpg-pendulum", "ddpg", "Pendulum-v1", threshold=-250, budget=30_000, eval_interval=1_000,
          sb3=sb3_ddpg_pendulum),
+    # trainer.kind=ray: 4 collector actors on the cluster RAY_ADDRESS names (benchmarks/distributed.py --learning
+    # runs these on a loopback cluster of two simulated nodes)
+    Task("apex-dqn-cartpole", "dqn", "CartPole-v1", threshold=475, budget=100_000, eval_interval=5_000, default=False,
+         overrides=["trainer.kind=ray", "trainer.n_actors=4", "trainer.updates_per_sync=8",
+                    "replay.prioritized=true"]),
+    Task("impala-ray-cartpole", "impala", "CartPole-v1", threshold=475, budget=500_000, eval_interval=10_000,
+         default=False, overrides=["trainer.kind=ray", "trainer.n_actors=4"]),
+    Task("apex-dpg-pendulum", "ddpg", "Pendulum-v1", threshold=-200, budget=30_000, eval_interval=1_000,
+         default=False, overrides=["trainer.kind=ray", "trainer.n_actors=4", "trainer.updates_per_sync=8",
+                                   "collector.batch_T=8"]),
     Task("ppo-halfcheetah", "ppo", "HalfCheetah-v5", threshold=1500, budget=1_000_000, eval_interval=25_000,
          eval_episodes=5, default=False, sb3=sb3_ppo_halfcheetah,
          # RL-Zoo's HalfCheetah PPO hyperparameters (1 env x 512 steps, 20 epochs of 64-sample minibatches, ReLU

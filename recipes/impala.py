@@ -12,6 +12,7 @@ baseline cost 0.5, gradient clip 40; unrolls of 10 steps at a learning rate of 1
 
     python recipes/impala.py                                      # CartPole-v1
     python recipes/impala.py collector.kind=parallel collector.n_workers=2
+    python recipes/impala.py trainer.kind=ray                     # 4 collector actors on Ray, one learner
     python recipes/impala.py env.id=Pendulum-v1                   # continuous actions (tanh-Gaussian)
     python recipes/impala.py --help                               # every key
 """
@@ -99,7 +100,8 @@ class Config(RecipeConfig):
     """Optimizer and its schedule."""
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=10_000))
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    """sync: collect with the learner's weights, then update, in one process."""
+    """sync: collect with the learner's weights, then update, in one process; ray: trainer.n_actors collector
+    actors anywhere in a Ray cluster send version-tagged unrolls (trainer.unrolls_per_batch per update)."""
 
 
 def main(cfg: Config) -> dict:
@@ -120,8 +122,7 @@ def main(cfg: Config) -> dict:
     from tdrl.utils.distributed import resolve_device
     from tdrl.utils.seeding import seed_everything
 
-    # TODO(ray): supported=("sync", "ray") once trainer.kind=ray lands (issue 28); nothing else here changes
-    check_trainer(cfg.trainer, on_policy=True, device=cfg.run.device, supported=("sync",))  # before any process
+    check_trainer(cfg.trainer, on_policy=True, device=cfg.run.device, supported=("sync", "ray"))  # before any process
     # --- Build ----------------------------------------------------------------------------------------------
     if cfg.trainer.kind == "sync":  # other trainers build their collectors in their own processes
         start_workers_early(cfg.collector.kind)  # worker processes import torch while we build

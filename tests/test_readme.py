@@ -20,6 +20,10 @@ NOT_RUN = {  # command -> why a test does not run it
     "pip install torch==2.13.0": "installs packages",
     'pip install -e ".[dev]"': "installs packages",
     "make test": "runs the test suite this test is part of",
+    "python recipes/impala.py trainer.kind=ray": "starts Ray, which must stay on loopback: tests/distributed runs it "
+                                                 "in a network namespace of its own",
+    "python recipes/dqn.py trainer.kind=ray trainer.ray_address=HEAD:6379 trainer.n_actors=16 "
+    "replay.prioritized=true": "needs a Ray cluster: tests/distributed runs it against a loopback cluster",
     "python slurm/launch.py local slurm/sweeps/ppo_cartpole_lr.py": "12 runs of 100k frames (its launcher is tested "
                                                                     "in tests/launch)",
 }

@@ -51,6 +51,21 @@ def nbytes(td: TensorDictBase) -> int:
     return sum(t.numel() * t.element_size() for t in td.values(include_nested=True, leaves_only=True))
 
 
+def to_wire(td: TensorDictBase) -> dict[str, Any]:
+    """``td`` as numpy arrays, which Ray serializes without copies (a TensorDict pickles ~30x slower)."""
+    leaves = td.items(include_nested=True, leaves_only=True)
+    return {"shape": tuple(td.batch_size),
+            "data": {key if isinstance(key, tuple) else (key,): value.numpy() for key, value in leaves}}
+
+
+def from_wire(wire: dict[str, Any]) -> TensorDict:
+    """The TensorDict :func:`to_wire` sent (its arrays copied: Ray hands out read-only views)."""
+    td = TensorDict({}, batch_size=wire["shape"])
+    for key, value in wire["data"].items():
+        td.set(key, torch.from_numpy(value.copy()))
+    return td
+
+
 def load_weights(module: torch.nn.Module, weights: TensorDictBase) -> None:
     """Copy ``weights`` (``TensorDict.from_module`` of the learner's module) into ``module`` in place."""
     TensorDict.from_module(module).data.update_(weights)
@@ -68,7 +83,7 @@ class Rollout:
     wire_bytes: int
     pid: int
     node: str
-    batch: TensorDictBase | None = None
+    batch: dict[str, Any] | None = None  # "unroll": the batch, as :func:`to_wire` sends it
 
 
 class LearnerHub:
@@ -115,17 +130,18 @@ class LearnerHub:
                               ready=self.replay.ready_count()) * self.batch_size / self.replay_ratio
         return behind <= self.max_lag_frames
 
-    def extend(self, batch: TensorDictBase) -> bool:
-        """Write ``batch`` into the replay; ``False`` (nothing written) if the learner is behind or checkpointing for
-        :data:`WRITE_WAIT_S`, and the actor sends it again."""
+    def extend(self, wire: dict[str, Any], have: int) -> tuple[bool, tuple[int, list[Any]] | None]:
+        """Write a batch (:func:`to_wire`) into the replay; ``False`` (nothing written) if the learner is behind or
+        checkpointing for :data:`WRITE_WAIT_S`, and the actor sends it again. Also answers :meth:`weights` for
+        ``have``, saving the actor a call."""
         deadline = time.monotonic() + WRITE_WAIT_S
         while True:
             with self._lock:
                 if self._may_write():
-                    self.replay.extend(batch)
-                    return True
+                    self.replay.extend(from_wire(wire))
+                    return True, self.weights(have)
             if time.monotonic() > deadline:
-                return False
+                return False, self.weights(have)
             time.sleep(0.005)
 
 
@@ -161,58 +177,71 @@ class CollectorActor:
         if setup is not None:
             setup(self.policy, index, n_actors)
         self.version = -1
-        self._unwritten: tuple[Any, Rollout] | None = None
+        self._write: tuple[dict, Rollout, Any] | None = None  # the batch sent to the hub, its report, the reply
         self.batches = iter(self.collector)
         self.node = ray.get_runtime_context().get_node_id()
 
     def pid(self) -> int:
         return os.getpid()
 
-    def _pull_weights(self) -> int:
+    def _pull_weights(self, newest: tuple[int, list[Any]] | None | str = "ask") -> int:
+        """Load the newest weights (asking the hub unless its answer is given); the bytes they took."""
         import ray
 
-        newest = ray.get(self.hub.weights.remote(self.version), timeout=self.call_timeout_s)
+        if newest == "ask":
+            newest = ray.get(self.hub.weights.remote(self.version), timeout=self.call_timeout_s)
         if newest is None:
             return 0
         version, (ref,) = newest
-        weights = ray.get(ref, timeout=self.call_timeout_s)
+        weights = from_wire(ray.get(ref, timeout=self.call_timeout_s))
         load_weights(self.target, weights)
         self.collector.update_policy_weights_()
         self.version = version
         return nbytes(weights)
 
-    def rollout(self, mode: str) -> Rollout:
-        """Pull newer weights, collect one batch, and write it to the replay (``"replay"``) or return it
-        (``"unroll"``). A write the hub refuses (the learner is behind) is kept and retried first by the next
-        rollout, which reports no frames until it is written: every call stays short, so a timeout means a stuck
-        actor, never a slow learner."""
-        import ray
-
-        if self._unwritten is not None:
-            ref, report = self._unwritten
-            if not ray.get(self.hub.extend.remote(ref), timeout=self.call_timeout_s):
-                return Rollout(self.index, 0, self.version, [], 0.0, 0, os.getpid(), self.node)
-            self._unwritten = None
-            return report
-        wire = self._pull_weights()
+    def _collect(self) -> tuple[TensorDictBase, Rollout]:
         start = time.perf_counter()
         batch = next(self.batches)
         collect_s = time.perf_counter() - start
-        trajs = list(self.collector.traj_infos)
-        wire += nbytes(batch)
-        report = Rollout(self.index, batch.numel(), self.version, trajs, collect_s, wire, os.getpid(), self.node)
-        if mode == "unroll":
-            batch = batch.clone()  # the collector may reuse its buffer
-            batch.set(VERSION_KEY, torch.full(batch.shape, self.version, dtype=torch.int64))
-            report.batch = batch
-            return report
-        if self.priorities is not None:
-            batch.set("priority", self.priorities(self.policy, batch))
-        ref = ray.put(batch)  # sent once; a refused write is retried with the same object
-        if ray.get(self.hub.extend.remote(ref), timeout=self.call_timeout_s):
-            return report
-        self._unwritten = (ref, report)
+        report = Rollout(self.index, batch.numel(), self.version, list(self.collector.traj_infos), collect_s,
+                         nbytes(batch), os.getpid(), self.node)
+        return batch, report
+
+    def _nothing(self) -> Rollout:
         return Rollout(self.index, 0, self.version, [], 0.0, 0, os.getpid(), self.node)
+
+    def rollout(self, mode: str) -> Rollout:
+        """``"unroll"``: pull newer weights, collect a batch and return it tagged with its weights version.
+        ``"replay"``: settle the previous batch's write, collect the next batch and send it to the hub without
+        waiting (the write overlaps the next collection); reports the batch whose write the hub acknowledged, so
+        the frames counted are in the replay. A refused write (the learner is behind) is sent again by the next
+        call, which collects nothing: every call stays short, so a timeout means a stuck actor."""
+        import ray
+
+        if mode == "unroll":
+            wire = self._pull_weights()
+            batch, report = self._collect()
+            batch = batch.copy()  # new keys go on a shallow copy: the collector may own this one
+            batch.set(VERSION_KEY, torch.full(batch.shape, self.version, dtype=torch.int64))
+            report.batch, report.wire_bytes = to_wire(batch), report.wire_bytes + wire
+            return report
+        acknowledged = self._nothing()
+        if self._write is not None:
+            wire, report, pending = self._write
+            accepted, newest = ray.get(pending, timeout=self.call_timeout_s)
+            report.wire_bytes += self._pull_weights(newest)
+            if not accepted:
+                self._write = (wire, report, self.hub.extend.remote(wire, self.version))
+                return acknowledged
+            acknowledged, self._write = report, None
+        elif self.version < 0:
+            acknowledged.wire_bytes += self._pull_weights()
+        batch, report = self._collect()
+        if self.priorities is not None:
+            batch = batch.copy().set("priority", self.priorities(self.policy, batch))
+        wire = to_wire(batch)  # sent by value: Ray inlines a small batch in the call, puts a large one in its store
+        self._write = (wire, report, self.hub.extend.remote(wire, self.version))
+        return acknowledged
 
     def shutdown(self) -> None:
         self.collector.shutdown()

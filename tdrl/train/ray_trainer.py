@@ -41,7 +41,15 @@ from tensordict import TensorDict
 from tdrl.train import bookkeeping
 from tdrl.train.async_collector import POLL_S, owed_updates
 from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
-from tdrl.train.ray_actors import ActorPool, CollectorActor, LearnerHub, RayTrainerError, actor_seeds
+from tdrl.train.ray_actors import (
+    ActorPool,
+    CollectorActor,
+    LearnerHub,
+    RayTrainerError,
+    actor_seeds,
+    from_wire,
+    to_wire,
+)
 from tdrl.train.replicas import tensor_digest
 from tdrl.train.sync import shutdown
 from tdrl.utils.interrupt import Interrupted
@@ -253,7 +261,7 @@ class RayTrainer:
             iv["wire_bytes"] += report.wire_bytes
             iv["frames"] += report.frames
             if report.batch is not None:
-                self._unrolls.append(report.batch)
+                self._unrolls.append(from_wire(report.batch))
         for line in self.pool.events:
             print(f"tdrl: {line}", file=sys.stderr, flush=True)
         self.pool.events.clear()
@@ -309,7 +317,7 @@ class RayTrainer:
             ray.get(self._publish_ref, timeout=self.call_timeout_s)
         self.policy_version += 1
         weights = TensorDict.from_module(self.weights_module).data.to("cpu")
-        self._publish_ref = self._hub.publish.remote(self.policy_version, [ray.put(weights)])
+        self._publish_ref = self._hub.publish.remote(self.policy_version, [ray.put(to_wire(weights))])
         self._updates_at_publish = self.book.updates
 
     def _stop(self) -> None:

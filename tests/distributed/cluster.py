@@ -97,10 +97,11 @@ class LoopbackCluster:
         if alive < n or dead:
             raise RuntimeError(f"only {alive} of {n} Ray nodes came up (logs in {self.workdir})")
 
-    def run(self, cmd: list[str], *, timeout: float, check: bool = False, **kwargs) -> subprocess.CompletedProcess:
-        """Run ``cmd`` in the namespace (a driver: a recipe with ``trainer.ray_address``)."""
+    def run(self, cmd: list[str], *, timeout: float, check: bool = False, env: dict[str, str] | None = None,
+            **kwargs) -> subprocess.CompletedProcess:
+        """Run ``cmd`` in the namespace (a driver: a recipe with ``trainer.ray_address``), ``env`` added."""
         proc = subprocess.run(["ip", "netns", "exec", self.ns, *cmd], capture_output=True, text=True,
-                              timeout=timeout, env=self.env(), **kwargs)
+                              timeout=timeout, env={**self.env(), **(env or {})}, **kwargs)
         if check and proc.returncode:
             raise subprocess.CalledProcessError(proc.returncode, cmd, proc.stdout, proc.stderr)
         return proc

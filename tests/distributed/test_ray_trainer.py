@@ -148,14 +148,20 @@ def test_losing_a_node_shrinks_the_actors_and_the_run_ends(cluster, tmp_path):
     no_actor_left(cluster)
 
 
-def test_a_run_that_starts_ray_itself_leaves_no_process(tmp_path):
+def test_impala_on_a_ray_of_its_own_leaves_no_process(tmp_path):
+    """The README's laptop command: no address, so the run starts Ray itself, and nothing outlives it."""
     if (why := can_make_namespaces()) is not None:
         pytest.skip(f"Ray loopback cluster: {why}")
     bare = LoopbackCluster(tmp_path, start=False)
     try:
-        args = [a for a in apex_args(tmp_path / "run", 512) if not a.startswith("trainer.ray_address")]
-        proc = bare.run([*args, "trainer.n_actors=2"], timeout=300)
+        proc = bare.run([sys.executable, str(ROOT / "recipes" / "impala.py"), "trainer.kind=ray",
+                         "collector.total_frames=3200", "logger.log_interval_steps=1600", "eval.n_envs=2",
+                         "logger.wandb=false", "logger.progress_bar=false", f"run.dir={tmp_path / 'run'}"], timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert summary["frames"] >= 3200 and summary["actors"] == 4 and summary["updates"] >= 3200 // 80 - 4
+        table = rows(tmp_path / "run")
+        assert "actors/weight_lag_max" in table[-1] and "train/policy_lag_mean" in table[-1], sorted(table[-1])
         wait_for(lambda: not bare.pids(), 30, "every process of the run's own Ray to exit")
     finally:
         assert not bare.stop()

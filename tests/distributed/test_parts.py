@@ -1,0 +1,78 @@
+"""The parts of trainer.kind=ray that need no cluster: the wire format, Ape-X's epsilons and initial priorities."""
+
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from tdrl.collect import make_collector
+from tdrl.envs import EnvFactory
+from tdrl.models import ApexEpsilons, EpsilonGreedy, chain_policy, make_q_actor
+from tdrl.models.exploration import apex_epsilon
+from tdrl.objectives.dqn import ActorPriorities, dqn_priorities, make_dqn_loss
+from tdrl.train import module_path
+from tdrl.train.ray_actors import from_wire, nbytes, to_wire
+
+
+def test_the_wire_format_round_trips_nested_keys_and_dtypes():
+    td = TensorDict({"observation": torch.randn(2, 3, 4), "action": torch.tensor([[0, 1, 1], [1, 0, 0]]),
+                     "next": {"done": torch.zeros(2, 3, 1, dtype=torch.bool), "reward": torch.ones(2, 3, 1)}},
+                    batch_size=[2, 3])
+    back = from_wire(to_wire(td))
+    assert back.batch_size == td.batch_size and set(back.keys(True, True)) == set(td.keys(True, True))
+    assert (back == td).all() and back["next", "done"].dtype == torch.bool
+    assert nbytes(td) == 2 * 3 * 4 * 4 + 6 * 8 + 6 + 6 * 4
+
+
+def test_apex_epsilons_follow_the_paper_and_stay_fixed():
+    assert [round(apex_epsilon(i, 4), 6) for i in range(4)] == [0.4, round(0.4 ** (1 + 7 / 3), 6),
+                                                                round(0.4 ** (1 + 14 / 3), 6), round(0.4 ** 8, 6)]
+    assert apex_epsilon(0, 1) == 0.4
+    policy = chain_policy(make_q_actor(EnvFactory("CartPole-v1").specs(), hidden_sizes=[8]),
+                          EpsilonGreedy(2, eps_init=1.0, eps_final=0.05, end_frames=100))
+    ApexEpsilons()(policy, 3, 4)
+    explore = next(m for m in policy.modules() if isinstance(m, EpsilonGreedy))
+    explore.set_frames(10_000)  # a schedule no longer moves it
+    assert math.isclose(explore.eps.item(), 0.4 ** 8, rel_tol=1e-6)
+    with pytest.raises(ValueError, match="no EpsilonGreedy"):
+        ApexEpsilons()(torch.nn.Linear(2, 2), 0, 4)
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_actor_priorities_equal_the_learners_td_errors_of_the_same_network(n_step):
+    """1-step: the learner's |TD error| with a target network equal to the online one. n-step: the same target
+    computed by hand for every start of the batch, shorter at its end and cut at episode ends."""
+    torch.manual_seed(0)
+    env = EnvFactory("CartPole-v1")
+    q = make_q_actor(env.specs(), hidden_sizes=[16])
+    policy = chain_policy(q, EpsilonGreedy(2, eps_init=1.0, eps_final=1.0))
+    collector = make_collector("serial", env, policy, batch_B=2, batch_T=40, seed=0)
+    batch = next(iter(collector))
+    collector.shutdown()
+    assert batch["next", "done"].any()  # the batch crosses an episode end
+    priorities = ActorPriorities(gamma=0.9, n_step=n_step, q_path=module_path(policy, q), delta_clip=None)(
+        policy, batch)
+    assert priorities.shape == (2, 40)
+    with torch.no_grad():
+        q_all = q(batch.select("observation").clone())["action_value"]
+        v_next = q(batch["next"].select("observation").clone())["action_value"].max(-1).values
+    reward, done = batch["next", "reward"].squeeze(-1), batch["next", "done"].squeeze(-1)
+    terminated = batch["next", "terminated"].squeeze(-1).float()
+    for b in range(2):
+        for t in range(40):
+            ret, k = 0.0, t
+            while True:
+                ret += 0.9 ** (k - t) * reward[b, k].item()
+                if done[b, k] or k == min(t + n_step, 40) - 1:
+                    break
+                k += 1
+            target = ret + 0.9 ** (k - t + 1) * v_next[b, k].item() * (1 - terminated[b, k].item())
+            expected = abs(target - q_all[b, t, batch["action"][b, t]].item())
+            assert math.isclose(priorities[b, t].item(), expected, rel_tol=1e-4, abs_tol=1e-5), (b, t)
+    if n_step == 1:
+        loss = make_dqn_loss(q, gamma=0.9, loss_function="mse")  # target network = online network at the start
+        flat = batch.reshape(-1).clone()
+        loss(flat)
+        assert torch.allclose(dqn_priorities(flat, categorical=False, delta_clip=None), priorities.reshape(-1),
+                              atol=1e-5)
