@@ -13,6 +13,7 @@ import getpass
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -23,13 +24,15 @@ from tdrl.config import flatten
 from tdrl.launch.sweep import SweepError, SweepPlan
 from tdrl.utils.process import pid_alive
 
-__all__ = ["RunStatus", "check_not_running", "collect_results", "format_status", "format_table", "last_progress_row",
-    "read_summary", "sweep_status"]
+__all__ = ["START_MARKER", "RunStatus", "check_not_running", "collect_results", "first_failed_task", "format_status",
+    "format_table", "last_progress_row", "read_summary", "sweep_status"]
 
 DEFAULT_COLUMNS = ("frames", "CumSteps", "eval/return_mean", "train/return_mean")
 _FAILED = frozenset({"FAILED", "UNKNOWN", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "INTERRUPTED"})
 TERMINAL = _FAILED | {"COMPLETED", "BOOT_FAIL", "DEADLINE", "SKIPPED"}
 """States after which a run will not change without being launched again."""
+START_MARKER = "tdrl: job start"
+"""What a SLURM job's batch script prints to its stderr on every start (:func:`tdrl.launch.submit.make_executor`)."""
 
 
 @dataclass
@@ -152,6 +155,36 @@ def _slurm_state(record: dict[str, Any], queue: dict[str, tuple[str, str]] | Non
     return "UNKNOWN", "not in the queue and no result (killed without a signal?)"
 
 
+def first_failed_task(log: str) -> str:
+    """``rank 1 on tdrl-n2: Killed``: the first task that srun reported failing since the job's last start, from
+    its stderr; ``""`` if none. That task is the cause: its peers fail after it (in a collective, or ended by
+    ``--kill-on-bad-exit``), and one killed by a signal leaves no traceback of its own."""
+    found = re.search(r"^srun: error: (\S+): (tasks?) ([\d,\-]+): (.+)$", log.rsplit(START_MARKER, 1)[-1], re.M)
+    if not found:
+        return ""
+    host, word, tasks, what = found.groups()
+    return f"{'rank' if word == 'task' else 'ranks'} {tasks} on {host}: {what.strip()}"
+
+
+def _tail(path: str, size: int = 1 << 20) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _name_failed_rank(state: str, error: str, log: str) -> tuple[str, str]:
+    """For a failed multi-task job: the state and error, led by the rank that failed first."""
+    failed = first_failed_task(_tail(log)) if state in _FAILED else ""
+    if not failed:
+        return state, error
+    if state == "UNKNOWN":  # rank 0 was ended before it could write a result
+        return "FAILED", failed
+    return "FAILED", f"{failed} (failed first); rank 0: {error}"
+
+
 def sweep_status(exp_dir: str | os.PathLike) -> list[RunStatus]:
     """The state of every run recorded in ``<exp_dir>/sweep.json``.
 
@@ -165,12 +198,16 @@ def sweep_status(exp_dir: str | os.PathLike) -> list[RunStatus]:
     slurm = manifest.get("backend") == "slurm"
     queue = squeue_states() if slurm else None
     launcher_alive = not slurm and pid_alive(manifest.get("launcher_pid"))
+    resources = manifest.get("resources", {})
+    multi_task = resources.get("nodes", 1) * resources.get("tasks_per_node", 1) > 1
     out = []
     for record in manifest["runs"]:
         run_dir = Path(record["run_dir"])
         if slurm:
             state, error = _slurm_state(record, queue, run_dir)
             log = record.get("stderr", "")
+            if multi_task:
+                state, error = _name_failed_rank(state, error, log)
         else:
             state = record.get("state", "unknown").upper()
             error = f"exit {record['returncode']}" if state == "FAILED" else ""

@@ -26,7 +26,15 @@ from tdrl.config import apply_overrides
 from tdrl.launch.job import RecipeJob
 from tdrl.launch.local import write_root_files
 from tdrl.launch.recipe import load_recipe
-from tdrl.launch.status import TERMINAL, RunStatus, check_not_running, format_status, slurm_query, sweep_status
+from tdrl.launch.status import (
+    START_MARKER,
+    TERMINAL,
+    RunStatus,
+    check_not_running,
+    format_status,
+    slurm_query,
+    sweep_status,
+)
 from tdrl.launch.sweep import Resources, RunSpec, SweepError, SweepPlan
 from tdrl.launch.variants import save_variant
 from tdrl.utils.files import write_json_atomic
@@ -131,8 +139,10 @@ def make_executor(folder: Path, resources: Resources, name: str, n_runs: int):
         # USR2 must come while there is still time to checkpoint; never at the very start of a short job.
         slurm_signal_delay_s=int(min(r.signal_delay_s, max(10, r.time_min * 60 // 2))),
     )
+    # each start says so in the job's stderr, where status looks for the rank that failed since
+    setup = [f'echo "{START_MARKER} ${{SLURM_RESTART_COUNT:-0}} on $(hostname)" >&2', *r.slurm_setup]
     optional = dict(
-        gpus_per_node=r.gpus_per_run, mem_gb=r.mem_gb, slurm_partition=r.partition, slurm_setup=list(r.slurm_setup),
+        gpus_per_node=r.gpus_per_run, mem_gb=r.mem_gb, slurm_partition=r.partition, slurm_setup=setup,
         slurm_additional_parameters=dict(r.slurm_extra),
     )
     if r.nodes * r.tasks_per_node > 1:  # a rank that dies ends its peers at once (they would wait in a collective)
