@@ -7,18 +7,23 @@ their worker (ray #8181: workers that start first fail), then stay until the hea
 stopped when its task leaves, also on an error or a requeue, so no Ray process outlives the job.
 
 The Ray processes ignore SIGUSR2: SLURM sends the preemption signal to every process of the job, and it is the
-driver's (submitit checkpoints and requeues), not Ray's, whose daemons would die of it. Addresses are SLURM's
+driver's (submitit checkpoints and requeues), not Ray's, whose daemons would die of it. ``ray start`` dies with the
+task that started it (the kernel's parent-death signal; Ray's daemons die with ``ray start`` the same way): SLURM
+ends a requeued or cancelled task with SIGKILL, and Ray, which takes SIGTERM as "drain for 30 s", would otherwise
+outlive it as an orphan that SLURM no longer counts as the job's. Addresses are SLURM's
 ``NodeAddr``; never Ray's guess, which may be another interface. Ports come from the job id and restart count, so
 jobs sharing a node, or a requeued job meeting a stale head, do not collide. Ray's token authentication is on
-(``RAY_AUTH_MODE=token`` unless set otherwise): every node and the driver read ``~/.ray/auth_token``, which the
-head creates if it is missing (home directories are shared across a cluster's nodes). The object store takes
-Ray's usual 30 % of the memory SLURM gave the task, not of the whole machine.
+with a token of this start of the job (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN_PATH``: a 0600 file the head task
+writes in the run directory, which nodes share, and deletes at the end), unless ``RAY_AUTH_MODE`` is already set.
+The object store takes Ray's usual 30 % of the memory SLURM gave the task, not of the whole machine.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -50,6 +55,8 @@ class RayPlace:
     head_addr: str
     port: int
     n_nodes: int
+    start: str
+    """``<job id>.<restart count>``: names this start's token file."""
 
     @property
     def is_head(self) -> bool:
@@ -78,7 +85,8 @@ def ray_place() -> RayPlace:
         raise RaySetupError("a Ray job runs one task per node (Ray's own workers fill the node); use tasks_per_node=1")
     node, head = env["SLURMD_NODENAME"], first_host(env["SLURM_JOB_NODELIST"])
     return RayPlace(node=node, node_addr=node_address(node), head_addr=node_address(head),
-                    port=job_port(RAY_PORT_OFFSET), n_nodes=int(env["SLURM_JOB_NUM_NODES"]))
+                    port=job_port(RAY_PORT_OFFSET), n_nodes=int(env["SLURM_JOB_NUM_NODES"]),
+                    start=f"{env['SLURM_JOB_ID']}.{env.get('SLURM_RESTART_COUNT', '0')}")
 
 
 def _ray_exe() -> str:
@@ -102,8 +110,15 @@ def _object_store_bytes() -> int | None:
     return max(int(mb * 2**20 * 0.3), 100 * 2**20)
 
 
+def _die_with_parent() -> None:
+    """Run in the child before exec: ignore SIGUSR2, and get SIGKILL when the task that started it dies (Linux's
+    PR_SET_PDEATHSIG, as Ray starts its own daemons); see the module docstring."""
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
 def _start_ray(place: RayPlace, log: Path) -> subprocess.Popen:
-    """``ray start --block`` for this node, in its own session, with SIGUSR2 ignored (see the module docstring)."""
+    """``ray start --block`` for this node, in its own session (see :func:`_die_with_parent`)."""
     args = [_ray_exe(), "start", "--block", f"--node-ip-address={place.node_addr}", "--disable-usage-stats",
             f"--num-cpus={len(os.sched_getaffinity(0))}"]
     store = _object_store_bytes()
@@ -115,8 +130,8 @@ def _start_ray(place: RayPlace, log: Path) -> subprocess.Popen:
         args += [f"--address={place.address}"]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        return subprocess.Popen(["sh", "-c", 'trap "" USR2; exec "$@"', "ray", *args], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=_die_with_parent)
 
 
 def _stop_ray(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -196,9 +211,9 @@ def ray_node(log_dir: str | os.PathLike, timeout_s: float = 180.0) -> Iterator[R
             the head was still up.
     """
     place = ray_place()
-    os.environ.setdefault("RAY_AUTH_MODE", "token")  # every node and the driver; the token is ~/.ray/auth_token
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     log = Path(log_dir) / f"ray-{place.node}.log"
+    token = _use_job_token(Path(log_dir) / f".ray-token-{place.start}", create=place.is_head)
     head = f"Ray head {place.address} on {first_host(os.environ['SLURM_JOB_NODELIST'])}"
     if not place.is_head:
         _wait(f"{head}: waiting for it on {place.node}", lambda: _port_open(place.head_addr, place.port),
@@ -219,6 +234,24 @@ def ray_node(log_dir: str | os.PathLike, timeout_s: float = 180.0) -> Iterator[R
             _disconnect_driver()
     finally:
         _stop_ray(proc)
+        if token is not None and place.is_head:
+            token.unlink(missing_ok=True)
+
+
+def _use_job_token(path: Path, create: bool) -> Path | None:
+    """Turn on Ray's token authentication with a token for this start of the job (the head task writes it, the
+    others find it once the head answers); None, changing nothing, when ``RAY_AUTH_MODE`` is already chosen."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return None
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for old in path.parent.glob(".ray-token-*"):  # an earlier start's, if it was killed before deleting it
+            old.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(path))
+    return path
 
 
 def _serve_until_head_leaves(place: RayPlace, proc: subprocess.Popen, log: Path) -> None:

@@ -73,6 +73,23 @@ def _assert_nodes_clean(timeout_s: float = 20.0) -> None:
     assert not left, "processes left on the nodes:\n" + "\n".join(left)
 
 
+def _job_state(job_id: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.split()
+    return out[0] if out else "GONE"
+
+
+def _assert_clean_while_requeued(job_id: str, timeout_s: float = 60) -> None:
+    """After a requeue, before the job starts again (it waits about 10 s: AuthInfo cred_expire): nothing of its
+    first start may be left on the nodes."""
+    deadline = time.monotonic() + timeout_s
+    while _job_state(job_id) != "PENDING":
+        assert time.monotonic() < deadline, f"job {job_id} was not requeued: {_job_state(job_id)}"
+        time.sleep(0.1)
+    while (left := _node_processes()) and _job_state(job_id) == "PENDING":
+        time.sleep(0.2)
+    assert not left, "processes of the first start outlived it:\n" + "\n".join(left)
+
+
 def _events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "launch_events.jsonl").read_text().splitlines()]
 
@@ -157,6 +174,7 @@ def test_two_node_ppo_ddp_preempted_requeues_and_ends_bitwise_equal(write_sweep,
             assert time.monotonic() < deadline, format_status(sweep_status(plan.exp_dir))
             time.sleep(0.1)
         subprocess.run(["scancel", "--signal=USR2", subs[0].job_id], check=True)
+        _assert_clean_while_requeued(subs[0].job_id)
         statuses = wait_for_sweep(plan.exp_dir, poll_s=1, timeout_s=240)
         _wait_until_gone(subs[0].job_id, 60)
     finally:
@@ -220,6 +238,7 @@ def test_ray_cluster_spans_both_nodes_and_is_torn_down_also_when_preempted(write
             time.sleep(0.2)
         time.sleep(2)  # mid-driver: connecting, placing its actors or holding them (hold_s)
         subprocess.run(["scancel", "--signal=USR2", subs[0].job_id], check=True)
+        _assert_clean_while_requeued(subs[0].job_id)
         statuses = wait_for_sweep(plan.exp_dir, poll_s=1, timeout_s=240)
         _wait_until_gone(subs[0].job_id, 60)
     finally:
@@ -233,6 +252,7 @@ def test_ray_cluster_spans_both_nodes_and_is_torn_down_also_when_preempted(write
     actors = sorted(out["actors"], key=lambda a: a["host"])
     assert [(a["host"], a["ip"]) for a in actors] == [("tdrl-n1", head), ("tdrl-n2", _node_addr("tdrl-n2"))]
     assert len({a["node_id"] for a in actors}) == 2
+    assert not list(run_dir.glob(".ray-token-*"))  # the job's Ray token is gone with its cluster
     _assert_nodes_clean()
 
 
