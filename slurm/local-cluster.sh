@@ -186,26 +186,28 @@ start_munge() {
 
 # --- Namespace nodes ----------------------------------------------------------------------------------------------
 
-make_network() {
-  # The bridge (the cluster network) and, per node, a namespace with a veth to it and the node's /etc/netns files.
-  local i name
+make_bridge() {
+  # The cluster network: a bridge whose address is the controller's (and this host's) on it.
   ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge || die "cannot create bridge $BRIDGE"
   ip addr replace "$NET.1/24" dev "$BRIDGE" && ip link set "$BRIDGE" up || die "cannot address bridge $BRIDGE"
-  mkdir -p "$STATE_DIR"
-  for i in $(seq "$NODES"); do
-    name=$(ns_node "$i")
-    mkdir -p "/etc/netns/$name"
-    { echo "127.0.0.1 localhost"; echo "$NET.1 $HOST"
-      for j in $(seq "$NODES"); do echo "$(ns_addr "$j") $(ns_node "$j")"; done; } >"/etc/netns/$name/hosts"
-    : >"/etc/netns/$name/resolv.conf"   # no DNS: names are the hosts file's only
-    ip netns add "$name" 2>/dev/null || { ip netns del "$name"; ip netns add "$name"; } || die "cannot create netns $name"
-    ip link del "$name-h" 2>/dev/null
-    ip link add "$name-h" type veth peer name eth0 netns "$name" || die "cannot create veth for $name"
-    ip link set "$name-h" master "$BRIDGE" up
-    ip -n "$name" addr add "$(ns_addr "$i")/24" dev eth0
-    ip -n "$name" link set eth0 up
-    ip -n "$name" link set lo up
-  done
+}
+
+make_node_net() {
+  # Node $1's network namespace, made afresh: a veth to the bridge, its address, and its /etc/netns files.
+  local i=$1 name j
+  name=$(ns_node "$i")
+  mkdir -p "/etc/netns/$name"
+  { echo "127.0.0.1 localhost"; echo "$NET.1 $HOST"
+    for j in $(seq "$NODES"); do echo "$(ns_addr "$j") $(ns_node "$j")"; done; } >"/etc/netns/$name/hosts"
+  : >"/etc/netns/$name/resolv.conf"   # no DNS: names are the hosts file's only
+  ip netns del "$name" 2>/dev/null
+  ip link del "$name-h" 2>/dev/null
+  ip netns add "$name" || die "cannot create netns $name"
+  ip link add "$name-h" type veth peer name eth0 netns "$name" || die "cannot create veth for $name"
+  ip link set "$name-h" master "$BRIDGE" up
+  ip -n "$name" addr add "$(ns_addr "$i")/24" dev eth0
+  ip -n "$name" link set eth0 up
+  ip -n "$name" link set lo up
 }
 
 node_init() {
@@ -224,11 +226,14 @@ node_init() {
 }
 
 start_nodes() {
+  # Each node not running (never started, or lost): its network afresh, then its namespaces and slurmd.
   local i name pidf
+  mkdir -p "$STATE_DIR"
   for i in $(seq "$NODES"); do
     name=$(ns_node "$i")
     pidf=$STATE_DIR/$name.pid
     pid_alive "$pidf" && continue
+    make_node_net "$i"
     # --kill-child: if this unshare process dies, the node's init (and so every process of the node) dies too
     # (nsenter, not `ip netns exec`, which remounts /sys and so hides the cgroup mounts slurmd checks for)
     setsid nsenter --net="/run/netns/$name" unshare --uts --mount --pid --fork --kill-child --mount-proc \
@@ -296,7 +301,7 @@ start() {
   fi
   mkdir -p "$LOG_DIR" /var/spool/slurmctld /var/spool/slurmd
   start_munge
-  (( NODES > 1 )) && make_network
+  (( NODES > 1 )) && make_bridge   # before the daemons: the controller's address is on it
   if ! pid_alive "$CTLD_PID"; then
     slurmctld || die "slurmctld did not start (see $LOG_DIR/slurmctld.log)"
   fi

@@ -10,8 +10,9 @@ import pytest
 
 from tdrl.launch import Resources, SweepError, load_sweep, plan_sweep
 from tdrl.launch.distributed import first_host, job_port, node_address, slurm_dist_env
+from tdrl.launch.job import record_event
 from tdrl.launch.ray_slurm import RaySetupError, ray_place
-from tdrl.launch.status import START_MARKER, first_failed_task
+from tdrl.launch.status import START_MARKER, first_failed_task, ranks_on_hosts
 from tdrl.launch.submit import check_run_layout
 
 SLURM_TASK = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_NODEID": "1", "SLURM_LOCALID": "0",
@@ -66,6 +67,18 @@ def test_the_first_rank_srun_reports_failing_since_the_last_start():
     several = "srun: error: n3: tasks 2-3: Exited with exit code 1"
     assert first_failed_task(several) == "ranks 2-3 on n3: Exited with exit code 1"
     assert first_failed_task(f"{START_MARKER} 0 on vm\nall fine\n") == ""
+    lost = "srun: error: tdrl-n1: task 0: Exited with exit code 1\nsrun: error: Node failure on tdrl-n2\n"
+    assert first_failed_task(lost, {"tdrl-n1": [0], "tdrl-n2": [1]}) == "rank 1 on tdrl-n2: node failure"
+    assert first_failed_task(lost) == "node tdrl-n2: node failure"
+
+
+def test_ranks_on_hosts_are_those_of_the_last_start(tmp_path):
+    record_event(tmp_path, "rank", rank=0, host="a", restart=0)
+    record_event(tmp_path, "rank", rank=1, host="b", restart=0)
+    record_event(tmp_path, "rank", rank=1, host="a", restart=1)
+    with open(tmp_path / "launch_events.jsonl", "a") as f:
+        f.write('{"event": "rank", "ra')  # cut short by a kill
+    assert ranks_on_hosts(tmp_path) == {"a": [0, 1]}
 
 
 def test_ray_place_names_head_and_worker(fake_scontrol, monkeypatch):

@@ -219,6 +219,42 @@ def test_killed_rank_fails_the_job_within_60s_naming_it(write_sweep):
     _assert_nodes_clean()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_lost_node_requeues_the_job_which_resumes_when_the_node_is_back(write_sweep, two_node_ppo):
+    """tdrl-n2 dies whole (its init is killed: its slurmd, slurmstepd and rank go at once, as in a power loss).
+    SLURM notices within SlurmdTimeout (30 s), ends that start (NODE_FAIL) and requeues the job (JobRequeue=1),
+    leaving nothing on tdrl-n1; once the node is back the run resumes from its checkpoint and ends bitwise equal to
+    the uninterrupted run."""
+    plan = _ppo_plan(write_sweep, "ppo_ddp_node_lost")
+    subs = submit_sweep(plan, out=io.StringIO())
+    run_dir = plan.runs[0].run_dir
+    try:
+        deadline = time.monotonic() + 180
+        while not checkpoints(run_dir):
+            assert time.monotonic() < deadline, format_status(sweep_status(plan.exp_dir))
+            time.sleep(0.1)
+        os.kill(int(Path("/run/tdrl-slurm/tdrl-n2.pid").read_text()), signal.SIGKILL)  # the node's unshare
+        t0 = time.monotonic()
+        while _job_state(subs[0].job_id) != "PENDING":
+            assert time.monotonic() - t0 < 60, f"job still {_job_state(subs[0].job_id)} 60 s after tdrl-n2 died"
+            time.sleep(0.5)
+        _assert_nodes_clean()  # tdrl-n1 (tdrl-n2 is gone)
+        status = sweep_status(plan.exp_dir)[0]  # not FAILED from rank 0's result: it will run again
+        assert status.state == "PENDING", format_status([status])
+        subprocess.run(["bash", str(CLUSTER), "start", "--nodes", "2"], check=True, capture_output=True, timeout=120)
+        statuses = wait_for_sweep(plan.exp_dir, poll_s=1, timeout_s=240)
+        _wait_until_gone(subs[0].job_id, 60)
+    finally:
+        _cancel(subs)
+        subprocess.run(["bash", str(CLUSTER), "start", "--nodes", "2"], capture_output=True, timeout=120)
+    assert statuses[0].state == "COMPLETED" and statuses[0].starts == 2, format_status(statuses)
+    note = "2-node run that lost a node, requeued, vs the uninterrupted one"
+    assert_same_progress(two_node_ppo[0], run_dir, note)
+    assert_same_tree(newest_state(two_node_ppo[0]), newest_state(run_dir), note)
+    _assert_nodes_clean()
+
+
 @pytest.mark.timeout(300)
 def test_ray_cluster_spans_both_nodes_and_is_torn_down_also_when_preempted(write_sweep):
     """A Ray head on tdrl-n1 and a worker on tdrl-n2; the driver (tests/launch/ray_recipe.py) on the head finds
