@@ -28,7 +28,8 @@
 # Needs root. `start` is idempotent: if the cluster with this configuration is already up, it returns at once; a
 # different --nodes restarts it. It exits non-zero with the reason if the cluster cannot start (CI then skips the
 # SLURM tests, or the multi-node ones only). `stop` removes only what `start` made (its pid files, namespaces
-# tdrl-nI listed in its state directory, the bridge tdrl-br0, /etc/netns/tdrl-nI).
+# tdrl-nI listed in its state directory, the bridge tdrl-br0, /etc/netns/tdrl-nI). A node lost whole (its init
+# killed) comes back with `start --nodes N`. Multi-node runs on it: docs/multinode.md.
 set -uo pipefail
 
 CONF_DIR=/etc/slurm
@@ -90,6 +91,7 @@ check_namespaces() {
   # Namespace nodes need root, iproute2 and util-linux's unshare, and a kernel that lets us make namespaces.
   [ "$(id -u)" = 0 ] || die "--nodes $NODES needs root (network namespaces)"
   command -v ip >/dev/null && command -v unshare >/dev/null || die "--nodes $NODES needs 'ip' (iproute2) and 'unshare'"
+  ip netns del tdrl-probe 2>/dev/null; ip link del tdrl-probe 2>/dev/null   # left by an interrupted check
   ip netns add tdrl-probe 2>/dev/null || die "--nodes $NODES: cannot create a network namespace here (ip netns add)"
   ip netns del tdrl-probe
   ip link add tdrl-probe type bridge 2>/dev/null || die "--nodes $NODES: cannot create a bridge here (ip link add)"
