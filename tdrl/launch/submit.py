@@ -163,10 +163,11 @@ def run_trainers(plan: SweepPlan) -> list[tuple[str, int] | None]:
 
 def check_run_layout(plan: SweepPlan, resources: Resources) -> list[bool]:
     """Which runs need a Ray cluster (``resources.ray`` or ``trainer.kind=ray``); raise before submitting when a
-    data-parallel run's ``trainer.world_size`` differs from the job's ranks.
+    data-parallel run's ``trainer.world_size`` differs from the job's ranks, or a one-process trainer would run in
+    every task of a multi-task job.
 
     Raises:
-        SweepError: naming the run, its world size and the job's ``nodes x tasks_per_node``.
+        SweepError: naming the run, its trainer and the job's ``nodes x tasks_per_node``.
     """
     r = resources
     ranks = r.nodes * r.tasks_per_node
@@ -178,6 +179,10 @@ def check_run_layout(plan: SweepPlan, resources: Resources) -> list[bool]:
                              f"tasks_per_node={r.tasks_per_node} = {ranks} ranks; make them equal")
         if kind == "ray" and r.tasks_per_node != 1:
             raise SweepError(f"run '{run.name}': trainer.kind=ray runs one task per node; use tasks_per_node=1")
+        if kind in ("sync", "async") and ranks > 1 and not r.ray:  # every task would train into the same run.dir
+            raise SweepError(f"run '{run.name}': trainer.kind={kind} is one process, but the job starts nodes={r.nodes}"
+                             f" x tasks_per_node={r.tasks_per_node} tasks; use trainer.kind=ddp "
+                             f"trainer.world_size={ranks}, or one task")
         ray.append(r.ray or kind == "ray")
     return ray
 

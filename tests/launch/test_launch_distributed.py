@@ -105,3 +105,7 @@ def test_a_ddp_world_size_that_differs_from_the_jobs_ranks_is_refused(write_swee
     with pytest.raises(SweepError, match=r"run 'run_0': trainer.world_size=2 but the job starts nodes=3 x "
                                          r"tasks_per_node=1 = 3 ranks; make them equal"):
         check_run_layout(plan, Resources(nodes=3))
+    sync = plan_sweep(load_sweep(write_sweep("sync", "seeds=[0],", recipe=ppo)))
+    with pytest.raises(SweepError, match=r"trainer.kind=sync is one process, but the job starts nodes=2 x "
+                                         r"tasks_per_node=1 tasks; use trainer.kind=ddp trainer.world_size=2"):
+        check_run_layout(sync, Resources(nodes=2))
