@@ -128,6 +128,8 @@ def build_parser(prog: str = "slurm/launch.py") -> argparse.ArgumentParser:
     q.add_argument("--array-parallelism", type=int, help="at most this many runs at once")
     q.add_argument("--tasks-per-node", type=int, help="processes per run (data-parallel ranks)")
     q.add_argument("--nodes", type=int, help="nodes per run")
+    q.add_argument("--ray", action="store_const", const=True, help="a Ray cluster over each run's nodes, the driver "
+                   "on the first (RAY_ADDRESS set; on by itself for trainer.kind=ray)")
     q.add_argument("--max-requeues", type=int, help="requeues after time-outs before giving up")
     q.add_argument("--signal-delay", dest="signal_delay_s", type=int, help="seconds before the time limit USR2 comes")
     q.add_argument("--rerun-done", action="store_true", help="also submit runs with a summary.json")

@@ -2,8 +2,9 @@
 
 The job calls the recipe's ``main(cfg)`` in its own process, so submitit's USR2 handler lives in the process that
 trains. On USR2 submitit calls :meth:`RecipeJob.checkpoint`, which requeues the same job on the same ``run.dir``;
-the recipe resumes there from its last checkpoint. Rank 0 appends each start, requeue and failure to
-``<run dir>/launch_events.jsonl`` for ``status``.
+the recipe resumes there from its last checkpoint. Rank 0 appends each start, requeue and end to
+``<run dir>/launch_events.jsonl`` for ``status``; every rank of a multi-task job adds where it runs (``rank``, or
+``ray_node`` in a Ray job) and any error it raised, with its rank.
 """
 
 from __future__ import annotations
@@ -52,18 +53,29 @@ def _follow_allocation() -> None:
 @dataclass
 class RecipeJob:
     """Run the recipe file at ``recipe`` with ``overrides`` (``key=value`` strings, including ``run.dir``, which
-    is also ``run_dir``, where events are recorded) as one SLURM job."""
+    is also ``run_dir``, where events are recorded) as one SLURM job; ``ray``: on a Ray cluster over the job's
+    nodes, the driver on the first (:mod:`tdrl.launch.ray_slurm`)."""
 
     recipe: str
     overrides: list[str]
     run_dir: str
+    ray: bool = False
 
-    def __call__(self) -> dict[str, Any]:
-        """Run the recipe in this process and return its summary dict (submitit's job result)."""
+    def __call__(self) -> dict[str, Any] | None:
+        """Run the recipe in this process and return its summary dict (submitit's job result; None on the tasks of
+        a Ray job that only host Ray workers)."""
         _follow_allocation()
         rank = int(os.environ.get("SLURM_PROCID", "0"))
+        if self.ray:
+            return self._run_on_ray(rank)
         if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
-            export_dist_env(slurm_dist_env())  # torchrun-style env:// variables for data-parallel trainers
+            place = slurm_dist_env()
+            export_dist_env(place)  # torchrun-style env:// variables for data-parallel trainers
+            record_event(self.run_dir, "rank", rank=rank, master=f"{place.master_addr}:{place.master_port}",
+                         **_job_fields())
+        return self._run_recipe(rank)
+
+    def _run_recipe(self, rank: int) -> dict[str, Any]:
         if rank == 0:
             record_event(self.run_dir, "start", **_job_fields())
         try:
@@ -71,12 +83,26 @@ class RecipeJob:
             cfg = apply_overrides(module.Config(), self.overrides)
             summary = module.main(cfg)
         except Exception as e:
-            if rank == 0:
-                record_event(self.run_dir, "error", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+            record_event(self.run_dir, "error", rank=rank, error=f"{type(e).__name__}: {e}",
+                         traceback=traceback.format_exc())
             raise
         if rank == 0:
             record_event(self.run_dir, "end", **_job_fields())
         return summary
+
+    def _run_on_ray(self, rank: int) -> dict[str, Any] | None:
+        from tdrl.launch.ray_slurm import RaySetupError, ray_node
+
+        try:
+            with ray_node(self.run_dir) as place:
+                record_event(self.run_dir, "ray_node", rank=rank, address=place.address, nodes=place.n_nodes,
+                             **_job_fields())
+                if place.is_head:
+                    return self._run_recipe(rank)
+            return None  # a worker node's task: the driver has ended
+        except RaySetupError as e:  # names the node and its Ray log
+            record_event(self.run_dir, "error", rank=rank, error=f"{type(e).__name__}: {e}", **_job_fields())
+            raise
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """Requeue this same job; it resumes from ``run_dir`` (called by submitit on USR2, rank 0 only)."""

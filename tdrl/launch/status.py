@@ -13,8 +13,10 @@ import getpass
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,13 +25,15 @@ from tdrl.config import flatten
 from tdrl.launch.sweep import SweepError, SweepPlan
 from tdrl.utils.process import pid_alive
 
-__all__ = ["RunStatus", "check_not_running", "collect_results", "format_status", "format_table", "last_progress_row",
-    "read_summary", "sweep_status"]
+__all__ = ["START_MARKER", "RunStatus", "check_not_running", "collect_results", "first_failed_task", "format_status",
+    "format_table", "last_progress_row", "ranks_on_hosts", "read_summary", "sweep_status"]
 
 DEFAULT_COLUMNS = ("frames", "CumSteps", "eval/return_mean", "train/return_mean")
 _FAILED = frozenset({"FAILED", "UNKNOWN", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "INTERRUPTED"})
 TERMINAL = _FAILED | {"COMPLETED", "BOOT_FAIL", "DEADLINE", "SKIPPED"}
 """States after which a run will not change without being launched again."""
+START_MARKER = "tdrl: job start"
+"""What a SLURM job's batch script prints to its stderr on every start (:func:`tdrl.launch.submit.make_executor`)."""
 
 
 @dataclass
@@ -86,18 +90,23 @@ def last_progress_row(run_dir: Path) -> tuple[int, dict[str, str]] | None:
     return len(rows), {k: v for k, v in rows[-1].items() if k is not None}
 
 
-def _count_starts(run_dir: Path) -> int:
+def _read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's launch_events.jsonl (tdrl.launch.job.record_event), without lines cut short by a killed job."""
     try:
         lines = (Path(run_dir) / "launch_events.jsonl").read_text().splitlines()
     except OSError:
-        return 0
-    starts = 0
+        return []
+    events = []
     for line in lines:
         try:
-            starts += json.loads(line).get("event") == "start"
-        except ValueError:  # a line cut short by a killed job
+            events.append(json.loads(line))
+        except ValueError:
             continue
-    return starts
+    return events
+
+
+def _count_starts(run_dir: Path) -> int:
+    return sum(event.get("event") == "start" for event in _read_events(run_dir))
 
 
 def slurm_query(*command: str) -> str | None:
@@ -110,13 +119,25 @@ def slurm_query(*command: str) -> str | None:
         return None
 
 
-def squeue_states() -> dict[str, tuple[str, str]] | None:
-    """``{job_id: (STATE, reason)}`` for this user's jobs in the queue (array tasks as ``123_4``), or None."""
-    text = slurm_query("squeue", "-h", "-r", "-t", "all", "-u", getpass.getuser(), "-o", "%i|%T|%r")
+QueueEntry = tuple[str, str, float | None]
+"""A job's ``(STATE, reason, start time)``: when it started, or is expected to (epoch seconds; None unknown)."""
+
+
+def _epoch(slurm_time: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(slurm_time, "%Y-%m-%dT%H:%M:%S"))  # SLURM prints local time
+    except ValueError:  # N/A, Unknown
+        return None
+
+
+def squeue_states() -> dict[str, QueueEntry] | None:
+    """``{job_id: (STATE, reason, start time)}`` for this user's jobs in the queue (array tasks as ``123_4``), or
+    None."""
+    text = slurm_query("squeue", "-h", "-r", "-t", "all", "-u", getpass.getuser(), "-o", "%i|%T|%r|%S")
     if text is None:
         return None
     fields = [line.strip().split("|") for line in text.splitlines()]
-    return {f[0]: (f[1], f[2]) for f in fields if len(f) == 3}
+    return {f[0]: (f[1], f[2], _epoch(f[3])) for f in fields if len(f) == 4}
 
 
 def _result(path: str) -> tuple[str, Any] | None:
@@ -134,22 +155,83 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def _slurm_state(record: dict[str, Any], queue: dict[str, tuple[str, str]] | None, run_dir: Path) -> tuple[str, str]:
+def _from_an_earlier_start(path: str, entry: QueueEntry | None) -> bool:
+    """Whether a job's result was written before its current start: SLURM requeues a job whose node failed, so a
+    job that is pending or running again has an earlier start's result until it writes its own."""
+    if entry is None or entry[0] not in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "RUNNING"):
+        return False
+    started = entry[2]
+    try:
+        return started is None or os.path.getmtime(path) < started
+    except OSError:
+        return False
+
+
+def _slurm_state(record: dict[str, Any], queue: dict[str, QueueEntry] | None, run_dir: Path) -> tuple[str, str]:
+    job_id = record.get("job_id", "")
     result = _result(record.get("result", ""))
-    if result is not None:
+    if result is not None and not _from_an_earlier_start(record["result"], (queue or {}).get(job_id)):
         kind, value = result
         return ("COMPLETED", "") if kind == "success" else ("FAILED", _last_line(value))
-    job_id = record.get("job_id", "")
     if not job_id and read_summary(run_dir) is not None:
         return "SKIPPED", "finished before this submission"
     if queue is None:
         return "NO_QUEUE", "squeue did not answer"
     if job_id in queue:
-        state, reason = queue[job_id]
+        state, reason, _ = queue[job_id]
         return state, "" if reason in ("None", "") else reason
     if read_summary(run_dir) is not None:
         return "COMPLETED", ""
     return "UNKNOWN", "not in the queue and no result (killed without a signal?)"
+
+
+def first_failed_task(log: str, ranks_on: dict[str, list[int]] | None = None) -> str:
+    """``rank 1 on tdrl-n2: Killed``: the first task that srun reported failing since the job's last start, from
+    its stderr; ``""`` if none. That task is the cause: its peers fail after it (in a collective, or ended by
+    ``--kill-on-bad-exit``), and one killed by a signal leaves no traceback of its own. A node that failed as a whole
+    comes first (its tasks report nothing); ``ranks_on`` (host -> ranks) names its ranks."""
+    section = log.rsplit(START_MARKER, 1)[-1]
+    node = re.search(r"^srun: error: Node failure on (\S+)", section, re.M)
+    if node:
+        ranks = (ranks_on or {}).get(node.group(1), [])
+        who = f"rank {','.join(map(str, ranks))} on " if ranks else "node "
+        return f"{who}{node.group(1)}: node failure"
+    found = re.search(r"^srun: error: (\S+): (tasks?) ([\d,\-]+): (.+)$", section, re.M)
+    if not found:
+        return ""
+    host, word, tasks, what = found.groups()
+    return f"{'rank' if word == 'task' else 'ranks'} {tasks} on {host}: {what.strip()}"
+
+
+def ranks_on_hosts(run_dir: Path) -> dict[str, list[int]]:
+    """Host -> ranks of the last start of a multi-task run, from the ``rank`` events in launch_events.jsonl."""
+    latest: dict[int, tuple[int, str]] = {}
+    for event in _read_events(run_dir):
+        if event.get("event") == "rank" and event.get("restart", 0) >= latest.get(event["rank"], (-1, ""))[0]:
+            latest[event["rank"]] = (event.get("restart", 0), event.get("host", ""))
+    out: dict[str, list[int]] = {}
+    for rank, (_, host) in sorted(latest.items()):
+        out.setdefault(host, []).append(rank)
+    return out
+
+
+def _tail(path: str, size: int = 1 << 20) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _name_failed_rank(state: str, error: str, log: str, run_dir: Path) -> tuple[str, str]:
+    """For a failed multi-task job: the state and error, led by the rank that failed first."""
+    failed = first_failed_task(_tail(log), ranks_on_hosts(run_dir)) if state in _FAILED else ""
+    if not failed:
+        return state, error
+    if state == "UNKNOWN":  # rank 0 was ended before it could write a result
+        return "FAILED", failed
+    return "FAILED", f"{failed} (failed first); rank 0: {error}"
 
 
 def sweep_status(exp_dir: str | os.PathLike) -> list[RunStatus]:
@@ -165,12 +247,16 @@ def sweep_status(exp_dir: str | os.PathLike) -> list[RunStatus]:
     slurm = manifest.get("backend") == "slurm"
     queue = squeue_states() if slurm else None
     launcher_alive = not slurm and pid_alive(manifest.get("launcher_pid"))
+    resources = manifest.get("resources", {})
+    multi_task = resources.get("nodes", 1) * resources.get("tasks_per_node", 1) > 1
     out = []
     for record in manifest["runs"]:
         run_dir = Path(record["run_dir"])
         if slurm:
             state, error = _slurm_state(record, queue, run_dir)
             log = record.get("stderr", "")
+            if multi_task:
+                state, error = _name_failed_rank(state, error, log, run_dir)
         else:
             state = record.get("state", "unknown").upper()
             error = f"exit {record['returncode']}" if state == "FAILED" else ""

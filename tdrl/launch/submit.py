@@ -5,6 +5,11 @@ Every run becomes a :class:`tdrl.launch.job.RecipeJob` in one array (``--array=0
 shell. Jobs requeue themselves on preemption and before their time limit (USR2 ``signal_delay_s`` early, at most
 ``max_requeues`` time-outs) and resume from their run directory. Nothing is submitted unless every run's config
 validated and the resources fit the cluster.
+
+A run of several tasks (``nodes`` x ``tasks_per_node``) is one rank per task (``trainer.kind=ddp``, whose
+``trainer.world_size`` must match) or, with ``resources.ray`` or ``trainer.kind=ray``, one Ray node per SLURM node
+with the driver on the first (:mod:`tdrl.launch.ray_slurm`). srun ends every task as soon as one fails
+(``--kill-on-bad-exit``), so a dead rank fails the job at once instead of leaving its peers waiting in a collective.
 """
 
 from __future__ import annotations
@@ -17,14 +22,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from tdrl.config import apply_overrides
 from tdrl.launch.job import RecipeJob
 from tdrl.launch.local import write_root_files
-from tdrl.launch.status import TERMINAL, RunStatus, check_not_running, format_status, slurm_query, sweep_status
+from tdrl.launch.recipe import load_recipe
+from tdrl.launch.status import (
+    START_MARKER,
+    TERMINAL,
+    RunStatus,
+    check_not_running,
+    format_status,
+    slurm_query,
+    sweep_status,
+)
 from tdrl.launch.sweep import Resources, RunSpec, SweepError, SweepPlan
 from tdrl.launch.variants import save_variant
 from tdrl.utils.files import write_json_atomic
 
-__all__ = ["SubmittedRun", "check_slurm_resources", "make_executor", "submit_sweep", "wait_for_sweep"]
+__all__ = ["SubmittedRun", "check_run_layout", "check_slurm_resources", "make_executor", "run_trainers",
+    "submit_sweep", "wait_for_sweep"]
 
 
 @dataclass
@@ -48,22 +64,24 @@ def _gres_gpus(gres: str) -> int:
     return total
 
 
-def _largest_nodes() -> tuple[dict[str, tuple[int, int, int]], str | None]:
-    """Each partition's largest ``(CPUs, memory MB, GPUs)`` per node, and the default partition (sinfo's ``*``).
+def _largest_nodes() -> tuple[dict[str, tuple[int, int, int, int]], str | None]:
+    """Each partition's largest ``(CPUs, memory MB, GPUs)`` per node and its node count, and the default partition
+    (sinfo's ``*``).
 
     ``({}, None)`` when sinfo does not answer.
     """
-    nodes: dict[str, tuple[int, int, int]] = {}
+    nodes: dict[str, tuple[int, int, int, int]] = {}
     default = None
-    for line in (slurm_query("sinfo", "-h", "-o", "%P|%c|%m|%G") or "").splitlines():
+    for line in (slurm_query("sinfo", "-h", "-o", "%P|%c|%m|%G|%D") or "").splitlines():
         fields = line.strip().split("|")
-        if len(fields) != 4 or not fields[0]:
+        if len(fields) != 5 or not fields[0]:
             continue
-        name, cpus, mem, gres = fields
+        name, cpus, mem, gres, count = fields
         if name.endswith("*"):
             name = default = name[:-1]
-        node = (int(cpus.rstrip("+") or 0), int(mem.rstrip("+") or 0), _gres_gpus(gres))
-        nodes[name] = tuple(max(a, b) for a, b in zip(nodes.get(name, (0, 0, 0)), node, strict=True))
+        cpus_, mem_, gpus_, count_ = nodes.get(name, (0, 0, 0, 0))
+        nodes[name] = (max(cpus_, int(cpus.rstrip("+") or 0)), max(mem_, int(mem.rstrip("+") or 0)),
+                       max(gpus_, _gres_gpus(gres)), count_ + int(count or 0))  # one line per node state
     return nodes, default
 
 
@@ -72,7 +90,8 @@ def check_slurm_resources(resources: Resources) -> None:
 
     Raises:
         SweepError: a non-positive count, no SLURM client on PATH, an unknown partition (listing the known
-            ones), or more CPUs per task, memory or GPUs than the largest node of the partition has.
+            ones), more nodes than the partition has, more CPUs per task, memory or GPUs than its largest node has,
+            or a Ray run with several tasks per node.
     """
     r = resources
     for name in ("cpus_per_run", "time_min", "tasks_per_node", "nodes"):
@@ -80,6 +99,9 @@ def check_slurm_resources(resources: Resources) -> None:
             raise SweepError(f"resources.{name}={getattr(r, name)}: must be at least 1")
     if r.gpus_per_run < 0 or (r.array_parallelism is not None and r.array_parallelism < 1):
         raise SweepError("resources: gpus_per_run must be >= 0 and array_parallelism >= 1")
+    if r.ray and r.tasks_per_node != 1:
+        raise SweepError(f"resources.ray with tasks_per_node={r.tasks_per_node}: a Ray run has one task per node "
+                         "(Ray starts its own workers there); use tasks_per_node=1")
     for tool in ("sbatch", "scontrol", "squeue"):
         if shutil.which(tool) is None:
             raise SweepError(
@@ -91,7 +113,11 @@ def check_slurm_resources(resources: Resources) -> None:
     name = r.partition or default
     if name not in nodes:
         return
-    cpus, mem_mb, gpus = nodes[name]
+    cpus, mem_mb, gpus, count = nodes[name]
+    if count and r.nodes > count:
+        wide = sorted(p for p, n in nodes.items() if n[3] >= r.nodes)
+        raise SweepError(f"nodes={r.nodes} but partition '{name}' has {count} node(s); "
+                         + (f"partitions with {r.nodes}: {', '.join(wide)}" if wide else "no partition has as many"))
     where = f"the largest node of partition '{name}' has"
     if cpus and r.cpus_per_run * r.tasks_per_node > cpus:
         raise SweepError(f"cpus_per_run={r.cpus_per_run} x tasks_per_node={r.tasks_per_node} but {where} {cpus} CPUs")
@@ -113,12 +139,52 @@ def make_executor(folder: Path, resources: Resources, name: str, n_runs: int):
         # USR2 must come while there is still time to checkpoint; never at the very start of a short job.
         slurm_signal_delay_s=int(min(r.signal_delay_s, max(10, r.time_min * 60 // 2))),
     )
+    # each start says so in the job's stderr, where status looks for the rank that failed since
+    setup = [f'echo "{START_MARKER} ${{SLURM_RESTART_COUNT:-0}} on $(hostname)" >&2', *r.slurm_setup]
     optional = dict(
-        gpus_per_node=r.gpus_per_run, mem_gb=r.mem_gb, slurm_partition=r.partition, slurm_setup=list(r.slurm_setup),
+        gpus_per_node=r.gpus_per_run, mem_gb=r.mem_gb, slurm_partition=r.partition, slurm_setup=setup,
         slurm_additional_parameters=dict(r.slurm_extra),
     )
+    if r.nodes * r.tasks_per_node > 1:  # a rank that dies ends its peers at once (they would wait in a collective)
+        optional["slurm_srun_args"] = ["--kill-on-bad-exit=1"]
     executor.update_parameters(**params, **{k: v for k, v in optional.items() if v})
     return executor
+
+
+def run_trainers(plan: SweepPlan) -> list[tuple[str, int] | None]:
+    """Each run's ``(trainer.kind, trainer.world_size)``, or None for recipes without a ``trainer`` section."""
+    module = load_recipe(plan.recipe)
+    out = []
+    for run in plan.runs:
+        trainer = getattr(apply_overrides(module.Config(), list(run.overrides)), "trainer", None)
+        out.append((trainer.kind, trainer.world_size) if trainer is not None else None)
+    return out
+
+
+def check_run_layout(plan: SweepPlan, resources: Resources) -> list[bool]:
+    """Which runs need a Ray cluster (``resources.ray`` or ``trainer.kind=ray``); raise before submitting when a
+    data-parallel run's ``trainer.world_size`` differs from the job's ranks, or a one-process trainer would run in
+    every task of a multi-task job.
+
+    Raises:
+        SweepError: naming the run, its trainer and the job's ``nodes x tasks_per_node``.
+    """
+    r = resources
+    ranks = r.nodes * r.tasks_per_node
+    ray = []
+    for run, trainer in zip(plan.runs, run_trainers(plan), strict=True):
+        kind, size = trainer or (None, 0)
+        if kind == "ddp" and ranks > 1 and size != ranks:
+            raise SweepError(f"run '{run.name}': trainer.world_size={size} but the job starts nodes={r.nodes} x "
+                             f"tasks_per_node={r.tasks_per_node} = {ranks} ranks; make them equal")
+        if kind == "ray" and r.tasks_per_node != 1:
+            raise SweepError(f"run '{run.name}': trainer.kind=ray runs one task per node; use tasks_per_node=1")
+        if kind in ("sync", "async") and ranks > 1 and not r.ray:  # every task would train into the same run.dir
+            raise SweepError(f"run '{run.name}': trainer.kind={kind} is one process, but the job starts nodes={r.nodes}"
+                             f" x tasks_per_node={r.tasks_per_node} tasks; use trainer.kind=ddp "
+                             f"trainer.world_size={ranks}, or one task")
+        ray.append(r.ray or kind == "ray")
+    return ray
 
 
 def submit_sweep(
@@ -135,6 +201,7 @@ def submit_sweep(
     out = out or sys.stdout
     resources = resources or plan.sweep.resources
     check_slurm_resources(resources)
+    ray = check_run_layout(plan, resources)
     check_not_running(plan)
     todo = [r for r in plan.runs if rerun_done or not r.is_done()]
     plan.exp_dir.mkdir(parents=True, exist_ok=True)
@@ -146,7 +213,8 @@ def submit_sweep(
             save_variant(run.variant, run.run_dir)
         executor = make_executor(plan.exp_dir / "slurm" / "%j", resources, plan.sweep.name, len(todo))
         with executor.batch():
-            jobs = [executor.submit(RecipeJob(str(plan.recipe), list(r.overrides), str(r.run_dir))) for r in todo]
+            jobs = [executor.submit(RecipeJob(str(plan.recipe), list(r.overrides), str(r.run_dir), ray[r.index]))
+                    for r in todo]
         for run, job in zip(todo, jobs, strict=True):
             sub = SubmittedRun(run, str(job.job_id), job.paths.stdout, job.paths.stderr, job.paths.result_pickle)
             submitted.append(sub)

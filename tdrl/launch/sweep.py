@@ -54,7 +54,10 @@ class Resources:
     tasks_per_node: int = 1
     """SLURM tasks per node; > 1 for data-parallel runs (one process per rank, torch.distributed from SLURM)."""
     nodes: int = 1
-    """SLURM nodes per run."""
+    """SLURM nodes per run (one rank per task of each; see ``ray``)."""
+    ray: bool = False
+    """SLURM: run on a Ray cluster over the run's nodes, the recipe's driver on the first with ``RAY_ADDRESS`` set
+    (on by itself for ``trainer.kind=ray``); one task per node."""
     signal_delay_s: int = 120
     """SLURM sends USR2 this long before the time limit, so the run can checkpoint and requeue."""
     max_requeues: int = 3

@@ -71,3 +71,36 @@ def slurm_cluster():
                 f"local SLURM cluster could not start: {(res.stdout + res.stderr).strip()[-500:]}"
             )
     return True
+
+
+TWO_NODES = ("tdrl-n1", "tdrl-n2")
+
+
+def _multi_partition_idle() -> bool:
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-p", "multi", "-o", "%N %T"], capture_output=True, text=True,
+                             timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    states = dict(line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
+    return all(states.get(node) in ("idle", "mixed", "allocated", "completing") for node in TWO_NODES)
+
+
+@pytest.fixture(scope="session")
+def slurm_two_nodes():
+    """The local cluster with its two namespace nodes tdrl-n1, tdrl-n2 (partition ``multi``); started with
+    ``slurm/local-cluster.sh start --nodes 2`` if they are not up (skip, with the reason, if they can't be)."""
+    if shutil.which("sinfo") is not None and _multi_partition_idle():
+        return TWO_NODES
+    if os.geteuid() != 0:
+        pytest.skip("the two-node SLURM cluster is not up and starting it needs root "
+                    "(bash slurm/local-cluster.sh start --nodes 2)")
+    script = REPO / "slurm" / "local-cluster.sh"
+    try:
+        res = subprocess.run(["bash", str(script), "start", "--nodes", "2"], capture_output=True, text=True,
+                             timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.skip("slurm/local-cluster.sh start --nodes 2 did not finish in 300 s")
+    if res.returncode != 0 or not _multi_partition_idle():
+        pytest.skip(f"two-node SLURM cluster could not start: {(res.stdout + res.stderr).strip()[-500:]}")
+    return TWO_NODES
