@@ -251,6 +251,8 @@ class RayTrainer:
     def _account(self, reports: list[Any]) -> None:
         iv = self._interval
         for report in reports:
+            if not report.frames:  # an Ape-X call whose write is still pending: nothing reached the replay yet
+                continue
             self.book.frames += report.frames
             self.book.itr += 1
             self.book.add_episodes(report.trajs)
@@ -324,6 +326,9 @@ class RayTrainer:
         if self._hub is None:
             return
         import ray
+
+        for line in self.pool.events if self.pool is not None else []:
+            print(f"tdrl: {line}", file=sys.stderr, flush=True)
 
         with contextlib.suppress(Exception):
             if self.pool is not None:

@@ -86,7 +86,7 @@ def test_apex_dqn_spans_both_nodes_and_throttles_to_the_replay_ratio(cluster, tm
 
 def test_actor_sigkill_is_restarted_and_counted(cluster, tmp_path):
     run_dir = tmp_path / "run"
-    proc = cluster.popen(apex_args(run_dir, 6144), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = cluster.popen(apex_args(run_dir, 8192), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: frames_logged(run_dir) >= 512, 240, "frames collected", proc)
         victims = cluster.processes(ACTOR)
@@ -101,7 +101,7 @@ def test_actor_sigkill_is_restarted_and_counted(cluster, tmp_path):
     back = re.findall(r"collector actor \d is back after ([\d.]+) s", err)
     assert back and float(back[0]) < 10, err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["actor_restarts"] >= 1 and summary["frames"] >= 6144 > killed_at_frames
+    assert summary["actor_restarts"] >= 1 and summary["frames"] >= 8192 > killed_at_frames
     assert max(r.get("actors/restarts", 0) for r in rows(run_dir)) >= 1
     no_actor_left(cluster)
 
