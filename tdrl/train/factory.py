@@ -105,28 +105,22 @@ def make_trainer(
         if not is_distributed() and cfg.world_size > 1:
             raise ValueError(f"trainer.kind=ddp with trainer.world_size={cfg.world_size}, but no process group: this "
                              "recipe must start its ranks with tdrl.train.launch_data_parallel before building them")
-    if cfg.kind == "ray":
+    if cfg.kind in ("async", "ray"):
         if collector_factory is None or policy is None:
-            raise ValueError("trainer.kind=ray needs collector_factory (each actor builds its collector) and the "
-                             "policy whose weights the actors receive")
+            raise ValueError(f"trainer.kind={cfg.kind} needs collector_factory (the collector is built in its own "
+                             "process) and the policy whose weights it receives")
         if collector is not None:
             collector.shutdown()
+        max_lag = None if cfg.max_lag_frames < 0 else cfg.max_lag_frames
+        if cfg.kind == "async":
+            return AsyncTrainer(collector_factory=collector_factory, replay=replay, policy=policy, seed=seed,
+                                updates_per_sync=cfg.updates_per_sync, max_lag_frames=max_lag, **kwargs)
         return RayTrainer(collector_factory=collector_factory, replay=replay, policy=policy, seed=seed,
                           weights_module=weights_module, actor_setup=actor_setup,
                           actor_priorities=actor_priorities, n_actors=cfg.n_actors,
                           address=cfg.ray_address or None, actor_cpus=cfg.actor_cpus,
                           call_timeout_s=cfg.call_timeout_s, updates_per_sync=cfg.updates_per_sync,
-                          max_lag_frames=None if cfg.max_lag_frames < 0 else cfg.max_lag_frames,
-                          unrolls_per_batch=cfg.unrolls_per_batch, **kwargs)
-    if cfg.kind == "async":
-        if collector_factory is None or policy is None:
-            raise ValueError("trainer.kind=async needs collector_factory (the collector is built in its own process) "
-                             "and the policy whose weights it receives")
-        if collector is not None:
-            collector.shutdown()
-        return AsyncTrainer(collector_factory=collector_factory, replay=replay, policy=policy, seed=seed,
-                            updates_per_sync=cfg.updates_per_sync,
-                            max_lag_frames=None if cfg.max_lag_frames < 0 else cfg.max_lag_frames, **kwargs)
+                          max_lag_frames=max_lag, unrolls_per_batch=cfg.unrolls_per_batch, **kwargs)
     built = collector is None
     if built:
         collector = collector_factory()

@@ -127,16 +127,16 @@ class RayTrainer:
         replay: Any = None,
         replay_ratio: float | None = None,
         batch_size: int | None = None,
+        min_steps_learn: int = 0,
+        max_lag_frames: int | None = 0,
+        updates_per_sync: int = 1,
+        unrolls_per_batch: int = 1,
         run: Any = None,
         eval_collector: Any = None,
-        min_steps_learn: int = 0,
+        stop_return: float | None = None,
         log_traj_window: int = 100,
         checkpoint_state: Mapping[str, Any] | None = None,
         checkpoint_interval_steps: int = 0,
-        stop_return: float | None = None,
-        updates_per_sync: int = 1,
-        max_lag_frames: int | None = 0,
-        unrolls_per_batch: int = 1,
         seed: int = 0,
     ) -> None:
         self.on_policy = replay is None
@@ -180,8 +180,7 @@ class RayTrainer:
 
     itr = book_counter("itr", "Rollouts received (one collector batch each).")
     frames = book_counter("frames", "Env frames of the rollouts received.")
-    updates = book_counter("updates", "Gradient updates recorded.")
-    history = book_counter("history", "Log rows.")
+    updates, history = book_counter("updates", "Gradient updates recorded."), book_counter("history", "Log rows.")
 
     @property
     def updates_due(self) -> int:
