@@ -331,6 +331,12 @@ class ActorPool:
             except (RayActorError, ActorDiedError, ActorUnavailableError, GetTimeoutError):
                 self._restarted(i, "died")
                 continue
+            if slot.pid is not None and report.pid != slot.pid and slot.probe is None:
+                # Ray restarted it between two rollouts: no call of ours failed, so only its pid tells
+                slot.restarts += 1
+                self.events.append(f"collector actor {i} died (pid {slot.pid}) between rollouts; Ray restarted it: "
+                                   f"is back after {time.monotonic() - slot.progress_at:.1f} s (pid {report.pid}), "
+                                   f"restart {slot.restarts}")
             slot.progress_at, slot.started = time.monotonic(), True
             slot.frames += report.frames
             slot.collect_s += report.collect_s
@@ -359,7 +365,7 @@ class ActorPool:
         except RayError:
             slot.probe = slot.handle.pid.remote()
             return False
-        slot.probe, slot.started, slot.progress_at = None, True, time.monotonic()
+        slot.probe, slot.started, slot.progress_at, slot.pid = None, True, time.monotonic(), pid
         index = self.slots.index(slot)
         self.events.append(f"collector actor {index} is back after {time.monotonic() - slot.died_at:.1f} s (pid {pid})")
         slot.died_at = None
