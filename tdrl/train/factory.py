@@ -43,11 +43,12 @@ def check_min_steps_learn(min_steps_learn: int, *, n_step: int, batch_B: int) ->
 
 
 def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu",
-                  supported: Sequence[str] = TRAINER_KINDS) -> None:
+                  supported: Sequence[str] = ("sync", "ddp", "async")) -> None:
     """Reject trainer settings that cannot work, before any process starts (call it first thing in ``main``).
 
     ``on_policy``: the algorithm learns only from fresh batches (no async then); ``device``: the learner device
-    (``trainer.backend=nccl`` needs CUDA); ``supported``: the kinds this recipe wires up. Raises ``ConfigError``
+    (``trainer.backend=nccl`` needs CUDA); ``supported``: the kinds this recipe wires up (``ray`` only where named:
+    an on-policy recipe must correct for the actors' lag, as IMPALA's V-trace does). Raises ``ConfigError``
     for an unknown or unsupported ``trainer.kind`` or async with an on-policy algorithm, and
     ``DistributedSetupError`` for a world size or backend this machine cannot run.
     """
@@ -95,7 +96,8 @@ def make_trainer(
     ``**kwargs``: the trainers' common arguments (``n_steps``, ``log_interval_steps``, ``run``, ...). Raises
     ``ValueError`` (see :func:`check_trainer`) before any collector is built.
     """
-    check_trainer(cfg, on_policy=on_policy)  # every check comes before a collector (and its workers) is built
+    # every check comes before a collector (and its workers) is built; the recipe checked its own kinds first
+    check_trainer(cfg, on_policy=on_policy, supported=TRAINER_KINDS)
     if cfg.kind != "async" and collector is None and collector_factory is None:
         raise ValueError(f"trainer.kind={cfg.kind} needs the collector (or collector_factory)")
     if cfg.kind == "ddp":

@@ -396,9 +396,6 @@ class ActorPool:
         """Distinct cluster nodes the actors' last rollouts ran on."""
         return len({s.node for s in self.slots if s.node is not None})
 
-    def pids(self) -> list[int | None]:
-        return [s.pid for s in self.slots]
-
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop every actor (its collector's worker processes first), then kill it for good."""
         import ray

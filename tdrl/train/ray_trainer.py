@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -52,6 +53,7 @@ from tdrl.train.ray_actors import (
 )
 from tdrl.train.replicas import tensor_digest
 from tdrl.train.sync import shutdown
+from tdrl.utils.errors import UserError
 from tdrl.utils.interrupt import Interrupted
 
 __all__ = ["RayTrainer", "connect_ray", "module_path"]
@@ -71,6 +73,8 @@ def connect_ray(address: str | None, *, cpus_wanted: float) -> bool:
     if ray.is_initialized():
         return False
     target = address or os.environ.get("RAY_ADDRESS") or None
+    if target:
+        check_reachable(target)
     quiet = {"logging_level": logging.WARNING, "configure_logging": True}
     try:
         if target:
@@ -83,6 +87,20 @@ def connect_ray(address: str | None, *, cpus_wanted: float) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = f"the Ray cluster at {target}" if target else "a local Ray instance"
         raise RayTrainerError(f"cannot start or reach {where}: {str(error).splitlines()[0]}") from None
+
+
+class RayUnreachableError(RayTrainerError, UserError):
+    """The Ray cluster named by ``trainer.ray_address`` (or ``RAY_ADDRESS``) does not answer."""
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, not minutes, when nothing listens at ``host:port`` (``ray.init`` retries for minutes)."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as error:
+        raise RayUnreachableError(f"trainer.ray_address={address}: no Ray cluster answers there ({error}); start "
+                                  "one with `ray start --head` or leave the address empty for a local Ray") from None
 
 
 def module_path(root: torch.nn.Module, module: torch.nn.Module) -> str:
@@ -195,10 +213,6 @@ class RayTrainer:
 
     def record(self, metrics: Any = None, *, updates: int = 0) -> None:
         self.book.record(metrics, updates=updates)
-
-    def actor_pids(self) -> list[int | None]:
-        """Process ids of the actors' last rollouts (for tests and tools)."""
-        return self.pool.pids() if self.pool else []
 
     # --- The loop ----------------------------------------------------------------------------------------------
 

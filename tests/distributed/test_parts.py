@@ -76,3 +76,28 @@ def test_actor_priorities_equal_the_learners_td_errors_of_the_same_network(n_ste
         loss(flat)
         assert torch.allclose(dqn_priorities(flat, categorical=False, delta_clip=None), priorities.reshape(-1),
                               atol=1e-5)
+
+
+def test_an_unreachable_cluster_fails_in_seconds_with_one_line():
+    import socket
+    import time
+
+    from tdrl.train.ray_trainer import RayUnreachableError, check_reachable
+    from tdrl.utils.errors import UserError
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(RayUnreachableError, match=f"trainer.ray_address=127.0.0.1:{port}: no Ray cluster") as info:
+        check_reachable(f"127.0.0.1:{port}", timeout_s=2.0)
+    assert isinstance(info.value, UserError) and time.monotonic() - start < 5
+
+
+def test_a_recipe_gets_ray_only_where_it_names_it():
+    from tdrl.config import ConfigError, TrainerConfig
+    from tdrl.train import check_trainer
+
+    with pytest.raises(ConfigError, match="trainer.kind=ray is not wired up in this recipe"):
+        check_trainer(TrainerConfig(kind="ray"), on_policy=True)  # PPO, A2C: no lag correction
+    check_trainer(TrainerConfig(kind="ray"), on_policy=True, supported=("sync", "ray"))  # IMPALA
