@@ -14,7 +14,7 @@ of wall-clock to threshold is measured side by side.
     python benchmarks/learning.py --tasks ppo-halfcheetah --no-sb3 --stop         # long (not in the default set)
     python benchmarks/learning.py --rows a.json b.json --markdown docs/x.md       # report runs made side by side
     python benchmarks/learning.py --gae --losses all                              # micro: tdrl vs TorchRL, ms/call
-    python benchmarks/learning.py --iteration all          # whole recipe iterations: TorchRL's loss vs tdrl's twin
+    python benchmarks/learning.py --iteration all          # whole recipe iterations: TorchRL's loss vs tdrl's own
 
 Run it from a temporary directory (MuJoCo writes MUJOCO_LOG.TXT into the cwd) and when the machine is quiet:
 wall-clock numbers on a shared 2-core machine are noisy, so compare the tdrl/SB3 ratio within one run.
@@ -26,18 +26,20 @@ baseline function).
 from __future__ import annotations
 
 import argparse
-import functools
+import contextlib
 import importlib.util
+import io
 import json
 import math
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 ROOT = Path(__file__).resolve().parents[1]
@@ -375,7 +377,7 @@ def bench_gae(repeats: int = 300) -> None:
 
 def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
     """One update of ``algo`` as its recipe steps it (recipe batch size, networks and optimizers), with TorchRL's
-    loss and with tdrl's plain-tensor twin of it: ``{"torchrl": step, "tdrl": step}``."""
+    loss and with tdrl's own loss: ``{"torchrl": step, "tdrl": step}``."""
     from tensordict import TensorDict
     from torchrl.objectives import ClipPPOLoss
 
@@ -388,10 +390,11 @@ def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
         make_tanh_gaussian_actor,
         make_twin_q,
     )
-    from tdrl.objectives.continuous import make_ddpg_loss, make_sac_loss, make_td3_loss
+    from tdrl.objectives.continuous import make_ddpg_loss, make_td3_loss
     from tdrl.objectives.dqn import make_dqn_loss
     from tdrl.objectives.policy_gradient import PPOLoss
-    from tdrl.objectives.sac import FusedSACLoss
+    from tdrl.objectives.reference import torchrl_ddpg_loss, torchrl_dqn_loss, torchrl_sac_loss, torchrl_td3_loss
+    from tdrl.objectives.sac import TwinQSACLoss
     from tdrl.objectives.update import TargetUpdate, Updater
 
     def adam(params: Any) -> torch.optim.Optimizer:
@@ -417,9 +420,9 @@ def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
                          ("next", "observation"): torch.randn(n, 4), ("next", "reward"): torch.rand(n, 1),
                          ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool)}, [n])
         steps = {}
-        for name, fused in (("torchrl", False), ("tdrl", True)):
+        for name, make_loss in (("torchrl", torchrl_dqn_loss), ("tdrl", make_dqn_loss)):
             actor = make_q_actor(EnvFactory("CartPole-v1").specs(), hidden_sizes=[256, 256], dueling=True)
-            loss = make_dqn_loss(actor, double_dqn=True, fused=fused)
+            loss = make_loss(actor, double_dqn=True)
             updater = Updater(adam(actor.parameters()), max_grad_norm=10.0,
                               target_update=TargetUpdate(loss, interval=312))
             steps[name] = (lambda u=updater, f=loss: u.step(f(td.clone(False)).rename_key_("loss", "loss_q")))
@@ -433,24 +436,26 @@ def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
     for name in ("torchrl", "tdrl"):
         critic = make_twin_q(specs, n_critics=1 if algo == "ddpg" else 2) if name == "tdrl" else make_q_critic(specs)
         if algo == "sac" and name == "torchrl":  # TorchRL-sota: one optimizer on the three terms' sum
-            loss = make_sac_loss(make_tanh_gaussian_actor(specs), critic, specs.action_spec)
+            loss = torchrl_sac_loss(make_tanh_gaussian_actor(specs), critic, specs.action_spec)
             updater = Updater(adam(loss.parameters()), target_update=TargetUpdate(loss, interval=1, tau=0.005))
             steps[name] = step_on(updater, loss, td)
         elif algo == "sac":  # recipes/sac.py: the critics first, then the policy and alpha
             actor = make_tanh_gaussian_actor(specs)
-            loss = FusedSACLoss(actor, critic)
+            loss = TwinQSACLoss(actor, critic)
             critic_up = Updater(adam(critic.parameters()), loss_keys=("loss_qvalue",))
             policy_up = Updater(adam([*actor.parameters(), loss.log_alpha]), loss_keys=("loss_actor", "loss_alpha"),
                                 target_update=TargetUpdate(loss, interval=1, tau=0.005))
             steps[name] = (lambda c=critic_up, p=policy_up, f=loss: (c.step(f.critic_loss(td)),
                                                                      p.step(f.actor_loss(td))))
         elif algo == "ddpg":  # one optimizer over actor and critic
-            loss = make_ddpg_loss(make_deterministic_actor(specs), critic)
+            make_loss = make_ddpg_loss if name == "tdrl" else torchrl_ddpg_loss
+            loss = make_loss(make_deterministic_actor(specs), critic)
             updater = Updater(adam(p for p in loss.parameters() if p.requires_grad),
                               target_update=TargetUpdate(loss, interval=1, tau=0.005))
             steps[name] = step_on(updater, loss, td)
         else:  # TD3: the critics every update, the actor every second
-            loss = make_td3_loss(make_deterministic_actor(specs), critic, specs.action_spec)
+            make_loss = make_td3_loss if name == "tdrl" else torchrl_td3_loss
+            loss = make_loss(make_deterministic_actor(specs), critic, specs.action_spec)
             trained = [(k, p) for k, p in loss.named_parameters() if p.requires_grad]
             critic_up = Updater(adam(p for k, p in trained if "qvalue" in k), loss_keys=("loss_qvalue",))
             actor_up = Updater(adam(p for k, p in trained if "actor" in k), loss_keys=("loss_actor",))
@@ -468,11 +473,12 @@ def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
     return steps
 
 
-LOSS_ALGOS = ("ppo", "dqn", "sac", "td3", "ddpg")  # the recipes whose loss is a tdrl twin
+KEEP_OWN_LOSS = 1.2  # tdrl keeps its own loss for an algorithm only if the whole iteration is this much faster
+LOSS_ALGOS = ("ppo", "dqn", "sac", "td3", "ddpg")  # the recipes that run tdrl's own loss (TorchRL's is its oracle)
 
 
 def bench_losses(algos: list[str], threads: int | None = None, repeats: int = 100) -> dict[str, dict[str, float]]:
-    """Milliseconds per update, TorchRL's loss vs tdrl's twin, each as its recipe steps it, on the recipe's thread
+    """Milliseconds per update, TorchRL's loss vs tdrl's own, each as its recipe steps it, on the recipe's thread
     count unless ``threads`` is given (best of 3 interleaved rounds: the machine is shared)."""
     out = {}
     print(f"{'update':10s} {'torchrl ms':>11s} {'tdrl ms':>8s} {'speed-up':>9s}")
@@ -489,11 +495,15 @@ def bench_losses(algos: list[str], threads: int | None = None, repeats: int = 10
     return out
 
 
-def _use_torchrl_loss(recipe: Any, algo: str) -> None:
-    """Point a loaded DQN/PPO recipe at TorchRL's loss instead of tdrl's twin (the recipe's calls fit both)."""
+@contextlib.contextmanager
+def torchrl_loss(algo: str) -> Iterator[None]:
+    """Run DQN/PPO recipes with TorchRL's loss instead of tdrl's: patches the factory in the module the recipe
+    imports it from (inside ``main``, so the patch is seen), and fails if the recipe never called it."""
     from torchrl.objectives import ClipPPOLoss
 
-    from tdrl.objectives.dqn import make_dqn_loss
+    import tdrl.objectives.dqn
+    import tdrl.objectives.policy_gradient
+    from tdrl.objectives.reference import torchrl_dqn_loss
 
     class RecipeKeysPPO(ClipPPOLoss):  # the recipe keeps loss.in_keys in its minibatches (GAE already ran)
         @property
@@ -504,31 +514,41 @@ def _use_torchrl_loss(recipe: Any, algo: str) -> None:
         def in_keys(self, value: Any) -> None:
             pass
 
-    if algo == "dqn":
-        recipe.make_dqn_loss = functools.partial(make_dqn_loss, fused=False)
-    else:
-        recipe.make_ppo_loss = lambda ac, **kw: RecipeKeysPPO(ac.actor, ac.critic, loss_critic_type="l2", **kw)
+    calls = []
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        calls.append(type(args[0]).__name__)
+        if algo == "dqn":
+            return torchrl_dqn_loss(*args, **kwargs)
+        return RecipeKeysPPO(args[0].actor, args[0].critic, loss_critic_type="l2", **kwargs)
+
+    module, name = ((tdrl.objectives.dqn, "make_dqn_loss") if algo == "dqn"
+                    else (tdrl.objectives.policy_gradient, "make_ppo_loss"))
+    with mock.patch.object(module, name, make):
+        yield
+    if not calls:
+        raise RuntimeError(f"the {algo} recipe never called {module.__name__}.{name}: the torchrl row would "
+                           "measure tdrl's loss")
 
 
 def bench_iteration(algos: list[str], threads: int | None = None, rounds: int = 3) -> None:
-    """Whole recipe iterations (collect, replay, update) at the recipe's defaults, evaluation off, tdrl's twin vs
+    """Whole recipe iterations (collect, replay, update) at the recipe's defaults, evaluation off, tdrl's own loss vs
     TorchRL's loss, in ms per iteration (best of ``rounds`` interleaved runs). DQN, PPO: both run in the recipe
-    (TorchRL's loss takes the recipe's calls). SAC, TD3, DDPG (one update per iteration): the recipe runs with the
-    twin, and TorchRL's figure adds the per-update difference of :func:`bench_losses`."""
+    (TorchRL's loss takes the recipe's calls). SAC, TD3, DDPG (one update per iteration): the recipe runs with
+    tdrl's loss, and TorchRL's figure adds the per-update difference of :func:`bench_losses`."""
     from tdrl.config import apply_overrides
 
     budgets = {"ppo": 6_400, "dqn": 3_000, "sac": 600, "td3": 1_600, "ddpg": 1_600}
     per_update = bench_losses([a for a in algos if a in ("sac", "td3", "ddpg")], threads)
-    print(f"{'iteration':10s} {'torchrl ms':>11s} {'tdrl ms':>8s} {'tdrl gain':>10s} {'updates/it':>11s}")
+    print(f"{'iteration':10s} {'torchrl ms':>11s} {'tdrl ms':>8s} {'tdrl gain':>10s} {'updates/it':>11s}  choice")
     for algo in algos:
         best: dict[str, float] = {}
         updates = 0.0
         for _ in range(rounds):
             for variant in ("tdrl", "torchrl") if algo in ("dqn", "ppo") else ("tdrl",):
                 recipe = load_recipe(algo)
-                if variant == "torchrl":
-                    _use_torchrl_loss(recipe, algo)
-                with tempfile.TemporaryDirectory() as tmp:
+                swap = torchrl_loss(algo) if variant == "torchrl" else contextlib.nullcontext()
+                with swap, tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
                     start = CLOCK()
                     summary = recipe.main(apply_overrides(recipe.Config(), [
                         f"collector.total_frames={budgets[algo]}", f"run.root={tmp}", "eval.n_envs=0",
@@ -540,8 +560,10 @@ def bench_iteration(algos: list[str], threads: int | None = None, rounds: int = 
                 updates = summary["updates"] / summary["iterations"]
         if "torchrl" not in best:
             best["torchrl"] = best["tdrl"] + updates * (per_update[algo]["torchrl"] - per_update[algo]["tdrl"])
-        print(f"{algo:10s} {best['torchrl']:11.3f} {best['tdrl']:8.3f} {best['torchrl'] / best['tdrl'] - 1:10.0%} "
-              f"{updates:11.2f}", flush=True)
+        gain = best["torchrl"] / best["tdrl"]
+        print(f"{algo:10s} {best['torchrl']:11.3f} {best['tdrl']:8.3f} {gain - 1:10.0%} {updates:11.2f}  "
+              f"{'tdrl' if gain >= KEEP_OWN_LOSS else 'torchrl'}", flush=True)
+    print(f"(choice: tdrl's own loss where it makes the whole iteration >= {KEEP_OWN_LOSS}x faster, else TorchRL's)")
 
 
 # --- Report -----------------------------------------------------------------------------------------------------
@@ -580,10 +602,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                              "of the machine (/proc/stat; e.g. 0.1): 2-thread updates slow 3-4x on a shared core")
     parser.add_argument("--gae", action="store_true", help="only the GAE micro-benchmark (tdrl vs TorchRL)")
     parser.add_argument("--losses", default="", metavar="ALGOS",
-                        help="only the per-update micro-benchmark, TorchRL's loss vs tdrl's twin: 'all' or some of "
+                        help="only the per-update micro-benchmark, TorchRL's loss vs tdrl's own: 'all' or some of "
                         + ",".join(LOSS_ALGOS))
     parser.add_argument("--iteration", default="", metavar="ALGOS",
-                        help="only the whole-iteration profile (recipe defaults), TorchRL's loss vs tdrl's twin")
+                        help="only the whole-iteration profile (recipe defaults), TorchRL's loss vs tdrl's own")
     parser.add_argument("--cpu-time", action="store_true",
                         help="--losses/--iteration measure this process's CPU time (serial collectors, one thread)")
     parser.add_argument("--threads", type=int, default=None,

@@ -104,7 +104,7 @@ def dqn_update(path: str, replay) -> Callable[[], object]:
 def sac_update(path: str, replay) -> Callable[[], object]:
     """recipes/sac.py's update with its default learner."""
     from tdrl.models.q import make_tanh_gaussian_actor, make_twin_q
-    from tdrl.objectives.sac import FusedSACLoss
+    from tdrl.objectives.sac import TwinQSACLoss
     from tdrl.objectives.update import TargetUpdate
 
     torch.manual_seed(0)
@@ -112,7 +112,7 @@ def sac_update(path: str, replay) -> Callable[[], object]:
     actor = make_tanh_gaussian_actor(specs, hidden_sizes=[256, 256])
     critic = make_twin_q(specs, hidden_sizes=[256, 256])
     half_width = (specs.action_spec.space.high - specs.action_spec.space.low).float() / 2
-    loss = FusedSACLoss(actor, critic, gamma=0.99, alpha_init=1.0, fixed_alpha=False,
+    loss = TwinQSACLoss(actor, critic, gamma=0.99, alpha_init=1.0, fixed_alpha=False,
                         target_entropy=float(half_width.log().sum()) - half_width.numel())
     updater_type = OldUpdater if path == "old" else Updater
     critic_updater = updater_type(torch.optim.Adam(list(critic.parameters()), lr=1e-3, fused=True),

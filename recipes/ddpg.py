@@ -1,5 +1,5 @@
 """DDPG: Deep Deterministic Policy Gradient (Lillicrap et al. 2016, arXiv:1509.02971), rlpyt's semantics on
-TorchRL's DDPGLoss terms, computed by tdrl's ``FusedTD3Loss`` with one critic (equal values and gradients, tested;
+TorchRL's DDPGLoss terms, computed by tdrl's ``TwinQTD3Loss`` with one critic (equal values and gradients, tested;
 ~3x cheaper per update on CPU).
 
 Deterministic tanh policy with Gaussian exploration noise (rlpyt's ``action_std``; no Ornstein-Uhlenbeck), one Q
@@ -152,7 +152,7 @@ def main(cfg: Config) -> dict:
     actor = make_deterministic_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
     critic = make_twin_q(specs, hidden_sizes=cfg.model.hidden_sizes, n_critics=1, normalize_action=False).to(device)
     policy = chain_policy(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
-    loss = make_ddpg_loss(actor, critic, gamma=cfg.loss.gamma).to(device)  # a TwinQ critic: FusedTD3Loss
+    loss = make_ddpg_loss(actor, critic, gamma=cfg.loss.gamma).to(device)  # a TwinQ critic: TwinQTD3Loss
     # one optimizer, two rates: loss_actor sees the critic through detached parameters, so the sum is separable
     def lr(value):  # a tensor under CUDA graphs, so it reaches the captured step
         return graph_lr(value, device, cfg.optim.cudagraphs)

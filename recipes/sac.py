@@ -2,7 +2,7 @@
 
 Tanh-squashed Gaussian policy, twin Q critics with polyak targets, automatic entropy tuning towards ``-action_dim``
 (measured in the [-1, 1]-rescaled action space, as SB3 and the paper's [-1, 1] tasks). The loss is tdrl's
-``FusedSACLoss``: TorchRL's SACLoss terms (equal values and gradients, tested) with the twin critics stacked into one
+``TwinQSACLoss``: TorchRL's SACLoss terms (equal values and gradients, tested) with the twin critics stacked into one
 batched matmul per layer (faster than TorchRL's SACLoss on CPU: benchmarks/learning.py --losses sac). Each update
 steps the critics first, then the policy and alpha against the updated critics (SB3's order). Off-policy cadence as
 rlpyt: ``optim.replay_ratio`` (samples drawn per env frame; 256 with batch 256 = one update per frame) sets the
@@ -138,7 +138,7 @@ def main(cfg: Config) -> dict:
     from tdrl.models.q import make_tanh_gaussian_actor, make_twin_q
     from tdrl.objectives.continuous import timeouts_as_terminal
     from tdrl.objectives.graphs import graph_lr, update_step
-    from tdrl.objectives.sac import FusedSACLoss
+    from tdrl.objectives.sac import TwinQSACLoss
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.replay import TransitionReplayBuffer
     from tdrl.train import check_min_steps_learn, check_trainer, make_trainer
@@ -167,7 +167,7 @@ def main(cfg: Config) -> dict:
     # TorchRL's SACLoss terms (equal values and gradients: tests/objectives/test_continuous_sac.py), with the twin
     # critics stacked into one batched matmul per layer and read actions rescaled to [-1, 1]
     critic = make_twin_q(specs, hidden_sizes=cfg.model.hidden_sizes)
-    loss = FusedSACLoss(actor, critic, gamma=cfg.loss.gamma, alpha_init=cfg.loss.alpha_init,
+    loss = TwinQSACLoss(actor, critic, gamma=cfg.loss.gamma, alpha_init=cfg.loss.alpha_init,
                         fixed_alpha=cfg.loss.fixed_alpha, target_entropy=target_entropy).to(device)
     critic_params = list(critic.parameters())
     policy_params = [*actor.parameters(), *([] if cfg.loss.fixed_alpha else [loss.log_alpha])]

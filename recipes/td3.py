@@ -1,6 +1,6 @@
 """TD3: Twin Delayed DDPG (Fujimoto et al. 2018, arXiv:1802.09477), rlpyt's semantics on TorchRL's TD3Loss terms.
 
-The loss is tdrl's ``FusedTD3Loss``: TorchRL's TD3Loss terms (equal values and gradients, tested) with the twin
+The loss is tdrl's ``TwinQTD3Loss``: TorchRL's TD3Loss terms (equal values and gradients, tested) with the twin
 critics stacked into one batched matmul per layer, ~3x cheaper per update on CPU. Deterministic tanh policy with
 Gaussian exploration noise, twin Q critics,
 clipped double-Q targets with target policy smoothing, the policy and the targets updated every
@@ -162,7 +162,7 @@ def main(cfg: Config) -> dict:
     critic = make_twin_q(specs, hidden_sizes=cfg.model.hidden_sizes, normalize_action=False).to(device)
     policy = chain_policy(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
     loss = make_td3_loss(actor, critic, specs.action_spec, gamma=cfg.loss.gamma, target_noise=cfg.loss.target_noise,
-                         target_noise_clip=cfg.loss.target_noise_clip).to(device)  # TwinQ critics: FusedTD3Loss
+                         target_noise_clip=cfg.loss.target_noise_clip).to(device)  # TwinQ critics: TwinQTD3Loss
     def adam(params, lr):  # fused: a non-finite update is skipped on the device (tdrl.objectives.update)
         return torch.optim.Adam(params, lr=graph_lr(lr, device, cfg.optim.cudagraphs), fused=True,
                                 capturable=cfg.optim.cudagraphs)

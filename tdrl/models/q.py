@@ -211,9 +211,9 @@ class TwinQ(nn.Module):
     """``n_critics`` critics ``Q_i(s, a)`` (ReLU MLPs on ``[s, a]``) as one module with stacked parameters:
     ``forward(observation, action)`` is ``[n_critics, *batch, 1]``.
 
-    The fused losses run all critics as one batched matmul per layer, with online, target or detached parameters,
-    without swapping module state. Each member is initialised like an independent ``nn.Linear`` stack. With
-    ``action_low``/``action_high`` the critics read actions rescaled to [-1, 1].
+    tdrl's TD3, DDPG and SAC losses run all critics as one batched matmul per layer, with online, target or
+    detached parameters, without swapping module state. Each member is initialised like an independent
+    ``nn.Linear`` stack. With ``action_low``/``action_high`` the critics read actions rescaled to [-1, 1].
     """
 
     def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: Sequence[int] = (256, 256), n_critics: int = 2,
@@ -247,7 +247,7 @@ class TwinQ(nn.Module):
 def make_twin_q(
     specs, *, hidden_sizes: Sequence[int] = (256, 256), n_critics: int = 2, normalize_action: bool = True
 ) -> TwinQ:
-    """Stacked critics for the fused SAC/TD3/DDPG losses (a plain module: no keys), ``hidden_sizes`` each;
+    """Stacked critics for tdrl's SAC/TD3/DDPG losses (a plain module: no keys), ``hidden_sizes`` each;
     ``normalize_action`` feeds actions rescaled to [-1, 1] (as SB3's critics see them) rather than in env units.
     Discrete actions raise ``ValueError``."""
     low, high = _bounds(specs)

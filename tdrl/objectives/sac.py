@@ -10,7 +10,7 @@ are one :class:`~tdrl.models.q.TwinQ` (one ``baddbmm`` per layer for both) and t
 * ``loss_actor = alpha log pi(a~|s) - min_k Q_k(s, a~)`` through detached critics;
 * ``loss_alpha = -log_alpha (log pi(a~|s) + target_entropy)`` with a detached log-probability.
 
-:meth:`FusedSACLoss.critic_loss` and :meth:`FusedSACLoss.actor_loss` split them for SB3's order (step the critics,
+:meth:`TwinQSACLoss.critic_loss` and :meth:`TwinQSACLoss.actor_loss` split them for SB3's order (step the critics,
 then the policy against the updated critics).
 """
 
@@ -31,12 +31,12 @@ from torchrl.objectives import LossModule
 from tdrl.models.q import LogStdGaussianParams, TwinQ, stacked_mlp
 from tdrl.objectives.terms import check_gamma, td0_target, weighted_mean
 
-__all__ = ["FusedSACLoss"]
+__all__ = ["TwinQSACLoss"]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
-class FusedSACLoss(LossModule):
+class TwinQSACLoss(LossModule):
     """SAC (Haarnoja et al. 2018, no value network) with stacked twin critics; see the module docstring.
 
     Args:
@@ -57,9 +57,9 @@ class FusedSACLoss(LossModule):
         super().__init__()
         head = actor[-1] if isinstance(actor, ProbabilisticTensorDictSequential) else None
         if head is None or getattr(head, "distribution_class", None) is not TanhNormal:
-            raise ValueError("FusedSACLoss needs a TanhNormal ProbabilisticActor (make_tanh_gaussian_actor)")
+            raise ValueError("TwinQSACLoss needs a TanhNormal ProbabilisticActor (make_tanh_gaussian_actor)")
         if not isinstance(critic, TwinQ):
-            raise ValueError(f"FusedSACLoss needs a TwinQ critic (make_twin_q), got {type(critic).__name__}")
+            raise ValueError(f"TwinQSACLoss needs a TwinQ critic (make_twin_q), got {type(critic).__name__}")
         self.register_buffer("gamma", check_gamma(gamma))
         self.actor_network = actor
         self.policy_net = actor[0].module  # observation -> (loc, scale)

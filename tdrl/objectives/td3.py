@@ -24,10 +24,10 @@ from torchrl.objectives import LossModule
 from tdrl.models.q import TwinQ, stacked_mlp
 from tdrl.objectives.terms import check_gamma, td0_target, weighted_mean
 
-__all__ = ["FusedTD3Loss"]
+__all__ = ["TwinQTD3Loss"]
 
 
-class FusedTD3Loss(LossModule):
+class TwinQTD3Loss(LossModule):
     """TD3 (Fujimoto et al. 2018) / DDPG with stacked critics; see the module docstring.
 
     Args:
@@ -46,10 +46,10 @@ class FusedTD3Loss(LossModule):
             noise_clip: float = 0.5) -> None:
         super().__init__()
         if not isinstance(actor, TensorDictModule) or list(actor.in_keys) != ["observation"]:
-            raise ValueError("FusedTD3Loss needs a TensorDictModule actor reading 'observation' "
+            raise ValueError("TwinQTD3Loss needs a TensorDictModule actor reading 'observation' "
                              "(make_deterministic_actor)")
         if not isinstance(critic, TwinQ):
-            raise ValueError(f"FusedTD3Loss needs a TwinQ critic (make_twin_q), got {type(critic).__name__}")
+            raise ValueError(f"TwinQTD3Loss needs a TwinQ critic (make_twin_q), got {type(critic).__name__}")
         self.register_buffer("gamma", check_gamma(gamma))
         self.actor_network = actor
         self.actor_net = actor.module

@@ -1,4 +1,5 @@
-"""DDPG / TD3 / SAC loss wiring: the configured losses equal hand-computed ones on a tiny batch (n-step discount,
+"""DDPG / TD3 / SAC loss wiring of the TorchRL oracles (tdrl.objectives.reference): they equal hand-computed ones
+on a tiny batch (n-step discount,
 time-limit bootstrapping, IS weights), TD3 noise units, SAC's entropy target, ``timeouts_as_terminal``."""
 
 import pytest
@@ -7,12 +8,8 @@ from tensordict import TensorDict
 from torchrl.modules.distributions.utils import rsample_and_log_prob
 
 from tdrl.models.q import make_deterministic_actor, make_q_critic, make_tanh_gaussian_actor
-from tdrl.objectives.continuous import (
-    make_ddpg_loss,
-    make_sac_loss,
-    make_td3_loss,
-    timeouts_as_terminal,
-)
+from tdrl.objectives.continuous import timeouts_as_terminal
+from tdrl.objectives.reference import torchrl_ddpg_loss, torchrl_sac_loss, torchrl_td3_loss
 
 pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
 GAMMA = 0.9
@@ -61,8 +58,8 @@ def _weighted_mean(per_sample, w):
 @pytest.mark.parametrize("timeouts_terminal", [False, True])
 def test_ddpg_losses_equal_hand_computed(specs, timeouts_terminal):
     torch.manual_seed(0)
-    loss = make_ddpg_loss(make_deterministic_actor(specs, hidden_sizes=(8,)), make_q_critic(specs, hidden_sizes=(8,)),
-                          gamma=GAMMA)
+    loss = torchrl_ddpg_loss(make_deterministic_actor(specs, hidden_sizes=(8,)),
+                             make_q_critic(specs, hidden_sizes=(8,)), gamma=GAMMA)
     _perturb(loss.target_actor_network_params)
     _perturb(loss.target_value_network_params)
     batch = _batch()
@@ -89,7 +86,7 @@ def test_ddpg_losses_equal_hand_computed(specs, timeouts_terminal):
 
 def test_td3_critic_loss_equals_hand_computed_and_noise_units(specs):
     torch.manual_seed(0)
-    loss = make_td3_loss(make_deterministic_actor(specs, hidden_sizes=(8,)), make_q_critic(specs, hidden_sizes=(8,)),
+    loss = torchrl_td3_loss(make_deterministic_actor(specs, hidden_sizes=(8,)), make_q_critic(specs, hidden_sizes=(8,)),
                          specs.action_spec, gamma=GAMMA, target_noise=0.0, target_noise_clip=0.0)
     _perturb(loss.target_actor_network_params)
     _perturb(loss.target_qvalue_network_params)
@@ -110,13 +107,13 @@ def test_td3_critic_loss_equals_hand_computed_and_noise_units(specs):
     assert torch.allclose(loss_q, _weighted_mean(per_sample, batch["priority_weight"]), atol=1e-5)
 
     # relative noise: 0.2 / 0.5 of the half-width of Pendulum's [-2, 2] box
-    scaled = make_td3_loss(make_deterministic_actor(specs), make_q_critic(specs), specs.action_spec)
+    scaled = torchrl_td3_loss(make_deterministic_actor(specs), make_q_critic(specs), specs.action_spec)
     assert scaled.policy_noise == pytest.approx(0.4) and scaled.noise_clip == pytest.approx(1.0)
 
 
 def test_sac_critic_loss_equals_hand_computed(specs):
     torch.manual_seed(0)
-    loss = make_sac_loss(make_tanh_gaussian_actor(specs, hidden_sizes=(8,)), make_q_critic(specs, hidden_sizes=(8,)),
+    loss = torchrl_sac_loss(make_tanh_gaussian_actor(specs, hidden_sizes=(8,)), make_q_critic(specs, hidden_sizes=(8,)),
                          specs.action_spec, gamma=GAMMA, alpha_init=0.7)
     _perturb(loss.target_qvalue_network_params)
     batch = _batch()
@@ -144,7 +141,7 @@ def test_sac_critic_loss_equals_hand_computed(specs):
 def test_sac_losses_train_separable_parameter_sets(specs):
     """loss_actor reaches only the actor, loss_qvalue only the critics, loss_alpha only log_alpha: one optimizer
     over their sum is the same as three optimizers."""
-    loss = make_sac_loss(make_tanh_gaussian_actor(specs, hidden_sizes=(8,)), make_q_critic(specs, hidden_sizes=(8,)),
+    loss = torchrl_sac_loss(make_tanh_gaussian_actor(specs, hidden_sizes=(8,)), make_q_critic(specs, hidden_sizes=(8,)),
                          specs.action_spec)
     groups = {
         "loss_actor": list(loss.actor_network_params.values(True, True)),
@@ -167,9 +164,9 @@ def test_relative_noise_needs_one_scale():
 
     specs = EnvSpecs(observation_spec=Bounded(-1.0, 1.0, shape=(3,)), action_spec=spec)
     with pytest.raises(ValueError, match="half-widths differ"):
-        make_td3_loss(make_deterministic_actor(specs), make_q_critic(specs), spec)
+        torchrl_td3_loss(make_deterministic_actor(specs), make_q_critic(specs), spec)
 
 
 def test_bad_loss_settings(specs):
     with pytest.raises(ValueError, match="gamma"):
-        make_sac_loss(make_tanh_gaussian_actor(specs), make_q_critic(specs), specs.action_spec, gamma=-0.1)
+        torchrl_sac_loss(make_tanh_gaussian_actor(specs), make_q_critic(specs), specs.action_spec, gamma=-0.1)

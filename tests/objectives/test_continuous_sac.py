@@ -1,4 +1,4 @@
-"""FusedSACLoss equals TorchRL's SACLoss (same parameters, same random draws): losses and gradients, with n-step
+"""TwinQSACLoss equals TorchRL's SACLoss (same parameters, same random draws): losses and gradients, with n-step
 discounts, time-limit bootstrapping and PER weights; target updates through TorchRL's SoftUpdate; bad input."""
 
 import pytest
@@ -12,8 +12,8 @@ from tdrl.models.q import (
     make_tanh_gaussian_actor,
     make_twin_q,
 )
-from tdrl.objectives.continuous import make_sac_loss
-from tdrl.objectives.sac import FusedSACLoss
+from tdrl.objectives.reference import torchrl_sac_loss
+from tdrl.objectives.sac import TwinQSACLoss
 from tdrl.objectives.update import TargetUpdate
 
 pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
@@ -22,17 +22,17 @@ HIDDEN = (8, 8)
 
 
 def _pair(specs, alpha_init=0.7, scale_mapping="log_std"):
-    """TorchRL's SACLoss and a FusedSACLoss sharing the actor, with the same critic and target parameters."""
+    """TorchRL's SACLoss and a TwinQSACLoss sharing the actor, with the same critic and target parameters."""
     torch.manual_seed(0)
     actor = make_tanh_gaussian_actor(specs, hidden_sizes=HIDDEN)
-    if scale_mapping == "softplus":  # a network FusedSACLoss calls whole (no LogStdGaussianParams to read log-std)
+    if scale_mapping == "softplus":  # a network TwinQSACLoss calls whole (no LogStdGaussianParams to read log-std)
         actor.net[-1] = NormalParamExtractor(scale_mapping="biased_softplus_1.0", scale_lb=1e-4)
-    theirs = make_sac_loss(actor, make_q_critic(specs, hidden_sizes=HIDDEN), specs.action_spec, gamma=GAMMA,
+    theirs = torchrl_sac_loss(actor, make_q_critic(specs, hidden_sizes=HIDDEN), specs.action_spec, gamma=GAMMA,
                            alpha_init=alpha_init)
     with torch.no_grad():
         for p in theirs.target_qvalue_network_params.values(True, True):
             p.add_(0.3 * torch.randn_like(p))
-    ours = FusedSACLoss(actor, make_twin_q(specs, hidden_sizes=HIDDEN, normalize_action=False), gamma=GAMMA,
+    ours = TwinQSACLoss(actor, make_twin_q(specs, hidden_sizes=HIDDEN, normalize_action=False), gamma=GAMMA,
                         alpha_init=alpha_init)
     copy_critics_into_twin(theirs.qvalue_network_params, ours.qvalue_network)
     copy_critics_into_twin(theirs.target_qvalue_network_params, ours.target_qvalue_network)
@@ -98,7 +98,7 @@ def test_soft_target_update_and_parameter_groups(specs):
 
 
 def test_fixed_alpha_and_target_entropy(specs):
-    loss = FusedSACLoss(make_tanh_gaussian_actor(specs, hidden_sizes=HIDDEN), make_twin_q(specs, hidden_sizes=HIDDEN),
+    loss = TwinQSACLoss(make_tanh_gaussian_actor(specs, hidden_sizes=HIDDEN), make_twin_q(specs, hidden_sizes=HIDDEN),
                         alpha_init=0.2, fixed_alpha=True, target_entropy=-3.0)
     assert "log_alpha" not in dict(loss.named_parameters()) and float(loss.target_entropy) == -3.0
     assert torch.allclose(loss(pendulum_batch())["alpha"], torch.tensor(0.2))
@@ -106,11 +106,11 @@ def test_fixed_alpha_and_target_entropy(specs):
 
 def test_bad_input(specs):
     with pytest.raises(ValueError, match="TanhNormal"):
-        FusedSACLoss(make_deterministic_actor(specs), make_twin_q(specs))
+        TwinQSACLoss(make_deterministic_actor(specs), make_twin_q(specs))
     with pytest.raises(ValueError, match="TwinQ"):
-        FusedSACLoss(make_tanh_gaussian_actor(specs), make_q_critic(specs))
+        TwinQSACLoss(make_tanh_gaussian_actor(specs), make_q_critic(specs))
     with pytest.raises(ValueError, match="gamma"):
-        FusedSACLoss(make_tanh_gaussian_actor(specs), make_twin_q(specs), gamma=2.0)
+        TwinQSACLoss(make_tanh_gaussian_actor(specs), make_twin_q(specs), gamma=2.0)
 
 
 def test_critic_and_actor_losses_reach_their_own_parameters(specs):

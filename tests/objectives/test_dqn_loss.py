@@ -7,7 +7,8 @@ from tensordict import TensorDict
 
 from tdrl.envs.make import EnvFactory
 from tdrl.models.q import make_q_actor
-from tdrl.objectives.dqn import FusedDQNLoss, dqn_priorities, make_dqn_loss
+from tdrl.objectives.dqn import DirectDQNLoss, dqn_priorities, make_dqn_loss
+from tdrl.objectives.reference import torchrl_dqn_loss
 from tdrl.objectives.update import TargetUpdate, Updater
 
 pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
@@ -40,7 +41,7 @@ def _batch():
 
 
 def _perturb_target(loss):
-    targets = loss.target_q_net.parameters() if isinstance(loss, FusedDQNLoss) else \
+    targets = loss.target_q_net.parameters() if isinstance(loss, DirectDQNLoss) else \
         loss.target_value_network_params.values(True, True)
     with torch.no_grad():
         for p in targets:
@@ -48,7 +49,7 @@ def _perturb_target(loss):
 
 
 def _q(loss, obs, target=False):
-    if isinstance(loss, FusedDQNLoss):
+    if isinstance(loss, DirectDQNLoss):
         with torch.no_grad():
             return (loss.target_q_net if target else loss.q_net)(obs)
     params = loss.target_value_network_params if target else loss.value_network_params
@@ -262,12 +263,12 @@ def test_prioritized_replay_weights_and_priorities_round_trip(specs, tmp_path):
 
 @pytest.mark.parametrize("double", [False, True])
 @pytest.mark.parametrize("loss_function", ["huber", "mse"])
-def test_fused_dqn_loss_equals_torchrl_values_gradients_and_td_error(specs, double, loss_function):
+def test_direct_dqn_loss_equals_torchrl_values_gradients_and_td_error(specs, double, loss_function):
     torch.manual_seed(0)
     actor = make_q_actor(specs, hidden_sizes=(16,), dueling=True)
     fused = make_dqn_loss(actor, gamma=GAMMA, double_dqn=double, loss_function=loss_function)
-    reference = make_dqn_loss(actor, gamma=GAMMA, double_dqn=double, loss_function=loss_function, fused=False)
-    assert isinstance(fused, FusedDQNLoss)
+    reference = torchrl_dqn_loss(actor, gamma=GAMMA, double_dqn=double, loss_function=loss_function)
+    assert isinstance(fused, DirectDQNLoss)
     _perturb_target(fused)
     with torch.no_grad():
         reference.target_value_network_params["module", "0", "module"].update_(

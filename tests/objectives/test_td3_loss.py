@@ -1,4 +1,4 @@
-"""FusedTD3Loss equals TorchRL's TD3Loss (same parameters, same random draws) and, with one critic and no target
+"""TwinQTD3Loss equals TorchRL's TD3Loss (same parameters, same random draws) and, with one critic and no target
 noise, TorchRL's DDPGLoss: losses and gradients, with n-step discounts, time-limit bootstrapping and PER weights;
 target updates of actor and critics through TargetUpdate; bad input."""
 
@@ -8,7 +8,8 @@ from pendulum_samples import assert_time_limits_bootstrap, copy_critics_into_twi
 
 from tdrl.models.q import make_deterministic_actor, make_q_critic, make_twin_q
 from tdrl.objectives.continuous import make_ddpg_loss, make_td3_loss
-from tdrl.objectives.td3 import FusedTD3Loss
+from tdrl.objectives.reference import torchrl_ddpg_loss, torchrl_td3_loss
+from tdrl.objectives.td3 import TwinQTD3Loss
 from tdrl.objectives.update import TargetUpdate
 
 pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
@@ -17,15 +18,15 @@ HIDDEN = (8, 8)
 
 
 def _pair(specs, ddpg=False):
-    """TorchRL's TD3Loss (or DDPGLoss) and a FusedTD3Loss sharing the actor, with equal critic and target params."""
+    """TorchRL's TD3Loss (or DDPGLoss) and a TwinQTD3Loss sharing the actor, with equal critic and target params."""
     torch.manual_seed(0)
     actor = make_deterministic_actor(specs, hidden_sizes=HIDDEN)
     critic = make_q_critic(specs, hidden_sizes=HIDDEN)
     if ddpg:
-        theirs = make_ddpg_loss(actor, critic, gamma=GAMMA)
+        theirs = torchrl_ddpg_loss(actor, critic, gamma=GAMMA)
         noise = {"policy_noise": 0.0, "noise_clip": 0.0, "action_low": None, "action_high": None}
     else:
-        theirs = make_td3_loss(actor, critic, specs.action_spec, gamma=GAMMA)
+        theirs = torchrl_td3_loss(actor, critic, specs.action_spec, gamma=GAMMA)
         space = specs.action_spec.space
         noise = {"policy_noise": theirs.policy_noise, "noise_clip": theirs.noise_clip, "action_low": space.low,
                  "action_high": space.high}
@@ -35,7 +36,7 @@ def _pair(specs, ddpg=False):
         for p in [*q_target.values(True, True), *theirs.target_actor_network_params.values(True, True)]:
             p.add_(0.3 * torch.randn_like(p))
     twin = make_twin_q(specs, hidden_sizes=HIDDEN, n_critics=1 if ddpg else 2, normalize_action=False)
-    ours = FusedTD3Loss(actor, twin, gamma=GAMMA, **noise)
+    ours = TwinQTD3Loss(actor, twin, gamma=GAMMA, **noise)
     copy_critics_into_twin(q_params, ours.qvalue_network, stacked=not ddpg)
     copy_critics_into_twin(q_target, ours.target_qvalue_network, stacked=not ddpg)
     theirs.target_actor_network_params["module"].to_module(ours.target_actor_net)
@@ -104,17 +105,19 @@ def test_bad_input(specs):
     actor = make_deterministic_actor(specs, hidden_sizes=HIDDEN)
     twin = make_twin_q(specs, hidden_sizes=HIDDEN)
     with pytest.raises(ValueError, match="TwinQ"):
-        FusedTD3Loss(actor, make_q_critic(specs), action_low=space.low, action_high=space.high)
+        TwinQTD3Loss(actor, make_q_critic(specs), action_low=space.low, action_high=space.high)
     with pytest.raises(ValueError, match="gamma"):
-        FusedTD3Loss(actor, twin, action_low=space.low, action_high=space.high, gamma=1.5)
+        TwinQTD3Loss(actor, twin, action_low=space.low, action_high=space.high, gamma=1.5)
 
 
-def test_factories_give_the_fused_loss_for_twin_critics(specs):
+def test_factories_give_the_twin_q_loss(specs):
     actor = make_deterministic_actor(specs, hidden_sizes=HIDDEN)
     td3 = make_td3_loss(actor, make_twin_q(specs, hidden_sizes=HIDDEN), specs.action_spec)
-    assert isinstance(td3, FusedTD3Loss)
+    assert isinstance(td3, TwinQTD3Loss)
     assert td3.policy_noise == pytest.approx(0.4) and td3.noise_clip == pytest.approx(1.0)  # relative to [-2, 2]
     ddpg = make_ddpg_loss(actor, make_twin_q(specs, hidden_sizes=HIDDEN, n_critics=1))
-    assert isinstance(ddpg, FusedTD3Loss) and ddpg.policy_noise == 0.0 and not ddpg.clip_action
-    with pytest.raises(ValueError, match="one critic"):
+    assert isinstance(ddpg, TwinQTD3Loss) and ddpg.policy_noise == 0.0 and not ddpg.clip_action
+    with pytest.raises(ValueError, match="one-critic TwinQ"):
         make_ddpg_loss(actor, make_twin_q(specs, hidden_sizes=HIDDEN))
+    with pytest.raises(ValueError, match="one-critic TwinQ"):
+        make_ddpg_loss(actor, make_q_critic(specs, hidden_sizes=HIDDEN))
