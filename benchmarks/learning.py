@@ -473,6 +473,7 @@ def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
     return steps
 
 
+LEARN_FROM = 100  # --iteration: off-policy recipes update from this frame on (optim.min_steps_learn)
 KEEP_OWN_LOSS = 1.2  # tdrl keeps its own loss for an algorithm only if the whole iteration is this much faster
 LOSS_ALGOS = ("ppo", "dqn", "sac", "td3", "ddpg")  # the recipes that run tdrl's own loss (TorchRL's is its oracle)
 
@@ -539,6 +540,8 @@ def bench_iteration(algos: list[str], threads: int | None = None, rounds: int = 
     from tdrl.config import apply_overrides
 
     budgets = {"ppo": 6_400, "dqn": 3_000, "sac": 600, "td3": 1_600, "ddpg": 1_600}
+    # off-policy: updates from the 100th frame, so the iterations measured are the learning ones that fill a real
+    # run (a recipe's own min_steps_learn is a few percent of its budget, but most of these short ones)
     per_update = bench_losses([a for a in algos if a in ("sac", "td3", "ddpg")], threads)
     print(f"{'iteration':10s} {'torchrl ms':>11s} {'tdrl ms':>8s} {'tdrl gain':>10s} {'updates/it':>11s}  choice")
     for algo in algos:
@@ -552,6 +555,7 @@ def bench_iteration(algos: list[str], threads: int | None = None, rounds: int = 
                     start = CLOCK()
                     summary = recipe.main(apply_overrides(recipe.Config(), [
                         f"collector.total_frames={budgets[algo]}", f"run.root={tmp}", "eval.n_envs=0",
+                        *([f"optim.min_steps_learn={LEARN_FROM}"] if algo != "ppo" else []),
                         "logger.wandb=false", "logger.progress_bar=false", "checkpoint.snapshot_mode=none",
                         f"logger.log_interval_steps={budgets[algo]}",
                         *([f"run.torch_threads={threads}"] if threads else [])]))
