@@ -14,14 +14,12 @@ frames.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from tdrl.config import (
-    AnyFloat,
+    A2COptimConfig,
+    ActorCriticModelConfig,
     CollectorConfig,
-    Count,
     Fraction,
-    LayerSizes,
     LoggerConfig,
     NonNegativeFloat,
     PositiveFloat,
@@ -32,24 +30,6 @@ from tdrl.config import (
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
-@dataclass
-class ModelConfig:
-    hidden_sizes: LayerSizes = field(default_factory=lambda: [64, 64])
-    """Hidden widths of the actor and critic MLPs (the LSTM policy's embedding uses the first)."""
-    activation: Literal["tanh", "relu", "elu", "silu"] = "tanh"
-    """Hidden activation."""
-    lstm: bool = False
-    """Recurrent policy: MLP embedding -> LSTM (shared by actor and critic) -> heads."""
-    lstm_size: Count = 64
-    """LSTM hidden size."""
-    distribution: Literal["auto", "categorical", "normal", "tanh_normal"] = "auto"
-    """Action distribution; auto = categorical for discrete actions, tanh_normal for continuous ones."""
-    init_log_std: AnyFloat = 0.0
-    """Initial log standard deviation of Gaussian policies."""
-    normalize_observation: bool = False
-    """Normalise observations by running mean/std inside the model (rlpyt normalize_observation)."""
-
-
 @dataclass
 class LossConfig:
     gamma: PositiveFraction = 0.99
@@ -65,25 +45,14 @@ class LossConfig:
 
 
 @dataclass
-class OptimConfig:
-    name: Literal["adam", "rmsprop"] = "rmsprop"
-    """Optimizer: rmsprop (alpha 0.99, as A3C/SB3) or adam (rlpyt's default)."""
+class OptimConfig(A2COptimConfig):
     lr: PositiveFloat = 7e-4
-    """Learning rate (start value when decayed)."""
-    eps: PositiveFloat = 1e-5
-    """Optimizer epsilon."""
-    linear_decay: bool = False
-    """Decay the learning rate linearly to 0 over the run."""
-    max_grad_norm: PositiveFloat = 0.5
-    """Gradient norm clip (rlpyt clip_grad_norm)."""
-    compile: bool = False
-    """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""
 
 
 @dataclass
 class Config(RecipeConfig):
     collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_T=5, total_frames=500_000))
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ActorCriticModelConfig = field(default_factory=ActorCriticModelConfig)
     """Actor-critic networks."""
     loss: LossConfig = field(default_factory=LossConfig)
     """A2C objective."""

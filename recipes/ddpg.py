@@ -20,17 +20,19 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from tdrl.config import (
+    ActionNoiseConfig,
     CollectorConfig,
     ConfigError,
+    ContinuousLossConfig,
+    ContinuousModelConfig,
     Count,
     EnvConfig,
-    LayerSizes,
     LoggerConfig,
-    NonNegativeFloat,
+    OffPolicyOptimConfig,
     PositiveFloat,
     PositiveFraction,
     RecipeConfig,
-    ReplayDevice,
+    ReplayConfig,
     TrainerConfig,
     check_devices,
     replay_copy,
@@ -43,58 +45,14 @@ REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "rewar
 
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
-class ModelConfig:
-    hidden_sizes: LayerSizes = field(default_factory=lambda: [256, 256])
-    """Hidden widths of the policy and of each Q critic."""
-
-
-@dataclass
-class ExplorationConfig:
-    action_noise: NonNegativeFloat = 0.1
-    """Std of the Gaussian exploration noise, relative to the half-width of the action box (rlpyt action_std)."""
-
-
-@dataclass
-class ReplayConfig:
-    size: Count = 100_000
-    """Transitions held (rlpyt replay_size is 1e6; Pendulum needs no more than its budget)."""
-    device: ReplayDevice = "auto"
-    """Where samples are gathered: cpu (host memory, each sample copied to run.device), cuda (a copy of the data
-    on run.device; sync trainer), auto (cuda when run.device is a GPU and the data fits a quarter of it)."""
-
-
-@dataclass
-class LossConfig:
-    gamma: PositiveFraction = 0.99
-    """Discount per env step."""
-    n_step: Count = 1
-    """n-step returns (rlpyt n_step_return); the bootstrap is gamma ** steps, per sample."""
-    bootstrap_timelimit: bool = True
-    """Bootstrap through time limits (rlpyt bootstrap_timelimit); false treats them as terminal."""
-
-
-@dataclass
-class OptimConfig:
+class OptimConfig(OffPolicyOptimConfig):
+    batch_size: Count = 64
+    replay_ratio: PositiveFloat = 64.0
+    target_update_tau: PositiveFraction = 0.01
     actor_lr: PositiveFloat = 1e-4
     """Adam learning rate of the policy (rlpyt learning_rate)."""
     critic_lr: PositiveFloat = 1e-3
     """Adam learning rate of the critic (rlpyt q_learning_rate)."""
-    batch_size: Count = 64
-    """Transitions per gradient update."""
-    replay_ratio: PositiveFloat = 64.0
-    """Transitions sampled per transition collected (rlpyt replay_ratio); sets updates per iteration."""
-    min_steps_learn: Count = 1_000
-    """Env frames collected before the first update (rlpyt: 10000)."""
-    target_update_interval: Count = 1
-    """Gradient updates between target updates (rlpyt target_update_interval)."""
-    target_update_tau: PositiveFraction = 0.01
-    """Polyak factor of the target networks (rlpyt target_update_tau)."""
-    max_grad_norm: PositiveFloat | None = None
-    """Gradient norm clip (rlpyt clip_grad_norm=1e8: effectively none)."""
-    compile: bool = False
-    """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""
-    cudagraphs: bool = False
-    """Replay each update (loss, backward, step) from CUDA graphs (needs run.device=cuda)."""
 
 
 @dataclass
@@ -102,13 +60,13 @@ class Config(RecipeConfig):
     env: EnvConfig = field(default_factory=lambda: EnvConfig(id="Pendulum-v1"))
     collector: CollectorConfig = field(
         default_factory=lambda: CollectorConfig(batch_B=1, batch_T=1, total_frames=30_000))
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ContinuousModelConfig = field(default_factory=ContinuousModelConfig)
     """Policy and critics."""
-    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
+    exploration: ActionNoiseConfig = field(default_factory=ActionNoiseConfig)
     """Exploration noise."""
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    replay: ReplayConfig = field(default_factory=lambda: ReplayConfig(size=100_000))
     """Replay buffer."""
-    loss: LossConfig = field(default_factory=LossConfig)
+    loss: ContinuousLossConfig = field(default_factory=ContinuousLossConfig)
     """DDPG objective."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizers and update cadence."""
@@ -178,12 +136,8 @@ def main(cfg: Config) -> dict:
     # each evaluation: n_envs whole greedy episodes on their own envs
     eval_collector = make_eval_collector(cfg.env.id, actor, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
                                          seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
-    trainer = make_trainer(cfg.trainer, on_policy=False, collector_factory=collector_factory, replay=replay,
-                           policy=policy, seed=cfg.run.seed, eval_collector=eval_collector, run=run,
-                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
-                           replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
-                           min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
-                           checkpoint_interval_steps=cfg.checkpoint.interval_steps,
+    trainer = make_trainer(cfg, on_policy=False, collector_factory=collector_factory, replay=replay, policy=policy,
+                           eval_collector=eval_collector, run=run,
                            checkpoint_state={"loss": loss, "updater": updater, "replay": replay},
                            weights_module=actor)  # ray: the actors receive the policy network (their noise stays)
 

@@ -42,16 +42,16 @@ from tdrl.config import (
     ConfigError,
     Count,
     EpsilonGreedyConfig,
-    Fraction,
     LayerSizes,
     LoggerConfig,
     NonNegativeFloat,
-    NonNegativeInt,
+    OffPolicyLossConfig,
+    OffPolicyOptimConfig,
     PositiveFloat,
     PositiveFraction,
+    PrioritizedReplayConfig,
     Range,
     RecipeConfig,
-    ReplayDevice,
     RunConfig,
     TrainerConfig,
     check_devices,
@@ -85,30 +85,8 @@ class ModelConfig:
 
 
 @dataclass
-class ReplayConfig:
-    size: Count = 100_000
-    """Transitions held (rlpyt replay_size)."""
-    prioritized: bool = False
-    """Prioritized replay by |TD error| (C51: cross-entropy)."""
-    alpha: NonNegativeFloat = 0.6
-    """Priority exponent (rlpyt pri_alpha)."""
-    beta_init: Fraction = 0.4
-    """Importance-weight exponent at the start (rlpyt pri_beta_init)."""
-    beta_final: Fraction = 1.0
-    """Importance-weight exponent after beta_steps frames (rlpyt pri_beta_final)."""
-    beta_steps: NonNegativeInt = 100_000
-    """Env frames over which beta anneals (rlpyt pri_beta_steps)."""
-    device: ReplayDevice = "auto"
-    """Where samples are gathered: cpu (host memory, each sample copied to run.device), cuda (a copy of the data
-    on run.device; sync trainer), auto (cuda when run.device is a GPU and the data fits a quarter of it)."""
-
-
-@dataclass
-class LossConfig:
-    gamma: PositiveFraction = 0.99
-    """Discount per env step."""
+class LossConfig(OffPolicyLossConfig):
     n_step: Count = 3
-    """n-step returns (rlpyt n_step_return); the bootstrap is gamma ** steps, per sample."""
     double: bool = True
     """Double DQN: online network selects the bootstrap action, target network evaluates it (C51: always)."""
     loss_function: Literal["huber", "mse"] = "huber"
@@ -118,29 +96,19 @@ class LossConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(OffPolicyOptimConfig):
+    batch_size: Count = 64
+    replay_ratio: PositiveFloat = 32.0
+    target_update_interval: Count = 128
+    """Gradient updates between target-network updates (rlpyt counts updates, not frames)."""
+    target_update_tau: PositiveFraction = 1.0
+    max_grad_norm: PositiveFloat | None = 10.0
     lr: PositiveFloat = 2.3e-3
     """Adam learning rate (RL-Zoo's CartPole value; rlpyt's Atari default is 2.5e-4)."""
     lr_final: NonNegativeFloat | None = 1e-4
     """Decay the learning rate linearly to this over the run; None keeps it constant."""
     adam_eps: PositiveFloat = 0.01 / 64
     """Adam epsilon (rlpyt: 0.01 / batch_size)."""
-    batch_size: Count = 64
-    """Transitions per gradient update."""
-    replay_ratio: PositiveFloat = 32.0
-    """Transitions sampled per transition collected (rlpyt replay_ratio); sets updates per iteration."""
-    min_steps_learn: Count = 1_000
-    """Env frames collected before the first update (rlpyt min_steps_learn)."""
-    target_update_interval: Count = 128
-    """Gradient updates between target-network updates (rlpyt counts updates, not frames)."""
-    target_update_tau: PositiveFraction = 1.0
-    """Target update factor; 1.0 copies, <1 is polyak averaging (rlpyt target_update_tau)."""
-    max_grad_norm: PositiveFloat = 10.0
-    """Gradient norm clip (rlpyt clip_grad_norm)."""
-    compile: bool = False
-    """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""
-    cudagraphs: bool = False
-    """Replay each update (loss, backward, step) from one CUDA graph (needs run.device=cuda)."""
 
 
 @dataclass
@@ -151,7 +119,7 @@ class Config(RecipeConfig):
     """Q-network."""
     exploration: EpsilonGreedyConfig = field(default_factory=EpsilonGreedyConfig)
     """Epsilon-greedy schedule."""
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    replay: PrioritizedReplayConfig = field(default_factory=PrioritizedReplayConfig)
     """Replay buffer."""
     loss: LossConfig = field(default_factory=LossConfig)
     """Q-learning target and loss."""
@@ -245,12 +213,8 @@ def main(cfg: Config) -> dict:
     # each evaluation: n_envs whole episodes on their own envs, epsilon = exploration.eps_eval
     eval_collector = make_eval_collector(cfg.env.id, eval_policy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
                                          seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
-    trainer = make_trainer(cfg.trainer, on_policy=False, collector_factory=collector_factory, replay=replay,
-                           policy=policy, seed=cfg.run.seed, eval_collector=eval_collector, run=run,
-                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
-                           replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
-                           min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
-                           checkpoint_interval_steps=cfg.checkpoint.interval_steps,
+    trainer = make_trainer(cfg, on_policy=False, collector_factory=collector_factory, replay=replay, policy=policy,
+                           eval_collector=eval_collector, run=run,
                            checkpoint_state={"loss": loss, "updater": updater, "replay": replay,
                                              "exploration": exploration},  # epsilon resumes where it was
                            # ray (Ape-X): actors get the Q-network only, keep their own fixed epsilons and compute

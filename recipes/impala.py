@@ -21,13 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal
 
 from tdrl.config import (
-    AnyFloat,
+    A2COptimConfig,
+    ActorCriticModelConfig,
     CollectorConfig,
-    Count,
-    LayerSizes,
     LoggerConfig,
     NonNegativeFloat,
     PositiveFloat,
@@ -39,24 +37,6 @@ from tdrl.config import (
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
-@dataclass
-class ModelConfig:
-    hidden_sizes: LayerSizes = field(default_factory=lambda: [64, 64])
-    """Hidden widths of the actor and critic MLPs (the LSTM policy's embedding uses the first)."""
-    activation: Literal["tanh", "relu", "elu", "silu"] = "tanh"
-    """Hidden activation."""
-    lstm: bool = False
-    """Recurrent policy: MLP embedding -> LSTM (shared by actor and critic) -> heads (the paper's agents)."""
-    lstm_size: Count = 64
-    """LSTM hidden size."""
-    distribution: Literal["auto", "categorical", "normal", "tanh_normal"] = "auto"
-    """Action distribution; auto = categorical for discrete actions, tanh_normal for continuous ones."""
-    init_log_std: AnyFloat = 0.0
-    """Initial log standard deviation of Gaussian policies."""
-    normalize_observation: bool = False
-    """Normalise observations by running mean/std inside the model."""
-
-
 @dataclass
 class LossConfig:
     gamma: PositiveFraction = 0.99
@@ -72,19 +52,12 @@ class LossConfig:
 
 
 @dataclass
-class OptimConfig:
-    name: Literal["rmsprop", "adam"] = "rmsprop"
-    """Optimizer: rmsprop (decay 0.99, momentum 0, the paper's) or adam."""
+class OptimConfig(A2COptimConfig):
     lr: PositiveFloat = 1e-3
-    """Learning rate (start value when decayed)."""
-    eps: PositiveFloat = 1e-5
-    """Optimizer epsilon."""
     linear_decay: bool = True
     """Decay the learning rate linearly to 0 over collector.total_frames (the paper's schedule)."""
     max_grad_norm: PositiveFloat = 40.0
     """Gradient norm clip (the paper's 40)."""
-    compile: bool = False
-    """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""
 
 
 @dataclass
@@ -92,7 +65,7 @@ class Config(RecipeConfig):
     collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_B=8, batch_T=10,
                                                                                total_frames=500_000))
     """Training collector and budget: 8 unrolls of 10 steps per update (the paper: 32 of 20)."""
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ActorCriticModelConfig = field(default_factory=ActorCriticModelConfig)
     """Actor-critic networks."""
     loss: LossConfig = field(default_factory=LossConfig)
     """V-trace targets and the actor-critic objective."""
@@ -157,11 +130,8 @@ def main(cfg: Config) -> dict:
     # each evaluation: n_envs whole greedy episodes on their own envs
     eval_collector = make_eval_collector(cfg.env.id, ac.greedy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
                                          seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
-    trainer = make_trainer(cfg.trainer, on_policy=True, collector_factory=collector_factory, policy=ac.actor,
-                           seed=cfg.run.seed, eval_collector=eval_collector, run=run,
-                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
-                           checkpoint_interval_steps=cfg.checkpoint.interval_steps, stop_return=cfg.stop_return,
-                           checkpoint_state={"model": ac, "updater": updater})
+    trainer = make_trainer(cfg, on_policy=True, collector_factory=collector_factory, policy=ac.actor,
+                           eval_collector=eval_collector, run=run, checkpoint_state={"model": ac, "updater": updater})
     lr_at = LinearSchedule(cfg.optim.lr, 0.0 if cfg.optim.linear_decay else cfg.optim.lr,
                            duration=cfg.collector.total_frames)
 

@@ -27,15 +27,14 @@ HalfCheetah-v5 (benchmark, not CI; RL-Zoo's hyperparameters, observations normal
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from tdrl.config import (
-    AnyFloat,
+    ActorCriticModelConfig,
     Count,
     Fraction,
-    LayerSizes,
     LoggerConfig,
     NonNegativeFloat,
+    PolicyGradientOptimConfig,
     PositiveFloat,
     PositiveFraction,
     RecipeConfig,
@@ -45,24 +44,6 @@ from tdrl.config import (
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
-@dataclass
-class ModelConfig:
-    hidden_sizes: LayerSizes = field(default_factory=lambda: [64, 64])
-    """Hidden widths of the actor and critic MLPs (the LSTM policy's embedding uses the first)."""
-    activation: Literal["tanh", "relu", "elu", "silu"] = "tanh"
-    """Hidden activation."""
-    lstm: bool = False
-    """Recurrent policy: MLP embedding -> LSTM (shared by actor and critic) -> heads."""
-    lstm_size: Count = 64
-    """LSTM hidden size."""
-    distribution: Literal["auto", "categorical", "normal", "tanh_normal"] = "auto"
-    """Action distribution; auto = categorical for discrete actions, tanh_normal for continuous ones."""
-    init_log_std: AnyFloat = 0.0
-    """Initial log standard deviation of Gaussian policies."""
-    normalize_observation: bool = False
-    """Normalise observations by running mean/std inside the model (rlpyt normalize_observation)."""
-
-
 @dataclass
 class LossConfig:
     gamma: PositiveFraction = 0.98
@@ -88,20 +69,14 @@ class LossConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(PolicyGradientOptimConfig):
     lr: PositiveFloat = 4e-3
     """Adam learning rate (start value when decayed)."""
-    eps: PositiveFloat = 1e-5
-    """Adam epsilon."""
-    max_grad_norm: PositiveFloat = 0.5
-    """Gradient norm clip (rlpyt clip_grad_norm)."""
-    compile: bool = False
-    """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""
 
 
 @dataclass
 class Config(RecipeConfig):
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ActorCriticModelConfig = field(default_factory=ActorCriticModelConfig)
     """Actor-critic networks."""
     loss: LossConfig = field(default_factory=LossConfig)
     """PPO objective and its schedule."""
@@ -164,11 +139,8 @@ def main(cfg: Config) -> dict:
     eval_collector = make_eval_collector(cfg.env.id, ac.greedy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
                                          seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video) \
         if is_main_process() else None
-    trainer = make_trainer(cfg.trainer, on_policy=True, collector=collector, modules=[loss],
-                           eval_collector=eval_collector, run=run,
-                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
-                           checkpoint_interval_steps=cfg.checkpoint.interval_steps, stop_return=cfg.stop_return,
-                           checkpoint_state={"model": ac, "updater": updater})
+    trainer = make_trainer(cfg, on_policy=True, collector=collector, modules=[loss], eval_collector=eval_collector,
+                           run=run, checkpoint_state={"model": ac, "updater": updater})
     decay = LinearSchedule(1.0, 0.0 if cfg.loss.linear_decay else 1.0, duration=trainer.n_itr)
 
     # --- Update ---------------------------------------------------------------------------------------------

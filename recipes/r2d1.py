@@ -241,12 +241,8 @@ def main(cfg: Config) -> dict:
     eval_collector = make_eval_collector(cfg.env.id, eval_policy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
                                          seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
     samples_per_update = cfg.optim.batch_B * replay.seq_len  # what the replay ratio counts
-    trainer = make_trainer(cfg.trainer, on_policy=False, collector_factory=collector_factory, replay=replay,
-                           policy=policy, seed=cfg.run.seed, eval_collector=eval_collector, run=run,
-                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
-                           replay_ratio=cfg.optim.replay_ratio, batch_size=samples_per_update,
-                           min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
-                           checkpoint_interval_steps=cfg.checkpoint.interval_steps,
+    trainer = make_trainer(cfg, on_policy=False, collector_factory=collector_factory, replay=replay, policy=policy,
+                           eval_collector=eval_collector, run=run, batch_size=samples_per_update,
                            checkpoint_state={"loss": loss, "updater": updater, "replay": replay,
                                              "exploration": exploration})
     lr_at = LinearSchedule(cfg.optim.lr, cfg.optim.lr if cfg.optim.lr_final is None else cfg.optim.lr_final,

@@ -30,14 +30,15 @@ from tdrl.config import (
     AnyFloat,
     CollectorConfig,
     ConfigError,
+    ContinuousLossConfig,
+    ContinuousModelConfig,
     Count,
     EnvConfig,
-    LayerSizes,
     LoggerConfig,
+    OffPolicyOptimConfig,
     PositiveFloat,
-    PositiveFraction,
     RecipeConfig,
-    ReplayDevice,
+    ReplayConfig,
     RunConfig,
     TrainerConfig,
     check_devices,
@@ -51,57 +52,22 @@ REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "rewar
 
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
-class ModelConfig:
-    hidden_sizes: LayerSizes = field(default_factory=lambda: [256, 256])
-    """Hidden widths of the policy and of each Q critic."""
-
-
-@dataclass
-class ReplayConfig:
-    size: Count = 100_000
-    """Transitions held (rlpyt replay_size is 1e6; Pendulum needs no more than its budget)."""
-    device: ReplayDevice = "auto"
-    """Where samples are gathered: cpu (host memory, each sample copied to run.device), cuda (a copy of the data
-    on run.device; sync trainer), auto (cuda when run.device is a GPU and the data fits a quarter of it)."""
-
-
-@dataclass
-class LossConfig:
-    gamma: PositiveFraction = 0.99
-    """Discount per env step."""
-    n_step: Count = 1
-    """n-step returns (rlpyt n_step_return); the bootstrap is gamma ** steps, per sample."""
+class LossConfig(ContinuousLossConfig):
     alpha_init: PositiveFloat = 1.0
     """Initial entropy temperature."""
     fixed_alpha: bool = False
     """Keep alpha at alpha_init instead of tuning it (rlpyt fixed_alpha)."""
     target_entropy: AnyFloat | None = None
     """Entropy target of the alpha tuning; None: -action_dim for actions rescaled to [-1, 1] (SB3's convention)."""
-    bootstrap_timelimit: bool = True
-    """Bootstrap through time limits (rlpyt bootstrap_timelimit); false treats them as terminal."""
 
 
 @dataclass
-class OptimConfig:
-    lr: PositiveFloat = 1e-3
-    """Adam learning rate of the policy, the critics and alpha (rlpyt 3e-4; RL-Zoo Pendulum 1e-3)."""
-    batch_size: Count = 256
-    """Transitions per gradient update."""
-    replay_ratio: PositiveFloat = 256.0
-    """Transitions sampled per transition collected (rlpyt replay_ratio); sets updates per iteration."""
+class OptimConfig(OffPolicyOptimConfig):
     min_steps_learn: Count = 100
     """Env frames collected (with the initial policy) before the first update (rlpyt 10000; SB3 100); may be below
     batch_size: the replay draws with replacement."""
-    target_update_tau: PositiveFraction = 0.005
-    """Polyak factor of the target critics (rlpyt target_update_tau)."""
-    target_update_interval: Count = 1
-    """Gradient updates between target updates (rlpyt target_update_interval)."""
-    max_grad_norm: PositiveFloat | None = None
-    """Gradient norm clip (rlpyt clip_grad_norm=1e9: effectively none)."""
-    compile: bool = False
-    """torch.compile the loss terms (opt-in: compiling takes tens of seconds on CPU)."""
-    cudagraphs: bool = False
-    """Replay each update (both losses, backwards, steps) from one CUDA graph (needs run.device=cuda)."""
+    lr: PositiveFloat = 1e-3
+    """Adam learning rate of the policy, the critics and alpha (rlpyt 3e-4; RL-Zoo Pendulum 1e-3)."""
 
 
 @dataclass
@@ -109,9 +75,9 @@ class Config(RecipeConfig):
     env: EnvConfig = field(default_factory=lambda: EnvConfig(id="Pendulum-v1"))
     collector: CollectorConfig = field(
         default_factory=lambda: CollectorConfig(batch_B=1, batch_T=1, total_frames=20_000))
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ContinuousModelConfig = field(default_factory=ContinuousModelConfig)
     """Policy and critics."""
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    replay: ReplayConfig = field(default_factory=lambda: ReplayConfig(size=100_000))
     """Replay buffer."""
     loss: LossConfig = field(default_factory=LossConfig)
     """SAC objective."""
@@ -194,12 +160,8 @@ def main(cfg: Config) -> dict:
     # each evaluation: n_envs whole greedy episodes on their own envs
     eval_collector = make_eval_collector(cfg.env.id, actor, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
                                          seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
-    trainer = make_trainer(cfg.trainer, on_policy=False, collector_factory=collector_factory, replay=replay,
-                           policy=actor, seed=cfg.run.seed, eval_collector=eval_collector, run=run,
-                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
-                           replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
-                           min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
-                           checkpoint_interval_steps=cfg.checkpoint.interval_steps,
+    trainer = make_trainer(cfg, on_policy=False, collector_factory=collector_factory, replay=replay, policy=actor,
+                           eval_collector=eval_collector, run=run,
                            checkpoint_state={"loss": loss, "critic_updater": critic_updater,
                                              "policy_updater": policy_updater, "replay": replay})
 

@@ -24,17 +24,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tdrl.config import (
+    ActionNoiseConfig,
     CollectorConfig,
     ConfigError,
+    ContinuousLossConfig,
+    ContinuousModelConfig,
     Count,
     EnvConfig,
-    LayerSizes,
     LoggerConfig,
     NonNegativeFloat,
+    OffPolicyOptimConfig,
     PositiveFloat,
-    PositiveFraction,
     RecipeConfig,
-    ReplayDevice,
+    ReplayConfig,
     RunConfig,
     check_devices,
     replay_copy,
@@ -47,64 +49,24 @@ REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "rewar
 
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
-class ModelConfig:
-    hidden_sizes: LayerSizes = field(default_factory=lambda: [256, 256])
-    """Hidden widths of the policy and of each Q critic."""
-
-
-@dataclass
-class ExplorationConfig:
-    action_noise: NonNegativeFloat = 0.1
-    """Std of the Gaussian exploration noise, relative to the half-width of the action box (rlpyt action_std)."""
-
-
-@dataclass
-class ReplayConfig:
-    size: Count = 100_000
-    """Transitions held (rlpyt replay_size is 1e6; Pendulum needs no more than its budget)."""
-    device: ReplayDevice = "auto"
-    """Where samples are gathered: cpu (host memory, each sample copied to run.device), cuda (a copy of the data
-    on run.device; sync trainer), auto (cuda when run.device is a GPU and the data fits a quarter of it)."""
-
-
-@dataclass
-class LossConfig:
-    gamma: PositiveFraction = 0.99
-    """Discount per env step."""
-    n_step: Count = 1
-    """n-step returns (rlpyt n_step_return); the bootstrap is gamma ** steps, per sample."""
+class LossConfig(ContinuousLossConfig):
     target_noise: NonNegativeFloat = 0.2
     """Std of the target-policy smoothing noise, relative to the action half-width (rlpyt target_noise_std)."""
     target_noise_clip: NonNegativeFloat = 0.5
     """Clip of that noise, same units (rlpyt target_noise_clip)."""
-    bootstrap_timelimit: bool = True
-    """Bootstrap through time limits (rlpyt bootstrap_timelimit); false treats them as terminal."""
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(OffPolicyOptimConfig):
+    batch_size: Count = 100
+    replay_ratio: PositiveFloat = 100.0
+    target_update_interval: Count = 2
     actor_lr: PositiveFloat = 1e-3
     """Adam learning rate of the policy (rlpyt mu_learning_rate)."""
     critic_lr: PositiveFloat = 1e-3
     """Adam learning rate of the critics (rlpyt q_learning_rate)."""
-    batch_size: Count = 100
-    """Transitions per gradient update."""
-    replay_ratio: PositiveFloat = 100.0
-    """Transitions sampled per transition collected (rlpyt replay_ratio); sets updates per iteration."""
-    min_steps_learn: Count = 1_000
-    """Env frames collected before the first update."""
     policy_update_interval: Count = 2
     """Critic updates per policy update (rlpyt policy_update_interval)."""
-    target_update_interval: Count = 2
-    """Gradient updates between target updates (rlpyt target_update_interval)."""
-    target_update_tau: PositiveFraction = 0.005
-    """Polyak factor of the target networks (rlpyt target_update_tau)."""
-    max_grad_norm: PositiveFloat | None = None
-    """Gradient norm clip (rlpyt clip_grad_norm=1e8: effectively none)."""
-    compile: bool = False
-    """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""
-    cudagraphs: bool = False
-    """Replay each update (loss, backward, step) from CUDA graphs (needs run.device=cuda)."""
 
 
 @dataclass
@@ -112,11 +74,11 @@ class Config(RecipeConfig):
     env: EnvConfig = field(default_factory=lambda: EnvConfig(id="Pendulum-v1"))
     collector: CollectorConfig = field(
         default_factory=lambda: CollectorConfig(batch_B=1, batch_T=1, total_frames=20_000))
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ContinuousModelConfig = field(default_factory=ContinuousModelConfig)
     """Policy and critics."""
-    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
+    exploration: ActionNoiseConfig = field(default_factory=ActionNoiseConfig)
     """Exploration noise."""
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    replay: ReplayConfig = field(default_factory=lambda: ReplayConfig(size=100_000))
     """Replay buffer."""
     loss: LossConfig = field(default_factory=LossConfig)
     """TD3 objective."""

@@ -1,5 +1,6 @@
 """Typed configs with dotted ``key=value`` overrides. Every recipe declares a nested dataclass config; the command
-line takes TorchRL-style dotted overrides (``python recipes/sac.py env.id=Hopper-v5 optim.lr=3e-4``). Unknown keys,
+line takes TorchRL-style dotted overrides (``python recipes/sac.py env.id=Hopper-v5 optim.lr=3e-4``, parsed by
+:mod:`tdrl.utils.dotted_config`). Unknown keys,
 wrong types and values out of a field's declared range are errors that name the full dotted key (an unknown one
 with the nearest valid key), before any env starts. ``--help`` lists every field with its type and range, default
 and the string literal under it (CleanRL style).
@@ -16,32 +17,33 @@ and ends with ``run_recipe(main, Config(), doc=__doc__)`` reports a bad key or v
 
 from __future__ import annotations
 
-import ast
-import contextlib
-import copy
-import dataclasses
-import difflib
-import inspect
-import json
-import os
-import sys
-import textwrap
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
+from tdrl.utils.dotted_config import (
+    ConfigError,
+    apply_overrides,
+    config_help,
+    diff_configs,
+    flatten,
+    merge_nested,
+    parse_args,
+    run_recipe,
+    to_dict,
+    user_errors,
+    validate,
+)
 from tdrl.utils.errors import UserError
-from tdrl.utils.interrupt import interrupts_end_in_one_line
 from tdrl.utils.ranges import Length, Range
 
-__all__ = ["AnyFloat", "AtariEnvConfig", "CheckpointConfig", "CollectorConfig", "ConfigError", "Count", "EnvConfig",
-           "EpsilonGreedyConfig", "EvalConfig", "Fraction", "LayerSizes", "Length", "LoggerConfig", "NonNegativeFloat",
-           "NonNegativeInt", "PositiveFloat", "PositiveFraction", "Range", "RecipeConfig", "ReplayDevice", "RunConfig",
-           "TrainerConfig", "UserError", "apply_overrides", "check_devices", "config_help", "diff_configs", "flatten",
-           "merge_nested", "parse_args", "replay_copy", "run_recipe", "to_dict", "user_errors", "validate"]
-
-C = TypeVar("C")
+__all__ = ["A2COptimConfig", "ActionNoiseConfig", "ActorCriticModelConfig", "AnyFloat", "AtariEnvConfig",
+           "CheckpointConfig", "CollectorConfig", "ConfigError", "ContinuousLossConfig", "ContinuousModelConfig",
+           "Count", "EnvConfig", "EpsilonGreedyConfig", "EvalConfig", "Fraction", "LayerSizes", "Length",
+           "LoggerConfig", "NonNegativeFloat", "NonNegativeInt", "OffPolicyLossConfig", "OffPolicyOptimConfig",
+           "PolicyGradientOptimConfig", "PositiveFloat", "PositiveFraction", "PrioritizedReplayConfig", "Range",
+           "RecipeConfig", "ReplayConfig", "ReplayDevice", "RunConfig", "TrainerConfig", "UserError",
+           "apply_overrides", "check_devices", "config_help", "diff_configs", "flatten", "merge_nested", "parse_args",
+           "replay_copy", "run_recipe", "to_dict", "user_errors", "validate"]
 
 # --- Ranges: every int or float field of a config declares one (tests/test_config.py walks the recipes) --------
 
@@ -61,10 +63,6 @@ NonNegativeInt = Annotated[int, Range(ge=0)]
 """>= 0: seeds, frame counts where 0 means none or off."""
 LayerSizes = Annotated[list[Count], Length(1)]
 """Hidden layer widths: at least one layer, each >= 1."""
-
-
-class ConfigError(UserError):
-    """A config key or value is invalid; the message names the dotted key."""
 
 
 def _check(condition: bool, message: str) -> None:
@@ -280,7 +278,138 @@ class TrainerConfig:
     """ray, on-policy (IMPALA): actors' unrolls concatenated into one learner batch."""
 
 
-# --- Conversion ------------------------------------------------------------------------------------------
+# --- Algorithm sections: the keys several recipes share, spelled once. A recipe uses one as it is or subclasses it
+# to add its own keys and re-declare a default (field order and docstrings are inherited).
+
+
+@dataclass
+class ActorCriticModelConfig:
+    """The actor-critic networks of the policy-gradient recipes (A2C, PPO, IMPALA)."""
+
+    hidden_sizes: LayerSizes = field(default_factory=lambda: [64, 64])
+    """Hidden widths of the actor and critic MLPs (the LSTM policy's embedding uses the first)."""
+    activation: Literal["tanh", "relu", "elu", "silu"] = "tanh"
+    """Hidden activation."""
+    lstm: bool = False
+    """Recurrent policy: MLP embedding -> LSTM (shared by actor and critic) -> heads."""
+    lstm_size: Count = 64
+    """LSTM hidden size."""
+    distribution: Literal["auto", "categorical", "normal", "tanh_normal"] = "auto"
+    """Action distribution; auto = categorical for discrete actions, tanh_normal for continuous ones."""
+    init_log_std: AnyFloat = 0.0
+    """Initial log standard deviation of Gaussian policies."""
+    normalize_observation: bool = False
+    """Normalise observations by running mean/std inside the model (rlpyt normalize_observation)."""
+
+
+@dataclass
+class PolicyGradientOptimConfig:
+    """Optimizer of the policy-gradient recipes."""
+
+    lr: PositiveFloat = 3e-4
+    """Learning rate (start value when decayed)."""
+    eps: PositiveFloat = 1e-5
+    """Optimizer epsilon."""
+    max_grad_norm: PositiveFloat = 0.5
+    """Gradient norm clip (rlpyt clip_grad_norm)."""
+    compile: bool = False
+    """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""
+
+
+@dataclass
+class A2COptimConfig(PolicyGradientOptimConfig):
+    """Optimizer of A2C and IMPALA: RMSprop or Adam, optionally decayed."""
+
+    name: Literal["adam", "rmsprop"] = "rmsprop"
+    """Optimizer: rmsprop (alpha 0.99, as A3C/SB3) or adam (rlpyt's default)."""
+    linear_decay: bool = False
+    """Decay the learning rate linearly to 0 over the run."""
+
+
+@dataclass
+class ReplayConfig:
+    """The replay buffer of an off-policy recipe."""
+
+    size: Count = 100_000
+    """Transitions held (rlpyt replay_size)."""
+    device: ReplayDevice = "auto"
+    """Where samples are gathered: cpu (host memory, each sample copied to run.device), cuda (a copy of the data
+    on run.device; sync trainer), auto (cuda when run.device is a GPU and the data fits a quarter of it)."""
+
+
+@dataclass
+class PrioritizedReplayConfig(ReplayConfig):
+    """A replay that may sample by priority (rlpyt's prioritized replay)."""
+
+    prioritized: bool = False
+    """Prioritized replay by |TD error|."""
+    alpha: NonNegativeFloat = 0.6
+    """Priority exponent (rlpyt pri_alpha)."""
+    beta_init: Fraction = 0.4
+    """Importance-weight exponent at the start (rlpyt pri_beta_init)."""
+    beta_final: Fraction = 1.0
+    """Importance-weight exponent after beta_steps frames (rlpyt pri_beta_final)."""
+    beta_steps: NonNegativeInt = 100_000
+    """Env frames over which beta anneals (rlpyt pri_beta_steps)."""
+
+
+@dataclass
+class OffPolicyLossConfig:
+    """The bootstrapped target of an off-policy recipe."""
+
+    gamma: PositiveFraction = 0.99
+    """Discount per env step."""
+    n_step: Count = 1
+    """n-step returns (rlpyt n_step_return); the bootstrap is gamma ** steps, per sample."""
+
+
+@dataclass
+class ContinuousLossConfig(OffPolicyLossConfig):
+    """The bootstrapped target of the continuous-control recipes (SAC, TD3, DDPG)."""
+
+    bootstrap_timelimit: bool = True
+    """Bootstrap through time limits (rlpyt bootstrap_timelimit); false treats them as terminal."""
+
+
+@dataclass
+class OffPolicyOptimConfig:
+    """Update cadence and optimizer settings of an off-policy recipe (rlpyt's names)."""
+
+    batch_size: Count = 256
+    """Transitions per gradient update."""
+    replay_ratio: PositiveFloat = 256.0
+    """Transitions sampled per transition collected (rlpyt replay_ratio); sets updates per iteration."""
+    min_steps_learn: Count = 1_000
+    """Env frames collected before the first update (rlpyt min_steps_learn)."""
+    target_update_interval: Count = 1
+    """Gradient updates between target updates (rlpyt target_update_interval)."""
+    target_update_tau: PositiveFraction = 0.005
+    """Polyak factor of the target networks; 1.0 copies (rlpyt target_update_tau)."""
+    max_grad_norm: PositiveFloat | None = None
+    """Gradient norm clip (rlpyt clip_grad_norm; None: none)."""
+    compile: bool = False
+    """torch.compile the loss (opt-in: compiling takes tens of seconds on CPU)."""
+    cudagraphs: bool = False
+    """Replay each update (loss, backward, step) from CUDA graphs (needs run.device=cuda)."""
+
+
+@dataclass
+class ContinuousModelConfig:
+    """The policy and Q critics of the continuous-control recipes (SAC, TD3, DDPG)."""
+
+    hidden_sizes: LayerSizes = field(default_factory=lambda: [256, 256])
+    """Hidden widths of the policy and of each Q critic."""
+
+
+@dataclass
+class ActionNoiseConfig:
+    """Gaussian exploration noise of a deterministic policy (TD3, DDPG; rlpyt's action_std, no Ornstein-Uhlenbeck)."""
+
+    action_noise: NonNegativeFloat = 0.1
+    """Std of the Gaussian exploration noise, relative to the half-width of the action box (rlpyt action_std)."""
+
+
+# --- The recipe config ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -302,293 +431,3 @@ class RecipeConfig:
     """Snapshots and resume."""
     stop_return: AnyFloat | None = None
     """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """Nested plain dict (JSON-serialisable) of a dataclass config."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg)))
-
-
-def flatten(nested: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
-    out: dict[str, Any] = {}
-    for key, value in nested.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, dotted + "."))
-        else:
-            out[dotted] = value
-    return out
-
-
-def merge_nested(cfg: C, nested: dict[str, Any]) -> C:
-    """A copy of ``cfg`` with a nested dict's values merged in, strictly as :func:`apply_overrides` (rlpyt's
-    ``update_config``)."""
-    return apply_overrides(cfg, flatten(nested))
-
-
-def diff_configs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """Dotted keys whose values differ between two nested config dicts: ``{key: (a_value, b_value)}``."""
-    fa, fb = flatten(a), flatten(b)
-    missing = object()
-    pairs = {k: (fa.get(k, missing), fb.get(k, missing)) for k in sorted(set(fa) | set(fb))}
-    return {k: (va, vb) for k, (va, vb) in pairs.items() if va != vb}
-
-
-# --- Overrides -------------------------------------------------------------------------------------------
-
-
-def _fields(cls: type) -> dict[str, Any]:
-    """Field name -> resolved type hint (with its ``Annotated`` range)."""
-    hints = typing.get_type_hints(cls, include_extras=True)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def _all_keys(cfg: Any, prefix: str = "") -> list[str]:
-    keys = []
-    for name in _fields(type(cfg)):
-        value = getattr(cfg, name)
-        if dataclasses.is_dataclass(value):
-            keys.extend(_all_keys(value, f"{prefix}{name}."))
-        else:
-            keys.append(f"{prefix}{name}")
-    return keys
-
-
-def _unknown_key(key: str, cfg: Any) -> ConfigError:
-    valid = _all_keys(cfg)
-    near = [k for k in valid if k.lower() == key.lower()]  # batch_b -> batch_B, before any fuzzy match
-    near = near or difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    if not near:  # try matching the last component only, e.g. 'lrr' -> 'optim.lr'
-        tails = {k.rsplit(".", 1)[-1]: k for k in valid}
-        hit = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=1, cutoff=0.6)
-        near = [tails[hit[0]]] if hit else []
-    hint = f"; did you mean '{near[0]}'?" if near else ""
-    return ConfigError(f"unknown config key '{key}'{hint} (see --help for all keys)")
-
-
-def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Convert ``value`` (a CLI string or a python value) to type ``tp`` and check its declared range, or raise
-    naming ``key`` (a list's item as ``key[i]``)."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin is Annotated:
-        out = _coerce(key, value, args[0])
-        for bound in args[1:]:
-            if isinstance(bound, (Range, Length)) and (problem := bound.violation(out)) is not None:
-                raise ConfigError(f"config key '{key}': {problem}")
-        return out
-    if origin in (typing.Union, types.UnionType):
-        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
-        if is_none and type(None) in args:
-            return None
-        arms = [arg for arg in args if arg is not type(None)]
-        if len(arms) == 1:  # its own error says what is wrong (the type or the range)
-            return _coerce(key, value, arms[0])
-        for arg in arms:
-            with contextlib.suppress(ConfigError):
-                return _coerce(key, value, arg)
-        raise ConfigError(f"config key '{key}': {value!r} does not fit {_type_name(tp)}")
-    if origin is Literal:
-        for choice in args:
-            if value == choice or (isinstance(value, str) and str(choice) == value):
-                return choice
-        raise ConfigError(f"config key '{key}': {value!r} is not one of {list(args)}")
-    if origin in (list, tuple):
-        item_tp = args[0] if args else Any
-        out = [_coerce(f"{key}[{i}]", item, item_tp) for i, item in enumerate(_list_items(key, value))]
-        return tuple(out) if origin is tuple else out
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
-            return False
-        raise ConfigError(f"config key '{key}': expected a bool (true/false), got {value!r}")
-    if tp in (int, float) and not isinstance(value, bool):
-        if tp is int and isinstance(value, int):
-            return value
-        with contextlib.suppress(TypeError, ValueError):  # strings accept 1e6 and 1_000_000
-            number = float(value.replace("_", "") if isinstance(value, str) else value)
-            if tp is float or number.is_integer():
-                return tp(number)
-    if tp in (int, float):
-        raise ConfigError(f"config key '{key}': expected {'an int' if tp is int else 'a float'}, got {value!r}")
-    if tp is str:
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
-        return str(value)
-    raise ConfigError(f"config key '{key}': unsupported field type {tp}")
-
-
-def _list_items(key: str, value: Any) -> list[Any]:
-    """The items of a list value: a python list or tuple, or a string ``[a, b]``, ``(a, b)`` or ``a, b`` with
-    balanced brackets and no empty item (``[]`` is the empty list), so a typo cannot drop an item silently."""
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    if not isinstance(value, str):
-        raise ConfigError(f"config key '{key}': expected a list, got {value!r}")
-    text = value.strip()
-    if text[:1] in ("[", "(") and text[-1:] == {"[": "]", "(": ")"}[text[0]]:
-        text = text[1:-1].strip()
-        if not text:
-            return []
-    items = [item.strip() for item in text.split(",")]
-    if any(not item or any(c in item for c in "[]()") for item in items):
-        raise ConfigError(f"config key '{key}': {value!r} is not a list; write it as [64, 64] (balanced brackets, "
-                          "no empty item; [] is the empty list)")
-    return items
-
-
-def apply_overrides(cfg: C, overrides: dict[str, Any] | list[str]) -> C:
-    """A copy of ``cfg`` with dotted overrides, ``{"optim.lr": 3e-4}`` or ``["optim.lr=3e-4"]``, applied (strings
-    are converted to the field's type).
-
-    Raises:
-        ConfigError: unknown key (with the nearest valid key) or a value that does not fit the field's type.
-    """
-    if isinstance(overrides, list):
-        if bad := [item for item in overrides if "=" not in item]:
-            raise ConfigError(f"override {bad[0]!r} is not of the form key=value")
-        overrides = {key.strip(): value for key, value in (item.split("=", 1) for item in overrides)}
-    out = copy.deepcopy(cfg)
-    for key, value in overrides.items():
-        node, parts = out, key.split(".")
-        for i, part in enumerate(parts):
-            fields = _fields(type(node))
-            if part not in fields:
-                raise _unknown_key(key, cfg)
-            tp = fields[part]
-            current = getattr(node, part)
-            if i < len(parts) - 1:
-                if not dataclasses.is_dataclass(current):
-                    raise _unknown_key(key, cfg)
-                node = current
-            elif dataclasses.is_dataclass(current):
-                if not isinstance(value, dict):
-                    raise ConfigError(f"config key '{key}' is a section; set its fields ({key}.<field>=...)")
-                setattr(node, part, merge_nested(current, value))
-            else:
-                setattr(node, part, _coerce(key, value, tp))
-    validate(out)
-    return out
-
-
-def validate(cfg: Any, prefix: str = "") -> None:
-    """Check every field's value against its type and declared range, as an override is checked (so a default or a
-    value set in code cannot skip it), then call ``validate()`` on every section that has one (after all overrides,
-    so checks may relate fields). Raises :class:`ConfigError` naming the dotted key (``prefix`` + field)."""
-    for name, tp in _fields(type(cfg)).items():
-        if dataclasses.is_dataclass(value := getattr(cfg, name)):
-            validate(value, f"{prefix}{name}.")
-        else:
-            _coerce(f"{prefix}{name}", value, tp)
-    if callable(check := getattr(cfg, "validate", None)):
-        check()
-
-
-# --- Help and CLI ----------------------------------------------------------------------------------------
-
-
-def _field_docs(cls: type) -> dict[str, str]:
-    """The string literal written under each field of a dataclass and its dataclass bases (attribute docstrings;
-    a subclass's own text wins)."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass):
-            docs.update(_own_field_docs(klass))
-    return docs
-
-
-def _own_field_docs(cls: type) -> dict[str, str]:
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError):
-        return {}
-    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-    docs = {}
-    for stmt, nxt in zip(body, body[1:], strict=False):
-        is_doc = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)
-        if is_doc and isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            docs[stmt.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-def _type_name(tp: Any) -> str:
-    """How ``--help`` shows a type: ``float > 0``, ``non-empty list[int >= 1]``, ``float in (0, 1] or None``."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        return "{" + ",".join(str(a) for a in args) + "}"
-    if origin is Annotated:
-        name = _type_name(args[0])
-        for bound in args[1:]:
-            if isinstance(bound, Range) and str(bound):
-                name = f"{name} {bound}"
-            elif isinstance(bound, Length):
-                name = f"{bound} {name}"
-        return name
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in args)
-    if origin in (list, tuple):
-        return f"{origin.__name__}[{', '.join('...' if a is Ellipsis else _type_name(a) for a in args)}]"
-    if tp is type(None):
-        return "None"
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def config_help(cfg: Any, prefix: str = "") -> str:
-    """One line per field: ``key (type) = default  doc``."""
-    lines = []
-    docs = _field_docs(type(cfg))
-    for name, tp in _fields(type(cfg)).items():
-        value = getattr(cfg, name)
-        if dataclasses.is_dataclass(value):
-            lines.append(f"\n[{prefix}{name}] {docs.get(name, '')}".rstrip())
-            lines.append(config_help(value, f"{prefix}{name}."))
-        else:
-            lines.append(f"  {prefix}{name} ({_type_name(tp)}) = {value!r}  {docs.get(name, '')}".rstrip())
-    return "\n".join(lines)
-
-
-def parse_args(cfg: C, argv: list[str] | None = None, prog: str | None = None, doc: str = "") -> C:
-    """Parse ``key=value`` overrides from ``argv`` onto ``cfg``. ``--help`` prints every key and exits; a bad key or
-    value prints the error and exits with status 2 (before anything is built)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        print(f"usage: {prog or sys.argv[0]} [key=value ...]\n")
-        if doc:
-            print(doc.strip() + "\n")
-        print(config_help(cfg))
-        raise SystemExit(0)
-    with user_errors():
-        return apply_overrides(cfg, [a.lstrip("-") for a in argv])
-
-
-@contextlib.contextmanager
-def user_errors():
-    """Turn a :class:`UserError` into one line ``error: ...`` on stderr and exit status 2; ``TDRL_DEBUG=1`` keeps
-    the traceback."""
-    try:
-        yield
-    except UserError as e:
-        if os.environ.get("TDRL_DEBUG", "") not in ("", "0"):
-            raise
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def run_recipe(main: typing.Callable[[C], Any], cfg: C, *, prog: str | None = None, doc: str = "",
-               argv: list[str] | None = None) -> Any:
-    """A recipe's command line: ``main(parse_args(cfg, argv, prog, doc))``, where bad input (any
-    :class:`UserError`: a config value, an env id, an algorithm the env does not fit, a resource this machine lacks)
-    ends with one line and exit status 2. A recipe imports only this module at the top and the heavy modules (torch,
-    TorchRL, envs) inside ``main``, so a config error shows in well under a second. Ctrl-C and SIGTERM end with one
-    line giving the command that resumes the run, and exit status 130 / 143 (:mod:`tdrl.utils.interrupt`)."""
-    script = sys.argv[0] if argv is None else (prog or sys.argv[0])  # as the user typed it
-    argv = sys.argv[1:] if argv is None else argv
-    cfg = parse_args(cfg, argv, prog, doc)
-    with interrupts_end_in_one_line(script, argv), user_errors():
-        return main(cfg)

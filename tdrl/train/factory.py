@@ -72,7 +72,7 @@ def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu",
 
 
 def make_trainer(
-    cfg: TrainerConfig,
+    cfg: Any,
     *,
     on_policy: bool,
     collector: Any = None,
@@ -80,22 +80,30 @@ def make_trainer(
     modules: Sequence[nn.Module] = (),
     replay: Any = None,
     policy: nn.Module | None = None,
-    seed: int = 0,
     weights_module: nn.Module | None = None,
     actor_setup: Callable[[Any, int, int], None] | None = None,
     actor_priorities: Callable[[Any, Any], Any] | None = None,
     **kwargs: Any,
 ) -> SyncTrainer | AsyncTrainer | RayTrainer:
-    """The trainer ``cfg.kind`` names, built from one set of arguments.
+    """The trainer ``cfg.trainer.kind`` names, for a recipe's whole config ``cfg``.
 
+    From ``cfg``: the budget (``collector.total_frames``), the log, evaluation and checkpoint cadence, the seed,
+    ``stop_return`` and, off-policy, ``optim.replay_ratio``, ``optim.batch_size`` and ``optim.min_steps_learn``;
+    ``kwargs`` add the rest (``run``, ``eval_collector``, ``checkpoint_state``, ...) and override those.
     ``collector`` (sync, ddp) or ``collector_factory`` (picklable; async builds the collector in its process);
     ``modules``: what ddp averages the gradients of (the loss module); ``replay``: filled with every batch;
-    ``policy``: whose weights the async collector (ray: the actors) receives; ``seed``: seeds the async collector
-    process (ray: the actors); ``weights_module``, ``actor_setup``, ``actor_priorities``: ray only (see
-    :class:`RayTrainer`);
-    ``**kwargs``: the trainers' common arguments (``n_steps``, ``log_interval_steps``, ``run``, ...). Raises
-    ``ValueError`` (see :func:`check_trainer`) before any collector is built.
+    ``policy``: whose weights the async collector (ray: the actors) receives; ``weights_module``, ``actor_setup``,
+    ``actor_priorities``: ray only (see :class:`RayTrainer`). Raises ``ValueError`` (see :func:`check_trainer`)
+    before any collector is built.
     """
+    seed = kwargs.pop("seed", cfg.run.seed)
+    from_cfg = {"n_steps": cfg.collector.total_frames, "log_interval_steps": cfg.logger.log_interval_steps,
+                "checkpoint_interval_steps": cfg.checkpoint.interval_steps, "stop_return": cfg.stop_return}
+    for key in () if on_policy else ("replay_ratio", "batch_size", "min_steps_learn"):
+        if key not in kwargs:
+            from_cfg[key] = getattr(cfg.optim, key)
+    kwargs = {**from_cfg, **kwargs}
+    cfg = cfg.trainer
     # every check comes before a collector (and its workers) is built; the recipe checked its own kinds first
     check_trainer(cfg, on_policy=on_policy, supported=TRAINER_KINDS)
     if cfg.kind != "async" and collector is None and collector_factory is None:

@@ -11,6 +11,7 @@ import functools
 import os
 import signal
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import torch.multiprocessing as mp
 from tensordict.nn import TensorDictSequential
 
 from tdrl.collect import make_collector
-from tdrl.config import LoggerConfig, RunConfig
+from tdrl.config import LoggerConfig, RecipeConfig, RunConfig
 from tdrl.envs import EnvFactory
 from tdrl.log import Run
 from tdrl.models.exploration import EpsilonGreedy
@@ -245,12 +246,17 @@ def test_resume_from_checkpoint_restores_models_counters_and_replay(tmp_path):
 # --- bad input: refused before any process starts ------------------------------------------------------------------
 
 
+@dataclass
+class TrainerRecipeConfig(RecipeConfig):
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
 def test_on_policy_algorithm_is_refused_for_async(tmp_path):
     with pytest.raises(ValueError, match="trainer.kind=async needs an off-policy algorithm"):
         check_trainer(TrainerConfig(kind="async"), on_policy=True)
     with pytest.raises(ValueError, match="trainer.kind=async needs an off-policy algorithm"):
-        make_trainer(TrainerConfig(kind="async"), on_policy=True, collector_factory=object,
-                     policy=torch.nn.Linear(1, 1), n_steps=10, log_interval_steps=10)
+        make_trainer(TrainerRecipeConfig(trainer=TrainerConfig(kind="async")), on_policy=True, collector_factory=object,
+                     policy=torch.nn.Linear(1, 1))
     factory, policy, *_ = _dqn(tmp_path)
     with pytest.raises(ValueError, match="needs an off-policy algorithm with a replay buffer"):
         AsyncTrainer(collector_factory=factory, replay=None, policy=policy, n_steps=640, log_interval_steps=64,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tdrl.config import RecipeConfig
 from tdrl.train import DataParallelError, SyncTrainer, launch_data_parallel
 from tdrl.train.replicas import GradientAllReduce, broadcast_module_state, replica_digest
 from tdrl.utils.distributed import (
@@ -265,12 +267,16 @@ def test_env_rendezvous_like_torchrun_or_slurm(tmp_path):
 def test_make_trainer_refuses_ddp_without_ranks_before_building_the_collector():
     from tdrl.train import TrainerConfig, make_trainer
 
+    @dataclass
+    class TrainerRecipeConfig(RecipeConfig):
+        trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
     with pytest.raises(ValueError, match="must start its ranks with tdrl.train.launch_data_parallel"):
-        make_trainer(TrainerConfig(kind="ddp", world_size=2), on_policy=True, collector_factory=_never_called,
-                     modules=[nn.Linear(1, 1)], n_steps=10, log_interval_steps=10)
+        make_trainer(TrainerRecipeConfig(trainer=TrainerConfig(kind="ddp", world_size=2)), on_policy=True,
+                     collector_factory=_never_called, modules=[nn.Linear(1, 1)])
     with pytest.raises(DistributedSetupError, match="trainer.world_size=64 exceeds"):
-        make_trainer(TrainerConfig(kind="ddp", world_size=64), on_policy=True, collector_factory=_never_called,
-                     modules=[nn.Linear(1, 1)], n_steps=10, log_interval_steps=10)
+        make_trainer(TrainerRecipeConfig(trainer=TrainerConfig(kind="ddp", world_size=64)), on_policy=True,
+                     collector_factory=_never_called, modules=[nn.Linear(1, 1)])
 
 
 @pytest.mark.timeout(120)
