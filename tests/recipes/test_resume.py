@@ -44,9 +44,12 @@ class Case:
 
     recipe: str
     args: tuple[str, ...]
-    trials: int
     slow: bool = False
     """Only in the slow suite (``-m slow``)."""
+
+
+FAST_TRIALS, SLOW_TRIALS = 1, 10
+"""Kills per case in the default suite (a new random kill point every run) and in the slow suite (``-m slow``)."""
 
 
 CASES = {
@@ -54,12 +57,12 @@ CASES = {
     "sac": Case("sac.py", ("collector.total_frames=600", "logger.log_interval_steps=100",
                            "checkpoint.interval_steps=130", "eval.max_steps=30", "optim.min_steps_learn=64",
                            "model.hidden_sizes=[16]", "optim.batch_size=32", "optim.replay_ratio=32",
-                           "replay.size=1000"), trials=3),
+                           "replay.size=1000")),
     "dqn_parallel_prioritized_nstep": Case("dqn.py", (
         "collector.kind=parallel", "collector.batch_B=2", "collector.n_workers=2", "collector.batch_T=4",
         "replay.prioritized=true", "loss.n_step=3", "collector.total_frames=640", "logger.log_interval_steps=160",
         "checkpoint.interval_steps=104", "eval.max_steps=40", "optim.min_steps_learn=64", "model.hidden_sizes=[16]",
-        "replay.size=1000", "optim.replay_ratio=8", "exploration.eps_steps=400"), trials=2),
+        "replay.size=1000", "optim.replay_ratio=8", "exploration.eps_steps=400")),
     # MinAtar Breakout frames [4, 10, 10] in a prioritized 3-step replay of 150 steps per env, which the 320
     # steps per env wrap twice: the replay segments of the resumed checkpoint were overwritten since; random play
     # ends many games together, and checkpoints every 112 frames fall mid-game for some env
@@ -67,21 +70,21 @@ CASES = {
         "env.id=MinAtar/Breakout-v1", "collector.batch_B=2", "collector.batch_T=4", "replay.prioritized=true",
         "collector.total_frames=640", "logger.log_interval_steps=128", "checkpoint.interval_steps=112",
         "eval.max_steps=40", "optim.min_steps_learn=64", "replay.size=300", "optim.replay_ratio=4",
-        "exploration.eps_steps=400"), trials=2),
+        "exploration.eps_steps=400")),
     "ppo_parallel": Case("ppo.py", (
         "collector.kind=parallel", "collector.batch_B=4", "collector.n_workers=2", "collector.batch_T=16",
         "collector.total_frames=768", "logger.log_interval_steps=128", "checkpoint.interval_steps=192",
         "eval.max_steps=40", "loss.epochs=2", "loss.minibatches=2", "model.hidden_sizes=[16]",
-        "model.normalize_observation=true"), trials=2),
+        "model.normalize_observation=true")),
     "ppo_lstm_parallel": Case("ppo.py", (
         "model.lstm=true", "model.lstm_size=16", "collector.kind=parallel", "collector.batch_B=4",
         "collector.n_workers=2", "collector.batch_T=16", "collector.total_frames=768",
         "logger.log_interval_steps=128", "checkpoint.interval_steps=192", "eval.max_steps=40", "loss.epochs=2",
-        "loss.minibatches=2", "model.hidden_sizes=[16]"), trials=2),
+        "loss.minibatches=2", "model.hidden_sizes=[16]")),
     "ppo_ddp": Case("ppo.py", (
         "trainer.kind=ddp", "trainer.world_size=2", "collector.batch_B=2", "collector.batch_T=16",
         "collector.total_frames=768", "logger.log_interval_steps=128", "checkpoint.interval_steps=192",
-        "eval.max_steps=40", "loss.epochs=2", "loss.minibatches=2", "model.hidden_sizes=[16]"), trials=1),
+        "eval.max_steps=40", "loss.epochs=2", "loss.minibatches=2", "model.hidden_sizes=[16]")),
     # R2D1 on its default POMDP CartPole: sequence replay with stored LSTM states, wait-reset parallel workers
     "r2d1_parallel": Case("r2d1.py", (
         "collector.kind=parallel", "collector.batch_B=4", "collector.n_workers=2", "collector.batch_T=8",
@@ -89,26 +92,26 @@ CASES = {
         "eval.max_steps=40", "replay.warmup_T=4", "replay.batch_T=4", "loss.n_step=2", "replay.size=1000",
         "model.hidden_sizes=[16]", "model.lstm_size=16", "model.head_sizes=[16]", "optim.batch_B=4",
         "optim.replay_ratio=8", "optim.min_steps_learn=96", "optim.target_update_interval=10",
-        "exploration.eps_steps=400"), trials=2),
+        "exploration.eps_steps=400")),
     "sac_async": Case("sac.py", ("trainer.kind=async", "collector.total_frames=600", "logger.log_interval_steps=100",
                                  "checkpoint.interval_steps=130", "eval.max_steps=30", "optim.min_steps_learn=64",
                                  "model.hidden_sizes=[16]", "optim.batch_size=32", "optim.replay_ratio=32",
-                                 "replay.size=1000"), trials=2),
+                                 "replay.size=1000")),
     "a2c": Case("a2c.py", ("collector.batch_B=4", "collector.batch_T=8", "collector.total_frames=512",
                            "logger.log_interval_steps=128", "checkpoint.interval_steps=96", "eval.max_steps=40",
-                           "model.hidden_sizes=[16]"), trials=2, slow=True),
+                           "model.hidden_sizes=[16]"), slow=True),
     "impala": Case("impala.py", ("collector.batch_B=4", "collector.batch_T=8", "collector.total_frames=512",
                                  "logger.log_interval_steps=128", "checkpoint.interval_steps=96", "eval.max_steps=40",
-                                 "model.hidden_sizes=[16]"), trials=2, slow=True),
+                                 "model.hidden_sizes=[16]"), slow=True),
     "ddpg_mujoco": Case("ddpg.py", ("env.id=Hopper-v5", "collector.total_frames=384", "logger.log_interval_steps=96",
                                     "checkpoint.interval_steps=96", "eval.max_steps=20", "optim.min_steps_learn=64",
                                     "model.hidden_sizes=[16]", "optim.batch_size=32", "optim.replay_ratio=32",
-                                    "replay.size=1000"), trials=2, slow=True),
+                                    "replay.size=1000"), slow=True),
     # HalfCheetah: 1000-step episodes, checkpoints every 96 frames
     "td3_mujoco": Case("td3.py", ("env.id=HalfCheetah-v5", "collector.total_frames=384",
                                   "logger.log_interval_steps=96", "checkpoint.interval_steps=96", "eval.max_steps=20",
                                   "optim.min_steps_learn=64", "model.hidden_sizes=[16]", "optim.batch_size=32",
-                                  "optim.replay_ratio=32", "replay.size=1000"), trials=2),
+                                  "optim.replay_ratio=32", "replay.size=1000")),
 }
 
 
@@ -181,13 +184,14 @@ def killed_and_relaunched(name: str, reference: Path, tmp_path: Path, trials: in
 
 
 def bitwise_cases() -> Iterator[Any]:
-    """``(name, trials)``: each sync/ddp case with its trials, and with 10 trials in the slow suite."""
+    """``(name, trials)``: each sync/ddp case with FAST_TRIALS kills, and with SLOW_TRIALS in the slow suite."""
     for name, case in CASES.items():
         if name.endswith("_async"):
             continue
         if not case.slow:
-            yield pytest.param(name, case.trials, id=name, marks=pytest.mark.timeout(300))
-        yield pytest.param(name, 10, id=f"{name}-10-trials", marks=[pytest.mark.slow, pytest.mark.timeout(900)])
+            yield pytest.param(name, FAST_TRIALS, id=name, marks=pytest.mark.timeout(300))
+        yield pytest.param(name, SLOW_TRIALS, id=f"{name}-{SLOW_TRIALS}-trials",
+                           marks=[pytest.mark.slow, pytest.mark.timeout(900)])
 
 
 @pytest.mark.parametrize(("name", "trials"), list(bitwise_cases()))
@@ -212,7 +216,7 @@ def test_sigkilled_async_run_continues_its_episodes(references, tmp_path):
     reference = references("sac_async")
     _, ref_rows = read_progress(reference / "progress.csv")
     expected = [{k: row[k] for k in ASYNC_EXACT_COLUMNS} for row in ref_rows]
-    for run_dir, note in killed_and_relaunched("sac_async", reference, tmp_path, CASES["sac_async"].trials):
+    for run_dir, note in killed_and_relaunched("sac_async", reference, tmp_path, FAST_TRIALS):
         _, rows = read_progress(run_dir / "progress.csv")
         assert [{k: row[k] for k in ASYNC_EXACT_COLUMNS} for row in rows] == expected, note
         assert int(expected[-1]["CumCompletedTrajs"]) == 3, expected  # 600 frames of 200-step episodes
