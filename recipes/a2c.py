@@ -66,7 +66,7 @@ def main(cfg: Config) -> dict:
     import torch
     from torchrl.modules import set_recurrent_mode
 
-    from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+    from tdrl.collect import start_workers_early
     from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
     from tdrl.models import make_actor_critic, make_recurrent_actor_critic
@@ -75,7 +75,7 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.policy_gradient import make_a2c_loss
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import Updater
-    from tdrl.train import SyncTrainer
+    from tdrl.train import SyncTrainer, collector_factory_from, eval_collector_from
     from tdrl.utils.distributed import resolve_device
     from tdrl.utils.seeding import seed_everything
 
@@ -104,12 +104,9 @@ def main(cfg: Config) -> dict:
 
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="a2c",
                    total_frames=cfg.collector.total_frames)
-    collector = make_collector(cfg.collector.kind, env_factory, ac.actor, batch_B=cfg.collector.batch_B,
-                               batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
-                               seed=cfg.run.seed, discount=cfg.loss.gamma, device=device)
+    collector = collector_factory_from(cfg, env_factory, ac.actor, device=device)()
     # each evaluation: n_envs whole greedy episodes on their own envs
-    eval_collector = make_eval_collector(cfg.env.id, ac.greedy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
+    eval_collector = eval_collector_from(cfg, ac.greedy)
     trainer = SyncTrainer(collector=collector, eval_collector=eval_collector, run=run,
                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
                           checkpoint_interval_steps=cfg.checkpoint.interval_steps, stop_return=cfg.stop_return,

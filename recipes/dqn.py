@@ -32,7 +32,6 @@ Atari (rlpyt's defaults; needs ``pip install 'tdrl[atari]'``)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Annotated, Literal
 
 from tdrl.config import (
@@ -58,9 +57,6 @@ from tdrl.config import (
     replay_copy,
     run_recipe,
 )
-
-REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
-               ("next", "terminated"), ("next", "truncated")]
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
@@ -140,7 +136,7 @@ def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
     import torch
 
-    from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+    from tdrl.collect import start_workers_early
     from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
     from tdrl.models import ApexEpsilons, EpsilonGreedy, chain_policy, make_q_actor
@@ -148,8 +144,15 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import TargetUpdate, Updater
-    from tdrl.replay import FrameStack, PrioritizedSampler, TransitionReplayBuffer
-    from tdrl.train import check_min_steps_learn, check_trainer, make_trainer, module_path
+    from tdrl.replay import TRANSITION_KEYS, FrameStack, PrioritizedSampler, TransitionReplayBuffer
+    from tdrl.train import (
+        check_min_steps_learn,
+        check_trainer,
+        collector_factory_from,
+        eval_collector_from,
+        make_trainer,
+        module_path,
+    )
     from tdrl.utils.distributed import resolve_device
     from tdrl.utils.seeding import seed_everything
 
@@ -202,17 +205,13 @@ def main(cfg: Config) -> dict:
         raise ConfigError("replay.device=cuda keeps a copy of the replay on the GPU, which the Atari replay (each "
                           "frame stored once, on the host) does not have; use replay.device=auto or cpu")
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, sampler=sampler, n_step=cfg.loss.n_step,
-                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed, device=device,
+                                    gamma=cfg.loss.gamma, keys=TRANSITION_KEYS, seed=cfg.run.seed, device=device,
                                     copy_on_device=replay_copy(cfg), frame_stack=frame_stack,
                                     clip_reward=cfg.loss.clip_reward)  # the loss sees clipped rewards
-    # built by the trainer (async: in its own process)
-    collector_factory = partial(make_collector, cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
-                                batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
-                                seed=cfg.run.seed, discount=cfg.loss.gamma,
-                                return_same_td=True)  # no copy per batch: each goes straight into the replay
+    # built by the trainer (async: in its own process); no copy per batch: each goes straight into the replay
+    collector_factory = collector_factory_from(cfg, env_factory, policy, return_same_td=True)
     # each evaluation: n_envs whole episodes on their own envs, epsilon = exploration.eps_eval
-    eval_collector = make_eval_collector(cfg.env.id, eval_policy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
+    eval_collector = eval_collector_from(cfg, eval_policy)
     trainer = make_trainer(cfg, on_policy=False, collector_factory=collector_factory, replay=replay, policy=policy,
                            eval_collector=eval_collector, run=run,
                            checkpoint_state={"loss": loss, "updater": updater, "replay": replay,

@@ -20,7 +20,6 @@ baseline cost 0.5, gradient clip 40; unrolls of 10 steps at a learning rate of 1
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 
 from tdrl.config import (
     A2COptimConfig,
@@ -82,7 +81,7 @@ def main(cfg: Config) -> dict:
     import torch
     from torchrl.modules import set_recurrent_mode
 
-    from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+    from tdrl.collect import start_workers_early
     from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
     from tdrl.models import make_actor_critic, make_recurrent_actor_critic
@@ -91,7 +90,7 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.policy_gradient import make_a2c_loss
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import Updater
-    from tdrl.train import check_trainer, make_trainer
+    from tdrl.train import check_trainer, collector_factory_from, eval_collector_from, make_trainer
     from tdrl.utils.distributed import resolve_device
     from tdrl.utils.seeding import seed_everything
 
@@ -124,12 +123,9 @@ def main(cfg: Config) -> dict:
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="impala",
                    total_frames=cfg.collector.total_frames)
     # picklable: the trainer builds the collector (sync: here; a distributed trainer: one per actor)
-    collector_factory = partial(make_collector, cfg.collector.kind, env_factory, ac.actor,
-                                batch_B=cfg.collector.batch_B, batch_T=cfg.collector.batch_T,
-                                n_workers=cfg.collector.n_workers, seed=cfg.run.seed, discount=cfg.loss.gamma)
+    collector_factory = collector_factory_from(cfg, env_factory, ac.actor)
     # each evaluation: n_envs whole greedy episodes on their own envs
-    eval_collector = make_eval_collector(cfg.env.id, ac.greedy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
+    eval_collector = eval_collector_from(cfg, ac.greedy)
     trainer = make_trainer(cfg, on_policy=True, collector_factory=collector_factory, policy=ac.actor,
                            eval_collector=eval_collector, run=run, checkpoint_state={"model": ac, "updater": updater})
     lr_at = LinearSchedule(cfg.optim.lr, 0.0 if cfg.optim.linear_decay else cfg.optim.lr,

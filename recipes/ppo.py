@@ -92,7 +92,7 @@ def main(cfg: Config) -> dict:
     import torch
     from torchrl.modules import set_recurrent_mode
 
-    from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+    from tdrl.collect import start_workers_early
     from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
     from tdrl.models import make_actor_critic, make_recurrent_actor_critic
@@ -101,7 +101,13 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.policy_gradient import make_ppo_loss
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import Updater
-    from tdrl.train import check_trainer, launch_data_parallel, make_trainer
+    from tdrl.train import (
+        check_trainer,
+        collector_factory_from,
+        eval_collector_from,
+        launch_data_parallel,
+        make_trainer,
+    )
     from tdrl.utils.distributed import is_distributed, is_main_process, rank_seed, resolve_device
     from tdrl.utils.seeding import seed_everything
 
@@ -132,12 +138,9 @@ def main(cfg: Config) -> dict:
 
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="ppo",
                    total_frames=cfg.collector.total_frames) if is_main_process() else None
-    collector = make_collector(cfg.collector.kind, env_factory, ac.actor, batch_B=cfg.collector.batch_B,
-                               batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
-                               seed=rank_seed(cfg.run.seed), discount=cfg.loss.gamma, device=device)
+    collector = collector_factory_from(cfg, env_factory, ac.actor, seed=rank_seed(cfg.run.seed), device=device)()
     # each evaluation: n_envs whole greedy episodes on their own envs; rank 0 evaluates
-    eval_collector = make_eval_collector(cfg.env.id, ac.greedy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video) \
+    eval_collector = eval_collector_from(cfg, ac.greedy) \
         if is_main_process() else None
     trainer = make_trainer(cfg, on_policy=True, collector=collector, modules=[loss], eval_collector=eval_collector,
                            run=run, checkpoint_state={"model": ac, "updater": updater})

@@ -168,7 +168,7 @@ def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked
     import torch
 
-    from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+    from tdrl.collect import start_workers_early
     from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
     from tdrl.models import EpsilonGreedy, chain_policy
@@ -178,7 +178,7 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.replay import PrioritizedSampler, SequenceReplayBuffer
-    from tdrl.train import check_trainer, make_trainer
+    from tdrl.train import check_trainer, collector_factory_from, eval_collector_from, make_trainer
     from tdrl.utils.distributed import resolve_device
     from tdrl.utils.seeding import seed_everything
 
@@ -235,11 +235,8 @@ def main(cfg: Config) -> dict:
                                   pri_eta=cfg.replay.eta, keys=REPLAY_KEYS + STATE_KEYS, seed=cfg.run.seed,
                                   device=device,
                                   input_priority=priorities if cfg.replay.input_priorities else None)
-    collector_factory = partial(make_collector, cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
-                                batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers, seed=cfg.run.seed,
-                                reset_mode="wait_reset", discount=cfg.loss.gamma, return_same_td=True)
-    eval_collector = make_eval_collector(cfg.env.id, eval_policy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
+    collector_factory = collector_factory_from(cfg, env_factory, policy, reset_mode="wait_reset", return_same_td=True)
+    eval_collector = eval_collector_from(cfg, eval_policy)
     samples_per_update = cfg.optim.batch_B * replay.seq_len  # what the replay ratio counts
     trainer = make_trainer(cfg, on_policy=False, collector_factory=collector_factory, replay=replay, policy=policy,
                            eval_collector=eval_collector, run=run, batch_size=samples_per_update,

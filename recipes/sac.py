@@ -24,7 +24,6 @@ MuJoCo (benchmark, not CI)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 
 from tdrl.config import (
     AnyFloat,
@@ -45,9 +44,6 @@ from tdrl.config import (
     replay_copy,
     run_recipe,
 )
-
-REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
-               ("next", "terminated"), ("next", "truncated")]
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
@@ -77,7 +73,7 @@ class Config(RecipeConfig):
         default_factory=lambda: CollectorConfig(batch_B=1, batch_T=1, total_frames=20_000))
     model: ContinuousModelConfig = field(default_factory=ContinuousModelConfig)
     """Policy and critics."""
-    replay: ReplayConfig = field(default_factory=lambda: ReplayConfig(size=100_000))
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     """Replay buffer."""
     loss: LossConfig = field(default_factory=LossConfig)
     """SAC objective."""
@@ -98,7 +94,7 @@ def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
     import torch
 
-    from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+    from tdrl.collect import start_workers_early
     from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
     from tdrl.models.q import make_tanh_gaussian_actor, make_twin_q
@@ -106,8 +102,14 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.sac import TwinQSACLoss
     from tdrl.objectives.update import TargetUpdate, Updater
-    from tdrl.replay import TransitionReplayBuffer
-    from tdrl.train import check_min_steps_learn, check_trainer, make_trainer
+    from tdrl.replay import TRANSITION_KEYS, TransitionReplayBuffer
+    from tdrl.train import (
+        check_min_steps_learn,
+        check_trainer,
+        collector_factory_from,
+        eval_collector_from,
+        make_trainer,
+    )
     from tdrl.utils.distributed import resolve_device
     from tdrl.utils.seeding import seed_everything
 
@@ -150,16 +152,12 @@ def main(cfg: Config) -> dict:
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="sac",
                    total_frames=cfg.collector.total_frames)
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step,
-                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed, device=device,
+                                    gamma=cfg.loss.gamma, keys=TRANSITION_KEYS, seed=cfg.run.seed, device=device,
                                     copy_on_device=replay_copy(cfg))
-    # built by the trainer (async: in its own process)
-    collector_factory = partial(make_collector, cfg.collector.kind, env_factory, actor, batch_B=cfg.collector.batch_B,
-                                batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
-                                seed=cfg.run.seed, discount=cfg.loss.gamma,
-                                return_same_td=True)  # no copy per batch: each goes straight into the replay
+    # built by the trainer (async: in its own process); no copy per batch: each goes straight into the replay
+    collector_factory = collector_factory_from(cfg, env_factory, actor, return_same_td=True)
     # each evaluation: n_envs whole greedy episodes on their own envs
-    eval_collector = make_eval_collector(cfg.env.id, actor, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
+    eval_collector = eval_collector_from(cfg, actor)
     trainer = make_trainer(cfg, on_policy=False, collector_factory=collector_factory, replay=replay, policy=actor,
                            eval_collector=eval_collector, run=run,
                            checkpoint_state={"loss": loss, "critic_updater": critic_updater,

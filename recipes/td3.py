@@ -43,9 +43,6 @@ from tdrl.config import (
     run_recipe,
 )
 
-REPLAY_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
-               ("next", "terminated"), ("next", "truncated")]
-
 
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
@@ -78,7 +75,7 @@ class Config(RecipeConfig):
     """Policy and critics."""
     exploration: ActionNoiseConfig = field(default_factory=ActionNoiseConfig)
     """Exploration noise."""
-    replay: ReplayConfig = field(default_factory=lambda: ReplayConfig(size=100_000))
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     """Replay buffer."""
     loss: LossConfig = field(default_factory=LossConfig)
     """TD3 objective."""
@@ -97,15 +94,15 @@ def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
     import torch
 
-    from tdrl.collect import make_collector, make_eval_collector, start_workers_early
+    from tdrl.collect import start_workers_early
     from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
     from tdrl.models import chain_policy, make_deterministic_actor, make_gaussian_noise, make_twin_q
     from tdrl.objectives.continuous import make_td3_loss, timeouts_as_terminal
     from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.update import TargetUpdate, Updater
-    from tdrl.replay import TransitionReplayBuffer
-    from tdrl.train import SyncTrainer, check_min_steps_learn
+    from tdrl.replay import TRANSITION_KEYS, TransitionReplayBuffer
+    from tdrl.train import SyncTrainer, check_min_steps_learn, collector_factory_from, eval_collector_from
     from tdrl.utils.distributed import resolve_device
     from tdrl.utils.seeding import seed_everything
 
@@ -138,15 +135,12 @@ def main(cfg: Config) -> dict:
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="td3",
                    total_frames=cfg.collector.total_frames)
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step,
-                                    gamma=cfg.loss.gamma, keys=REPLAY_KEYS, seed=cfg.run.seed, device=device,
+                                    gamma=cfg.loss.gamma, keys=TRANSITION_KEYS, seed=cfg.run.seed, device=device,
                                     copy_on_device=replay_copy(cfg))
-    collector = make_collector(cfg.collector.kind, env_factory, policy, batch_B=cfg.collector.batch_B,
-                               batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
-                               seed=cfg.run.seed, discount=cfg.loss.gamma,
-                               return_same_td=True)  # no copy per batch: each goes straight into the replay
+    # no copy per batch: each goes straight into the replay
+    collector = collector_factory_from(cfg, env_factory, policy, return_same_td=True)()
     # each evaluation: n_envs whole greedy episodes on their own envs
-    eval_collector = make_eval_collector(cfg.env.id, actor, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
-                                         seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video)
+    eval_collector = eval_collector_from(cfg, actor)
     trainer = SyncTrainer(collector=collector, replay=replay, eval_collector=eval_collector, run=run,
                           n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
                           replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,

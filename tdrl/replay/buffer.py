@@ -23,7 +23,7 @@ from tdrl.replay.ring import StreamRing, nest
 from tdrl.replay.schema import ReplayError, key_name
 from tdrl.utils.files import LinkingWriter
 
-__all__ = ["TransitionReplayBuffer", "nstep_returns"]
+__all__ = ["TRANSITION_KEYS", "TransitionReplayBuffer", "nstep_returns"]
 
 
 def nstep_returns(reward: torch.Tensor, done: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,6 +42,10 @@ def nstep_returns(reward: torch.Tensor, done: torch.Tensor, gamma: float) -> tup
     steps = alive.sum(dim=1).squeeze(-1).to(torch.int64)
     return reward_n, steps
 
+
+TRANSITION_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
+                   ("next", "terminated"), ("next", "truncated")]
+"""What a feed-forward off-policy recipe stores per transition (``keys=`` of :class:`TransitionReplayBuffer`)."""
 
 class TransitionReplayBuffer:
     """Memmap-backed transition replay with n-step returns.

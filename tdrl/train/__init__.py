@@ -7,11 +7,19 @@ AsyncRl; :class:`RayTrainer` spreads the collectors over a Ray cluster (Ape-X, I
 from tdrl.train.async_ import AsyncTrainer, AsyncTrainerError
 from tdrl.train.bookkeeping import Bookkeeper, iteration_counts, updates_per_iteration
 from tdrl.train.ddp_launch import DataParallelError, launch_data_parallel
-from tdrl.train.factory import TrainerConfig, check_min_steps_learn, check_trainer, make_trainer
+from tdrl.train.factory import (
+    TrainerConfig,
+    check_min_steps_learn,
+    check_trainer,
+    collector_factory_from,
+    eval_collector_from,
+    make_trainer,
+)
 from tdrl.train.ray_actors import VERSION_KEY, RayTrainerError
 from tdrl.train.ray_trainer import RayTrainer, module_path
 from tdrl.train.sync import SyncTrainer
 
-__all__ = ["VERSION_KEY", "AsyncTrainer", "AsyncTrainerError", "Bookkeeper", "DataParallelError", "RayTrainer",
-           "RayTrainerError", "SyncTrainer", "TrainerConfig", "check_min_steps_learn", "check_trainer",
-           "iteration_counts", "launch_data_parallel", "make_trainer", "module_path", "updates_per_iteration"]
+__all__ = ["AsyncTrainer", "AsyncTrainerError", "Bookkeeper", "DataParallelError", "RayTrainer", "RayTrainerError",
+           "SyncTrainer", "TrainerConfig", "VERSION_KEY", "check_min_steps_learn", "check_trainer",
+           "collector_factory_from", "eval_collector_from", "iteration_counts", "launch_data_parallel", "make_trainer",
+           "module_path", "updates_per_iteration"]

@@ -7,12 +7,14 @@ A recipe with a ``trainer: TrainerConfig`` section calls :func:`check_trainer` f
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
 
+from tdrl.collect import make_collector, make_eval_collector
 from tdrl.config import ConfigError, TrainerConfig
 from tdrl.train.async_ import AsyncTrainer
 from tdrl.train.ray_trainer import RayTrainer
@@ -25,7 +27,8 @@ from tdrl.utils.distributed import (
     resolve_backend,
 )
 
-__all__ = ["TRAINER_KINDS", "TrainerConfig", "check_min_steps_learn", "check_trainer", "make_trainer"]
+__all__ = ["TRAINER_KINDS", "TrainerConfig", "check_min_steps_learn", "check_trainer", "collector_factory_from",
+           "eval_collector_from", "make_trainer"]
 
 TRAINER_KINDS = ("sync", "ddp", "async", "ray")
 
@@ -140,3 +143,23 @@ def make_trainer(
         if built:
             collector.shutdown()  # no worker processes outlive a bad argument
         raise
+
+
+def collector_factory_from(cfg: Any, env_factory: Callable[..., Any], policy: nn.Module | None,
+                      **kwargs: Any) -> Callable[[], Any]:
+    """A picklable factory of the recipe's training collector: ``make_collector`` with ``cfg.collector``'s kind,
+    ``batch_B``, ``batch_T`` and ``n_workers``, ``run.seed`` and the TrajInfo discount ``loss.gamma``; ``kwargs``
+    add or override (``return_same_td=True`` where each batch goes straight into a replay, ``device``)."""
+    c = cfg.collector
+    return functools.partial(make_collector, c.kind, env_factory, policy, **{
+        "batch_B": c.batch_B, "batch_T": c.batch_T, "n_workers": c.n_workers, "seed": cfg.run.seed,
+        "discount": cfg.loss.gamma, **kwargs})
+
+
+def eval_collector_from(cfg: Any, policy: nn.Module | None) -> Any:
+    """The recipe's evaluator (``None`` with ``eval.n_envs=0``): ``eval.n_envs`` whole episodes of ``env.id`` on
+    envs of their own, seeded apart from the training envs (``run.seed + 10_000``), discount ``loss.gamma``."""
+    e = cfg.eval
+    return make_eval_collector(cfg.env.id, policy, n_envs=e.n_envs, max_steps=e.max_steps,
+                               seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=e.video)
+
