@@ -182,8 +182,9 @@ SAC_OVERRIDES = {
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("collector", [{}, {"collector.kind": "parallel", "collector.batch_B": 2,
-                                            "collector.n_workers": 2}], ids=["serial", "parallel"])
+@pytest.mark.parametrize("collector", [  # serial only in the slow suite: parallel also saves worker-held state
+    pytest.param({}, id="serial", marks=pytest.mark.slow),
+    pytest.param({"collector.kind": "parallel", "collector.batch_B": 2, "collector.n_workers": 2}, id="parallel")])
 def test_preempted_real_recipe_requeues_and_ends_bitwise_equal(write_sweep, tmp_path, collector):
     """recipes/sac.py, preempted with USR2 after a checkpoint: requeued, it resumes mid-episode from that checkpoint
     and ends bitwise equal to an uninterrupted run (final checkpoint state, progress.csv minus wall-time columns).
