@@ -66,8 +66,6 @@ def main(cfg: Config) -> dict:
     import torch
     from torchrl.modules import set_recurrent_mode
 
-    from tdrl.collect import start_workers_early
-    from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
     from tdrl.models import make_actor_critic, make_recurrent_actor_critic
     from tdrl.objectives.advantage import GAE
@@ -75,16 +73,10 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.policy_gradient import make_a2c_loss
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import Updater
-    from tdrl.train import SyncTrainer, collector_factory_from, eval_collector_from
-    from tdrl.utils.distributed import resolve_device
-    from tdrl.utils.seeding import seed_everything
+    from tdrl.train import SyncTrainer, collector_factory_from, eval_collector_from, prepare_recipe
 
     # --- Build ----------------------------------------------------------------------------------------------
-    start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
-    torch.set_num_threads(cfg.run.torch_threads)
-    seed_everything(cfg.run.seed)
-    device = resolve_device(cfg.run.device)
-    env_factory = EnvFactory(cfg.env.id)
+    device, env_factory = prepare_recipe(cfg)  # starts workers early, seeds, resolves the device
     specs = env_factory.specs()  # checks the action space against model.distribution before any collector starts
     make_model = make_recurrent_actor_critic if cfg.model.lstm else make_actor_critic
     model_kwargs = {"lstm_size": cfg.model.lstm_size, "hidden_sizes": cfg.model.hidden_sizes[:1]} if cfg.model.lstm \

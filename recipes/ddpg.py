@@ -22,18 +22,13 @@ from tdrl.config import (
     ActionNoiseConfig,
     CollectorConfig,
     ConfigError,
+    ContinuousControlConfig,
     ContinuousLossConfig,
-    ContinuousModelConfig,
     Count,
-    EnvConfig,
-    LoggerConfig,
     OffPolicyOptimConfig,
     PositiveFloat,
     PositiveFraction,
-    RecipeConfig,
-    ReplayConfig,
     TrainerConfig,
-    check_devices,
     replay_copy,
     run_recipe,
 )
@@ -52,34 +47,23 @@ class OptimConfig(OffPolicyOptimConfig):
 
 
 @dataclass
-class Config(RecipeConfig):
-    env: EnvConfig = field(default_factory=lambda: EnvConfig(id="Pendulum-v1"))
+class Config(ContinuousControlConfig):
     collector: CollectorConfig = field(
         default_factory=lambda: CollectorConfig(batch_B=1, batch_T=1, total_frames=30_000))
-    model: ContinuousModelConfig = field(default_factory=ContinuousModelConfig)
-    """Policy and critics."""
     exploration: ActionNoiseConfig = field(default_factory=ActionNoiseConfig)
     """Exploration noise."""
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
-    """Replay buffer."""
     loss: ContinuousLossConfig = field(default_factory=ContinuousLossConfig)
     """DDPG objective."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizers and update cadence."""
-    logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=1_000))
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """sync, async (a collector process fills the replay) or ray (Ape-X DPG: collector actors on Ray)."""
-
-    def validate(self) -> None:
-        check_devices(self)
 
 
 def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
     import torch
 
-    from tdrl.collect import start_workers_early
-    from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
     from tdrl.models import chain_policy, make_deterministic_actor, make_gaussian_noise, make_twin_q
     from tdrl.objectives.continuous import make_ddpg_loss, timeouts_as_terminal
@@ -92,18 +76,12 @@ def main(cfg: Config) -> dict:
         collector_factory_from,
         eval_collector_from,
         make_trainer,
+        prepare_recipe,
     )
-    from tdrl.utils.distributed import resolve_device
-    from tdrl.utils.seeding import seed_everything
 
     check_trainer(cfg.trainer, on_policy=False, supported=("sync", "async", "ray"))  # before any process starts
     # --- Build ----------------------------------------------------------------------------------------------
-    if cfg.trainer.kind == "sync":  # async and ray build their collectors in their own processes
-        start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
-    torch.set_num_threads(cfg.run.torch_threads)
-    seed_everything(cfg.run.seed)
-    device = resolve_device(cfg.run.device)
-    env_factory = EnvFactory(cfg.env.id)
+    device, env_factory = prepare_recipe(cfg)  # starts workers early, seeds, resolves the device
     check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
     specs = env_factory.specs()
     if specs.discrete:

@@ -136,8 +136,6 @@ def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
     import torch
 
-    from tdrl.collect import start_workers_early
-    from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
     from tdrl.models import ApexEpsilons, EpsilonGreedy, chain_policy, make_q_actor
     from tdrl.objectives.dqn import ActorPriorities, dqn_priorities, make_dqn_loss
@@ -152,18 +150,12 @@ def main(cfg: Config) -> dict:
         eval_collector_from,
         make_trainer,
         module_path,
+        prepare_recipe,
     )
-    from tdrl.utils.distributed import resolve_device
-    from tdrl.utils.seeding import seed_everything
 
     check_trainer(cfg.trainer, on_policy=False, supported=("sync", "async", "ray"))  # before any process starts
     # --- Build ----------------------------------------------------------------------------------------------
-    if cfg.trainer.kind == "sync":  # async and ray build their collectors in their own processes
-        start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
-    torch.set_num_threads(cfg.run.torch_threads)
-    seed_everything(cfg.run.seed)
-    device = resolve_device(cfg.run.device)
-    env_factory = EnvFactory(cfg.env.id, {"episodic_lives": True} if cfg.env.episodic_lives else {})
+    device, env_factory = prepare_recipe(cfg)  # starts workers early, seeds, resolves the device
     check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
     specs = env_factory.specs()
     if not specs.discrete:

@@ -92,8 +92,6 @@ def main(cfg: Config) -> dict:
     import torch
     from torchrl.modules import set_recurrent_mode
 
-    from tdrl.collect import start_workers_early
-    from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
     from tdrl.models import make_actor_critic, make_recurrent_actor_critic
     from tdrl.objectives.advantage import GAE
@@ -107,20 +105,16 @@ def main(cfg: Config) -> dict:
         eval_collector_from,
         launch_data_parallel,
         make_trainer,
+        prepare_recipe,
     )
-    from tdrl.utils.distributed import is_distributed, is_main_process, rank_seed, resolve_device
-    from tdrl.utils.seeding import seed_everything
+    from tdrl.utils.distributed import is_distributed, is_main_process, rank_seed
 
     check_trainer(cfg.trainer, on_policy=True, device=cfg.run.device)  # before any process starts
     if cfg.trainer.kind == "ddp" and not is_distributed():  # start the ranks; each runs main(cfg)
         return launch_data_parallel(main, cfg, world_size=cfg.trainer.world_size, backend=cfg.trainer.backend,
                                     device=cfg.run.device)
     # --- Build ----------------------------------------------------------------------------------------------
-    start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
-    torch.set_num_threads(cfg.run.torch_threads)
-    seed_everything(rank_seed(cfg.run.seed))  # data-parallel ranks > 0 get their own streams
-    device = resolve_device(cfg.run.device)
-    env_factory = EnvFactory(cfg.env.id)
+    device, env_factory = prepare_recipe(cfg, seed=rank_seed(cfg.run.seed))  # ddp ranks > 0: their own streams
     specs = env_factory.specs()  # checks the action space against model.distribution before any collector starts
     make_model = make_recurrent_actor_critic if cfg.model.lstm else make_actor_critic
     model_kwargs = {"lstm_size": cfg.model.lstm_size, "hidden_sizes": cfg.model.hidden_sizes[:1]} if cfg.model.lstm \

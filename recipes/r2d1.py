@@ -168,8 +168,6 @@ def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked
     import torch
 
-    from tdrl.collect import start_workers_early
-    from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
     from tdrl.models import EpsilonGreedy, chain_policy
     from tdrl.models.recurrent_q import PreviousAction, make_recurrent_q_actor
@@ -178,9 +176,7 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.replay import PrioritizedSampler, SequenceReplayBuffer
-    from tdrl.train import check_trainer, collector_factory_from, eval_collector_from, make_trainer
-    from tdrl.utils.distributed import resolve_device
-    from tdrl.utils.seeding import seed_everything
+    from tdrl.train import check_trainer, collector_factory_from, eval_collector_from, make_trainer, prepare_recipe
 
     check_trainer(cfg.trainer, on_policy=False, supported=("sync", "async"))  # before any process starts
     if cfg.collector.batch_T <= cfg.loss.n_step and cfg.replay.prioritized and cfg.replay.input_priorities:
@@ -192,13 +188,7 @@ def main(cfg: Config) -> dict:
         raise ConfigError(f"optim.min_steps_learn={cfg.optim.min_steps_learn} is below the {needed} frames after which "
                           f"{cfg.optim.batch_B} whole sequences of {seq_len} steps can be replayed")
     # --- Build ----------------------------------------------------------------------------------------------
-    if cfg.trainer.kind == "sync":  # async builds its collector in its own process
-        start_workers_early(cfg.collector.kind)
-    torch.set_num_threads(cfg.run.torch_threads)
-    seed_everything(cfg.run.seed)
-    device = resolve_device(cfg.run.device)
-    env_kwargs = {"episodic_lives": True} if cfg.env.episodic_lives else {}
-    env_factory = EnvFactory(cfg.env.id, env_kwargs)
+    device, env_factory = prepare_recipe(cfg)  # starts workers early, seeds, resolves the device
     specs = env_factory.specs()
     if not specs.discrete:
         raise ConfigError(f"env.id={cfg.env.id!r} has continuous actions; R2D1 needs a discrete action space")

@@ -27,20 +27,14 @@ from dataclasses import dataclass, field
 
 from tdrl.config import (
     AnyFloat,
-    CollectorConfig,
     ConfigError,
+    ContinuousControlConfig,
     ContinuousLossConfig,
-    ContinuousModelConfig,
     Count,
-    EnvConfig,
-    LoggerConfig,
     OffPolicyOptimConfig,
     PositiveFloat,
-    RecipeConfig,
-    ReplayConfig,
     RunConfig,
     TrainerConfig,
-    check_devices,
     replay_copy,
     run_recipe,
 )
@@ -67,14 +61,7 @@ class OptimConfig(OffPolicyOptimConfig):
 
 
 @dataclass
-class Config(RecipeConfig):
-    env: EnvConfig = field(default_factory=lambda: EnvConfig(id="Pendulum-v1"))
-    collector: CollectorConfig = field(
-        default_factory=lambda: CollectorConfig(batch_B=1, batch_T=1, total_frames=20_000))
-    model: ContinuousModelConfig = field(default_factory=ContinuousModelConfig)
-    """Policy and critics."""
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
-    """Replay buffer."""
+class Config(ContinuousControlConfig):
     loss: LossConfig = field(default_factory=LossConfig)
     """SAC objective."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -82,20 +69,14 @@ class Config(RecipeConfig):
     run: RunConfig = field(default_factory=lambda: RunConfig(torch_threads=2))
     """Run directory, seed, device; 2 torch threads:
     a 256-wide twin-critic update is ~1.4x faster on 2 threads than on 1 (measured, 2 cores)."""
-    logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=1_000))
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """sync, or async (trainer.kind=async: a collector process fills the replay while this one optimises)."""
-
-    def validate(self) -> None:
-        check_devices(self)
 
 
 def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
     import torch
 
-    from tdrl.collect import start_workers_early
-    from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
     from tdrl.models.q import make_tanh_gaussian_actor, make_twin_q
     from tdrl.objectives.continuous import timeouts_as_terminal
@@ -109,18 +90,12 @@ def main(cfg: Config) -> dict:
         collector_factory_from,
         eval_collector_from,
         make_trainer,
+        prepare_recipe,
     )
-    from tdrl.utils.distributed import resolve_device
-    from tdrl.utils.seeding import seed_everything
 
     check_trainer(cfg.trainer, on_policy=False, supported=("sync", "async"))  # before any process starts
     # --- Build ----------------------------------------------------------------------------------------------
-    if cfg.trainer.kind == "sync":  # async builds its collector in its own process
-        start_workers_early(cfg.collector.kind)  # worker processes import torch while we build
-    torch.set_num_threads(cfg.run.torch_threads)
-    seed_everything(cfg.run.seed)
-    device = resolve_device(cfg.run.device)
-    env_factory = EnvFactory(cfg.env.id)
+    device, env_factory = prepare_recipe(cfg)  # starts workers early, seeds, resolves the device
     check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
     specs = env_factory.specs()
     if specs.discrete:

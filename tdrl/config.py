@@ -1,18 +1,14 @@
-"""Typed configs with dotted ``key=value`` overrides. Every recipe declares a nested dataclass config; the command
-line takes TorchRL-style dotted overrides (``python recipes/sac.py env.id=Hopper-v5 optim.lr=3e-4``, parsed by
-:mod:`tdrl.utils.dotted_config`). Unknown keys,
-wrong types and values out of a field's declared range are errors that name the full dotted key (an unknown one
-with the nearest valid key), before any env starts. ``--help`` lists every field with its type and range, default
-and the string literal under it (CleanRL style).
+"""The config sections of tdrl's recipes: typed dataclasses with dotted ``key=value`` overrides
+(``python recipes/sac.py env.id=Hopper-v5 optim.lr=3e-4``; parsing, ``--help`` and one-line errors are
+:mod:`tdrl.utils.dotted_config`).
 
-The sections every recipe has live here, so common keys are spelled the same everywhere (``env.id``,
-``collector.batch_B``, ``run.seed``...); a recipe changes their defaults with ``field(default_factory=lambda:
-CollectorConfig(batch_B=1))``. Every numeric field declares its valid range in its type (``lr: PositiveFloat``,
-``Annotated[int, Range(ge=-1)]``; lists: each item, and ``Length`` for the list), checked whenever a value is set or
-a config validated and shown in ``--help``. A section may define ``validate(self)`` raising :class:`ConfigError` for
-values that cannot work together; :func:`apply_overrides` calls it after every override is in. This module imports
-nothing heavy, so a recipe that imports only it at the top (torch, TorchRL and tdrl's other layers inside ``main``)
-and ends with ``run_recipe(main, Config(), doc=__doc__)`` reports a bad key or value in well under a second.
+The sections several recipes have live here, so common keys are spelled the same everywhere (``env.id``,
+``collector.batch_B``, ``run.seed``...); a recipe subclasses a section to add keys or change defaults, or changes
+them with ``field(default_factory=lambda: CollectorConfig(batch_B=1))``. Every numeric field declares its valid
+range in its type (``lr: PositiveFloat``, ``Annotated[int, Range(ge=-1)]``), checked whenever a value is set and
+shown in ``--help``; a section's ``validate(self)`` raises :class:`ConfigError` for values that cannot work
+together. This module imports nothing heavy, so a recipe that imports only it at the top (torch, TorchRL and
+tdrl's other layers inside ``main``) reports a bad key or value in well under a second.
 """
 
 from __future__ import annotations
@@ -37,13 +33,13 @@ from tdrl.utils.errors import UserError
 from tdrl.utils.ranges import Length, Range
 
 __all__ = ["A2COptimConfig", "ActionNoiseConfig", "ActorCriticModelConfig", "AnyFloat", "AtariEnvConfig",
-           "CheckpointConfig", "CollectorConfig", "ConfigError", "ContinuousLossConfig", "ContinuousModelConfig",
-           "Count", "EnvConfig", "EpsilonGreedyConfig", "EvalConfig", "Fraction", "LayerSizes", "Length",
-           "LoggerConfig", "NonNegativeFloat", "NonNegativeInt", "OffPolicyLossConfig", "OffPolicyOptimConfig",
-           "PolicyGradientOptimConfig", "PositiveFloat", "PositiveFraction", "PrioritizedReplayConfig", "Range",
-           "RecipeConfig", "ReplayConfig", "ReplayDevice", "RunConfig", "TrainerConfig", "UserError",
-           "apply_overrides", "check_devices", "config_help", "diff_configs", "flatten", "merge_nested", "parse_args",
-           "replay_copy", "run_recipe", "to_dict", "user_errors", "validate"]
+           "CheckpointConfig", "CollectorConfig", "ConfigError", "ContinuousControlConfig", "ContinuousLossConfig",
+           "ContinuousModelConfig", "Count", "EnvConfig", "EpsilonGreedyConfig", "EvalConfig", "Fraction",
+           "LayerSizes", "Length", "LoggerConfig", "NonNegativeFloat", "NonNegativeInt", "OffPolicyLossConfig",
+           "OffPolicyOptimConfig", "PolicyGradientOptimConfig", "PositiveFloat", "PositiveFraction",
+           "PrioritizedReplayConfig", "Range", "RecipeConfig", "ReplayConfig", "ReplayDevice", "RunConfig",
+           "TrainerConfig", "UserError", "apply_overrides", "check_devices", "config_help", "diff_configs", "flatten",
+           "merge_nested", "parse_args", "replay_copy", "run_recipe", "to_dict", "user_errors", "validate"]
 
 # --- Ranges: every int or float field of a config declares one (tests/test_config.py walks the recipes) --------
 
@@ -431,3 +427,22 @@ class RecipeConfig:
     """Snapshots and resume."""
     stop_return: AnyFloat | None = None
     """Stop once the evaluation return reaches this (benchmarks); None trains the whole budget."""
+
+
+@dataclass
+class ContinuousControlConfig(RecipeConfig):
+    """The sections SAC, TD3 and DDPG share: Pendulum-v1, one env stepped one step per iteration, a replay, their
+    network widths. Each recipe adds its loss and optim sections (and exploration, trainer)."""
+
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(id="Pendulum-v1"))
+    collector: CollectorConfig = field(
+        default_factory=lambda: CollectorConfig(batch_B=1, batch_T=1, total_frames=20_000))
+    logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=1_000))
+    model: ContinuousModelConfig = field(default_factory=ContinuousModelConfig)
+    """Policy and critics."""
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """Replay buffer."""
+
+    def validate(self) -> None:
+        check_devices(self)
+

@@ -19,8 +19,8 @@ from tensordict.utils import NestedKey
 from tdrl.replay.device import DeviceCopy, deliver, fits_on_device, sample_device, staged
 from tdrl.replay.frames import FrameStack
 from tdrl.replay.prioritized import PrioritizedSampler
-from tdrl.replay.ring import StreamRing, nest
-from tdrl.replay.schema import ReplayError, key_name
+from tdrl.replay.ring import StreamRing
+from tdrl.replay.schema import ReplayError, key_name, nest
 from tdrl.utils.files import LinkingWriter
 
 __all__ = ["TRANSITION_KEYS", "TransitionReplayBuffer", "nstep_returns"]

@@ -22,42 +22,20 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
 from tdrl.replay.device import staged, views
 from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
-from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
+from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name, pack
 from tdrl.replay.segments import SEGMENT_BYTES, Lineage, read_segments, write_segments
 from tdrl.replay.storage import MemmapStore
 
-__all__ = ["StreamRing", "nest"]
+__all__ = ["StreamRing"]
 
 _MAX_REDRAWS = 64
 PRIORITY_KEY = ("priority",)  # per-step input priorities of a batch, for a prioritized sampler's new slots
 SEGMENTS, STATE_FILE = "segments", "replay_state.pt"  # a dump's data and state
-
-
-def pack(schema: BatchSchema) -> dict[str, list]:
-    """Keys packed into one ``[B, T_cap, width]`` field per (root | next, dtype), so a write or gather is one copy
-    per group, not per key: group -> ``[(key, offset, size, per-step shape)]``."""
-    groups: dict[str, list] = {}
-    for key, (dtype, shape) in schema.entries.items():
-        members = groups.setdefault(f"{'next' if key[0] == 'next' else 'root'}.{str(dtype).removeprefix('torch.')}", [])
-        offset = members[-1][1] + members[-1][2] if members else 0
-        members.append((key, offset, int(torch.Size(shape).numel()), shape))
-    return groups
-
-
-def nest(flat: dict[tuple[str, ...], torch.Tensor], batch_size: Sequence[int]) -> TensorDict:
-    """Build a TensorDict from ``{nested key: tensor}`` (faster than the TensorDict constructor on tuple keys)."""
-    tree: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = tree
-        for part in key[:-1]:
-            node = node.setdefault(part, {})
-        node[key[-1]] = value
-    return TensorDict(tree, batch_size=batch_size)
 
 
 class StreamRing:

@@ -10,10 +10,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
-__all__ = ["ReplayError", "BatchSchema", "as_key", "key_name"]
+__all__ = ["BatchSchema", "ReplayError", "as_key", "key_name", "nest", "pack"]
 
 
 class ReplayError(ValueError):
@@ -118,3 +118,25 @@ class BatchSchema:
     def from_json(cls, data: dict[str, Any]) -> BatchSchema:
         entries = {tuple(e["key"]): (getattr(torch, e["dtype"]), torch.Size(e["shape"])) for e in data["entries"]}
         return cls(entries, data["strict"], [tuple(k) for k in data["ignored"]])
+
+
+def pack(schema: BatchSchema) -> dict[str, list]:
+    """Keys packed into one ``[B, T_cap, width]`` field per (root | next, dtype), so a write or gather is one copy
+    per group, not per key: group -> ``[(key, offset, size, per-step shape)]``."""
+    groups: dict[str, list] = {}
+    for key, (dtype, shape) in schema.entries.items():
+        members = groups.setdefault(f"{'next' if key[0] == 'next' else 'root'}.{str(dtype).removeprefix('torch.')}", [])
+        offset = members[-1][1] + members[-1][2] if members else 0
+        members.append((key, offset, int(torch.Size(shape).numel()), shape))
+    return groups
+
+
+def nest(flat: dict[tuple[str, ...], torch.Tensor], batch_size: Sequence[int]) -> TensorDict:
+    """Build a TensorDict from ``{nested key: tensor}`` (faster than the TensorDict constructor on tuple keys)."""
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = tree
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = value
+    return TensorDict(tree, batch_size=batch_size)

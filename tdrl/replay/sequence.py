@@ -25,8 +25,8 @@ from tensordict.utils import NestedKey
 
 from tdrl.replay.device import deliver, sample_device
 from tdrl.replay.prioritized import PrioritizedSampler
-from tdrl.replay.ring import StreamRing, nest
-from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
+from tdrl.replay.ring import StreamRing
+from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name, nest
 from tdrl.utils.files import LinkingWriter
 
 __all__ = ["SequenceReplayBuffer", "sequence_priority"]

@@ -14,6 +14,7 @@ from tdrl.train.factory import (
     collector_factory_from,
     eval_collector_from,
     make_trainer,
+    prepare_recipe,
 )
 from tdrl.train.ray_actors import VERSION_KEY, RayTrainerError
 from tdrl.train.ray_trainer import RayTrainer, module_path
@@ -21,5 +22,5 @@ from tdrl.train.sync import SyncTrainer
 
 __all__ = ["AsyncTrainer", "AsyncTrainerError", "Bookkeeper", "DataParallelError", "RayTrainer", "RayTrainerError",
            "SyncTrainer", "TrainerConfig", "VERSION_KEY", "check_min_steps_learn", "check_trainer",
-           "collector_factory_from", "eval_collector_from", "iteration_counts", "launch_data_parallel", "make_trainer",
-           "module_path", "updates_per_iteration"]
+           "collector_factory_from", "eval_collector_from", "iteration_counts", "launch_data_parallel",
+           "make_trainer", "module_path", "prepare_recipe", "updates_per_iteration"]

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
-from tdrl.collect import make_collector, make_eval_collector
+from tdrl.collect import make_collector, make_eval_collector, start_workers_early
 from tdrl.config import ConfigError, TrainerConfig
+from tdrl.envs import EnvFactory
 from tdrl.train.async_ import AsyncTrainer
-from tdrl.train.ray_trainer import RayTrainer
+from tdrl.train.ray_trainer import RayTrainer, check_reachable
 from tdrl.train.sync import SyncTrainer
 from tdrl.utils.distributed import (
     DistributedSetupError,
@@ -25,10 +28,12 @@ from tdrl.utils.distributed import (
     env_world,
     is_distributed,
     resolve_backend,
+    resolve_device,
 )
+from tdrl.utils.seeding import seed_everything
 
 __all__ = ["TRAINER_KINDS", "TrainerConfig", "check_min_steps_learn", "check_trainer", "collector_factory_from",
-           "eval_collector_from", "make_trainer"]
+           "eval_collector_from", "make_trainer", "prepare_recipe"]
 
 TRAINER_KINDS = ("sync", "ddp", "async", "ray")
 
@@ -70,6 +75,8 @@ def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu",
             check_local_world_size(cfg.world_size, backend, key="trainer.world_size")
     if cfg.kind == "ray" and importlib.util.find_spec("ray") is None:
         raise ConfigError("trainer.kind=ray needs Ray: pip install 'tdrl[distributed]'")
+    if cfg.kind == "ray" and (address := cfg.ray_address or os.environ.get("RAY_ADDRESS")):
+        check_reachable(address)  # before anything is built: ray.init would retry for minutes
     if cfg.kind == "ddp" and cfg.world_size < 1:
         raise DistributedSetupError(f"trainer.world_size must be >= 1, got {cfg.world_size}")
 
@@ -162,4 +169,18 @@ def eval_collector_from(cfg: Any, policy: nn.Module | None) -> Any:
     e = cfg.eval
     return make_eval_collector(cfg.env.id, policy, n_envs=e.n_envs, max_steps=e.max_steps,
                                seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=e.video)
+
+
+def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, EnvFactory]:
+    """What every recipe does first, in this order: start the fork server its collector's workers fork from (their
+    torch import overlaps the build; only where this process builds the collector: no trainer section, sync or
+    ddp), set ``run.torch_threads``, seed everything (``seed``: e.g. a data-parallel rank's own; default
+    ``run.seed``), resolve ``run.device`` and make the env factory (Atari's ``env.episodic_lives`` passed on).
+    Returns ``(device, env_factory)``."""
+    if getattr(getattr(cfg, "trainer", None), "kind", "sync") in ("sync", "ddp"):
+        start_workers_early(cfg.collector.kind)
+    torch.set_num_threads(cfg.run.torch_threads)
+    seed_everything(cfg.run.seed if seed is None else seed)
+    episodic_lives = getattr(cfg.env, "episodic_lives", False)
+    return resolve_device(cfg.run.device), EnvFactory(cfg.env.id, {"episodic_lives": True} if episodic_lives else {})
 

@@ -94,7 +94,10 @@ class RayUnreachableError(RayTrainerError, UserError):
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail in seconds, not minutes, when nothing listens at ``host:port`` (``ray.init`` retries for minutes)."""
+    """Fail in seconds, not minutes, when nothing listens at ``host:port`` (``ray.init`` retries for minutes).
+    Addresses Ray resolves itself (``auto``, ``local``, ``ray://...``) are left to it."""
+    if address in ("auto", "local") or "://" in address:
+        return
     host, _, port = address.rpartition(":")
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()

@@ -15,14 +15,8 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, ReplayBuffer
 
-from tdrl.ckpt import (
-    MANIFEST,
-    CheckpointCorrupt,
-    Checkpointer,
-    CheckpointError,
-    CheckpointWarning,
-    verify_checkpoint,
-)
+from tdrl.ckpt import CheckpointCorrupt, Checkpointer, CheckpointError, CheckpointWarning, verify_checkpoint
+from tdrl.ckpt.files import MANIFEST
 
 
 def _state(i: int) -> dict:
@@ -185,14 +179,14 @@ def test_default_rotation_keeps_the_one_before_a_corrupt_newest(tmp_path, mode):
 
 
 def test_verification_is_remembered_until_a_file_changes(tmp_path, monkeypatch):
-    import tdrl.ckpt
+    import tdrl.ckpt.files
 
     ckpt = Checkpointer(tmp_path / "ck")
     ckpt.save(_state(0), 0)
     ckpt.save(_state(1), 1)
     hashed = []
-    real = tdrl.ckpt._hash_file
-    monkeypatch.setattr(tdrl.ckpt, "_hash_file", lambda p, **kw: hashed.append(p.name) or real(p, **kw))
+    real = tdrl.ckpt.files._hash_file
+    monkeypatch.setattr(tdrl.ckpt.files, "_hash_file", lambda p, **kw: hashed.append(p.name) or real(p, **kw))
     newest, problems = ckpt.newest_valid()
     assert newest.iteration == 1 and problems == [] and hashed == ["state.pt"]
     assert ckpt.load_latest()[1].iteration == 1 and hashed == ["state.pt"]  # not hashed again

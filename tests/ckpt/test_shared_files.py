@@ -170,7 +170,7 @@ def test_linking_writer_contract(tmp_path):
 
 def test_links_into_a_checkpoint_whose_manifest_has_no_mtimes_are_hashed(tmp_path, monkeypatch):
     """Manifests written before files were shared record no mtimes: a file linked from one is read and compared."""
-    import tdrl.ckpt
+    import tdrl.ckpt.files
 
     def write(directory: Path, previous: Path | None) -> None:
         if previous is not None:
@@ -187,8 +187,8 @@ def test_links_into_a_checkpoint_whose_manifest_has_no_mtimes_are_hashed(tmp_pat
     ckpt = Checkpointer(tmp_path / "ck", snapshot_mode="all")
     strip_mtimes(ckpt.save({}, 0, extra_writers={"blob": LinkingWriter(write)}))
     hashed = []
-    real = tdrl.ckpt._hash_file
-    monkeypatch.setattr(tdrl.ckpt, "_hash_file", lambda p, **kw: hashed.append(p.name) or real(p, **kw))
+    real = tdrl.ckpt.files._hash_file
+    monkeypatch.setattr(tdrl.ckpt.files, "_hash_file", lambda p, **kw: hashed.append(p.name) or real(p, **kw))
     second = ckpt.save({}, 1, extra_writers={"blob": LinkingWriter(write)})
     assert "kept.bin" in hashed and (second / "blob" / "kept.bin").stat().st_nlink == 2
     strip_mtimes(second)

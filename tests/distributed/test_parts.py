@@ -1,6 +1,7 @@
 """The parts of trainer.kind=ray that need no cluster: the wire format, Ape-X's epsilons and initial priorities."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,6 +93,24 @@ def test_an_unreachable_cluster_fails_in_seconds_with_one_line():
     with pytest.raises(RayUnreachableError, match=f"trainer.ray_address=127.0.0.1:{port}: no Ray cluster") as info:
         check_reachable(f"127.0.0.1:{port}", timeout_s=2.0)
     assert isinstance(info.value, UserError) and time.monotonic() - start < 5
+
+
+def test_a_recipe_pointed_at_no_cluster_fails_before_building_anything(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "dqn.py"
+    proc = subprocess.run([sys.executable, str(recipe), "trainer.kind=ray", f"trainer.ray_address=127.0.0.1:{port}",
+                           f"run.root={tmp_path / 'runs'}", "logger.wandb=false"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: trainer.ray_address=127.0.0.1:{port}: no Ray cluster answers there ([Errno 111] Connection refused); "
+        "start one with `ray start --head` or leave the address empty for a local Ray"], proc.stderr
+    assert not (tmp_path / "runs").exists()  # no run directory, no evaluation: nothing was built
 
 
 def test_a_recipe_gets_ray_only_where_it_names_it():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-import tdrl.ckpt
+import tdrl.ckpt.files
 from tdrl.ckpt import Checkpointer, verify_checkpoint
 from tdrl.replay import FrameStack, PrioritizedSampler, SequenceReplayBuffer, TransitionReplayBuffer
 from tdrl.replay.segments import field_cursors, segment_plan
@@ -71,8 +71,8 @@ def test_second_checkpoint_links_unchanged_segments_and_hashes_only_new_ones(tmp
         field[:, :150].numel() * field.element_size() for field in rb.ring.store.fields.values())  # filled part
     rb.extend(make_stream(2, 30, seed=1))
     hashed = []
-    real = tdrl.ckpt._hash_file
-    monkeypatch.setattr(tdrl.ckpt, "_hash_file", lambda p, **kw: hashed.append(p.name) or real(p, **kw))
+    real = tdrl.ckpt.files._hash_file
+    monkeypatch.setattr(tdrl.ckpt.files, "_hash_file", lambda p, **kw: hashed.append(p.name) or real(p, **kw))
     second = ckpt.save({}, 1, extra_writers={"replay": rb.checkpoint_writer()})
     before, after = _segments(first), _segments(second)
     old_versions, new_versions = _versions(first), _versions(second)
