@@ -390,10 +390,10 @@ def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
         make_tanh_gaussian_actor,
         make_twin_q,
     )
-    from tdrl.objectives.continuous import make_ddpg_loss, make_td3_loss
+    from tdrl.objectives.continuous import make_td3_loss
     from tdrl.objectives.dqn import make_dqn_loss
     from tdrl.objectives.policy_gradient import PPOLoss
-    from tdrl.objectives.reference import torchrl_ddpg_loss, torchrl_dqn_loss, torchrl_sac_loss, torchrl_td3_loss
+    from tdrl.objectives.reference import torchrl_dqn_loss, torchrl_sac_loss, torchrl_td3_loss
     from tdrl.objectives.sac import TwinQSACLoss
     from tdrl.objectives.update import TargetUpdate, Updater
 
@@ -427,14 +427,14 @@ def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
                               target_update=TargetUpdate(loss, interval=312))
             steps[name] = (lambda u=updater, f=loss: u.step(f(td.clone(False)).rename_key_("loss", "loss_q")))
         return steps
-    specs = EnvFactory("Pendulum-v1").specs()  # SAC 256 samples, TD3 100, DDPG 64; [256, 256] MLPs
-    n = {"sac": 256, "td3": 100, "ddpg": 64}[algo]
+    specs = EnvFactory("Pendulum-v1").specs()  # SAC 256 samples, TD3 100; [256, 256] MLPs
+    n = {"sac": 256, "td3": 100}[algo]
     td = TensorDict({"observation": torch.randn(n, 3), "action": torch.rand(n, 1) * 4 - 2,
                      ("next", "observation"): torch.randn(n, 3), ("next", "reward"): -torch.rand(n, 1) * 16,
                      ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool)}, [n])
     steps = {}
     for name in ("torchrl", "tdrl"):
-        critic = make_twin_q(specs, n_critics=1 if algo == "ddpg" else 2) if name == "tdrl" else make_q_critic(specs)
+        critic = make_twin_q(specs) if name == "tdrl" else make_q_critic(specs)
         if algo == "sac" and name == "torchrl":  # TorchRL-sota: one optimizer on the three terms' sum
             loss = torchrl_sac_loss(make_tanh_gaussian_actor(specs), critic, specs.action_spec)
             updater = Updater(adam(loss.parameters()), target_update=TargetUpdate(loss, interval=1, tau=0.005))
@@ -447,12 +447,6 @@ def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
                                 target_update=TargetUpdate(loss, interval=1, tau=0.005))
             steps[name] = (lambda c=critic_up, p=policy_up, f=loss: (c.step(f.critic_loss(td)),
                                                                      p.step(f.actor_loss(td))))
-        elif algo == "ddpg":  # one optimizer over actor and critic
-            make_loss = make_ddpg_loss if name == "tdrl" else torchrl_ddpg_loss
-            loss = make_loss(make_deterministic_actor(specs), critic)
-            updater = Updater(adam(p for p in loss.parameters() if p.requires_grad),
-                              target_update=TargetUpdate(loss, interval=1, tau=0.005))
-            steps[name] = step_on(updater, loss, td)
         else:  # TD3: the critics every update, the actor every second
             make_loss = make_td3_loss if name == "tdrl" else torchrl_td3_loss
             loss = make_loss(make_deterministic_actor(specs), critic, specs.action_spec)
@@ -475,7 +469,8 @@ def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
 
 LEARN_FROM = 100  # --iteration: off-policy recipes update from this frame on (optim.min_steps_learn)
 KEEP_OWN_LOSS = 1.2  # tdrl keeps its own loss for an algorithm only if the whole iteration is this much faster
-LOSS_ALGOS = ("ppo", "dqn", "sac", "td3", "ddpg")  # the recipes that run tdrl's own loss (TorchRL's is its oracle)
+# the recipes that run tdrl's own loss (TorchRL's is its oracle); DDPG left on 2026-11-26 (docs/losses-2026-11-26.md)
+LOSS_ALGOS = ("ppo", "dqn", "sac", "td3")
 
 
 def bench_losses(algos: list[str], threads: int | None = None, repeats: int = 100) -> dict[str, dict[str, float]]:
@@ -539,10 +534,10 @@ def bench_iteration(algos: list[str], threads: int | None = None, rounds: int = 
     tdrl's loss, and TorchRL's figure adds the per-update difference of :func:`bench_losses`."""
     from tdrl.config import apply_overrides
 
-    budgets = {"ppo": 6_400, "dqn": 3_000, "sac": 600, "td3": 1_600, "ddpg": 1_600}
+    budgets = {"ppo": 6_400, "dqn": 3_000, "sac": 600, "td3": 1_600}
     # off-policy: updates from the 100th frame, so the iterations measured are the learning ones that fill a real
     # run (a recipe's own min_steps_learn is a few percent of its budget, but most of these short ones)
-    per_update = bench_losses([a for a in algos if a in ("sac", "td3", "ddpg")], threads)
+    per_update = bench_losses([a for a in algos if a in ("sac", "td3")], threads)
     print(f"{'iteration':10s} {'torchrl ms':>11s} {'tdrl ms':>8s} {'tdrl gain':>10s} {'updates/it':>11s}  choice")
     for algo in algos:
         best: dict[str, float] = {}

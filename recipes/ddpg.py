@@ -1,6 +1,5 @@
 """DDPG: Deep Deterministic Policy Gradient (Lillicrap et al. 2016, arXiv:1509.02971), rlpyt's semantics on
-TorchRL's DDPGLoss terms, computed by tdrl's ``TwinQTD3Loss`` with one critic (equal values and gradients, tested;
-~3x cheaper per update on CPU).
+TorchRL's DDPGLoss.
 
 Deterministic tanh policy with Gaussian exploration noise (rlpyt's ``action_std``; no Ornstein-Uhlenbeck), one Q
 critic, polyak targets for both, separate learning rates for policy and critic. Off-policy cadence as rlpyt:
@@ -65,7 +64,7 @@ def main(cfg: Config) -> dict:
     import torch
 
     from tdrl.log.run import Run
-    from tdrl.models import chain_policy, make_deterministic_actor, make_gaussian_noise, make_twin_q
+    from tdrl.models import chain_policy, make_deterministic_actor, make_gaussian_noise, make_q_critic
     from tdrl.objectives.continuous import make_ddpg_loss, timeouts_as_terminal
     from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.update import TargetUpdate, Updater
@@ -88,16 +87,16 @@ def main(cfg: Config) -> dict:
         raise ConfigError(f"env.id={cfg.env.id!r} has discrete actions; DDPG needs a continuous (Box) action space "
                           "(use recipes/dqn.py)")
     actor = make_deterministic_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
-    critic = make_twin_q(specs, hidden_sizes=cfg.model.hidden_sizes, n_critics=1, normalize_action=False).to(device)
+    critic = make_q_critic(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
     policy = chain_policy(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
-    loss = make_ddpg_loss(actor, critic, gamma=cfg.loss.gamma).to(device)  # a TwinQ critic: TwinQTD3Loss
+    loss = make_ddpg_loss(actor, critic, gamma=cfg.loss.gamma).to(device)
     # one optimizer, two rates: loss_actor sees the critic through detached parameters, so the sum is separable
     def lr(value):  # a tensor under CUDA graphs, so it reaches the captured step
         return graph_lr(value, device, cfg.optim.cudagraphs)
 
-    optimizer = torch.optim.Adam([
-        {"params": list(actor.parameters()), "lr": lr(cfg.optim.actor_lr)},
-        {"params": list(critic.parameters()), "lr": lr(cfg.optim.critic_lr)},
+    optimizer = torch.optim.Adam([  # the loss's parameters: they share storage with the actor's and critic's
+        {"params": list(loss.actor_network_params.values(True, True)), "lr": lr(cfg.optim.actor_lr)},
+        {"params": list(loss.value_network_params.values(True, True)), "lr": lr(cfg.optim.critic_lr)},
     ], fused=True, capturable=cfg.optim.cudagraphs)  # fused: a non-finite update is skipped on the device
     updater = Updater(optimizer, loss_keys=("loss_actor", "loss_qvalue"), max_grad_norm=cfg.optim.max_grad_norm,
                       target_update=TargetUpdate(loss, interval=cfg.optim.target_update_interval,
@@ -123,7 +122,7 @@ def main(cfg: Config) -> dict:
     def learn(sample):  # the device half of an update: optim.cudagraphs replays it from one CUDA graph
         if not cfg.loss.bootstrap_timelimit:
             timeouts_as_terminal(sample)
-        return updater.apply(compute_loss(sample))
+        return updater.apply(compute_loss(sample).rename_key_("loss_value", "loss_qvalue"))  # TD3's, SAC's column
 
     learn = update_step(learn, cudagraphs=cfg.optim.cudagraphs, device=device)
 

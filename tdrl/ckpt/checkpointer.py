@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 import shutil
 import time
@@ -100,10 +101,10 @@ class Checkpointer:
         self._verified[info.path] = (stats, problem)
         return problem
 
-    def newest_valid(self) -> tuple[CheckpointInfo | None, list[str]]:
+    def newest_valid(self) -> tuple[CheckpointInfo | None, builtins.list[str]]:
         """The newest checkpoint that verifies (``None`` if none does) and the problems of the newer ones, newest
         first. Reads only: nothing is moved or deleted."""
-        problems = []
+        problems: builtins.list[str] = []
         for info in reversed(self.list()):
             problem = self.verify(info)
             if problem is None:

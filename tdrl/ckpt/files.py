@@ -123,14 +123,15 @@ def _entries(tmp: Path, component: Path, previous: Path | None,
                 raise CheckpointError(f"{file}: checkpoint files must be regular files (no symlinks)")
             rel = file.relative_to(tmp).as_posix()
             entry = previous_files.get(rel) if previous is not None else None
-            shared = entry is not None and _same_inode(st, previous / rel)
-            if shared and "mtime_ns" in entry:
+            if entry is not None and not (previous is not None and _same_inode(st, previous / rel)):
+                entry = None  # not linked from the previous checkpoint: hashed like any new file
+            if entry is not None and "mtime_ns" in entry:
                 if (entry["size"], entry["mtime_ns"]) != (st.st_size, st.st_mtime_ns):
                     raise _SharedFileChanged(rel)
                 files[rel] = {"sha256": entry["sha256"], "size": st.st_size, "mtime_ns": st.st_mtime_ns}
                 continue
             sha, size = _hash_file(file, fsync=True)
-            if shared and sha != entry["sha256"]:  # a manifest without mtimes: compare the content
+            if entry is not None and sha != entry["sha256"]:  # a manifest without mtimes: compare the content
                 raise _SharedFileChanged(rel)
             files[rel] = {"sha256": sha, "size": size, "mtime_ns": os.stat(file).st_mtime_ns}
     return files
@@ -149,13 +150,13 @@ def _write_component(tmp: Path, name: str, writer: PathWriter | LinkingWriter, p
     """Run one extra writer into ``tmp/name`` and return its manifest entries; a :class:`LinkingWriter` gets the
     component's folder in ``previous``, and runs again without it if a file it linked changed since."""
     directory = tmp / name
-    link_from = previous / name if previous is not None and previous_files is not None else None
-    if not isinstance(writer, LinkingWriter) or link_from is None or not link_from.is_dir():
+    if (not isinstance(writer, LinkingWriter) or previous is None or previous_files is None
+            or not (previous / name).is_dir()):
         directory.mkdir()
         writer(directory)
         return _entries(tmp, directory, None, {})
     directory.mkdir()
-    writer.write(directory, link_from)
+    writer.write(directory, previous / name)
     try:
         return _entries(tmp, directory, previous, previous_files)
     except _SharedFileChanged as e:

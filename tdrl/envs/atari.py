@@ -64,9 +64,10 @@ class AtariFrames(gym.Wrapper):
         if frame_skip < 1 or noop_max < 0 or frame_stack < 1 or not 0 <= repeat_action_probability < 1:
             raise ValueError(f"invalid Atari options: {frame_skip=}, {noop_max=}, {frame_stack=}, "
                              f"{repeat_action_probability=}")
-        self.ale = env.unwrapped.ale
+        atari: Any = env.unwrapped  # ale_py's AtariEnv (gymnasium's types do not know its ale)
+        self.ale = atari.ale
         legal = {action.name: action for action in self.ale.getLegalActionSet()}
-        meanings = env.unwrapped.get_action_meanings()
+        meanings = atari.get_action_meanings()
         if noop_max > 0 and meanings[0] != "NOOP":
             raise ValueError("no-op starts (noop_max > 0) need action 0 to be NOOP")
         self.actions = [legal[name] for name in meanings]  # action index -> ALE action, as the env maps them
@@ -149,19 +150,23 @@ class EpisodicLives(gym.Wrapper):
         self.game_over = True
         self.last_observation: np.ndarray | None = None
 
+    def _ale(self) -> Any:
+        atari: Any = self.env.unwrapped  # ale_py's AtariEnv (gymnasium's types do not know its ale)
+        return atari.ale
+
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
-        lives = self.env.unwrapped.ale.lives()
+        lives = self._ale().lives()
         self.game_over = bool(terminated or truncated)
         life_lost = 0 < lives < self.lives
         self.lives, self.last_observation = lives, obs
         info["traj_done"] = self.game_over
-        return obs, reward, bool(terminated or life_lost), truncated, info
+        return obs, float(reward), bool(terminated or life_lost), truncated, info
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         if self.game_over or seed is not None or self.last_observation is None:
             obs, info = self.env.reset(seed=seed, options=options)
-            self.lives, self.game_over = self.env.unwrapped.ale.lives(), False
+            self.lives, self.game_over = self._ale().lives(), False
             self.last_observation = obs
             return obs, info
         return self.last_observation, {}  # a new life: the game continues where it is
@@ -205,7 +210,10 @@ class MinAtarImage(gym.ObservationWrapper):
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
-        h, w, c = env.observation_space.shape
+        shape = env.observation_space.shape
+        if shape is None or len(shape) != 3:
+            raise ValueError(f"MinAtarImage needs a [10, 10, C] observation, got {env.observation_space}")
+        h, w, c = shape
         self.observation_space = gym.spaces.Box(0, 255, (c, h, w), np.uint8)
 
     def observation(self, observation: np.ndarray) -> np.ndarray:

@@ -22,7 +22,9 @@ class MaskObservation(gym.ObservationWrapper):
         super().__init__(env)
         self.keep = np.asarray(keep)
         space = env.observation_space
-        self.observation_space = gym.spaces.Box(space.low[self.keep], space.high[self.keep], dtype=space.dtype)
+        if not isinstance(space, gym.spaces.Box):
+            raise ValueError(f"MaskObservation needs a Box observation space, got {space}")
+        self.observation_space = gym.spaces.Box(space.low[self.keep], space.high[self.keep], dtype=space.dtype.type)
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
         return observation[self.keep]

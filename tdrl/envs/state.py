@@ -141,6 +141,14 @@ def _layers(env: gym.Env) -> list[Any]:
     return layers
 
 
+def _getter_setter(layer: Any) -> tuple[Getter, Setter]:
+    """:func:`_accessors` of a layer :func:`capture_problem` accepted."""
+    accessors = _accessors(layer)
+    if accessors is None:
+        raise EnvStateError(f"env layer {_class_name(type(layer))} cannot be captured")
+    return accessors
+
+
 def _accessors(layer: Any) -> tuple[Getter, Setter] | None:
     """How to get and set a layer's state: its own protocol methods, else the adapter of a library class it
     derives from. A subclass defined outside those libraries may keep more state, so it must implement the
@@ -166,7 +174,7 @@ def capture_problem(env: gym.Env) -> str | None:
                     "tdrl.envs.TimeLimit" if type(layer) is gym.wrappers.TimeLimit else
                     "implement state_dict()/load_state_dict() on it (tdrl.envs.StatefulEnv)")
             return f"env layer {_class_name(type(layer))} cannot be captured for exact resume: {todo}{fresh}"
-    base = env.unwrapped
+    base: Any = env.unwrapped  # ale_py's AtariEnv has an ale (gymnasium's types do not know it)
     if _class_name(type(base)) == "ale_py.env.AtariEnv" and base.ale.getFloat("repeat_action_probability") > 0:
         return ("ALE's sticky actions keep the previous action outside its cloneState: build the env with "
                 f"repeat_action_probability=0 and tdrl.envs.atari.AtariFrames (as tdrl.envs.make_env does){fresh}")
@@ -182,7 +190,7 @@ def get_env_state(env: gym.Env) -> dict[str, Any]:
     problem = capture_problem(env)
     if problem is not None:
         raise EnvStateError(problem)
-    layers = [{"class": _class_name(type(layer)), "state": _accessors(layer)[0](layer)} for layer in _layers(env)]
+    layers = [{"class": _class_name(type(layer)), "state": _getter_setter(layer)[0](layer)} for layer in _layers(env)]
     return {"layers": layers, "action_space_rng": env.action_space.np_random.bit_generator.state}
 
 
@@ -199,5 +207,5 @@ def set_env_state(env: gym.Env, state: dict[str, Any]) -> None:
     if problem is not None:
         raise EnvStateError(problem)
     for layer, saved in zip(layers, state["layers"], strict=True):
-        _accessors(layer)[1](layer, saved["state"])
+        _getter_setter(layer)[1](layer, saved["state"])
     env.action_space.np_random.bit_generator.state = state["action_space_rng"]

@@ -32,8 +32,9 @@ class TimeLimit(gym.Wrapper):
         self.elapsed_steps = 0
         return self.env.reset(seed=seed, options=options)
 
+    # gymnasium.Env declares spec as a plain attribute, which its own Wrapper overrides with a property too
     @property
-    def spec(self) -> gym.envs.registration.EnvSpec | None:
+    def spec(self) -> gym.envs.registration.EnvSpec | None:  # type: ignore[override]
         """The wrapped env's spec with this limit, as gymnasium reports it."""
         spec = self.env.spec
         return None if spec is None else dataclasses.replace(spec, max_episode_steps=self.max_episode_steps)

@@ -37,7 +37,7 @@ class DistEnv:
 def first_host(nodelist: str) -> str:
     """First host of a SLURM node list: ``"gpu[03-05,7],cpu1"`` -> ``"gpu03"``."""
     head = re.match(r"([^,\[]*)(?:\[(\d+))?", nodelist.strip())  # always matches, maybe empty
-    host = head.group(1) + (head.group(2) or "")
+    host = head.group(1) + (head.group(2) or "") if head else ""
     if not host:
         raise ValueError(f"cannot read SLURM node list {nodelist!r}")
     return host

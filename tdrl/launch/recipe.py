@@ -71,7 +71,7 @@ def load_recipe(path: str | Path) -> types.ModuleType:
     # in the recipe pickle by reference into spawned worker processes; a hashed name only on a clash.
     name = path.stem
     loaded = sys.modules.get(name)
-    if loaded is not None and getattr(loaded, "__file__", None) and Path(loaded.__file__).resolve() == path:
+    if loaded is not None and (file := getattr(loaded, "__file__", None)) and Path(file).resolve() == path:
         return loaded
     if loaded is not None or not name.isidentifier() or _importable_elsewhere(name, path):
         name = f"tdrl_recipe_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"

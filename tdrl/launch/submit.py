@@ -94,9 +94,9 @@ def check_slurm_resources(resources: Resources) -> None:
             or a Ray run with several tasks per node.
     """
     r = resources
-    for name in ("cpus_per_run", "time_min", "tasks_per_node", "nodes"):
-        if getattr(r, name) < 1:
-            raise SweepError(f"resources.{name}={getattr(r, name)}: must be at least 1")
+    for key in ("cpus_per_run", "time_min", "tasks_per_node", "nodes"):
+        if getattr(r, key) < 1:
+            raise SweepError(f"resources.{key}={getattr(r, key)}: must be at least 1")
     if r.gpus_per_run < 0 or (r.array_parallelism is not None and r.array_parallelism < 1):
         raise SweepError("resources: gpus_per_run must be >= 0 and array_parallelism >= 1")
     if r.ray and r.tasks_per_node != 1:
@@ -111,7 +111,7 @@ def check_slurm_resources(resources: Resources) -> None:
     if r.partition and nodes and r.partition not in nodes:
         raise SweepError(f"unknown SLURM partition '{r.partition}'; partitions: {', '.join(sorted(nodes))}")
     name = r.partition or default
-    if name not in nodes:
+    if name is None or name not in nodes:
         return
     cpus, mem_mb, gpus, count = nodes[name]
     if count and r.nodes > count:

@@ -196,7 +196,7 @@ def plan_sweep(sweep: Sweep, root: str | os.PathLike | None = None) -> SweepPlan
         if key not in cfg_keys:
             raise SweepError(f"{where}: recipe '{recipe}' Config has no '{key}' (use tdrl.config.RunConfig as 'run')")
     exp_dir = (Path(root if root is not None else sweep.root) / sweep.name).resolve()
-    runs = []
+    runs: list[RunSpec] = []
     for seed in sweep.seeds:  # rlpyt order: seeds outer, variants inner
         for variant, log_dir in zip(variants, log_dirs, strict=True):
             run_name = f"{log_dir}/run_{seed}" if log_dir else f"run_{seed}"

@@ -1,7 +1,8 @@
-"""DDPG and TD3 for tdrl's replay samples: both are :class:`tdrl.objectives.td3.TwinQTD3Loss` on a ``TwinQ`` critic.
-
-The terms are TorchRL's ``DDPGLoss``/``TD3Loss`` (squared-error critics, as the papers; tested equal to
-:mod:`tdrl.objectives.reference`), with what tdrl's replay samples carry: the n-step discount
+"""DDPG and TD3 for tdrl's replay samples: DDPG is TorchRL's ``DDPGLoss``; TD3 is
+:class:`tdrl.objectives.td3.TwinQTD3Loss` on a ``TwinQ`` critic, ``TD3Loss``'s terms (tested equal to
+:mod:`tdrl.objectives.reference`) at ~1.5x less per whole iteration (docs/losses-2026-11-26.md: tdrl's own DDPG
+gained only 12-23%, under the 1.2x that keeping a loss of our own needs). Squared-error critics, as the papers,
+with what tdrl's replay samples carry: the n-step discount
 ``gamma ** steps_to_next_obs`` and PER weights (:mod:`tdrl.objectives.terms`), and time-limit bootstrapping
 (``terminated`` stops the bootstrap, a time-limit ``truncated`` does not; :func:`timeouts_as_terminal` gives rlpyt's
 ``bootstrap_timelimit=False``). TD3's target noise is relative to the half-width of the action box (the paper's
@@ -13,11 +14,22 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 from torchrl.data import TensorSpec
+from torchrl.objectives import DDPGLoss, LossModule, ValueEstimators
 
 from tdrl.models.q import TwinQ
 from tdrl.objectives.td3 import TwinQTD3Loss
+from tdrl.objectives.terms import WEIGHT_KEY, check_gamma
 
-__all__ = ["action_half_range", "make_ddpg_loss", "make_td3_loss", "timeouts_as_terminal"]
+__all__ = ["action_half_range", "make_ddpg_loss", "make_td3_loss", "timeouts_as_terminal", "wire_torchrl_loss"]
+
+
+def wire_torchrl_loss(loss: LossModule, gamma: float) -> LossModule:
+    """Point a TorchRL loss at tdrl's replay samples: PER weights under ``priority_weight``, and a TD(0) estimator
+    that bootstraps with ``gamma ** steps_to_next_obs`` (its default key), so n-step samples need nothing else."""
+    check_gamma(gamma)
+    loss.set_keys(priority_weight=WEIGHT_KEY)
+    loss.make_value_estimator(ValueEstimators.TD0, gamma=gamma)
+    return loss
 
 
 def action_half_range(action_spec: TensorSpec) -> float:
@@ -30,20 +42,17 @@ def action_half_range(action_spec: TensorSpec) -> float:
     return float(half[0])
 
 
-def make_ddpg_loss(actor: torch.nn.Module, critic: TwinQ, *, gamma: float = 0.99) -> TwinQTD3Loss:
-    """DDPG loss (Lillicrap et al. 2016) with target actor and critic.
+def make_ddpg_loss(actor: torch.nn.Module, critic: torch.nn.Module, *, gamma: float = 0.99) -> DDPGLoss:
+    """DDPG loss (Lillicrap et al. 2016): TorchRL's ``DDPGLoss`` (squared error) with target actor and critic.
 
     The actor loss is ``-Q(s, mu(s))`` through detached critic parameters, so ``loss_actor`` plus the critic's
-    ``loss_qvalue`` can be minimised in one backward pass by one optimizer (separate learning rates as groups).
+    ``loss_value`` can be minimised in one backward pass by one optimizer (separate learning rates as groups).
 
     Args:
         actor: deterministic actor (``observation`` -> ``action``), e.g. ``make_deterministic_actor``.
-        critic: a one-critic ``TwinQ`` (``make_twin_q(specs, n_critics=1)``).
+        critic: ``Q(s, a)`` (``make_q_critic``: ``observation``, ``action`` -> ``state_action_value``).
     """
-    if not isinstance(critic, TwinQ) or critic.n_critics != 1:
-        got = f"a TwinQ with {critic.n_critics}" if isinstance(critic, TwinQ) else type(critic).__name__
-        raise ValueError(f"DDPG needs a one-critic TwinQ (make_twin_q(specs, n_critics=1)), got {got}")
-    return TwinQTD3Loss(actor, critic, gamma=gamma, policy_noise=0.0, noise_clip=0.0)
+    return wire_torchrl_loss(DDPGLoss(actor, critic, loss_function="l2", delay_actor=True, delay_value=True), gamma)
 
 
 def make_td3_loss(actor: torch.nn.Module, critic: TwinQ, action_spec: TensorSpec, *, gamma: float = 0.99,

@@ -1,9 +1,9 @@
 """TorchRL's losses wired as tdrl wires its own: the oracles tdrl's losses are tested and timed against.
 
-No recipe runs these. tdrl keeps its own loss for DQN, DDPG/TD3, SAC and feed-forward PPO because each makes the
-whole recipe iteration at least 1.2x faster (``benchmarks/learning.py --iteration all``, docs/losses-*.md); the
-tests check that tdrl's values and gradients equal these. The wiring is what tdrl's replay samples carry: the n-step
-discount ``gamma ** steps_to_next_obs``, PER weights under ``priority_weight`` and time-limit bootstrapping.
+No recipe runs these. tdrl keeps its own loss for DQN, TD3, SAC and feed-forward PPO because each makes the whole
+recipe iteration at least 1.2x faster (``benchmarks/learning.py --iteration all``, docs/losses-2026-11-26.md; DDPG
+did not, so it runs TorchRL's ``DDPGLoss``); the tests check that tdrl's values and gradients equal these. The
+wiring is what tdrl's replay samples carry (:func:`tdrl.objectives.continuous.wire_torchrl_loss`).
 """
 
 from __future__ import annotations
@@ -12,21 +12,13 @@ from typing import Any, Literal
 
 import torch
 from torchrl.data import TensorSpec
-from torchrl.objectives import ClipPPOLoss, DDPGLoss, DQNLoss, LossModule, SACLoss, TD3Loss, ValueEstimators
+from torchrl.objectives import ClipPPOLoss, DQNLoss, SACLoss, TD3Loss
 
-from tdrl.objectives.continuous import action_half_range
-from tdrl.objectives.terms import WEIGHT_KEY, check_gamma
+from tdrl.objectives.continuous import action_half_range, wire_torchrl_loss
 
-__all__ = ["torchrl_ddpg_loss", "torchrl_dqn_loss", "torchrl_ppo_loss", "torchrl_sac_loss", "torchrl_td3_loss"]
+__all__ = ["torchrl_dqn_loss", "torchrl_ppo_loss", "torchrl_sac_loss", "torchrl_td3_loss"]
 
 _LOSS_FUNCTIONS = {"huber": "smooth_l1", "mse": "l2"}
-
-
-def _wire(loss: LossModule, gamma: float) -> LossModule:
-    check_gamma(gamma)
-    loss.set_keys(priority_weight=WEIGHT_KEY)
-    loss.make_value_estimator(ValueEstimators.TD0, gamma=gamma)  # reads steps_to_next_obs by default
-    return loss
 
 
 def torchrl_dqn_loss(q_actor: torch.nn.Module, *, gamma: float = 0.99, double_dqn: bool = False,
@@ -35,12 +27,7 @@ def torchrl_dqn_loss(q_actor: torch.nn.Module, *, gamma: float = 0.99, double_dq
     spec: Any = q_actor.spec
     loss = DQNLoss(q_actor, loss_function=_LOSS_FUNCTIONS[loss_function], delay_value=True, double_dqn=double_dqn,
                    action_space=spec["action"] if hasattr(spec, "keys") else spec)
-    return _wire(loss, gamma)
-
-
-def torchrl_ddpg_loss(actor: torch.nn.Module, critic: torch.nn.Module, *, gamma: float = 0.99) -> DDPGLoss:
-    """TorchRL's ``DDPGLoss`` (squared error, target actor and critic) for a ``make_q_critic`` critic."""
-    return _wire(DDPGLoss(actor, critic, loss_function="l2", delay_actor=True, delay_value=True), gamma)
+    return wire_torchrl_loss(loss, gamma)
 
 
 def torchrl_td3_loss(actor: torch.nn.Module, critic: torch.nn.Module, action_spec: TensorSpec, *,
@@ -50,7 +37,7 @@ def torchrl_td3_loss(actor: torch.nn.Module, critic: torch.nn.Module, action_spe
     scale = action_half_range(action_spec)
     loss = TD3Loss(actor, critic, action_spec=action_spec, num_qvalue_nets=2, policy_noise=target_noise * scale,
                    noise_clip=target_noise_clip * scale, loss_function="l2")
-    return _wire(loss, gamma)
+    return wire_torchrl_loss(loss, gamma)
 
 
 def torchrl_sac_loss(actor: torch.nn.Module, critic: torch.nn.Module, action_spec: TensorSpec, *,
@@ -60,7 +47,7 @@ def torchrl_sac_loss(actor: torch.nn.Module, critic: torch.nn.Module, action_spe
     :class:`tdrl.objectives.sac.TwinQSACLoss`."""
     loss = SACLoss(actor, critic, num_qvalue_nets=2, loss_function="l2", alpha_init=alpha_init,
                    fixed_alpha=fixed_alpha, target_entropy=target_entropy, action_spec=action_spec, delay_qvalue=True)
-    return _wire(loss, gamma)
+    return wire_torchrl_loss(loss, gamma)
 
 
 def torchrl_ppo_loss(model: Any, **kwargs: Any) -> ClipPPOLoss:

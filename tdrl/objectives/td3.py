@@ -1,4 +1,4 @@
-"""TD3's and DDPG's loss with stacked critics: TorchRL's ``TD3Loss``/``DDPGLoss`` terms (tested equal), cheaper.
+"""TD3's loss with stacked critics: TorchRL's ``TD3Loss`` terms (tested equal), cheaper.
 
 As in :mod:`tdrl.objectives.sac`, TorchRL's vmap over critic parameter sets and its parameter swaps cost more than
 the networks on CPU; here the critics are one :class:`~tdrl.models.q.TwinQ`, and the target actor and critics are
@@ -8,8 +8,6 @@ the copies ``target_actor_net`` and ``target_qvalue_network`` (polyak-updated by
 * ``loss_qvalue = sum_k (Q_k(s, a) - y)^2``,
   ``y = r + gamma^steps (1 - terminated) min_k Qtarget_k(s', clip(mu_target(s') + clip(sigma N, -c, c)))``;
 * ``loss_actor = -Q_1(s, mu(s))`` through detached critics (the first critic only, as the paper).
-
-With one critic, ``policy_noise=0`` and no action box this is ``DDPGLoss``.
 """
 
 from __future__ import annotations
@@ -28,22 +26,21 @@ __all__ = ["TwinQTD3Loss"]
 
 
 class TwinQTD3Loss(LossModule):
-    """TD3 (Fujimoto et al. 2018) / DDPG with stacked critics; see the module docstring.
+    """TD3 (Fujimoto et al. 2018) with stacked critics; see the module docstring.
 
     Args:
         actor: deterministic ``TensorDictModule`` ``observation`` -> ``action`` (``make_deterministic_actor``).
-        critic: :class:`~tdrl.models.q.TwinQ` (``make_twin_q``; ``n_critics=1`` for DDPG).
-        action_low, action_high: the box target actions are clipped to (TD3); ``None``: no clipping (DDPG).
+        critic: :class:`~tdrl.models.q.TwinQ` (``make_twin_q``).
+        action_low, action_high: the box target actions are clipped to.
         gamma: discount per env step.
-        policy_noise: std of the target-policy smoothing noise, in action units (0: none, DDPG).
+        policy_noise: std of the target-policy smoothing noise, in action units (0: none).
         noise_clip: clip of that noise, in action units.
     """
 
     out_keys = ["loss_actor", "loss_qvalue"]
 
-    def __init__(self, actor: TensorDictModule, critic: TwinQ, *, action_low: torch.Tensor | None = None,
-            action_high: torch.Tensor | None = None, gamma: float = 0.99, policy_noise: float = 0.2,
-            noise_clip: float = 0.5) -> None:
+    def __init__(self, actor: TensorDictModule, critic: TwinQ, *, action_low: torch.Tensor,
+            action_high: torch.Tensor, gamma: float = 0.99, policy_noise: float = 0.2, noise_clip: float = 0.5) -> None:
         super().__init__()
         if not isinstance(actor, TensorDictModule) or list(actor.in_keys) != ["observation"]:
             raise ValueError("TwinQTD3Loss needs a TensorDictModule actor reading 'observation' "
@@ -56,10 +53,8 @@ class TwinQTD3Loss(LossModule):
         self.target_actor_net = copy.deepcopy(actor.module).requires_grad_(False)
         self.qvalue_network = critic
         self.target_qvalue_network = copy.deepcopy(critic).requires_grad_(False)
-        self.clip_action = action_low is not None and action_high is not None
-        if self.clip_action:
-            self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32).clone())
-            self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32).clone())
+        self.register_buffer("action_low", torch.as_tensor(action_low, dtype=torch.float32).clone())
+        self.register_buffer("action_high", torch.as_tensor(action_high, dtype=torch.float32).clone())
         self.policy_noise, self.noise_clip = float(policy_noise), float(noise_clip)
 
     def value_loss(self, sample: TensorDictBase) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -73,8 +68,7 @@ class TwinQTD3Loss(LossModule):
             next_action = self.target_actor_net(next_obs)
             if self.policy_noise > 0:
                 next_action = next_action + noise
-            if self.clip_action:
-                next_action = next_action.clamp(self.action_low, self.action_high)
+            next_action = next_action.clamp(self.action_low, self.action_high)
             next_q = self.target_qvalue_network(next_obs, next_action).min(0).values
             target = td0_target(sample, sample.get(("next", "reward")), next_q, self.gamma)
         error = critic(sample.get("observation"), action) - target  # [n, B, 1]

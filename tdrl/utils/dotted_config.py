@@ -189,7 +189,8 @@ def apply_overrides(cfg: C, overrides: dict[str, Any] | list[str]) -> C:
         overrides = {key.strip(): value for key, value in (item.split("=", 1) for item in overrides)}
     out = copy.deepcopy(cfg)
     for key, value in overrides.items():
-        node, parts = out, key.split(".")
+        node: Any = out
+        parts = key.split(".")
         for i, part in enumerate(parts):
             fields = _fields(type(node))
             if part not in fields:
@@ -244,9 +245,9 @@ def _own_field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     docs = {}
     for stmt, nxt in zip(body, body[1:], strict=False):
-        is_doc = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)
-        if is_doc and isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            docs[stmt.target.id] = " ".join(nxt.value.value.split())
+        doc = nxt.value.value if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) else None
+        if isinstance(doc, str) and isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            docs[stmt.target.id] = " ".join(doc.split())
     return docs
 
 

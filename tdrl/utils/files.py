@@ -32,7 +32,7 @@ def disk_bytes(*paths: str | os.PathLike) -> int:
     what was written), each inode once however many hard links name it."""
     seen, total = set(), 0
     for top in paths:
-        for root, _, names in os.walk(top):
+        for root, _, names in os.walk(os.fspath(top)):
             for name in names:
                 st = os.lstat(os.path.join(root, name))
                 if (st.st_dev, st.st_ino) not in seen:

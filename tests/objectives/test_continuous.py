@@ -8,8 +8,8 @@ from tensordict import TensorDict
 from torchrl.modules.distributions.utils import rsample_and_log_prob
 
 from tdrl.models.q import make_deterministic_actor, make_q_critic, make_tanh_gaussian_actor
-from tdrl.objectives.continuous import timeouts_as_terminal
-from tdrl.objectives.reference import torchrl_ddpg_loss, torchrl_sac_loss, torchrl_td3_loss
+from tdrl.objectives.continuous import make_ddpg_loss, timeouts_as_terminal
+from tdrl.objectives.reference import torchrl_sac_loss, torchrl_td3_loss
 
 pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
 GAMMA = 0.9
@@ -58,7 +58,7 @@ def _weighted_mean(per_sample, w):
 @pytest.mark.parametrize("timeouts_terminal", [False, True])
 def test_ddpg_losses_equal_hand_computed(specs, timeouts_terminal):
     torch.manual_seed(0)
-    loss = torchrl_ddpg_loss(make_deterministic_actor(specs, hidden_sizes=(8,)),
+    loss = make_ddpg_loss(make_deterministic_actor(specs, hidden_sizes=(8,)),
                              make_q_critic(specs, hidden_sizes=(8,)), gamma=GAMMA)
     _perturb(loss.target_actor_network_params)
     _perturb(loss.target_value_network_params)

@@ -1,14 +1,14 @@
-"""TwinQTD3Loss equals TorchRL's TD3Loss (same parameters, same random draws) and, with one critic and no target
-noise, TorchRL's DDPGLoss: losses and gradients, with n-step discounts, time-limit bootstrapping and PER weights;
-target updates of actor and critics through TargetUpdate; bad input."""
+"""TwinQTD3Loss equals TorchRL's TD3Loss (same parameters, same random draws): losses and gradients, with n-step
+discounts, time-limit bootstrapping and PER weights; target updates of actor and critics through TargetUpdate; bad
+input."""
 
 import pytest
 import torch
 from pendulum_samples import assert_time_limits_bootstrap, copy_critics_into_twin, pendulum_batch
 
 from tdrl.models.q import make_deterministic_actor, make_q_critic, make_twin_q
-from tdrl.objectives.continuous import make_ddpg_loss, make_td3_loss
-from tdrl.objectives.reference import torchrl_ddpg_loss, torchrl_td3_loss
+from tdrl.objectives.continuous import make_td3_loss
+from tdrl.objectives.reference import torchrl_td3_loss
 from tdrl.objectives.td3 import TwinQTD3Loss
 from tdrl.objectives.update import TargetUpdate
 
@@ -17,28 +17,21 @@ GAMMA = 0.9
 HIDDEN = (8, 8)
 
 
-def _pair(specs, ddpg=False):
-    """TorchRL's TD3Loss (or DDPGLoss) and a TwinQTD3Loss sharing the actor, with equal critic and target params."""
+def _pair(specs):
+    """TorchRL's TD3Loss and a TwinQTD3Loss sharing the actor, with equal critic and target params."""
     torch.manual_seed(0)
     actor = make_deterministic_actor(specs, hidden_sizes=HIDDEN)
-    critic = make_q_critic(specs, hidden_sizes=HIDDEN)
-    if ddpg:
-        theirs = torchrl_ddpg_loss(actor, critic, gamma=GAMMA)
-        noise = {"policy_noise": 0.0, "noise_clip": 0.0, "action_low": None, "action_high": None}
-    else:
-        theirs = torchrl_td3_loss(actor, critic, specs.action_spec, gamma=GAMMA)
-        space = specs.action_spec.space
-        noise = {"policy_noise": theirs.policy_noise, "noise_clip": theirs.noise_clip, "action_low": space.low,
-                 "action_high": space.high}
-    q_params = theirs.value_network_params if ddpg else theirs.qvalue_network_params
-    q_target = theirs.target_value_network_params if ddpg else theirs.target_qvalue_network_params
+    theirs = torchrl_td3_loss(actor, make_q_critic(specs, hidden_sizes=HIDDEN), specs.action_spec, gamma=GAMMA)
+    space = specs.action_spec.space
     with torch.no_grad():
-        for p in [*q_target.values(True, True), *theirs.target_actor_network_params.values(True, True)]:
+        for p in [*theirs.target_qvalue_network_params.values(True, True),
+                  *theirs.target_actor_network_params.values(True, True)]:
             p.add_(0.3 * torch.randn_like(p))
-    twin = make_twin_q(specs, hidden_sizes=HIDDEN, n_critics=1 if ddpg else 2, normalize_action=False)
-    ours = TwinQTD3Loss(actor, twin, gamma=GAMMA, **noise)
-    copy_critics_into_twin(q_params, ours.qvalue_network, stacked=not ddpg)
-    copy_critics_into_twin(q_target, ours.target_qvalue_network, stacked=not ddpg)
+    twin = make_twin_q(specs, hidden_sizes=HIDDEN, normalize_action=False)
+    ours = TwinQTD3Loss(actor, twin, gamma=GAMMA, policy_noise=theirs.policy_noise, noise_clip=theirs.noise_clip,
+                        action_low=space.low, action_high=space.high)
+    copy_critics_into_twin(theirs.qvalue_network_params, ours.qvalue_network)
+    copy_critics_into_twin(theirs.target_qvalue_network_params, ours.target_qvalue_network)
     theirs.target_actor_network_params["module"].to_module(ours.target_actor_net)
     return theirs, ours, actor
 
@@ -47,27 +40,24 @@ def _grads(params):
     return [p.grad.clone() for p in params]
 
 
-@pytest.mark.parametrize("ddpg", [False, True])
 @pytest.mark.parametrize("drop", [(), ("priority_weight",), ("steps_to_next_obs",)])
-def test_losses_and_gradients_equal_torchrl(specs, ddpg, drop):
-    theirs, ours, actor = _pair(specs, ddpg)
+def test_losses_and_gradients_equal_torchrl(specs, drop):
+    theirs, ours, actor = _pair(specs)
     batch = pendulum_batch().exclude(*drop)
-    value_key = "loss_value" if ddpg else "loss_qvalue"
     results = []
     for loss in (theirs, ours):
         for p in [*actor.parameters(), *loss.parameters()]:
             p.grad = None
         torch.manual_seed(7)
         out = loss(batch.clone())
-        (out[value_key if loss is theirs else "loss_qvalue"] + out["loss_actor"]).backward()
+        (out["loss_qvalue"] + out["loss_actor"]).backward()
         results.append((out, _grads(actor.parameters())))
     (out_theirs, g_theirs), (out_ours, g_ours) = results
-    assert torch.allclose(out_theirs[value_key], out_ours["loss_qvalue"], atol=1e-5)
+    assert torch.allclose(out_theirs["loss_qvalue"], out_ours["loss_qvalue"], atol=1e-5)
     assert torch.allclose(out_theirs["loss_actor"], out_ours["loss_actor"], atol=1e-5)
     for a, b in zip(g_theirs, g_ours, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
-    q_params = theirs.value_network_params if ddpg else theirs.qvalue_network_params
-    w_theirs = q_params["module", "net", "2", "weight"].grad.transpose(-1, -2)
+    w_theirs = theirs.qvalue_network_params["module", "net", "2", "weight"].grad.transpose(-1, -2)
     assert torch.allclose(w_theirs.reshape(ours.qvalue_network.weights[1].shape), ours.qvalue_network.weights[1].grad,
                           atol=1e-5)
 
@@ -110,14 +100,8 @@ def test_bad_input(specs):
         TwinQTD3Loss(actor, twin, action_low=space.low, action_high=space.high, gamma=1.5)
 
 
-def test_factories_give_the_twin_q_loss(specs):
+def test_the_factory_gives_the_twin_q_loss_with_noise_relative_to_the_box(specs):
     actor = make_deterministic_actor(specs, hidden_sizes=HIDDEN)
     td3 = make_td3_loss(actor, make_twin_q(specs, hidden_sizes=HIDDEN), specs.action_spec)
     assert isinstance(td3, TwinQTD3Loss)
     assert td3.policy_noise == pytest.approx(0.4) and td3.noise_clip == pytest.approx(1.0)  # relative to [-2, 2]
-    ddpg = make_ddpg_loss(actor, make_twin_q(specs, hidden_sizes=HIDDEN, n_critics=1))
-    assert isinstance(ddpg, TwinQTD3Loss) and ddpg.policy_noise == 0.0 and not ddpg.clip_action
-    with pytest.raises(ValueError, match="one-critic TwinQ"):
-        make_ddpg_loss(actor, make_twin_q(specs, hidden_sizes=HIDDEN))
-    with pytest.raises(ValueError, match="one-critic TwinQ"):
-        make_ddpg_loss(actor, make_q_critic(specs, hidden_sizes=HIDDEN))
