@@ -100,6 +100,7 @@ def test_cli_help_lists_keys_and_bad_key_exits_2():
     assert bad.returncode == 2 and "did you mean 'loss.n_step'" in bad.stderr
 
 
+@pytest.mark.slow  # a learning check (~30 s): the slow suite; PPO's stays in the default one
 @pytest.mark.timeout(900)
 def test_learns_cartpole_fixed_seed(tmp_path):
     """Default config (double + dueling), seed 0: the greedy evaluation reaches 475 within 100k frames."""

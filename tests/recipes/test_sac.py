@@ -89,6 +89,7 @@ def test_cli_help_lists_keys():
         assert key in out.stdout
 
 
+@pytest.mark.slow  # a learning check (~30 s): the slow suite; PPO's stays in the default one
 @pytest.mark.timeout(900)
 def test_learns_pendulum_fixed_seed(tmp_path):
     """Default config, seed 0: the deterministic-policy evaluation reaches -200 within 20k frames."""
