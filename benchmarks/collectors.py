@@ -14,6 +14,9 @@ Rows (``--json`` names):
 * ``tdrl-serial``, ``tdrl-parallel``, ``tdrl-action-server``, ``tdrl-alternating`` — tdrl's collectors with a tdrl
   model of the same 2×64 tanh MLP (:class:`tdrl.models.MLP` in an ``ObservationModule``, called through the acting
   contract), ``B = 2 workers × 16 envs``, ``T = 128``; ``--compile`` runs its ``act`` through ``torch.compile``.
+* ``user-tdm-serial``, ``user-tdm-parallel`` — the same network as a TorchRL user builds it:
+  ``TensorDictModule(Sequential(torchrl.modules.MLP(num_cells=[64, 64], activation_class=Tanh), head),
+  in_keys=["observation"], out_keys=["action"])`` with the deterministic head above (argmax / tanh).
 * PPO section: ``tdrl-serial-ppo``/``tdrl-parallel-ppo``/``tdrl-action-server-ppo`` run tdrl's PPO actor-critic
   (``make_actor_critic``: sampling, log-prob and the value head, 2×64 tanh MLPs) against ``sb3-rollout``.
 * ``tdrl-parallel-startup`` — seconds to build a 2-worker, 32-env HalfCheetah collector in a fresh process
@@ -120,6 +123,29 @@ def tdrl_ppo_policy(env_id: str):
     specs = EnvFactory(env_id).specs()
     ac = make_actor_critic(specs, distribution="categorical" if specs.discrete else "normal")
     return ActingSequential(ac.actor, ac.critic)
+
+
+class Head(torch.nn.Module):
+    """The deterministic head of :class:`MLP`: argmax (discrete) or tanh (continuous)."""
+
+    def __init__(self, discrete: bool) -> None:
+        super().__init__()
+        self.discrete = discrete
+
+    def forward(self, out: torch.Tensor) -> torch.Tensor:
+        return out.argmax(-1) if self.discrete else torch.tanh(out)
+
+
+def user_policy(env_id: str):
+    """The 2x64 tanh MLP as a TorchRL user writes it: a ``TensorDictModule`` over ``torchrl.modules.MLP``."""
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import MLP as TorchRLMLP
+
+    torch.manual_seed(0)
+    n_in, n_out, discrete = env_dims(env_id)
+    net = torch.nn.Sequential(TorchRLMLP(in_features=n_in, out_features=n_out, num_cells=[64, 64],
+                                         activation_class=torch.nn.Tanh), Head(discrete))
+    return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
 
 
 def mlp_policy(env_id: str):
@@ -540,6 +566,10 @@ def main() -> None:
             name = "tdrl-" + kind.replace("_", "-")
             if name not in args.skip:
                 env_rows.append(tdrl_row(name, "mlp", kind, env_id, policy, args.compile))
+        user = user_policy(env_id)
+        for kind in ("serial", "parallel"):
+            if f"user-tdm-{kind}" not in args.skip:
+                env_rows.append(tdrl_row(f"user-tdm-{kind}", "mlp", kind, env_id, user, args.compile))
         if "sb3-rollout" not in args.skip:
             env_rows.append(sb3_row(env_id))
         ppo = tdrl_ppo_policy(env_id)
@@ -584,6 +614,11 @@ def main() -> None:
             ratios = [f"{parallel / by_name[k]:.2f}x {label}" for k, label in (("envpool", "envpool"),
                                                                              ("raw-vector-mlp", "c")) if by_name.get(k)]
             print(f"  tdrl-parallel = {', '.join(ratios)}")
+        for kind in ("serial", "parallel"):
+            user, act = by_name.get(f"user-tdm-{kind}"), by_name.get(f"tdrl-{kind}")
+            if user and act:
+                pool = f", {user / by_name['envpool']:.2f}x envpool" if by_name.get("envpool") else ""
+                print(f"  user-tdm-{kind} = {user / act:.2f}x tdrl-{kind} (act){pool}")
         two = by_name.get("raw-vector-mlp-2proc")
         if two and c:
             print(f"  two cores this run: raw-vector-mlp-2proc = {two / c:.2f}x c; "

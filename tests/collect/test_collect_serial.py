@@ -213,7 +213,7 @@ def test_policy_outputs_are_stored_and_exploration_type_respected():
 
     policy = TensorDictSequential(actor, value)
     with SerialCollector(EnvFactory("CartPole-v1"), policy, batch_B=4, batch_T=32, seed=0) as c:
-        assert not c.engine.policy_step.acting  # a user's TensorDictSequential: the TensorDict path
+        assert c.engine.policy_step.acting  # a user's TensorDictSequential: on tensors (tdrl.collect.module_act)
         batch = c.collect()
     for key in ("logits", "action_log_prob", "state_value"):
         assert key in batch.keys(True, True), key
@@ -260,13 +260,17 @@ def test_acting_policies_give_the_batches_of_their_tensordict_forward(name):
     training (same random draws) and evaluation modes."""
     from tensordict.nn import TensorDictSequential
 
+    class PlainSequential(TensorDictSequential):  # a forward of its own: the collector runs it on TensorDicts
+        def forward(self, tensordict, **kwargs):
+            return super().forward(tensordict, **kwargs)
+
     torch.manual_seed(0)
     env_id, policy = _tdrl_policies()[name]
     for mode in (ExplorationType.RANDOM, ExplorationType.DETERMINISTIC):
         out = {}
         for acting in (True, False):
             torch.manual_seed(7)
-            p = policy if acting else TensorDictSequential(policy)  # a plain sequential has no act()
+            p = policy if acting else PlainSequential(policy)
             with SerialCollector(EnvFactory(env_id), p, batch_B=4, batch_T=30, seed=2, exploration_type=mode) as c:
                 assert c.engine.policy_step.acting is acting
                 out[acting] = c.collect()
@@ -361,7 +365,7 @@ def test_update_policy_weights_from_state_dict():
 
     policy = TensorDictModule(ConstantAction(0), ["observation"], ["action"])
     with SerialCollector(StairsFactory(), policy, batch_B=2, batch_T=4) as c:
-        assert not c.engine.policy_step.acting  # a user's TensorDictModule runs on a TensorDict of its in_keys
+        assert c.engine.policy_step.acting  # a user's TensorDictModule: its network on tensors
         assert c.collect()["action"].eq(0).all()
         other = TensorDictModule(ConstantAction(1), ["observation"], ["action"])
         c.update_policy_weights_(other.state_dict())
