@@ -31,6 +31,7 @@ from typing import Literal
 
 from tdrl.config import (
     AnyFloat,
+    CollectorConfig,
     Count,
     Fraction,
     LayerSizes,
@@ -100,7 +101,18 @@ class OptimConfig:
 
 
 @dataclass
+class PPOCollectorConfig(CollectorConfig):
+    """The training collector and the run's budget."""
+
+    obs_norm: bool = False
+    """TorchRL's VecNorm on the observations, in the collector (per worker, checkpointed); evaluation sees raw
+    observations: model.normalize_observation normalizes both."""
+
+
+@dataclass
 class Config(RecipeConfig):
+    collector: PPOCollectorConfig = field(default_factory=PPOCollectorConfig)
+    """Training collector and budget."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Actor-critic networks."""
     loss: LossConfig = field(default_factory=LossConfig)
@@ -115,6 +127,7 @@ class Config(RecipeConfig):
 def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
     import torch
+    from torchrl.envs import VecNorm
     from torchrl.modules import set_recurrent_mode
 
     from tdrl.collect import make_collector, make_eval_collector, start_workers_early
@@ -159,7 +172,8 @@ def main(cfg: Config) -> dict:
                    total_frames=cfg.collector.total_frames) if is_main_process() else None
     collector = make_collector(cfg.collector.kind, env_factory, ac.actor, batch_B=cfg.collector.batch_B,
                                batch_T=cfg.collector.batch_T, n_workers=cfg.collector.n_workers,
-                               seed=rank_seed(cfg.run.seed), discount=cfg.loss.gamma, device=device)
+                               seed=rank_seed(cfg.run.seed), discount=cfg.loss.gamma, device=device,
+                               transform=VecNorm(in_keys=["observation"]) if cfg.collector.obs_norm else None)
     # each evaluation: n_envs whole greedy episodes on their own envs; rank 0 evaluates
     eval_collector = make_eval_collector(cfg.env.id, ac.greedy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
                                          seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video) \
