@@ -237,7 +237,9 @@ def test_policy_outputs_are_stored_and_exploration_type_respected():
 
 
 def _tdrl_policies():
-    from tdrl.models import ActingSequential, EpsilonGreedy, make_actor_critic, make_gaussian_noise
+    from tensordict.nn import TensorDictSequential
+
+    from tdrl.models import EpsilonGreedy, make_actor_critic, make_gaussian_noise
     from tdrl.models.q import make_deterministic_actor, make_q_actor, make_tanh_gaussian_actor
 
     cartpole, pendulum = EnvFactory("CartPole-v1").specs(), EnvFactory("Pendulum-v1").specs()
@@ -248,9 +250,9 @@ def _tdrl_policies():
         "ppo_normal": ("Pendulum-v1", make_actor_critic(pendulum, distribution="normal").actor),
         "ppo_tanh_normal": ("Pendulum-v1", make_actor_critic(pendulum).actor),
         "sac": ("Pendulum-v1", make_tanh_gaussian_actor(pendulum, hidden_sizes=[16])),
-        "td3": ("Pendulum-v1", ActingSequential(make_deterministic_actor(pendulum, hidden_sizes=[16]),
+        "td3": ("Pendulum-v1", TensorDictSequential(make_deterministic_actor(pendulum, hidden_sizes=[16]),
                                                 make_gaussian_noise(pendulum, std=0.3))),
-        "dqn": ("CartPole-v1", ActingSequential(make_q_actor(cartpole, hidden_sizes=[16]), eps)),
+        "dqn": ("CartPole-v1", TensorDictSequential(make_q_actor(cartpole, hidden_sizes=[16]), eps)),
     }
 
 
