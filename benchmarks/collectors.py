@@ -16,7 +16,8 @@ Rows (``--json`` names):
   contract), ``B = 2 workers × 16 envs``, ``T = 128``; ``--compile`` runs its ``act`` through ``torch.compile``.
 * ``user-tdm-serial``, ``user-tdm-parallel`` — the same network as a TorchRL user builds it:
   ``TensorDictModule(Sequential(torchrl.modules.MLP(num_cells=[64, 64], activation_class=Tanh), head),
-  in_keys=["observation"], out_keys=["action"])`` with the deterministic head above (argmax / tanh).
+  in_keys=["observation"], out_keys=["action"])`` with the deterministic head above (argmax / tanh), holding the
+  ``tdrl-*`` rows' weights (the same actions, so the same env dynamics: MuJoCo's step time depends on contacts).
 * Observation normalization, with the ``tdrl-serial``/``tdrl-parallel`` model: ``tdrl-{serial,parallel}-vecnorm``
   (TorchRL's ``VecNorm(in_keys=["observation"])`` as the collector's ``transform=``, batched per step) against
   ``tdrl-{serial,parallel}-gym-normobs`` (``gymnasium.wrappers.NormalizeObservation`` around each env).
@@ -150,6 +151,10 @@ def user_policy(env_id: str):
     n_in, n_out, discrete = env_dims(env_id)
     net = torch.nn.Sequential(TorchRLMLP(in_features=n_in, out_features=n_out, num_cells=[64, 64],
                                          activation_class=torch.nn.Tanh), Head(discrete))
+    # the act rows' weights: the same actions, so the envs (MuJoCo's contacts) cost the same per step
+    with torch.no_grad():
+        for dst, src in zip(net.parameters(), tdrl_mlp_policy(env_id).parameters(), strict=True):
+            dst.copy_(src)
     return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
 
 
