@@ -14,6 +14,13 @@ Rows (``--json`` names):
 * ``tdrl-serial``, ``tdrl-parallel``, ``tdrl-action-server``, ``tdrl-alternating`` — tdrl's collectors with a tdrl
   model of the same 2×64 tanh MLP (:class:`tdrl.models.MLP` in an ``ObservationModule``, called through the acting
   contract), ``B = 2 workers × 16 envs``, ``T = 128``; ``--compile`` runs its ``act`` through ``torch.compile``.
+* ``user-tdm-serial``, ``user-tdm-parallel`` — the same network as a TorchRL user builds it:
+  ``TensorDictModule(Sequential(torchrl.modules.MLP(num_cells=[64, 64], activation_class=Tanh), head),
+  in_keys=["observation"], out_keys=["action"])`` with the deterministic head above (argmax / tanh), holding the
+  ``tdrl-*`` rows' weights (the same actions, so the same env dynamics: MuJoCo's step time depends on contacts).
+* Observation normalization, with the ``tdrl-serial``/``tdrl-parallel`` model: ``tdrl-{serial,parallel}-vecnorm``
+  (TorchRL's ``VecNorm(in_keys=["observation"])`` as the collector's ``transform=``, batched per step) against
+  ``tdrl-{serial,parallel}-gym-normobs`` (``gymnasium.wrappers.NormalizeObservation`` around each env).
 * PPO section: ``tdrl-serial-ppo``/``tdrl-parallel-ppo``/``tdrl-action-server-ppo`` run tdrl's PPO actor-critic
   (``make_actor_critic``: sampling, log-prob and the value head, 2×64 tanh MLPs) against ``sb3-rollout``.
 * ``tdrl-parallel-startup`` — seconds to build a 2-worker, 32-env HalfCheetah collector in a fresh process
@@ -113,13 +120,42 @@ def tdrl_mlp_policy(env_id: str):
 
 def tdrl_ppo_policy(env_id: str):
     """tdrl's PPO actor and critic (2×64 tanh MLPs), both acting on tensors."""
+    from tensordict.nn import TensorDictSequential
+
     from tdrl.envs import EnvFactory
-    from tdrl.models import ActingSequential, make_actor_critic
+    from tdrl.models import make_actor_critic
 
     torch.manual_seed(0)
     specs = EnvFactory(env_id).specs()
     ac = make_actor_critic(specs, distribution="categorical" if specs.discrete else "normal")
-    return ActingSequential(ac.actor, ac.critic)
+    return TensorDictSequential(ac.actor, ac.critic)
+
+
+class Head(torch.nn.Module):
+    """The deterministic head of :class:`MLP`: argmax (discrete) or tanh (continuous)."""
+
+    def __init__(self, discrete: bool) -> None:
+        super().__init__()
+        self.discrete = discrete
+
+    def forward(self, out: torch.Tensor) -> torch.Tensor:
+        return out.argmax(-1) if self.discrete else torch.tanh(out)
+
+
+def user_policy(env_id: str):
+    """The 2x64 tanh MLP as a TorchRL user writes it: a ``TensorDictModule`` over ``torchrl.modules.MLP``."""
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import MLP as TorchRLMLP
+
+    torch.manual_seed(0)
+    n_in, n_out, discrete = env_dims(env_id)
+    net = torch.nn.Sequential(TorchRLMLP(in_features=n_in, out_features=n_out, num_cells=[64, 64],
+                                         activation_class=torch.nn.Tanh), Head(discrete))
+    # the act rows' weights: the same actions, so the envs (MuJoCo's contacts) cost the same per step
+    with torch.no_grad():
+        for dst, src in zip(net.parameters(), tdrl_mlp_policy(env_id).parameters(), strict=True):
+            dst.copy_(src)
+    return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
 
 
 def mlp_policy(env_id: str):
@@ -301,12 +337,33 @@ def envpool_row(env_id: str) -> Row | None:
     return Row("envpool", "mlp", mlp_loop(env, env_id, env.reset()[0]), B * T, env.close)
 
 
-def tdrl_row(name: str, section: str, kind: str, env_id: str, policy, compile: bool = False) -> Row:
+class NormalizedEnvFactory:
+    """``EnvFactory(env_id)`` with ``gymnasium.wrappers.NormalizeObservation`` around each env (picklable)."""
+
+    def __init__(self, env_id: str) -> None:
+        from tdrl.envs import EnvFactory
+
+        self.factory = EnvFactory(env_id)
+
+    def __call__(self, seed: int | None = None):
+        return gym.wrappers.NormalizeObservation(self.factory(seed))
+
+    def specs(self):
+        return self.factory.specs()
+
+
+def tdrl_row(name: str, section: str, kind: str, env_id: str, policy, compile: bool = False,
+             norm: str | None = None) -> Row:
+    """A tdrl collector row; ``norm`` ``"vecnorm"`` (TorchRL transform) or ``"gym"`` (gymnasium wrapper)."""
+    from torchrl.envs import VecNorm
+
     from tdrl.collect import make_collector
     from tdrl.envs import EnvFactory
 
-    collector = make_collector(kind, EnvFactory(env_id), policy, batch_B=B, batch_T=T, n_workers=WORKERS, seed=0,
-                               compile=compile)
+    factory = NormalizedEnvFactory(env_id) if norm == "gym" else EnvFactory(env_id)
+    transform = VecNorm(in_keys=["observation"]) if norm == "vecnorm" else None
+    collector = make_collector(kind, factory, policy, batch_B=B, batch_T=T, n_workers=WORKERS, seed=0,
+                               compile=compile, transform=transform)
     return Row(name, section, collector.collect, B * T, collector.shutdown)
 
 
@@ -540,6 +597,14 @@ def main() -> None:
             name = "tdrl-" + kind.replace("_", "-")
             if name not in args.skip:
                 env_rows.append(tdrl_row(name, "mlp", kind, env_id, policy, args.compile))
+        for kind in ("serial", "parallel"):
+            for norm, label in (("vecnorm", "vecnorm"), ("gym", "gym-normobs")):
+                if f"tdrl-{kind}-{label}" not in args.skip and "transforms" not in args.skip:
+                    env_rows.append(tdrl_row(f"tdrl-{kind}-{label}", "mlp", kind, env_id, policy, norm=norm))
+        user = user_policy(env_id)
+        for kind in ("serial", "parallel"):
+            if f"user-tdm-{kind}" not in args.skip:
+                env_rows.append(tdrl_row(f"user-tdm-{kind}", "mlp", kind, env_id, user, args.compile))
         if "sb3-rollout" not in args.skip:
             env_rows.append(sb3_row(env_id))
         ppo = tdrl_ppo_policy(env_id)
@@ -584,6 +649,16 @@ def main() -> None:
             ratios = [f"{parallel / by_name[k]:.2f}x {label}" for k, label in (("envpool", "envpool"),
                                                                              ("raw-vector-mlp", "c")) if by_name.get(k)]
             print(f"  tdrl-parallel = {', '.join(ratios)}")
+        for kind in ("serial", "parallel"):
+            user, act = by_name.get(f"user-tdm-{kind}"), by_name.get(f"tdrl-{kind}")
+            if user and act:
+                pool = f", {user / by_name['envpool']:.2f}x envpool" if by_name.get("envpool") else ""
+                print(f"  user-tdm-{kind} = {user / act:.2f}x tdrl-{kind} (act){pool}")
+        for kind in ("serial", "parallel"):
+            ours, gym_norm, plain = (by_name.get(f"tdrl-{kind}{x}") for x in ("-vecnorm", "-gym-normobs", ""))
+            if ours and gym_norm and plain:
+                print(f"  observation normalization, {kind}: VecNorm transform {1e6 * (1 / ours - 1 / plain):+.2f} "
+                      f"us/frame, gymnasium NormalizeObservation {1e6 * (1 / gym_norm - 1 / plain):+.2f} us/frame")
         two = by_name.get("raw-vector-mlp-2proc")
         if two and c:
             print(f"  two cores this run: raw-vector-mlp-2proc = {two / c:.2f}x c; "

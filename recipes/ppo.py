@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from tdrl.config import (
     ActorCriticModelConfig,
+    CollectorConfig,
     Count,
     Fraction,
     LoggerConfig,
@@ -75,7 +76,18 @@ class OptimConfig(PolicyGradientOptimConfig):
 
 
 @dataclass
+class PPOCollectorConfig(CollectorConfig):
+    """The training collector and the run's budget."""
+
+    obs_norm: bool = False
+    """TorchRL's VecNorm on the observations, in the collector (per worker, checkpointed); evaluation sees raw
+    observations: model.normalize_observation normalizes both."""
+
+
+@dataclass
 class Config(RecipeConfig):
+    collector: PPOCollectorConfig = field(default_factory=PPOCollectorConfig)
+    """Training collector and budget."""
     model: ActorCriticModelConfig = field(default_factory=ActorCriticModelConfig)
     """Actor-critic networks."""
     loss: LossConfig = field(default_factory=LossConfig)
@@ -90,6 +102,7 @@ class Config(RecipeConfig):
 def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
     import torch
+    from torchrl.envs import VecNorm
     from torchrl.modules import set_recurrent_mode
 
     from tdrl.log.run import Run
@@ -132,7 +145,8 @@ def main(cfg: Config) -> dict:
 
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="ppo",
                    total_frames=cfg.collector.total_frames) if is_main_process() else None
-    collector = collector_factory_from(cfg, env_factory, ac.actor, seed=rank_seed(cfg.run.seed), device=device)()
+    collector = collector_factory_from(cfg, env_factory, ac.actor, seed=rank_seed(cfg.run.seed), device=device,
+                                       transform=VecNorm(in_keys=["observation"]) if cfg.collector.obs_norm else None)()
     # each evaluation: n_envs whole greedy episodes on their own envs; rank 0 evaluates
     eval_collector = eval_collector_from(cfg, ac.greedy) \
         if is_main_process() else None

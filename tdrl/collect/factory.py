@@ -54,8 +54,9 @@ def make_collector(kind: str, env_factory: Callable[..., Any], policy: TensorDic
             ends; their steps are zeros with ``("collector", "mask")`` False).
         max_decorrelation_steps: up to this many random steps per env at start-up (not batch data).
         discount: discount of the TrajInfo ``DiscountedReturn``.
-        transform: a TorchRL ``Transform`` appended to each env (``torchrl`` kind only: TorchRL has no public way
-            to run a transform's step outside its envs; tdrl's kinds take env-side gymnasium wrappers instead).
+        transform: a TorchRL ``Transform``: appended to each env by the ``torchrl`` kind; tdrl's kinds apply it
+            batched to each slice's steps where its envs step (observation and reward transforms such as
+            ``VecNorm``, ``ObservationNorm``, ``RewardScaling``; see :mod:`tdrl.collect.transform`).
         exploration_type: see :class:`~tdrl.collect.collector.BatchCollector` (``torchrl``: fixed, RANDOM default).
         device: device of the yielded batches.
         return_same_td: yield the internal buffer itself (no copy; overwritten by the next batch).
@@ -66,9 +67,8 @@ def make_collector(kind: str, env_factory: Callable[..., Any], policy: TensorDic
     """
     if kind not in COLLECTOR_KINDS:
         raise ValueError(f"unknown collector kind {kind!r}; choose one of {', '.join(COLLECTOR_KINDS)}")
-    if transform is not None and kind != "torchrl":
-        raise ValueError(f"transform= needs kind='torchrl' (TorchRL applies it inside its envs); the {kind!r} "
-                         "collector steps gymnasium envs: put the transform in the env factory as a gymnasium wrapper")
+    if transform is not None and kind != "torchrl" and reset_mode != "reset_at_once":
+        raise ValueError("transform= needs reset_mode='reset_at_once' in tdrl's collector kinds")
     n_procs = 1 if kind == "serial" else n_workers * (2 if kind == "alternating" else 1)
     check_batch_args(batch_B, batch_T, reset_mode, n_procs)
     settings = SliceSettings(env_factory, seed, reset_mode == "wait_reset", max_decorrelation_steps, discount,

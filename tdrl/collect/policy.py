@@ -1,8 +1,10 @@
 """Calling a policy once per time step, batched over envs.
 
-A policy implementing :class:`tdrl.models.acting.Acting` (tdrl's own models) is called through ``act`` on
-tensors under RANDOM and DETERMINISTIC exploration; any other TorchRL ``TensorDictModuleBase``, or another
-exploration type, runs as ``policy(td)`` on a small TensorDict of its in_keys.
+Under RANDOM and DETERMINISTIC exploration a policy is called on tensors: through ``act`` for tdrl's own models
+(:class:`tdrl.models.acting.Acting`), through :func:`tdrl.collect.module_act.module_act` for TorchRL's
+``TensorDictModule``/``TensorDictSequential``/``ProbabilisticActor`` where it writes what the TensorDict forward
+writes (checked at build). Any other policy, or another exploration type, runs as ``policy(td)`` on a small
+TensorDict of its in_keys.
 
 Recurrent state follows TorchRL's convention: any in_key other than the observation and ``is_init`` whose
 ``("next", key)`` the policy writes is kept per env, fed back every step and zeroed where ``is_init`` marks a new
@@ -14,8 +16,7 @@ model input, rlpyt's ``prev_reward``); the collector stores it with the batch.
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 import numpy as np
@@ -24,6 +25,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase, set_interaction_type
 from tensordict.utils import NestedKey, unravel_key
 
+from tdrl.collect.module_act import module_act
 from tdrl.models.acting import Acting
 
 __all__ = ["PolicyStep", "module_tensors", "policy_device"]
@@ -58,12 +60,13 @@ class PolicyStep:
         example: a ``[n]`` TensorDict with ``observation`` and ``is_init`` (only read, e.g. the step rows).
         exploration_type: exploration type the policy runs under; set :attr:`exploration_type` between batches.
         env_offset: global index of the first env (the ``("collector", "env_index")`` input).
-        compile: call ``act`` through ``torch.compile`` (policies implementing it only).
+        compile: call the tensor path through ``torch.compile`` (it pays for larger networks; small MLPs run
+            faster without).
 
     Attributes:
         out_template: ``[n]`` zeros TensorDict of everything the collector stores from the policy: its outputs
             and the recurrent state it read.
-        acting: whether the policy is called through ``act``.
+        acting: whether the policy is called on tensors (``act`` or :func:`~tdrl.collect.module_act.module_act`).
     """
 
     def __init__(self, policy: TensorDictModuleBase, example: TensorDictBase, *,
@@ -106,13 +109,9 @@ class PolicyStep:
         for key in self.out_keys + self.stored_inputs:
             value = reference.get(key) if key in self.out_keys else inputs[key]
             self.out_template.set(key, torch.zeros_like(value, device="cpu"))
-        self.acting = isinstance(policy, Acting)
-        if self.acting:
-            self._check_act(inputs)
-        elif compile:
-            warnings.warn(f"compile=True needs a policy with act(); {type(policy).__name__} runs uncompiled",
-                          stacklevel=2)
-        self._act = (torch.compile(policy.act) if compile else policy.act) if self.acting else None
+        act = module_act(policy, self.n)
+        self.acting = act is not None and self._same_outputs(act, inputs)
+        self._act = (torch.compile(act) if compile else act) if self.acting else None
 
     def _rng_untouched(self) -> AbstractContextManager:
         """Context of the calls that probe the policy at build: the caller's torch generators (CPU and the
@@ -122,15 +121,29 @@ class PolicyStep:
             return torch.random.fork_rng(devices=[self.device.index or 0], device_type="cuda")
         return torch.random.fork_rng(devices=[])
 
-    def _check_act(self, inputs: Env) -> None:
-        """``act`` must write the keys the TensorDict forward writes (the contract of :mod:`tdrl.models.acting`)."""
+    def _same_outputs(self, act: Callable, inputs: Env) -> bool:
+        """Whether ``act`` writes the TensorDict forward's outputs (same values from the same RNG state) under both
+        acting exploration types. tdrl's own models promise it (:mod:`tdrl.models.acting`): a mismatch raises."""
         for kind in ACTING_TYPES:
             with torch.no_grad(), set_interaction_type(kind), self._rng_untouched():
-                written = set(self.policy(self._as_td(inputs)).keys(True, True)) - set(inputs)
-                acted = self.policy.act(inputs[OBS_KEY], inputs, deterministic=kind is InteractionType.DETERMINISTIC)
-            if {unravel_key(k) for k in acted} != {unravel_key(k) for k in written}:
+                torch.manual_seed(0)
+                written = self.policy(self._as_td(inputs))
+                torch.manual_seed(0)
+                try:
+                    acted = act(inputs, kind is InteractionType.DETERMINISTIC)
+                except Exception:
+                    if isinstance(self.policy, Acting):
+                        raise
+                    return False
+            keys = {unravel_key(k) for k in written.keys(True, True)} - set(inputs)
+            same = keys <= set(acted) and (isinstance(self.policy, Acting)  # promised; may differ in the last bit
+                                           or all(torch.equal(written.get(k), acted[k]) for k in keys))
+            if isinstance(self.policy, Acting) and {unravel_key(k) for k in acted} != keys:
                 raise TypeError(f"{type(self.policy).__name__}.act writes {sorted(map(str, acted))} but its forward "
-                                f"writes {sorted(map(str, written))} under {kind.name}")
+                                f"writes {sorted(map(str, keys))} under {kind.name}")
+            if not same:
+                return False
+        return True
 
     def _initial_state(self, example: TensorDictBase) -> Env:
         inputs = {OBS_KEY: example[OBS_KEY], INIT_KEY: torch.ones_like(example[INIT_KEY])}
@@ -193,7 +206,7 @@ class PolicyStep:
                 self.state[key] = value * keep.reshape(keep.shape + (1,) * (value.dim() - keep.dim()))
         inputs = self._inputs(obs, is_init)
         if self.acting and self.exploration_type in ACTING_TYPES:
-            out = self._act(obs, inputs, deterministic=self.exploration_type is InteractionType.DETERMINISTIC)
+            out = self._act(inputs, self.exploration_type is InteractionType.DETERMINISTIC)
         else:
             result = self.policy(self._as_td(inputs))
             out = {key: result.get(key) for key in self.out_keys}

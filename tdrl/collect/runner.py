@@ -19,6 +19,7 @@ from tdrl.collect.batch import ColumnWriter, PolicyWriter, allocate_batch, finis
 from tdrl.collect.common import env_specs
 from tdrl.collect.policy import PolicyStep
 from tdrl.collect.stepping import STEP_NEXT_KEYS, EnvSlice, make_step_td
+from tdrl.collect.transform import StepTransform
 from tdrl.envs.make import EnvSpecs
 
 __all__ = ["SliceRunner", "SliceSettings", "allocate", "check_slices"]
@@ -79,6 +80,10 @@ class SliceRunner:
             self.envs.start(settings.max_decorrelation_steps)
             rows = step_td[lo:hi]
             self.obs, self.is_init = rows.get("observation"), rows.get("is_init")
+            self.transform = None
+            if settings.transform is not None:  # a TorchRL transform on this slice's steps (tdrl.collect.transform)
+                self.transform = StepTransform(settings.transform, rows)
+                self.transform.after_reset()
             self.policy_step = None
             if policy is not None:
                 self.policy_step = PolicyStep(policy, rows, exploration_type=exploration, env_offset=lo,
@@ -108,6 +113,8 @@ class SliceRunner:
                 else:
                     envs.sample_actions(actions[:, t])
                 envs.step(t, actions[:, t])
+                if self.transform is not None:
+                    self.transform.after_step()
                 write_next(t)
         return self.end_batch()
 
@@ -127,6 +134,8 @@ class SliceRunner:
             write_obs(t)
             wait(actions_ready)
             envs.step(t, actions[:, t])
+            if self.transform is not None:
+                self.transform.after_step()
             if t < last:
                 obs_ready.release()
             write_next(t)
@@ -147,7 +156,8 @@ class SliceRunner:
         """This slice's envs and episodes (:meth:`EnvSlice.state_dict`) and the policy's recurrent state; read
         between batches (after :meth:`finish_batch`)."""
         return {"lo": self.lo, "hi": self.hi, "envs": self.envs.state_dict(),
-                "policy": None if self.policy_step is None else self.policy_step.state_dict()}
+                "policy": None if self.policy_step is None else self.policy_step.state_dict(),
+                "transform": None if self.transform is None else self.transform.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict` of the same slice of a collector built with the same arguments."""
@@ -155,6 +165,8 @@ class SliceRunner:
         self.envs.load_state_dict(state["envs"])
         if self.policy_step is not None and state["policy"] is not None:
             self.policy_step.load_state_dict(state["policy"])
+        if self.transform is not None and state.get("transform") is not None:
+            self.transform.load_state_dict(state["transform"])
 
     def close(self) -> None:
         self.envs.close()

@@ -1,7 +1,7 @@
 """Models: plain torsos (``nets``, ``conv``), actor-critic factories (``policies``), Q-models (``q``), exploration,
 and the acting contract collectors call (``acting``)."""
 
-from tdrl.models.acting import Acting, ActingSequential, ObservationModule, ProbabilisticPolicy, chain_policy
+from tdrl.models.acting import Acting, ObservationModule, ProbabilisticPolicy, chain_policy
 from tdrl.models.conv import AtariConv
 from tdrl.models.exploration import ApexEpsilons, EpsilonGreedy, GaussianNoise, make_gaussian_noise
 from tdrl.models.nets import MLP, ObsNorm
@@ -19,7 +19,7 @@ from tdrl.models.q import (
 )
 
 __all__ = [
-    "MLP", "Acting", "ActingSequential", "ActorCritic", "ApexEpsilons", "AtariConv", "DuelingHead", "EpsilonGreedy",
+    "MLP", "Acting", "ActorCritic", "ApexEpsilons", "AtariConv", "DuelingHead", "EpsilonGreedy",
     "GaussianNoise",
     "ObsNorm", "ObservationModule", "ProbabilisticPolicy", "QActor", "QNetwork", "TwinQ", "make_actor_critic",
     "make_deterministic_actor", "make_gaussian_noise", "make_q_actor", "make_q_critic", "make_recurrent_actor_critic",

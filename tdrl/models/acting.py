@@ -3,7 +3,7 @@
 A collector steps its policy once per time step over a few envs; a ``TensorDictModule`` call spends more time in
 generic TensorDict bookkeeping than in a small MLP. So tdrl's own policies also implement :class:`Acting`: the same
 computation as their TensorDict ``forward``, written in the model class itself, on tensors. The collectors call
-``act`` when a policy has it and run any other ``TensorDictModuleBase`` (a user's) on a TensorDict of its in_keys.
+``act`` when a policy has it, in a ``TensorDictSequential`` too (:mod:`tdrl.collect.module_act`).
 
 Promise of an implementation: ``act`` returns exactly the entries its ``forward`` writes (same keys, same values
 under the same RNG state), with ``deterministic=True`` standing for ``ExplorationType.DETERMINISTIC`` and
@@ -21,7 +21,7 @@ from tensordict.utils import NestedKey
 from torchrl.modules import ProbabilisticActor
 
 __all__ = [
-    "Acting", "ActingSequential", "Inputs", "ObservationModule", "Outputs", "ProbabilisticPolicy", "chain_policy",
+    "Acting", "Inputs", "ObservationModule", "Outputs", "ProbabilisticPolicy", "chain_policy",
 ]
 
 Inputs = Mapping[NestedKey, torch.Tensor]
@@ -36,30 +36,9 @@ class Acting(Protocol):
     def act(self, observation: torch.Tensor, inputs: Inputs, *, deterministic: bool) -> Outputs: ...
 
 
-class ActingSequential(TensorDictSequential):
-    """``TensorDictSequential`` of :class:`Acting` modules, itself acting: each module's ``act`` sees the entries
-    written by the modules before it (e.g. a greedy actor, then its exploration)."""
-
-    def __init__(self, *modules: TensorDictModule) -> None:
-        for module in modules:
-            if not isinstance(module, Acting):
-                raise TypeError(f"{type(module).__name__} has no act(); use TensorDictSequential for it")
-        super().__init__(*modules)
-
-    def act(self, observation: torch.Tensor, inputs: Inputs, *, deterministic: bool) -> Outputs:
-        seen, out = dict(inputs), {}
-        for module in self.module:
-            written = module.act(observation, seen, deterministic=deterministic)
-            seen.update(written)
-            out.update(written)
-        return out
-
-
 def chain_policy(*modules: TensorDictModule) -> TensorDictSequential:
-    """``modules`` in sequence as one policy: an :class:`ActingSequential` when every module acts (the collectors'
-    tensor path), else a plain ``TensorDictSequential`` (e.g. C51's TorchRL actor, which has no ``act``)."""
-    if all(isinstance(module, Acting) for module in modules):
-        return ActingSequential(*modules)
+    """``modules`` in sequence as one policy (e.g. a greedy actor, then its exploration); the collectors call each
+    module's ``act`` in turn (:mod:`tdrl.collect.module_act`)."""
     return TensorDictSequential(*modules)
 
 

@@ -213,7 +213,7 @@ def test_policy_outputs_are_stored_and_exploration_type_respected():
 
     policy = TensorDictSequential(actor, value)
     with SerialCollector(EnvFactory("CartPole-v1"), policy, batch_B=4, batch_T=32, seed=0) as c:
-        assert not c.engine.policy_step.acting  # a user's TensorDictSequential: the TensorDict path
+        assert c.engine.policy_step.acting  # a user's TensorDictSequential: on tensors (tdrl.collect.module_act)
         batch = c.collect()
     for key in ("logits", "action_log_prob", "state_value"):
         assert key in batch.keys(True, True), key
@@ -237,7 +237,9 @@ def test_policy_outputs_are_stored_and_exploration_type_respected():
 
 
 def _tdrl_policies():
-    from tdrl.models import ActingSequential, EpsilonGreedy, make_actor_critic, make_gaussian_noise
+    from tensordict.nn import TensorDictSequential
+
+    from tdrl.models import EpsilonGreedy, make_actor_critic, make_gaussian_noise
     from tdrl.models.q import make_deterministic_actor, make_q_actor, make_tanh_gaussian_actor
 
     cartpole, pendulum = EnvFactory("CartPole-v1").specs(), EnvFactory("Pendulum-v1").specs()
@@ -248,9 +250,9 @@ def _tdrl_policies():
         "ppo_normal": ("Pendulum-v1", make_actor_critic(pendulum, distribution="normal").actor),
         "ppo_tanh_normal": ("Pendulum-v1", make_actor_critic(pendulum).actor),
         "sac": ("Pendulum-v1", make_tanh_gaussian_actor(pendulum, hidden_sizes=[16])),
-        "td3": ("Pendulum-v1", ActingSequential(make_deterministic_actor(pendulum, hidden_sizes=[16]),
+        "td3": ("Pendulum-v1", TensorDictSequential(make_deterministic_actor(pendulum, hidden_sizes=[16]),
                                                 make_gaussian_noise(pendulum, std=0.3))),
-        "dqn": ("CartPole-v1", ActingSequential(make_q_actor(cartpole, hidden_sizes=[16]), eps)),
+        "dqn": ("CartPole-v1", TensorDictSequential(make_q_actor(cartpole, hidden_sizes=[16]), eps)),
     }
 
 
@@ -260,13 +262,17 @@ def test_acting_policies_give_the_batches_of_their_tensordict_forward(name):
     training (same random draws) and evaluation modes."""
     from tensordict.nn import TensorDictSequential
 
+    class PlainSequential(TensorDictSequential):  # a forward of its own: the collector runs it on TensorDicts
+        def forward(self, tensordict, **kwargs):
+            return super().forward(tensordict, **kwargs)
+
     torch.manual_seed(0)
     env_id, policy = _tdrl_policies()[name]
     for mode in (ExplorationType.RANDOM, ExplorationType.DETERMINISTIC):
         out = {}
         for acting in (True, False):
             torch.manual_seed(7)
-            p = policy if acting else TensorDictSequential(policy)  # a plain sequential has no act()
+            p = policy if acting else PlainSequential(policy)
             with SerialCollector(EnvFactory(env_id), p, batch_B=4, batch_T=30, seed=2, exploration_type=mode) as c:
                 assert c.engine.policy_step.acting is acting
                 out[acting] = c.collect()
@@ -361,7 +367,7 @@ def test_update_policy_weights_from_state_dict():
 
     policy = TensorDictModule(ConstantAction(0), ["observation"], ["action"])
     with SerialCollector(StairsFactory(), policy, batch_B=2, batch_T=4) as c:
-        assert not c.engine.policy_step.acting  # a user's TensorDictModule runs on a TensorDict of its in_keys
+        assert c.engine.policy_step.acting  # a user's TensorDictModule: its network on tensors
         assert c.collect()["action"].eq(0).all()
         other = TensorDictModule(ConstantAction(1), ["observation"], ["action"])
         c.update_policy_weights_(other.state_dict())

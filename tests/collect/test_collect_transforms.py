@@ -1,13 +1,14 @@
-"""TorchRL transforms: applied by TorchRL inside its envs (the ``torchrl`` kind); tdrl's kinds refuse them."""
+"""TorchRL transforms: inside TorchRL's envs (the ``torchrl`` kind), batched on the step arrays (tdrl's kinds)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from collect_helpers import StairsFactory, mlp_policy
-from torchrl.envs import Compose, ObservationNorm, RewardScaling
+from torchrl.envs import Compose, ObservationNorm, RewardScaling, StepCounter, VecNorm
 
 from tdrl.collect import make_collector
+from tdrl.envs import EnvFactory
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -30,11 +31,42 @@ def test_torchrl_kind_applies_the_transform_in_its_envs():
     assert torch.equal(k_next, k_next.round()) and k_next.min() >= 1 and k_next.max() <= 4
 
 
-@pytest.mark.parametrize("kind", ["serial", "parallel", "action_server"])
-def test_tdrl_kinds_refuse_a_transform_naming_the_way(kind):
-    with pytest.raises(ValueError, match="kind='torchrl'.*gymnasium wrapper"):
-        make_collector(kind, StairsFactory(length=4), None, batch_B=2, batch_T=8, n_workers=2,
-                       transform=_norm_and_scale())
+@pytest.mark.parametrize("kind", ["serial", "parallel", "action_server", "alternating"])
+def test_tdrl_kinds_apply_the_transform_to_each_step(kind):
+    with make_collector(kind, StairsFactory(length=4), mlp_policy(2, 2, True), batch_B=4, batch_T=8, n_workers=1,
+                        transform=_norm_and_scale()) as c:
+        batch = c.collect()
+        returns = {info["Return"] for info in c.traj_infos}
+    assert returns == {7.0}  # TrajInfos: the env's raw rewards 1 + 2 + 0 + 4
+    assert set(batch["next", "reward"].unique().tolist()) == {0.0, 10.0, 20.0, 40.0}
+    k = batch["observation"][..., 0] * 2 + 1  # what the policy saw: (k - 1) / 2, from k = 0 at reset
+    assert torch.equal(k, k.round()) and k.min() == 0 and k.max() == 3
+    assert torch.equal(batch["next", "observation"][:, :-1], torch.where(batch["is_init"][:, 1:], batch["next",
+                       "observation"][:, :-1], batch["observation"][:, 1:]))
+
+
+@pytest.mark.parametrize("kind", ["serial", "parallel"])
+def test_vecnorm_statistics_resume_bitwise(kind, tmp_path):
+    def build():
+        return make_collector(kind, EnvFactory("CartPole-v1"), mlp_policy(4, 2, True), batch_B=4, batch_T=30,
+                              n_workers=2, transform=VecNorm(in_keys=["observation"]))
+
+    with build() as c:
+        c.collect()
+        torch.save(c.state_dict(), tmp_path / "state.pt")
+        expected = [c.collect() for _ in range(2)]
+    with build() as c:
+        c.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=False))
+        for want in expected:
+            got = c.collect()
+            for key in ("observation", ("next", "observation"), ("next", "reward")):
+                assert torch.equal(got[key], want[key]), key
+
+
+def test_a_transform_that_needs_the_env_protocol_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="StepCounter.*kind='torchrl'") as err:
+        make_collector("serial", StairsFactory(length=4), None, batch_B=2, batch_T=8, transform=StepCounter())
+    assert "\n" not in str(err.value)
 
 
 def test_dict_observations_are_refused_clearly():

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict
-from tensordict.nn import InteractionType, TensorDictModule, set_interaction_type
+from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequential, set_interaction_type
 
+from tdrl.collect.module_act import module_act
 from tdrl.envs import EnvFactory
-from tdrl.models import Acting, ActingSequential, EpsilonGreedy, make_actor_critic, make_gaussian_noise
+from tdrl.models import Acting, EpsilonGreedy, make_actor_critic, make_gaussian_noise
 from tdrl.models.q import make_deterministic_actor, make_q_actor, make_tanh_gaussian_actor
 
 
@@ -22,9 +23,9 @@ def _policies():
         "normal": (3, make_actor_critic(pendulum, distribution="normal", normalize_observation=True).actor),
         "tanh_normal": (3, make_actor_critic(pendulum, distribution="tanh_normal").actor),
         "sac": (3, make_tanh_gaussian_actor(pendulum, hidden_sizes=[16])),
-        "td3": (3, ActingSequential(make_deterministic_actor(pendulum, hidden_sizes=[16]),
+        "td3": (3, TensorDictSequential(make_deterministic_actor(pendulum, hidden_sizes=[16]),
                                     make_gaussian_noise(pendulum, std=0.5))),
-        "dqn": (4, ActingSequential(make_q_actor(cartpole, hidden_sizes=[16], dueling=True), eps)),
+        "dqn": (4, TensorDictSequential(make_q_actor(cartpole, hidden_sizes=[16], dueling=True), eps)),
     }
 
 
@@ -33,25 +34,26 @@ def _policies():
 def test_act_equals_tensordict_forward(name, mode):
     torch.manual_seed(0)
     obs_size, policy = _policies()[name]
-    assert isinstance(policy, Acting)
     obs = torch.randn(6, obs_size) * 3
     torch.manual_seed(1)
     with set_interaction_type(mode), torch.no_grad():
         td = policy(TensorDict({"observation": obs.clone()}, [6]))
     after_forward = torch.rand(2)
     torch.manual_seed(1)
-    with torch.no_grad():
-        out = policy.act(obs, {"observation": obs}, deterministic=mode is InteractionType.DETERMINISTIC)
+    with set_interaction_type(mode), torch.no_grad():  # act, or each module's act in a sequence
+        out = module_act(policy, 6)({"observation": obs}, mode is InteractionType.DETERMINISTIC)
     assert torch.equal(torch.rand(2), after_forward)  # the same random numbers consumed
     assert set(out) == set(td.keys(True, True)) - {"observation"}
     for key, value in out.items():
         assert torch.equal(value, td.get(key)), key
 
 
-def test_a_plain_tensordict_module_is_not_acting():
-    assert not isinstance(TensorDictModule(torch.nn.Linear(4, 2), ["observation"], ["action"]), Acting)
-    with pytest.raises(TypeError, match="has no act"):
-        ActingSequential(TensorDictModule(torch.nn.Linear(4, 2), ["observation"], ["action"]))
+def test_a_plain_tensordict_module_is_not_acting_but_runs_on_tensors():
+    module = TensorDictModule(torch.nn.Linear(4, 2), ["observation"], ["action"])
+    assert not isinstance(module, Acting)
+    obs = torch.randn(3, 4)
+    assert torch.equal(module_act(TensorDictSequential(module), 3)({"observation": obs}, False)["action"],
+                       module(TensorDict({"observation": obs}, [3]))["action"])
 
 
 def test_gaussian_noise_is_public_and_off_when_deterministic():
