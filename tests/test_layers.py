@@ -1,4 +1,5 @@
-"""The import layers of docs/design.md §2, checked by an AST scan of every module (imports inside functions count too)."""
+"""The import layers of docs/design.md §2, checked by an AST scan of every module (imports inside functions
+count too)."""
 
 import ast
 from pathlib import Path
@@ -6,8 +7,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Which tdrl layers each layer may import (besides itself and the bare ``tdrl`` package, which holds only
-# ``__version__``). docs/design.md §2: recipes/, slurm/ -> train -> collect, replay, objectives -> envs, models -> utils;
-# recipes/ -> config, log, ckpt, launch -> utils. Entries the design leaves open are decided and commented here.
+# ``__version__``). docs/design.md §2: recipes/, slurm/ -> train -> collect, replay, objectives -> envs, models
+# -> utils; recipes/ -> config, log, ckpt, launch -> utils. Entries the design leaves open are decided and
+# commented here.
 LAYERS: dict[str, set[str]] = {
     "tdrl.utils": set(),
     # The typed configs and their override parser: a base every tool layer reads.

@@ -25,15 +25,12 @@ from tensordict.nn import InteractionType, TensorDictModuleBase, set_interaction
 from tensordict.utils import NestedKey, unravel_key
 
 from tdrl.models.acting import Acting
+from tdrl.utils.keys import ENV_INDEX_KEY, INIT_KEY, OBS_KEY, PREV_REWARD_KEY
 
 __all__ = ["PolicyStep", "module_tensors", "policy_device"]
 
 Env = dict[NestedKey, torch.Tensor]
 
-OBS_KEY = "observation"
-INIT_KEY = "is_init"
-ENV_INDEX_KEY = ("collector", "env_index")
-PREV_REWARD_KEY = "prev_reward"
 ACTING_TYPES = (InteractionType.RANDOM, InteractionType.DETERMINISTIC)
 
 

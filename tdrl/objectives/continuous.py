@@ -22,7 +22,8 @@ from torchrl.objectives import DDPGLoss, LossModule, SACLoss, TD3Loss, ValueEsti
 
 from tdrl.models.q import TwinQ
 from tdrl.objectives.td3 import FusedTD3Loss
-from tdrl.objectives.terms import WEIGHT_KEY, check_gamma
+from tdrl.objectives.terms import check_gamma
+from tdrl.utils.keys import WEIGHT_KEY
 
 __all__ = ["make_ddpg_loss", "make_sac_loss", "make_td3_loss", "timeouts_as_terminal"]
 

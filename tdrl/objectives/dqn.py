@@ -17,7 +17,8 @@ from torch.nn import functional as F
 from torchrl.modules import DistributionalQValueActor, QValueActor
 from torchrl.objectives import DistributionalDQNLoss, DQNLoss, LossModule, ValueEstimators
 
-from tdrl.objectives.terms import WEIGHT_KEY, check_gamma, td0_target, weighted_mean
+from tdrl.objectives.terms import check_gamma, td0_target, weighted_mean
+from tdrl.utils.keys import WEIGHT_KEY
 
 __all__ = ["ActorPriorities", "FusedDQNLoss", "dqn_priorities", "make_dqn_loss"]
 

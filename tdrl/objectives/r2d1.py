@@ -19,13 +19,12 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives import LossModule
 
-from tdrl.models.recurrent_q import RECURRENT_KEYS, RecurrentQActor
+from tdrl.models.recurrent_q import RecurrentQActor
 from tdrl.objectives.terms import check_gamma
+from tdrl.utils.keys import MASK_KEY, RECURRENT_KEYS, WEIGHT_KEY
 
 __all__ = ["R2D1Loss", "input_priorities", "inverse_value_rescale", "value_rescale"]
 
-MASK_KEY = ("collector", "mask")
-WEIGHT_KEY = "priority_weight"
 
 
 def value_rescale(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:

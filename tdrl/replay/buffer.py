@@ -22,6 +22,7 @@ from tdrl.replay.prioritized import PrioritizedSampler
 from tdrl.replay.ring import StreamRing, nest
 from tdrl.replay.schema import ReplayError, key_name
 from tdrl.utils.files import LinkingWriter
+from tdrl.utils.keys import MASK_KEY, STEPS_KEY
 
 __all__ = ["TransitionReplayBuffer", "nstep_returns"]
 
@@ -67,7 +68,7 @@ class TransitionReplayBuffer:
 
     def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, sampler: PrioritizedSampler | None = None,
                  n_step: int = 1, gamma: float = 0.99, frame_stack: FrameStack | None = None,
-                 mask_key: NestedKey | None = ("collector", "mask"), keys: Sequence[NestedKey] | None = None,
+                 mask_key: NestedKey | None = MASK_KEY, keys: Sequence[NestedKey] | None = None,
                  seed: int | None = None, clip_reward: bool = False, device: str | torch.device | None = None,
                  copy_on_device: bool | None = False) -> None:
         if n_step < 1 or not 0.0 <= gamma <= 1.0:
@@ -184,7 +185,7 @@ class TransitionReplayBuffer:
             values = ring.gather_keys(index, "root", device, flat)
             values.update(ring.gather_keys(last, "next", device, flat))
             values[("next", "reward")] = reward_n
-            values[("steps_to_next_obs",)] = steps.unsqueeze(-1)
+            values[(STEPS_KEY,)] = steps.unsqueeze(-1)
         if self.frame_stack is not None:
             values.update(self.frame_stack.gather(ring, index, last))
         return nest(values, [n])

@@ -28,6 +28,7 @@ from tdrl.replay.prioritized import PrioritizedSampler
 from tdrl.replay.ring import StreamRing, nest
 from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
 from tdrl.utils.files import LinkingWriter
+from tdrl.utils.keys import MASK_KEY, WEIGHT_KEY
 
 __all__ = ["SequenceReplayBuffer", "sequence_priority"]
 
@@ -58,7 +59,7 @@ class SequenceReplayBuffer:
     def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, batch_T: int, warmup_T: int = 0,
                  lookahead_T: int = 0, rnn_state_interval: int, state_keys: Sequence[NestedKey],
                  sampler: PrioritizedSampler | None = None, pri_eta: float = 0.9,
-                 mask_key: NestedKey | None = ("collector", "mask"), keys: Sequence[NestedKey] | None = None,
+                 mask_key: NestedKey | None = MASK_KEY, keys: Sequence[NestedKey] | None = None,
                  input_priority: Callable[[TensorDictBase], torch.Tensor] | None = None,
                  seed: int | None = None, device: str | torch.device | None = None) -> None:
         if batch_T < 1 or warmup_T < 0 or lookahead_T < 0 or rnn_state_interval < 1:
@@ -143,7 +144,7 @@ class SequenceReplayBuffer:
         index, gathered, weights = self.ring.sample(batch_B, self._gather)
         gathered = deliver(gathered, index, weights, self.device)  # before the broadcasts: one row per sequence
         out = gathered["steps"]
-        broadcast = [*self.state_keys, "index", *(["priority_weight"] if weights is not None else [])]
+        broadcast = [*self.state_keys, "index", *([WEIGHT_KEY] if weights is not None else [])]
         for key in broadcast:  # stride-0 views along time: one stored state (index, weight) per sequence
             value = gathered[key]
             out[key] = value.unsqueeze(1).expand(batch_B, self.seq_len, *value.shape[1:])

@@ -8,9 +8,10 @@ from tdrl.train.async_ import AsyncTrainer, AsyncTrainerError
 from tdrl.train.bookkeeping import Bookkeeper, iteration_counts, updates_per_iteration
 from tdrl.train.ddp_launch import DataParallelError, launch_data_parallel
 from tdrl.train.factory import TrainerConfig, check_min_steps_learn, check_trainer, make_trainer
-from tdrl.train.ray_actors import VERSION_KEY, RayTrainerError
+from tdrl.train.ray_actors import RayTrainerError
 from tdrl.train.ray_trainer import RayTrainer, module_path
 from tdrl.train.sync import SyncTrainer
+from tdrl.utils.keys import VERSION_KEY
 
 __all__ = ["VERSION_KEY", "AsyncTrainer", "AsyncTrainerError", "Bookkeeper", "DataParallelError", "RayTrainer",
            "RayTrainerError", "SyncTrainer", "TrainerConfig", "check_min_steps_learn", "check_trainer",
