@@ -33,12 +33,10 @@ losses, depend on the timing of the two processes, as in any two async runs with
 
 from __future__ import annotations
 
-import atexit
 import os
 import queue as queue_module
 import signal
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -50,20 +48,12 @@ from tdrl.train import bookkeeping
 from tdrl.train.async_collector import POLL_S, CollectorProcessSpec, Control, collector_process_main, owed_updates
 from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
 from tdrl.train.sync import shutdown
+from tdrl.utils.process import START_TIMEOUT_S, close_at_exit
 from tdrl.utils.seeding import spawn_seeds
 
 __all__ = ["AsyncTrainer", "AsyncTrainerError"]
 
-START_TIMEOUT_S = 120.0
-"""How long the collector process may take to build its collector."""
-
-_LIVE: weakref.WeakSet[AsyncTrainer] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_live_collectors() -> None:  # runs before multiprocessing joins its children at exit
-    for trainer in list(_LIVE):
-        trainer.close()
+_LIVE = close_at_exit(lambda trainer: trainer.close())  # closed before multiprocessing joins its children
 
 
 class AsyncTrainerError(RuntimeError):
