@@ -23,25 +23,9 @@ from tdrl.replay.ring import StreamRing, nest
 from tdrl.replay.schema import ReplayError, key_name
 from tdrl.utils.files import LinkingWriter
 from tdrl.utils.keys import MASK_KEY, STEPS_KEY
+from tdrl.utils.returns import nstep_returns
 
-__all__ = ["TransitionReplayBuffer", "nstep_returns"]
-
-
-def nstep_returns(reward: torch.Tensor, done: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """n-step returns of windows ``[N, n, 1]`` of one-step rewards and done flags, stopping after the first done.
-
-    The window of start ``t`` is ``t .. t+k-1`` with ``k = min(n, steps up to and including the first done)``;
-    returns ``(sum_{i<k} gamma^i reward[t+i] [N, 1], k [N] int64)``, and the target bootstraps with ``gamma ** k``.
-    Computed at sample time, so the stored data stays exactly what the collector produced.
-    """
-    n = reward.shape[1]
-    not_done = (~done).to(reward.dtype)
-    # alive[:, j] = 1 while no done happened at steps < j
-    alive = torch.cat([torch.ones_like(not_done[:, :1]), torch.cumprod(not_done[:, :-1], dim=1)], dim=1)
-    discounts = gamma ** torch.arange(n, dtype=reward.dtype, device=reward.device).view(1, n, 1)
-    reward_n = (reward * alive * discounts).sum(dim=1)
-    steps = alive.sum(dim=1).squeeze(-1).to(torch.int64)
-    return reward_n, steps
+__all__ = ["TransitionReplayBuffer"]
 
 
 class TransitionReplayBuffer:

@@ -29,14 +29,9 @@ from tdrl.replay.ring import StreamRing, nest
 from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
 from tdrl.utils.files import LinkingWriter
 from tdrl.utils.keys import MASK_KEY, WEIGHT_KEY
+from tdrl.utils.returns import sequence_priority
 
-__all__ = ["SequenceReplayBuffer", "sequence_priority"]
-
-
-def sequence_priority(td_error: torch.Tensor, eta: float = 0.9) -> torch.Tensor:
-    """R2D1 sequence priority ``eta * max_t |td| + (1 - eta) * mean_t |td|`` over the last dim of ``[N, T]``."""
-    abs_td = td_error.detach().abs().reshape(td_error.shape[0], -1)
-    return eta * abs_td.max(dim=1).values + (1.0 - eta) * abs_td.mean(dim=1)
+__all__ = ["SequenceReplayBuffer"]
 
 
 class SequenceReplayBuffer:
