@@ -47,6 +47,7 @@ from tensordict import TensorDict
 from tdrl.train import bookkeeping
 from tdrl.train.async_collector import POLL_S, CollectorProcessSpec, Control, collector_process_main, owed_updates
 from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
+from tdrl.train.protocols import Collector, Evaluator, Replay, RunLog
 from tdrl.train.sync import shutdown
 from tdrl.utils.process import START_TIMEOUT_S, close_at_exit
 from tdrl.utils.seeding import spawn_seeds
@@ -88,16 +89,16 @@ class AsyncTrainer:
     def __init__(
         self,
         *,
-        collector_factory: Callable[[], Any],
-        replay: Any,
+        collector_factory: Callable[[], Collector],
+        replay: Replay,
         policy: torch.nn.Module,
         n_steps: int,
         log_interval_steps: int,
         replay_ratio: float | None,
         batch_size: int | None,
         frames_per_itr: int | None = None,
-        run: Any = None,
-        eval_collector: Any = None,
+        run: RunLog | None = None,
+        eval_collector: Evaluator | None = None,
         min_steps_learn: int = 0,
         log_traj_window: int = 100,
         checkpoint_state: Mapping[str, Any] | None = None,
