@@ -7,8 +7,7 @@ rlpyt's ``logger_context`` plus atomic checksummed checkpoints, exact resume and
     state = run.load_checkpoint(extra_readers={"replay": buffer.loads})   # None on a fresh run
     start = 0 if state is None else state["itr"] + 1   # and load the model/optimizer state dicts from state
     for itr in range(start, n_itr):
-        run.log(summarize_records(episodes, "train/"), step=frames, iteration=itr)  # the trainer's Bookkeeper adds
-        # the counters and rates; the replay links what is unchanged since the previous checkpoint
+        run.log(summarize_records(episodes, "train/"), step=frames, iteration=itr)  # a Bookkeeper adds rates
         run.save_checkpoint({"model": ..., "itr": itr}, itr, step=frames,
                             extra_writers={"replay": buffer.checkpoint_writer()})
     run.finish({"eval/return_mean": last_eval_return})
