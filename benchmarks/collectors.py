@@ -69,7 +69,7 @@ B, T, WORKERS = 32, 128, 2
 
 
 # ----------------------------------------------------------------------------- policies
-class MLP(torch.nn.Module):
+class PolicyMLP(torch.nn.Module):
     """2×64 tanh MLP with a deterministic head: argmax (discrete) or tanh (continuous)."""
 
     def __init__(self, n_in: int, n_out: int, discrete: bool) -> None:
@@ -95,8 +95,7 @@ def env_dims(env_id: str) -> tuple[int, int, bool]:
 
 
 class DeterministicMLP(torch.nn.Module):
-    """The same 2×64 tanh MLP and head as :class:`MLP`, on :class:`tdrl.models.MLP` (whose forward runs its layers
-    as functions)."""
+    """The same 2×64 tanh MLP and head as :class:`PolicyMLP`, on :class:`tdrl.models.MLP`."""
 
     def __init__(self, n_in: int, n_out: int, discrete: bool) -> None:
         from tdrl.models import MLP as TdrlMLP
@@ -163,7 +162,7 @@ def mlp_policy(env_id: str):
 
     torch.manual_seed(0)
     n_in, n_out, discrete = env_dims(env_id)
-    return TensorDictModule(MLP(n_in, n_out, discrete), ["observation"], ["action"])
+    return TensorDictModule(PolicyMLP(n_in, n_out, discrete), ["observation"], ["action"])
 
 
 # ----------------------------------------------------------------------------- timing
@@ -267,7 +266,7 @@ def raw_loop(env_id: str, n_envs: int, seed: int = 0) -> tuple[Callable[[], None
 def mlp_loop(vec, env_id: str, obs: np.ndarray) -> Callable[[], None]:
     """``T`` steps of a vector env ``vec`` (gymnasium API) driven by the benchmark MLP, one forward per step."""
     torch.manual_seed(0)
-    mlp = MLP(*env_dims(env_id))
+    mlp = PolicyMLP(*env_dims(env_id))
     state = {"obs": obs}
 
     def run() -> None:

@@ -51,6 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(ROOT))  # this checkout's tdrl, as its recipes expect (not another installed copy)
 from collectors import wait_until_quiet  # noqa: E402  (the collectors benchmark's /proc/stat check)
 
+from tdrl.utils.scripts import load_module  # noqa: E402
+
 # each run starts from torch's own thread count: recipes set theirs (run.torch_threads), SB3 keeps torch's default,
 # and a recipe's setting must not leak into the SB3 run that follows it in this process
 DEFAULT_TORCH_THREADS = torch.get_num_threads()
@@ -89,11 +91,7 @@ class Task:
 
 
 def load_recipe(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"_recipe_{name}", ROOT / "recipes" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(f"_recipe_{name}", ROOT / "recipes" / f"{name}.py")
 
 
 def run_tdrl(task: Task, seed: int, root: Path, stop: bool = False) -> list[dict[str, float]]:

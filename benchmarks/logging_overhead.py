@@ -177,14 +177,7 @@ def log_rows(run: Run, n: int) -> float:
 
     def one() -> None:
         state["step"] += 1000
-        run.log(
-            row,
-            step=state["step"],
-            iteration=state["step"] // 1000,
-            updates=state["step"],
-            update_batch_size=256,
-            episodes=4,
-        )
+        run.log(row, step=state["step"], iteration=state["step"] // 1000)
 
     with contextlib.redirect_stdout(
         io.StringIO()

@@ -1,4 +1,5 @@
-"""The import layers of DESIGN §2, checked by an AST scan of every module (imports inside functions count too)."""
+"""The import layers of docs/design.md §2, checked by an AST scan of every module (imports inside functions
+count too)."""
 
 import ast
 from pathlib import Path
@@ -6,8 +7,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # Which tdrl layers each layer may import (besides itself and the bare ``tdrl`` package, which holds only
-# ``__version__``). DESIGN §2: recipes/, slurm/ -> train -> collect, replay, objectives -> envs, models -> utils;
-# recipes/ -> config, log, ckpt, launch -> utils. Entries the design leaves open are decided and commented here.
+# ``__version__``). docs/design.md §2: recipes/, slurm/ -> train -> collect, replay, objectives -> envs, models
+# -> utils; recipes/ -> config, log, ckpt, launch -> utils. Entries the design leaves open are decided and
+# commented here.
 LAYERS: dict[str, set[str]] = {
     "tdrl.utils": set(),
     # The typed configs and their override parser: a base every tool layer reads.
@@ -24,7 +26,7 @@ LAYERS: dict[str, set[str]] = {
     "tdrl.log": {"tdrl.ckpt", "tdrl.config", "tdrl.utils"},
     # Launch starts recipes by path, never by import, so it needs no layer above the tools.
     "tdrl.launch": {"tdrl.config", "tdrl.utils"},
-    # Trainers own evaluation, checkpoint and logging cadence (DESIGN §3), so train -> log, ckpt, config.
+    # Trainers own evaluation, checkpoint and logging cadence (docs/design.md §3), so train -> log, ckpt, config.
     "tdrl.train": {
         "tdrl.collect", "tdrl.replay", "tdrl.objectives", "tdrl.envs", "tdrl.models",
         "tdrl.config", "tdrl.log", "tdrl.ckpt", "tdrl.utils",

@@ -34,20 +34,8 @@ wrote. The checksum guards against corruption, not tampering.
 """
 
 from tdrl.ckpt.checkpointer import Checkpointer
-from tdrl.ckpt.files import (
-    SNAPSHOT_MODES,
-    CheckpointCorrupt,
-    CheckpointError,
-    CheckpointInfo,
-    CheckpointWarning,
-    PathWriter,
-    StrictResumeError,
-    read_checkpoint,
-    verify_checkpoint,
-    write_checkpoint,
-)
+from tdrl.ckpt.files import *  # noqa: F403 - the format's public names, tdrl.ckpt.files.__all__
+from tdrl.ckpt.files import __all__ as _FORMAT_NAMES
 from tdrl.utils.files import LinkingWriter
 
-__all__ = ["SNAPSHOT_MODES", "CheckpointCorrupt", "CheckpointError", "CheckpointInfo", "CheckpointWarning",
-    "Checkpointer", "LinkingWriter", "PathWriter", "StrictResumeError", "read_checkpoint", "verify_checkpoint",
-    "write_checkpoint"]
+__all__ = ["Checkpointer", "LinkingWriter", *_FORMAT_NAMES]

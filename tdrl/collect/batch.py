@@ -24,10 +24,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
+from tdrl.utils.keys import MASK_KEY, TRAJ_KEY
+
 __all__ = ["ColumnWriter", "PolicyWriter", "allocate_batch", "finish_slice"]
 
-MASK_KEY = ("collector", "mask")
-TRAJ_KEY = ("collector", "traj_ids")
 
 
 def allocate_batch(batch_B: int, batch_T: int, step_template: TensorDictBase,

@@ -27,15 +27,12 @@ from tensordict.utils import NestedKey, unravel_key
 
 from tdrl.collect.module_act import module_act
 from tdrl.models.acting import Acting
+from tdrl.utils.keys import ENV_INDEX_KEY, INIT_KEY, OBS_KEY, PREV_REWARD_KEY
 
 __all__ = ["PolicyStep", "module_tensors", "policy_device"]
 
 Env = dict[NestedKey, torch.Tensor]
 
-OBS_KEY = "observation"
-INIT_KEY = "is_init"
-ENV_INDEX_KEY = ("collector", "env_index")
-PREV_REWARD_KEY = "prev_reward"
 ACTING_TYPES = (InteractionType.RANDOM, InteractionType.DETERMINISTIC)
 
 

@@ -9,13 +9,11 @@ time out every ``POLL_S`` seconds to check liveness, and workers poll their pare
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 import signal
 import time
 import traceback
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -30,6 +28,7 @@ from tdrl.collect.common import CollectorError, sorted_infos
 from tdrl.collect.runner import SliceSettings
 from tdrl.collect.stepping import env_seed
 from tdrl.utils.interrupt import ignore_sigint
+from tdrl.utils.process import START_TIMEOUT_S, close_at_exit
 
 __all__ = ["POLL_S", "WorkerPool", "WorkerSpec", "get_context", "worker_specs"]
 
@@ -37,7 +36,6 @@ POLL_S = 0.25  # how often blocked waits check that the other side is alive
 # How long both sides of the action-server handshake poll (yielding the core) before sleeping on the semaphore:
 # a step waits tens of microseconds, and polling saves the futex sleep and wake-up a blocking acquire costs.
 SPIN_S = 0.0005
-START_TIMEOUT_S = 120.0  # for every worker to build its envs and policy
 
 
 @dataclass
@@ -353,10 +351,4 @@ class WorkerPool:
                 pass
 
 
-_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
-
-
-@atexit.register
-def _shutdown_all() -> None:
-    for pool in list(_POOLS):
-        pool.shutdown(timeout=1.0)
+_POOLS = close_at_exit(lambda pool: pool.shutdown(timeout=1.0))

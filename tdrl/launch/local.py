@@ -10,7 +10,6 @@ along (parent-death signal). Runs with a ``summary.json`` are skipped unless ``r
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -27,11 +26,11 @@ from tdrl.launch.status import check_not_running, format_status, sweep_status
 from tdrl.launch.sweep import RunSpec, SweepPlan
 from tdrl.launch.variants import save_variant
 from tdrl.utils.files import write_json_atomic
+from tdrl.utils.process import die_with_parent
 
 __all__ = ["RunOutcome", "launch_local"]
 
 LOG_NAME = "launch.log"
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -101,10 +100,7 @@ def _start(run: RunSpec, plan: SweepPlan, slot: Slot, python: str) -> tuple[subp
 def _in_child(slot: Slot) -> None:
     """Runs in the run's process before exec: pin it to the slot, and have it get SIGTERM if the launcher dies."""
     slot.pin()
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)  # Linux; no orphan runs
-    except (OSError, AttributeError):
-        pass
+    die_with_parent(signal.SIGTERM)  # no orphan runs
 
 
 def _stop(process: subprocess.Popen, grace_s: float = 10.0) -> None:

@@ -21,7 +21,6 @@ The object store takes Ray's usual 30 % of the memory SLURM gave the task, not o
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import secrets
 import shutil
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tdrl.launch.distributed import first_host, job_port, node_address
+from tdrl.utils.process import die_with_parent
 
 __all__ = ["RayPlace", "RaySetupError", "ray_node", "ray_place"]
 
@@ -114,7 +114,7 @@ def _die_with_parent() -> None:
     """Run in the child before exec: ignore SIGUSR2, and get SIGKILL when the task that started it dies (Linux's
     PR_SET_PDEATHSIG, as Ray starts its own daemons); see the module docstring."""
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    die_with_parent(signal.SIGKILL)
 
 
 def _start_ray(place: RayPlace, log: Path) -> subprocess.Popen:

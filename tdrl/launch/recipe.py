@@ -15,6 +15,8 @@ import sys
 import types
 from pathlib import Path
 
+from tdrl.utils.scripts import load_module
+
 __all__ = ["RecipeError", "load_recipe", "resolve_recipe"]
 
 
@@ -77,17 +79,11 @@ def load_recipe(path: str | Path) -> types.ModuleType:
         name = f"tdrl_recipe_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
         if name in sys.modules:
             return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise RecipeError(f"recipe '{path}' cannot be loaded as a Python module")
-    module = importlib.util.module_from_spec(spec)
     if str(path.parent) not in sys.path:
         sys.path.insert(0, str(path.parent))
-    sys.modules[name] = module  # dataclasses resolve string annotations through sys.modules
     try:
-        spec.loader.exec_module(module)
+        module = load_module(name, path)
     except Exception as e:
-        del sys.modules[name]
         raise RecipeError(f"recipe '{path}' failed to import: {type(e).__name__}: {e}") from e
     config_cls = getattr(module, "Config", None)
     if not (isinstance(config_cls, type) and dataclasses.is_dataclass(config_cls)):

@@ -7,11 +7,9 @@ rlpyt's ``logger_context`` plus atomic checksummed checkpoints, exact resume and
     state = run.load_checkpoint(extra_readers={"replay": buffer.loads})   # None on a fresh run
     start = 0 if state is None else state["itr"] + 1   # and load the model/optimizer state dicts from state
     for itr in range(start, n_itr):
-        if run.log_due(frames):
-            run.log(summarize_records(episodes, "train/"), step=frames, iteration=itr, episodes=n_done)
-        if run.checkpoint_due(frames):  # the replay links what is unchanged since the previous checkpoint
-            run.save_checkpoint({"model": ..., "itr": itr}, itr, step=frames,
-                                extra_writers={"replay": buffer.checkpoint_writer()})
+        run.log(summarize_records(episodes, "train/"), step=frames, iteration=itr)  # a Bookkeeper adds rates
+        run.save_checkpoint({"model": ..., "itr": itr}, itr, step=frames,
+                            extra_writers={"replay": buffer.checkpoint_writer()})
     run.finish({"eval/return_mean": last_eval_return})
 
 Run directory (``<run.root>/<yyyymmdd>/<hhmmss>_<name>/run_<seed>/`` or ``run.dir``)::
@@ -72,7 +70,8 @@ __all__ = ["RESERVED_COLUMNS", "WALL_TIME_COLUMNS", "Run", "is_wall_time_column"
 RESERVED_COLUMNS: tuple[str, ...] = ("Iteration", "CumSteps", "CumTime", "StepsPerSecond", "NewCompletedTrajs",
                                      "CumCompletedTrajs", "CumUpdates", "UpdatesPerSecond", "ReplayRatio",
                                      "CumReplayRatio")
-"""Columns :meth:`Run.log` computes itself (rlpyt's names); metrics may not use them."""
+"""rlpyt's columns, first in every row: ``Iteration`` and ``CumSteps`` from :meth:`Run.log`'s arguments, the rest
+computed by the trainer's ``tdrl.train.Bookkeeper`` (the one place counters and rates are computed)."""
 WALL_TIME_COLUMNS: frozenset[str] = frozenset({"CumTime", "StepsPerSecond", "UpdatesPerSecond"})
 """Columns that depend on wall-clock time, hence differ between otherwise identical runs."""
 
@@ -110,7 +109,7 @@ class Run:
 
     def __init__(self, directory: Path, *, name: str, resumed: bool, checkpointer: Checkpointer,
                  progress: ProgressCSV, sinks: Sequence[Sink] = (), debug_log: DebugLog | None = None,
-                 log_interval_steps: int = 0, checkpoint_interval_steps: int = 0, wandb_id: str | None = None,
+                 wandb_id: str | None = None,
                  lock: IO[str] | None = None, force: bool = False) -> None:
         self.dir = Path(directory)
         self.name = name
@@ -123,8 +122,6 @@ class Run:
         self._debug_log = debug_log
         self._lock = lock
         self._force = force
-        self._log_interval = log_interval_steps
-        self._ckpt_interval = checkpoint_interval_steps
         self._position_known = not resumed  # a resumed run learns its position from load_checkpoint
         self._closed = False
         self._summary: dict[str, Any] | None = None
@@ -191,28 +188,19 @@ class Run:
                     closable.close()
             raise
         return cls(directory, name=name, resumed=resumed, checkpointer=checkpointer, progress=progress,
-                   sinks=[*built, *sinks], debug_log=debug_log, log_interval_steps=logger.log_interval_steps,
-                   checkpoint_interval_steps=checkpoint.interval_steps or logger.log_interval_steps,
+                   sinks=[*built, *sinks], debug_log=debug_log,
                    wandb_id=wandb.run_id if wandb is not None else None, lock=lock, force=run.force)
 
-    def log_due(self, step: int) -> bool:
-        """Whether ``step`` crossed a multiple of ``log_interval_steps`` since the last logged step."""
-        return self._log_interval <= 0 or step // self._log_interval > self._step // self._log_interval
-
-    def log(self, metrics: Mapping[str, Any], *, step: int, iteration: int | None = None,
-            updates: int | None = None, update_batch_size: int | None = None,
-            episodes: int | None = None) -> dict[str, Any]:
+    def log(self, metrics: Mapping[str, Any], *, step: int, iteration: int | None = None) -> dict[str, Any]:
         """Write one progress.csv row and mirror it to every sink; returns the row as written.
 
-        The row starts with rlpyt's columns computed here: ``Iteration``, ``CumSteps`` (= ``step``, cumulative env
-        frames), ``CumTime``, ``StepsPerSecond``; with ``episodes`` (completed since the last row)
-        ``NewCompletedTrajs`` and ``CumCompletedTrajs``; with ``updates`` (cumulative) ``CumUpdates`` and
-        ``UpdatesPerSecond``; with ``update_batch_size`` too, ``ReplayRatio`` (samples trained on per new env
-        frame, this interval) and ``CumReplayRatio``. Then the ``metrics`` (``{key: number}``; tensors and numpy
-        scalars are converted, ``None`` leaves the cell empty).
+        The row is ``Iteration`` (if given), ``CumSteps`` (= ``step``, cumulative env frames), then ``metrics``
+        (``{key: number}``; tensors and numpy scalars are converted, ``None`` leaves the cell empty), which from a
+        trainer start with the rest of rlpyt's columns (``CumTime``, ``StepsPerSecond``..., see
+        :data:`RESERVED_COLUMNS`), computed by its ``Bookkeeper``. Nothing is computed here.
 
         Raises:
-            ValueError: a metric uses a reserved column name.
+            ValueError: a metric is called ``Iteration`` or ``CumSteps``.
             TypeError: a metric value is not a real scalar (the message names the key).
         """
         if self._closed:
@@ -221,29 +209,11 @@ class Run:
             warnings.warn(f"resumed run {self.dir} logged before load_checkpoint(); progress.csv starts over",
                           stacklevel=2)
             self._set_position(None)
-        now = time.perf_counter()
-        elapsed = now - self._last_time
-        row: dict[str, Any] = {}
-        if iteration is not None:
-            row["Iteration"] = int(iteration)
+        row: dict[str, Any] = {} if iteration is None else {"Iteration": int(iteration)}
         row["CumSteps"] = int(step)
-        row["CumTime"] = self._time_offset + (now - self._t0)
-        row["StepsPerSecond"] = (step - self._step) / elapsed if elapsed > 0 else math.nan
-        if episodes is not None:
-            self._episodes += int(episodes)
-            row["NewCompletedTrajs"] = int(episodes)
-            row["CumCompletedTrajs"] = self._episodes
-        if updates is not None:
-            row["CumUpdates"] = int(updates)
-            row["UpdatesPerSecond"] = (updates - self._updates) / elapsed if elapsed > 0 else math.nan
-            if update_batch_size:
-                new_frames = step - self._step
-                new_samples = (updates - self._updates) * update_batch_size
-                row["ReplayRatio"] = new_samples / new_frames if new_frames > 0 else math.nan
-                row["CumReplayRatio"] = updates * update_batch_size / step if step > 0 else math.nan
         for key, value in metrics.items():
-            if key in RESERVED_COLUMNS:
-                raise ValueError(f"metric key {key!r} is a column Run.log computes itself; rename it")
+            if key in ("Iteration", "CumSteps"):
+                raise ValueError(f"metric key {key!r} is a column Run.log writes from its arguments; rename it")
             row[key] = metric_value(key, value)
         self.progress.write(row)
         for sink in list(self.sinks):
@@ -252,8 +222,7 @@ class Run:
             except Exception as e:  # noqa: BLE001 - a mirror failing must not stop training
                 warnings.warn(f"log sink {type(sink).__name__} failed ({e!r}); disabling it", stacklevel=2)
                 self.sinks.remove(sink)
-        self._step, self._last_time = int(step), now
-        self._updates = int(updates) if updates is not None else self._updates
+        self._step = int(step)
         self._last_values.update({k: v for k, v in row.items() if v is not None})
         return row
 
@@ -265,10 +234,6 @@ class Run:
         for sink in self.sinks:
             sink.add_video(key, path, int(step))
         return path
-
-    def checkpoint_due(self, step: int) -> bool:
-        """Whether ``step`` crossed a multiple of ``checkpoint.interval_steps`` since the last checkpoint."""
-        return self._ckpt_interval <= 0 or step // self._ckpt_interval > self._ckpt_step // self._ckpt_interval
 
     def save_checkpoint(self, state: Mapping[str, Any], iteration: int, *, step: int | None = None,
                         extra_writers: Mapping[str, PathWriter | LinkingWriter] | None = None) -> Path | None:
@@ -289,8 +254,6 @@ class Run:
             "iteration": int(iteration),
             "step": self._step,
             "checkpoint_step": step,
-            "updates": self._updates,
-            "episodes": self._episodes,
             "progress_rows": self.progress.num_rows,
             "cum_time": self._time_offset + (time.perf_counter() - self._t0),
             "last_values": dict(self._last_values),
@@ -299,7 +262,6 @@ class Run:
         payload = {"state": dict(state), "run": position, "rng": rng_state()}
         path = self.checkpointer.save(payload, iteration, extra_writers=extra_writers)
         self.last_checkpoint = CheckpointInfo(path, int(iteration))
-        self._ckpt_step = step
         return path
 
     def load_checkpoint(self, *, map_location: Any = "cpu",
@@ -349,12 +311,9 @@ class Run:
 
     def _set_counters(self, pos: Mapping[str, Any]) -> None:
         self._step = int(pos.get("step", 0))
-        self._ckpt_step = int(pos.get("checkpoint_step", self._step))
-        self._updates = int(pos.get("updates", 0))
-        self._episodes = int(pos.get("episodes", 0))
         self._time_offset = float(pos.get("cum_time", 0.0))
         self._last_values: dict[str, Any] = dict(pos.get("last_values", {}))
-        self._t0 = self._last_time = time.perf_counter()
+        self._t0 = time.perf_counter()
 
     def finish(self, summary: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Write ``summary.json``, close W&B and the logs; idempotent (later calls return the same summary).

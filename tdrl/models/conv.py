@@ -1,6 +1,6 @@
 """Atari convolutional torso: uint8 frames in, features out.
 
-Replay and shared memory hold frames as uint8 (DESIGN.md §1), so the scaling to ``[0, 1]`` happens here, inside
+Replay and shared memory hold frames as uint8 (docs/design.md §1), so the scaling to ``[0, 1]`` happens here, inside
 the model, on whichever device the model lives on. This is rlpyt's ``AtariDqnModel`` torso (Nature DQN sizes) as a
 plain ``nn.Module``: no keys, no specs. :class:`SmallImageConv` is MinAtar's torso (Young & Tian 2019) for
 images too small for it, and :func:`image_torso` picks one by size.

@@ -16,11 +16,11 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.envs.utils import ExplorationType, exploration_type
 
 from tdrl.models.acting import Inputs, Outputs
+from tdrl.utils.keys import ENV_INDEX_KEY
 
 __all__ = ["ApexEpsilons", "EpsilonGreedy", "GaussianNoise", "apex_epsilon", "linear_epsilon", "make_gaussian_noise",
            "vector_epsilon"]
 
-ENV_INDEX_KEY = ("collector", "env_index")
 
 
 def vector_epsilon(n_envs: int, eps_final: float, eps_final_min: float | None) -> torch.Tensor:

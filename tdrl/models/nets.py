@@ -11,12 +11,10 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 __all__ = ["MLP", "ObsNorm", "flat_obs_size"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
-_FUNCTIONS = {"tanh": torch.tanh, "relu": torch.relu, "elu": F.elu, "silu": F.silu}
 
 
 def flat_obs_size(observation_spec) -> int:
@@ -32,10 +30,8 @@ def flat_obs_size(observation_spec) -> int:
 class MLP(nn.Sequential):
     """Linear layers with an activation (``tanh``, ``relu``, ``elu``, ``silu``) between them; orthogonally
     initialised, zero biases. ``out_features=None`` ends with the last hidden layer and its activation (a torso);
-    ``output_gain`` is the output layer's gain (0.01 for a policy head, 1.0 for a value head).
-
-    ``forward`` runs the layers as functions (``F.linear`` and the activation): a collector calls a small MLP once
-    per step, and ``nn.Module.__call__`` per layer costs as much as the layer. Hooks on the layers are not called.
+    ``output_gain`` is the output layer's gain (0.01 for a policy head, 1.0 for a value head). ``nn.Sequential``'s
+    forward calls every layer as a module, so hooks (pruning, activation probes) fire.
     """
 
     def __init__(self, in_features: int, out_features: int | None, hidden_sizes: Sequence[int] = (64, 64),
@@ -52,17 +48,6 @@ class MLP(nn.Sequential):
             layers.append(_init(nn.Linear(size, out_features), output_gain))
         super().__init__(*layers)
         self.out_features = out_features if out_features is not None else size
-        self.linears = [layer for layer in layers if isinstance(layer, nn.Linear)]  # the same modules, unregistered
-        self.activate_last = out_features is None
-        self.activation = _FUNCTIONS[activation]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        last = len(self.linears) - 1
-        for i, layer in enumerate(self.linears):
-            x = F.linear(x, layer.weight, layer.bias)
-            if i < last or self.activate_last:
-                x = self.activation(x)
-        return x
 
 
 def _init(layer: nn.Linear, gain: float) -> nn.Linear:

@@ -25,11 +25,11 @@ from tdrl.envs.make import EnvSpecs
 from tdrl.models.acting import ObservationModule, ProbabilisticPolicy
 from tdrl.models.nets import MLP, ObsNorm, flat_obs_size
 from tdrl.utils.errors import UserError
+from tdrl.utils.keys import RECURRENT_KEYS
 
 __all__ = ["ActorCritic", "GaussianHead", "make_actor_critic", "make_recurrent_actor_critic"]
 
 Distribution = Literal["auto", "categorical", "normal", "tanh_normal"]
-RECURRENT_KEYS = (("recurrent_state", "h"), ("recurrent_state", "c"))
 
 
 class ActorCritic(nn.Module):

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 from torchrl.data import Bounded, Categorical, OneHot, TensorSpec
-from torchrl.modules import MLP, DistributionalQValueActor, QValueActor, TanhNormal, ValueOperator
+from torchrl.modules import MLP as TorchRLMLP
+from torchrl.modules import DistributionalQValueActor, QValueActor, TanhNormal, ValueOperator
 
 from tdrl.models.acting import Inputs, ObservationModule, Outputs, ProbabilisticPolicy
 from tdrl.models.conv import image_torso
@@ -41,7 +42,7 @@ class _ScaleGrad(torch.autograd.Function):
 def relu_mlp(in_features: int, out_features: int, hidden_sizes: Sequence[int],
         activate_last: bool = False) -> nn.Module:
     """TorchRL's ReLU ``MLP``: the layers of tdrl's Q networks, heads and torsos."""
-    return MLP(
+    return TorchRLMLP(
         in_features=in_features,
         out_features=out_features,
         num_cells=list(hidden_sizes),

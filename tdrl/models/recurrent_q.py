@@ -22,11 +22,10 @@ from torch.nn import functional as F
 from tdrl.models.acting import Inputs, Outputs
 from tdrl.models.conv import image_torso
 from tdrl.models.q import DuelingHead, is_image_spec, relu_mlp, vector_torso
+from tdrl.utils.keys import NEXT_RECURRENT_KEYS, RECURRENT_KEYS
 
-__all__ = ["PreviousAction", "RECURRENT_KEYS", "RecurrentQActor", "RecurrentQNetwork", "make_recurrent_q_actor"]
+__all__ = ["PreviousAction", "RecurrentQActor", "RecurrentQNetwork", "make_recurrent_q_actor"]
 
-RECURRENT_KEYS = (("recurrent_state", "h"), ("recurrent_state", "c"))
-NEXT_RECURRENT_KEYS = tuple(("next", *key) for key in RECURRENT_KEYS)
 
 
 class RecurrentQNetwork(nn.Module):

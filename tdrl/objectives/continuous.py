@@ -18,7 +18,8 @@ from torchrl.objectives import DDPGLoss, LossModule, ValueEstimators
 
 from tdrl.models.q import TwinQ
 from tdrl.objectives.td3 import TwinQTD3Loss
-from tdrl.objectives.terms import WEIGHT_KEY, check_gamma
+from tdrl.objectives.terms import check_gamma
+from tdrl.utils.keys import WEIGHT_KEY
 
 __all__ = ["action_half_range", "make_ddpg_loss", "make_td3_loss", "timeouts_as_terminal", "wire_torchrl_loss"]
 

@@ -18,7 +18,9 @@ from torch.nn import functional as F
 from torchrl.modules import DistributionalQValueActor, QValueActor
 from torchrl.objectives import DistributionalDQNLoss, LossModule
 
-from tdrl.objectives.terms import WEIGHT_KEY, check_gamma, td0_target, weighted_mean
+from tdrl.objectives.terms import check_gamma, td0_target, weighted_mean
+from tdrl.utils.keys import WEIGHT_KEY
+from tdrl.utils.returns import nstep_windows
 
 __all__ = ["ActorPriorities", "DirectDQNLoss", "dqn_priorities", "make_dqn_loss"]
 
@@ -127,19 +129,9 @@ class ActorPriorities:
         q_next = q_actor(batch.select(("next", "observation")).reshape(-1)["next"].clone())["action_value"]
         v_next = q_next.max(-1).values.reshape(B, T)
         reward = batch["next", "reward"].reshape(B, T).float()
-        done = batch["next", "done"].reshape(B, T)
         terminated = batch["next", "terminated"].reshape(B, T).float()
-        target = torch.zeros(B, T)
-        for t in range(T):  # T is a rollout's length (tens of steps): a loop the reader can check
-            ret, discount, last = torch.zeros(B), torch.ones(B), torch.full((B,), t)
-            alive = torch.ones(B, dtype=torch.bool)
-            for k in range(t, min(t + self.n_step, T)):
-                ret = ret + alive * discount * reward[:, k]
-                last = torch.where(alive, torch.full_like(last, k), last)
-                discount = torch.where(alive, discount * self.gamma, discount)
-                alive = alive & ~done[:, k]
-            idx = last.unsqueeze(-1)
-            bootstrap = v_next.gather(1, idx).squeeze(1) * (1 - terminated.gather(1, idx).squeeze(1))
-            target[:, t] = ret + discount * bootstrap
+        ret, k = nstep_windows(reward, batch["next", "done"].reshape(B, T), self.n_step, self.gamma)
+        last = torch.arange(T) + k - 1  # the window's last step
+        target = ret + self.gamma**k * v_next.gather(1, last) * (1 - terminated.gather(1, last))
         error = (target - q_taken).abs()
         return error.clamp(max=self.delta_clip) if self.delta_clip is not None else error

@@ -19,13 +19,13 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.objectives import LossModule
 
-from tdrl.models.recurrent_q import RECURRENT_KEYS, RecurrentQActor
+from tdrl.models.recurrent_q import RecurrentQActor
 from tdrl.objectives.terms import check_gamma
+from tdrl.utils.keys import MASK_KEY, RECURRENT_KEYS, WEIGHT_KEY
+from tdrl.utils.returns import nstep_returns, sequence_priority
 
 __all__ = ["R2D1Loss", "input_priorities", "inverse_value_rescale", "value_rescale"]
 
-MASK_KEY = ("collector", "mask")
-WEIGHT_KEY = "priority_weight"
 
 
 def value_rescale(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
@@ -42,22 +42,16 @@ def _n_step_returns(reward: torch.Tensor, terminated: torch.Tensor, truncated: t
         n_step: int, gamma: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For ``t`` in ``start .. start+steps-1``: the n-step reward sum ``[B, steps]`` (stopping at an episode's
     end), whether the window stayed in the episode (bootstrap at ``t+n``) and whether it reached a truncation."""
-    ret = torch.zeros_like(reward[:, start : start + steps])
-    alive = torch.ones_like(ret, dtype=torch.bool)
-    truncation = torch.zeros_like(alive)
-    for k in range(n_step):
-        window = slice(start + k, start + k + steps)
-        ret = ret + alive * (gamma**k) * reward[:, window]
-        truncation |= alive & truncated[:, window]
-        alive = alive & ~(terminated[:, window] | truncated[:, window])
-    return ret, alive, truncation
+    B = reward.shape[0]
+    done = terminated | truncated
 
+    def windows(x: torch.Tensor) -> torch.Tensor:  # [B * steps, n_step, 1]: the window of each start t
+        return x[:, start : start + steps + n_step - 1].unfold(1, n_step, 1).reshape(B * steps, n_step, 1)
 
-def _sequence_priority(abs_delta: torch.Tensor, valid: torch.Tensor, eta: float) -> torch.Tensor:
-    """``eta * max + (1 - eta) * mean`` of ``|delta|`` over each row's valid steps (0 for a row without any)."""
-    masked = abs_delta * valid
-    mean = masked.sum(1) / valid.sum(1).clamp(min=1)
-    return eta * masked.max(1).values + (1 - eta) * mean
+    ret, k = nstep_returns(windows(reward), windows(done), gamma)
+    last = start + torch.arange(steps, device=reward.device) + k.view(B, steps) - 1  # the window's last step
+    alive = ~windows(done).view(B, steps, n_step).any(-1)
+    return ret.view(B, steps), alive, truncated.gather(1, last)
 
 
 def _columns(td: TensorDictBase) -> tuple[torch.Tensor, ...]:
@@ -128,7 +122,7 @@ class R2D1Loss(LossModule):
         weight = sample.get(WEIGHT_KEY, None)
         per_step = 0.5 * delta.pow(2) * (1.0 if weight is None else weight[:, :1])
         loss = (per_step * trained).sum() / trained.sum().clamp(min=1)
-        priority = _sequence_priority(delta.detach().abs(), trained, self.pri_eta)
+        priority = sequence_priority(delta, self.pri_eta, trained)
         return TensorDict(loss=loss, priority=priority)
 
 
@@ -151,7 +145,7 @@ def input_priorities(batch: TensorDictBase, *, gamma: float, n_step: int, eta: f
     bootstrap = q[:, n_step:].max(-1).values
     y = value_rescale(ret + alive * gamma**n_step * inverse_value_rescale(bootstrap, value_scale_eps), value_scale_eps)
     trained = valid[:, :steps] & ~truncation
-    priority = _sequence_priority((y - q_sa).abs(), trained, eta)
+    priority = sequence_priority(y - q_sa, eta, trained)
     has_any = trained.any(1)
     if has_any.any():
         priority = torch.where(has_any, priority, priority[has_any].mean())

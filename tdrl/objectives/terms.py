@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 
-__all__ = ["STEPS_KEY", "WEIGHT_KEY", "check_gamma", "td0_target", "weighted_mean"]
+from tdrl.utils.keys import STEPS_KEY, WEIGHT_KEY
 
-STEPS_KEY = "steps_to_next_obs"
-WEIGHT_KEY = "priority_weight"
+__all__ = ["check_gamma", "td0_target", "weighted_mean"]
+
 
 
 def check_gamma(gamma: float) -> torch.Tensor:

@@ -27,13 +27,14 @@ prioritized sampler's C++ extension does not load against torch 2.13, and it has
 stored-state sequences or cross-process sharing. :class:`PrioritizedSampler` implements TorchRL's ``Sampler``.
 """
 
-from tdrl.replay.buffer import TRANSITION_KEYS, TransitionReplayBuffer, nstep_returns
+from tdrl.replay.buffer import TRANSITION_KEYS, TransitionReplayBuffer
 from tdrl.replay.frames import FrameStack
 from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
 from tdrl.replay.schema import ReplayError
-from tdrl.replay.sequence import SequenceReplayBuffer, sequence_priority
+from tdrl.replay.sequence import SequenceReplayBuffer
 from tdrl.replay.storage import MemmapStore
 from tdrl.replay.sum_tree import SumTree
+from tdrl.utils.returns import nstep_returns, sequence_priority
 
 __all__ = ["TRANSITION_KEYS", "FrameStack", "MemmapStore", "PrioritizedSampler", "ReplayError", "SequenceReplayBuffer",
     "SumTree", "TransitionReplayBuffer", "check_priorities", "nstep_returns", "sequence_priority"]

@@ -22,25 +22,10 @@ from tdrl.replay.prioritized import PrioritizedSampler
 from tdrl.replay.ring import StreamRing
 from tdrl.replay.schema import ReplayError, key_name, nest
 from tdrl.utils.files import LinkingWriter
+from tdrl.utils.keys import MASK_KEY, STEPS_KEY
+from tdrl.utils.returns import nstep_returns
 
-__all__ = ["TRANSITION_KEYS", "TransitionReplayBuffer", "nstep_returns"]
-
-
-def nstep_returns(reward: torch.Tensor, done: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """n-step returns of windows ``[N, n, 1]`` of one-step rewards and done flags, stopping after the first done.
-
-    The window of start ``t`` is ``t .. t+k-1`` with ``k = min(n, steps up to and including the first done)``;
-    returns ``(sum_{i<k} gamma^i reward[t+i] [N, 1], k [N] int64)``, and the target bootstraps with ``gamma ** k``.
-    Computed at sample time, so the stored data stays exactly what the collector produced.
-    """
-    n = reward.shape[1]
-    not_done = (~done).to(reward.dtype)
-    # alive[:, j] = 1 while no done happened at steps < j
-    alive = torch.cat([torch.ones_like(not_done[:, :1]), torch.cumprod(not_done[:, :-1], dim=1)], dim=1)
-    discounts = gamma ** torch.arange(n, dtype=reward.dtype, device=reward.device).view(1, n, 1)
-    reward_n = (reward * alive * discounts).sum(dim=1)
-    steps = alive.sum(dim=1).squeeze(-1).to(torch.int64)
-    return reward_n, steps
+__all__ = ["TRANSITION_KEYS", "TransitionReplayBuffer"]
 
 
 TRANSITION_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
@@ -71,7 +56,7 @@ class TransitionReplayBuffer:
 
     def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, sampler: PrioritizedSampler | None = None,
                  n_step: int = 1, gamma: float = 0.99, frame_stack: FrameStack | None = None,
-                 mask_key: NestedKey | None = ("collector", "mask"), keys: Sequence[NestedKey] | None = None,
+                 mask_key: NestedKey | None = MASK_KEY, keys: Sequence[NestedKey] | None = None,
                  seed: int | None = None, clip_reward: bool = False, device: str | torch.device | None = None,
                  copy_on_device: bool | None = False) -> None:
         if n_step < 1 or not 0.0 <= gamma <= 1.0:
@@ -188,7 +173,7 @@ class TransitionReplayBuffer:
             values = ring.gather_keys(index, "root", device, flat)
             values.update(ring.gather_keys(last, "next", device, flat))
             values[("next", "reward")] = reward_n
-            values[("steps_to_next_obs",)] = steps.unsqueeze(-1)
+            values[(STEPS_KEY,)] = steps.unsqueeze(-1)
         if self.frame_stack is not None:
             values.update(self.frame_stack.gather(ring, index, last))
         return nest(values, [n])

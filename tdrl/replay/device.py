@@ -20,6 +20,7 @@ import torch
 from tensordict import TensorDictBase
 
 from tdrl.replay.schema import ReplayError
+from tdrl.utils.keys import WEIGHT_KEY
 
 __all__ = ["DeviceCopy", "deliver", "fits_on_device", "sample_device", "staged", "views"]
 
@@ -61,7 +62,7 @@ def deliver(sample: TensorDictBase, index: np.ndarray, weights: np.ndarray | Non
     entries still on the host moved to ``device`` (``None`` or the CPU: left where they are)."""
     sample.set("index", torch.from_numpy(index))
     if weights is not None:
-        sample.set("priority_weight", torch.from_numpy(weights))
+        sample.set(WEIGHT_KEY, torch.from_numpy(weights))
     if device is None or device.type == "cpu":
         return sample
     return sample.apply(lambda t: staged(t, device))

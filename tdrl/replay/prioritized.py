@@ -22,6 +22,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 
 from tdrl.replay.schema import ReplayError
 from tdrl.replay.sum_tree import SumTree
+from tdrl.utils.keys import WEIGHT_KEY
 
 __all__ = ["PrioritizedSampler", "check_priorities"]
 
@@ -192,7 +193,7 @@ class PrioritizedSampler(Sampler):
             raise ReplayError("PrioritizedSampler needs max_capacity when used with torchrl.data.ReplayBuffer")
         index, weights = self.draw(batch_size)
         index_t = torch.from_numpy(index)
-        return index_t, {"priority_weight": torch.from_numpy(weights), "index": index_t}
+        return index_t, {WEIGHT_KEY: torch.from_numpy(weights), "index": index_t}
 
     def add(self, index: int) -> None:
         self.extend(torch.as_tensor([index]))

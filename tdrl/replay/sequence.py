@@ -28,14 +28,10 @@ from tdrl.replay.prioritized import PrioritizedSampler
 from tdrl.replay.ring import StreamRing
 from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name, nest
 from tdrl.utils.files import LinkingWriter
+from tdrl.utils.keys import MASK_KEY, WEIGHT_KEY
+from tdrl.utils.returns import sequence_priority
 
-__all__ = ["SequenceReplayBuffer", "sequence_priority"]
-
-
-def sequence_priority(td_error: torch.Tensor, eta: float = 0.9) -> torch.Tensor:
-    """R2D1 sequence priority ``eta * max_t |td| + (1 - eta) * mean_t |td|`` over the last dim of ``[N, T]``."""
-    abs_td = td_error.detach().abs().reshape(td_error.shape[0], -1)
-    return eta * abs_td.max(dim=1).values + (1.0 - eta) * abs_td.mean(dim=1)
+__all__ = ["SequenceReplayBuffer"]
 
 
 class SequenceReplayBuffer:
@@ -58,7 +54,7 @@ class SequenceReplayBuffer:
     def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, batch_T: int, warmup_T: int = 0,
                  lookahead_T: int = 0, rnn_state_interval: int, state_keys: Sequence[NestedKey],
                  sampler: PrioritizedSampler | None = None, pri_eta: float = 0.9,
-                 mask_key: NestedKey | None = ("collector", "mask"), keys: Sequence[NestedKey] | None = None,
+                 mask_key: NestedKey | None = MASK_KEY, keys: Sequence[NestedKey] | None = None,
                  input_priority: Callable[[TensorDictBase], torch.Tensor] | None = None,
                  seed: int | None = None, device: str | torch.device | None = None) -> None:
         if batch_T < 1 or warmup_T < 0 or lookahead_T < 0 or rnn_state_interval < 1:
@@ -143,7 +139,7 @@ class SequenceReplayBuffer:
         index, gathered, weights = self.ring.sample(batch_B, self._gather)
         gathered = deliver(gathered, index, weights, self.device)  # before the broadcasts: one row per sequence
         out = gathered["steps"]
-        broadcast = [*self.state_keys, "index", *(["priority_weight"] if weights is not None else [])]
+        broadcast = [*self.state_keys, "index", *([WEIGHT_KEY] if weights is not None else [])]
         for key in broadcast:  # stride-0 views along time: one stored state (index, weight) per sequence
             value = gathered[key]
             out[key] = value.unsqueeze(1).expand(batch_B, self.seq_len, *value.shape[1:])

@@ -16,9 +16,10 @@ from tdrl.train.factory import (
     make_trainer,
     prepare_recipe,
 )
-from tdrl.train.ray_actors import VERSION_KEY, RayTrainerError
+from tdrl.train.ray_actors import RayTrainerError
 from tdrl.train.ray_trainer import RayTrainer, module_path
 from tdrl.train.sync import SyncTrainer
+from tdrl.utils.keys import VERSION_KEY
 
 __all__ = ["AsyncTrainer", "AsyncTrainerError", "Bookkeeper", "DataParallelError", "RayTrainer", "RayTrainerError",
            "SyncTrainer", "TrainerConfig", "VERSION_KEY", "check_min_steps_learn", "check_trainer",

@@ -33,12 +33,10 @@ losses, depend on the timing of the two processes, as in any two async runs with
 
 from __future__ import annotations
 
-import atexit
 import os
 import queue as queue_module
 import signal
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -49,21 +47,14 @@ from tensordict import TensorDict
 from tdrl.train import bookkeeping
 from tdrl.train.async_collector import POLL_S, CollectorProcessSpec, Control, collector_process_main, owed_updates
 from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
+from tdrl.train.protocols import Collector, Evaluator, Replay, RunLog
 from tdrl.train.sync import shutdown
+from tdrl.utils.process import START_TIMEOUT_S, close_at_exit
 from tdrl.utils.seeding import spawn_seeds
 
 __all__ = ["AsyncTrainer", "AsyncTrainerError"]
 
-START_TIMEOUT_S = 120.0
-"""How long the collector process may take to build its collector."""
-
-_LIVE: weakref.WeakSet[AsyncTrainer] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_live_collectors() -> None:  # runs before multiprocessing joins its children at exit
-    for trainer in list(_LIVE):
-        trainer.close()
+_LIVE = close_at_exit(lambda trainer: trainer.close())  # closed before multiprocessing joins its children
 
 
 class AsyncTrainerError(RuntimeError):
@@ -98,16 +89,16 @@ class AsyncTrainer:
     def __init__(
         self,
         *,
-        collector_factory: Callable[[], Any],
-        replay: Any,
+        collector_factory: Callable[[], Collector],
+        replay: Replay,
         policy: torch.nn.Module,
         n_steps: int,
         log_interval_steps: int,
         replay_ratio: float | None,
         batch_size: int | None,
         frames_per_itr: int | None = None,
-        run: Any = None,
-        eval_collector: Any = None,
+        run: RunLog | None = None,
+        eval_collector: Evaluator | None = None,
         min_steps_learn: int = 0,
         log_traj_window: int = 100,
         checkpoint_state: Mapping[str, Any] | None = None,

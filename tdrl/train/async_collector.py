@@ -23,9 +23,10 @@ from typing import Any
 import torch
 
 from tdrl.utils.interrupt import ignore_sigint
+from tdrl.utils.process import watch_parent
 from tdrl.utils.seeding import rng_state, seed_everything, set_rng_state
 
-__all__ = ["CollectorProcessSpec", "Control", "collector_process_main", "owed_updates", "watch_parent"]
+__all__ = ["CollectorProcessSpec", "Control", "collector_process_main", "owed_updates"]
 
 POLL_S = 0.05
 """How often blocked waits check the stop flag and the other process."""
@@ -75,18 +76,6 @@ class CollectorProcessSpec:
     seed: int
     collector_state: dict[str, Any] | None = None
     rng: dict[str, Any] | None = None
-
-
-def watch_parent(parent: int, poll_s: float, on_orphaned: Callable[[], None]) -> None:
-    """Call ``on_orphaned`` in a daemon thread once process ``parent`` is no longer this process's parent (a
-    parent killed by SIGKILL has no time to stop its children)."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_s)
-        on_orphaned()
-
-    threading.Thread(target=watch, name="tdrl-parent-watch", daemon=True).start()
 
 
 orphaned = threading.Event()

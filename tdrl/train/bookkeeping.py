@@ -16,6 +16,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
+from tdrl.train.protocols import Evaluator, RunLog
 from tdrl.utils.stats import metrics_to_floats, summarize_metrics, summarize_records
 
 __all__ = ["Bookkeeper", "CheckpointObjects", "book_counter", "eval_collector_state", "frames_per_batch",
@@ -64,13 +65,13 @@ def book_counter(name: str, doc: str) -> property:
     return property(lambda trainer: getattr(trainer.book, name), doc=doc)
 
 
-def eval_collector_state(eval_collector: Any) -> dict[str, Any]:
+def eval_collector_state(eval_collector: Evaluator | None) -> dict[str, Any]:
     """``{"eval_collector": its state_dict()}`` for a checkpoint (``{}`` without an evaluator), so a resumed run's
     evaluations continue the evaluation envs' streams (the same initial states as an uninterrupted run)."""
     return {} if eval_collector is None else {"eval_collector": eval_collector.state_dict()}
 
 
-def load_eval_collector_state(eval_collector: Any, state: Mapping[str, Any]) -> None:
+def load_eval_collector_state(eval_collector: Evaluator | None, state: Mapping[str, Any]) -> None:
     """Restore :func:`eval_collector_state` (a checkpoint without it leaves the evaluator freshly seeded)."""
     if eval_collector is not None and "eval_collector" in state:
         eval_collector.load_state_dict(state["eval_collector"])
@@ -125,7 +126,7 @@ class Bookkeeper:
     ``update_batch_size`` (samples per update, all ranks; ``None`` on-policy) feeds the replay-ratio columns.
     """
 
-    def __init__(self, *, run: Any = None, frames_per_itr: int, log_traj_window: int = 100,
+    def __init__(self, *, run: RunLog | None = None, frames_per_itr: int, log_traj_window: int = 100,
                  update_batch_size: int | None = None) -> None:
         self.run = run
         self.frames_per_itr = frames_per_itr
@@ -189,7 +190,7 @@ class Bookkeeper:
         elif metrics is not None:
             raise TypeError(f"record() takes a TensorDict, a mapping or a list of them, got {type(metrics).__name__}")
 
-    def evaluate(self, eval_collector: Any) -> None:
+    def evaluate(self, eval_collector: Evaluator) -> None:
         """Run one evaluation (``eval_collector.evaluate()``: whole greedy episodes), timed as evaluation."""
         with self.paused(evaluating=True):  # excluded from time/train_s and frames/s
             trajs = eval_collector.evaluate()
@@ -208,37 +209,38 @@ class Bookkeeper:
 
     def log(self, extra: Mapping[str, float] | None = None, *, metrics: Sequence[Any] | None = None
             ) -> dict[str, float]:
-        """Write one row (the common columns plus ``extra``) and reset the per-interval accumulators; ``metrics``
-        (gathered from all ranks) replace the locally recorded ones, which are cleared either way."""
+        """Write one row and reset the per-interval accumulators; ``metrics`` (gathered from all ranks) replace the
+        locally recorded ones, which are cleared either way. The one place the run's counters and rates are
+        computed: rlpyt's columns (:data:`tdrl.log.RESERVED_COLUMNS`), rates over training time (evaluation
+        excluded, as rlpyt's), then ``time/``, ``train/``, the metrics, the last evaluation and ``extra``."""
         train_s = self.train_s
         d_frames = self.frames - self._frames_at_log
         d_updates = self.updates - self._updates_at_log
         d_time = max(train_s - self._train_s_at_log, 1e-9)
+        n_new = len(self.new_trajs)
         row: dict[str, float] = {
-            "time/train_s": train_s,
-            "time/eval_s": self.eval_s,
-            "time/train_fps": d_frames / d_time if self.itr else 0.0,
+            "Iteration": self.itr, "CumSteps": self.frames, "CumTime": train_s + self.eval_s,
+            "StepsPerSecond": d_frames / d_time, "NewCompletedTrajs": n_new, "CumCompletedTrajs": self.episodes,
+            "CumUpdates": self.updates, "UpdatesPerSecond": d_updates / d_time,
         }
+        if self.update_batch_size:  # samples trained on per new env frame: this interval, and so far
+            row["ReplayRatio"] = d_updates * self.update_batch_size / d_frames if d_frames else math.nan
+            row["CumReplayRatio"] = self.updates * self.update_batch_size / self.frames if self.frames else math.nan
+        row.update({"time/train_s": train_s, "time/eval_s": self.eval_s})
         row.update(summarize_records(self.traj_window, "train/"))
         row.update(summarize_metrics(self.metrics if metrics is None else metrics))
         row.update(self.last_eval)
         row.update(extra or {})
-        n_new = len(self.new_trajs)
         self.metrics.clear()
         self.new_trajs.clear()
-        counters: dict[str, float] = {"iteration": self.itr, "frames": self.frames, "updates": self.updates,
-                                      "episodes": self.episodes, "new_episodes": n_new}
-        if self.update_batch_size and self.frames:
-            counters["replay_ratio"] = d_updates * self.update_batch_size / max(d_frames, 1)
-            counters["cum_replay_ratio"] = self.updates * self.update_batch_size / self.frames
         self._frames_at_log, self._updates_at_log, self._train_s_at_log = self.frames, self.updates, train_s
-        self.history.append({**counters, **row})
+        self.history.append(row)
         ret = row.get("eval/return_mean", row.get("train/return_mean"))
         if ret is not None and math.isfinite(ret):
             self.curve.append({"frames": self.frames, "train_s": round(train_s, 3), "return_mean": ret})
         if self.run is not None:
-            self.run.log(row, step=self.frames, iteration=self.itr, updates=self.updates,
-                         update_batch_size=self.update_batch_size, episodes=n_new)
+            self.run.log({k: v for k, v in row.items() if k not in ("Iteration", "CumSteps")}, step=self.frames,
+                         iteration=self.itr)
         return row
 
     def summary(self, *, stopped_early: bool = False, **extra: Any) -> dict[str, Any]:

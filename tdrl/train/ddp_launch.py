@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessException
 
-from tdrl.train.async_collector import watch_parent
 from tdrl.utils.distributed import (
     DistributedSetupError,
     check_local_world_size,
@@ -33,6 +32,8 @@ from tdrl.utils.distributed import (
     resolve_backend,
 )
 from tdrl.utils.interrupt import ignore_sigint
+from tdrl.utils.process import watch_parent
+from tdrl.utils.scripts import load_module
 
 __all__ = ["DataParallelError", "launch_data_parallel"]
 
@@ -146,10 +147,7 @@ def _unpack_call(call: tuple[str, str | None, bytes]) -> tuple[Callable[..., Any
         except (ImportError, ValueError):
             importable = False
         if not importable:
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module  # dataclasses resolve their annotations through sys.modules
-            spec.loader.exec_module(module)
+            load_module(name, path)
     return pickle.loads(payload)
 
 

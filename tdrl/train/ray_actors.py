@@ -32,10 +32,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from tdrl.train.async_collector import owed_updates
+from tdrl.utils.keys import VERSION_KEY
 
-__all__ = ["ActorPool", "CollectorActor", "LearnerHub", "RayTrainerError", "Rollout", "VERSION_KEY", "nbytes"]
+__all__ = ["ActorPool", "CollectorActor", "LearnerHub", "RayTrainerError", "Rollout", "nbytes"]
 
-VERSION_KEY = ("collector", "policy_version")
 """Per-step int64 tag of an unroll: the weights version the actor acted with."""
 
 WRITE_WAIT_S = 1.0

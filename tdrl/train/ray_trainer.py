@@ -42,6 +42,7 @@ from tensordict import TensorDict
 from tdrl.train import bookkeeping
 from tdrl.train.async_collector import POLL_S, owed_updates
 from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
+from tdrl.train.protocols import Collector, Evaluator, Replay, RunLog
 from tdrl.train.ray_actors import (
     ActorPool,
     CollectorActor,
@@ -134,7 +135,7 @@ class RayTrainer:
     def __init__(
         self,
         *,
-        collector_factory: Callable[..., Any],
+        collector_factory: Callable[..., Collector],
         policy: torch.nn.Module,
         n_steps: int,
         log_interval_steps: int,
@@ -145,15 +146,14 @@ class RayTrainer:
         address: str | None = None,
         actor_cpus: float = 1.0,
         call_timeout_s: float = 60.0,
-        replay: Any = None,
+        replay: Replay | None = None,
         replay_ratio: float | None = None,
         batch_size: int | None = None,
         min_steps_learn: int = 0,
         max_lag_frames: int | None = 0,
         updates_per_sync: int = 1,
         unrolls_per_batch: int = 1,
-        run: Any = None,
-        eval_collector: Any = None,
+        run: RunLog | None = None, eval_collector: Evaluator | None = None,
         stop_return: float | None = None,
         log_traj_window: int = 100,
         checkpoint_state: Mapping[str, Any] | None = None,

@@ -46,6 +46,7 @@ from tdrl.train.bookkeeping import (
     load_eval_collector_state,
     updates_per_iteration,
 )
+from tdrl.train.protocols import Collector, Evaluator, Replay, RunLog
 from tdrl.train.replicas import (
     GradientAllReduce,
     ReplicaDivergenceError,
@@ -62,7 +63,7 @@ from tdrl.utils.stats import metrics_to_floats
 __all__ = ["SyncTrainer", "iteration_counts", "updates_per_iteration"]
 
 
-def shutdown(*collectors: Any) -> None:
+def shutdown(*collectors: Collector | Evaluator | None) -> None:
     for c in collectors:
         if c is not None:
             c.shutdown()
@@ -97,12 +98,12 @@ class SyncTrainer:
     def __init__(
         self,
         *,
-        collector: Any,
+        collector: Collector,
         n_steps: int,
         log_interval_steps: int,
-        run: Any = None,
-        eval_collector: Any = None,
-        replay: Any = None,
+        run: RunLog | None = None,
+        eval_collector: Evaluator | None = None,
+        replay: Replay | None = None,
         modules: Sequence[nn.Module] = (),
         log_traj_window: int = 100,
         frames_per_itr: int | None = None,

@@ -124,14 +124,7 @@ def main(cfg: ScriptConfig) -> None:
             **summarize_columns(losses),
             "optim/lr": sched.get_last_lr()[0],
         }
-        run.log(
-            row,
-            step=frames,
-            iteration=itr,
-            updates=updates,
-            update_batch_size=32,
-            episodes=len(episodes),
-        )
+        run.log({"CumUpdates": updates, "NewCompletedTrajs": len(episodes), **row}, step=frames, iteration=itr)
         run.save_checkpoint(
             {
                 "iteration": itr,

@@ -101,7 +101,7 @@ class SuicideFactory:
         return EnvSpecs.from_env(StairsEnv())
 
 
-class MLP(torch.nn.Module):
+class PolicyMLP(torch.nn.Module):
     """2×64 tanh MLP; argmax (discrete) or tanh (continuous) head — a deterministic policy."""
 
     def __init__(self, n_in: int, n_out: int, discrete: bool) -> None:
@@ -119,7 +119,7 @@ class MLP(torch.nn.Module):
 
 def mlp_policy(n_in: int, n_out: int, discrete: bool, seed: int = 0) -> TensorDictModule:
     torch.manual_seed(seed)
-    return TensorDictModule(MLP(n_in, n_out, discrete), ["observation"], ["action"])
+    return TensorDictModule(PolicyMLP(n_in, n_out, discrete), ["observation"], ["action"])
 
 
 class ConstantAction(torch.nn.Module):

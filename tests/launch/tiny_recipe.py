@@ -1,6 +1,6 @@
 """A tiny but real recipe for the launcher tests: an MLP fit to noisy regression data, a few hundred steps.
 
-It honours the recipe contract the launchers rely on (DESIGN.md §4): a dataclass ``Config`` with the common
+It honours the recipe contract the launchers rely on (docs/design.md §3): a dataclass ``Config`` with the common
 ``run`` / ``logger`` / ``checkpoint`` sections, ``main(cfg) -> dict``, ``run.dir`` (launching again resumes from
 the last checkpoint there), ``config.json`` and ``progress.csv`` during the run, ``summary.json`` with
 ``frames``, ``wall_s`` and ``eval/return_mean`` at the end. Checkpoints are written atomically at every iteration

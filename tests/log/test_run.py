@@ -123,7 +123,7 @@ def test_resume_restores_rng_position_and_truncates_rows(tmp_path):
     cfg = apply_overrides(Cfg(), {"run.dir": str(tmp_path / "r")})
     run = _open(cfg)
     for itr in range(3):
-        run.log({"v": float(itr)}, step=(itr + 1) * 10, iteration=itr, updates=itr, episodes=1)
+        run.log({"v": float(itr)}, step=(itr + 1) * 10, iteration=itr)
         if itr == 1:
             run.save_checkpoint({"itr": itr, "w": torch.ones(2)}, itr)
             after_ckpt = torch.rand(4)
@@ -136,8 +136,8 @@ def test_resume_restores_rng_position_and_truncates_rows(tmp_path):
     # torch RNG continues where the checkpoint was taken
     assert torch.equal(torch.rand(4), after_ckpt)
     assert run.last_checkpoint.iteration == 1
-    row = run.log({"v": 2.0}, step=30, iteration=2, updates=2, episodes=1)
-    assert row["CumCompletedTrajs"] == 3  # counters continued
+    row = run.log({"v": 2.0}, step=30, iteration=2)
+    assert row == {"Iteration": 2, "CumSteps": 30, "v": 2.0}
     run.finish()
     header, rows = read_progress(tmp_path / "r" / "progress.csv")
     assert [r["Iteration"] for r in rows] == ["0", "1", "2"]

@@ -10,7 +10,8 @@ from torch.nn import functional as F
 from tdrl.collect import make_collector
 from tdrl.envs import EnvFactory
 from tdrl.models import EpsilonGreedy, chain_policy
-from tdrl.models.recurrent_q import RECURRENT_KEYS, PreviousAction, make_recurrent_q_actor
+from tdrl.models.recurrent_q import PreviousAction, make_recurrent_q_actor
+from tdrl.utils.keys import RECURRENT_KEYS
 
 KINDS = ["serial", "parallel", "action_server"]
 

@@ -10,9 +10,10 @@ from tensordict import TensorDict
 from torchrl.data import Categorical, Unbounded
 
 from tdrl.envs import EnvSpecs
-from tdrl.models.recurrent_q import RECURRENT_KEYS, make_recurrent_q_actor
+from tdrl.models.recurrent_q import make_recurrent_q_actor
 from tdrl.objectives.r2d1 import R2D1Loss, input_priorities, inverse_value_rescale, value_rescale
 from tdrl.replay import PrioritizedSampler, SequenceReplayBuffer
+from tdrl.utils.keys import RECURRENT_KEYS
 
 A, OBS, H = 3, 4, 8
 W, N, STEPS = 4, 2, 6

@@ -127,7 +127,7 @@ def test_free_running_collector_never_exceeds_the_ratio(tmp_path):
     _train(trainer, parts)
     ratios = [row["replay/ratio"] for row in trainer.history]
     assert len(ratios) == 2 and all(r <= 4.0 for r in ratios)
-    assert trainer.history[-1]["updates"] > 0
+    assert trainer.history[-1]["CumUpdates"] > 0
 
 
 @pytest.mark.timeout(90)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from tdrl.log import is_wall_time_column
 from tdrl.train import SyncTrainer, iteration_counts, updates_per_iteration
 
 
@@ -75,8 +76,8 @@ class MemoryRun:
     def __init__(self):
         self.rows, self.checkpoints, self.summary = [], [], None
 
-    def log(self, row, *, step, iteration=None, updates=None, update_batch_size=None, episodes=None):
-        self.rows.append((step, {"Iteration": iteration, "CumUpdates": updates, **row}))
+    def log(self, row, *, step, iteration=None):
+        self.rows.append((step, {"Iteration": iteration, **row}))
 
     def save_checkpoint(self, state, iteration, *, step=None, extra_writers=None):
         self.checkpoints.append((iteration, copy.deepcopy(state)))  # a real Run serialises
@@ -130,7 +131,7 @@ def test_loop_counts_frames_iterations_and_weight_syncs():
     assert trainer.frames == 120 and trainer.updates == 24 and trainer.itr == 12
     assert collector.weight_syncs == 12  # before every batch
     assert collector.shutdowns == 1
-    assert [row["iteration"] for row in trainer.history] == [3, 6, 9, 12]
+    assert [row["Iteration"] for row in trainer.history] == [3, 6, 9, 12]
     assert trainer.history[0]["loss/x_mean"] == 1.0 and trainer.history[0]["loss/x_std"] == 0.0
     assert trainer.history[-1]["train/return_mean"] == pytest.approx(sum(range(1, 13)) / 12)
 
@@ -140,7 +141,7 @@ def test_loop_trains_at_least_n_steps_frames():
     for _ in trainer:
         pass
     # 25 frames = 2.5 iterations -> 3, then on to the next log row (every 2 iterations): 4; rlpyt's floor gave 20
-    assert trainer.frames == 40 and [row["iteration"] for row in trainer.history] == [2, 4]
+    assert trainer.frames == 40 and [row["Iteration"] for row in trainer.history] == [2, 4]
 
 
 def test_online_statistics_use_last_log_traj_window_episodes():
@@ -150,7 +151,7 @@ def test_online_statistics_use_last_log_traj_window_episodes():
     last = trainer.history[-1]
     assert last["train/return_mean"] == pytest.approx((7 + 8 + 9 + 10) / 4)
     assert last["train/return_min"] == 7 and last["train/return_max"] == 10
-    assert last["new_episodes"] == 10
+    assert last["NewCompletedTrajs"] == 10
 
 
 def test_eval_at_iteration_zero_and_every_log_interval_excluded_from_train_time():
@@ -161,8 +162,8 @@ def test_eval_at_iteration_zero_and_every_log_interval_excluded_from_train_time(
         pass
     # 6 iterations, log every 2: eval before training (itr 0) and after itr 2, 4, 6
     assert evaluator.calls == 4
-    assert [row["iteration"] for row in trainer.history] == [0, 2, 4, 6]
-    assert [row["frames"] for row in trainer.history] == [0, 20, 40, 60]
+    assert [row["Iteration"] for row in trainer.history] == [0, 2, 4, 6]
+    assert [row["CumSteps"] for row in trainer.history] == [0, 20, 40, 60]
     assert [row["eval/return_mean"] for row in trainer.history] == [101, 201, 301, 401]
     summary = trainer.summary
     assert summary["eval/return_mean"] == 401
@@ -182,7 +183,7 @@ def test_no_update_before_min_steps_learn():
     # min_itr_learn = 35 // 10 = 3: itr 0,1,2 (30 frames collected) do not update; 8*10/20 = 4 updates after
     assert due == [0, 0, 0] + [4] * 7
     assert trainer.updates == 28
-    assert trainer.history[-1]["cum_replay_ratio"] == pytest.approx(28 * 20 / 100)
+    assert trainer.history[-1]["CumReplayRatio"] == pytest.approx(28 * 20 / 100)
 
 
 def test_replay_ratio_needs_batch_size():
@@ -243,7 +244,7 @@ def test_resume_between_log_rows_keeps_the_open_interval_and_the_evaluator():
                 break  # killed in iteration 3: the last checkpoint (after 2 iterations) is inside the row at 3
 
     def rows(run):
-        return [(step, {k: v for k, v in row.items() if not k.startswith("time/")}) for step, row in run.rows]
+        return [(step, {k: v for k, v in row.items() if not is_wall_time_column(k)}) for step, row in run.rows]
 
     reference, resumed = MemoryRun(), MemoryRun()
     train(reference)

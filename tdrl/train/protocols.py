@@ -1,0 +1,46 @@
+"""What the trainers need from their collaborators, as ``typing.Protocol``s: any object with these members works
+(tdrl's collectors, replay buffers and ``Run``, or a user's own), and a type checker can say which one does not."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from tensordict import TensorDictBase
+
+from tdrl.collect.common import Collector
+
+__all__ = ["Collector", "Evaluator", "Replay", "RunLog"]
+
+
+class Replay(Protocol):
+    """A replay buffer the trainers fill and throttle on (``tdrl.replay``'s buffers)."""
+
+    @property
+    def write_count(self) -> int: ...
+    @property
+    def samples_drawn(self) -> int: ...
+    def ready_count(self) -> int: ...
+    def extend(self, batch: TensorDictBase) -> None: ...
+
+
+class Evaluator(Protocol):
+    """Whole greedy episodes on demand (``tdrl.collect.EvalCollector``); its state travels in checkpoints."""
+
+    def evaluate(self) -> list[dict[str, float]]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+    def shutdown(self) -> None: ...
+
+
+class RunLog(Protocol):
+    """Where the books are written (``tdrl.log.Run``): rows, videos, checkpoints and the summary."""
+
+    def log(self, metrics: Mapping[str, Any], *, step: int, iteration: int | None = None) -> dict[str, Any]: ...
+    def log_video(self, frames: Any, *, step: int) -> Path: ...
+    def save_checkpoint(self, state: Mapping[str, Any], iteration: int, *, step: int | None = None,
+                        extra_writers: Mapping[str, Any] | None = None) -> Path | None: ...
+    def load_checkpoint(self, *, extra_readers: Mapping[str, Any] | None = None) -> dict[str, Any] | None: ...
+    def finish(self, summary: Mapping[str, Any] | None = None) -> dict[str, Any]: ...
+    def close(self, exit_code: int = 0) -> None: ...
