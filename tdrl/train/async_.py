@@ -38,7 +38,7 @@ import queue as queue_module
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.multiprocessing as mp
@@ -47,10 +47,13 @@ from tensordict import TensorDict
 from tdrl.train import bookkeeping
 from tdrl.train.async_collector import POLL_S, CollectorProcessSpec, Control, collector_process_main, owed_updates
 from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
-from tdrl.train.protocols import Collector, Evaluator, Replay, RunLog
+from tdrl.train.protocols import Evaluator, Replay, RunLog
 from tdrl.train.sync import shutdown
 from tdrl.utils.process import START_TIMEOUT_S, close_at_exit
 from tdrl.utils.seeding import spawn_seeds
+
+if TYPE_CHECKING:  # annotations only: tdrl.collect imports torchrl.envs (~1 s)
+    from tdrl.collect import Collector
 
 __all__ = ["AsyncTrainer", "AsyncTrainerError"]
 

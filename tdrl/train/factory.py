@@ -16,9 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tdrl.collect import make_collector, make_eval_collector, start_workers_early
 from tdrl.config import ConfigError, TrainerConfig
-from tdrl.envs import EnvFactory
 from tdrl.train.async_ import AsyncTrainer
 from tdrl.train.ray_trainer import RayTrainer, check_reachable
 from tdrl.train.sync import SyncTrainer
@@ -157,6 +155,8 @@ def collector_factory_from(cfg: Any, env_factory: Callable[..., Any], policy: nn
     """A picklable factory of the recipe's training collector: ``make_collector`` with ``cfg.collector``'s kind,
     ``batch_B``, ``batch_T`` and ``n_workers``, ``run.seed`` and the TrajInfo discount ``loss.gamma``; ``kwargs``
     add or override (``return_same_td=True`` where each batch goes straight into a replay, ``device``)."""
+    from tdrl.collect import make_collector  # here: importing tdrl.train stays free of torchrl.envs
+
     c = cfg.collector
     return functools.partial(make_collector, c.kind, env_factory, policy, **{
         "batch_B": c.batch_B, "batch_T": c.batch_T, "n_workers": c.n_workers, "seed": cfg.run.seed,
@@ -166,17 +166,22 @@ def collector_factory_from(cfg: Any, env_factory: Callable[..., Any], policy: nn
 def eval_collector_from(cfg: Any, policy: nn.Module | None) -> Any:
     """The recipe's evaluator (``None`` with ``eval.n_envs=0``): ``eval.n_envs`` whole episodes of ``env.id`` on
     envs of their own, seeded apart from the training envs (``run.seed + 10_000``), discount ``loss.gamma``."""
+    from tdrl.collect import make_eval_collector
+
     e = cfg.eval
     return make_eval_collector(cfg.env.id, policy, n_envs=e.n_envs, max_steps=e.max_steps,
                                seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=e.video)
 
 
-def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, EnvFactory]:
+def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, Any]:
     """What every recipe does first, in this order: start the fork server its collector's workers fork from (their
     torch import overlaps the build; only where this process builds the collector: no trainer section, sync or
     ddp), set ``run.torch_threads``, seed everything (``seed``: e.g. a data-parallel rank's own; default
     ``run.seed``), resolve ``run.device`` and make the env factory (Atari's ``env.episodic_lives`` passed on).
-    Returns ``(device, env_factory)``."""
+    Returns ``(device, env_factory)`` (a :class:`tdrl.envs.EnvFactory`)."""
+    from tdrl.collect import start_workers_early
+    from tdrl.envs import EnvFactory
+
     if getattr(getattr(cfg, "trainer", None), "kind", "sync") in ("sync", "ddp"):
         start_workers_early(cfg.collector.kind)
     torch.set_num_threads(cfg.run.torch_threads)

@@ -9,9 +9,7 @@ from typing import Any, Protocol
 
 from tensordict import TensorDictBase
 
-from tdrl.collect.common import Collector
-
-__all__ = ["Collector", "Evaluator", "Replay", "RunLog"]
+__all__ = ["Evaluator", "Replay", "RunLog"]  # and tdrl.collect.Collector, imported where annotated
 
 
 class Replay(Protocol):

@@ -34,7 +34,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDict
@@ -42,7 +42,7 @@ from tensordict import TensorDict
 from tdrl.train import bookkeeping
 from tdrl.train.async_collector import POLL_S, owed_updates
 from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
-from tdrl.train.protocols import Collector, Evaluator, Replay, RunLog
+from tdrl.train.protocols import Evaluator, Replay, RunLog
 from tdrl.train.ray_actors import (
     ActorPool,
     CollectorActor,
@@ -56,6 +56,9 @@ from tdrl.train.replicas import tensor_digest
 from tdrl.train.sync import shutdown
 from tdrl.utils.errors import UserError
 from tdrl.utils.interrupt import Interrupted
+
+if TYPE_CHECKING:  # annotations only: tdrl.collect imports torchrl.envs (~1 s)
+    from tdrl.collect import Collector
 
 __all__ = ["RayTrainer", "connect_ray", "module_path"]
 

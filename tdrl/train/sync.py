@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -46,7 +46,7 @@ from tdrl.train.bookkeeping import (
     load_eval_collector_state,
     updates_per_iteration,
 )
-from tdrl.train.protocols import Collector, Evaluator, Replay, RunLog
+from tdrl.train.protocols import Evaluator, Replay, RunLog
 from tdrl.train.replicas import (
     GradientAllReduce,
     ReplicaDivergenceError,
@@ -59,6 +59,9 @@ from tdrl.train.replicas import (
 from tdrl.utils.distributed import rank, world_size
 from tdrl.utils.seeding import rng_state, set_rng_state
 from tdrl.utils.stats import metrics_to_floats
+
+if TYPE_CHECKING:  # annotations only: tdrl.collect imports torchrl.envs (~1 s)
+    from tdrl.collect import Collector
 
 __all__ = ["SyncTrainer", "iteration_counts", "updates_per_iteration"]
 
