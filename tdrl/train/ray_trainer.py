@@ -57,10 +57,10 @@ from tdrl.train.sync import shutdown
 from tdrl.utils.errors import UserError
 from tdrl.utils.interrupt import Interrupted
 
+__all__ = ["RayTrainer", "connect_ray", "module_path"]
+
 if TYPE_CHECKING:  # annotations only: tdrl.collect imports torchrl.envs (~1 s)
     from tdrl.collect import Collector
-
-__all__ = ["RayTrainer", "connect_ray", "module_path"]
 
 
 def describe(digest: dict[str, Any]) -> str:
