@@ -139,7 +139,8 @@ def main(cfg: Config) -> dict:
     advantage = GAE(ac.critic, gamma=cfg.loss.gamma, lmbda=cfg.loss.gae_lambda)  # TorchRL's GAE, one critic call
     # TorchRL's ClipPPOLoss terms; on plain tensors for feed-forward models (same values, less overhead)
     loss = make_ppo_loss(ac, clip_epsilon=cfg.loss.clip_epsilon, entropy_coeff=cfg.loss.entropy_coeff,
-                         critic_coeff=0.5 * cfg.loss.value_loss_coeff, normalize_advantage=cfg.loss.normalize_advantage)
+                         critic_coeff=0.5 * cfg.loss.value_loss_coeff,
+                         normalize_advantage=cfg.loss.normalize_advantage).to(device)
     updater = Updater(torch.optim.Adam(loss.parameters(), lr=cfg.optim.lr, eps=cfg.optim.eps, fused=True),
                       max_grad_norm=cfg.optim.max_grad_norm)
 
