@@ -25,8 +25,11 @@ docs:
 
 # The prepared GPU check (benchmarks/gpu_check.py). Here: `make gpu-wheels` downloads into the git-ignored .whl/
 # what the lent GPU machine lacks (it has Python 3.12, torch 2.11.0+cu130, numpy, opencv, pytest; no package index).
-# There, in one call: `make gpu-check` installs them beside its torch and writes docs/gpu-<date>.md (and into $OUT).
+# There, in one call: `make gpu-check` installs them beside its torch and writes docs/gpu-<date>.md (into $OUT as it
+# runs, so a call cut off at its time limit still returns the steps that ran). GPU_CHECK_ARGS: e.g. --skip atari.
 GPU_PY ?= python3
+GPU_PAGE ?= gpu-$(shell date +%F).md
+GPU_CHECK_ARGS ?=
 GPU_WHEELS = tensordict==0.14.3 torchrl==0.14.1 pyvers==0.2.3 hoptorch==0.1.4 orjson==3.13.0 \
 	importlib_metadata==10.2.0 gymnasium==1.4.0 farama-notifications==0.0.4 ale-py==0.12.1
 GPU_PLATFORMS = manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
@@ -40,5 +43,5 @@ gpu-wheels:
 gpu-check:
 	$(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tdrl-site \
 		.whl/*.whl
-	PYTHONPATH=/tmp/tdrl-site:$(CURDIR) $(GPU_PY) benchmarks/gpu_check.py --markdown docs/gpu-$$(date +%F).md; \
-		status=$$?; if [ -n "$$OUT" ]; then cp docs/gpu-*.md "$$OUT"/; fi; exit $$status
+	PYTHONPATH=/tmp/tdrl-site:$(CURDIR) $(GPU_PY) benchmarks/gpu_check.py --markdown $${OUT:-docs}/$(GPU_PAGE) \
+		$(GPU_CHECK_ARGS); status=$$?; if [ -n "$$OUT" ]; then cp "$$OUT/$(GPU_PAGE)" docs/; fi; exit $$status

@@ -20,10 +20,11 @@ Steps, each in its own processes with a time limit, so one failure is reported a
 
 1. versions: Python, torch, CUDA device, tensordict, torchrl (and whether its C++ extension loaded), gymnasium, ale-py,
    envpool;
-2. the CUDA-marked tests (``pytest -m gpu`` over the test files that have them);
+2. the CUDA-marked tests (``pytest -m gpu`` over the test files that have them), with the failures' tracebacks;
 3. every recipe with ``run.device=cuda`` at a tiny budget;
 4. updates per second, GPU against this machine's CPU in the same run: DQN (Nature CNN on Pong, batch 32), SAC
-   (256x256 on Pendulum, batch 256) and R2D1, each with ``optim.compile`` and ``optim.cudagraphs`` off and on. Each
+   (256x256 on Pendulum, batch 256) and R2D1, each with ``optim.compile`` and ``optim.cudagraphs`` off and on (a
+   failed row's output follows the table). Each
    variant is the real recipe, run for a fixed time and stopped (SIGTERM); the figure is the median
    ``UpdatesPerSecond`` of its progress rows after the first row with updates (compilation and warm-up);
 5. Atari frames per second of the action server (the Nature CNN on the GPU, 8 CPU worker processes) against
@@ -55,6 +56,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ("ppo", "a2c", "impala", "dqn", "ddpg", "td3", "sac", "r2d1")
 STEPS = ("versions", "tests", "recipes", "updates", "atari")
+MAX_FAILURE_LINES = 200  # of the failing tests' short tracebacks
+FAILED_ROW_LINES = 30  # of a failed update row's recipe output
 COMMON = ("logger.wandb=false", "logger.progress_bar=false")
 OFF_POLICY_TINY = ("optim.min_steps_learn=16", "optim.batch_size=16", "optim.replay_ratio=16", "replay.size=1000",
                    "model.hidden_sizes=[16]")
@@ -135,9 +138,13 @@ def cuda_tests(timeout_s: float) -> None:
     files = sorted({str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
                     if "pytest.mark.gpu" in p.read_text()})
     print(f"test files with CUDA tests: {', '.join(files)}")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                           "--tb=short", "-rfE", *files],
                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout_s)
-    print("\n".join(proc.stdout.splitlines()[-15:]))
+    lines = proc.stdout.splitlines()
+    failures = next((i for i, line in enumerate(lines) if line.lstrip("=").startswith(" FAILURES")), None)
+    # a failure's traceback is all a session gets to fix it with before the next lent machine
+    print("\n".join(lines[-15:] if failures is None else lines[failures:][:MAX_FAILURE_LINES]))
     if proc.returncode not in (0, 5):  # 5: nothing selected (no gpu test collected)
         raise RuntimeError(f"pytest exit {proc.returncode}: {proc.stderr[-2000:]}")
 
@@ -211,23 +218,24 @@ def updates_per_second(recipe: str, args: tuple[str, ...], run_dir: Path, second
         out, _ = proc.communicate()
     rates = _progress_rates(progress)
     if not rates:
-        tail = " / ".join(out.strip().splitlines()[-2:])
-        return float("nan"), f"no update rate after {time.monotonic() - started:.0f} s (exit {proc.returncode}): {tail}"
+        return float("nan"), (f"no update rate after {time.monotonic() - started:.0f} s (exit {proc.returncode})\n"
+                              + "\n".join(out.strip().splitlines()[-FAILED_ROW_LINES:]))
     return statistics.median(rates), f"{len(rates)} rows"
 
 
 def update_table(device: str, dry_run: bool, workdir: Path, seconds: float, cpu_threads: int) -> None:
-    """The update rates: on the GPU one variant at a time (plain, compiled, compiled + CUDA graphs); on the CPU the
+    """The update rates: on the GPU one variant at a time (plain, compiled, CUDA graphs, both); on the CPU the
     plain variant of each recipe, run beside them with ``cpu_threads`` torch threads each (a dry run: CPU only)."""
-    gpu_variants = ((False, False), (True, False), (True, True))
+    gpu_variants = ((False, False), (True, False), (False, True), (True, True))
     jobs = []  # (label, device, compile, cudagraphs, recipe, args, run dir)
     for label, (recipe, args) in UPDATE_BENCH.items():
         if dry_run:
             args = (*[a for a in args if a.startswith(("env.id=", "eval."))], *UPDATE_DRY[recipe])
         interval = 8 if dry_run else (64 if recipe != "r2d1" else 400)
         base = (*args, f"logger.log_interval_steps={interval}")
+        variants = gpu_variants if recipe != "r2d1" else gpu_variants[:1]  # no optim.cudagraphs; compiled: for time
         for dev, compile_, graphs in [("cpu", False, False)] + (
-                [("cuda", c, g) for c, g in gpu_variants if recipe != "r2d1" or not c] if device == "cuda" else []):
+                [("cuda", c, g) for c, g in variants] if device == "cuda" else []):
             settings = (*base, f"run.device={dev}", f"optim.compile={str(compile_).lower()}",
                         *(["optim.cudagraphs=true"] if graphs else []),
                         *([f"run.torch_threads={cpu_threads}"] if dev == "cpu" else []))
@@ -244,11 +252,17 @@ def update_table(device: str, dry_run: bool, workdir: Path, seconds: float, cpu_
     print("| update | device | compile | CUDA graphs | updates/s | vs cpu | note |")
     print("|---|---|---|---|---:|---:|---|")
     cpu_rate = {job[0]: results[i][0] for i, job in enumerate(jobs) if job[1] == "cpu"}
+    failed_outputs = []
     for i, (label, dev, compile_, graphs, *_) in enumerate(jobs):
         rate, note = results[i]
         base = cpu_rate[label]
         ratio = f"{rate / base:.2f}x" if dev == "cuda" and base > 0 else ""
-        print(f"| {label} | {dev} | {compile_} | {graphs} | {rate:,.1f} | {ratio} | {note} |")
+        summary, _, output = note.partition("\n")
+        print(f"| {label} | {dev} | {compile_} | {graphs} | {rate:,.1f} | {ratio} | {summary} |")
+        if output:
+            failed_outputs.append(f"{label} on {dev}, compile {compile_}, CUDA graphs {graphs}:\n{output}")
+    for output in failed_outputs:  # after the table, which they would break
+        print(f"\n{output}")
     print(f"\nCPU rows: {cpu_threads} torch threads each" + (", run beside the GPU rows." if device == "cuda" else "."))
     if missing := [jobs[i][0] + " on " + jobs[i][1] for i, (rate, _) in results.items() if not rate > 0]:
         raise RuntimeError(f"no update rate for {', '.join(missing)}")

@@ -2,7 +2,9 @@
 
 Measurements live in dated pages under ``docs/`` (the README links them), each saying on which machine, at which
 commit and with which command its figures were measured. A script wraps its run in :func:`markdown_page`, which
-takes ``--markdown PATH`` out of ``sys.argv``, copies everything printed meanwhile, and writes the page at the end.
+takes ``--markdown PATH`` out of ``sys.argv`` and writes the page as the run prints (a run killed at a time limit
+still leaves what it printed), then again whole at the end. Machine paths (this checkout, site-packages, the home
+directory) are written as short placeholders: a page is read on other machines.
 """
 
 from __future__ import annotations
@@ -22,10 +24,26 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["add_markdown_option", "machine_line", "markdown_page"]
+__all__ = ["add_markdown_option", "machine_line", "markdown_page", "scrub_paths"]
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "torchrl", "tensordict", "gymnasium", "stable-baselines3", "envpool")
+
+
+SITE_DIR = re.compile(r"/[^\s'\"():,]*?/(?:site|dist)-packages/")
+
+
+def scrub_paths(text: str) -> str:
+    """``text`` with this machine's paths shortened: the checkout to paths relative to it, installed packages'
+    directories (and ``PYTHONPATH`` entries) to ``<site>/``, the Python installation to ``<python>``, the home
+    directory to ``~``."""
+    text = text.replace(f"{REPO}/", "").replace(str(REPO), ".")
+    text = SITE_DIR.sub("<site>/", text)
+    for entry in filter(os.path.isabs, os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+        text = text.replace(f"{entry.rstrip('/')}/", "<site>/")
+    for prefix in sorted({sys.prefix, sys.base_prefix} - {"/", "/usr"}, key=len, reverse=True):
+        text = text.replace(prefix, "<python>")
+    return text.replace(str(Path.home()) + "/", "~/")
 
 
 class _Tee(io.TextIOBase):
@@ -40,6 +58,18 @@ class _Tee(io.TextIOBase):
     def flush(self) -> None:
         for stream in self.streams:
             stream.flush()
+
+
+class _Scrubbed(io.TextIOBase):
+    """Writes through to ``stream`` with :func:`scrub_paths`, flushed at once (the page so far, if the run dies)."""
+
+    def __init__(self, stream: io.TextIOBase) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(scrub_paths(re.sub(r"\x1b\[[0-9;]*m", "", text)))
+        self.stream.flush()
+        return len(text)
 
 
 def _cpu_model() -> str:
@@ -59,10 +89,11 @@ def _memory_gib() -> float:
 
 
 def _gpu() -> str:
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    return "none"
+    try:
+        import torch
+    except ImportError:
+        return "none"
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
 
 
 def machine_line() -> str:
@@ -110,17 +141,22 @@ def markdown_page(title: str, argv: list[str] | None = None) -> Iterator[None]:
     del argv[at:at + 2]
     command = "python " + shlex.join([os.path.relpath(Path(argv[0]).resolve(), REPO), *argv[1:]])
     started, machine, captured = time.perf_counter(), machine_line(), io.StringIO()
-    with contextlib.redirect_stdout(_Tee(sys.stdout, captured)):
-        yield
-    page = [
-        f"# {title}, {datetime.date.today().isoformat()}", "",
-        f"- Machine: {machine} at the start.",
-        f"- Software: {_versions()}.",
-        f"- Commit: {_commit()}.",
-        f"- Command (from the repository root): `{command}`",
-        f"- Wall time: {time.perf_counter() - started:.0f} s.", "",
-        "## Output", "", "```text", re.sub(r"\x1b\[[0-9;]*m", "", captured.getvalue()).rstrip(), "```", "",
-    ]
+
+    def page(wall: str, output: str, closed: bool) -> str:
+        return "\n".join([
+            f"# {title}, {datetime.date.today().isoformat()}", "",
+            f"- Machine: {machine} at the start.",
+            f"- Software: {_versions()}.",
+            f"- Commit: {_commit()}.",
+            f"- Command (from the repository root): `{command}`",
+            f"- Wall time: {wall}.", "",
+            "## Output", "", "```text", scrub_paths(re.sub(r"\x1b\[[0-9;]*m", "", output)).rstrip(),
+            *(["```", ""] if closed else []),
+        ])
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(page))
+    path.write_text(page("still running (the output so far)", "", closed=False) + "\n")
+    with path.open("a") as partial, contextlib.redirect_stdout(_Tee(sys.stdout, captured, _Scrubbed(partial))):
+        yield
+    path.write_text(page(f"{time.perf_counter() - started:.0f} s", captured.getvalue(), closed=True))
     print(f"wrote {path}")

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import pytest  # noqa: E402
-from report import markdown_page  # noqa: E402
+from report import markdown_page, scrub_paths  # noqa: E402
 
 
 def test_api_page_is_up_to_date():
@@ -71,6 +71,23 @@ def test_markdown_page_records_machine_commit_command_and_output(tmp_path, capsy
         pass
     assert list(tmp_path.rglob("*.md")) == [path]
 
+
+
+def test_pages_shorten_machine_paths(tmp_path, monkeypatch):
+    """A traceback printed on a lent GPU machine names its site-packages, its PYTHONPATH and this checkout; the page
+    names none of them (test_no_tracked_file_holds_a_machine_path would fail on it)."""
+    monkeypatch.setenv("PYTHONPATH", f"/tmp/tdrl-site{os.pathsep}{ROOT}")
+    text = (f'  File "/opt/torch/.venv/lib/python3.12/site-packages/torch/nn/modules/module.py", line 1833\n'
+            f'  File "/tmp/tdrl-site/torchrl/objectives/common.py", line 64\n'
+            f'  File "{ROOT}/tdrl/objectives/policy_gradient.py", line 50\n  {sys.prefix}/bin/python {Path.home()}/x\n')
+    assert scrub_paths(text) == ('  File "<site>/torch/nn/modules/module.py", line 1833\n'
+                                 '  File "<site>/torchrl/objectives/common.py", line 64\n'
+                                 '  File "tdrl/objectives/policy_gradient.py", line 50\n  <python>/bin/python ~/x\n')
+    path = tmp_path / "page.md"
+    with markdown_page("Paths", ["x.py", "--markdown", str(path)]):
+        print(text)
+        assert "site-packages" not in path.read_text() and "<site>/torchrl" in path.read_text()  # written as printed
+    assert "site-packages" not in path.read_text() and path.read_text().endswith("```\n")
 
 # --- Config keys named in the docs exist ----------------------------------------------------------------------
 # Every `section.key` or `section.key=value` in README.md and docs/*.md (inline code, shell blocks; not Python

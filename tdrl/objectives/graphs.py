@@ -44,10 +44,26 @@ def update_step(fn: Callable[[TensorDictBase], TensorDictBase], *, cudagraphs: b
     return CudaGraphUpdate(fn, device=torch.device(device))
 
 
+def static_like(sample: TensorDictBase) -> TensorDictBase:
+    """A copy of ``sample`` in fresh buffers with its keys, shapes, dtypes and strides: replay samples are views of
+    grouped storage, and a compiled loss guards on strides, so a contiguous copy would make it compile again (inside
+    the capture, where compiling cannot run). A broadcast leaf (a zero stride) is copied contiguous."""
+    def buffer(t: torch.Tensor) -> torch.Tensor:
+        if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride(), strict=True)):
+            return t.clone(memory_format=torch.contiguous_format)
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+    return sample.apply(buffer)
+
+
 class CudaGraphUpdate:
     """``fn(sample) -> metrics``, run eagerly on a side stream for ``warmup`` calls, then captured into a CUDA graph
     and replayed: each call copies ``sample`` (same keys, shapes and device every call) into the graph's inputs,
     replays, and returns a copy of the outputs (the graph overwrites them at the next replay).
+
+    The warm-up calls already read the graph's input buffers (:func:`static_like`), so a compiled ``fn`` meets in
+    the capture exactly the tensors it was compiled for; the capture runs under torch.compile's
+    ``fail_on_recompile`` stance, so a recompile there is named instead of failing as a CUDA error. Each call gets
+    its own TensorDict structure over those buffers: keys ``fn`` writes into it do not carry over.
 
     Args:
         fn: device work only (see the module docstring); the capture call runs it once without executing it.
@@ -62,14 +78,16 @@ class CudaGraphUpdate:
         self.fn, self.device, self.warmup = fn, device, int(warmup)
         self.calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.inputs: list[tuple[object, torch.Tensor]] = []  # (key, buffer the graph reads)
+        self.static: TensorDictBase | None = None  # the buffers the warm-up calls and the graph read
         self.outputs: TensorDictBase | None = None
 
     def __call__(self, sample: TensorDictBase) -> TensorDictBase:
         self.calls += 1
+        if self.static is None:
+            self.static = static_like(sample)
+        else:  # device-to-device copies into the buffers the graph reads
+            self.static.update_(sample)
         if self.graph is not None:
-            for key, buffer in self.inputs:  # device-to-device copies into the buffers the graph reads
-                buffer.copy_(sample.get(key))
             self.graph.replay()
             return self.outputs.clone()
         if self.calls <= self.warmup:
@@ -77,14 +95,11 @@ class CudaGraphUpdate:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(current)
             with torch.cuda.stream(side):
-                out = self.fn(sample)
+                out = self.fn(self.static.clone(recurse=False))
             current.wait_stream(side)
             return out
-        static = sample.clone()
-        # kept apart from ``static``, whose entries fn may rebind to its own outputs while it is captured
-        self.inputs = list(static.items(include_nested=True, leaves_only=True))
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.outputs = self.fn(static)
+        with torch.compiler.set_stance("fail_on_recompile"), torch.cuda.graph(self.graph):
+            self.outputs = self.fn(self.static.clone(recurse=False))
         self.graph.replay()  # the capture recorded this call's update without running it
         return self.outputs.clone()

@@ -314,8 +314,10 @@ class RayTrainer:
             self.replay, replay_ratio=self.replay_ratio, batch_size=self.batch_size,
             learn_start_frames=self.learn_start_frames, max_lag_frames=self.max_lag_frames)
         self._publish()
+        # spread over the cluster's nodes: Ray's default packs actors onto the driver's node while it has room,
+        # leaving the other nodes' cores idle (and which node gets them then varies from start to start)
         actor_class = ray.remote(CollectorActor).options(num_cpus=self.actor_cpus, max_restarts=-1,
-                                                         max_task_retries=0)
+                                                         max_task_retries=0, scheduling_strategy="SPREAD")
         seeds = actor_seeds(self.seed + self.book.itr, self.n_actors)  # a resumed session: fresh env streams
         # held here for the whole run, so a restarted actor finds its factory (ray#53727); passed in a list, so
         # each actor fetches it itself and its constructor's own arguments stay small

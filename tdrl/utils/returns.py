@@ -19,8 +19,12 @@ def nstep_returns(reward: torch.Tensor, done: torch.Tensor, gamma: float) -> tup
     not_done = (~done).to(reward.dtype)
     # alive[:, j] = 1 while no done happened at steps < j
     alive = torch.cat([torch.ones_like(not_done[:, :1]), torch.cumprod(not_done[:, :-1], dim=1)], dim=1)
-    discounts = gamma ** torch.arange(n, dtype=reward.dtype, device=reward.device).view(1, n, 1)
-    reward_n = (reward * alive * discounts).sum(dim=1)
+    # a sum term by term, each discount a Python float: the same roundings on every device (a CUDA reduction and
+    # pow kernel round differently from the CPU's, and replay samples gathered on a GPU equal the host's bit for bit)
+    live = reward * alive
+    reward_n = live[:, 0]
+    for i in range(1, n):
+        reward_n = reward_n + live[:, i] * gamma**i
     steps = alive.sum(dim=1).squeeze(-1).to(torch.int64)
     return reward_n, steps
 
