@@ -56,7 +56,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ("ppo", "a2c", "impala", "dqn", "ddpg", "td3", "sac", "r2d1")
 STEPS = ("versions", "tests", "recipes", "updates", "atari")
-MAX_FAILURE_LINES = 200  # of the failing tests' short tracebacks
+MAX_FAILURE_LINES = 300  # of the failing tests' short tracebacks (then the summary of every failure)
 FAILED_ROW_LINES = 30  # of a failed update row's recipe output
 COMMON = ("logger.wandb=false", "logger.progress_bar=false")
 OFF_POLICY_TINY = ("optim.min_steps_learn=16", "optim.batch_size=16", "optim.replay_ratio=16", "replay.size=1000",
@@ -139,12 +139,17 @@ def cuda_tests(timeout_s: float) -> None:
                     if "pytest.mark.gpu" in p.read_text()})
     print(f"test files with CUDA tests: {', '.join(files)}")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                           "--tb=short", "-rfE", *files],
+                           "--tb=short", "--show-capture=no", "-p", "no:logging", "-rfE", *files],
                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout_s)
     lines = proc.stdout.splitlines()
-    failures = next((i for i, line in enumerate(lines) if line.lstrip("=").startswith(" FAILURES")), None)
-    # a failure's traceback is all a session gets to fix it with before the next lent machine
-    print("\n".join(lines[-15:] if failures is None else lines[failures:][:MAX_FAILURE_LINES]))
+
+    def section(title: str) -> int | None:
+        return next((i for i, line in enumerate(lines) if line.startswith("=") and f" {title} " in line), None)
+
+    failures, summary = section("FAILURES"), section("short test summary info")
+    if failures is not None:  # a traceback is all a session gets to fix it with before the next lent machine
+        print("\n".join(lines[failures:summary][:MAX_FAILURE_LINES]))
+    print("\n".join(lines[summary:] if summary is not None else lines[-15:]))
     if proc.returncode not in (0, 5):  # 5: nothing selected (no gpu test collected)
         raise RuntimeError(f"pytest exit {proc.returncode}: {proc.stderr[-2000:]}")
 

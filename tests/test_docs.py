@@ -89,10 +89,11 @@ def test_pages_shorten_machine_paths(tmp_path, monkeypatch):
         assert "site-packages" not in path.read_text() and "<site>/torchrl" in path.read_text()  # written as printed
     assert "site-packages" not in path.read_text() and path.read_text().endswith("```\n")
 
+
 # --- Config keys named in the docs exist ----------------------------------------------------------------------
 # Every `section.key` or `section.key=value` in README.md and docs/*.md (inline code, shell blocks; not Python
 # blocks, where `trainer.frames` is an attribute) is checked against the recipes' configs: in a command
-# `python recipes/<r>.py ...` against that recipe, with its values (all of the command's overrides together);
+# `python recipes/<r>.py ...` against that recipe, with all of its overrides together (as a code span's are);
 # elsewhere against the recipes the same line names (`PPO`, `a2c.py`), or any recipe when it names none. A shell
 # line whose comment says `error:` shows bad input on purpose: it must fail. The commands in the recipes' docstrings
 # (their --help) are checked the same way.
@@ -146,10 +147,11 @@ def _doc_mentions():
                 overrides = [a for a in match.group(2).split() if "=" in a and not a.startswith("-")]
                 yield where, [match.group(1)], overrides, error
             named = _named_recipes(line)
-            for section, key, value in KEY.findall(COMMAND.sub("", span)):
-                if section in sections and f"{section}.{key}" not in NOT_CONFIG_KEYS:
-                    value = "" if PLACEHOLDER.match(value) else value
-                    yield where, named or list(ALGORITHMS), [f"{section}.{key}" + (f"={value}" if value else "")], error
+            overrides = [f"{section}.{key}" + (f"={value}" if value and not PLACEHOLDER.match(value) else "")
+                         for section, key, value in KEY.findall(COMMAND.sub("", span))
+                         if section in sections and f"{section}.{key}" not in NOT_CONFIG_KEYS]
+            if overrides:  # a span's overrides together, as a command line would give them
+                yield where, named or list(ALGORITHMS), overrides, error
 
 
 def _docstring_commands():

@@ -134,7 +134,7 @@ def test_compiled_loss_on_replay_samples_is_captured_without_recompiling(tmp_pat
     replay, sample = _replay_sample(tmp_path, device)
     assert any(not v.is_contiguous() for v in sample.values(True, True))
     torch.manual_seed(0)
-    net = torch.nn.Linear(4, 1).to(device)
+    net = torch.nn.Linear(sample["observation"].shape[-1], 1).to(device)
 
     def loss(td):
         return ((net(td["observation"].float()) - td["next", "reward"]) ** 2).mean()
