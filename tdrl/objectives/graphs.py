@@ -21,7 +21,7 @@ from tensordict import TensorDictBase
 
 from tdrl.utils.errors import UserError
 
-__all__ = ["CudaGraphUpdate", "graph_lr", "update_step"]
+__all__ = ["CudaGraphUpdate", "graph_lr", "static_like", "update_step"]
 
 WARMUP_CALLS = 3
 """Eager calls before the capture: they create the optimizer state, cuBLAS workspaces and autograd's buffers."""
