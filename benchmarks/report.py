@@ -37,13 +37,14 @@ def scrub_paths(text: str) -> str:
     """``text`` with this machine's paths shortened: the checkout to paths relative to it, installed packages'
     directories (and ``PYTHONPATH`` entries) to ``<site>/``, the Python installation to ``<python>``, the home
     directory to ``~``."""
-    text = text.replace(f"{REPO}/", "").replace(str(REPO), ".")
     text = SITE_DIR.sub("<site>/", text)
-    for entry in filter(os.path.isabs, os.environ.get("PYTHONPATH", "").split(os.pathsep)):
-        text = text.replace(f"{entry.rstrip('/')}/", "<site>/")
-    for prefix in sorted({sys.prefix, sys.base_prefix} - {"/", "/usr"}, key=len, reverse=True):
-        text = text.replace(prefix, "<python>")
-    return text.replace(str(Path.home()) + "/", "~/")
+    entries = filter(os.path.isabs, os.environ.get("PYTHONPATH", "").split(os.pathsep))
+    names = {f"{entry.rstrip('/')}/": "<site>/" for entry in entries if Path(entry) != REPO}
+    names.update({prefix: "<python>" for prefix in {sys.prefix, sys.base_prefix} - {"/", "/usr"}})
+    names.update({f"{REPO}/": "", str(REPO): ".", f"{Path.home()}/": "~/"})
+    for path in sorted(names, key=len, reverse=True):  # the longest first: a venv inside the checkout is <python>
+        text = text.replace(path, names[path])
+    return text
 
 
 class _Tee(io.TextIOBase):

@@ -112,7 +112,9 @@ def test_concurrent_extend_and_prioritized_sample_update(tmp_path):
 @pytest.mark.timeout(90)
 def test_concurrent_extend_and_sequence_sample(tmp_path):
     B, T = 2, 16
-    rb = SequenceReplayBuffer(tmp_path / "seq", B * 96, batch_T=8, warmup_T=4, rnn_state_interval=8,
+    # 1024 steps per stream, as the uniform test's: a 96-step ring was lapped during a gather on 2 busy cores (CI,
+    # 2026-11-27), the documented "writer is lapping the buffer" error, not a torn read
+    rb = SequenceReplayBuffer(tmp_path / "seq", B * 1024, batch_T=8, warmup_T=4, rnn_state_interval=8,
                               state_keys=[("recurrent_state", "h")], seed=0)
 
     def check(s):
