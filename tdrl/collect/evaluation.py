@@ -11,7 +11,7 @@ and continue their streams: successive evaluations see new initial states, and a
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -73,12 +73,12 @@ class FrameRecorder(gym.Wrapper):
         out = self.env.reset(**kwargs)
         if len(self.frames) > 1:
             self.last_episode = self.frames
-        self.frames = [self.env.render()]
+        self.frames = [cast(np.ndarray, self.env.render())]  # render_mode="rgb_array": one frame
         return out
 
     def step(self, action: Any) -> Any:
         out = self.env.step(action)
-        self.frames.append(self.env.render())
+        self.frames.append(cast(np.ndarray, self.env.render()))
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -44,6 +44,7 @@ class ParallelEngine:
         """Copy the policy's tensors into the workers' shared copy (they are idle between batches)."""
         if self.worker_policy is None:
             return
+        assert self.policy is not None  # the workers' copy is made from it
         live, shared = module_tensors(self.policy), module_tensors(self.worker_policy)
         if [t.shape for t in live] != [t.shape for t in shared]:
             raise ValueError("the policy's parameters no longer match the workers' copy (shapes changed)")

@@ -25,7 +25,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase, set_interaction_type
 from tensordict.utils import NestedKey, unravel_key
 
-from tdrl.collect.module_act import module_act
+from tdrl.collect.module_act import ActFn, module_act
 from tdrl.models.acting import Acting
 from tdrl.utils.keys import ENV_INDEX_KEY, INIT_KEY, OBS_KEY, PREV_REWARD_KEY
 
@@ -108,7 +108,7 @@ class PolicyStep:
             self.out_template.set(key, torch.zeros_like(value, device="cpu"))
         act = module_act(policy, self.n)
         self.acting = act is not None and self._same_outputs(act, inputs)
-        self._act = (torch.compile(act) if compile else act) if self.acting else None
+        self._act: ActFn | None = (torch.compile(act) if compile else act) if act is not None and self.acting else None
 
     def _rng_untouched(self) -> AbstractContextManager:
         """Context of the calls that probe the policy at build: the caller's torch generators (CPU and the
@@ -203,6 +203,7 @@ class PolicyStep:
                 self.state[key] = value * keep.reshape(keep.shape + (1,) * (value.dim() - keep.dim()))
         inputs = self._inputs(obs, is_init)
         if self.acting and self.exploration_type in ACTING_TYPES:
+            assert self._act is not None  # set with acting
             out = self._act(inputs, self.exploration_type is InteractionType.DETERMINISTIC)
         else:
             result = self.policy(self._as_td(inputs))

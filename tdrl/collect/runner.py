@@ -93,7 +93,7 @@ class SliceRunner:
             raise
         self.write_obs = ColumnWriter(batch, OBS_KEYS, step_td, lo, hi)
         self.write_next = ColumnWriter(batch, list(STEP_NEXT_KEYS), step_td, lo, hi)
-        self.write_policy = None
+        self.write_policy: PolicyWriter | None = None
         if self.policy_step is not None:
             self.write_policy = PolicyWriter(batch, list(self.policy_step.out_template.keys(True, True)), lo, hi)
         self.actions = batch.get("action").numpy()[lo:hi]
@@ -109,6 +109,7 @@ class SliceRunner:
             for t in range(self.batch_T):
                 write_obs(t)
                 if policy_step is not None:
+                    assert write_policy is not None  # built with policy_step
                     write_policy(t, policy_step(obs, is_init))
                 else:
                     envs.sample_actions(actions[:, t])

@@ -261,6 +261,7 @@ class Run:
         }
         payload = {"state": dict(state), "run": position, "rng": rng_state()}
         path = self.checkpointer.save(payload, iteration, extra_writers=extra_writers)
+        assert path is not None  # will_save(iteration) said it saves
         self.last_checkpoint = CheckpointInfo(path, int(iteration))
         return path
 

@@ -51,7 +51,7 @@ class DebugLog:
         self._file = open(self.path, "a", buffering=1, encoding="utf-8", errors="replace")
         self._stdout = _TeeStream(sys.stdout, self._file)
         self._stderr = _TeeStream(sys.stderr, self._file)
-        sys.stdout, sys.stderr = self._stdout, self._stderr  # type: ignore[assignment]
+        sys.stdout, sys.stderr = self._stdout, self._stderr
 
     @property
     def terminal_stderr(self) -> IO[str]:

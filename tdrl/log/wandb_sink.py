@@ -19,7 +19,7 @@ import secrets
 import string
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tdrl.config import ConfigError, LoggerConfig
 from tdrl.utils.files import write_atomic
@@ -28,10 +28,11 @@ __all__ = ["WandbSink", "check_wandb_credentials", "load_or_create_run_id", "mak
 
 ID_FILE = "wandb_id.txt"
 STEP_FILE = "wandb_step.txt"
-_MODES = ("online", "offline", "disabled")
+WandbMode = Literal["online", "offline", "disabled"]
+_MODES: tuple[WandbMode, ...] = ("online", "offline", "disabled")
 
 
-def resolve_wandb_mode(configured: str) -> str:
+def resolve_wandb_mode(configured: str) -> WandbMode:
     """``WANDB_MODE`` from the environment if set (``dryrun`` means offline), else ``configured``; a mode other
     than online, offline, disabled is a :class:`~tdrl.config.ConfigError` naming where it came from."""
     env = os.environ.get("WANDB_MODE", "").strip().lower()
@@ -76,7 +77,7 @@ class WandbSink:
     on ``run_dir`` already sent (up to :attr:`sent_before`) are skipped.
     """
 
-    def __init__(self, *, run_dir: Path, run_id: str, mode: str, name: str, project: str, entity: str = "",
+    def __init__(self, *, run_dir: Path, run_id: str, mode: WandbMode, name: str, project: str, entity: str = "",
                  group: str = "", config: Mapping[str, Any] | None = None) -> None:
         import wandb
 

@@ -69,7 +69,7 @@ def _apply(conv: nn.Module, image: torch.Tensor, image_shape: tuple[int, ...], o
     return conv(x).reshape(*lead, output_size)
 
 
-def image_torso(image_shape: Sequence[int]) -> tuple[nn.Module, int]:
+def image_torso(image_shape: Sequence[int]) -> tuple[AtariConv | SmallImageConv, int]:
     """The conv torso for ``[C, H, W]`` frames and the width of the hidden layer after it: :class:`AtariConv` and
     512 (Nature DQN) for Atari-sized frames, :class:`SmallImageConv` and 128 (MinAtar) below 36 pixels."""
     if min(image_shape[1:]) < 36:  # AtariConv's 8/4, 4/2, 3/1 kernels need at least 36 pixels

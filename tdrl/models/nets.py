@@ -62,6 +62,10 @@ class ObsNorm(nn.Module):
     never in ``forward``, so collection and training see identical inputs.
     """
 
+    mean: torch.Tensor  # buffers (register_buffer): the running statistics
+    var: torch.Tensor
+    count: torch.Tensor
+
     def __init__(self, shape: Sequence[int] | int, clip: float = 10.0, eps: float = 1e-6) -> None:
         super().__init__()
         shape = (shape,) if isinstance(shape, int) else tuple(shape)

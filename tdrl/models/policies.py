@@ -85,6 +85,7 @@ def _probabilistic_actor(net: nn.Module, specs: EnvSpecs, dist: str, interaction
                         recurrent: bool = False) -> ProbabilisticActor:
     """A :class:`ProbabilisticPolicy` over ``net`` (it acts on tensors); over a recurrent TensorDict module, TorchRL's
     ``ProbabilisticActor`` (collectors run it on TensorDicts)."""
+    kwargs: dict[str, torch.Tensor]  # the distribution's extra arguments
     if dist == "categorical":
         keys, cls, kwargs = ["logits"], torch.distributions.Categorical, {}
     elif dist == "normal":

@@ -30,12 +30,12 @@ class _ScaleGrad(torch.autograd.Function):
     """Identity forward; scales the gradient on the way back (Wang et al. 2016, dueling nets)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
         ctx.scale = scale
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad * ctx.scale, None
 
 
@@ -140,9 +140,10 @@ def make_q_actor(specs, *, hidden_sizes: Sequence[int] = (64, 64), dueling: bool
         raise ValueError(f"need n_atoms >= 1 and v_max > v_min, got n_atoms={n_atoms}, [{v_min}, {v_max}]")
     n_actions = int(specs.action_spec.space.n)
     obs_spec = specs.observation_spec
+    torso: nn.Module
     if is_image_spec(obs_spec):
-        torso, hidden_size = image_torso(obs_spec.shape)
-        feature_size = torso.output_size
+        conv, hidden_size = image_torso(obs_spec.shape)
+        torso, feature_size = conv, conv.output_size
         head_sizes: Sequence[int] = (hidden_size,)
     else:
         torso, feature_size = vector_torso(obs_spec, hidden_sizes)
@@ -170,6 +171,9 @@ def _bounds(specs) -> tuple[torch.Tensor, torch.Tensor]:
 
 class ScaledTanh(nn.Module):
     """``low + (tanh(x) + 1) / 2 * (high - low)``: squashes an unbounded output into the action box."""
+
+    loc: torch.Tensor  # buffers (register_buffer)
+    half_range: torch.Tensor
 
     def __init__(self, low: torch.Tensor, high: torch.Tensor) -> None:
         super().__init__()
@@ -216,6 +220,9 @@ class TwinQ(nn.Module):
     detached parameters, without swapping module state. Each member is initialised like an independent
     ``nn.Linear`` stack. With ``action_low``/``action_high`` the critics read actions rescaled to [-1, 1].
     """
+
+    action_loc: torch.Tensor  # buffers (register_buffer)
+    action_scale: torch.Tensor
 
     def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: Sequence[int] = (256, 256), n_critics: int = 2,
             action_low: torch.Tensor | None = None, action_high: torch.Tensor | None = None) -> None:

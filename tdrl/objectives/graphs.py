@@ -89,6 +89,7 @@ class CudaGraphUpdate:
             self.static.update_(sample)
         if self.graph is not None:
             self.graph.replay()
+            assert self.outputs is not None  # captured with the graph
             return self.outputs.clone()
         if self.calls <= self.warmup:
             current = torch.cuda.current_stream(self.device)

@@ -225,11 +225,13 @@ class Updater:
             if finite:  # the one host read of an optimizer without a fused step
                 self.optimizer.step()
             return
-        self.optimizer.found_inf = found_inf  # as torch.amp.GradScaler.step hands it to a fused optimizer
+        # as torch.amp.GradScaler.step hands it to a fused optimizer; torch's Optimizer stubs do not declare the
+        # found_inf attribute its fused steps read (GradScaler sets and deletes it with the same ignore)
+        self.optimizer.found_inf = found_inf  # type: ignore[attr-defined]
         try:
             self.optimizer.step()
         finally:
-            del self.optimizer.found_inf
+            del self.optimizer.found_inf  # type: ignore[attr-defined]
 
     def _record(self, keys: tuple[str, ...], values: torch.Tensor, finite: torch.Tensor,
                 found_inf: torch.Tensor) -> None:

@@ -69,14 +69,15 @@ class TransitionReplayBuffer:
         self.device = sample_device(device)
         self.copy_on_device = False if frame_stack is not None else copy_on_device
         self._copy: DeviceCopy | None = None
-        self._flat = None  # the device copy's views during a sample
+        self._flat: dict[Any, torch.Tensor] | None = None  # the device copy's views during a sample
         self.sampler = sampler
         self.frame_stack = frame_stack
         stacked = frame_stack is not None
         # a sample reads the history frames of its stack before it, its window and the next stack's frame after it
         self.ring = StreamRing(scratch_dir, capacity, {"kind": "transition", "n_step": self.n_step}, keys=keys,
-                               exclude_keys=frame_stack.keys if stacked else (),
-                               lookback=frame_stack.n_frames - 1 if stacked else 0, lookahead=self.n_step - 1 + stacked,
+                               exclude_keys=frame_stack.keys if frame_stack is not None else (),
+                               lookback=frame_stack.n_frames - 1 if frame_stack is not None else 0,
+                               lookahead=self.n_step - 1 + stacked,
                                sampler=sampler, mask_key=mask_key, seed=seed)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -109,6 +110,7 @@ class TransitionReplayBuffer:
         start = self.ring.begin_write(steps)
         self.ring.write_columns(columns, start)
         if frames is not None:
+            assert self.frame_stack is not None  # it prepared the frames
             self.frame_stack.write(self.ring, frames, start)
         self.ring.end_write(start, steps, priority)
 
@@ -118,6 +120,7 @@ class TransitionReplayBuffer:
                               f"[B, T] collector batches")
         codec = functools.partial(self.frame_stack.fields, batch) if self.frame_stack is not None else None
         self.ring.allocate(batch, codec)
+        assert self.ring.schema is not None  # allocate() adopted it
         if self.n_step > 1:
             for key in (("next", "reward"), ("next", "done")):
                 if key not in self.ring.schema.entries:
@@ -143,6 +146,7 @@ class TransitionReplayBuffer:
         if self._copy is None:
             if not self.copy_on_device and (self.copy_on_device is not None or self.device is None):
                 return None
+            assert self.device is not None  # copy_on_device=True needs it (__init__), None only uses it with one
             if self.copy_on_device is None and not fits_on_device(self.ring, self.device):
                 self.copy_on_device = False
                 return None
@@ -154,6 +158,7 @@ class TransitionReplayBuffer:
         ring, flat, device = self.ring, self._flat, self.device
         index = torch.from_numpy(ring.flat_index(stream, time))
         if flat is not None:  # gathered from the device copy: the indices go there
+            assert device is not None  # the device copy's
             index = staged(index, device)
         n = index.shape[0]
         if self.n_step == 1:
@@ -163,7 +168,9 @@ class TransitionReplayBuffer:
                 values[("next", "reward")] = values[("next", "reward")].clamp(-1.0, 1.0)
         else:
             window = torch.from_numpy(ring.flat_index(stream[:, None], time[:, None] + np.arange(self.n_step)))
-            window = window if flat is None else staged(window, device)
+            if flat is not None:
+                assert device is not None  # the device copy's
+                window = staged(window, device)
             reward = ring.gather(("next", "reward"), window.reshape(-1), flat).view(n, self.n_step, -1)
             done = ring.gather(("next", "done"), window.reshape(-1), flat).view(n, self.n_step, -1)
             if self.clip_reward:

@@ -201,10 +201,10 @@ class PrioritizedSampler(Sampler):
     def extend(self, index: torch.Tensor) -> None:
         if self.capacity is None:
             raise ReplayError("PrioritizedSampler needs max_capacity when used with torchrl.data.ReplayBuffer")
-        index = torch.as_tensor(index).reshape(-1).cpu().numpy()
-        self.assign(index)
-        self.activate(index)
-        self.advance(index.size)
+        leaves = torch.as_tensor(index).reshape(-1).cpu().numpy()
+        self.assign(leaves)
+        self.activate(leaves)
+        self.advance(leaves.size)
 
     def update_priority(self, index: int | torch.Tensor, priority: float | torch.Tensor, *,
                         storage: Any = None) -> None:

@@ -92,6 +92,7 @@ class StreamRing:
         """Adopt the layout in ``meta.json`` (a buffer shared before its first extend learns B, the schema and the
         sampler files lazily), and whether the batches carry the validity mask."""
         self._adopt_meta()
+        assert self.schema is not None  # adopted from meta.json
         self.stored_mask_key = self.mask_key if self.mask_key in self.schema.entries else None
         if self.sampler is not None and self.sampler.capacity != self.num_leaves:
             self.sampler.bind(self.num_leaves, self.store.directory, create=False)
@@ -134,6 +135,7 @@ class StreamRing:
     def _adopt_meta(self) -> None:
         """Layout and per-key views of the fields ``meta.json`` describes."""
         meta = self.store.meta
+        assert meta is not None  # called once the store is allocated
         self.num_streams, self.time_capacity = meta["num_streams"], meta["time_capacity"]
         self.flat_batches = meta["flat_batches"]
         self.schema = BatchSchema.from_json(meta["schema"])
@@ -218,6 +220,7 @@ class StreamRing:
         if steps > self.time_capacity:
             raise ReplayError(f"batch has {steps} time steps, more than the buffer's T_cap={self.time_capacity} "
                               f"(capacity {self.capacity} / B={self.num_streams})")
+        assert self.schema is not None  # the buffers allocate the ring before they check a batch
         columns = self.schema.check(batch, batch.batch_size)
         if self.flat_batches:
             columns = {k: v.unsqueeze(0) for k, v in columns.items()}
@@ -308,6 +311,7 @@ class StreamRing:
             bad = ~valid
             stream[bad], slot[bad] = np.divmod(self.rng.integers(0, total, bad.sum()), per_stream)
             slot[bad] += lo
+        assert self.stored_mask_key is not None  # without a mask the first draw is valid
         raise ReplayError(f"almost no valid steps: {key_name(self.stored_mask_key)!r} is False nearly everywhere")
 
     def sample(self, n: int, gather: Callable[[np.ndarray, np.ndarray], TensorDictBase]) -> tuple:
@@ -323,7 +327,8 @@ class StreamRing:
         for _ in range(_MAX_REDRAWS):
             stale = slot[rows] * self.stride - self.lookback < self.write_started - self.time_capacity
             if not stale.any():
-                weights = None if values is None else self.sampler.importance_weights(values)
+                sampler = self.sampler  # leaf values come from it
+                weights = None if values is None or sampler is None else sampler.importance_weights(values)
                 return self.leaf(stream, slot), out, weights
             rows = rows[stale]
             stream[rows], slot[rows], new_values = self.draw(rows.size)

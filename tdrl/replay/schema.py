@@ -6,7 +6,7 @@ leaves the stored data untouched.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -40,7 +40,7 @@ class BatchSchema:
         ignored: keys a batch may carry that the schema does not store (frame stacks, input priorities, ...).
     """
 
-    def __init__(self, entries: dict[tuple[str, ...], tuple[torch.dtype, torch.Size]], strict: bool = True,
+    def __init__(self, entries: Mapping[tuple[str, ...], tuple[torch.dtype, tuple[int, ...]]], strict: bool = True,
                  ignored: Iterable[tuple[str, ...]] = ()) -> None:
         self.entries = entries
         self.strict = strict
@@ -131,7 +131,7 @@ def pack(schema: BatchSchema) -> dict[str, list]:
     return groups
 
 
-def nest(flat: dict[tuple[str, ...], torch.Tensor], batch_size: Sequence[int]) -> TensorDict:
+def nest(flat: Mapping[tuple[str, ...], torch.Tensor | TensorDictBase], batch_size: Sequence[int]) -> TensorDict:
     """Build a TensorDict from ``{nested key: tensor}`` (faster than the TensorDict constructor on tuple keys)."""
     tree: dict[str, Any] = {}
     for key, value in flat.items():

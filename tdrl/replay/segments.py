@@ -71,6 +71,7 @@ def field_cursors(store: MemmapStore) -> dict[str, np.ndarray | None]:
     ``meta["cursors"][name]`` is an ``int`` ``s`` (the field holds one entry every ``s`` ring steps: the cursor is
     ``ceil(write_started / s)``) or the name of a ``[B, 1]`` int64 counter field (per-stream cursors).
     """
+    assert store.meta is not None  # the store is allocated
     declared = store.meta.get("cursors", {})
     started = store.counter("write_started")
     out: dict[str, np.ndarray | None] = {}
@@ -157,7 +158,8 @@ def write_segments(store: MemmapStore, directory: Path, previous: Path | None, l
         for k, n, versions in segment_plan(array.shape[1], cursors[name], segment):
             file, lo = f"{name}.{k:05d}.bin", k * segment
             nbytes = array[:, lo : lo + n].nbytes
-            if linkable.get(k) != (n, versions) or not _link(previous / file, directory / file, nbytes):
+            if (previous is None or linkable.get(k) != (n, versions)  # nothing is linkable without a previous dump
+                    or not _link(previous / file, directory / file, nbytes)):
                 with open(directory / file, "xb") as f:  # a new inode: never one a checkpoint links
                     for stream in array:
                         f.write(stream[lo : lo + n])
@@ -193,7 +195,7 @@ def read_segments(store: MemmapStore, directory: Path) -> Lineage:
 
 
 def _read_into(f: Any, target: np.ndarray, file: Path) -> None:
-    view, done = memoryview(target).cast("B"), 0
+    view, done = target.data.cast("B"), 0  # ndarray.data: the memoryview of its buffer
     while done < view.nbytes:  # one read returns at most ~2 GiB
         got = f.readinto(view[done:])
         if not got:

@@ -153,7 +153,7 @@ class SequenceReplayBuffer:
         index = torch.from_numpy(self.ring.flat_index(stream[:, None], times).reshape(-1))
         values = {k: v.view(n, L, *v.shape[1:]) for k, v in self.ring.gather_keys(index, device=self.device).items()}
         state_index = torch.from_numpy(self.ring.leaf(stream, start_no))
-        out = {("steps",): nest(values, [n, L])}
+        out: dict[tuple[str, ...], torch.Tensor | TensorDictBase] = {("steps",): nest(values, [n, L])}
         for key in self.state_keys:
             field = self.ring.field("state." + key_name(key))
             out[key] = torch.index_select(field.view(-1, *field.shape[2:]), 0, state_index)

@@ -100,6 +100,7 @@ class MemmapStore:
         return self.allocated
 
     def _map_fields(self, create: bool, keep_data: bool = True) -> None:
+        assert self.meta is not None  # set by the callers: allocate(), ensure_open()
         self.fields, self._arrays = {}, {}
         for name, spec in self.meta["fields"].items():
             shape = tuple(spec["shape"])

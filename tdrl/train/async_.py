@@ -261,6 +261,7 @@ class AsyncTrainer:
 
     def _publish_weights(self) -> None:
         ctrl = self._ctrl
+        assert ctrl is not None  # made before the collector process starts
         with ctrl.weights_lock, torch.no_grad():
             for dst, src in self._weight_pairs:  # plain copies: TensorDict.update_ costs ~100 us per call here
                 dst.copy_(src)
@@ -270,6 +271,7 @@ class AsyncTrainer:
 
     def _drain(self, *, block: bool) -> None:
         """Handle collector messages; stop at a boundary (the collector is then paused). ``block``: wait for one."""
+        assert self._ctrl is not None  # the collector process was started
         queue = self._ctrl.queue
         while True:
             start = time.perf_counter()
@@ -312,6 +314,7 @@ class AsyncTrainer:
         process = self._process
         if process is None or process.is_alive() or self._collector_done:
             return
+        assert self._ctrl is not None  # made with the process
         try:  # an exception is reported just before the process exits: look for it first
             while True:
                 msg = self._ctrl.queue.get(timeout=0.5)
@@ -331,6 +334,7 @@ class AsyncTrainer:
         process, ctrl = self._process, self._ctrl
         self._process = None
         if process is not None:
+            assert ctrl is not None  # made with the process
             ctrl.stop.set()
             ctrl.go.set()
             deadline = time.monotonic() + 10.0
@@ -362,6 +366,7 @@ class AsyncTrainer:
     def _handle_boundary(self) -> bool:
         """Evaluate, log and checkpoint at a paused boundary, then release the collector. Returns: run over."""
         info, self._boundary = self._boundary, None
+        assert info is not None and self._ctrl is not None  # called at a boundary the collector reported
         itr = self.book.itr
         final = itr >= self.n_itr
         self.objects.check_finite()  # updates skipped for a NaN/inf loss since the last boundary raise here

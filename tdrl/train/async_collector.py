@@ -170,6 +170,7 @@ def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> 
 
 def _wait_for_optimizer(spec: CollectorProcessSpec, ctrl: Control) -> float:
     """Block while the optimizer owes more than one batch plus ``max_lag_frames`` frames' worth of updates."""
+    assert spec.max_lag_frames is not None  # called only with a bounded lag
     start = time.perf_counter()
     replay = spec.replay
     limit_updates = (spec.max_lag_frames + spec.frames_per_itr) * spec.replay_ratio / spec.batch_size

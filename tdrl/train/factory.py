@@ -141,6 +141,7 @@ def make_trainer(
                           max_lag_frames=max_lag, unrolls_per_batch=cfg.unrolls_per_batch, **kwargs)
     built = collector is None
     if built:
+        assert collector_factory is not None  # checked with collector above
         collector = collector_factory()
     try:
         return SyncTrainer(collector=collector, replay=replay, modules=modules, **kwargs)

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -123,6 +123,7 @@ class LearnerHub:
             return False
         if self.max_lag_frames is None or not self.replay_ratio:
             return True
+        assert self.batch_size is not None  # given with replay_ratio (RayTrainer)
         # the learner may owe at most max_lag_frames worth of updates: the async trainer's throttle, in frames
         behind = owed_updates(replay_ratio=self.replay_ratio, batch_size=self.batch_size,
                               write_count=self.replay.write_count, samples_drawn=self.replay.samples_drawn,
@@ -184,12 +185,14 @@ class CollectorActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def _pull_weights(self, newest: tuple[int, list[Any]] | None | str = "ask") -> int:
+    def _pull_weights(self, newest: tuple[int, list[Any]] | None | Literal["ask"] = "ask") -> int:
         """Load the newest weights (asking the hub unless its answer is given); the bytes they took."""
         import ray
 
-        if newest == "ask":
-            newest = ray.get(self.hub.weights.remote(self.version), timeout=self.call_timeout_s)
+        if isinstance(newest, str):  # "ask"
+            answer: tuple[int, list[Any]] | None = ray.get(self.hub.weights.remote(self.version),
+                                                           timeout=self.call_timeout_s)  # LearnerHub.weights
+            newest = answer
         if newest is None:
             return 0
         version, (ref,) = newest
@@ -219,11 +222,11 @@ class CollectorActor:
         import ray
 
         if mode == "unroll":
-            wire = self._pull_weights()
+            pulled = self._pull_weights()
             batch, report = self._collect()
             batch = batch.copy()  # new keys go on a shallow copy: the collector may own this one
             batch.set(VERSION_KEY, torch.full(batch.shape, self.version, dtype=torch.int64))
-            report.batch, report.wire_bytes = to_wire(batch), report.wire_bytes + wire
+            report.batch, report.wire_bytes = to_wire(batch), report.wire_bytes + pulled
             return report
         acknowledged = self._nothing()
         if self._write is not None:
@@ -366,6 +369,7 @@ class ActorPool:
             slot.probe = slot.handle.pid.remote()
             return False
         slot.probe, slot.started, slot.progress_at, slot.pid = None, True, time.monotonic(), pid
+        assert slot.died_at is not None  # set with the probe (_restarted)
         index = self.slots.index(slot)
         self.events.append(f"collector actor {index} is back after {time.monotonic() - slot.died_at:.1f} s (pid {pid})")
         slot.died_at = None

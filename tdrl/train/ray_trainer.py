@@ -34,7 +34,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from tensordict import TensorDict
@@ -63,6 +63,13 @@ if TYPE_CHECKING:  # annotations only: tdrl.collect imports torchrl.envs (~1 s)
     from tdrl.collect import Collector
 
 
+class _RayLogging(TypedDict):
+    """ray.init's logging arguments."""
+
+    logging_level: int
+    configure_logging: bool
+
+
 def describe(digest: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in digest.items())
 
@@ -79,7 +86,7 @@ def connect_ray(address: str | None, *, cpus_wanted: float) -> bool:
     target = address or os.environ.get("RAY_ADDRESS") or None
     if target:
         check_reachable(target)
-    quiet = {"logging_level": logging.WARNING, "configure_logging": True}
+    quiet: _RayLogging = {"logging_level": logging.WARNING, "configure_logging": True}
     try:
         if target:
             ray.init(address=target, **quiet)
@@ -245,6 +252,7 @@ class RayTrainer:
             book.close_run(self.summary if completed else None)
 
     def _replay_round(self) -> Iterator[int]:
+        assert self.pool is not None  # _start() built it
         self._due = self._owed()
         self._account(self.pool.poll(timeout=0.0 if self._due else POLL_S))
         self._due = self._due or self._owed()
@@ -254,6 +262,7 @@ class RayTrainer:
                 self._publish()
 
     def _unroll_round(self) -> Iterator[Any]:
+        assert self.pool is not None  # _start() built it
         self._account(self.pool.poll(timeout=POLL_S))
         while len(self._unrolls) >= self.unrolls_per_batch:
             parts, self._unrolls = self._unrolls[:self.unrolls_per_batch], self._unrolls[self.unrolls_per_batch:]
@@ -262,6 +271,8 @@ class RayTrainer:
 
     def _owed(self) -> int:
         replay = self.replay
+        # off-policy: __init__ checked that they are given
+        assert replay is not None and self.replay_ratio is not None and self.batch_size is not None
         owed = owed_updates(replay_ratio=self.replay_ratio, batch_size=self.batch_size,
                             write_count=replay.write_count, samples_drawn=replay.samples_drawn,
                             learn_start_frames=self.learn_start_frames, ready=replay.ready_count())
@@ -283,6 +294,7 @@ class RayTrainer:
             iv["frames"] += report.frames
             if report.batch is not None:
                 self._unrolls.append(from_wire(report.batch))
+        assert self.pool is not None  # the reports came from it
         for line in self.pool.events:
             print(f"tdrl: {line}", file=sys.stderr, flush=True)
         self.pool.events.clear()
@@ -380,6 +392,7 @@ class RayTrainer:
         for i, fps in enumerate(self.pool.take_fps()):
             extra[f"actors/fps_{i}"] = fps
         if not self.on_policy:
+            assert self.replay is not None  # off-policy
             samples, writes = self.replay.samples_drawn, self.replay.write_count
             learned = writes - self.learn_start_frames
             extra.update({"replay/ratio": samples / learned if learned > 0 else 0.0,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -28,11 +28,14 @@ __all__ = ["GradientAllReduce", "ReplicaDivergenceError", "broadcast_from_main",
            "tensor_digest"]
 
 
+_T = TypeVar("_T", bound=torch.Tensor)
+
+
 class ReplicaDivergenceError(RuntimeError):
     """The replicated modules differ across ranks (a step was not averaged, or a rank changed them alone)."""
 
 
-def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+def _unique(tensors: Iterable[_T]) -> list[_T]:
     """Each tensor once (modules may share parameters, e.g. a loss holding the actor and a critic using it)."""
     return list({id(t): t for t in tensors}.values())
 
@@ -104,7 +107,7 @@ class GradientAllReduce:
         self._expected = None
         if not is_distributed() or world_size() == 1:
             return
-        grads = [self.params[i].grad for i in touched if self.params[i].grad is not None]
+        grads = [grad for grad in (self.params[i].grad for i in touched) if grad is not None]
         n = world_size()
 
         def all_reduce_mean(flat: torch.Tensor) -> None:

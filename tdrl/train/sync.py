@@ -135,7 +135,7 @@ class SyncTrainer:
         self.checkpoint_interval_itrs = max(ckpt_itrs, 1) if checkpoint_interval_steps else self.log_interval_itrs
         self.min_itr_learn = int(min_steps_learn) // self.frames_per_itr
         self.updates_per_itr = updates_per_iteration(replay_ratio, self.local_frames_per_itr, batch_size) \
-            if replay_ratio else 1
+            if replay_ratio and batch_size is not None else 1  # batch_size is given with replay_ratio (checked above)
         self.objects = CheckpointObjects(checkpoint_state)
         per_rank = {}
         if self.world_size > 1:  # each rank has its own replay: its counters go with the rank's state
@@ -148,7 +148,7 @@ class SyncTrainer:
         self.stopped_early = False
         self._pending_trajs: list[dict[str, float]] = []  # this rank's episodes not yet gathered into a row
         self.modules = list(modules)
-        self.grad_sync = None
+        self.grad_sync: GradientAllReduce | None = None
         if self.world_size > 1:
             if not self.modules:
                 raise ValueError("modules: pass the replicated modules (e.g. the loss module) whose gradients to "
@@ -239,6 +239,7 @@ class SyncTrainer:
         self.book.metrics.clear()
         if self.rank != 0:
             return
+        assert gathered is not None and self.grad_sync is not None  # rank 0 of several
         self.book.add_episodes([t for rank_trajs, _ in gathered for t in rank_trajs])
         reduce_s, self.grad_sync.reduce_s = self.grad_sync.reduce_s, 0.0
         # rank 0's all-reduce time includes waiting for the other ranks

@@ -22,10 +22,17 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TypedDict
 
 __all__ = ["Interrupted", "ignore_sigint", "interrupts_end_in_one_line", "note_run_dir", "resume_command"]
 
-_state: dict[str, object] = {"run_dir": None, "signum": None}
+
+class _State(TypedDict):
+    run_dir: str | None  # the run this process has open (note_run_dir)
+    signum: int | None  # the signal that interrupted it
+
+
+_state: _State = {"run_dir": None, "signum": None}
 
 
 class Interrupted(KeyboardInterrupt):
@@ -72,7 +79,7 @@ def interrupts_end_in_one_line(script: str, args: Sequence[str]) -> Iterator[Non
     if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
         yield
         return
-    _state.update(run_dir=None, signum=None)
+    _state.update({"run_dir": None, "signum": None})
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
