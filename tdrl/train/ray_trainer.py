@@ -34,7 +34,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDict
@@ -63,13 +63,6 @@ if TYPE_CHECKING:  # annotations only: tdrl.collect imports torchrl.envs (~1 s)
     from tdrl.collect import Collector
 
 
-class _RayLogging(TypedDict):
-    """ray.init's logging arguments."""
-
-    logging_level: int
-    configure_logging: bool
-
-
 def describe(digest: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in digest.items())
 
@@ -86,14 +79,13 @@ def connect_ray(address: str | None, *, cpus_wanted: float) -> bool:
     target = address or os.environ.get("RAY_ADDRESS") or None
     if target:
         check_reachable(target)
-    quiet: _RayLogging = {"logging_level": logging.WARNING, "configure_logging": True}
     try:
         if target:
-            ray.init(address=target, **quiet)
+            ray.init(address=target, logging_level=logging.WARNING, configure_logging=True)
             return False
         # "local": a new Ray of this run's own, even where another one runs on this machine (ray.init() would join it)
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_wanted)), include_dashboard=False,
-                 **quiet)
+                 logging_level=logging.WARNING, configure_logging=True)
         return True
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = f"the Ray cluster at {target}" if target else "a local Ray instance"
@@ -326,8 +318,7 @@ class RayTrainer:
             self.replay, replay_ratio=self.replay_ratio, batch_size=self.batch_size,
             learn_start_frames=self.learn_start_frames, max_lag_frames=self.max_lag_frames)
         self._publish()
-        # spread over the cluster's nodes: Ray's default packs actors onto the driver's node while it has room,
-        # leaving the other nodes' cores idle (and which node gets them then varies from start to start)
+        # SPREAD over the nodes: Ray's default packs actors onto the driver's node while it has room
         actor_class = ray.remote(CollectorActor).options(num_cpus=self.actor_cpus, max_restarts=-1,
                                                          max_task_retries=0, scheduling_strategy="SPREAD")
         seeds = actor_seeds(self.seed + self.book.itr, self.n_actors)  # a resumed session: fresh env streams
