@@ -145,7 +145,9 @@ def test_learner_sigkill_then_relaunch_restores_the_checkpoint(cluster, tmp_path
 def test_losing_a_node_shrinks_the_actors_and_the_run_ends(cluster, tmp_path):
     """Last in this module: the cluster has one node fewer afterwards."""
     run_dir = tmp_path / "run"
-    proc = cluster.popen(apex_args(run_dir, 3072), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # 12,288 frames: the run must outlast the loss's detection (Ray's node health check, or call_timeout_s=20 without
+    # a rollout); with 3,072 a CI run ended 16 s after its start, the lost actors never counted
+    proc = cluster.popen(apex_args(run_dir, 12_288), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: frames_logged(run_dir) >= 512, 240, "frames collected", proc)
         cluster.remove_node(1)
@@ -156,7 +158,7 @@ def test_losing_a_node_shrinks_the_actors_and_the_run_ends(cluster, tmp_path):
             proc.kill()
     assert proc.returncode == 0, err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["frames"] >= 3072 and summary["actor_restarts"] >= 1, summary
+    assert summary["frames"] >= 12_288 and summary["actor_restarts"] >= 1, summary
     assert "died" in err or "timed out" in err
     assert time.monotonic() - lost_at < 400
     no_actor_left(cluster)
