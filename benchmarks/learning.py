@@ -32,10 +32,12 @@ import io
 import json
 import math
 import os
+import pickle
+import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,7 +73,9 @@ class Task:
         overrides: dotted config overrides on top of the recipe's defaults.
         eval_interval: env frames between evaluations (both implementations).
         eval_episodes: greedy episodes per evaluation.
-        sb3: ``fn(seed, task, stop) -> curve`` running SB3's implementation, or ``None``.
+        checkpoint_frames: env frames between an SB3 run's checkpoints when it has a run directory.
+        sb3: ``fn(seed, task, stop, run_dir=None) -> curve`` running SB3's implementation, or ``None``
+            (with ``run_dir``: checkpointed there, resumed by a relaunch; see :func:`_sb3_curve`).
         default: part of the default task set.
     """
 
@@ -83,7 +87,8 @@ class Task:
     overrides: list[str] = field(default_factory=list)
     eval_interval: int = 5_000
     eval_episodes: int = 10
-    sb3: Callable[[int, Task, bool], list[dict[str, float]]] | None = None
+    checkpoint_frames: int = 50_000
+    sb3: Callable[..., list[dict[str, float]]] | None = None
     default: bool = True
 
 
@@ -94,15 +99,18 @@ def load_recipe(name: str) -> Any:
     return load_module(f"_recipe_{name}", ROOT / "recipes" / f"{name}.py")
 
 
-def run_tdrl(task: Task, seed: int, root: Path, stop: bool = False) -> list[dict[str, float]]:
+def run_tdrl(task: Task, seed: int, root: Path, stop: bool = False, run_dir: Path | None = None,
+             extra: Sequence[str] = ()) -> list[dict[str, float]]:
+    """The task's recipe in this process; with ``run_dir``, a checkpointed run there that a relaunch resumes."""
     from tdrl.config import apply_overrides
 
     recipe = load_recipe(task.recipe)
+    where = [f"run.dir={run_dir}"] if run_dir is not None else [f"run.root={root}", "checkpoint.snapshot_mode=none"]
     cfg = apply_overrides(recipe.Config(), [
-        f"env.id={task.env_id}", f"collector.total_frames={task.budget}", f"run.seed={seed}",
-        f"run.root={root}", f"logger.log_interval_steps={task.eval_interval}", f"eval.n_envs={task.eval_episodes}",
-        "logger.wandb=false", "logger.progress_bar=false", "checkpoint.snapshot_mode=none",
-        *([f"stop_return={task.threshold}"] if stop else []), *task.overrides,
+        f"env.id={task.env_id}", f"collector.total_frames={task.budget}", f"run.seed={seed}", *where,
+        f"logger.log_interval_steps={task.eval_interval}", f"eval.n_envs={task.eval_episodes}",
+        "logger.wandb=false", "logger.progress_bar=false",
+        *([f"stop_return={task.threshold}"] if stop else []), *task.overrides, *extra,
     ])
     return recipe.main(cfg)["curve"]
 
@@ -110,21 +118,36 @@ def run_tdrl(task: Task, seed: int, root: Path, stop: bool = False) -> list[dict
 # --- Stable-Baselines3 ------------------------------------------------------------------------------------------
 
 
-def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False) -> list[dict[str, float]]:
-    """Train ``model`` for the task's budget, evaluating greedily every ``eval_interval`` frames after an update."""
+def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
+    """Train ``model`` for the task's budget, evaluating greedily every ``eval_interval`` frames after an update.
+
+    With ``run_dir``, the run writes tdrl's files there (``progress.csv`` with ``CumSteps``, ``eval/return_mean``,
+    ``time/train_s``, so ``tdrl plot`` draws both implementations; ``summary.json`` at the end) and checkpoints
+    itself every ``task.checkpoint_frames`` (model, optimizers, replay buffer, VecNormalize statistics, curve,
+    evaluation envs' RNGs). A relaunch resumes from the checkpoint: the same frames, updates, curve and evaluation
+    episodes, with a fresh training episode (SB3 cannot save its env's state), so not bitwise as tdrl's runs are.
+    """
     import gymnasium as gym
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
     from stable_baselines3.common.vec_env import VecNormalize
 
     from tdrl.collect.stepping import env_seed
+    from tdrl.utils.files import write_json_atomic
 
-    train_env = model.get_env()
     # The recipes evaluate with a wait-reset collector seeded run.seed + 10_000: env i is reset with
     # env_seed(seed + 10_000, i) once and then continues its own RNG, one episode per evaluation. SB3 is evaluated
     # on the very same initial states (a fixed eval set for one and fresh states for the other biased the
     # threshold crossing by up to 2 evaluations on Pendulum).
     eval_envs = [gym.make(task.env_id) for _ in range(task.eval_episodes)]
-    reset_seeds = [env_seed(seed + 10_000, i) for i in range(task.eval_episodes)]
+    reset_seeds: list[int | None] = [env_seed(seed + 10_000, i) for i in range(task.eval_episodes)]
+    state: dict[str, Any] = {"curve": [], "eval_s": 0.0, "train_s": 0.0, "next_eval": 0, "reached": False}
+    checkpoint = run_dir / "sb3_checkpoint" if run_dir is not None else None
+    if checkpoint is not None and (checkpoint / "state.pkl").is_file():
+        model, state, reset_seeds = _sb3_resume(model, checkpoint, eval_envs)
+        print(f"resumed SB3 from {checkpoint} at {model.num_timesteps:,} frames", flush=True)
+    train_env = model.get_env()
 
     def evaluate() -> float:
         obs = np.stack([env.reset(seed=reset_seeds[i])[0] for i, env in enumerate(eval_envs)])
@@ -141,48 +164,92 @@ def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False) -> list[di
                 active[i] = not (term or trunc)
         return float(ret.mean())
 
-    class EvalEvery(BaseCallback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.curve: list[dict[str, float]] = []
-            self.eval_s = 0.0
-            self.next_eval = 0
-            self.start = time.perf_counter()
-            self.reached = False
+    def save() -> None:  # the new checkpoint complete beside the old, then swapped in
+        assert checkpoint is not None
+        fresh = checkpoint.with_name(checkpoint.name + ".new")
+        fresh.mkdir(parents=True, exist_ok=True)
+        model.save(fresh / "model.zip")
+        if isinstance(model, OffPolicyAlgorithm):
+            model.save_replay_buffer(fresh / "replay.pkl")
+        if isinstance(train_env, VecNormalize):
+            train_env.save(str(fresh / "vecnormalize.pkl"))
+        rngs = [env.np_random for env in eval_envs]
+        (fresh / "state.pkl").write_bytes(pickle.dumps({"state": state, "reset_seeds": reset_seeds, "rngs": rngs}))
+        old = checkpoint.with_name(checkpoint.name + ".old")
+        if checkpoint.exists():
+            checkpoint.rename(old)
+        fresh.rename(checkpoint)
+        shutil.rmtree(old, ignore_errors=True)
 
+    class EvalEvery(BaseCallback):
         def _eval_if_due(self) -> None:
-            if self.num_timesteps >= self.next_eval:
+            state["train_s"] += time.perf_counter() - self.since
+            if self.num_timesteps >= state["next_eval"]:
                 t = time.perf_counter()
                 ret = evaluate()
-                self.eval_s += time.perf_counter() - t
-                train_s = time.perf_counter() - self.start - self.eval_s
-                self.curve.append({"frames": self.num_timesteps, "train_s": round(train_s, 3), "return_mean": ret})
-                self.next_eval = (self.num_timesteps // task.eval_interval + 1) * task.eval_interval
-                self.reached = self.reached or ret >= task.threshold
+                state["eval_s"] += time.perf_counter() - t
+                state["curve"].append({"frames": self.num_timesteps, "train_s": round(state["train_s"], 3),
+                                       "return_mean": ret})
+                state["next_eval"] = (self.num_timesteps // task.eval_interval + 1) * task.eval_interval
+                state["reached"] = state["reached"] or ret >= task.threshold
+                if run_dir is not None:
+                    _write_progress(run_dir, state["curve"])
+            if checkpoint is not None and self.num_timesteps >= state.get("next_checkpoint", task.checkpoint_frames):
+                state["next_checkpoint"] = (self.num_timesteps // task.checkpoint_frames + 1) * task.checkpoint_frames
+                save()
+            self.since = time.perf_counter()
 
         def _on_training_start(self) -> None:
-            self.start = time.perf_counter()
+            self.since = time.perf_counter()
             self._eval_if_due()
 
         def _on_rollout_start(self) -> None:  # after the previous update, like tdrl's log boundary
             self._eval_if_due()
 
         def _on_step(self) -> bool:
-            return not (stop and self.reached)
+            return not (stop and state["reached"])
 
         def _on_training_end(self) -> None:
-            if not (stop and self.reached):
-                self.next_eval = 0
+            if not (stop and state["reached"]):
+                state["next_eval"] = 0
                 self._eval_if_due()
 
-    callback = EvalEvery()
-    model.learn(total_timesteps=task.budget, callback=callback)
+    model.learn(total_timesteps=task.budget - model.num_timesteps, callback=EvalEvery(), reset_num_timesteps=False)
     for env in eval_envs:
         env.close()
-    return callback.curve
+    if run_dir is not None:
+        write_json_atomic(run_dir / "summary.json", {"frames": model.num_timesteps, "curve": state["curve"]})
+    return state["curve"]
 
 
-def sb3_ppo_cartpole(seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
+def _sb3_resume(model: Any, checkpoint: Path, eval_envs: list[Any]) -> tuple[Any, dict[str, Any], list[int | None]]:
+    """The SB3 model of ``checkpoint`` on ``model``'s (fresh) env, and the curve's and evaluation envs' state."""
+    from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    env = model.get_env()
+    if isinstance(env, VecNormalize):
+        env = VecNormalize.load(str(checkpoint / "vecnormalize.pkl"), env.venv)
+    model = type(model).load(checkpoint / "model.zip", env=env, device="cpu")  # env given: reset before training
+    if isinstance(model, OffPolicyAlgorithm):
+        model.load_replay_buffer(checkpoint / "replay.pkl")
+    saved = pickle.loads((checkpoint / "state.pkl").read_bytes())
+    for env_, rng in zip(eval_envs, saved["rngs"], strict=True):
+        env_.np_random = rng
+    return model, saved["state"], saved["reset_seeds"]
+
+
+def _write_progress(run_dir: Path, curve: list[dict[str, float]]) -> None:
+    """``progress.csv`` in tdrl's column names (what ``tdrl plot`` and the launcher's status read)."""
+    lines = ["CumSteps,eval/return_mean,time/train_s"]
+    lines += [f"{p['frames']},{p['return_mean']!r},{p['train_s']!r}" for p in curve]
+    tmp = run_dir / "progress.csv.tmp"
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(run_dir / "progress.csv")
+
+
+def sb3_ppo_cartpole(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
     """RL-Zoo ppo.yml CartPole-v1: 8 envs, n_steps 32, batch 256, 20 epochs, gamma 0.98, lambda 0.8, linear lr/clip."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
@@ -190,20 +257,22 @@ def sb3_ppo_cartpole(seed: int, task: Task, stop: bool = False) -> list[dict[str
     env = make_vec_env(task.env_id, n_envs=8, seed=seed)
     model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
                 learning_rate=lambda p: 1e-3 * p, clip_range=lambda p: 0.2 * p, seed=seed, device="cpu", verbose=0)
-    return _sb3_curve(model, task, seed, stop)
+    return _sb3_curve(model, task, seed, stop, run_dir)
 
 
-def sb3_a2c_cartpole(seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
+def sb3_a2c_cartpole(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
     """RL-Zoo a2c.yml CartPole-v1: 8 envs, ent_coef 0 (SB3 defaults otherwise: n_steps 5, lr 7e-4, RMSprop)."""
     from stable_baselines3 import A2C
     from stable_baselines3.common.env_util import make_vec_env
 
     env = make_vec_env(task.env_id, n_envs=8, seed=seed)
     model = A2C("MlpPolicy", env, ent_coef=0.0, seed=seed, device="cpu", verbose=0)
-    return _sb3_curve(model, task, seed, stop)
+    return _sb3_curve(model, task, seed, stop, run_dir)
 
 
-def sb3_ppo_halfcheetah(seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
+def sb3_ppo_halfcheetah(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
     """RL-Zoo ppo.yml HalfCheetah (v4 hyperparameters) with VecNormalize."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
@@ -214,10 +283,11 @@ def sb3_ppo_halfcheetah(seed: int, task: Task, stop: bool = False) -> list[dict[
                 ent_coef=0.000401762, learning_rate=2.0633e-05, clip_range=0.1, max_grad_norm=0.8, vf_coef=0.58096,
                 policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
                                    net_arch=dict(pi=[256, 256], vf=[256, 256])), seed=seed, device="cpu", verbose=0)
-    return _sb3_curve(model, task, seed, stop)
+    return _sb3_curve(model, task, seed, stop, run_dir)
 
 
-def sb3_dqn_cartpole(seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
+def sb3_dqn_cartpole(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
     """RL-Zoo dqn.yml CartPole-v1: lr 2.3e-3, batch 64, buffer 100k, start 1000, train_freq 256 with 128 gradient
     steps, target update 10, exploration 16 % of the budget to 0.04, net [256, 256]."""
     from stable_baselines3 import DQN
@@ -226,19 +296,21 @@ def sb3_dqn_cartpole(seed: int, task: Task, stop: bool = False) -> list[dict[str
                 learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
                 exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]),
                 seed=seed, device="cpu", verbose=0)
-    return _sb3_curve(model, task, seed, stop)
+    return _sb3_curve(model, task, seed, stop, run_dir)
 
 
-def sb3_sac_pendulum(seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
+def sb3_sac_pendulum(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
     """RL-Zoo sac.yml Pendulum-v1: lr 1e-3 (SB3 defaults otherwise: [256, 256], batch 256, start 100, one update
     per step, tau 0.005, automatic entropy)."""
     from stable_baselines3 import SAC
 
     model = SAC("MlpPolicy", task.env_id, learning_rate=1e-3, seed=seed, device="cpu", verbose=0)
-    return _sb3_curve(model, task, seed, stop)
+    return _sb3_curve(model, task, seed, stop, run_dir)
 
 
-def _sb3_deterministic_pendulum(algo: Any, seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
+def _sb3_deterministic_pendulum(algo: Any, seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
     """RL-Zoo td3.yml / ddpg.yml Pendulum-v1: gamma 0.98, buffer 200k, start 10000, normal noise 0.1, one update per
     step after each episode, lr 1e-3, net [400, 300]."""
     from stable_baselines3.common.noise import NormalActionNoise
@@ -247,19 +319,62 @@ def _sb3_deterministic_pendulum(algo: Any, seed: int, task: Task, stop: bool = F
     model = algo("MlpPolicy", task.env_id, gamma=0.98, buffer_size=200_000, learning_starts=10_000,
                  action_noise=noise, gradient_steps=-1, train_freq=(1, "episode"), learning_rate=1e-3,
                  policy_kwargs=dict(net_arch=[400, 300]), seed=seed, device="cpu", verbose=0)
-    return _sb3_curve(model, task, seed, stop)
+    return _sb3_curve(model, task, seed, stop, run_dir)
 
 
-def sb3_td3_pendulum(seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
+def sb3_sac_mujoco(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
+    """RL-Zoo sac.yml HalfCheetah/Hopper: learning from 10k frames, SB3's defaults otherwise (lr 3e-4, [256, 256],
+    batch 256, one update per frame, tau 0.005, automatic entropy); a replay as large as the budget (= 1M's)."""
+    from stable_baselines3 import SAC
+
+    model = SAC("MlpPolicy", task.env_id, learning_starts=10_000, buffer_size=task.budget, seed=seed, device="cpu",
+                verbose=0)
+    return _sb3_curve(model, task, seed, stop, run_dir)
+
+
+def sb3_td3_mujoco(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
+    """RL-Zoo td3.yml HalfCheetah/Hopper: learning from 10k frames, Gaussian exploration noise 0.1, SB3's defaults
+    otherwise (lr 1e-3, [400, 300], batch 256, one update per frame, policy delay 2)."""
+    import gymnasium as gym
+    from stable_baselines3 import TD3
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    n_actions = gym.make(task.env_id).action_space.shape[0]
+    noise = NormalActionNoise(mean=np.zeros(n_actions), sigma=0.1 * np.ones(n_actions))
+    model = TD3("MlpPolicy", task.env_id, learning_starts=10_000, action_noise=noise, buffer_size=task.budget,
+                seed=seed, device="cpu", verbose=0)
+    return _sb3_curve(model, task, seed, stop, run_dir)
+
+
+def sb3_ppo_hopper(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
+    """RL-Zoo ppo.yml Hopper (v4 hyperparameters) with VecNormalize."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    env = VecNormalize(make_vec_env(task.env_id, n_envs=1, seed=seed), gamma=0.999)
+    model = PPO("MlpPolicy", env, n_steps=512, batch_size=32, gae_lambda=0.99, gamma=0.999, n_epochs=5,
+                ent_coef=0.00229519, learning_rate=9.80828e-05, clip_range=0.2, max_grad_norm=0.7, vf_coef=0.835671,
+                policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
+                                   net_arch=dict(pi=[256, 256], vf=[256, 256])), seed=seed, device="cpu", verbose=0)
+    return _sb3_curve(model, task, seed, stop, run_dir)
+
+
+def sb3_td3_pendulum(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
     from stable_baselines3 import TD3
 
-    return _sb3_deterministic_pendulum(TD3, seed, task, stop)
+    return _sb3_deterministic_pendulum(TD3, seed, task, stop, run_dir)
 
 
-def sb3_ddpg_pendulum(seed: int, task: Task, stop: bool = False) -> list[dict[str, float]]:
+def sb3_ddpg_pendulum(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
     from stable_baselines3 import DDPG
 
-    return _sb3_deterministic_pendulum(DDPG, seed, task, stop)
+    return _sb3_deterministic_pendulum(DDPG, seed, task, stop, run_dir)
 
 
 # --- Tasks ------------------------------------------------------------------------------------------------------
@@ -300,6 +415,15 @@ TASKS: list[Task] = [
                     "loss.minibatches=8", "loss.clip_epsilon=0.1", "loss.linear_decay=false", "optim.lr=2e-5",
                     "optim.max_grad_norm=0.8", "loss.value_loss_coeff=1.16", "loss.entropy_coeff=0.0004",
                     "loss.reward_scale=0.1"]),
+    # MuJoCo at 200k frames (not in the default set; slurm/sweeps/mujoco_offpolicy.py runs them resumably): the
+    # recipes' MuJoCo settings (their docstrings) against RL-Zoo's, evaluated every 10k frames on 10 episodes. The
+    # thresholds only mark a level reached (--stop); the reference page reports returns.
+    *[Task(f"{algo}-{env.split('-')[0].lower()}", algo, env, threshold=threshold, budget=200_000,
+           eval_interval=10_000, default=False, sb3=sb3_fn,
+           overrides=[f"replay.size={200_000}", "optim.min_steps_learn=10000", *lrs])
+      for algo, sb3_fn, lrs in (("sac", sb3_sac_mujoco, ["optim.lr=3e-4"]),
+                                ("td3", sb3_td3_mujoco, ["optim.actor_lr=3e-4", "optim.critic_lr=3e-4"]))
+      for env, threshold in (("HalfCheetah-v5", 4000), ("Hopper-v5", 2500))],
     # R2D1's quick recurrent check: CartPole observing only position and angle (a POMDP), the recipe's defaults
     Task("r2d1-cartpole-novel", "r2d1", "tdrl/CartPoleNoVelocity-v1", threshold=475, budget=300_000,
          eval_interval=10_000),
@@ -594,6 +718,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--rows", nargs="+", default=[], metavar="JSON",
                         help="report the rows of earlier runs' --json files instead of running (e.g. runs made side "
                              "by side, one per core)")
+    parser.add_argument("--runs", nargs="+", default=[], metavar="DIR",
+                        help="report the runs of a learning_run.py sweep (e.g. runs/sweeps/mujoco_offpolicy): "
+                             "returns with IQM and CI, and curves (--plots)")
+    parser.add_argument("--plots", default="", metavar="DIR", help="with --runs: write <DIR>/<task>.png")
     parser.add_argument("--quiet", type=float, default=None, metavar="FRACTION",
                         help="before each run, wait (up to 10 min) until other processes use less than this fraction "
                              "of the machine (/proc/stat; e.g. 0.1): 2-thread updates slow 3-4x on a shared core")
@@ -624,6 +752,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if unknown:
         parser.error(f"unknown task(s) {sorted(unknown)}; choose from {[t.name for t in TASKS]}")
     tasks = [t for t in TASKS if t.name in names] if names else [t for t in TASKS if t.default]
+    if args.runs:
+        rows = rows_from_runs(args.runs)
+        for row in rows:
+            print_row(row)
+        report_returns(rows)
+        if args.plots:
+            plot_runs(args.runs, Path(args.plots))
+        return rows
     if args.rows:
         rows = [row for path in args.rows for row in json.loads(Path(path).read_text())]
         for row in rows:
@@ -662,6 +798,73 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return rows
+
+
+def rows_from_runs(paths: list[str]) -> list[dict[str, Any]]:
+    """Rows of ``learning_run.py`` runs (a sweep's run directories below ``paths``): task and implementation from
+    each run's ``variant.json``, the seed from its ``run_<seed>`` directory, the curve from its ``progress.csv``.
+    A run still going (no ``summary.json``) is included with what it has logged, marked ``done: False``."""
+    from tdrl.launch.variants import load_variant
+    from tdrl.log.progress import read_progress_floats
+    from tdrl.plot import find_runs
+
+    rows = []
+    for run_dir in find_runs(paths):
+        variant = load_variant(run_dir)
+        columns = read_progress_floats(run_dir / "progress.csv")
+        curve = [{"frames": int(f), "train_s": t, "return_mean": r}
+                 for f, t, r in zip(columns["CumSteps"], columns["time/train_s"], columns["eval/return_mean"],
+                                    strict=True) if math.isfinite(r)]
+        task = next(t for t in TASKS if t.name == variant["task"])
+        frames, train_s = to_threshold(curve, task.threshold)
+        rows.append({"task": task.name, "impl": variant["impl"], "seed": int(run_dir.name.removeprefix("run_")),
+                     "threshold": task.threshold, "frames_to_threshold": frames, "train_s_to_threshold": train_s,
+                     "final_return": curve[-1]["return_mean"], "final_frames": curve[-1]["frames"],
+                     "train_s": curve[-1]["train_s"], "curve": curve, "budget": task.budget, "run_dir": str(run_dir),
+                     "done": (run_dir / "summary.json").is_file()})
+    return rows
+
+
+def report_returns(rows: list[dict[str, Any]], at_frames: int = 100_000) -> None:
+    """Per task and implementation: IQM [95% bootstrap CI] over seeds of the final return and of the return at
+    ``at_frames`` (the evaluation at or just before it), and training hours; runs still going are counted apart."""
+    from tdrl.plot import iqm_with_ci
+
+    def iqm_ci(values: list[float]) -> str:
+        if not values:
+            return "-"
+        center, low, high = iqm_with_ci(np.asarray(values, dtype=float)[:, None])
+        return f"{center[0]:8.0f} [{low[0]:.0f}, {high[0]:.0f}]"
+
+    print(f"\n{'task':16s} {'impl':5s} {'seeds':>5s} {'final return, IQM [CI]':>26s} "
+          f"{f'at {at_frames // 1000}k frames':>26s} {'train h':>8s}  running")
+    for task in dict.fromkeys(r["task"] for r in rows):
+        for impl in ("tdrl", "sb3"):
+            done = [r for r in rows if r["task"] == task and r["impl"] == impl and r["done"]]
+            going = [r for r in rows if r["task"] == task and r["impl"] == impl and not r["done"]]
+            if not done and not going:
+                continue
+            at = [max((p for p in r["curve"] if p["frames"] <= at_frames), key=lambda p: p["frames"])["return_mean"]
+                  for r in done + going if r["curve"][-1]["frames"] >= at_frames]
+            hours = np.mean([r["train_s"] for r in done]) / 3600 if done else math.nan
+            running = ", ".join(f"seed {r['seed']} at {r['final_frames']:,}" for r in going) or "-"
+            print(f"{task:16s} {impl:5s} {len(done):5d} {iqm_ci([r['final_return'] for r in done]):>26s} "
+                  f"{iqm_ci(at):>26s} {hours:8.2f}  {running}")
+    print("(IQM over seeds, 95% percentile bootstrap CI; 'at' includes runs still going that passed it)")
+
+
+def plot_runs(paths: list[str], out_dir: Path) -> None:
+    """One figure per task with tdrl's and SB3's IQM curves and bands (``tdrl plot``), ``<out_dir>/<task>.png``."""
+    from tdrl.plot import plot_learning_curves
+
+    for path in map(Path, paths):
+        for task_dir in sorted(d for d in path.iterdir() if d.is_dir() and d.name in {t.name for t in TASKS}):
+            with tempfile.TemporaryDirectory() as tmp:
+                written = plot_learning_curves([task_dir], metrics=["eval/return_mean"], out_dir=tmp)
+                out_dir.mkdir(parents=True, exist_ok=True)
+                for png in written:
+                    shutil.copyfile(png, out_dir / f"{task_dir.name}.png")
+                    print(f"curves: {out_dir / task_dir.name}.png")
 
 
 def print_row(row: dict[str, Any]) -> None:

@@ -1,0 +1,78 @@
+"""The reference runs' plumbing: every sweep file plans, a learning-benchmark row runs as a resumable run
+(benchmarks/learning_run.py), an SB3 baseline SIGKILLed mid-run resumes from its checkpoint, and ``learning.py
+--runs`` reads the runs back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tdrl.launch import load_sweep, plan_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import learning  # noqa: E402
+
+SB3_RUN = """
+import dataclasses, sys
+from pathlib import Path
+sys.path.insert(0, {benchmarks!r})
+import learning, torch
+torch.set_num_threads(1)
+task = dataclasses.replace(next(t for t in learning.TASKS if t.name == "sac-pendulum"), budget=800,
+                           eval_interval=200, eval_episodes=2, checkpoint_frames=200)
+learning.sb3_sac_pendulum(0, task, False, Path(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("sweep_file", sorted((ROOT / "slurm" / "sweeps").glob("*.py")), ids=lambda p: p.stem)
+def test_every_sweep_file_plans(sweep_file, tmp_path):
+    plan = plan_sweep(load_sweep(sweep_file), root=tmp_path)
+    assert plan.runs and all(run.run_dir.is_relative_to(tmp_path) for run in plan.runs)
+
+
+def test_learning_run_names_an_unknown_task(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learning_run.py"), "task=sac-hoper",
+                          f"run.dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "task='sac-hoper' is not a task of benchmarks/learning.py" in out.stderr and "sac-hopper" in out.stderr
+
+
+@pytest.mark.timeout(300)
+def test_sb3_baseline_resumes_from_its_checkpoint_after_sigkill(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    script = tmp_path / "sb3_run.py"
+    script.write_text(SB3_RUN.format(benchmarks=str(ROOT / "benchmarks")))
+    run_dir = tmp_path / "sac-pendulum" / "sb3" / "run_0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "variant.json").write_text('{"task": "sac-pendulum", "impl": "sb3"}')
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(script), str(run_dir)], env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 200
+        while not (run_dir / "sb3_checkpoint" / "state.pkl").is_file():  # the first checkpoint, at 200 frames
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint written"
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (run_dir / "summary.json").exists()
+    out = subprocess.run([sys.executable, str(script), str(run_dir)], env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    resumed_at = int(out.stdout.split("at ")[-1].split(" frames")[0].replace(",", ""))
+    assert resumed_at >= 200  # from the checkpoint, not from scratch
+    (row,) = learning.rows_from_runs([str(tmp_path)])
+    assert row["done"] and (row["task"], row["impl"], row["seed"]) == ("sac-pendulum", "sb3", 0)
+    assert [p["frames"] for p in row["curve"]] == [0, 200, 400, 600, 800]  # each evaluation once, none lost
+    train_s = [p["train_s"] for p in row["curve"]]
+    assert train_s == sorted(train_s)
