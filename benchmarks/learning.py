@@ -271,19 +271,34 @@ def sb3_a2c_cartpole(seed: int, task: Task, stop: bool = False, run_dir: Path | 
     return _sb3_curve(model, task, seed, stop, run_dir)
 
 
-def sb3_ppo_halfcheetah(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+def _sb3_ppo_mujoco(seed: int, task: Task, stop: bool, run_dir: Path | None, **hyper: Any
         ) -> list[dict[str, float]]:
-    """RL-Zoo ppo.yml HalfCheetah (v4 hyperparameters) with VecNormalize."""
+    """RL-Zoo's MuJoCo PPO: 1 env x 512 steps, VecNormalize, ReLU 256x256 without orthogonal init, log-std -2."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
-    env = VecNormalize(make_vec_env(task.env_id, n_envs=1, seed=seed), gamma=0.99)
-    model = PPO("MlpPolicy", env, n_steps=512, batch_size=64, gae_lambda=0.92, gamma=0.98, n_epochs=20,
-                ent_coef=0.000401762, learning_rate=2.0633e-05, clip_range=0.1, max_grad_norm=0.8, vf_coef=0.58096,
+    env = VecNormalize(make_vec_env(task.env_id, n_envs=1, seed=seed), gamma=hyper["gamma"])
+    model = PPO("MlpPolicy", env, n_steps=512, **hyper, seed=seed, device="cpu", verbose=0,
                 policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
-                                   net_arch=dict(pi=[256, 256], vf=[256, 256])), seed=seed, device="cpu", verbose=0)
+                                   net_arch=dict(pi=[256, 256], vf=[256, 256])))
     return _sb3_curve(model, task, seed, stop, run_dir)
+
+
+def sb3_ppo_halfcheetah(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
+    """RL-Zoo ppo.yml HalfCheetah (v4 hyperparameters)."""
+    return _sb3_ppo_mujoco(seed, task, stop, run_dir, batch_size=64, gae_lambda=0.92, gamma=0.98, n_epochs=20,
+                           ent_coef=0.000401762, learning_rate=2.0633e-05, clip_range=0.1, max_grad_norm=0.8,
+                           vf_coef=0.58096)
+
+
+def sb3_ppo_hopper(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
+    """RL-Zoo ppo.yml Hopper (v4 hyperparameters)."""
+    return _sb3_ppo_mujoco(seed, task, stop, run_dir, batch_size=32, gae_lambda=0.99, gamma=0.999, n_epochs=5,
+                           ent_coef=0.00229519, learning_rate=9.80828e-05, clip_range=0.2, max_grad_norm=0.7,
+                           vf_coef=0.835671)
 
 
 def sb3_dqn_cartpole(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
@@ -345,21 +360,6 @@ def sb3_td3_mujoco(seed: int, task: Task, stop: bool = False, run_dir: Path | No
     noise = NormalActionNoise(mean=np.zeros(n_actions), sigma=0.1 * np.ones(n_actions))
     model = TD3("MlpPolicy", task.env_id, learning_starts=10_000, action_noise=noise, buffer_size=task.budget,
                 seed=seed, device="cpu", verbose=0)
-    return _sb3_curve(model, task, seed, stop, run_dir)
-
-
-def sb3_ppo_hopper(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
-        ) -> list[dict[str, float]]:
-    """RL-Zoo ppo.yml Hopper (v4 hyperparameters) with VecNormalize."""
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import VecNormalize
-
-    env = VecNormalize(make_vec_env(task.env_id, n_envs=1, seed=seed), gamma=0.999)
-    model = PPO("MlpPolicy", env, n_steps=512, batch_size=32, gae_lambda=0.99, gamma=0.999, n_epochs=5,
-                ent_coef=0.00229519, learning_rate=9.80828e-05, clip_range=0.2, max_grad_norm=0.7, vf_coef=0.835671,
-                policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
-                                   net_arch=dict(pi=[256, 256], vf=[256, 256])), seed=seed, device="cpu", verbose=0)
     return _sb3_curve(model, task, seed, stop, run_dir)
 
 
