@@ -80,8 +80,8 @@ class PPOCollectorConfig(CollectorConfig):
     """The training collector and the run's budget."""
 
     obs_norm: bool = False
-    """TorchRL's VecNorm on the observations, in the collector (per worker, checkpointed); evaluation sees raw
-    observations: model.normalize_observation normalizes both."""
+    """TorchRL's VecNorm on the observations, in the collector (per worker, checkpointed); evaluation normalises
+    with worker 0's statistics as they stand, frozen."""
 
 
 @dataclass
@@ -148,9 +148,8 @@ def main(cfg: Config) -> dict:
                    total_frames=cfg.collector.total_frames) if is_main_process() else None
     collector = collector_factory_from(cfg, env_factory, ac.actor, seed=rank_seed(cfg.run.seed), device=device,
                                        transform=VecNorm(in_keys=["observation"]) if cfg.collector.obs_norm else None)()
-    # each evaluation: n_envs whole greedy episodes on their own envs; rank 0 evaluates
-    eval_collector = eval_collector_from(cfg, ac.greedy) \
-        if is_main_process() else None
+    # each evaluation: n_envs whole greedy episodes on their own envs, observations as the collector's; rank 0
+    eval_collector = eval_collector_from(cfg, ac.greedy, observations_of=collector) if is_main_process() else None
     trainer = make_trainer(cfg, on_policy=True, collector=collector, modules=[loss], eval_collector=eval_collector,
                            run=run, checkpoint_state={"model": ac, "updater": updater})
     decay = LinearSchedule(1.0, 0.0 if cfg.loss.linear_decay else 1.0, duration=trainer.n_itr)

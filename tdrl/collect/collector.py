@@ -54,6 +54,7 @@ class BatchCollector:
     Attributes:
         traj_infos: TrajInfo dicts of the episodes that finished during the last batch, in (step, env) order.
         frames: frames yielded so far; ``batches``: batches yielded so far.
+        transform: the TorchRL transform given at build (a template: each slice holds its own copy), or ``None``.
     """
 
     def __init__(self, engine: Engine, *, total_frames: int = -1, exploration_type: InteractionType | str | None = None,
@@ -68,6 +69,7 @@ class BatchCollector:
         self.device = torch.device("cpu" if device is None else device)
         self.return_same_td = return_same_td
         self.traj_infos: list[dict[str, float]] = []
+        self.transform: Any = None
         self.closed = False
 
     def collect(self) -> TensorDictBase:
@@ -110,6 +112,15 @@ class BatchCollector:
         """Counters (``frames``, ``iter``) and the engine's state (``engine``): every env's state, its current
         observation, the episodes in progress, recurrent policy state and worker RNGs. Call between batches."""
         return {"frames": self.frames, "iter": self.batches, "engine": self.engine.state_dict()}
+
+    def transform_state(self) -> dict[str, Any] | None:
+        """The first slice's transform ``state_dict`` as it stands (e.g. worker 0's ``VecNorm`` statistics), for an
+        evaluator that sees observations as the policy does; ``None`` without a tdrl-kind transform. Call between
+        batches (a parallel collector asks its workers)."""
+        if self.transform is None:
+            return None
+        slices = self.engine.state_dict().get("slices") or [{}]
+        return slices[0].get("transform")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict` of a collector built with the same arguments: its next batches are

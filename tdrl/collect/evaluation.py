@@ -6,36 +6,74 @@ episodes), under DETERMINISTIC exploration (an ``EpsilonGreedy`` uses its ``eps_
 and continue their streams: successive evaluations see new initial states, and a run is reproducible. With
 ``video=True`` env 0 is built with ``render_mode="rgb_array"`` and its episode's frames are kept in ``video_frames``
 (the trainer writes them to the run directory and W&B); the returns are the same with or without video.
+
+A policy trained on observations that the training collector transformed (``transform=``, e.g. TorchRL's
+``VecNorm``) is evaluated on observations transformed the same way: ``observations_of=collector`` passes each
+observation through a copy of that transform holding the collector's first-slice state as it stands at each
+evaluation, frozen (``frozen_copy`` where the transform has one), so evaluating never moves the statistics.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
+from torchrl.envs import Transform
 
 from tdrl.collect.collector import BatchCollector
 from tdrl.collect.factory import make_collector
 from tdrl.envs import EnvFactory
+from tdrl.utils.keys import OBS_KEY
 
-__all__ = ["EvalCollector", "FrameRecorder", "make_eval_collector"]
+__all__ = ["EvalCollector", "FrameRecorder", "TransformedObservations", "make_eval_collector"]
+
+
+class TransformedObservations(TensorDictModuleBase):
+    """``policy`` acting on ``observation`` passed through ``transform`` (the input TensorDict keeps the raw one);
+    :meth:`follow` loads the training collector's current transform state, frozen."""
+
+    def __init__(self, policy: TensorDictModuleBase, transform: Transform) -> None:
+        super().__init__()
+        self.policy, self.template, self.transform = policy, copy.deepcopy(transform), copy.deepcopy(transform)
+        self.in_keys, self.out_keys = list(policy.in_keys), list(policy.out_keys)
+
+    def follow(self, state: dict[str, Any]) -> None:
+        self.template.load_state_dict(state)
+        frozen_copy = getattr(self.template, "frozen_copy", None)  # VecNorm's: its statistics stop updating
+        self.transform = frozen_copy() if callable(frozen_copy) else copy.deepcopy(self.template)
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        obs = td.get(OBS_KEY)
+        seen = td.clone(recurse=False).set(OBS_KEY, self.transform(TensorDict({OBS_KEY: obs}, obs.shape[:1]))[OBS_KEY])
+        return td.update(self.policy(seen).select(*self.policy.out_keys, strict=False))
 
 
 class EvalCollector:
     """Runs whole greedy episodes with a wait-reset serial ``collector``; ``evaluate()`` returns their TrajInfos
-    (also kept in ``traj_infos``). The policy is evaluated with its current weights: there are none to load."""
+    (also kept in ``traj_infos``). The policy is evaluated with its current weights: there are none to load; with
+    ``observations_of`` (a training collector) and ``transformed`` (the evaluated policy's wrapper), each evaluation
+    first loads that collector's transform state."""
 
-    def __init__(self, collector: BatchCollector, filmed: _FilmFirstEnv | None = None) -> None:
+    def __init__(self, collector: BatchCollector, filmed: _FilmFirstEnv | None = None, *,
+                 observations_of: BatchCollector | None = None,
+                 transformed: TransformedObservations | None = None) -> None:
         self.collector = collector
         self.filmed = filmed
+        self.observations_of, self.transformed = observations_of, transformed
         self.traj_infos: list[dict[str, float]] = []
         self.video_frames: np.ndarray | None = None  # [T + 1, H, W, 3] of env 0's last episode, with video=True
 
     def evaluate(self) -> list[dict[str, float]]:
         """One episode per env with the policy's current weights."""
+        if self.observations_of is not None and self.transformed is not None:
+            state = self.observations_of.transform_state()
+            if state is not None:
+                self.transformed.follow(state)
         self.collector.collect()
         self.traj_infos = self.collector.traj_infos
         if self.filmed is not None and self.filmed.recorder is not None and self.filmed.recorder.last_episode:
@@ -114,7 +152,8 @@ class _FilmFirstEnv:
 
 
 def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_envs: int, max_steps: int = 0, seed: int,
-        discount: float = 0.99, env_kwargs: dict | None = None, video: bool = False) -> EvalCollector | None:
+        discount: float = 0.99, env_kwargs: dict | None = None, video: bool = False,
+        observations_of: BatchCollector | None = None) -> EvalCollector | None:
     """The evaluator every recipe uses, or ``None`` when ``n_envs == 0`` (no evaluation).
 
     Args:
@@ -127,6 +166,8 @@ def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_e
         env_kwargs: extra ``gymnasium.make`` arguments; not Atari's ``episodic_lives``: an evaluation plays whole
             games (rlpyt's eval envs), and one episode per env would stop at the first lost life.
         video: keep the frames of env 0's episode in ``video_frames`` after each evaluation.
+        observations_of: the training collector whose ``transform`` the policy's observations went through: the
+            evaluation's go through it too, with that collector's state at each evaluation, frozen.
 
     Raises:
         ValueError: ``env_kwargs`` asks for ``episodic_lives``.
@@ -140,6 +181,14 @@ def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_e
     limit = max_steps or EnvFactory(env_id, kwargs).specs().max_episode_steps or 1000
     factory = EnvFactory(env_id, {**kwargs, "max_episode_steps": limit})
     filmed = _FilmFirstEnv(factory) if video else None
-    return EvalCollector(make_collector("serial", filmed or factory, policy, batch_B=n_envs, batch_T=limit, seed=seed,
-                                        reset_mode="wait_reset", exploration_type="deterministic",
-                                        discount=discount, return_same_td=True), filmed)
+    transformed = None
+    if observations_of is not None and observations_of.transform is not None and policy is not None:
+        policy = transformed = TransformedObservations(policy, observations_of.transform)
+        state = observations_of.transform_state()
+        if state is not None:  # the state at build, so the collector's first call sees statistics
+            transformed.follow(state)
+    collector = make_collector("serial", filmed or factory, policy, batch_B=n_envs, batch_T=limit, seed=seed,
+                               reset_mode="wait_reset", exploration_type="deterministic", discount=discount,
+                               return_same_td=True)
+    return EvalCollector(collector, filmed, observations_of=observations_of if transformed else None,
+                         transformed=transformed)

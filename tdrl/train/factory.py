@@ -164,14 +164,16 @@ def collector_factory_from(cfg: Any, env_factory: Callable[..., Any], policy: nn
         "discount": cfg.loss.gamma, **kwargs})
 
 
-def eval_collector_from(cfg: Any, policy: nn.Module | None) -> Any:
+def eval_collector_from(cfg: Any, policy: nn.Module | None, *, observations_of: Any = None) -> Any:
     """The recipe's evaluator (``None`` with ``eval.n_envs=0``): ``eval.n_envs`` whole episodes of ``env.id`` on
-    envs of their own, seeded apart from the training envs (``run.seed + 10_000``), discount ``loss.gamma``."""
+    envs of their own, seeded apart from the training envs (``run.seed + 10_000``), discount ``loss.gamma``;
+    ``observations_of``: the training collector whose observation transform evaluation applies too."""
     from tdrl.collect import make_eval_collector
 
     e = cfg.eval
     return make_eval_collector(cfg.env.id, policy, n_envs=e.n_envs, max_steps=e.max_steps,
-                               seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=e.video)
+                               seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=e.video,
+                               observations_of=observations_of)
 
 
 def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, Any]:

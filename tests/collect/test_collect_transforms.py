@@ -86,3 +86,45 @@ def test_dict_observations_are_refused_clearly():
 
     with pytest.raises(TypeError, match="FlattenObservation"):
         make_collector("serial", DictFactory(), None, batch_B=1, batch_T=2)
+
+
+class _Seen(torch.nn.Module):
+    """Action 0 always; keeps every observation it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        self.seen.append(obs.clone())
+        return torch.zeros(obs.shape[0], dtype=torch.long)
+
+
+@pytest.mark.parametrize("kind", ["serial", "parallel"])
+def test_evaluation_sees_observations_through_the_training_transform_frozen(kind):
+    from tensordict import TensorDict
+    from tensordict.nn import TensorDictModule
+
+    from tdrl.collect import make_eval_collector
+
+    raw, normed = _Seen(), _Seen()
+    with make_collector(kind, EnvFactory("CartPole-v1"), mlp_policy(4, 2, True), batch_B=4, batch_T=30, n_workers=2,
+                        transform=VecNorm(in_keys=["observation"])) as train:
+        for _ in range(2):
+            train.collect()
+            state = train.transform_state()
+            frozen = VecNorm(in_keys=["observation"])
+            frozen.load_state_dict(state)
+            frozen = frozen.frozen_copy()
+            raw.seen.clear(), normed.seen.clear()
+            for module, of in ((raw, None), (normed, train)):  # the same seed and actions: the same episodes
+                with make_eval_collector("CartPole-v1", TensorDictModule(module, ["observation"], ["action"]),
+                                         n_envs=2, seed=7, observations_of=of) as evaluator:
+                    evaluator.evaluate()
+            steps = 2 * 500  # the evaluation's calls (2 envs x CartPole's 500-step limit); the build's come before
+            seen_raw, seen_normed = torch.cat(raw.seen)[-steps:], torch.cat(normed.seen)[-steps:]
+            want = frozen(TensorDict({"observation": seen_raw}, seen_raw.shape[:1]))["observation"]
+            assert torch.allclose(seen_normed, want) and not torch.allclose(seen_normed, seen_raw)
+            after = train.transform_state()  # evaluating left worker 0's statistics as they were
+            assert all(torch.equal(a, b) for a, b in zip(after["_extra_state"].values(),
+                                                         state["_extra_state"].values(), strict=True))
