@@ -33,6 +33,11 @@ PACKAGES = ("torch", "torchrl", "tensordict", "gymnasium", "stable-baselines3", 
 SITE_DIR = re.compile(r"/[^\s'\"():,]*?/(?:site|dist)-packages/")
 
 
+def _clean(text: str) -> str:
+    """Printed output as a page shows it: no terminal colour codes, no machine-specific paths."""
+    return scrub_paths(re.sub(r"\x1b\[[0-9;]*m", "", text))
+
+
 def scrub_paths(text: str) -> str:
     """``text`` with this machine's paths shortened: the checkout to paths relative to it, installed packages'
     directories (and ``PYTHONPATH`` entries) to ``<site>/``, the Python installation to ``<python>``, the home
@@ -68,7 +73,7 @@ class _Scrubbed(io.TextIOBase):
         self.stream = stream
 
     def write(self, text: str) -> int:
-        self.stream.write(scrub_paths(re.sub(r"\x1b\[[0-9;]*m", "", text)))
+        self.stream.write(_clean(text))
         self.stream.flush()
         return len(text)
 
@@ -151,7 +156,7 @@ def markdown_page(title: str, argv: list[str] | None = None) -> Iterator[None]:
             f"- Commit: {_commit()}.",
             f"- Command (from the repository root): `{command}`",
             f"- Wall time: {wall}.", "",
-            "## Output", "", "```text", scrub_paths(re.sub(r"\x1b\[[0-9;]*m", "", output)).rstrip(),
+            "## Output", "", "```text", _clean(output).rstrip(),
             *(["```", ""] if closed else []),
         ])
 
