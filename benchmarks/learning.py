@@ -128,7 +128,6 @@ def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False, run_dir: P
     evaluation envs' RNGs). A relaunch resumes from the checkpoint: the same frames, updates, curve and evaluation
     episodes, with a fresh training episode (SB3 cannot save its env's state), so not bitwise as tdrl's runs are.
     """
-    import gymnasium as gym
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
     from stable_baselines3.common.vec_env import VecNormalize
@@ -140,7 +139,7 @@ def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False, run_dir: P
     # env_seed(seed + 10_000, i) once and then continues its own RNG, one episode per evaluation. SB3 is evaluated
     # on the very same initial states (a fixed eval set for one and fresh states for the other biased the
     # threshold crossing by up to 2 evaluations on Pendulum).
-    eval_envs = [gym.make(task.env_id) for _ in range(task.eval_episodes)]
+    eval_envs = [_gym_env(task.env_id)() for _ in range(task.eval_episodes)]
     reset_seeds: list[int | None] = [env_seed(seed + 10_000, i) for i in range(task.eval_episodes)]
     state: dict[str, Any] = {"curve": [], "eval_s": 0.0, "train_s": 0.0, "next_eval": 0, "reached": False}
     checkpoint = run_dir / "sb3_checkpoint" if run_dir is not None else None
@@ -220,6 +219,16 @@ def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False, run_dir: P
     if run_dir is not None:
         write_json_atomic(run_dir / "summary.json", {"frames": model.num_timesteps, "curve": state["curve"]})
     return state["curve"]
+
+
+def _gym_env(env_id: str) -> Callable[[], Any]:
+    """What SB3 trains and is evaluated on: ``gymnasium.make(env_id)``, except MinAtar, which only tdrl's env
+    factory turns into images (``[C, 10, 10]`` uint8)."""
+    import gymnasium as gym
+
+    from tdrl.envs import EnvFactory
+
+    return EnvFactory(env_id) if env_id.startswith("MinAtar/") else lambda: gym.make(env_id)
 
 
 def _sb3_resume(model: Any, checkpoint: Path, eval_envs: list[Any]) -> tuple[Any, dict[str, Any], list[int | None]]:
@@ -311,6 +320,34 @@ def sb3_dqn_cartpole(seed: int, task: Task, stop: bool = False, run_dir: Path | 
                 learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
                 exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]),
                 seed=seed, device="cpu", verbose=0)
+    return _sb3_curve(model, task, seed, stop, run_dir)
+
+
+def sb3_dqn_minatar(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None
+        ) -> list[dict[str, float]]:
+    """SB3's DQN with the MinAtar paper's network (16 3x3 convolutions, 128 units) on tdrl's MinAtar images, at the
+    tdrl row's settings: replay 100k, batch 32, one update per 4 frames, target every 1000 updates (4000 frames),
+    lr 2.5e-4 with Adam eps 3.125e-4, learning from 5k frames, epsilon 1 -> 0.1 over 100k frames."""
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+
+    class MinAtarNet(BaseFeaturesExtractor):
+        def __init__(self, observation_space: Any) -> None:
+            super().__init__(observation_space, features_dim=128)
+            channels, height, width = observation_space.shape
+            self.net = torch.nn.Sequential(torch.nn.Conv2d(channels, 16, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                           torch.nn.Linear(16 * (height - 2) * (width - 2), 128), torch.nn.ReLU())
+
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:
+            return self.net(obs)
+
+    env = make_vec_env(_gym_env(task.env_id), n_envs=1, seed=seed)
+    model = DQN("CnnPolicy", env, learning_rate=2.5e-4, batch_size=32, buffer_size=100_000, learning_starts=5000,
+                gamma=0.99, target_update_interval=4000, train_freq=4, gradient_steps=1,
+                exploration_fraction=100_000 / task.budget, exploration_final_eps=0.1,
+                policy_kwargs=dict(features_extractor_class=MinAtarNet, net_arch=[],
+                                   optimizer_kwargs=dict(eps=3.125e-4)), seed=seed, device="cpu", verbose=0)
     return _sb3_curve(model, task, seed, stop, run_dir)
 
 
@@ -432,7 +469,7 @@ TASKS: list[Task] = [
     # 5k frames) with one update per 4 frames (Nature DQN; the paper: 1) on the recipe's double + dueling 3-step DQN;
     # one torch thread (the recipe's 2 stall when another run shares the cores: 60 frames/s instead of ~700)
     Task("dqn-minatar-breakout", "dqn", "MinAtar/Breakout-v1", threshold=10, budget=250_000, eval_interval=25_000,
-         default=False,
+         default=False, sb3=sb3_dqn_minatar,
          overrides=["replay.size=100000", "optim.batch_size=32", "optim.replay_ratio=8", "optim.lr=2.5e-4",
                     "optim.lr_final=none", "optim.min_steps_learn=5000", "optim.target_update_interval=1000",
                     "exploration.eps_final=0.1", "exploration.eps_steps=100000", "optim.adam_eps=3.125e-4",

@@ -1,0 +1,25 @@
+"""MinAtar Breakout to 1M frames: tdrl's DQN and R2D1 beside Stable-Baselines3's DQN, 1 seed (3 runs).
+
+The rows of benchmarks/learning.py (dqn-minatar-breakout, r2d1-minatar-breakout: the MinAtar paper's settings, one
+torch thread) with their budget raised from 250k to 1M frames; evaluation every 25k frames on 10 games. About 2
+core-hours on the 2-core reference machine; stopping and relaunching resumes every run where it was.
+
+python slurm/launch.py local  slurm/sweeps/minatar_1m.py
+python benchmarks/learning.py --runs runs/sweeps/minatar_1m --plots docs/learning-minatar-<date>
+"""
+
+from tdrl.launch import Resources, Sweep, VariantLevel
+
+sweep = Sweep(
+    name="minatar_1m",
+    recipe="benchmarks/learning_run.py",
+    levels=[
+        VariantLevel(keys=["task", "impl"],
+                     values=[["dqn-minatar-breakout", "tdrl"], ["dqn-minatar-breakout", "sb3"],
+                             ["r2d1-minatar-breakout", "tdrl"]],
+                     dir_names=["dqn-minatar-breakout/tdrl", "dqn-minatar-breakout/sb3", "r2d1-minatar-breakout/tdrl"]),
+    ],
+    seeds=[0],
+    overrides={"frames": 1_000_000},
+    resources=Resources(cpus_per_run=1, mem_gb=8, time_min=240),
+)
