@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's tdrl
 
 from tdrl.config import ConfigError, RunConfig, run_recipe  # noqa: E402
+from tdrl.launch import Resources, Sweep, VariantLevel  # noqa: E402
 
 
 @dataclass
@@ -68,6 +69,16 @@ def main(cfg: Config) -> dict:
         assert task.sb3 is not None  # validate
         curve = task.sb3(cfg.run.seed, task, False, run_dir)
     return {"frames": curve[-1]["frames"], "curve": curve}
+
+
+def rows_sweep(name: str, rows: list[tuple[str, str]], seeds: list[int], *, overrides: dict | None = None,
+               time_min: int = 240) -> Sweep:
+    """A sweep of learning rows ``(task, impl)``, each run in ``<name>/<task>/<impl>/run_<seed>`` on one core;
+    seeds outer, so the first runs to finish cover every row once (the sweep files in ``slurm/sweeps/``)."""
+    return Sweep(name=name, recipe=__file__, seeds=seeds, overrides=dict(overrides or {}),
+                 levels=[VariantLevel(keys=["task", "impl"], values=[list(row) for row in rows],
+                                      dir_names=[f"{task}/{impl}" for task, impl in rows])],
+                 resources=Resources(cpus_per_run=1, mem_gb=8, time_min=time_min))
 
 
 if __name__ == "__main__":

@@ -8,18 +8,11 @@ python slurm/launch.py local  slurm/sweeps/minatar_1m.py
 python benchmarks/learning.py --runs runs/sweeps/minatar_1m --plots docs/learning-minatar-<date>
 """
 
-from tdrl.launch import Resources, Sweep, VariantLevel
+import sys
+from pathlib import Path
 
-sweep = Sweep(
-    name="minatar_1m",
-    recipe="benchmarks/learning_run.py",
-    levels=[
-        VariantLevel(keys=["task", "impl"],
-                     values=[["dqn-minatar-breakout", "tdrl"], ["dqn-minatar-breakout", "sb3"],
-                             ["r2d1-minatar-breakout", "tdrl"]],
-                     dir_names=["dqn-minatar-breakout/tdrl", "dqn-minatar-breakout/sb3", "r2d1-minatar-breakout/tdrl"]),
-    ],
-    seeds=[0],
-    overrides={"frames": 1_000_000},
-    resources=Resources(cpus_per_run=1, mem_gb=8, time_min=240),
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from learning_run import rows_sweep  # noqa: E402
+
+sweep = rows_sweep("minatar_1m", seeds=[0], overrides={"frames": 1_000_000}, rows=[
+    ("dqn-minatar-breakout", "tdrl"), ("dqn-minatar-breakout", "sb3"), ("r2d1-minatar-breakout", "tdrl")])

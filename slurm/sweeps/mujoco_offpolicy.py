@@ -7,19 +7,15 @@ updates/s on one thread); stopping and relaunching resumes every run where it wa
 
 python slurm/launch.py local  slurm/sweeps/mujoco_offpolicy.py          # one run per core, resumable
 python slurm/launch.py status runs/sweeps/mujoco_offpolicy --results
-python benchmarks/learning.py --runs runs/sweeps/mujoco_offpolicy --markdown docs/learning-mujoco-<date>.md
+python benchmarks/learning.py --runs runs/sweeps/mujoco_offpolicy --plots docs/learning-mujoco-<date>
 """
 
-from tdrl.launch import Resources, Sweep, VariantLevel
+import sys
+from pathlib import Path
 
-sweep = Sweep(
-    name="mujoco_offpolicy",
-    recipe="benchmarks/learning_run.py",
-    levels=[
-        VariantLevel(keys=["task"], values=[["sac-halfcheetah"], ["td3-halfcheetah"], ["sac-hopper"], ["td3-hopper"]],
-                     dir_names=["sac-halfcheetah", "td3-halfcheetah", "sac-hopper", "td3-hopper"]),
-        VariantLevel(keys=["impl"], values=[["tdrl"], ["sb3"]], dir_names=["tdrl", "sb3"]),
-    ],
-    seeds=[0, 1],
-    resources=Resources(cpus_per_run=1, mem_gb=4, time_min=180),
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from learning_run import rows_sweep  # noqa: E402
+
+TASKS = ("sac-halfcheetah", "td3-halfcheetah", "sac-hopper", "td3-hopper")
+sweep = rows_sweep("mujoco_offpolicy", seeds=[0, 1], time_min=180,
+                   rows=[(task, impl) for task in TASKS for impl in ("tdrl", "sb3")])

@@ -9,16 +9,11 @@ python slurm/launch.py local  slurm/sweeps/mujoco_ppo.py
 python benchmarks/learning.py --runs runs/sweeps/mujoco_ppo --plots docs/learning-mujoco-<date>
 """
 
-from tdrl.launch import Resources, Sweep, VariantLevel
+import sys
+from pathlib import Path
 
-sweep = Sweep(
-    name="mujoco_ppo",
-    recipe="benchmarks/learning_run.py",
-    levels=[
-        VariantLevel(keys=["task"], values=[["ppo-halfcheetah"], ["ppo-hopper"]],
-                     dir_names=["ppo-halfcheetah", "ppo-hopper"]),
-        VariantLevel(keys=["impl"], values=[["tdrl"], ["sb3"]], dir_names=["tdrl", "sb3"]),
-    ],
-    seeds=[0, 1, 2],
-    resources=Resources(cpus_per_run=1, mem_gb=4, time_min=240),
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from learning_run import rows_sweep  # noqa: E402
+
+sweep = rows_sweep("mujoco_ppo", seeds=[0, 1, 2], rows=[
+    (task, impl) for task in ("ppo-halfcheetah", "ppo-hopper") for impl in ("tdrl", "sb3")])
