@@ -87,7 +87,7 @@ class Task:
     overrides: list[str] = field(default_factory=list)
     eval_interval: int = 5_000
     eval_episodes: int = 10
-    checkpoint_frames: int = 50_000
+    checkpoint_frames: int = 20_000
     sb3: Callable[..., list[dict[str, float]]] | None = None
     default: bool = True
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -153,3 +154,8 @@ def main(argv: list[str] | None = None, prog: str = "slurm/launch.py") -> int:
     except (SweepError, SlotError, RecipeError, ConfigError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the local launcher raises it the same way)
+        again = shlex.join(["python", prog, *(sys.argv[1:] if argv is None else argv)])
+        print(f"error: interrupted; the runs it started are stopped and keep their checkpoints; resume with: {again}",
+              file=sys.stderr)
+        return 130

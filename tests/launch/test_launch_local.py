@@ -175,8 +175,10 @@ def test_stopping_the_launcher_stops_its_runs(write_sweep, tmp_path):
     assert res.returncode == 2 and "are still active: run_0 (RUNNING)" in res.stderr
     pid = json.loads(manifest.read_text())["runs"][0]["pid"]
     first.send_signal(signal.SIGTERM)  # Ctrl-C / SIGTERM: the launcher stops its runs, then exits
-    first.wait(timeout=30)
+    out, _ = first.communicate(timeout=30)
     assert _gone(pid)
+    assert first.returncode == 130 and "Traceback" not in out, out  # one line, with the command that resumes
+    assert out.strip().splitlines()[-1].startswith("error: interrupted; the runs it started are stopped"), out
     assert json.loads(manifest.read_text())["runs"][0]["state"] == "interrupted"
 
     second = _launch_in_background(
