@@ -92,6 +92,22 @@ def test_apex_dqn_spans_both_nodes_and_throttles_to_the_replay_ratio(cluster, tm
     no_actor_left(cluster)
 
 
+def test_plain_torchrl_modules_collect_and_learn_as_ray_actors(cluster, tmp_path):
+    """A user's own loop (plain_torchrl_apex.py): TorchRL's QValueActor + EGreedyModule as the actors' policy and
+    TorchRL's DQNLoss in the learner, no tdrl model. The actors act with the weights the learner publishes, so the
+    training return rises from the untrained network's ~10 (measured: 10.3 -> 33.3 over 6k frames)."""
+    out = tmp_path / "summary.json"
+    proc = cluster.run([sys.executable, str(ROOT / "tests" / "distributed" / "plain_torchrl_apex.py"), ADDRESS,
+                        "6000", str(out)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["frames"] >= 6000 and summary["updates"] > 0 and summary["actor_restarts"] == 0, summary
+    assert summary["actor_nodes"] == 2, summary
+    returns = [point["return_mean"] for point in summary["curve"]]
+    assert returns[-1] > 2 * returns[0], returns
+    no_actor_left(cluster)
+
+
 def test_actor_sigkill_is_restarted_and_counted(cluster, tmp_path):
     run_dir = tmp_path / "run"
     # 16,384 frames: the run goes on ~30 s after the kill (8,192 left ~15 s, and in a CI run the restarted actor,
