@@ -863,6 +863,8 @@ def rows_from_runs(paths: list[str]) -> list[dict[str, Any]]:
         curve = [{"frames": int(f), "train_s": t, "return_mean": r}
                  for f, t, r in zip(columns["CumSteps"], columns["time/train_s"], columns["eval/return_mean"],
                                     strict=True) if math.isfinite(r)]
+        if not curve:  # started, not evaluated yet
+            continue
         task = next(t for t in TASKS if t.name == variant["task"])
         frames, train_s = to_threshold(curve, task.threshold)
         rows.append({"task": task.name, "impl": variant["impl"], "seed": int(run_dir.name.removeprefix("run_")),
@@ -884,7 +886,7 @@ def report_returns(rows: list[dict[str, Any]], at_frames: int = 100_000) -> None
         center, low, high = iqm_with_ci(np.asarray(values, dtype=float)[:, None])
         return f"{center[0]:8.0f} [{low[0]:.0f}, {high[0]:.0f}]"
 
-    print(f"\n{'task':16s} {'impl':5s} {'seeds':>5s} {'final return, IQM [CI]':>26s} "
+    print(f"\n{'task':22s} {'impl':5s} {'seeds':>5s} {'final return, IQM [CI]':>26s} "
           f"{f'at {at_frames // 1000}k frames':>26s} {'train h':>8s}  running")
     for task in dict.fromkeys(r["task"] for r in rows):
         for impl in ("tdrl", "sb3"):
@@ -896,7 +898,7 @@ def report_returns(rows: list[dict[str, Any]], at_frames: int = 100_000) -> None
                   for r in done + going if r["curve"][-1]["frames"] >= at_frames]
             hours = np.mean([r["train_s"] for r in done]) / 3600 if done else math.nan
             running = ", ".join(f"seed {r['seed']} at {r['final_frames']:,}" for r in going) or "-"
-            print(f"{task:16s} {impl:5s} {len(done):5d} {iqm_ci([r['final_return'] for r in done]):>26s} "
+            print(f"{task:22s} {impl:5s} {len(done):5d} {iqm_ci([r['final_return'] for r in done]):>26s} "
                   f"{iqm_ci(at):>26s} {hours:8.2f}  {running}")
     print("(IQM over seeds, 95% percentile bootstrap CI; 'at' includes runs still going that passed it)")
 
