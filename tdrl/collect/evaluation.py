@@ -49,7 +49,8 @@ class TransformedObservations(TensorDictModuleBase):
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         obs = td.get(OBS_KEY)
-        seen = td.clone(recurse=False).set(OBS_KEY, self.transform(TensorDict({OBS_KEY: obs}, obs.shape[:1]))[OBS_KEY])
+        step = TensorDict({OBS_KEY: obs, "reward": obs.new_zeros(obs.shape[0], 1)}, obs.shape[:1])  # as a step's
+        seen = td.clone(recurse=False).set(OBS_KEY, self.transform(step)[OBS_KEY])
         return td.update(self.policy(seen).select(*self.policy.out_keys, strict=False))
 
 
