@@ -141,11 +141,14 @@ def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False, run_dir: P
     # threshold crossing by up to 2 evaluations on Pendulum).
     eval_envs = [_gym_env(task.env_id)() for _ in range(task.eval_episodes)]
     reset_seeds: list[int | None] = [env_seed(seed + 10_000, i) for i in range(task.eval_episodes)]
-    state: dict[str, Any] = {"curve": [], "eval_s": 0.0, "train_s": 0.0, "next_eval": 0, "reached": False}
+    state: dict[str, Any] = {"curve": [], "train_s": 0.0, "next_eval": 0, "reached": False}
     checkpoint = run_dir / "sb3_checkpoint" if run_dir is not None else None
-    if checkpoint is not None and (checkpoint / "state.pkl").is_file():
-        model, state, reset_seeds = _sb3_resume(model, checkpoint, eval_envs)
-        print(f"resumed SB3 from {checkpoint} at {model.num_timesteps:,} frames", flush=True)
+    # state.pkl is written last, so it marks a complete checkpoint; ".old" is the previous one while a save swaps
+    saved = [c for c in (checkpoint, checkpoint.with_name(checkpoint.name + ".old")) if (c / "state.pkl").is_file()] \
+        if checkpoint is not None else []
+    if saved:
+        model, state, reset_seeds = _sb3_resume(model, saved[0], eval_envs)
+        print(f"resumed SB3 from {saved[0]} at {model.num_timesteps:,} frames", flush=True)
     train_env = model.get_env()
 
     def evaluate() -> float:
@@ -184,9 +187,7 @@ def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False, run_dir: P
         def _eval_if_due(self) -> None:
             state["train_s"] += time.perf_counter() - self.since
             if self.num_timesteps >= state["next_eval"]:
-                t = time.perf_counter()
                 ret = evaluate()
-                state["eval_s"] += time.perf_counter() - t
                 state["curve"].append({"frames": self.num_timesteps, "train_s": round(state["train_s"], 3),
                                        "return_mean": ret})
                 state["next_eval"] = (self.num_timesteps // task.eval_interval + 1) * task.eval_interval
@@ -250,11 +251,11 @@ def _sb3_resume(model: Any, checkpoint: Path, eval_envs: list[Any]) -> tuple[Any
 
 def _write_progress(run_dir: Path, curve: list[dict[str, float]]) -> None:
     """``progress.csv`` in tdrl's column names (what ``tdrl plot`` and the launcher's status read)."""
+    from tdrl.utils.files import write_atomic
+
     lines = ["CumSteps,eval/return_mean,time/train_s"]
     lines += [f"{p['frames']},{p['return_mean']!r},{p['train_s']!r}" for p in curve]
-    tmp = run_dir / "progress.csv.tmp"
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(run_dir / "progress.csv")
+    write_atomic(run_dir / "progress.csv", "\n".join(lines) + "\n")  # whole: a resume drops rows past its checkpoint
 
 
 def sb3_ppo_cartpole(seed: int, task: Task, stop: bool = False, run_dir: Path | None = None

@@ -21,7 +21,7 @@ from typing import Literal
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's tdrl
 
-from tdrl.config import ConfigError, RunConfig, run_recipe  # noqa: E402
+from tdrl.config import ConfigError, NonNegativeInt, RunConfig, run_recipe  # noqa: E402
 from tdrl.launch import Resources, Sweep, VariantLevel  # noqa: E402
 
 
@@ -31,7 +31,7 @@ class Config:
     """A task of benchmarks/learning.py (its env, budget, evaluation cadence and overrides)."""
     impl: Literal["tdrl", "sb3"] = "tdrl"
     """tdrl: the task's recipe; sb3: its Stable-Baselines3 baseline with RL-Zoo hyperparameters."""
-    frames: int = 0
+    frames: NonNegativeInt = 0
     """Env frames instead of the task's budget (0: the budget); for a short check."""
     run: RunConfig = field(default_factory=RunConfig)
     """Run directory (required: resuming needs one), seed and torch threads (both implementations: one each)."""
@@ -45,8 +45,6 @@ class Config:
                               f"{', '.join(tasks)}")
         if self.impl == "sb3" and tasks[self.task].sb3 is None:
             raise ConfigError(f"task={self.task!r} has no SB3 baseline; use impl=tdrl")
-        if self.frames < 0:
-            raise ConfigError(f"frames={self.frames} must be >= 0 (0: the task's budget)")
         if not self.run.dir:
             raise ConfigError("run.dir is required: the run checkpoints there and a relaunch resumes it")
 

@@ -66,6 +66,8 @@ def test_sb3_baseline_resumes_from_its_checkpoint_after_sigkill(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert not (run_dir / "summary.json").exists()
+    # as if killed while a save swapped checkpoints: only the previous one, under its ".old" name, is left
+    (run_dir / "sb3_checkpoint").rename(run_dir / "sb3_checkpoint.old")
     out = subprocess.run([sys.executable, str(script), str(run_dir)], env=env, capture_output=True, text=True,
                          timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]

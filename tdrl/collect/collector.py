@@ -50,6 +50,7 @@ class BatchCollector:
             caller's ``set_exploration_type`` at each batch and is RANDOM outside one (as TorchRL's collectors).
         device: device of the yielded batches.
         return_same_td: yield the engine's buffer itself (no copy; overwritten by the next batch).
+        transform: the TorchRL transform the engine's slices apply (their state: :meth:`transform_state`).
 
     Attributes:
         traj_infos: TrajInfo dicts of the episodes that finished during the last batch, in (step, env) order.
@@ -58,7 +59,7 @@ class BatchCollector:
     """
 
     def __init__(self, engine: Engine, *, total_frames: int = -1, exploration_type: InteractionType | str | None = None,
-            device: torch.device | str | None = None, return_same_td: bool = False) -> None:
+            device: torch.device | str | None = None, return_same_td: bool = False, transform: Any = None) -> None:
         self.engine = engine
         self.batch_B, self.batch_T = engine.batch_B, engine.batch_T
         self.frames_per_batch = self.batch_B * self.batch_T
@@ -69,7 +70,7 @@ class BatchCollector:
         self.device = torch.device("cpu" if device is None else device)
         self.return_same_td = return_same_td
         self.traj_infos: list[dict[str, float]] = []
-        self.transform: Any = None
+        self.transform = transform
         self.closed = False
 
     def collect(self) -> TensorDictBase:

@@ -90,14 +90,12 @@ def make_collector(kind: str, env_factory: Callable[..., Any], policy: TensorDic
         engine = ActionServerEngine(settings, policy, n_workers=n_workers, alternating=kind == "alternating",
                                     compile=compile, **common)
     try:
-        collector = BatchCollector(engine, total_frames=total_frames, exploration_type=exploration_type,
-                                   device=device, return_same_td=return_same_td)
+        # the torchrl kind appends the transform to its envs: no slice state to follow
+        return BatchCollector(engine, total_frames=total_frames, exploration_type=exploration_type, device=device,
+                              return_same_td=return_same_td, transform=None if kind == "torchrl" else transform)
     except BaseException:  # bad total_frames: stop the engine's workers
         engine.shutdown()
         raise
-    if kind != "torchrl":  # the torchrl kind appends it to its envs: no slice state to follow
-        collector.transform = transform
-    return collector
 
 
 SerialCollector = functools.partial(make_collector, "serial")
