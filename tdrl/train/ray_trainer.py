@@ -80,16 +80,34 @@ def connect_ray(address: str | None, *, cpus_wanted: float) -> bool:
     if target:
         check_reachable(target)
     try:
-        if target:
-            ray.init(address=target, logging_level=logging.WARNING, configure_logging=True)
-            return False
-        # "local": a new Ray of this run's own, even where another one runs on this machine (ray.init() would join it)
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_wanted)), include_dashboard=False,
-                 logging_level=logging.WARNING, configure_logging=True)
-        return True
+        with keeps_signal_handlers():
+            if target:
+                ray.init(address=target, logging_level=logging.WARNING, configure_logging=True)
+                return False
+            # "local": a new Ray of this run's own, even where another runs on this machine (ray.init() would join it)
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_wanted)),
+                     include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
+            return True
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = f"the Ray cluster at {target}" if target else "a local Ray instance"
         raise RayTrainerError(f"cannot start or reach {where}: {str(error).splitlines()[0]}") from None
+
+
+@contextlib.contextmanager
+def keeps_signal_handlers() -> Iterator[None]:
+    """Put back the SIGTERM and SIGINT handlers the enclosed code replaced. ``ray.init`` installs its own SIGTERM
+    handlers (a Python ``sys.exit`` and a native one that prints a stack and aborts), which would skip the run's
+    SIGTERM checkpoint and end a preempted SLURM job with SIGABRT instead of the one-line resume command."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: set outside Python, cannot be put back from here
+                signal.signal(sig, handler)
 
 
 class RayUnreachableError(RayTrainerError, UserError):

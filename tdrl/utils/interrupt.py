@@ -84,7 +84,8 @@ def interrupts_end_in_one_line(script: str, args: Sequence[str]) -> Iterator[Non
     try:
         yield
     except BaseException as e:
-        signum = _state["signum"] or (signal.SIGINT if isinstance(e, KeyboardInterrupt) else None)
+        signum = _state["signum"] or (e.signum if isinstance(e, Interrupted)  # a trainer's own, at a round's end
+                                      else signal.SIGINT if isinstance(e, KeyboardInterrupt) else None)
         if signum is None or isinstance(e, SystemExit) or os.environ.get("TDRL_DEBUG", "") not in ("", "0"):
             raise
         name = signal.Signals(signum).name

@@ -55,6 +55,13 @@ def frames_logged(run_dir: Path) -> float:
         return 0.0
 
 
+def restarts_logged(run_dir: Path) -> float:
+    try:
+        return max((r.get("actors/restarts", 0.0) for r in rows(run_dir)), default=0.0)
+    except (FileNotFoundError, KeyError):
+        return 0.0
+
+
 def all_actors_collected(run_dir: Path, n: int = 4) -> bool:
     try:
         table = rows(run_dir)
@@ -158,25 +165,30 @@ def test_learner_sigkill_then_relaunch_restores_the_checkpoint(cluster, tmp_path
     no_actor_left(cluster)
 
 
-def test_losing_a_node_shrinks_the_actors_and_the_run_ends(cluster, tmp_path):
-    """Last in this module: the cluster has one node fewer afterwards."""
+def test_losing_a_node_shrinks_the_actors_and_the_run_goes_on(cluster, tmp_path):
+    """Last in this module: the cluster has one node fewer afterwards.
+
+    The run is open-ended and the test waits for the event itself: the loss counted in the log (Ray's node health
+    check, or call_timeout_s=20 without a rollout), then 1,024 more frames from the actors left. A run that ended on a
+    frame budget raced the detection (a CI run of 12,288 frames ended 36 s after its start, the loss not yet counted).
+    SIGTERM then ends it as a user's Ctrl-C would: checkpoint, one line, exit 143."""
     run_dir = tmp_path / "run"
-    # 12,288 frames: the run must outlast the loss's detection (Ray's node health check, or call_timeout_s=20 without
-    # a rollout); with 3,072 a CI run ended 16 s after its start, the lost actors never counted
-    proc = cluster.popen(apex_args(run_dir, 12_288), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = cluster.popen(apex_args(run_dir, 10_000_000), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: frames_logged(run_dir) >= 512, 240, "frames collected", proc)
         cluster.remove_node(1)
-        lost_at = time.monotonic()
-        out, err = proc.communicate(timeout=400)
+        wait_for(lambda: restarts_logged(run_dir) >= 1, 240, "the lost actors counted", proc)
+        counted_at = frames_logged(run_dir)
+        wait_for(lambda: frames_logged(run_dir) >= counted_at + 1024, 240, "frames after the loss", proc)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["frames"] >= 12_288 and summary["actor_restarts"] >= 1, summary
-    assert "died" in err or "timed out" in err
-    assert time.monotonic() - lost_at < 400
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "died" in err or "timed out" in err, err[-3000:]
+    assert "resume with:" in err.strip().splitlines()[-1], err[-3000:]
+    assert Checkpointer(run_dir / "checkpoints").list(), "SIGTERM checkpoints at the next round"
     no_actor_left(cluster)
 
 
