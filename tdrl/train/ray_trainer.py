@@ -55,7 +55,7 @@ from tdrl.train.ray_actors import (
 from tdrl.train.replicas import tensor_digest
 from tdrl.train.sync import shutdown
 from tdrl.utils.errors import UserError
-from tdrl.utils.interrupt import Interrupted
+from tdrl.utils.interrupt import Interrupted, keeps_signal_handlers
 
 __all__ = ["RayTrainer", "connect_ray", "module_path"]
 
@@ -91,23 +91,6 @@ def connect_ray(address: str | None, *, cpus_wanted: float) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = f"the Ray cluster at {target}" if target else "a local Ray instance"
         raise RayTrainerError(f"cannot start or reach {where}: {str(error).splitlines()[0]}") from None
-
-
-@contextlib.contextmanager
-def keeps_signal_handlers() -> Iterator[None]:
-    """Put back the SIGTERM and SIGINT handlers the enclosed code replaced. ``ray.init`` installs its own SIGTERM
-    handlers (a Python ``sys.exit`` and a native one that prints a stack and aborts), which would skip the run's
-    SIGTERM checkpoint and end a preempted SLURM job with SIGABRT instead of the one-line resume command."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            if handler is not None:  # None: set outside Python, cannot be put back from here
-                signal.signal(sig, handler)
 
 
 class RayUnreachableError(RayTrainerError, UserError):

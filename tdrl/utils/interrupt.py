@@ -24,7 +24,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TypedDict
 
-__all__ = ["Interrupted", "ignore_sigint", "interrupts_end_in_one_line", "note_run_dir", "resume_command"]
+__all__ = ["Interrupted", "ignore_sigint", "interrupts_end_in_one_line", "keeps_signal_handlers", "note_run_dir",
+           "resume_command"]
 
 
 class _State(TypedDict):
@@ -100,3 +101,20 @@ def interrupts_end_in_one_line(script: str, args: Sequence[str]) -> Iterator[Non
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def keeps_signal_handlers() -> Iterator[None]:
+    """Put back the SIGTERM and SIGINT handlers the enclosed code replaced. ``ray.init`` installs its own SIGTERM
+    handlers (a Python ``sys.exit`` and a native one that prints a stack and aborts), which would skip the run's
+    SIGTERM checkpoint and end a preempted SLURM job with SIGABRT instead of the one-line resume command."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: set outside Python, cannot be put back from here
+                signal.signal(sig, handler)
