@@ -806,6 +806,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for row in rows:
             print_row(row)
         report_returns(rows)
+        for path in map(Path, args.runs):  # a sweep's runs live in runs/sweeps/<sweep file's name>
+            if (ROOT / "slurm" / "sweeps" / f"{path.name}.py").exists():
+                print(f"{path.name}: run or resume (same directories) with "
+                      f"`python slurm/launch.py local slurm/sweeps/{path.name}.py --max-parallel 1`")
         if args.plots:
             plot_runs(args.runs, Path(args.plots))
         return rows
