@@ -116,10 +116,12 @@ def test_plain_torchrl_modules_collect_and_learn_as_ray_actors(cluster, tmp_path
 
 
 def test_actor_sigkill_is_restarted_and_counted(cluster, tmp_path):
-    run_dir = tmp_path / "run"
-    # 16,384 frames: the run goes on ~30 s after the kill (8,192 left ~15 s, and in a CI run the restarted actor,
-    # 8-12 s to come back, missed the end: no "is back" line)
-    proc = cluster.popen(apex_args(run_dir, 16_384), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """Open-ended, so the test waits for the events rather than racing a frame budget (a restarted actor, 8-12 s to
+    come back here, once missed the end of a 16,384-frame run): the restart counted in a log row, the actor back
+    (its line on stderr, read from a file while the run goes on), more frames; then SIGTERM ends it (exit 143)."""
+    run_dir, stderr_path = tmp_path / "run", tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as stderr:
+        proc = cluster.popen(apex_args(run_dir, 10_000_000), stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     try:
         # every actor has collected (one killed while it builds its collector is restarted before it ever answers,
         # which the learner cannot tell from a slow start)
@@ -128,18 +130,20 @@ def test_actor_sigkill_is_restarted_and_counted(cluster, tmp_path):
         assert len(victims) == 4, victims
         os.kill(victims[0], signal.SIGKILL)
         killed_at_frames = frames_logged(run_dir)
-        out, err = proc.communicate(timeout=400)
+        wait_for(lambda: "is back after" in stderr_path.read_text(), 120, "the restarted actor back", proc)
+        wait_for(lambda: restarts_logged(run_dir) >= 1, 60, "the restart in a log row", proc)
+        wait_for(lambda: frames_logged(run_dir) >= killed_at_frames + 2048, 120, "frames after the restart", proc)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    err = stderr_path.read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     back = re.findall(r"collector actor \d.*is back after ([\d.]+) s", err)
     # back means built again and answering. The issue asks for 10 s: measured 4.0 s with the machine otherwise idle,
     # 8-12 s here, where the run's own 3 actors and learner keep both cores busy while it imports torch and builds
     assert back and float(back[0]) < 30, err[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["actor_restarts"] >= 1 and summary["frames"] >= 16_384 > killed_at_frames
-    assert max(r.get("actors/restarts", 0) for r in rows(run_dir)) >= 1
     no_actor_left(cluster)
 
 
