@@ -48,18 +48,20 @@ def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None
         time.sleep(0.2)
 
 
-def frames_logged(run_dir: Path) -> float:
+def logged_max(run_dir: Path, column: str) -> float:
+    """The largest value of ``column`` in the run's log so far (0 before any row)."""
     try:
-        return max((r["CumSteps"] for r in rows(run_dir)), default=0.0)
-    except (FileNotFoundError, KeyError):
+        return max((r.get(column, 0.0) for r in rows(run_dir)), default=0.0)
+    except FileNotFoundError:
         return 0.0
+
+
+def frames_logged(run_dir: Path) -> float:
+    return logged_max(run_dir, "CumSteps")
 
 
 def restarts_logged(run_dir: Path) -> float:
-    try:
-        return max((r.get("actors/restarts", 0.0) for r in rows(run_dir)), default=0.0)
-    except (FileNotFoundError, KeyError):
-        return 0.0
+    return logged_max(run_dir, "actors/restarts")
 
 
 def all_actors_collected(run_dir: Path, n: int = 4) -> bool:
