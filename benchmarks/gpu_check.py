@@ -27,7 +27,7 @@ Steps, each in its own processes with a time limit, so one failure is reported a
    failed row's output follows the table). Each
    variant is the real recipe, run for a fixed time and stopped (SIGTERM); the figure is the median
    ``UpdatesPerSecond`` of its progress rows after the first row with updates (compilation and warm-up);
-5. Atari frames per second of the action server (the Nature CNN on the GPU, 8 CPU worker processes) against
+5. Atari frames per second of the action server (the Nature CNN on the GPU, 8 and 16 CPU worker processes) against
    gymnasium's AsyncVectorEnv with the same CNN on the GPU, same envs, same cores; envpool too where it is
    importable (it is not carried: with its assets it is 115 MB, over the 64 MiB a call carries).
 
@@ -310,13 +310,14 @@ def atari_frames(device: str, dry_run: bool, seconds: float) -> None:
         return step
 
     rows = []
-    collector = make_collector("action_server", factory, actor, batch_B=envs, batch_T=steps, n_workers=workers,
-                               seed=0, return_same_td=True)
-    try:
-        rows.append((f"tdrl action server ({workers} worker processes)", rate(lambda: (collector.collect(),
-                                                                                      envs * steps)[1])))
-    finally:
-        collector.shutdown()
+    for n_workers in (workers, envs):  # two envs per worker, then one per worker as AsyncVectorEnv has
+        collector = make_collector("action_server", factory, actor, batch_B=envs, batch_T=steps, n_workers=n_workers,
+                                   seed=0, return_same_td=True)
+        try:
+            rows.append((f"tdrl action server ({n_workers} worker processes)",
+                         rate(lambda: (collector.collect(), envs * steps)[1])))  # noqa: B023 - called in this loop
+        finally:
+            collector.shutdown()
     vec = gym.vector.AsyncVectorEnv([functools.partial(make_env, "ALE/Pong-v5") for _ in range(envs)])
     try:
         rows.append((f"gymnasium AsyncVectorEnv ({envs} processes)", rate(vector_loop(vec, vec.reset(seed=0)[0]))))
