@@ -11,11 +11,14 @@ install:
 demo: install
 	$(PY) recipes/ppo.py logger.wandb_mode=offline
 
+# Two pytest workers (pytest-xdist); the tests that share a cluster run in one of them (tests/conftest.py).
+TEST_WORKERS ?= 2
+
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-all: install
-	$(PY) -m pytest -q -m "" 
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m ""
 
 bench: install
 	cd $$(mktemp -d) && $(PY) $(CURDIR)/benchmarks/collectors.py --quick

@@ -17,3 +17,13 @@ torch.set_num_threads(1)
 def _run_in_tmp_cwd(tmp_path, monkeypatch):
     """Each test runs in its own directory: MuJoCo writes MUJOCO_LOG.TXT into the cwd, runs default to ./runs."""
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    """The tests that start or use a cluster (the local SLURM cluster, the Ray clusters in network namespaces) run
+    one after another in a single worker of ``pytest -n 2 --dist loadgroup`` (``make test``): they share the SLURM
+    queue and the namespaces' addresses. Every other test goes to whichever worker is free."""
+    for item in items:
+        if item.get_closest_marker("slurm") or item.get_closest_marker("distributed"):
+            item.add_marker(pytest.mark.xdist_group("clusters"))
