@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import time
 import traceback
@@ -109,4 +110,8 @@ class RecipeJob:
         from submitit.helpers import DelayedSubmission
 
         record_event(self.run_dir, "requeue", **_job_fields())
+        # submitit runs `scontrol requeue` next, and SLURM's requeue SIGTERMs every process of the job: scontrol too,
+        # when it has not exited yet (seen on a busy node), which fails the requeue. An ignored SIGTERM is inherited
+        # across exec, so scontrol lives to exit; this process exits right after it, as submitit requeues.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return DelayedSubmission(self, *args, **kwargs)

@@ -22,6 +22,7 @@ Ray is imported inside functions: ``tdrl.train`` imports without the ``distribut
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -388,6 +389,12 @@ class ActorPool:
         slot.died_at = slot.progress_at = time.monotonic()
         slot.started = False  # the restarted actor gets the start-up timeout to build its collector
         self.events.append(f"collector actor {i} {why} (pid {slot.pid}); Ray restarts it, restart {slot.restarts}")
+
+    def print_events(self) -> None:
+        """Print the restart lines gathered since the last call (``tdrl: ...`` on stderr), then forget them."""
+        for line in self.events:
+            print(f"tdrl: {line}", file=sys.stderr, flush=True)
+        self.events.clear()
 
     def take_fps(self) -> list[float]:
         """Each actor's collection frames/s since the last call (0 for an actor with no rollout since)."""

@@ -50,6 +50,7 @@ from tdrl.train.ray_actors import (
     RayTrainerError,
     actor_seeds,
     from_wire,
+    nbytes,
     to_wire,
 )
 from tdrl.train.replicas import tensor_digest
@@ -195,7 +196,7 @@ class RayTrainer:
         self._started_ray = False
         self._due = 0
         self._unrolls: list[Any] = []
-        self._updates_at_publish = 0
+        self._updates_at_publish = self._weights_bytes = 0
         self._publish_ref: Any = None
         self._factory_ref: Any = None
         self._logged = self._saved = 0  # log and checkpoint boundaries passed
@@ -288,9 +289,7 @@ class RayTrainer:
             if report.batch is not None:
                 self._unrolls.append(from_wire(report.batch))
         assert self.pool is not None  # the reports came from it
-        for line in self.pool.events:
-            print(f"tdrl: {line}", file=sys.stderr, flush=True)
-        self.pool.events.clear()
+        self.pool.print_events()
 
     def _boundaries(self) -> None:
         itr, final = self.book.itr, self.book.itr >= self.n_itr
@@ -345,6 +344,7 @@ class RayTrainer:
         self.policy_version += 1
         weights = TensorDict.from_module(self.weights_module).data.to("cpu")
         self._publish_ref = self._hub.publish.remote(self.policy_version, [ray.put(to_wire(weights))])
+        self._weights_bytes = nbytes(weights)
         self._updates_at_publish = self.book.updates
 
     def _stop(self) -> None:
@@ -352,11 +352,9 @@ class RayTrainer:
             return
         import ray
 
-        for line in self.pool.events if self.pool is not None else []:
-            print(f"tdrl: {line}", file=sys.stderr, flush=True)
-
         with contextlib.suppress(Exception):
             if self.pool is not None:
+                self.pool.print_events()
                 self.pool.shutdown(timeout=self.call_timeout_s / 4)
         with contextlib.suppress(Exception):
             ray.kill(self._hub, no_restart=True)
@@ -373,13 +371,16 @@ class RayTrainer:
         extra = {"actors/weight_version": float(self.policy_version)}
         if self.pool is None:
             return extra
+        in_flight = sum(len(s.pending) for s in self.pool.slots)
         extra.update({
             "actors/restarts": float(self.pool.restarts),
             "actors/weight_lag_mean": iv["lag_sum"] / max(iv["rollouts"], 1),
             "actors/weight_lag_max": iv["lag_max"],
             "actors/queue_depth": float(len(self._unrolls) if self.on_policy else 0),
-            "actors/in_flight": float(sum(len(s.pending) for s in self.pool.slots)),
+            "actors/in_flight": float(in_flight),
             "ray/wire_bytes_per_frame": iv["wire_bytes"] / max(iv["frames"], 1),
+            # a bound on what the run holds in Ray's object store (Ray inlines small objects)
+            "ray/bytes_in_flight": self._weights_bytes + in_flight * iv["wire_bytes"] / max(iv["rollouts"], 1),
         })
         for i, fps in enumerate(self.pool.take_fps()):
             extra[f"actors/fps_{i}"] = fps

@@ -88,9 +88,11 @@ def test_apex_dqn_spans_both_nodes_and_throttles_to_the_replay_ratio(cluster, tm
     table = rows(run_dir)
     last = table[-1]
     for column in ("actors/fps_0", "actors/fps_3", "actors/weight_lag_max", "actors/in_flight",
-                   "ray/wire_bytes_per_frame", "replay/ratio"):
+                   "ray/wire_bytes_per_frame", "ray/bytes_in_flight", "replay/ratio"):
         assert column in last, sorted(last)
     assert 0 < last["ray/wire_bytes_per_frame"] < 10_000
+    # the weights (two 32-unit layers: 5.1 KB) and at most 2 rollouts of 8 CartPole frames per actor: KBs, not MBs
+    assert 5_000 < last["ray/bytes_in_flight"] < 200_000, last
     # the slow learner (32 samples per frame) holds the actors back: what it has not learned from stays within
     # one batch per write (hub throttle, max_lag_frames=0), and in-flight rollouts within 2 per actor
     batch_frames = 8  # collector.batch_B * batch_T of dqn's defaults

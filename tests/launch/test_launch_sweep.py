@@ -179,3 +179,20 @@ def test_recipe_job_in_process_reaches_spawned_workers(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "{'squares': [1, 4, 9]}" in res.stdout
     assert '"event": "end"' in (tmp_path / "r" / "launch_events.jsonl").read_text()
+
+
+def test_requeue_command_outlives_the_sigterm_of_the_requeue(tmp_path):
+    """submitit runs ``scontrol requeue`` after RecipeJob.checkpoint, and SLURM's requeue SIGTERMs the whole job,
+    scontrol too if it is still running (seen in CI: the requeue failed). A command started after checkpoint
+    survives a SIGTERM; one started before it does not."""
+    code = (
+        "from tdrl.launch.job import RecipeJob; import subprocess;"
+        "term = ['sh', '-c', 'kill -TERM $$; echo alive'];"
+        "print('before', subprocess.run(term, capture_output=True, text=True).returncode);"
+        f"RecipeJob('recipe.py', [], {str(tmp_path / 'r')!r}).checkpoint();"
+        "print('after', subprocess.run(term, capture_output=True, text=True).stdout.strip())"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["before", "-15", "after", "alive"], res.stdout
+    assert '"event": "requeue"' in (tmp_path / "r" / "launch_events.jsonl").read_text()
