@@ -211,7 +211,7 @@ class LoggerConfig:
 
     log_interval_steps: Count = 10_000
     """Env frames between log rows and evaluations (rlpyt's ``log_interval_steps``), rounded down to whole
-    iterations (at least one)."""
+    iterations (at least one; a run shorter than it logs once, at its end)."""
     wandb: bool = True
     """Mirror metrics to Weights & Biases (the run directory stays the source of truth)."""
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"

@@ -26,14 +26,15 @@ __all__ = ["Bookkeeper", "CheckpointObjects", "book_counter", "eval_collector_st
 def iteration_counts(n_steps: int, log_interval_steps: int, frames_per_itr: int) -> tuple[int, int]:
     """``(n_itr, log_interval_itrs)``: rlpyt's ``get_n_itr`` with ``n_itr`` rounded up, so a run trains at least
     ``n_steps`` frames: ``ceil(n_steps / frames_per_itr)`` iterations, then on to the next log boundary;
-    ``log_interval_itrs`` is ``log_interval_steps`` rounded down to whole iterations, at least one (rlpyt rounds
-    ``n_itr`` down first: 1000 steps of 256-frame iterations logged every 1000 trained 768 frames)."""
+    ``log_interval_itrs`` is ``log_interval_steps`` rounded down to whole iterations, at least one and at most the
+    run (rlpyt rounds ``n_itr`` down first: 1000 steps of 256-frame iterations logged every 1000 trained 768 frames;
+    a log interval longer than the run would otherwise stretch the run to it: 3,000 frames logged every 1e8 ran 1e8)."""
     if frames_per_itr <= 0:
         raise ValueError(f"frames_per_itr must be positive, got {frames_per_itr}")
     if n_steps <= 0 or log_interval_steps <= 0:
         raise ValueError(f"n_steps and log_interval_steps must be positive, got {n_steps}, {log_interval_steps}")
-    log_interval_itrs = max(int(log_interval_steps) // frames_per_itr, 1)
     n_itr = -(-int(n_steps) // frames_per_itr)  # ceil
+    log_interval_itrs = min(max(int(log_interval_steps) // frames_per_itr, 1), n_itr)
     if n_itr % log_interval_itrs:
         n_itr += log_interval_itrs - n_itr % log_interval_itrs
     return n_itr, log_interval_itrs

@@ -97,6 +97,8 @@ def test_iteration_counts_round_up_to_log_interval():
     assert iteration_counts(1000, 30, 10) == (102, 3)
     assert iteration_counts(1000, 5, 10) == (100, 1)  # log interval shorter than a batch -> every iteration
     assert iteration_counts(100, 100, 10) == (10, 10)
+    # a log interval longer than the run logs once, at its end; the run is not stretched to the interval
+    assert iteration_counts(3000, 100_000_000, 8) == (375, 375)
     # at least n_steps (rlpyt rounds down first: 1000 frames of 256-frame iterations logged every 1000 ran 768)
     assert iteration_counts(1000, 1000, 256) == (6, 3)
 
@@ -106,7 +108,8 @@ def test_iteration_counts_train_at_least_n_steps_and_end_on_a_log_row(frames_per
     for n_steps in [1, 99, 100, 255, 256, 257, 1000, 4097]:
         for log_interval_steps in [1, 50, 256, 1000, 10_000]:
             n_itr, log_itrs = iteration_counts(n_steps, log_interval_steps, frames_per_itr)
-            assert log_itrs == max(log_interval_steps // frames_per_itr, 1)  # log at least as often as asked
+            # log at least as often as asked, and at least once: at the end of a run shorter than the interval
+            assert log_itrs == min(max(log_interval_steps // frames_per_itr, 1), -(-n_steps // frames_per_itr))
             assert n_itr % log_itrs == 0 and n_itr * frames_per_itr >= n_steps
             assert (n_itr - log_itrs) * frames_per_itr < n_steps  # no log interval more than needed
 
