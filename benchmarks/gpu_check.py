@@ -315,7 +315,7 @@ def atari_frames(device: str, dry_run: bool, seconds: float) -> None:
                                    seed=0, return_same_td=True)
         try:
             rows.append((f"tdrl action server ({n_workers} worker processes)",
-                         rate(lambda: (collector.collect(), envs * steps)[1])))  # noqa: B023 - called in this loop
+                         rate(lambda c=collector: (c.collect(), envs * steps)[1])))
         finally:
             collector.shutdown()
     vec = gym.vector.AsyncVectorEnv([functools.partial(make_env, "ALE/Pong-v5") for _ in range(envs)])
