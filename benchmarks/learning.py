@@ -839,6 +839,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         print(f"  (machine never quiet before {task.name} {impl} seed {seed}; running anyway)")
                     torch.manual_seed(seed)
                     torch.set_num_threads(DEFAULT_TORCH_THREADS)
+                    torch.set_flush_denormal(False)  # SB3's arithmetic; a recipe sets its run.flush_denormal
                     curve = fn(seed)
                     frames, train_s = to_threshold(curve, task.threshold)
                     row = {"task": task.name, "impl": impl, "seed": seed, "threshold": task.threshold,

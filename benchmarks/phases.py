@@ -14,10 +14,13 @@ phases by the functions that make them:
 * bookkeeping: the trainer's ``record`` (counters, metrics, log rows);
 * other: the rest of the training time (the loop itself, the updaters' Python, the trainer's iteration).
 
-The profiler's own cost falls on Python calls, so the shares overstate Python-heavy phases a little; the ms column
+Each recipe runs with ``run.flush_denormal`` false (IEEE arithmetic: the "before") and true (the recipes' default:
+denormal floats as zero), so the table shows what flushing denormals buys in the same run. The profiler's own cost
+falls on Python calls, so the shares overstate Python-heavy phases a little; the ms column
 is the share of the plain run's time per iteration. Run it when the machine is quiet::
 
-    python benchmarks/phases.py [--recipes dqn sac td3] [--frames N] [--threads 1] [--markdown docs/x.md]
+    python benchmarks/phases.py [--recipes dqn sac td3] [--frames N] [--threads 1] [--flush-denormal both]
+        [--markdown docs/x.md]
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 TASKS = {"dqn": "dqn-cartpole", "sac": "sac-pendulum", "td3": "td3-pendulum"}
-FRAMES = {"dqn": 6_000, "sac": 1_200, "td3": 2_400}  # about 10 s of learning each on one core
+# about 30 s of learning each on one core: Adam's idle moments reach denormal range after ~800 updates
+FRAMES = {"dqn": 20_000, "sac": 3_000, "td3": 6_000}
 LEARN_FROM = 100
 
 
@@ -74,7 +78,7 @@ def _code_key(fn: Callable[..., Any]) -> tuple[str, int, str]:
     return code.co_filename, code.co_firstlineno, code.co_name
 
 
-def run_recipe(recipe: str, frames: int, threads: int, root: str) -> dict[str, Any]:
+def run_recipe(recipe: str, frames: int, threads: int, flush_denormal: bool, root: str) -> dict[str, Any]:
     from learning import TASKS as LEARNING_TASKS
     from learning import load_recipe
 
@@ -86,20 +90,20 @@ def run_recipe(recipe: str, frames: int, threads: int, root: str) -> dict[str, A
         f"env.id={task.env_id}", *task.overrides, f"collector.total_frames={frames}", f"run.root={root}",
         "eval.n_envs=0", f"optim.min_steps_learn={LEARN_FROM}", f"logger.log_interval_steps={frames}",
         "logger.wandb=false", "logger.progress_bar=false", "checkpoint.snapshot_mode=none",
-        f"run.torch_threads={threads}"])
+        f"run.torch_threads={threads}", f"run.flush_denormal={str(flush_denormal).lower()}"])
     with contextlib.redirect_stdout(io.StringIO()):
         return module.main(cfg)
 
 
-def profile(recipe: str, frames: int, threads: int) -> list[tuple[str, float, float]]:
+def profile(recipe: str, frames: int, threads: int, flush_denormal: bool) -> list[tuple[str, float, float]]:
     """``(phase, ms per iteration, share of the training time)`` rows, ending with ``other`` and ``total``."""
     with tempfile.TemporaryDirectory() as root:
-        plain = run_recipe(recipe, frames, threads, root)
+        plain = run_recipe(recipe, frames, threads, flush_denormal, root)
     ms_per_iteration = plain["train_s"] / plain["iterations"] * 1e3
     profiler = cProfile.Profile()
     with tempfile.TemporaryDirectory() as root:
         profiler.enable()
-        profiled = run_recipe(recipe, frames, threads, root)
+        profiled = run_recipe(recipe, frames, threads, flush_denormal, root)
         profiler.disable()
     stats = pstats.Stats(profiler).stats  # key -> (calls, primitive calls, tottime, cumtime, callers)
     rows, total_share = [], 0.0
@@ -111,8 +115,9 @@ def profile(recipe: str, frames: int, threads: int) -> list[tuple[str, float, fl
     rows.append(("other", (1 - total_share) * ms_per_iteration, 1 - total_share))
     rows.append(("total", ms_per_iteration, 1.0))
     updates = plain["updates"] / plain["iterations"]
-    print(f"\n{recipe} ({TASKS[recipe]}): {plain['iterations']} iterations of {frames // plain['iterations']} frames, "
-          f"{updates:.2f} updates each, {ms_per_iteration:.2f} ms per iteration (plain run)")
+    print(f"\n{recipe} ({TASKS[recipe]}, flush_denormal={flush_denormal}): {plain['iterations']} iterations of "
+          f"{frames // plain['iterations']} frames, {updates:.2f} updates each, {ms_per_iteration:.2f} ms "
+          "per iteration (plain run)")
     return rows
 
 
@@ -123,17 +128,25 @@ def main() -> None:
     parser.add_argument("--recipes", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--frames", type=int, default=None, help="env frames per run (default: per recipe)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the learning benchmark's SB3 uses 1)")
+    parser.add_argument("--flush-denormal", choices=["both", "true", "false"], default="both",
+                        help="run.flush_denormal settings to profile (default: both, false first)")
     add_markdown_option(parser)
     args = parser.parse_args()
+    settings = {"both": [False, True], "true": [True], "false": [False]}[args.flush_denormal]
     print(f"load before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {args.threads} torch thread(s)")
-    table = {recipe: profile(recipe, args.frames or FRAMES[recipe], args.threads) for recipe in args.recipes}
+    table = {f"{recipe}{' flush' * flush}": profile(recipe, args.frames or FRAMES[recipe], args.threads, flush)
+             for recipe in args.recipes for flush in settings}
     print(f"\nms per iteration by phase (share of training time); load after: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
-    print("| phase | " + " | ".join(args.recipes) + " |")
-    print("|---|" + "---:|" * len(args.recipes))
+    print("| phase | " + " | ".join(table) + " |")
+    print("|---|" + "---:|" * len(table))
     for i, (phase, *_) in enumerate(next(iter(table.values()))):
         cells = [f"{rows[i][1]:.3f} ({rows[i][2]:.0%})" for rows in table.values()]
         print(f"| {phase} | " + " | ".join(cells) + " |")
+    if len(settings) == 2:
+        speedups = [f"{table[r][-1][1] / table[f'{r} flush'][-1][1]:.2f}x" for r in args.recipes]
+        print("\nflush_denormal=true speed-up per iteration: "
+              + ", ".join(f"{r} {x}" for r, x in zip(args.recipes, speedups, strict=True)))
 
 
 if __name__ == "__main__":

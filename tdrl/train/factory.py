@@ -179,8 +179,9 @@ def eval_collector_from(cfg: Any, policy: nn.Module | None, *, observations_of: 
 def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, Any]:
     """What every recipe does first, in this order: start the fork server its collector's workers fork from (their
     torch import overlaps the build; only where this process builds the collector: no trainer section, sync or
-    ddp), set ``run.torch_threads``, seed everything (``seed``: e.g. a data-parallel rank's own; default
-    ``run.seed``), resolve ``run.device`` and make the env factory (Atari's ``env.episodic_lives`` passed on).
+    ddp), set ``run.torch_threads`` and ``run.flush_denormal``, seed everything (``seed``: e.g. a data-parallel
+    rank's own; default ``run.seed``), resolve ``run.device`` and make the env factory (Atari's
+    ``env.episodic_lives`` passed on).
     Returns ``(device, env_factory)`` (a :class:`tdrl.envs.EnvFactory`)."""
     from tdrl.collect import start_workers_early
     from tdrl.envs import EnvFactory
@@ -188,6 +189,7 @@ def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, 
     if getattr(getattr(cfg, "trainer", None), "kind", "sync") in ("sync", "ddp"):
         start_workers_early(cfg.collector.kind)
     torch.set_num_threads(cfg.run.torch_threads)
+    torch.set_flush_denormal(cfg.run.flush_denormal)
     seed_everything(cfg.run.seed if seed is None else seed)
     episodic_lives = getattr(cfg.env, "episodic_lives", False)
     return resolve_device(cfg.run.device), EnvFactory(cfg.env.id, {"episodic_lives": True} if episodic_lives else {})

@@ -1,0 +1,26 @@
+"""``prepare_recipe``: the process-wide torch settings every recipe starts from."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tdrl.config import RecipeConfig, apply_overrides
+from tdrl.train import prepare_recipe
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_flush_denormal_follows_the_run_config(flush):
+    """``run.flush_denormal`` (default true) makes the CPU treat denormal floats as zero: Adam's idle moments decay
+    into that range, where arithmetic is many times slower (docs/phases-2026-11-27-2.md)."""
+    cfg = apply_overrides(RecipeConfig(), [f"run.flush_denormal={str(flush).lower()}"])
+    try:
+        prepare_recipe(cfg)
+        denormal = torch.tensor([1e-39]) * 1.0
+        assert (denormal.item() == 0.0) == flush
+    finally:
+        torch.set_flush_denormal(False)  # torch's default, for the tests after this one
+
+
+def test_flush_denormal_is_the_default():
+    assert RecipeConfig().run.flush_denormal is True
