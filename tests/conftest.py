@@ -15,8 +15,10 @@ torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True)
 def _run_in_tmp_cwd(tmp_path, monkeypatch):
-    """Each test runs in its own directory: MuJoCo writes MUJOCO_LOG.TXT into the cwd, runs default to ./runs."""
+    """Each test runs in its own directory: MuJoCo writes MUJOCO_LOG.TXT into the cwd, runs default to ./runs.
+    Each starts with IEEE denormals too: a recipe run in this process sets ``run.flush_denormal`` (default true)."""
     monkeypatch.chdir(tmp_path)
+    torch.set_flush_denormal(False)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
