@@ -2,7 +2,7 @@
 
 The loss is tdrl's ``TwinQTD3Loss``: TorchRL's TD3Loss terms (equal values and gradients, tested) with the twin
 critics stacked into one batched matmul per layer, ~3x cheaper per update on CPU. Deterministic tanh policy with
-Gaussian exploration noise, twin Q critics,
+Gaussian exploration noise (std 0.5 until ``optim.min_steps_learn``: rlpyt's ``pretrain_std``), twin Q critics,
 clipped double-Q targets with target policy smoothing, the policy and the targets updated every
 ``optim.policy_update_interval`` / ``optim.target_update_interval`` critic updates (rlpyt counts both in gradient
 updates). Off-policy cadence as rlpyt: ``optim.replay_ratio`` sets the updates per iteration, none before
@@ -63,8 +63,8 @@ class OptimConfig(OffPolicyOptimConfig):
 
 @dataclass
 class Config(ContinuousControlConfig):
-    exploration: ActionNoiseConfig = field(default_factory=ActionNoiseConfig)
-    """Exploration noise."""
+    exploration: ActionNoiseConfig = field(default_factory=lambda: ActionNoiseConfig(pretrain_std=0.5))
+    """Exploration noise; std 0.5 before learning starts (rlpyt's Td3Agent pretrain_std)."""
     loss: LossConfig = field(default_factory=LossConfig)
     """TD3 objective."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -101,7 +101,9 @@ def main(cfg: Config) -> dict:
                           "(use recipes/dqn.py)")
     actor = make_deterministic_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
     critic = make_twin_q(specs, hidden_sizes=cfg.model.hidden_sizes, normalize_action=False).to(device)
-    policy = chain_policy(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
+    noise = make_gaussian_noise(specs, std=cfg.exploration.action_noise, pretrain_std=cfg.exploration.pretrain_std,
+                                start_frames=cfg.optim.min_steps_learn)
+    policy = chain_policy(actor, noise).to(device)
     loss = make_td3_loss(actor, critic, specs.action_spec, gamma=cfg.loss.gamma, target_noise=cfg.loss.target_noise,
                          target_noise_clip=cfg.loss.target_noise_clip).to(device)  # TwinQ critics: TwinQTD3Loss
     def adam(params, lr):  # fused: a non-finite update is skipped on the device (tdrl.objectives.update)
@@ -130,7 +132,7 @@ def main(cfg: Config) -> dict:
                           checkpoint_interval_steps=cfg.checkpoint.interval_steps,
                           checkpoint_state={"loss": loss, "critic_updater": critic_updater,
                                             "actor_updater": actor_updater, "target_update": target_update,
-                                            "replay": replay})
+                                            "replay": replay, "exploration": noise})
 
     # --- Update ---------------------------------------------------------------------------------------------
     value_loss, actor_loss = loss.value_loss, loss.actor_loss
@@ -164,6 +166,7 @@ def main(cfg: Config) -> dict:
     for _ in trainer:  # the trainer put the new frames into the replay
         metrics = [update() for _ in range(trainer.updates_due)]
         trainer.record(metrics, updates=len(metrics))
+        noise.set_frames(trainer.frames)  # the std of the next batch: wide until optim.min_steps_learn
     return trainer.summary
 
 

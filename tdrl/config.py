@@ -259,9 +259,8 @@ class TrainerConfig:
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """ddp: torch.distributed backend; auto = NCCL on CUDA devices, gloo on CPU."""
     max_lag_frames: Annotated[int, Range(ge=-1)] = 0
-    """async, ray: frames the collectors may run ahead of the optimizer beyond one batch each (0: they collect the
-    next batch while the last one trains, so the replay ratio holds); -1: no limit (rlpyt's AsyncRl, Ape-X's
-    actors: full speed, fewer updates per frame when the optimizer is slower)."""
+    """async, ray: frames the collectors may run ahead of the optimizer beyond one batch each (0: the replay ratio
+    holds); -1: no limit (rlpyt's AsyncRl, Ape-X's actors: fewer updates per frame when the optimizer is slower)."""
     updates_per_sync: Count = 1
     """async, ray: gradient updates between weight publications to the collectors."""
     n_actors: Count = 4
@@ -276,8 +275,7 @@ class TrainerConfig:
     """ray, on-policy (IMPALA): actors' unrolls concatenated into one learner batch."""
 
 
-# --- Algorithm sections: the keys several recipes share, spelled once. A recipe uses one as it is or subclasses it
-# to add its own keys and re-declare a default (field order and docstrings are inherited).
+# --- Algorithm sections: keys several recipes share; a recipe subclasses one to add keys or change defaults.
 
 
 @dataclass
@@ -405,6 +403,8 @@ class ActionNoiseConfig:
 
     action_noise: NonNegativeFloat = 0.1
     """Std of the Gaussian exploration noise, relative to the half-width of the action box (rlpyt action_std)."""
+    pretrain_std: NonNegativeFloat | None = None
+    """The noise's std before optim.min_steps_learn frames, same units (rlpyt pretrain_std); None: action_noise."""
 
 
 # --- The recipe config ---------------------------------------------------------------------------------

@@ -118,15 +118,26 @@ def _deterministic() -> bool:
 
 class GaussianNoise(TensorDictModuleBase):
     """Adds ``N(0, std)`` noise (``std`` per action dimension, in action units) to ``action`` and clamps it into
-    ``[low, high]``, under RANDOM exploration only.
+    ``[low, high]``, under RANDOM exploration only. With ``pretrain_std``, the std is that until ``start_frames``
+    (rlpyt's ``pretrain_std``: wide exploration while nothing is learned; :meth:`set_frames` switches it). The
+    std in use is a buffer (``std``), so it travels with ``state_dict()`` and weight syncs.
     """
 
-    def __init__(self, std: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> None:
+    def __init__(self, std: torch.Tensor, low: torch.Tensor, high: torch.Tensor, *,
+            pretrain_std: torch.Tensor | None = None, start_frames: int = 0) -> None:
         super().__init__()
         self.in_keys, self.out_keys = ["action"], ["action"]
-        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32))
+        self.start_frames = int(start_frames)
+        self.register_buffer("final_std", torch.as_tensor(std, dtype=torch.float32))
+        pretrain = self.final_std if pretrain_std is None else torch.as_tensor(pretrain_std, dtype=torch.float32)
+        self.register_buffer("pretrain_std", pretrain.clone())
+        self.register_buffer("std", (self.pretrain_std if self.start_frames > 0 else self.final_std).clone())
         self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
         self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
+
+    def set_frames(self, frames: int) -> None:
+        """Use the std for after ``frames`` env frames (call once per iteration)."""
+        self.std.copy_(self.pretrain_std if frames < self.start_frames else self.final_std)
 
     def add_noise(self, action: torch.Tensor, deterministic: bool) -> torch.Tensor:
         if deterministic:
@@ -140,11 +151,13 @@ class GaussianNoise(TensorDictModuleBase):
         return {"action": self.add_noise(inputs["action"], deterministic)}
 
 
-def make_gaussian_noise(specs, *, std: float = 0.1) -> GaussianNoise:
+def make_gaussian_noise(specs, *, std: float = 0.1, pretrain_std: float | None = None,
+        start_frames: int = 0) -> GaussianNoise:
     """Additive Gaussian exploration noise for deterministic policies (DDPG, TD3), clipped to the action box.
 
     Its std is ``std`` times the half-width of the box whatever the env's units (rlpyt's ``action_std`` on a
-    [-1, 1] box), constant over training as in rlpyt and the TD3 paper.
+    [-1, 1] box), constant over training as in rlpyt and the TD3 paper; ``pretrain_std`` (same units) replaces it
+    until ``start_frames`` env frames (rlpyt's ``pretrain_std`` before ``min_steps_learn``).
     """
     spec = specs.action_spec
     if not spec.dtype.is_floating_point or not hasattr(spec.space, "low"):
@@ -152,7 +165,9 @@ def make_gaussian_noise(specs, *, std: float = 0.1) -> GaussianNoise:
             f"Gaussian action noise needs a bounded continuous action space, got {type(spec).__name__}"
         )
     low, high = spec.space.low.float(), spec.space.high.float()
-    return GaussianNoise(std * (high - low) / 2, low, high)
+    half_width = (high - low) / 2
+    return GaussianNoise(std * half_width, low, high, start_frames=start_frames,
+                         pretrain_std=None if pretrain_std is None else pretrain_std * half_width)
 
 
 def apex_epsilon(index: int, n_actors: int, *, eps: float = 0.4, alpha: float = 7.0) -> float:

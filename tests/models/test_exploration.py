@@ -116,3 +116,21 @@ def test_gaussian_noise_scaled_clipped_and_off_in_eval():
     with set_exploration_type(ExplorationType.DETERMINISTIC):
         assert torch.equal(noise(TensorDict(action=torch.ones(5, 1), batch_size=[5]))["action"], torch.ones(5, 1))
     torch.testing.assert_close(noise.std, torch.tensor([0.2]))
+
+
+def test_gaussian_noise_is_wide_until_learning_starts():
+    """rlpyt's pretrain_std: the std is ``pretrain_std`` until ``start_frames``, then ``std``; the std in use is a
+    buffer, so a checkpoint (and a weight sync to collector copies) carries it."""
+    specs = EnvFactory("Pendulum-v1").specs()  # action box [-2, 2]
+    noise = make_gaussian_noise(specs, std=0.1, pretrain_std=0.5, start_frames=1000)
+    torch.testing.assert_close(noise.std, torch.tensor([1.0]))  # 0.5 x half-width 2
+    noise.set_frames(999)
+    torch.testing.assert_close(noise.std, torch.tensor([1.0]))
+    noise.set_frames(1000)
+    torch.testing.assert_close(noise.std, torch.tensor([0.2]))
+    restored = make_gaussian_noise(specs, std=0.1, pretrain_std=0.5, start_frames=1000)
+    restored.load_state_dict(noise.state_dict())
+    torch.testing.assert_close(restored.std, torch.tensor([0.2]))
+    without = make_gaussian_noise(specs, std=0.1, start_frames=1000)  # no pretrain_std: one std throughout
+    without.set_frames(0)
+    torch.testing.assert_close(without.std, torch.tensor([0.2]))
