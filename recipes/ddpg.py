@@ -58,6 +58,12 @@ class Config(ContinuousControlConfig):
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """sync, async (a collector process fills the replay) or ray (Ape-X DPG: collector actors on Ray)."""
 
+    def validate(self) -> None:
+        super().validate()
+        if self.exploration.pretrain_std is not None:  # a key DDPG would otherwise ignore
+            raise ConfigError("exploration.pretrain_std is TD3's (rlpyt's Td3Agent); DDPG explores with "
+                              "exploration.action_noise throughout, as rlpyt's DdpgAgent")
+
 
 def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)

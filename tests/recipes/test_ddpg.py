@@ -95,3 +95,10 @@ def test_learning_start_before_any_complete_transition_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="optim.min_steps_learn=2 is below the"):
         ddpg.main(tiny(tmp_path, "optim.min_steps_learn=2", "loss.n_step=3"))
     assert not list(tmp_path.rglob("progress.csv"))
+
+
+def test_pretrain_std_is_refused_not_ignored():
+    """ActionNoiseConfig's pretrain_std is wired in TD3 only: DDPG refuses it in a line instead of ignoring it."""
+    proc = subprocess.run([sys.executable, str(RECIPES / "ddpg.py"), "exploration.pretrain_std=0.5"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "exploration.pretrain_std is TD3's" in proc.stderr, proc.stderr
