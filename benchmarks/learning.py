@@ -13,6 +13,7 @@ of wall-clock to threshold is measured side by side.
     python benchmarks/learning.py --tasks ppo-cartpole --seeds 0,1,2 --json out.json
     python benchmarks/learning.py --tasks ppo-halfcheetah --no-sb3 --stop         # long (not in the default set)
     python benchmarks/learning.py --rows a.json b.json --markdown docs/x.md       # report runs made side by side
+    python benchmarks/learning.py --runs runs/sweeps/mujoco_ppo --keep benchmarks/results  # a sweep's results
     python benchmarks/learning.py --gae --losses all                              # micro: tdrl vs TorchRL, ms/call
     python benchmarks/learning.py --iteration all          # whole recipe iterations: TorchRL's loss vs tdrl's own
 
@@ -774,6 +775,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         help="report the runs of a learning_run.py sweep (e.g. runs/sweeps/mujoco_offpolicy): "
                              "returns with IQM and CI, and curves (--plots)")
     parser.add_argument("--plots", default="", metavar="DIR", help="with --runs: write <DIR>/<task>.png")
+    parser.add_argument("--keep", default="", metavar="DIR",
+                        help="with --runs: copy each finished run's results (variant.json, progress.csv, "
+                             "summary.json; no checkpoints) to DIR/<sweep>/..., e.g. benchmarks/results, to commit")
     parser.add_argument("--quiet", type=float, default=None, metavar="FRACTION",
                         help="before each run, wait (up to 10 min) until other processes use less than this fraction "
                              "of the machine (/proc/stat; e.g. 0.1): 2-thread updates slow 3-4x on a shared core")
@@ -815,6 +819,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                       f"`python slurm/launch.py local slurm/sweeps/{path.name}.py --max-parallel 1`")
         if args.plots:
             plot_runs(args.runs, Path(args.plots))
+        if args.keep:
+            keep_results(rows, Path(args.keep))
         return rows
     if args.rows:
         rows = [row for path in args.rows for row in json.loads(Path(path).read_text())]
@@ -882,6 +888,25 @@ def rows_from_runs(paths: list[str]) -> list[dict[str, Any]]:
                      "train_s": curve[-1]["train_s"], "curve": curve, "budget": task.budget, "run_dir": str(run_dir),
                      "done": (run_dir / "summary.json").is_file()})
     return rows
+
+
+RESULT_FILES = ("variant.json", "progress.csv", "summary.json")
+
+
+def keep_results(rows: list[dict[str, Any]], out: Path) -> None:
+    """Copy the small result files of every finished run to ``out/<sweep>/<task>/<impl>/run_<seed>`` (the layout
+    below ``runs/sweeps``), so they can be committed: a sweep's report can then be remade without its run
+    directories, and copying them back into ``runs/sweeps`` makes a relaunch skip those runs (done: summary.json)."""
+    for row in rows:
+        run_dir = Path(row["run_dir"])
+        if not row["done"]:
+            continue
+        parts = run_dir.parts
+        target = out.joinpath(*parts[len(parts) - 4:])  # <sweep>/<task>/<impl>/run_<seed>
+        target.mkdir(parents=True, exist_ok=True)
+        for name in RESULT_FILES:
+            shutil.copyfile(run_dir / name, target / name)
+        print(f"kept: {target}")
 
 
 def report_returns(rows: list[dict[str, Any]], at_frames: int = 100_000) -> None:

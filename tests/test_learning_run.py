@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,3 +80,31 @@ def test_sb3_baseline_resumes_from_its_checkpoint_after_sigkill(tmp_path):
     assert [p["frames"] for p in row["curve"]] == [0, 200, 400, 600, 800]  # each evaluation once, none lost
     train_s = [p["train_s"] for p in row["curve"]]
     assert train_s == sorted(train_s)
+
+
+def test_kept_results_remake_the_report_and_a_relaunch_skips_those_runs(tmp_path):
+    """``--keep`` copies a finished run's small files (not its checkpoints) into ``<out>/<sweep>/...``: the report
+    reads the same row from the copy, and copied back into ``runs/sweeps`` the launcher's plan counts the run done."""
+    sweep = load_sweep(ROOT / "slurm" / "sweeps" / "mujoco_ppo.py")
+    plan = plan_sweep(sweep, root=tmp_path / "runs")
+    finished, going = plan.runs[0], plan.runs[1]
+    for run, done in ((finished, True), (going, False)):
+        run.run_dir.mkdir(parents=True)
+        (run.run_dir / "variant.json").write_text(json.dumps(run.variant))
+        (run.run_dir / "progress.csv").write_text(
+            "CumSteps,time/train_s,eval/return_mean\n0,0.0,-50.5\n25000,31.0,nan\n50000,60.5,812.25\n")
+        (run.run_dir / "checkpoint").mkdir()
+        if done:
+            (run.run_dir / "summary.json").write_text('{"frames": 50000}')
+    rows = learning.rows_from_runs([str(plan.exp_dir)])
+    learning.keep_results(rows, tmp_path / "kept")
+    kept = tmp_path / "kept" / plan.exp_dir.name
+    assert sorted(p.name for p in kept.rglob("*") if p.is_file()) == ["progress.csv", "summary.json", "variant.json"]
+    (row,) = learning.rows_from_runs([str(kept)])
+    original = next(r for r in rows if r["done"])
+    assert {k: v for k, v in row.items() if k != "run_dir"} == {k: v for k, v in original.items() if k != "run_dir"}
+    assert row["curve"] == [{"frames": 0, "train_s": 0.0, "return_mean": -50.5},
+                            {"frames": 50000, "train_s": 60.5, "return_mean": 812.25}]
+    fresh = plan_sweep(sweep, root=tmp_path / "fresh")  # a new machine: the kept results copied into its runs/
+    shutil.copytree(kept, fresh.exp_dir)
+    assert [run.is_done() for run in fresh.runs[:2]] == [True, False]

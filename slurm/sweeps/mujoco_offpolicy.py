@@ -7,7 +7,11 @@ updates/s on one thread); stopping and relaunching resumes every run where it wa
 
 python slurm/launch.py local  slurm/sweeps/mujoco_offpolicy.py          # one run per core, resumable
 python slurm/launch.py status runs/sweeps/mujoco_offpolicy --results
-python benchmarks/learning.py --runs runs/sweeps/mujoco_offpolicy --plots docs/learning-mujoco-<date>
+python benchmarks/learning.py --runs runs/sweeps/mujoco_offpolicy
+    --keep benchmarks/results --plots docs/learning-mujoco-<date>
+
+--keep copies finished runs' results (no checkpoints) into benchmarks/results/mujoco_offpolicy, to commit; on a new
+machine, `cp -rn benchmarks/results/mujoco_offpolicy runs/sweeps/` first and the launcher skips those runs.
 """
 
 import sys
