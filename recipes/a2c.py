@@ -21,9 +21,8 @@ from tdrl.config import (
     CollectorConfig,
     Fraction,
     LoggerConfig,
-    NonNegativeFloat,
+    PolicyGradientLossConfig,
     PositiveFloat,
-    PositiveFraction,
     RecipeConfig,
     run_recipe,
 )
@@ -31,15 +30,11 @@ from tdrl.config import (
 
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
-class LossConfig:
-    gamma: PositiveFraction = 0.99
-    """Discount."""
+class LossConfig(PolicyGradientLossConfig):
+    """A2C's objective; rlpyt's A2C weighs the value loss 0.5 and the entropy 0.01."""
+
     gae_lambda: Fraction = 1.0
     """GAE lambda; 1.0 = discounted return bootstrapped with V(s_T) (rlpyt's default)."""
-    value_loss_coeff: NonNegativeFloat = 1.0
-    """Weight of the value loss 0.5*(V - R)^2 (rlpyt A2C: 0.5; 1.0 equals SB3's vf_coef=0.5 on a plain MSE)."""
-    entropy_coeff: NonNegativeFloat = 0.0
-    """Weight of the entropy bonus (rlpyt: 0.01)."""
     normalize_advantage: bool = False
     """Normalise advantages over the batch."""
 
@@ -67,32 +62,23 @@ def main(cfg: Config) -> dict:
     from torchrl.modules import set_recurrent_mode
 
     from tdrl.log.run import Run
-    from tdrl.models import make_actor_critic, make_recurrent_actor_critic
+    from tdrl.models import actor_critic_from
     from tdrl.objectives.advantage import GAE
     from tdrl.objectives.graphs import update_step
     from tdrl.objectives.policy_gradient import make_a2c_loss
     from tdrl.objectives.schedules import LinearSchedule
-    from tdrl.objectives.update import Updater
+    from tdrl.objectives.update import Updater, a2c_optimizer
     from tdrl.train import SyncTrainer, collector_factory_from, eval_collector_from, prepare_recipe
 
     # --- Build ----------------------------------------------------------------------------------------------
     device, env_factory = prepare_recipe(cfg)  # starts workers early, seeds, resolves the device
     specs = env_factory.specs()  # checks the action space against model.distribution before any collector starts
-    make_model = make_recurrent_actor_critic if cfg.model.lstm else make_actor_critic
-    model_kwargs = {"lstm_size": cfg.model.lstm_size, "hidden_sizes": cfg.model.hidden_sizes[:1]} if cfg.model.lstm \
-        else {"hidden_sizes": cfg.model.hidden_sizes}
-    ac = make_model(specs, activation=cfg.model.activation, distribution=cfg.model.distribution,
-                    init_log_std=cfg.model.init_log_std, normalize_observation=cfg.model.normalize_observation,
-                    **model_kwargs).to(device)
+    ac = actor_critic_from(specs, cfg.model).to(device)  # feed-forward, or recurrent with model.lstm
 
     advantage = GAE(ac.critic, gamma=cfg.loss.gamma, lmbda=cfg.loss.gae_lambda)  # TorchRL's GAE, one critic call
     # TorchRL's A2CLoss (squared value error)
     loss = make_a2c_loss(ac, entropy_coeff=cfg.loss.entropy_coeff, critic_coeff=0.5 * cfg.loss.value_loss_coeff)
-    if cfg.optim.name == "rmsprop":
-        optim = torch.optim.RMSprop(loss.parameters(), lr=cfg.optim.lr, alpha=0.99, eps=cfg.optim.eps, foreach=True)
-    else:
-        optim = torch.optim.Adam(loss.parameters(), lr=cfg.optim.lr, eps=cfg.optim.eps, fused=True)
-    updater = Updater(optim, max_grad_norm=cfg.optim.max_grad_norm)
+    updater = Updater(a2c_optimizer(loss.parameters(), cfg.optim), max_grad_norm=cfg.optim.max_grad_norm)
 
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="a2c",
                    total_frames=cfg.collector.total_frames)

@@ -24,25 +24,21 @@ from tdrl.config import (
     ContinuousControlConfig,
     ContinuousLossConfig,
     Count,
-    OffPolicyOptimConfig,
+    DeterministicPolicyOptimConfig,
     PositiveFloat,
     PositiveFraction,
     TrainerConfig,
-    replay_copy,
     run_recipe,
 )
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
-class OptimConfig(OffPolicyOptimConfig):
+class OptimConfig(DeterministicPolicyOptimConfig):
     batch_size: Count = 64
     replay_ratio: PositiveFloat = 64.0
     target_update_tau: PositiveFraction = 0.01
     actor_lr: PositiveFloat = 1e-4
-    """Adam learning rate of the policy (rlpyt learning_rate)."""
-    critic_lr: PositiveFloat = 1e-3
-    """Adam learning rate of the critic (rlpyt q_learning_rate)."""
 
 
 @dataclass
@@ -74,24 +70,18 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.continuous import make_ddpg_loss, timeouts_as_terminal
     from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.update import TargetUpdate, Updater
-    from tdrl.replay import TRANSITION_KEYS, TransitionReplayBuffer
     from tdrl.train import (
-        check_min_steps_learn,
-        check_trainer,
         collector_factory_from,
         eval_collector_from,
         make_trainer,
-        prepare_recipe,
+        prepare_off_policy,
+        transition_replay_from,
     )
 
-    check_trainer(cfg.trainer, on_policy=False, supported=("sync", "async", "ray"))  # before any process starts
     # --- Build ----------------------------------------------------------------------------------------------
-    device, env_factory = prepare_recipe(cfg)  # starts workers early, seeds, resolves the device
-    check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
-    specs = env_factory.specs()
-    if specs.discrete:
-        raise ConfigError(f"env.id={cfg.env.id!r} has discrete actions; DDPG needs a continuous (Box) action space "
-                          "(use recipes/dqn.py)")
+    # checks the trainer kind, starts workers early, seeds, resolves the device, checks the action space
+    device, env_factory, specs = prepare_off_policy(cfg, algorithm="DDPG", discrete=False,
+                                                 supported=("sync", "async", "ray"))
     actor = make_deterministic_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
     critic = make_q_critic(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
     policy = chain_policy(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
@@ -110,9 +100,7 @@ def main(cfg: Config) -> dict:
 
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="ddpg",
                    total_frames=cfg.collector.total_frames)
-    replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step,
-                                    gamma=cfg.loss.gamma, keys=TRANSITION_KEYS, seed=cfg.run.seed, device=device,
-                                    copy_on_device=replay_copy(cfg))
+    replay = transition_replay_from(cfg, run.dir, device)
     # built by the trainer (async, ray: in their own processes); no copy per batch: each goes straight into the replay
     collector_factory = collector_factory_from(cfg, env_factory, policy, return_same_td=True)
     # each evaluation: n_envs whole greedy episodes on their own envs

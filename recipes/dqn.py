@@ -54,7 +54,6 @@ from tdrl.config import (
     RunConfig,
     TrainerConfig,
     check_devices,
-    replay_copy,
     run_recipe,
 )
 
@@ -142,25 +141,20 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import TargetUpdate, Updater
-    from tdrl.replay import TRANSITION_KEYS, FrameStack, PrioritizedSampler, TransitionReplayBuffer
+    from tdrl.replay import FrameStack, PrioritizedSampler
     from tdrl.train import (
-        check_min_steps_learn,
-        check_trainer,
         collector_factory_from,
         eval_collector_from,
         make_trainer,
         module_path,
-        prepare_recipe,
+        prepare_off_policy,
+        transition_replay_from,
     )
 
-    check_trainer(cfg.trainer, on_policy=False, supported=("sync", "async", "ray"))  # before any process starts
     # --- Build ----------------------------------------------------------------------------------------------
-    device, env_factory = prepare_recipe(cfg)  # starts workers early, seeds, resolves the device
-    check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
-    specs = env_factory.specs()
-    if not specs.discrete:
-        raise ConfigError(f"env.id={cfg.env.id!r} has continuous actions; DQN needs a discrete action space "
-                          "(use recipes/sac.py, td3.py or ddpg.py)")
+    # checks the trainer kind, starts workers early, seeds, resolves the device, checks the action space
+    device, env_factory, specs = prepare_off_policy(cfg, algorithm="DQN", discrete=True,
+                                                 supported=("sync", "async", "ray"))
     n_atoms = cfg.model.n_atoms if cfg.model.categorical else 1
     if cfg.model.categorical and not cfg.loss.double:
         raise ConfigError("loss.double=false with model.categorical=true: TorchRL's C51 loss always selects the "
@@ -196,9 +190,7 @@ def main(cfg: Config) -> dict:
     if frame_stack is not None and cfg.replay.device == "cuda":
         raise ConfigError("replay.device=cuda keeps a copy of the replay on the GPU, which the Atari replay (each "
                           "frame stored once, on the host) does not have; use replay.device=auto or cpu")
-    replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, sampler=sampler, n_step=cfg.loss.n_step,
-                                    gamma=cfg.loss.gamma, keys=TRANSITION_KEYS, seed=cfg.run.seed, device=device,
-                                    copy_on_device=replay_copy(cfg), frame_stack=frame_stack,
+    replay = transition_replay_from(cfg, run.dir, device, sampler=sampler, frame_stack=frame_stack,
                                     clip_reward=cfg.loss.clip_reward)  # the loss sees clipped rewards
     # built by the trainer (async: in its own process); no copy per batch: each goes straight into the replay
     collector_factory = collector_factory_from(cfg, env_factory, policy, return_same_td=True)

@@ -27,8 +27,8 @@ from tdrl.config import (
     CollectorConfig,
     LoggerConfig,
     NonNegativeFloat,
+    PolicyGradientLossConfig,
     PositiveFloat,
-    PositiveFraction,
     RecipeConfig,
     TrainerConfig,
     run_recipe,
@@ -37,17 +37,15 @@ from tdrl.config import (
 
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
-class LossConfig:
-    gamma: PositiveFraction = 0.99
-    """Discount (the paper's 0.99)."""
+class LossConfig(PolicyGradientLossConfig):
+    """V-trace and the actor-critic objective with the paper's weights: value loss 0.5, entropy 0.01 (Atari)."""
+
+    value_loss_coeff: NonNegativeFloat = 0.5
+    entropy_coeff: NonNegativeFloat = 0.01
     rho_bar: PositiveFloat = 1.0
     """Clip of the importance weight in V-trace's TD errors and the policy gradient (the paper's 1.0)."""
     c_bar: PositiveFloat = 1.0
     """Clip of V-trace's trace-cutting weights (the paper's 1.0; it assumes c_bar <= rho_bar)."""
-    value_loss_coeff: NonNegativeFloat = 0.5
-    """Weight of the value loss 0.5*(V - v_s)^2 (the paper's baseline cost 0.5)."""
-    entropy_coeff: NonNegativeFloat = 0.01
-    """Weight of the entropy bonus (the paper's 0.01 on Atari)."""
 
 
 @dataclass
@@ -82,34 +80,25 @@ def main(cfg: Config) -> dict:
     from torchrl.modules import set_recurrent_mode
 
     from tdrl.log.run import Run
-    from tdrl.models import make_actor_critic, make_recurrent_actor_critic
+    from tdrl.models import actor_critic_from
     from tdrl.objectives.advantage import VTrace
     from tdrl.objectives.graphs import update_step
     from tdrl.objectives.policy_gradient import make_a2c_loss
     from tdrl.objectives.schedules import LinearSchedule
-    from tdrl.objectives.update import Updater
+    from tdrl.objectives.update import Updater, a2c_optimizer
     from tdrl.train import check_trainer, collector_factory_from, eval_collector_from, make_trainer, prepare_recipe
 
     check_trainer(cfg.trainer, on_policy=True, device=cfg.run.device, supported=("sync", "ray"))  # before any process
     # --- Build ----------------------------------------------------------------------------------------------
     device, env_factory = prepare_recipe(cfg)  # starts workers early, seeds, resolves the device
     specs = env_factory.specs()  # checks the action space against model.distribution before any collector starts
-    make_model = make_recurrent_actor_critic if cfg.model.lstm else make_actor_critic
-    model_kwargs = {"lstm_size": cfg.model.lstm_size, "hidden_sizes": cfg.model.hidden_sizes[:1]} if cfg.model.lstm \
-        else {"hidden_sizes": cfg.model.hidden_sizes}
-    ac = make_model(specs, activation=cfg.model.activation, distribution=cfg.model.distribution,
-                    init_log_std=cfg.model.init_log_std, normalize_observation=cfg.model.normalize_observation,
-                    **model_kwargs).to(device)
+    ac = actor_critic_from(specs, cfg.model).to(device)  # feed-forward, or recurrent with model.lstm
 
     # V-trace targets and advantages on TorchRL's kernel, scoring the actions the behaviour policy took
     vtrace = VTrace(ac.actor, ac.critic, gamma=cfg.loss.gamma, rho_bar=cfg.loss.rho_bar, c_bar=cfg.loss.c_bar)
     # TorchRL's A2CLoss: -log pi * advantage (V-trace's, rho-weighted), squared value error, entropy bonus
     loss = make_a2c_loss(ac, entropy_coeff=cfg.loss.entropy_coeff, critic_coeff=0.5 * cfg.loss.value_loss_coeff)
-    if cfg.optim.name == "rmsprop":
-        optim = torch.optim.RMSprop(loss.parameters(), lr=cfg.optim.lr, alpha=0.99, eps=cfg.optim.eps, foreach=True)
-    else:
-        optim = torch.optim.Adam(loss.parameters(), lr=cfg.optim.lr, eps=cfg.optim.eps, fused=True)
-    updater = Updater(optim, max_grad_norm=cfg.optim.max_grad_norm)
+    updater = Updater(a2c_optimizer(loss.parameters(), cfg.optim), max_grad_norm=cfg.optim.max_grad_norm)
 
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="impala",
                    total_frames=cfg.collector.total_frames)

@@ -34,7 +34,7 @@ from tdrl.config import (
     Count,
     Fraction,
     LoggerConfig,
-    NonNegativeFloat,
+    PolicyGradientLossConfig,
     PolicyGradientOptimConfig,
     PositiveFloat,
     PositiveFraction,
@@ -46,9 +46,8 @@ from tdrl.config import (
 
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
-class LossConfig:
+class LossConfig(PolicyGradientLossConfig):
     gamma: PositiveFraction = 0.98
-    """Discount."""
     gae_lambda: Fraction = 0.8
     """GAE lambda (1.0 = discounted return with bootstrap, rlpyt's default)."""
     clip_epsilon: PositiveFloat = 0.2
@@ -59,10 +58,6 @@ class LossConfig:
     """Passes over each batch."""
     minibatches: Count = 1
     """Minibatches per epoch (split over envs for LSTM policies)."""
-    value_loss_coeff: NonNegativeFloat = 1.0
-    """Weight of the value loss 0.5*(V - R)^2 (rlpyt PPO: 1.0)."""
-    entropy_coeff: NonNegativeFloat = 0.0
-    """Weight of the entropy bonus."""
     normalize_advantage: bool = True
     """Normalise advantages per minibatch."""
     reward_scale: PositiveFloat = 1.0
@@ -106,7 +101,7 @@ def main(cfg: Config) -> dict:
     from torchrl.modules import set_recurrent_mode
 
     from tdrl.log.run import Run
-    from tdrl.models import make_actor_critic, make_recurrent_actor_critic
+    from tdrl.models import actor_critic_from
     from tdrl.objectives.advantage import GAE
     from tdrl.objectives.graphs import update_step
     from tdrl.objectives.policy_gradient import make_ppo_loss
@@ -129,12 +124,7 @@ def main(cfg: Config) -> dict:
     # --- Build ----------------------------------------------------------------------------------------------
     device, env_factory = prepare_recipe(cfg, seed=rank_seed(cfg.run.seed))  # ddp ranks > 0: their own streams
     specs = env_factory.specs()  # checks the action space against model.distribution before any collector starts
-    make_model = make_recurrent_actor_critic if cfg.model.lstm else make_actor_critic
-    model_kwargs = {"lstm_size": cfg.model.lstm_size, "hidden_sizes": cfg.model.hidden_sizes[:1]} if cfg.model.lstm \
-        else {"hidden_sizes": cfg.model.hidden_sizes}
-    ac = make_model(specs, activation=cfg.model.activation, distribution=cfg.model.distribution,
-                    init_log_std=cfg.model.init_log_std, normalize_observation=cfg.model.normalize_observation,
-                    **model_kwargs).to(device)
+    ac = actor_critic_from(specs, cfg.model).to(device)  # feed-forward, or recurrent with model.lstm
 
     advantage = GAE(ac.critic, gamma=cfg.loss.gamma, lmbda=cfg.loss.gae_lambda)  # TorchRL's GAE, one critic call
     # TorchRL's ClipPPOLoss terms; on plain tensors for feed-forward models (same values, less overhead)

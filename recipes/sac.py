@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 from tdrl.config import (
     AnyFloat,
-    ConfigError,
     ContinuousControlConfig,
     ContinuousLossConfig,
     Count,
@@ -35,7 +34,6 @@ from tdrl.config import (
     PositiveFloat,
     RunConfig,
     TrainerConfig,
-    replay_copy,
     run_recipe,
 )
 
@@ -83,24 +81,17 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.sac import TwinQSACLoss
     from tdrl.objectives.update import TargetUpdate, Updater
-    from tdrl.replay import TRANSITION_KEYS, TransitionReplayBuffer
     from tdrl.train import (
-        check_min_steps_learn,
-        check_trainer,
         collector_factory_from,
         eval_collector_from,
         make_trainer,
-        prepare_recipe,
+        prepare_off_policy,
+        transition_replay_from,
     )
 
-    check_trainer(cfg.trainer, on_policy=False, supported=("sync", "async"))  # before any process starts
     # --- Build ----------------------------------------------------------------------------------------------
-    device, env_factory = prepare_recipe(cfg)  # starts workers early, seeds, resolves the device
-    check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
-    specs = env_factory.specs()
-    if specs.discrete:
-        raise ConfigError(f"env.id={cfg.env.id!r} has discrete actions; SAC needs a continuous (Box) action space "
-                          "(use recipes/dqn.py)")
+    # checks the trainer kind, starts workers early, seeds, resolves the device, checks the action space
+    device, env_factory, specs = prepare_off_policy(cfg, algorithm="SAC", discrete=False)
     actor = make_tanh_gaussian_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
     half_width = (specs.action_spec.space.high - specs.action_spec.space.low).float() / 2
     # default: -action_dim in the [-1, 1]-normalised action space (the paper's and SB3's target), whatever the units
@@ -126,9 +117,7 @@ def main(cfg: Config) -> dict:
 
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="sac",
                    total_frames=cfg.collector.total_frames)
-    replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step,
-                                    gamma=cfg.loss.gamma, keys=TRANSITION_KEYS, seed=cfg.run.seed, device=device,
-                                    copy_on_device=replay_copy(cfg))
+    replay = transition_replay_from(cfg, run.dir, device)
     # built by the trainer (async: in its own process); no copy per batch: each goes straight into the replay
     collector_factory = collector_factory_from(cfg, env_factory, actor, return_same_td=True)
     # each evaluation: n_envs whole greedy episodes on their own envs

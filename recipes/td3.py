@@ -26,15 +26,13 @@ from dataclasses import dataclass, field
 
 from tdrl.config import (
     ActionNoiseConfig,
-    ConfigError,
     ContinuousControlConfig,
     ContinuousLossConfig,
     Count,
+    DeterministicPolicyOptimConfig,
     NonNegativeFloat,
-    OffPolicyOptimConfig,
     PositiveFloat,
     RunConfig,
-    replay_copy,
     run_recipe,
 )
 
@@ -49,14 +47,10 @@ class LossConfig(ContinuousLossConfig):
 
 
 @dataclass
-class OptimConfig(OffPolicyOptimConfig):
+class OptimConfig(DeterministicPolicyOptimConfig):
     batch_size: Count = 100
     replay_ratio: PositiveFloat = 100.0
     target_update_interval: Count = 2
-    actor_lr: PositiveFloat = 1e-3
-    """Adam learning rate of the policy (rlpyt mu_learning_rate)."""
-    critic_lr: PositiveFloat = 1e-3
-    """Adam learning rate of the critics (rlpyt q_learning_rate)."""
     policy_update_interval: Count = 2
     """Critic updates per policy update (rlpyt policy_update_interval)."""
 
@@ -83,22 +77,17 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.continuous import make_td3_loss, timeouts_as_terminal
     from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.update import TargetUpdate, Updater
-    from tdrl.replay import TRANSITION_KEYS, TransitionReplayBuffer
     from tdrl.train import (
         SyncTrainer,
-        check_min_steps_learn,
         collector_factory_from,
         eval_collector_from,
-        prepare_recipe,
+        prepare_off_policy,
+        transition_replay_from,
     )
 
     # --- Build ----------------------------------------------------------------------------------------------
-    device, env_factory = prepare_recipe(cfg)  # starts workers early, seeds, resolves the device
-    check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
-    specs = env_factory.specs()
-    if specs.discrete:
-        raise ConfigError(f"env.id={cfg.env.id!r} has discrete actions; TD3 needs a continuous (Box) action space "
-                          "(use recipes/dqn.py)")
+    # checks the trainer kind, starts workers early, seeds, resolves the device, checks the action space
+    device, env_factory, specs = prepare_off_policy(cfg, algorithm="TD3", discrete=False)
     actor = make_deterministic_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
     critic = make_twin_q(specs, hidden_sizes=cfg.model.hidden_sizes, normalize_action=False).to(device)
     noise = make_gaussian_noise(specs, std=cfg.exploration.action_noise, pretrain_std=cfg.exploration.pretrain_std,
@@ -118,9 +107,7 @@ def main(cfg: Config) -> dict:
 
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="td3",
                    total_frames=cfg.collector.total_frames)
-    replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step,
-                                    gamma=cfg.loss.gamma, keys=TRANSITION_KEYS, seed=cfg.run.seed, device=device,
-                                    copy_on_device=replay_copy(cfg))
+    replay = transition_replay_from(cfg, run.dir, device)
     # no copy per batch: each goes straight into the replay
     collector = collector_factory_from(cfg, env_factory, policy, return_same_td=True)()
     # each evaluation: n_envs whole greedy episodes on their own envs

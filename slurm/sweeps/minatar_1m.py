@@ -7,9 +7,6 @@ core-hours on the 2-core reference machine; stopping and relaunching resumes eve
 python slurm/launch.py local  slurm/sweeps/minatar_1m.py
 python benchmarks/learning.py --runs runs/sweeps/minatar_1m
     --keep benchmarks/results --plots docs/learning-minatar-<date>
-
---keep copies finished runs' results (no checkpoints) into benchmarks/results/minatar_1m, to commit; on a new
-machine, `cp -rn benchmarks/results/minatar_1m runs/sweeps/` first and the launcher skips those runs.
 """
 
 import sys

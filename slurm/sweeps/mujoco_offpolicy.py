@@ -9,9 +9,6 @@ python slurm/launch.py local  slurm/sweeps/mujoco_offpolicy.py          # one ru
 python slurm/launch.py status runs/sweeps/mujoco_offpolicy --results
 python benchmarks/learning.py --runs runs/sweeps/mujoco_offpolicy
     --keep benchmarks/results --plots docs/learning-mujoco-<date>
-
---keep copies finished runs' results (no checkpoints) into benchmarks/results/mujoco_offpolicy, to commit; on a new
-machine, `cp -rn benchmarks/results/mujoco_offpolicy runs/sweeps/` first and the launcher skips those runs.
 """
 
 import sys

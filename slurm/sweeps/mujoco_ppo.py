@@ -8,9 +8,6 @@ Stopping and relaunching resumes every run where it was.
 python slurm/launch.py local  slurm/sweeps/mujoco_ppo.py
 python benchmarks/learning.py --runs runs/sweeps/mujoco_ppo
     --keep benchmarks/results --plots docs/learning-mujoco-<date>
-
---keep copies finished runs' results (no checkpoints) into benchmarks/results/mujoco_ppo, to commit; on a new
-machine, `cp -rn benchmarks/results/mujoco_ppo runs/sweeps/` first and the launcher skips those runs.
 """
 
 import sys

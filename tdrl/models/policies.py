@@ -14,7 +14,7 @@ discrete actions, for continuous ones a Gaussian with a state-independent learne
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequential
@@ -27,7 +27,7 @@ from tdrl.models.nets import MLP, ObsNorm, flat_obs_size
 from tdrl.utils.errors import UserError
 from tdrl.utils.keys import RECURRENT_KEYS
 
-__all__ = ["ActorCritic", "GaussianHead", "make_actor_critic", "make_recurrent_actor_critic"]
+__all__ = ["ActorCritic", "GaussianHead", "actor_critic_from", "make_actor_critic", "make_recurrent_actor_critic"]
 
 Distribution = Literal["auto", "categorical", "normal", "tanh_normal"]
 
@@ -158,3 +158,15 @@ def make_recurrent_actor_critic(specs: EnvSpecs, *, hidden_sizes: Sequence[int] 
     actor = _probabilistic_actor(policy_module, specs, dist, InteractionType.RANDOM, recurrent=True)
     greedy = _probabilistic_actor(policy_module, specs, dist, InteractionType.DETERMINISTIC, recurrent=True)
     return ActorCritic(actor, critic, greedy, obs_norm, recurrent=True)
+
+
+def actor_critic_from(specs: EnvSpecs, model: Any) -> ActorCritic:
+    """The actor-critic a recipe's ``model`` section (:class:`tdrl.config.ActorCriticModelConfig`) describes:
+    :func:`make_recurrent_actor_critic` with ``model.lstm`` (its embedding: the first hidden width), else
+    :func:`make_actor_critic`."""
+    common = {"activation": model.activation, "distribution": model.distribution,
+              "init_log_std": model.init_log_std, "normalize_observation": model.normalize_observation}
+    if model.lstm:
+        return make_recurrent_actor_critic(specs, hidden_sizes=model.hidden_sizes[:1], lstm_size=model.lstm_size,
+                                           **common)
+    return make_actor_critic(specs, hidden_sizes=model.hidden_sizes, **common)

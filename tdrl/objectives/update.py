@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-__all__ = ["NonFiniteLossError", "TargetUpdate", "Updater"]
+__all__ = ["NonFiniteLossError", "TargetUpdate", "Updater", "a2c_optimizer"]
 
 # optimizers whose fused step takes found_inf (torch.amp.GradScaler's channel) and then leaves all state as it was
 # (fused SGD with momentum does not: a skipped first step leaves its new momentum buffer uninitialised)
@@ -283,3 +283,11 @@ class Updater:
         self.updates = self._checked_at = int(state["updates"])
         if self.target_update is not None and "target_update" in state:
             self.target_update.load_state_dict(state["target_update"])
+
+
+def a2c_optimizer(parameters: Any, optim: Any) -> torch.optim.Optimizer:
+    """The optimizer an :class:`tdrl.config.A2COptimConfig` section names (A2C, IMPALA): RMSprop with A3C's and SB3's
+    smoothing alpha 0.99, or fused Adam; ``optim.lr`` and ``optim.eps`` either way."""
+    if optim.name == "rmsprop":
+        return torch.optim.RMSprop(parameters, lr=optim.lr, alpha=0.99, eps=optim.eps, foreach=True)
+    return torch.optim.Adam(parameters, lr=optim.lr, eps=optim.eps, fused=True)

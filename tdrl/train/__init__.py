@@ -14,7 +14,9 @@ from tdrl.train.factory import (
     collector_factory_from,
     eval_collector_from,
     make_trainer,
+    prepare_off_policy,
     prepare_recipe,
+    transition_replay_from,
 )
 from tdrl.train.ray_actors import RayTrainerError
 from tdrl.train.ray_trainer import RayTrainer, module_path
@@ -24,4 +26,5 @@ from tdrl.utils.keys import VERSION_KEY
 __all__ = ["AsyncTrainer", "AsyncTrainerError", "Bookkeeper", "DataParallelError", "RayTrainer", "RayTrainerError",
            "SyncTrainer", "TrainerConfig", "VERSION_KEY", "check_min_steps_learn", "check_trainer",
            "collector_factory_from", "eval_collector_from", "iteration_counts", "launch_data_parallel",
-           "make_trainer", "module_path", "prepare_recipe", "updates_per_iteration"]
+           "make_trainer", "module_path", "prepare_off_policy", "prepare_recipe", "transition_replay_from",
+           "updates_per_iteration"]

@@ -31,7 +31,8 @@ from tdrl.utils.distributed import (
 from tdrl.utils.seeding import seed_everything
 
 __all__ = ["TRAINER_KINDS", "TrainerConfig", "check_min_steps_learn", "check_trainer", "collector_factory_from",
-           "eval_collector_from", "make_trainer", "prepare_recipe"]
+           "eval_collector_from", "make_trainer", "prepare_off_policy", "prepare_recipe",
+           "transition_replay_from"]
 
 TRAINER_KINDS = ("sync", "ddp", "async", "ray")
 
@@ -176,6 +177,18 @@ def eval_collector_from(cfg: Any, policy: nn.Module | None, *, observations_of: 
                                observations_of=observations_of)
 
 
+def transition_replay_from(cfg: Any, run_dir: Any, device: torch.device, **kwargs: Any) -> Any:
+    """The off-policy recipe's :class:`tdrl.replay.TransitionReplayBuffer` in ``<run_dir>/replay``: ``replay.size``,
+    ``loss.n_step`` returns discounted by ``loss.gamma``, seeded by ``run.seed``, gathering samples where
+    ``replay.device`` says (:func:`tdrl.config.replay_copy`); ``kwargs`` add or override (``sampler``, ...)."""
+    from tdrl.config import replay_copy
+    from tdrl.replay import TRANSITION_KEYS, TransitionReplayBuffer
+
+    return TransitionReplayBuffer(run_dir / "replay", cfg.replay.size, **{
+        "n_step": cfg.loss.n_step, "gamma": cfg.loss.gamma, "keys": TRANSITION_KEYS, "seed": cfg.run.seed,
+        "device": device, "copy_on_device": replay_copy(cfg), **kwargs})
+
+
 def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, Any]:
     """What every recipe does first, in this order: start the fork server its collector's workers fork from (their
     torch import overlaps the build; only where this process builds the collector: no trainer section, sync or
@@ -194,3 +207,22 @@ def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, 
     episodic_lives = getattr(cfg.env, "episodic_lives", False)
     return resolve_device(cfg.run.device), EnvFactory(cfg.env.id, {"episodic_lives": True} if episodic_lives else {})
 
+
+
+def prepare_off_policy(cfg: Any, *, algorithm: str, discrete: bool,
+                       supported: Sequence[str] = ("sync", "async")) -> tuple[torch.device, Any, Any]:
+    """An off-policy recipe's first steps, in this order: :func:`check_trainer` (where ``cfg`` has a trainer
+    section; ``supported``: the kinds the recipe wires up), :func:`prepare_recipe`, :func:`check_min_steps_learn`,
+    and a ``ConfigError`` naming the other recipes when the env's action space is not the one ``algorithm`` needs
+    (``discrete`` or continuous). Returns ``(device, env_factory, specs)``."""
+    if hasattr(cfg, "trainer"):
+        check_trainer(cfg.trainer, on_policy=False, supported=supported)  # before any process starts
+    device, env_factory = prepare_recipe(cfg)
+    check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
+    specs = env_factory.specs()
+    if specs.discrete != discrete:
+        has, needs, instead = (("continuous", "a discrete", "recipes/sac.py, td3.py or ddpg.py") if discrete
+                               else ("discrete", "a continuous (Box)", "recipes/dqn.py"))
+        raise ConfigError(f"env.id={cfg.env.id!r} has {has} actions; {algorithm} needs {needs} action space "
+                          f"(use {instead})")
+    return device, env_factory, specs

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
-__all__ = ["Length", "Range"]
+__all__ = ["AnyFloat", "Count", "Fraction", "LayerSizes", "Length", "NonNegativeFloat", "NonNegativeInt",
+           "PositiveFloat", "PositiveFraction", "Range"]
 
 
 @dataclass(frozen=True, repr=False)
@@ -66,3 +68,23 @@ class Length:
         if len(value) >= self.min:
             return None
         return f"{list(value)!r} must have at least {self.min} item{'s' if self.min > 1 else ''}"
+
+
+# --- The ranges tdrl's config fields use (tdrl.config re-exports them; tests/test_config.py walks the recipes) ---
+
+AnyFloat = Annotated[float, Range()]
+"""Any number, on purpose (a return threshold, a log-std, an atom's value)."""
+PositiveFloat = Annotated[float, Range(gt=0)]
+"""> 0: learning rates, optimizer epsilons, clip ranges, scales."""
+NonNegativeFloat = Annotated[float, Range(ge=0)]
+""">= 0: loss coefficients, noise levels, exponents."""
+Fraction = Annotated[float, Range(ge=0, le=1)]
+"""In [0, 1]: probabilities, epsilons, GAE lambda, importance exponents."""
+PositiveFraction = Annotated[float, Range(gt=0, le=1)]
+"""In (0, 1]: discounts, polyak factors."""
+Count = Annotated[int, Range(ge=1)]
+""">= 1: sizes, counts, intervals."""
+NonNegativeInt = Annotated[int, Range(ge=0)]
+""">= 0: seeds, frame counts where 0 means none or off."""
+LayerSizes = Annotated[list[Count], Length(1)]
+"""Hidden layer widths: at least one layer, each >= 1."""
