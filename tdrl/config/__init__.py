@@ -269,6 +269,9 @@ class TrainerConfig:
     """async, ray: gradient updates between weight publications to the collectors."""
     n_actors: Count = 4
     """ray: collector actors (each builds the recipe's collector, with its own seed)."""
+    spare_actors: NonNegativeInt = 1
+    """ray: idle collector actors kept built, reserving no CPU, each ready to take a dead actor's place at once (0:
+    Ray restarts the dead actor, a new process that imports torch and builds its collector: seconds)."""
     ray_address: str = ""
     """ray: the cluster to join (host:port); empty: RAY_ADDRESS if set, else Ray starts on this machine."""
     actor_cpus: PositiveFloat = 1.0

@@ -137,6 +137,7 @@ def make_trainer(
         return RayTrainer(collector_factory=collector_factory, replay=replay, policy=policy, seed=seed,
                           weights_module=weights_module, actor_setup=actor_setup,
                           actor_priorities=actor_priorities, n_actors=cfg.n_actors,
+                          spare_actors=cfg.spare_actors,
                           address=cfg.ray_address or None, actor_cpus=cfg.actor_cpus,
                           call_timeout_s=cfg.call_timeout_s, updates_per_sync=cfg.updates_per_sync,
                           max_lag_frames=max_lag, unrolls_per_batch=cfg.unrolls_per_batch, **kwargs)

@@ -11,10 +11,9 @@ Layout (Ape-X, Horgan et al. 2018; IMPALA, Espeholt et al. 2018; weights pulled 
   only writer. The replay's files are the learner's: the learner samples them and updates priorities in place,
   as the async trainer does, so a sample never crosses a process boundary. Writes wait while the learner is more
   than ``max_lag_frames`` behind its replay ratio, and stop while a checkpoint is taken.
-- :class:`ActorPool` (in the learner's process) keeps a bounded number of rollouts in flight per actor, so queued
-  data is bounded by construction. A dead actor is restarted by Ray (``max_restarts=-1``) and re-pulls the weights;
-  a rollout that raises is an error of the run (never retried into a restart loop); a rollout past its timeout gets
-  its actor killed and restarted, so a lost node shrinks the set of working actors and nothing waits for it.
+- :class:`tdrl.train.actor_pool.ActorPool` (in the learner's process) keeps a bounded number of rollouts in flight
+  per actor and replaces dead or stuck actors (a warm spare, else Ray's restart), so a lost node shrinks the set of
+  working actors and nothing waits for it.
 
 Ray is imported inside functions: ``tdrl.train`` imports without the ``distributed`` extra.
 """
@@ -22,11 +21,10 @@ Ray is imported inside functions: ``tdrl.train`` imports without the ``distribut
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -35,7 +33,7 @@ from tensordict import TensorDict, TensorDictBase
 from tdrl.train.async_collector import owed_updates
 from tdrl.utils.keys import VERSION_KEY
 
-__all__ = ["ActorPool", "CollectorActor", "LearnerHub", "RayTrainerError", "Rollout", "nbytes"]
+__all__ = ["CollectorActor", "LearnerHub", "RayTrainerError", "Rollout", "actor_seed", "nbytes"]
 
 """Per-step int64 tag of an unroll: the weights version the actor acted with."""
 
@@ -151,18 +149,19 @@ class CollectorActor:
     """One collector in its own Ray actor (see the module docstring).
 
     Args:
-        index: this actor's number, ``0 .. n_actors - 1``.
+        n_actors: the number of working actors (the index of this one comes with each rollout: a spare learns it
+            when it takes a dead actor's place).
         factory: ``[ref]``: the object-store reference of the picklable callable building the collector (called
             with ``seed=seed``).
         weights_path: where in the collector's policy the published weights go (``""``: the policy itself).
         hub: the :class:`LearnerHub` handle.
-        setup: ``setup(policy, index, n_actors)`` once after building (e.g. Ape-X's per-actor epsilon).
+        setup: ``setup(policy, index, n_actors)`` before the first rollout as actor ``index`` (Ape-X's epsilon).
         priorities: ``priorities(policy, batch)``: the ``[B, T]`` initial priorities of a batch for a prioritized
             replay, computed here (Ape-X); ``None``: the replay's default.
         call_timeout_s: timeout of each call to the hub.
     """
 
-    def __init__(self, index: int, n_actors: int, factory: list[Any], seed: int, *,
+    def __init__(self, n_actors: int, factory: list[Any], seed: int, *,
                  weights_path: str, hub: Any, setup: Callable[[Any, int, int], None] | None = None,
                  priorities: Callable[[Any, TensorDictBase], torch.Tensor] | None = None,
                  call_timeout_s: float = 60.0) -> None:
@@ -172,12 +171,12 @@ class CollectorActor:
 
         torch.set_num_threads(1)
         seed_everything(seed)
-        self.index, self.hub, self.call_timeout_s, self.priorities = index, hub, call_timeout_s, priorities
+        self.n_actors, self.hub, self.call_timeout_s = n_actors, hub, call_timeout_s
+        self.setup, self.priorities = setup, priorities
+        self.index = -1  # none yet: the first rollout's
         self.collector = ray.get(factory[0], timeout=call_timeout_s)(seed=seed)
         self.policy = self.collector.engine.policy
         self.target = self.policy.get_submodule(weights_path) if weights_path else self.policy
-        if setup is not None:
-            setup(self.policy, index, n_actors)
         self.version = -1
         self._write: tuple[dict, Rollout, Any] | None = None  # the batch sent to the hub, its report, the reply
         self.batches = iter(self.collector)
@@ -214,14 +213,19 @@ class CollectorActor:
     def _nothing(self) -> Rollout:
         return Rollout(self.index, 0, self.version, [], 0.0, 0, os.getpid(), self.node)
 
-    def rollout(self, mode: str) -> Rollout:
-        """``"unroll"``: pull newer weights, collect a batch and return it tagged with its weights version.
-        ``"replay"``: settle the previous batch's write, collect the next batch and send it to the hub without
-        waiting (the write overlaps the next collection); reports the batch whose write the hub acknowledged, so
-        the frames counted are in the replay. A refused write (the learner is behind) is sent again by the next
-        call, which collects nothing: every call stays short, so a timeout means a stuck actor."""
+    def rollout(self, mode: str, index: int) -> Rollout:
+        """One rollout as actor ``index`` (set up as it when the index is new to this actor). ``"unroll"``: pull
+        newer weights, collect a batch and return it tagged with its weights version. ``"replay"``: settle the
+        previous batch's write, collect the next batch and send it to the hub without waiting (the write overlaps
+        the next collection); reports the batch whose write the hub acknowledged, so the frames counted are in the
+        replay. A refused write (the learner is behind) is sent again by the next call, which collects nothing:
+        every call stays short, so a timeout means a stuck actor."""
         import ray
 
+        if index != self.index:
+            if self.setup is not None:
+                self.setup(self.policy, index, self.n_actors)
+            self.index = index
         if mode == "unroll":
             pulled = self._pull_weights()
             batch, report = self._collect()
@@ -251,175 +255,9 @@ class CollectorActor:
         self.collector.shutdown()
 
 
-@dataclass
-class _Slot:
-    handle: Any
-    pending: dict[Any, float] = field(default_factory=dict)  # rollout ref -> submit time
-    restarts: int = 0
-    frames: int = 0
-    collect_s: float = 0.0
-    pid: int | None = None
-    node: str | None = None
-    died_at: float | None = None
-    progress_at: float = field(default_factory=time.monotonic)  # last rollout finished (or actor started)
-    probe: Any = None  # after a death: a call that returns once Ray has the actor back
-    started: bool = False  # built its collector (answered once): the start-up timeout no longer applies
-
-
-class ActorPool:
-    """Drives ``n`` collector actors from the learner's process (see the module docstring).
-
-    Args:
-        make_actor: ``make_actor(index)`` returns a new actor handle (created with ``max_restarts=-1``).
-        n: number of actors.
-        mode: ``"replay"`` or ``"unroll"`` (see :class:`CollectorActor`).
-        in_flight: rollouts submitted ahead per actor (2: an actor never waits for the learner to poll).
-        call_timeout_s: an actor with rollouts pending and none finished for this long (the learner's own pauses
-            excluded) is killed and restarted.
-        start_timeout_s: the same for an actor building its collector (at the start, after a restart).
-    """
-
-    def __init__(self, make_actor: Callable[[int], Any], n: int, *, mode: str, in_flight: int = 2,
-                 call_timeout_s: float = 60.0, start_timeout_s: float = 120.0) -> None:
-        self.mode, self.in_flight, self.call_timeout_s = mode, in_flight, call_timeout_s
-        self.start_timeout_s = start_timeout_s
-        self.slots = [_Slot(make_actor(i)) for i in range(n)]
-        self._owner: dict[Any, int] = {}
-        self._polled_at = time.monotonic()
-        self.events: list[str] = []  # one line per restart, for the log
-        for i in range(n):
-            self._fill(i)
-
-    @property
-    def restarts(self) -> int:
-        return sum(s.restarts for s in self.slots)
-
-    def _fill(self, i: int) -> None:
-        slot = self.slots[i]
-        if slot.probe is not None:
-            if not self._back(slot):
-                return
-        while len(slot.pending) < self.in_flight:
-            ref = slot.handle.rollout.remote(self.mode)
-            slot.pending[ref] = time.monotonic()
-            self._owner[ref] = i
-
-    def poll(self, timeout: float) -> list[Rollout]:
-        """Rollouts finished within ``timeout`` seconds (at least one unless it elapses), with their actors given
-        new work; dead or timed-out actors restarted and counted."""
-        import ray
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
-
-        now = time.monotonic()
-        if now - self._polled_at > 1.0:  # the learner was busy (evaluating, checkpointing): no actor's fault
-            for slot in self.slots:
-                slot.progress_at += now - self._polled_at
-        pending = list(self._owner)
-        ready, _ = ray.wait(pending, num_returns=1, timeout=timeout) if pending else ([], [])
-        if ready:  # take every other finished one too, without waiting
-            ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
-        done = []
-        for ref in ready:
-            i = self._owner.pop(ref, None)
-            if i is None:  # a rollout of an actor that died earlier in this loop
-                continue
-            slot = self.slots[i]
-            slot.pending.pop(ref)
-            try:
-                report = ray.get(ref, timeout=self.call_timeout_s)
-            except RayTaskError as error:
-                if isinstance(error, RayActorError):
-                    self._restarted(i, "died")
-                    continue
-                raise RayTrainerError(f"collector actor {i} raised in its rollout (not retried):\n{error}") from None
-            except (RayActorError, ActorDiedError, ActorUnavailableError, GetTimeoutError):
-                self._restarted(i, "died")
-                continue
-            if slot.pid is not None and report.pid != slot.pid and slot.probe is None:
-                # Ray restarted it between two rollouts: no call of ours failed, so only its pid tells
-                slot.restarts += 1
-                self.events.append(f"collector actor {i} died (pid {slot.pid}) between rollouts; Ray restarted it: "
-                                   f"is back after {time.monotonic() - slot.progress_at:.1f} s (pid {report.pid}), "
-                                   f"restart {slot.restarts}")
-            slot.progress_at, slot.started = time.monotonic(), True
-            slot.frames += report.frames
-            slot.collect_s += report.collect_s
-            slot.pid, slot.node = report.pid, report.node
-            done.append(report)
-        now = self._polled_at = time.monotonic()
-        for i, slot in enumerate(self.slots):
-            timeout = self.call_timeout_s if slot.started else self.start_timeout_s
-            if (slot.pending or slot.probe is not None) and now - slot.progress_at > timeout:
-                ray.kill(slot.handle, no_restart=False)  # Ray restarts it (where it can be scheduled)
-                slot.probe = None
-                self._restarted(i, f"timed out after {timeout:.0f} s")
-            self._fill(i)
-        return done
-
-    def _back(self, slot: _Slot) -> bool:
-        """Whether a dead actor is alive again (its probe answered); a failed probe is sent again."""
-        import ray
-        from ray.exceptions import RayError
-
-        ready, _ = ray.wait([slot.probe], timeout=0)
-        if not ready:
-            return False
-        try:
-            pid = ray.get(slot.probe, timeout=self.call_timeout_s)
-        except RayError:
-            slot.probe = slot.handle.pid.remote()
-            return False
-        slot.probe, slot.started, slot.progress_at, slot.pid = None, True, time.monotonic(), pid
-        assert slot.died_at is not None  # set with the probe (_restarted)
-        index = self.slots.index(slot)
-        self.events.append(f"collector actor {index} is back after {time.monotonic() - slot.died_at:.1f} s (pid {pid})")
-        slot.died_at = None
-        return True
-
-    def _restarted(self, i: int, why: str) -> None:
-        """Forget actor ``i``'s rollouts (they fail with it) and count one restart per death."""
-        slot = self.slots[i]
-        for ref in slot.pending:
-            self._owner.pop(ref, None)
-        slot.pending.clear()
-        if slot.probe is not None:  # still down from the death already counted
-            return
-        slot.probe = slot.handle.pid.remote()
-        slot.restarts += 1
-        slot.died_at = slot.progress_at = time.monotonic()
-        slot.started = False  # the restarted actor gets the start-up timeout to build its collector
-        self.events.append(f"collector actor {i} {why} (pid {slot.pid}); Ray restarts it, restart {slot.restarts}")
-
-    def print_events(self) -> None:
-        """Print the restart lines gathered since the last call (``tdrl: ...`` on stderr), then forget them."""
-        for line in self.events:
-            print(f"tdrl: {line}", file=sys.stderr, flush=True)
-        self.events.clear()
-
-    def take_fps(self) -> list[float]:
-        """Each actor's collection frames/s since the last call (0 for an actor with no rollout since)."""
-        fps = [s.frames / s.collect_s if s.collect_s > 0 else 0.0 for s in self.slots]
-        for slot in self.slots:
-            slot.frames, slot.collect_s = 0, 0.0
-        return fps
-
-    def nodes(self) -> int:
-        """Distinct cluster nodes the actors' last rollouts ran on."""
-        return len({s.node for s in self.slots if s.node is not None})
-
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop every actor (its collector's worker processes first), then kill it for good."""
-        import ray
-
-        stops = [s.handle.shutdown.remote() for s in self.slots]
-        try:
-            ray.wait(stops, num_returns=len(stops), timeout=timeout)
-        finally:
-            for slot in self.slots:
-                ray.kill(slot.handle, no_restart=True)
-
-
-def actor_seeds(seed: int, n: int) -> Sequence[int]:
+def actor_seed(seed: int, number: int) -> int:
+    """The seed of the pool's ``number``-th actor (spares count on from the working actors): a stream of its own,
+    not the learner's."""
     from tdrl.utils.seeding import spawn_seeds
 
-    return spawn_seeds(seed + 1, n)  # not the learner's stream
+    return spawn_seeds(seed + 1, number + 1)[number]

@@ -40,15 +40,15 @@ import torch
 from tensordict import TensorDict
 
 from tdrl.train import bookkeeping
+from tdrl.train.actor_pool import ActorPool
 from tdrl.train.async_collector import POLL_S, owed_updates
 from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
 from tdrl.train.protocols import Evaluator, Replay, RunLog
 from tdrl.train.ray_actors import (
-    ActorPool,
     CollectorActor,
     LearnerHub,
     RayTrainerError,
-    actor_seeds,
+    actor_seed,
     from_wire,
     nbytes,
     to_wire,
@@ -129,10 +129,11 @@ class RayTrainer:
         collector_factory: picklable callable building one actor's collector; called with ``seed=``.
         policy: the learner's policy; ``weights_module`` (default: ``policy``) is what is published, found in each
             actor's copy of the policy at the same path (Ape-X keeps each actor's epsilon out of it).
-        actor_setup: ``actor_setup(policy, index, n_actors)`` in each actor after it is built.
+        actor_setup: ``actor_setup(policy, index, n_actors)`` in each actor before its first rollout as ``index``.
         actor_priorities: ``actor_priorities(policy, batch)``, the initial priorities each actor computes (Ape-X).
         n_actors, address, actor_cpus, call_timeout_s: the actors, the cluster (``None``: ``RAY_ADDRESS``, else
             local), CPUs each actor reserves, and the timeout of every remote call.
+        spare_actors: idle actors kept built to replace a dead one at once (see :mod:`tdrl.train.actor_pool`).
         unrolls_per_batch: on-policy: unrolls per learner batch.
     """
 
@@ -147,6 +148,7 @@ class RayTrainer:
         actor_setup: Callable[[Any, int, int], None] | None = None,
         actor_priorities: Callable[[Any, Any], torch.Tensor] | None = None,
         n_actors: int = 4,
+        spare_actors: int = 1,
         address: str | None = None,
         actor_cpus: float = 1.0,
         call_timeout_s: float = 60.0,
@@ -171,7 +173,7 @@ class RayTrainer:
         self.weights_module = weights_module if weights_module is not None else policy
         self.weights_path = module_path(policy, self.weights_module)
         self.actor_setup, self.actor_priorities = actor_setup, actor_priorities
-        self.n_actors, self.address = int(n_actors), address
+        self.n_actors, self.spare_actors, self.address = int(n_actors), int(spare_actors), address
         self.actor_cpus, self.call_timeout_s = float(actor_cpus), float(call_timeout_s)
         self.replay = replay
         self.replay_ratio, self.batch_size = replay_ratio, batch_size
@@ -319,21 +321,23 @@ class RayTrainer:
             learn_start_frames=self.learn_start_frames, max_lag_frames=self.max_lag_frames)
         self._publish()
         # SPREAD over the nodes: Ray's default packs actors onto the driver's node while it has room
-        actor_class = ray.remote(CollectorActor).options(num_cpus=self.actor_cpus, max_restarts=-1,
-                                                         max_task_retries=0, scheduling_strategy="SPREAD")
-        seeds = actor_seeds(self.seed + self.book.itr, self.n_actors)  # a resumed session: fresh env streams
+        options = {"max_restarts": -1, "max_task_retries": 0, "scheduling_strategy": "SPREAD"}
+        actor_class = ray.remote(CollectorActor)
+        # a spare reserves no CPU: it idles until it replaces an actor, which frees its own
+        working, spare_class = (actor_class.options(num_cpus=cpus, **options) for cpus in (self.actor_cpus, 0))
+        seed = self.seed + self.book.itr  # a resumed session: fresh env streams
         # held here for the whole run, so a restarted actor finds its factory (ray#53727); passed in a list, so
         # each actor fetches it itself and its constructor's own arguments stay small
         self._factory_ref = ray.put(self.collector_factory)
 
-        def make_actor(i: int) -> Any:
-            return actor_class.remote(i, self.n_actors, [self._factory_ref], seeds[i],
-                                      weights_path=self.weights_path, hub=self._hub, setup=self.actor_setup,
-                                      priorities=self.actor_priorities,
-                                      call_timeout_s=self.call_timeout_s)
+        def make_actor(number: int, spare: bool) -> Any:
+            return (spare_class if spare else working).remote(
+                self.n_actors, [self._factory_ref], actor_seed(seed, number), weights_path=self.weights_path,
+                hub=self._hub, setup=self.actor_setup, priorities=self.actor_priorities,
+                call_timeout_s=self.call_timeout_s)
 
         self.pool = ActorPool(make_actor, self.n_actors, mode="unroll" if self.on_policy else "replay",
-                              call_timeout_s=self.call_timeout_s)
+                              spares=self.spare_actors, call_timeout_s=self.call_timeout_s)
 
     def _publish(self) -> None:
         """Put the learner's weights in the object store as the next version and hand the hub its reference."""

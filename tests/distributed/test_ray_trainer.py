@@ -119,22 +119,30 @@ def test_plain_torchrl_modules_collect_and_learn_as_ray_actors(cluster, tmp_path
     no_actor_left(cluster)
 
 
-def test_actor_sigkill_is_restarted_and_counted(cluster, tmp_path):
-    """Open-ended, so the test waits for the events rather than racing a frame budget (a restarted actor, 8-12 s to
-    come back here, once missed the end of a 16,384-frame run): the restart counted in a log row, the actor back
-    (its line on stderr, read from a file while the run goes on), more frames; then SIGTERM ends it (exit 143)."""
+def spare_pids(err: str) -> list[int]:
+    return [int(pid) for pid in re.findall(r"a spare collector actor is ready \(pid (\d+)\)", err)]
+
+
+def test_actor_sigkill_is_replaced_by_the_spare_and_counted(cluster, tmp_path):
+    """Open-ended, so the test waits for the events rather than racing a frame budget: a working actor (not the
+    spare) SIGKILLed, the spare in its place and collecting within 10 s, a new spare built, the restart counted in a
+    log row, more frames; then SIGTERM ends it (exit 143). The run's stderr is read from a file while it goes on."""
     run_dir, stderr_path = tmp_path / "run", tmp_path / "stderr.txt"
     with open(stderr_path, "w") as stderr:
         proc = cluster.popen(apex_args(run_dir, 10_000_000), stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     try:
         # every actor has collected (one killed while it builds its collector is restarted before it ever answers,
-        # which the learner cannot tell from a slow start)
+        # which the learner cannot tell from a slow start), and the spare is built
         wait_for(lambda: all_actors_collected(run_dir), 240, "every actor's first frames", proc)
-        victims = cluster.processes(ACTOR)
-        assert len(victims) == 4, victims
-        os.kill(victims[0], signal.SIGKILL)
-        killed_at_frames = frames_logged(run_dir)
-        wait_for(lambda: "is back after" in stderr_path.read_text(), 120, "the restarted actor back", proc)
+        wait_for(lambda: spare_pids(stderr_path.read_text()), 120, "the spare built", proc)
+        (spare,) = spare_pids(stderr_path.read_text())
+        working = [pid for pid in cluster.processes(ACTOR) if pid != spare]
+        assert len(working) == 4, (working, spare)
+        os.kill(working[0], signal.SIGKILL)
+        killed_at, killed_at_frames = time.monotonic(), frames_logged(run_dir)
+        wait_for(lambda: "is back after" in stderr_path.read_text(), 120, "the spare collecting", proc)
+        kill_to_back_s = time.monotonic() - killed_at  # the death noticed, the spare swapped in, a rollout done
+        wait_for(lambda: len(spare_pids(stderr_path.read_text())) == 2, 120, "a new spare built", proc)
         wait_for(lambda: restarts_logged(run_dir) >= 1, 60, "the restart in a log row", proc)
         wait_for(lambda: frames_logged(run_dir) >= killed_at_frames + 2048, 120, "frames after the restart", proc)
         proc.send_signal(signal.SIGTERM)
@@ -144,10 +152,12 @@ def test_actor_sigkill_is_restarted_and_counted(cluster, tmp_path):
             proc.kill()
     err = stderr_path.read_text()
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    back = re.findall(r"collector actor \d.*is back after ([\d.]+) s", err)
-    # back means built again and answering. The issue asks for 10 s: measured 4.0 s with the machine otherwise idle,
-    # 8-12 s here, where the run's own 3 actors and learner keep both cores busy while it imports torch and builds
-    assert back and float(back[0]) < 30, err[-3000:]
+    assert f"the spare (pid {spare}) takes its place, restart 1" in err, err[-3000:]
+    back = re.findall(r"collector actor \d is back after ([\d.]+) s \(the spare, pid (\d+)\)", err)
+    # from the SIGKILL to the spare's first rollout in the dead actor's slot, as the run reports it. A Ray restart
+    # instead (spare_actors=0) took 4 s on an idle machine and 8-12 s here, where the run's 3 other actors and its
+    # learner keep both cores busy while the new process imports torch and builds its collector
+    assert back and int(back[0][1]) == spare and kill_to_back_s < 10, (kill_to_back_s, err[-3000:])
     no_actor_left(cluster)
 
 
