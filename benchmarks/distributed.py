@@ -5,16 +5,20 @@ A Ray cluster of a head and two simulated nodes of one CPU each runs on loopback
 processes do. Each row fills a prioritized replay with CartPole-v1 frames acted by DQN's default Q-network and
 epsilon-greedy (16 envs in all, 32 steps per batch), for ``--seconds`` after a warm-up:
 
-- ``local parallel``: ``make_collector("parallel", n_workers=2)`` writing into the replay in this process;
+- ``local parallel (W workers)``: ``make_collector("parallel", n_workers=W)`` writing into the replay in this
+  process, W = 2 and 4;
 - ``ray, N actors``: N collector actors (serial collectors of 16/N envs; 1 CPU each, 0.5 for 4 actors, so 2 and 4
   actors have the local collector's 2 CPUs and 1 actor has half) writing through the learner hub, the path of
-  Ape-X (the data never passes the learner's process).
+  Ape-X (the data never passes the learner's process). Each is compared with the local collector of as many
+  processes stepping as many envs each (1 and 2 actors: 2 workers; 4 actors: 4 workers), so the ratio is what
+  Ray's path costs, not what smaller batches per process cost.
 
 Then the learner: DQN updates/s (batch 64, the recipe's network) sampling the replay, with no actor running and
 with 4 actors writing. Bytes on the wire per frame: the rollouts' tensors plus the weights pulled.
 
     python benchmarks/distributed.py                       # about 4 minutes
     python benchmarks/distributed.py --markdown docs/distributed-<date>.md
+    python benchmarks/distributed.py --batch-t 128                         # 2,048 frames per round of calls
 
 ``--learning ARGS...``: run ``benchmarks/learning.py ARGS`` as a driver on a cluster of a head and two simulated
 nodes of 2 CPUs (4 actors of 1 CPU), with ``RAY_ADDRESS`` set, for its ``trainer.kind=ray`` tasks::
@@ -62,9 +66,9 @@ def build(scratch: Path):
     return q_actor, policy, replay, factory
 
 
-def local_row(seconds: float, scratch: Path) -> dict:
+def local_row(workers: int, seconds: float, scratch: Path) -> dict:
     _, _, replay, factory = build(scratch)
-    collector = factory("parallel", ENVS)()
+    collector = factory("parallel", ENVS, workers)()
     try:
         batches = iter(collector)
         for _ in range(3):  # warm-up: workers started, first batches
@@ -74,7 +78,8 @@ def local_row(seconds: float, scratch: Path) -> dict:
             batch = next(batches)
             replay.extend(batch)
             frames += batch.numel()
-        return {"row": "local parallel (2 workers)", "fps": frames / (time.perf_counter() - start), "bytes": 0.0}
+        return {"row": f"local parallel ({workers} workers)", "fps": frames / (time.perf_counter() - start),
+                "bytes": 0.0, "processes": workers}
     finally:
         collector.shutdown()
 
@@ -85,7 +90,8 @@ def start_pool(n_actors: int, scratch: Path, *, hub_kwargs: dict | None = None):
     from tensordict import TensorDict
 
     from tdrl.train import module_path
-    from tdrl.train.ray_actors import ActorPool, CollectorActor, LearnerHub, to_wire
+    from tdrl.train.actor_pool import ActorPool
+    from tdrl.train.ray_actors import CollectorActor, LearnerHub, to_wire
 
     q_actor, policy, replay, factory = build(scratch)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -96,8 +102,8 @@ def start_pool(n_actors: int, scratch: Path, *, hub_kwargs: dict | None = None):
     path = module_path(policy, q_actor)
     cpus = min(1.0, 2 / n_actors)  # a node has one CPU
     actor_class = ray.remote(CollectorActor).options(num_cpus=cpus, max_restarts=-1, max_task_retries=0)
-    pool = ActorPool(lambda i: actor_class.remote(i, n_actors, [factory_ref], i, weights_path=path, hub=hub),
-                     n_actors, mode="replay")
+    pool = ActorPool(lambda i, spare: actor_class.remote(n_actors, [factory_ref], i, weights_path=path, hub=hub),
+                     n_actors, mode="replay", spares=0)
     return q_actor, replay, hub, pool, factory_ref
 
 
@@ -119,7 +125,7 @@ def ray_row(n_actors: int, seconds: float, scratch: Path) -> dict:
                 wire += report.wire_bytes
         fps = frames / (time.perf_counter() - start)
         return {"row": f"ray, {n_actors} actor{'s' * (n_actors > 1)} ({min(1, 2 / n_actors):g} CPU each)", "fps": fps,
-                "bytes": wire / max(frames, 1)}
+                "bytes": wire / max(frames, 1), "processes": max(n_actors, 2)}
     finally:
         pool.shutdown()
 
@@ -162,13 +168,17 @@ def inner(args: argparse.Namespace) -> None:
     """In the cluster's namespace: measure and print one JSON line per row."""
     import ray
 
+    global BATCH_T
+    BATCH_T = args.batch_t
+
     ray.init(address=args.address, logging_level="ERROR")
     with tempfile.TemporaryDirectory(prefix="tdrl-bench-dist-") as root:
         rows = []
         for rnd in range(args.rounds):  # interleaved, so drifting load hits every row alike
-            rows.append({**local_row(args.seconds, Path(root) / f"local{rnd}"), "round": rnd})
-            for n in (1, 2, 4):
-                rows.append({**ray_row(n, args.seconds, Path(root) / f"ray{n}-{rnd}"), "round": rnd})
+            for workers, actors in ((2, (1, 2)), (4, (4,))):
+                rows.append({**local_row(workers, args.seconds, Path(root) / f"local{workers}-{rnd}"), "round": rnd})
+                for n in actors:
+                    rows.append({**ray_row(n, args.seconds, Path(root) / f"ray{n}-{rnd}"), "round": rnd})
         rows += learner_rows(args.seconds, Path(root) / "learner")
     for row in rows:
         print("ROW " + json.dumps(row), flush=True)
@@ -183,8 +193,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds per row")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the collection rows")
+    parser.add_argument("--batch-t", type=int, default=32,
+                        help="steps per env per batch (T): each rollout call carries 16 x T frames over the actors")
     add_markdown_option(parser)
     args = parser.parse_args()
+    global BATCH_T
+    BATCH_T = args.batch_t
     if (why := can_make_namespaces()) is not None:
         raise SystemExit(f"benchmarks/distributed.py {why}")
     print(f"load before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -192,20 +206,21 @@ def main() -> None:
         cluster = LoopbackCluster(Path(work), n_nodes=2, cpus=1)
         try:
             proc = cluster.run([sys.executable, __file__, "--inner", "--address", ADDRESS, "--seconds",
-                                str(args.seconds), "--rounds", str(args.rounds)], timeout=3000)
+                                str(args.seconds), "--rounds", str(args.rounds), "--batch-t", str(args.batch_t)],
+                               timeout=3000)
         finally:
             cluster.stop()
     rows = [json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("ROW ")]
     if proc.returncode or not rows:
         raise SystemExit(f"the measurement failed:\n{proc.stderr[-3000:]}")
-    local = [r["fps"] for r in rows if r.get("row", "").startswith("local")]
+    local = {(r["round"], r["processes"]): r["fps"] for r in rows if r.get("row", "").startswith("local")}
     print(f"\nCartPole-v1 frames/s into a prioritized replay, 2 CPUs for collection ({ENVS} envs, T={BATCH_T}, "
           f"DQN 256x256 + epsilon-greedy; load after: {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
     print(f"{'collection':<34} {'round':>5} {'frames/s':>9} {'x local':>8} {'overhead/frame':>15} {'wire B/frame':>13}")
     for r in rows:
         if "fps" not in r:
             continue
-        base = local[r["round"]]
+        base = local[r["round"], r["processes"]]  # the local collector with as many processes
         print(f"{r['row']:<34} {r['round']:>5} {r['fps']:>9.0f} {r['fps'] / base:>7.2f}x "
               f"{(base / r['fps'] - 1) * 100:>14.1f}% {r['bytes']:>13.0f}")
     print("\nlearner (DQN 256x256, batch 64, prioritized replay of CartPole frames)")
@@ -240,6 +255,7 @@ if __name__ == "__main__":
         parser.add_argument("--address")
         parser.add_argument("--seconds", type=float)
         parser.add_argument("--rounds", type=int)
+        parser.add_argument("--batch-t", type=int)
         inner(parser.parse_args())
     else:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
