@@ -161,6 +161,33 @@ def test_actor_sigkill_is_replaced_by_the_spare_and_counted(cluster, tmp_path):
     no_actor_left(cluster)
 
 
+def test_without_a_spare_ray_restarts_a_killed_actor(cluster, tmp_path):
+    """trainer.spare_actors=0: the same SIGKILL, and Ray restarts the actor (a new process that imports torch and
+    builds its collector); it is back, counted once, and collecting again."""
+    run_dir, stderr_path = tmp_path / "run", tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as stderr:
+        proc = cluster.popen(apex_args(run_dir, 10_000_000, "trainer.spare_actors=0"), stdout=subprocess.DEVNULL,
+                             stderr=stderr, text=True)
+    try:
+        wait_for(lambda: all_actors_collected(run_dir), 240, "every actor's first frames", proc)
+        victims = cluster.processes(ACTOR)
+        assert len(victims) == 4, victims  # no spare
+        os.kill(victims[0], signal.SIGKILL)
+        wait_for(lambda: "is back after" in stderr_path.read_text(), 120, "the restarted actor back", proc)
+        wait_for(lambda: restarts_logged(run_dir) >= 1, 60, "the restart in a log row", proc)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = stderr_path.read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Ray restarts it, restart 1" in err and "the spare" not in err, err[-3000:]
+    back = re.findall(r"collector actor \d is back after ([\d.]+) s \(pid \d+\)", err)
+    assert back and float(back[0]) < 30, err[-3000:]  # 4 s idle; 8-12 s on the test's 2 busy cores
+    no_actor_left(cluster)
+
+
 def test_learner_sigkill_then_relaunch_restores_the_checkpoint(cluster, tmp_path):
     run_dir = tmp_path / "run"
     args = apex_args(run_dir, 4096, "checkpoint.interval_steps=512")
