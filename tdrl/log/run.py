@@ -163,7 +163,8 @@ class Run:
             checkpointer = Checkpointer(directory / "checkpoints", snapshot_mode=checkpoint.snapshot_mode,
                                         snapshot_gap=checkpoint.snapshot_gap, strict=checkpoint.strict_resume)
             progress = ProgressCSV(directory / "progress.csv")
-            diff = check_resume_config(directory, cfg, force=run.force) if resumed else {}
+            defaults = None if isinstance(config, Mapping) else config_dict(type(config)())  # the recipe's defaults
+            diff = check_resume_config(directory, cfg, force=run.force, defaults=defaults) if resumed else {}
             if resumed:
                 _check_resumable(directory, checkpointer, progress, force=run.force)
             # from here on the launch goes ahead and writes

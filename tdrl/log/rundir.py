@@ -16,12 +16,13 @@ import os
 import re
 import shutil
 import socket
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from tdrl.config import ConfigError, RunConfig, diff_configs
+from tdrl.config import ConfigError, RunConfig, diff_configs, flatten
 from tdrl.utils.errors import UserError
 from tdrl.utils.files import write_json_atomic
 
@@ -137,9 +138,12 @@ def check_writable(directory: Path) -> None:
             probe.unlink()
 
 
-def check_resume_config(directory: Path, config: Mapping[str, Any], *, force: bool) -> dict[str, tuple]:
+def check_resume_config(directory: Path, config: Mapping[str, Any], *, force: bool,
+                        defaults: Mapping[str, Any] | None = None) -> dict[str, tuple]:
     """The dotted keys (``{key: (saved, now)}``) in which the saved ``config.json`` differs from the relaunch's
-    config, ignoring :data:`RESUME_IGNORED_KEYS`; empty if equal.
+    config, ignoring :data:`RESUME_IGNORED_KEYS`; empty if equal. A key the saved config lacks that the relaunch
+    has at its value in ``defaults`` (the recipe's default config) is one a newer tdrl added: it does not count,
+    and one line on stderr names it, so a sweep resumes across an upgrade.
 
     Raises:
         ConfigError: they differ and ``force`` is false; the message lists every differing key.
@@ -151,6 +155,12 @@ def check_resume_config(directory: Path, config: Mapping[str, Any], *, force: bo
     except (OSError, ValueError) as e:
         raise RunDirError(f"cannot read {path} to resume this run: {e}") from e
     diff = {k: v for k, v in diff_configs(saved, dict(config)).items() if k not in RESUME_IGNORED_KEYS}
+    had, default = flatten(saved), flatten(dict(defaults)) if defaults is not None else {}
+    added = {k: now for k, (_, now) in diff.items() if k not in had and k in default and default[k] == now}
+    if added:
+        print(f"tdrl: resuming with keys added since this run started, at their defaults: "
+              f"{' '.join(f'{k}={v}' for k, v in added.items())}", file=sys.stderr, flush=True)
+        diff = {k: v for k, v in diff.items() if k not in added}
     if diff and not force:
         lines = "\n".join(f"  {k}: saved {_shown(a)}, now {_shown(b)}" for k, (a, b) in diff.items())
         raise ConfigError(

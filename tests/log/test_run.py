@@ -119,6 +119,25 @@ def test_resume_with_different_config_lists_keys_unless_forced(tmp_path):
     assert json.loads(before.read_text())["optim"]["lr"] == 1e-3
 
 
+def test_resume_across_an_upgrade_takes_new_keys_at_their_defaults(tmp_path, capsys):
+    """A run saved by a tdrl without a key resumes when the key is at the recipe's default (a sweep relaunched after
+    an upgrade), with one line naming it; set to anything else, the key is a difference like any other."""
+    cfg = apply_overrides(Cfg(), {"run.dir": str(tmp_path / "r")})
+    _open(cfg).finish()
+    config_json = tmp_path / "r" / "config.json"
+    saved = json.loads(config_json.read_text())
+    del saved["optim"]["batch_size"]  # as an older tdrl wrote it
+    config_json.write_text(json.dumps(saved))
+    with pytest.raises(ConfigError, match=r"optim.batch_size: saved <absent>, now 128"):
+        _open(apply_overrides(cfg, {"optim.batch_size": 128}))
+    run = _open(cfg)
+    assert run.resumed
+    run.finish()
+    assert "tdrl: resuming with keys added since this run started, at their defaults: optim.batch_size=64" in \
+        capsys.readouterr().err
+    assert json.loads(config_json.read_text())["optim"]["batch_size"] == 64  # saved from now on
+
+
 def test_resume_restores_rng_position_and_truncates_rows(tmp_path):
     cfg = apply_overrides(Cfg(), {"run.dir": str(tmp_path / "r")})
     run = _open(cfg)
