@@ -66,6 +66,41 @@ def build(scratch: Path):
     return q_actor, policy, replay, factory
 
 
+def cpu_seconds_by_role() -> dict[str, float]:
+    """CPU seconds (user + system) so far of the processes in a row, by role: ``learner`` (this process and its
+    children: the local collector's workers), ``actors``, ``hub`` and ``ray`` (Ray's own processes: raylets, GCS,
+    idle workers), read from /proc."""
+    tick, me = os.sysconf("SC_CLK_TCK"), os.getpid()
+    parents, cpu, role = {}, {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        parents[pid], cpu[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+        role[pid] = ("actors" if "ray::CollectorActor" in cmdline else "hub" if "ray::LearnerHub" in cmdline
+                     else "ray" if "ray::" in cmdline or "/ray/core/" in cmdline or "site-packages/ray/" in cmdline
+                     else "")
+    totals = {"learner": 0.0, "actors": 0.0, "hub": 0.0, "ray": 0.0}
+    for pid, seconds in cpu.items():
+        ancestor = pid
+        while ancestor not in (0, 1, me) and ancestor in parents:
+            ancestor = parents[ancestor]
+        if role[pid] in ("actors", "hub"):
+            totals[role[pid]] += seconds
+        elif ancestor == me:  # before Ray's own: a forkserver's command line names ray's paths in its sys.path
+            totals["learner"] += seconds
+        elif role[pid]:
+            totals["ray"] += seconds
+    return totals
+
+
+def cpu_ms_per_kframe(before: dict[str, float], after: dict[str, float], frames: int) -> dict[str, float]:
+    return {k: (after[k] - before[k]) * 1e6 / max(frames, 1) for k in before}
+
+
 def local_row(workers: int, seconds: float, scratch: Path) -> dict:
     _, _, replay, factory = build(scratch)
     collector = factory("parallel", ENVS, workers)()
@@ -73,13 +108,14 @@ def local_row(workers: int, seconds: float, scratch: Path) -> dict:
         batches = iter(collector)
         for _ in range(3):  # warm-up: workers started, first batches
             replay.extend(next(batches))
-        frames, start = 0, time.perf_counter()
+        frames, start, cpu = 0, time.perf_counter(), cpu_seconds_by_role()
         while time.perf_counter() - start < seconds:
             batch = next(batches)
             replay.extend(batch)
             frames += batch.numel()
+        cpu = cpu_ms_per_kframe(cpu, cpu_seconds_by_role(), frames)
         return {"row": f"local parallel ({workers} workers)", "fps": frames / (time.perf_counter() - start),
-                "bytes": 0.0, "processes": workers}
+                "bytes": 0.0, "processes": workers, "cpu": cpu}
     finally:
         collector.shutdown()
 
@@ -118,14 +154,15 @@ def ray_row(n_actors: int, seconds: float, scratch: Path) -> dict:
         for _ in range(2 * n_actors):
             pool.poll(timeout=5.0)
         frames = wire = 0
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), cpu_seconds_by_role()
         while time.perf_counter() - start < seconds:
             for report in pool.poll(timeout=0.5):
                 frames += report.frames
                 wire += report.wire_bytes
         fps = frames / (time.perf_counter() - start)
+        cpu = cpu_ms_per_kframe(cpu, cpu_seconds_by_role(), frames)
         return {"row": f"ray, {n_actors} actor{'s' * (n_actors > 1)} ({min(1, 2 / n_actors):g} CPU each)", "fps": fps,
-                "bytes": wire / max(frames, 1), "processes": max(n_actors, 2)}
+                "bytes": wire / max(frames, 1), "processes": max(n_actors, 2), "cpu": cpu}
     finally:
         pool.shutdown()
 
@@ -223,6 +260,13 @@ def main() -> None:
         base = local[r["round"], r["processes"]]  # the local collector with as many processes
         print(f"{r['row']:<34} {r['round']:>5} {r['fps']:>9.0f} {r['fps'] / base:>7.2f}x "
               f"{(base / r['fps'] - 1) * 100:>14.1f}% {r['bytes']:>13.0f}")
+    print("\nCPU ms per 1,000 frames, by process (/proc; the learner row includes the local collector's workers)")
+    print(f"{'collection':<34} {'round':>5} {'learner':>8} {'actors':>8} {'hub':>8} {'ray':>8} {'total':>8}")
+    for r in rows:
+        if "cpu" in r:
+            c = r["cpu"]
+            print(f"{r['row']:<34} {r['round']:>5} {c['learner']:>8.1f} {c['actors']:>8.1f} {c['hub']:>8.1f} "
+                  f"{c['ray']:>8.1f} {sum(c.values()):>8.1f}")
     print("\nlearner (DQN 256x256, batch 64, prioritized replay of CartPole frames)")
     for r in rows:
         if "ups" in r:

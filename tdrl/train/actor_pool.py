@@ -7,7 +7,8 @@ rollouts stop finishing for ``call_timeout_s`` (a lost node), is replaced:
 - by the **spare** when one is built: an idle actor that has imported torch and built its collector, and reserves
   no CPU (the dead actor's are freed as it is killed for good). It takes the dead actor's slot, whose index each
   rollout call carries (Ape-X's per-actor epsilon), pulls the weights on its first rollout and collects with its
-  own seed; a new spare starts building at once. A restart is then one rollout long.
+  own seed; a new spare starts building at once. A restart is then one rollout long. Spares are built once every
+  working actor has answered, so they do not slow the start.
 - otherwise by Ray, which restarts the same actor (``max_restarts=-1``) where it can place it: a new process that
   imports torch and builds its collector again (4 s on an idle 2-core machine, 8-12 s with both cores busy). A
   spare that is built later takes over a slot still waiting for that restart.
@@ -75,19 +76,24 @@ class ActorPool:
         self.slots = [_Slot(make_actor(i, False)) for i in range(n)]
         self.made = n
         self.spares: list[_Spare] = []
+        self.warm = False  # every working actor has answered once
         self.spare_failures = 0
         self._owner: dict[Any, int] = {}
         self._polled_at = time.monotonic()
         self.events: list[str] = []  # one line per restart, for the log
         for i in range(n):
             self._fill(i)
-        self._make_spares()
 
     @property
     def restarts(self) -> int:
         return sum(s.restarts for s in self.slots)
 
     def _make_spares(self) -> None:
+        """Start building spares up to ``spares``, once every working actor has answered the first time: a spare
+        built beside them would slow the run's start (a process importing torch) on the cores they need."""
+        self.warm = self.warm or all(slot.started for slot in self.slots)
+        if not self.warm:
+            return
         while len(self.spares) < self.n_spares and self.spare_failures < SPARE_FAILURES:
             handle = self.make_actor(self.made, True)
             self.made += 1

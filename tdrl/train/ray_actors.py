@@ -57,6 +57,11 @@ def to_wire(td: TensorDictBase) -> dict[str, Any]:
             "data": {key if isinstance(key, tuple) else (key,): value.numpy() for key, value in leaves}}
 
 
+def owned(wire: dict[str, Any]) -> dict[str, Any]:
+    """``wire`` with its arrays copied, no longer views of a collector's reused buffers."""
+    return {"shape": wire["shape"], "data": {key: value.copy() for key, value in wire["data"].items()}}
+
+
 def from_wire(wire: dict[str, Any]) -> TensorDict:
     """The TensorDict :func:`to_wire` sent (its arrays copied: Ray hands out read-only views)."""
     td = TensorDict({}, batch_size=wire["shape"])
@@ -179,6 +184,7 @@ class CollectorActor:
         self.target = self.policy.get_submodule(weights_path) if weights_path else self.policy
         self.version = -1
         self._write: tuple[dict, Rollout, Any] | None = None  # the batch sent to the hub, its report, the reply
+        self._held: tuple[TensorDictBase, Rollout] | None = None  # collected while a refused write went again
         self.batches = iter(self.collector)
         self.node = ray.get_runtime_context().get_node_id()
 
@@ -215,11 +221,12 @@ class CollectorActor:
 
     def rollout(self, mode: str, index: int) -> Rollout:
         """One rollout as actor ``index`` (set up as it when the index is new to this actor). ``"unroll"``: pull
-        newer weights, collect a batch and return it tagged with its weights version. ``"replay"``: settle the
-        previous batch's write, collect the next batch and send it to the hub without waiting (the write overlaps
-        the next collection); reports the batch whose write the hub acknowledged, so the frames counted are in the
-        replay. A refused write (the learner is behind) is sent again by the next call, which collects nothing:
-        every call stays short, so a timeout means a stuck actor."""
+        newer weights, collect a batch and return it tagged with its weights version. ``"replay"``: collect the next
+        batch while the hub still writes the previous one (else after its reply, with the weights it brought),
+        settle that write, and send the new batch without waiting; reports the batch whose write the hub
+        acknowledged, so the frames counted are in the replay. A refused write (the learner is behind) is sent again
+        and the new batch is held for the next call, which collects nothing: every call stays short, so a timeout
+        means a stuck actor."""
         import ray
 
         if index != self.index:
@@ -233,18 +240,23 @@ class CollectorActor:
             batch.set(VERSION_KEY, torch.full(batch.shape, self.version, dtype=torch.int64))
             report.batch, report.wire_bytes = to_wire(batch), report.wire_bytes + pulled
             return report
+        held, self._held = self._held, None
+        if held is None and self._write is not None and not ray.wait([self._write[2]], timeout=0)[0]:
+            wire, report, pending = self._write  # the collector reuses its buffers: a resend must not see the next
+            self._write = (owned(wire), report, pending)
+            held = self._collect()
         acknowledged = self._nothing()
         if self._write is not None:
             wire, report, pending = self._write
             accepted, newest = ray.get(pending, timeout=self.call_timeout_s)
             report.wire_bytes += self._pull_weights(newest)
             if not accepted:
-                self._write = (wire, report, self.hub.extend.remote(wire, self.version))
+                self._write, self._held = (wire, report, self.hub.extend.remote(wire, self.version)), held
                 return acknowledged
             acknowledged, self._write = report, None
         elif self.version < 0:
             acknowledged.wire_bytes += self._pull_weights()
-        batch, report = self._collect()
+        batch, report = held if held is not None else self._collect()
         if self.priorities is not None:
             batch = batch.copy().set("priority", self.priorities(self.policy, batch))
         wire = to_wire(batch)  # sent by value: Ray inlines a small batch in the call, puts a large one in its store
