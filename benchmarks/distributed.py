@@ -66,10 +66,10 @@ def build(scratch: Path):
     return q_actor, policy, replay, factory
 
 
-def cpu_seconds_by_role() -> dict[str, float]:
-    """CPU seconds (user + system) so far of the processes in a row, by role: ``learner`` (this process and its
-    children: the local collector's workers), ``actors``, ``hub`` and ``ray`` (Ray's own processes: raylets, GCS,
-    idle workers), read from /proc."""
+def cpu_seconds_by_role() -> dict[int, tuple[str, float]]:
+    """``{pid: (role, CPU seconds so far)}`` (user + system, from /proc) of the processes in a row: ``learner``
+    (this process and its children: the local collector's workers), ``actors``, ``hub`` and ``ray`` (Ray's own
+    processes: raylets, GCS, idle workers)."""
     tick, me = os.sysconf("SC_CLK_TCK"), os.getpid()
     parents, cpu, role = {}, {}, {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -81,24 +81,30 @@ def cpu_seconds_by_role() -> dict[str, float]:
         pid = int(stat.parent.name)
         parents[pid], cpu[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
         role[pid] = ("actors" if "ray::CollectorActor" in cmdline else "hub" if "ray::LearnerHub" in cmdline
-                     else "ray" if "ray::" in cmdline or "/ray/core/" in cmdline or "site-packages/ray/" in cmdline
+                     else "ray" if "ray::" in cmdline or f"{os.sep}ray{os.sep}" in cmdline
                      else "")
-    totals = {"learner": 0.0, "actors": 0.0, "hub": 0.0, "ray": 0.0}
+    found = {}
     for pid, seconds in cpu.items():
         ancestor = pid
         while ancestor not in (0, 1, me) and ancestor in parents:
             ancestor = parents[ancestor]
         if role[pid] in ("actors", "hub"):
-            totals[role[pid]] += seconds
+            found[pid] = (role[pid], seconds)
         elif ancestor == me:  # before Ray's own: a forkserver's command line names ray's paths in its sys.path
-            totals["learner"] += seconds
+            found[pid] = ("learner", seconds)
         elif role[pid]:
-            totals["ray"] += seconds
-    return totals
+            found[pid] = ("ray", seconds)
+    return found
 
 
-def cpu_ms_per_kframe(before: dict[str, float], after: dict[str, float], frames: int) -> dict[str, float]:
-    return {k: (after[k] - before[k]) * 1e6 / max(frames, 1) for k in before}
+def cpu_ms_per_kframe(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                      frames: int) -> dict[str, float]:
+    """Per role, the CPU the processes alive at the end used since ``before`` (a process of the previous row still
+    exiting at the start is not counted), in ms per 1,000 frames."""
+    totals = {"learner": 0.0, "actors": 0.0, "hub": 0.0, "ray": 0.0}
+    for pid, (role, seconds) in after.items():
+        totals[role] += seconds - before.get(pid, (role, 0.0))[1]
+    return {k: v * 1e6 / max(frames, 1) for k, v in totals.items()}
 
 
 def local_row(workers: int, seconds: float, scratch: Path) -> dict:
