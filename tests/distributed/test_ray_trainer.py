@@ -119,6 +119,15 @@ def test_plain_torchrl_modules_collect_and_learn_as_ray_actors(cluster, tmp_path
     no_actor_left(cluster)
 
 
+def end_with_sigterm(proc: subprocess.Popen, stderr_path: Path) -> str:
+    """SIGTERM the run as a user's Ctrl-C would; its stderr, once it exited 143 (checkpoint, one line)."""
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    err = stderr_path.read_text()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    return err
+
+
 def spare_pids(err: str) -> list[int]:
     return [int(pid) for pid in re.findall(r"a spare collector actor is ready \(pid (\d+)\)", err)]
 
@@ -145,13 +154,10 @@ def test_actor_sigkill_is_replaced_by_the_spare_and_counted(cluster, tmp_path):
         wait_for(lambda: len(spare_pids(stderr_path.read_text())) == 2, 120, "a new spare built", proc)
         wait_for(lambda: restarts_logged(run_dir) >= 1, 60, "the restart in a log row", proc)
         wait_for(lambda: frames_logged(run_dir) >= killed_at_frames + 2048, 120, "frames after the restart", proc)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+        err = end_with_sigterm(proc, stderr_path)
     finally:
         if proc.poll() is None:
             proc.kill()
-    err = stderr_path.read_text()
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert f"the spare (pid {spare}) takes its place, restart 1" in err, err[-3000:]
     back = re.findall(r"collector actor \d is back after ([\d.]+) s \(the spare, pid (\d+)\)", err)
     # from the SIGKILL to the spare's first rollout in the dead actor's slot, as the run reports it. A Ray restart
@@ -175,13 +181,10 @@ def test_without_a_spare_ray_restarts_a_killed_actor(cluster, tmp_path):
         os.kill(victims[0], signal.SIGKILL)
         wait_for(lambda: "is back after" in stderr_path.read_text(), 120, "the restarted actor back", proc)
         wait_for(lambda: restarts_logged(run_dir) >= 1, 60, "the restart in a log row", proc)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+        err = end_with_sigterm(proc, stderr_path)
     finally:
         if proc.poll() is None:
             proc.kill()
-    err = stderr_path.read_text()
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "Ray restarts it, restart 1" in err and "the spare" not in err, err[-3000:]
     back = re.findall(r"collector actor \d is back after ([\d.]+) s \(pid \d+\)", err)
     assert back and float(back[0]) < 30, err[-3000:]  # 4 s idle; 8-12 s on the test's 2 busy cores
