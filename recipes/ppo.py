@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from tdrl.config import (
     ActorCriticModelConfig,
     CollectorConfig,
+    ConfigError,
     Count,
     Fraction,
     LoggerConfig,
@@ -62,6 +63,14 @@ class LossConfig(PolicyGradientLossConfig):
     """Normalise advantages per minibatch."""
     reward_scale: PositiveFloat = 1.0
     """Multiply rewards by this before computing advantages (returns in the logs stay raw)."""
+    normalize_reward: bool = False
+    """Instead of a fixed scale, divide rewards by the running std of each env's discounted return and clip at 10
+    (SB3's VecNormalize reward normalisation; checkpointed). Returns in the logs stay raw."""
+
+    def validate(self) -> None:
+        if self.normalize_reward and self.reward_scale != 1.0:  # the normaliser would undo the scale
+            raise ConfigError(f"loss.reward_scale={self.reward_scale} has no effect with loss.normalize_reward=true "
+                              "(rewards are divided by their return's running std); set one of them")
 
 
 @dataclass
@@ -102,7 +111,7 @@ def main(cfg: Config) -> dict:
 
     from tdrl.log.run import Run
     from tdrl.models import actor_critic_from
-    from tdrl.objectives.advantage import GAE
+    from tdrl.objectives.advantage import GAE, ReturnNorm
     from tdrl.objectives.graphs import update_step
     from tdrl.objectives.policy_gradient import make_ppo_loss
     from tdrl.objectives.schedules import LinearSchedule
@@ -134,6 +143,9 @@ def main(cfg: Config) -> dict:
     updater = Updater(torch.optim.Adam(loss.parameters(), lr=cfg.optim.lr, eps=cfg.optim.eps, fused=True),
                       max_grad_norm=cfg.optim.max_grad_norm)
 
+    reward_norm = ReturnNorm(cfg.collector.batch_B, gamma=cfg.loss.gamma).to(device) \
+        if cfg.loss.normalize_reward else None
+
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="ppo",
                    total_frames=cfg.collector.total_frames) if is_main_process() else None
     collector = collector_factory_from(cfg, env_factory, ac.actor, seed=rank_seed(cfg.run.seed), device=device,
@@ -141,7 +153,8 @@ def main(cfg: Config) -> dict:
     # each evaluation: n_envs whole greedy episodes on their own envs, observations as the collector's; rank 0
     eval_collector = eval_collector_from(cfg, ac.greedy, observations_of=collector) if is_main_process() else None
     trainer = make_trainer(cfg, on_policy=True, collector=collector, modules=[loss], eval_collector=eval_collector,
-                           run=run, checkpoint_state={"model": ac, "updater": updater})
+                           run=run, checkpoint_state={"model": ac, "updater": updater,
+                                                      **({"reward_norm": reward_norm} if reward_norm else {})})
     decay = LinearSchedule(1.0, 0.0 if cfg.loss.linear_decay else 1.0, duration=trainer.n_itr)
 
     # --- Update ---------------------------------------------------------------------------------------------
@@ -163,7 +176,10 @@ def main(cfg: Config) -> dict:
     learn = update_step(learn, cudagraphs=False, device=device)
 
     def update(batch):
-        batch["next", "reward"] = batch["next", "reward"] * cfg.loss.reward_scale
+        if reward_norm is not None:
+            reward_norm(batch)
+        else:
+            batch["next", "reward"] = batch["next", "reward"] * cfg.loss.reward_scale
         advantage(batch)  # writes state_value, advantage and value_target (time limits bootstrap, terminations not)
         metrics = []
         for _ in range(cfg.loss.epochs):

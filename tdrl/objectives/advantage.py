@@ -1,4 +1,5 @@
-"""GAE and V-trace on ``[B, T]`` collector batches with one critic forward, on TorchRL's kernels.
+"""GAE and V-trace on ``[B, T]`` collector batches with one critic forward, on TorchRL's kernels; and the reward
+normaliser that may precede them (:class:`ReturnNorm`).
 
 TorchRL's ``GAE`` module calls the critic twice through its generic value-network machinery (parameter swaps,
 optional vmap), which costs more than a small MLP. TorchRL's ``VTrace`` module (torchrl 0.14) scores a fresh sample
@@ -20,13 +21,16 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
+from torch import nn
 from torchrl.objectives.value.functional import (
     generalized_advantage_estimate,
     vec_generalized_advantage_estimate,
     vtrace_advantage_estimate,
 )
 
-__all__ = ["GAE", "VTrace"]
+from tdrl.models.nets import ObsNorm
+
+__all__ = ["GAE", "ReturnNorm", "VTrace"]
 
 _VECTORISE_FROM_T = 32  # the python recursion is faster on short batches, the vectorised one on long ones
 
@@ -58,6 +62,51 @@ class GAE:
         batch.set("state_value", value)
         batch.set("advantage", advantage)
         batch.set("value_target", target)
+        return batch
+
+
+class ReturnNorm(nn.Module):
+    """Divide rewards by the running standard deviation of the discounted return, then clip (Stable-Baselines3's
+    ``VecNormalize(norm_reward=True)``; Engstrom et al. 2020, arXiv:2005.12729): value targets land near unit scale
+    whatever the env's reward scale, and rewards keep their sign and their zero.
+
+    Each env's discounted return ``R_t = gamma R_{t-1} + r_t`` restarts after ``("next", "done")``; every ``R_t`` of
+    a batch joins the statistics before the batch's rewards are divided (SB3 folds each step in as it is taken). The
+    statistics and the returns in progress are buffers, so a checkpoint of this module resumes them exactly.
+
+    Args:
+        n_envs: the batch's ``B`` (each env's return in progress carries over to its next batch).
+        gamma: the discount of the return whose spread is measured (SB3: the algorithm's gamma).
+        clip: bound on the normalised reward (SB3: 10).
+    """
+
+    running_return: torch.Tensor  # [B], float64
+
+    def __init__(self, n_envs: int, *, gamma: float, clip: float = 10.0, eps: float = 1e-8) -> None:
+        super().__init__()
+        self.gamma, self.clip, self.eps = float(gamma), float(clip), float(eps)
+        self.stats = ObsNorm((), clip=float("inf"), eps=eps)
+        self.register_buffer("running_return", torch.zeros(n_envs, dtype=torch.float64))
+
+    @torch.no_grad()
+    def forward(self, batch: TensorDictBase) -> TensorDictBase:
+        """Normalise ``("next", "reward")`` of a ``[B, T]`` batch in place; returns the batch."""
+        reward = batch.get(("next", "reward"))
+        if batch.ndim != 2 or batch.shape[0] != self.running_return.shape[0]:
+            raise ValueError(f"ReturnNorm for {self.running_return.shape[0]} envs expects a [B, T] batch with that B, "
+                             f"got batch_size {tuple(batch.batch_size)}")
+        flat_reward = reward.reshape(batch.shape).to(torch.float64)
+        not_done = (~batch.get(("next", "done")).reshape(batch.shape)).to(torch.float64)
+        returns = torch.empty_like(flat_reward)
+        running = self.running_return.to(flat_reward.device)
+        for t in range(batch.shape[1]):
+            running = self.gamma * running + flat_reward[:, t]
+            returns[:, t] = running
+            running = running * not_done[:, t]
+        self.running_return.copy_(running)
+        self.stats.update(returns)
+        scale = torch.rsqrt(self.stats.var + self.eps)
+        batch.set(("next", "reward"), (reward * scale.to(reward.dtype)).clamp(-self.clip, self.clip))
         return batch
 
 

@@ -15,7 +15,7 @@ from tdrl.collect import make_collector
 from tdrl.envs import EnvFactory
 from tdrl.models import make_actor_critic, make_recurrent_actor_critic
 from tdrl.models.acting import ProbabilisticPolicy
-from tdrl.objectives.advantage import GAE, VTrace
+from tdrl.objectives.advantage import GAE, ReturnNorm, VTrace
 
 
 def _batch(B: int, T: int, obs_size: int = 4) -> TensorDict:
@@ -200,3 +200,44 @@ def test_vtrace_needs_the_behaviour_log_prob():
         VTrace(ac.actor, ac.critic, gamma=0.9)(batch)
     with pytest.raises(ValueError, match=r"\[B, T\]"):
         VTrace(ac.actor, ac.critic, gamma=0.9)(_behaviour_batch(2, 3).reshape(-1))
+
+
+def _returns_by_hand(reward, done, gamma):
+    """Each env's discounted return at every step, restarting after a done (SB3's VecNormalize ``returns``)."""
+    B, T = reward.shape
+    running, out = [0.0] * B, torch.zeros(B, T, dtype=torch.float64)
+    for b in range(B):
+        for t in range(T):
+            running[b] = gamma * running[b] + float(reward[b, t])
+            out[b, t] = running[b]
+            if done[b, t]:
+                running[b] = 0.0
+    return out
+
+
+def test_return_norm_divides_by_the_std_of_every_return_so_far_and_carries_returns_across_batches():
+    norm, gamma = ReturnNorm(6, gamma=0.9), 0.9
+    batches = [_batch(6, 16) for _ in range(3)]
+    for i, batch in enumerate(batches):
+        batch["next", "reward"] = batch["next", "reward"] * 50 + i  # a scale and offset far from 1
+    whole_reward = torch.cat([b["next", "reward"] for b in batches], 1).squeeze(-1)
+    whole_done = torch.cat([b["next", "done"] for b in batches], 1).squeeze(-1)
+    returns = _returns_by_hand(whole_reward, whole_done, gamma)
+    for batch in batches:
+        raw = batch["next", "reward"].clone()
+        norm(batch)
+    expected = (raw.double() / returns.var(unbiased=False).add(1e-8).sqrt()).clamp(-10, 10)
+    torch.testing.assert_close(batches[-1]["next", "reward"].double(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(norm.running_return, torch.where(whole_done[:, -1], 0.0, returns[:, -1]))
+
+
+def test_return_norm_ignores_the_reward_scale_and_resumes_from_its_state_dict():
+    first, scaled = ReturnNorm(6, gamma=0.99), ReturnNorm(6, gamma=0.99)
+    batch, big = _batch(6, 8), _batch(6, 8)
+    big["next", "reward"] = big["next", "reward"] * 1000
+    torch.testing.assert_close(first(batch)["next", "reward"], scaled(big)["next", "reward"], rtol=1e-4, atol=1e-5)
+    resumed = ReturnNorm(6, gamma=0.99)
+    resumed.load_state_dict(first.state_dict())
+    torch.testing.assert_close(resumed(_batch(6, 8))["next", "reward"], first(_batch(6, 8))["next", "reward"])
+    with pytest.raises(ValueError, match="ReturnNorm for 6 envs expects a \\[B, T\\] batch with that B"):
+        first(_batch(4, 8))

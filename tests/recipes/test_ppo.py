@@ -56,7 +56,8 @@ def test_smoke_lstm_policy(tmp_path):
 
 
 def test_smoke_continuous_with_obs_norm(tmp_path):
-    cfg = tiny(tmp_path, "env.id=Pendulum-v1", "model.normalize_observation=true", "model.distribution=normal")
+    cfg = tiny(tmp_path, "env.id=Pendulum-v1", "model.normalize_observation=true", "model.distribution=normal",
+               "loss.normalize_reward=true")
     summary = ppo.main(cfg)
     assert summary["frames"] == 256 and math.isfinite(summary["eval/return_mean"])
 
@@ -78,6 +79,8 @@ def test_unknown_key_names_nearest():
         apply_overrides(ppo.Config(), ["optim.lrr=1e-3"])
     with pytest.raises(ConfigError, match=r"'loss.epochs'.*int"):
         apply_overrides(ppo.Config(), ["loss.epochs=many"])
+    with pytest.raises(ConfigError, match=r"loss.reward_scale=0.1 has no effect with loss.normalize_reward=true"):
+        apply_overrides(ppo.Config(), ["loss.normalize_reward=true", "loss.reward_scale=0.1"])
 
 
 def test_nan_loss_stops_run_without_nan_parameters(tmp_path, monkeypatch):

@@ -81,7 +81,7 @@ CASES = {
         "env.id=HalfCheetah-v5", "collector.kind=parallel", "collector.obs_norm=true", "collector.batch_B=4",
         "collector.n_workers=2", "collector.batch_T=16", "collector.total_frames=768", "logger.log_interval_steps=128",
         "checkpoint.interval_steps=192", "eval.max_steps=20", "loss.epochs=2", "loss.minibatches=2",
-        "model.hidden_sizes=[16]")),
+        "model.hidden_sizes=[16]", "loss.normalize_reward=true")),  # the returns in progress resume too
     "ppo_lstm_parallel": Case("ppo.py", (
         "model.lstm=true", "model.lstm_size=16", "collector.kind=parallel", "collector.batch_B=4",
         "collector.n_workers=2", "collector.batch_T=16", "collector.total_frames=768",
