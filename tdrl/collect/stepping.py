@@ -15,6 +15,10 @@ agent still sees the done (``is_init`` after it, no bootstrap across it), but th
 so its ``Return``/``GameScore`` is the game score. ``info`` is read at done steps only (a game ends only where an
 episode does), so envs that never set it pay nothing per step.
 
+Actions outside a bounded ``Box`` action space are clipped to its bounds before ``env.step`` (SB3 does; CleanRL's
+``ClipAction``): an unsquashed Gaussian policy's samples reach the env as valid actions (MuJoCo's control cost is
+computed on the action as given), and the batch keeps the sampled action, whose log-probability the loss needs.
+
 Env ``i`` of a collector seeded ``s`` is reset with ``env_seed(s, i)``, so it gets the same stream whichever
 worker steps it: this is what makes the parallel collectors reproduce the serial one exactly.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -81,6 +86,7 @@ class EnvSlice:
         self.game_goes_on: list[tuple[int, int]] = []  # (env, step) of this batch's dones with traj_done False
         self.tracker = EpisodeTracker(n, discount=settings.discount, game_score=settings.game_score)
         self.episode_count = np.zeros(n, dtype=np.int64)
+        self.action_bounds = _box_bounds(self.envs[0].action_space) if self.envs else None
 
     def start(self, max_decorrelation_steps: int = 0) -> None:
         """Reset every env with its seed, then take ``U[0, max_decorrelation_steps]`` random steps per env (drawn
@@ -121,6 +127,8 @@ class EnvSlice:
         resets: list[tuple[int, Any]] = []
         idle = self.idle
         wait_reset = self.wait_reset
+        if self.action_bounds is not None:
+            actions = np.clip(actions, *self.action_bounds)  # a copy: the batch keeps the policy's actions
         for i in range(len(envs)):
             if wait_reset and idle[i]:
                 continue
@@ -219,3 +227,10 @@ class EnvSlice:
             except Exception:  # closing is best effort; a broken env must not mask the original error
                 pass
         self.envs = []
+
+
+def _box_bounds(space: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(low, high)`` of a ``Box`` action space bounded on every side, else ``None``."""
+    if isinstance(space, gym.spaces.Box) and np.isfinite(space.low).all() and np.isfinite(space.high).all():
+        return space.low, space.high
+    return None

@@ -121,6 +121,30 @@ def test_batches_equal_stepping_gymnasium_envs_through_time_limits():
                 env.reset()
 
 
+class _ConstantBoxAction(torch.nn.Module):
+    def __init__(self, value: float, size: int) -> None:
+        super().__init__()
+        self.value, self.size = value, size
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.full((*obs.shape[:-1], self.size), self.value)
+
+
+def test_actions_beyond_the_bounds_reach_the_env_clipped_and_stay_in_the_batch():
+    """HalfCheetah's control cost is computed on the action as given (MuJoCo clamps only the torque): 3.0 must act
+    and cost as its bound 1.0, as SB3 sends it, while the batch keeps 3.0 for the policy's log-probability."""
+    batches = []
+    for value in (3.0, 1.0):
+        policy = TensorDictModule(_ConstantBoxAction(value, 6), in_keys=["observation"], out_keys=["action"])
+        collector = make_collector("serial", EnvFactory("HalfCheetah-v5"), policy, batch_B=2, batch_T=8, seed=1)
+        batches.append(next(iter(collector)))
+        collector.shutdown()
+    beyond, bound = batches
+    assert (beyond["action"] == 3.0).all()
+    torch.testing.assert_close(beyond["next", "reward"], bound["next", "reward"])
+    torch.testing.assert_close(beyond["next", "observation"], bound["next", "observation"])
+
+
 def test_reset_at_once_stores_final_observation():
     with SerialCollector(StairsFactory(length=3), None, batch_B=1, batch_T=6) as c:
         batch = c.collect()
