@@ -6,12 +6,12 @@ processes do. Each row fills a prioritized replay with CartPole-v1 frames acted 
 epsilon-greedy (16 envs in all, 32 steps per batch), for ``--seconds`` after a warm-up:
 
 - ``local parallel (W workers)``: ``make_collector("parallel", n_workers=W)`` writing into the replay in this
-  process, W = 2 and 4;
-- ``ray, N actors``: N collector actors (serial collectors of 16/N envs; 1 CPU each, 0.5 for 4 actors, so 2 and 4
-  actors have the local collector's 2 CPUs and 1 actor has half) writing through the learner hub, the path of
-  Ape-X (the data never passes the learner's process). Each is compared with the local collector of as many
-  processes stepping as many envs each (1 and 2 actors: 2 workers; 4 actors: 4 workers), so the ratio is what
-  Ray's path costs, not what smaller batches per process cost.
+  process, W = 1, 2 and 4;
+- ``ray, N actors``: N collector actors (serial collectors of 16/N envs; 1 CPU each, 0.5 for 4 actors, so N actors
+  reserve the CPUs of the N local workers they are compared with, at most the 2 the cluster has) writing through
+  the learner hub, the path of Ape-X (the data never passes the learner's process). Each is compared with the local
+  collector of as many processes stepping as many envs each (N actors: N workers), so the ratio is what Ray's path
+  costs, not what smaller batches per process cost.
 
 Then the learner: DQN updates/s (batch 64, the recipe's network) sampling the replay, with no actor running and
 with 4 actors writing. Bytes on the wire per frame: the rollouts' tensors plus the weights pulled.
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -168,7 +169,7 @@ def ray_row(n_actors: int, seconds: float, scratch: Path) -> dict:
         fps = frames / (time.perf_counter() - start)
         cpu = cpu_ms_per_kframe(cpu, cpu_seconds_by_role(), frames)
         return {"row": f"ray, {n_actors} actor{'s' * (n_actors > 1)} ({min(1, 2 / n_actors):g} CPU each)", "fps": fps,
-                "bytes": wire / max(frames, 1), "processes": max(n_actors, 2), "cpu": cpu}
+                "bytes": wire / max(frames, 1), "processes": n_actors, "cpu": cpu}
     finally:
         pool.shutdown()
 
@@ -218,10 +219,9 @@ def inner(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="tdrl-bench-dist-") as root:
         rows = []
         for rnd in range(args.rounds):  # interleaved, so drifting load hits every row alike
-            for workers, actors in ((2, (1, 2)), (4, (4,))):
-                rows.append({**local_row(workers, args.seconds, Path(root) / f"local{workers}-{rnd}"), "round": rnd})
-                for n in actors:
-                    rows.append({**ray_row(n, args.seconds, Path(root) / f"ray{n}-{rnd}"), "round": rnd})
+            for n in (1, 2, 4):  # n actors against n local workers
+                rows.append({**local_row(n, args.seconds, Path(root) / f"local{n}-{rnd}"), "round": rnd})
+                rows.append({**ray_row(n, args.seconds, Path(root) / f"ray{n}-{rnd}"), "round": rnd})
         rows += learner_rows(args.seconds, Path(root) / "learner")
     for row in rows:
         print("ROW " + json.dumps(row), flush=True)
@@ -266,6 +266,12 @@ def main() -> None:
         base = local[r["round"], r["processes"]]  # the local collector with as many processes
         print(f"{r['row']:<34} {r['round']:>5} {r['fps']:>9.0f} {r['fps'] / base:>7.2f}x "
               f"{(base / r['fps'] - 1) * 100:>14.1f}% {r['bytes']:>13.0f}")
+    print("\nmedian over rounds (N actors against N local workers)")
+    for n in sorted({r["processes"] for r in rows if r.get("row", "").startswith("ray")}):
+        ratios = sorted(local[r["round"], n] / r["fps"] - 1 for r in rows
+                        if r.get("row", "").startswith("ray") and r["processes"] == n)
+        print(f"ray, {n} actor{'s' * (n > 1)}: overhead per frame {statistics.median(ratios) * 100:.1f}% "
+              f"(rounds: {', '.join(f'{x * 100:.1f}%' for x in ratios)})")
     print("\nCPU ms per 1,000 frames, by process (/proc; the learner row includes the local collector's workers)")
     print(f"{'collection':<34} {'round':>5} {'learner':>8} {'actors':>8} {'hub':>8} {'ray':>8} {'total':>8}")
     for r in rows:
