@@ -419,10 +419,12 @@ def sb3_ddpg_pendulum(seed: int, task: Task, stop: bool = False, run_dir: Path |
 # --- Tasks ------------------------------------------------------------------------------------------------------
 
 # RL-Zoo's MuJoCo PPO, common to its HalfCheetah and Hopper rows: 1 env x 512 steps, ReLU 256x256 without
-# orthogonal init, log-std -2, constant lr and clip; observations normalised in the model (SB3: VecNormalize)
+# orthogonal init, log-std -2, constant lr and clip; observations normalised in the model and rewards divided by
+# the running std of the discounted return (SB3: VecNormalize). One seed of HalfCheetah with a constant reward
+# scale (0.1) instead: 3,700-4,600 over 344-492k frames against 5,100-5,800 (docs/learning-mujoco-ppo-2026-11-27-2.md)
 RLZOO_MUJOCO_PPO = ["collector.batch_B=1", "collector.batch_T=512", "model.hidden_sizes=[256,256]",
                     "model.activation=relu", "model.init_log_std=-2", "model.distribution=normal",
-                    "model.normalize_observation=true", "loss.linear_decay=false"]
+                    "model.normalize_observation=true", "loss.normalize_reward=true", "loss.linear_decay=false"]
 
 TASKS: list[Task] = [
     Task("ppo-cartpole", "ppo", "CartPole-v1", threshold=475, budget=100_000, eval_interval=5_000,
@@ -453,10 +455,10 @@ TASKS: list[Task] = [
     Task("ppo-halfcheetah", "ppo", "HalfCheetah-v5", threshold=1500, budget=1_000_000, eval_interval=25_000,
          eval_episodes=5, default=False, sb3=sb3_ppo_halfcheetah,
          # RL-Zoo's HalfCheetah PPO hyperparameters (1 env x 512 steps, 20 epochs of 64-sample minibatches, ReLU
-         # 256x256, log-std -2, lr 2e-5, clip 0.1); observations normalised in the model, rewards scaled by 0.1
+         # 256x256, log-std -2, lr 2e-5, clip 0.1)
          overrides=[*RLZOO_MUJOCO_PPO, "loss.gamma=0.98", "loss.gae_lambda=0.92", "loss.epochs=20",
                     "loss.minibatches=8", "loss.clip_epsilon=0.1", "optim.lr=2e-5", "optim.max_grad_norm=0.8",
-                    "loss.value_loss_coeff=1.16", "loss.entropy_coeff=0.0004", "loss.reward_scale=0.1"]),
+                    "loss.value_loss_coeff=1.16", "loss.entropy_coeff=0.0004"]),
     # MuJoCo at 200k frames (not in the default set; slurm/sweeps/mujoco_offpolicy.py runs them resumably): the
     # recipes' MuJoCo settings (their docstrings) against RL-Zoo's, evaluated every 10k frames on 10 episodes. The
     # thresholds only mark a level reached (--stop); the reference page reports returns.
@@ -470,13 +472,12 @@ TASKS: list[Task] = [
                                                          "optim.batch_size=256", "optim.replay_ratio=256"]))
       for env, threshold in (("HalfCheetah-v5", 4000), ("Hopper-v5", 2500))],
     # RL-Zoo's Hopper PPO (1 env x 512 steps, 5 epochs of 32-sample minibatches, gamma 0.999, lambda 0.99, clip 0.2,
-    # lr 9.8e-5, log-std -2, ReLU 256x256); rewards scaled by 0.01 where SB3's VecNormalize divides by the return's
-    # std (with gamma 0.999 the discounted return is ~10x HalfCheetah's at gamma 0.98, hence 0.1 there)
+    # lr 9.8e-5, log-std -2, ReLU 256x256)
     Task("ppo-hopper", "ppo", "Hopper-v5", threshold=1500, budget=1_000_000, eval_interval=25_000, eval_episodes=5,
          default=False, sb3=sb3_ppo_hopper,
          overrides=[*RLZOO_MUJOCO_PPO, "loss.gamma=0.999", "loss.gae_lambda=0.99", "loss.epochs=5",
                     "loss.minibatches=16", "loss.clip_epsilon=0.2", "optim.lr=9.8e-5", "optim.max_grad_norm=0.7",
-                    "loss.value_loss_coeff=1.67", "loss.entropy_coeff=0.0023", "loss.reward_scale=0.01"]),
+                    "loss.value_loss_coeff=1.67", "loss.entropy_coeff=0.0023"]),
     # R2D1's quick recurrent check: CartPole observing only position and angle (a POMDP), the recipe's defaults
     Task("r2d1-cartpole-novel", "r2d1", "tdrl/CartPoleNoVelocity-v1", threshold=475, budget=300_000,
          eval_interval=10_000),

@@ -14,13 +14,14 @@ epochs (10) at a higher learning rate (4e-3), which needs about half the gradien
     python recipes/ppo.py trainer.kind=ddp trainer.world_size=2       # data-parallel: 2 replicas, gradients averaged
     python recipes/ppo.py --help                                      # every key
 
-HalfCheetah-v5 (benchmark, not CI; RL-Zoo's hyperparameters, observations normalised in the model)::
+HalfCheetah-v5 (benchmark, not CI; RL-Zoo's hyperparameters, observations and rewards normalised as SB3's
+VecNormalize does)::
 
     python recipes/ppo.py env.id=HalfCheetah-v5 collector.total_frames=1000000 collector.batch_B=1 \
         collector.batch_T=512 model.hidden_sizes=[256,256] model.activation=relu model.init_log_std=-2 \
         model.distribution=normal model.normalize_observation=true loss.gamma=0.98 loss.gae_lambda=0.92 \
         loss.epochs=20 loss.minibatches=8 loss.clip_epsilon=0.1 loss.linear_decay=false optim.lr=2e-5 \
-        optim.max_grad_norm=0.8 loss.value_loss_coeff=1.16 loss.entropy_coeff=0.0004 loss.reward_scale=0.1 \
+        optim.max_grad_norm=0.8 loss.value_loss_coeff=1.16 loss.entropy_coeff=0.0004 loss.normalize_reward=true \
         eval.n_envs=5 logger.log_interval_steps=25000
 """
 

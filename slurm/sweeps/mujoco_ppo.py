@@ -1,7 +1,7 @@
 """PPO on HalfCheetah-v5 and Hopper-v5, 1M frames, tdrl beside Stable-Baselines3, 3 seeds (12 runs).
 
 Each run is one row of benchmarks/learning.py (benchmarks/learning_run.py): tdrl's recipe with RL-Zoo's MuJoCo PPO
-hyperparameters (observations normalised in the model, rewards scaled) or SB3 with RL-Zoo's (VecNormalize), one
+hyperparameters (observations and rewards normalised as VecNormalize does) or SB3 with RL-Zoo's (VecNormalize), one
 torch thread, evaluated on the same 5 episodes every 25k frames. Seeds outer: matched tdrl/SB3 pairs finish first.
 Stopping and relaunching resumes every run where it was.
 
