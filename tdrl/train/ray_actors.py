@@ -4,10 +4,9 @@ Layout (Ape-X, Horgan et al. 2018; IMPALA, Espeholt et al. 2018; weights pulled 
 
 - :class:`CollectorActor` (one Ray actor each, anywhere in the cluster) builds a tdrl collector from the recipe's
   picklable factory, with its own seed. Each :meth:`~CollectorActor.rollout` first pulls the newest weights from the
-  hub when their version is newer than its own, then either collects ``[B, T]`` batches for at least
-  :data:`CALL_MIN_S` and writes them to the replay through the hub in one call (``"replay"``: Ape-X; the learner's
-  process never sees them), or collects one batch and returns it tagged with the version it acted with
-  (``"unroll"``: IMPALA, whose unroll length is the batch's ``T``).
+  hub when their version is newer than its own, collects one ``[B, T]`` batch, and then either writes it to the
+  replay through the hub (``"replay"``: Ape-X; the learner's process never sees it) or returns it tagged with the
+  version it acted with (``"unroll"``: IMPALA).
 - :class:`LearnerHub` (one Ray actor pinned to the learner's node) holds the published weights and is the replay's
   only writer. The replay's files are the learner's: the learner samples them and updates priorities in place,
   as the async trainer does, so a sample never crosses a process boundary. Writes wait while the learner is more
@@ -41,12 +40,6 @@ __all__ = ["CollectorActor", "LearnerHub", "RayTrainerError", "Rollout", "actor_
 WRITE_WAIT_S = 1.0
 """Longest a hub write waits for the learner before the actor retries (each call stays short)."""
 
-CALL_MIN_S = 0.05
-"""Ape-X: an actor collects whole batches for at least this long per rollout call (one batch when a batch takes
-longer) and writes them in one hub call. Ray's calls cost about 2 ms of CPU per rollout (the actor call, the hub
-write, their replies), more than collecting DQN's default batch of 8 CartPole frames; over 50 ms of collection they
-cost a few %. Weights are pulled once per call, so an actor acts at most this long (plus waits) on old weights."""
-
 
 class RayTrainerError(RuntimeError):
     """A collector actor's rollout raised (its traceback is in the message), or the cluster cannot serve the run."""
@@ -62,6 +55,11 @@ def to_wire(td: TensorDictBase) -> dict[str, Any]:
     leaves = td.items(include_nested=True, leaves_only=True)
     return {"shape": tuple(td.batch_size),
             "data": {key if isinstance(key, tuple) else (key,): value.numpy() for key, value in leaves}}
+
+
+def owned(wire: dict[str, Any]) -> dict[str, Any]:
+    """``wire`` with its arrays copied, no longer views of a collector's reused buffers."""
+    return {"shape": wire["shape"], "data": {key: value.copy() for key, value in wire["data"].items()}}
 
 
 def from_wire(wire: dict[str, Any]) -> TensorDict:
@@ -90,7 +88,6 @@ class Rollout:
     pid: int
     node: str
     batch: dict[str, Any] | None = None  # "unroll": the batch, as :func:`to_wire` sends it
-    batches: int = 1  # collector batches in the rollout
 
 
 class LearnerHub:
@@ -138,16 +135,15 @@ class LearnerHub:
                               ready=self.replay.ready_count()) * self.batch_size / self.replay_ratio
         return behind <= self.max_lag_frames
 
-    def extend(self, wires: list[dict[str, Any]], have: int) -> tuple[bool, tuple[int, list[Any]] | None]:
-        """Write an actor's batches (:func:`to_wire`, in collection order) into the replay; ``False`` (nothing
-        written) if the learner is behind or checkpointing for :data:`WRITE_WAIT_S`, and the actor sends them again.
-        Also answers :meth:`weights` for ``have``, saving the actor a call."""
+    def extend(self, wire: dict[str, Any], have: int) -> tuple[bool, tuple[int, list[Any]] | None]:
+        """Write a batch (:func:`to_wire`) into the replay; ``False`` (nothing written) if the learner is behind or
+        checkpointing for :data:`WRITE_WAIT_S`, and the actor sends it again. Also answers :meth:`weights` for
+        ``have``, saving the actor a call."""
         deadline = time.monotonic() + WRITE_WAIT_S
         while True:
             with self._lock:
                 if self._may_write():
-                    for wire in wires:
-                        self.replay.extend(from_wire(wire))
+                    self.replay.extend(from_wire(wire))
                     return True, self.weights(have)
             if time.monotonic() > deadline:
                 return False, self.weights(have)
@@ -187,8 +183,8 @@ class CollectorActor:
         self.policy = self.collector.engine.policy
         self.target = self.policy.get_submodule(weights_path) if weights_path else self.policy
         self.version = -1
-        self._write: tuple[list[dict], Rollout, Any] | None = None  # the batches sent to the hub, report, reply
-        self._held: tuple[list[TensorDictBase], Rollout] | None = None  # collected while a refused write went again
+        self._write: tuple[dict, Rollout, Any] | None = None  # the batch sent to the hub, its report, the reply
+        self._held: tuple[TensorDictBase, Rollout] | None = None  # collected while a refused write went again
         self.batches = iter(self.collector)
         self.node = ray.get_runtime_context().get_node_id()
 
@@ -212,20 +208,13 @@ class CollectorActor:
         self.version = version
         return nbytes(weights)
 
-    def _collect(self, min_s: float | None = None) -> tuple[list[TensorDictBase], Rollout]:
-        """One batch (``min_s=None``), or whole batches until ``min_s`` has passed, each copied out of the
-        collector's reused buffers (they stay in flight to the hub while it collects the next); and their report."""
+    def _collect(self) -> tuple[TensorDictBase, Rollout]:
         start = time.perf_counter()
-        batches: list[TensorDictBase] = []
-        trajs: list[dict[str, float]] = []
-        while not batches or (min_s is not None and time.perf_counter() - start < min_s):
-            batch = next(self.batches)
-            batches.append(batch if min_s is None else batch.clone())
-            trajs += self.collector.traj_infos
+        batch = next(self.batches)
         collect_s = time.perf_counter() - start
-        report = Rollout(self.index, sum(b.numel() for b in batches), self.version, trajs, collect_s,
-                         sum(nbytes(b) for b in batches), os.getpid(), self.node, batches=len(batches))
-        return batches, report
+        report = Rollout(self.index, batch.numel(), self.version, list(self.collector.traj_infos), collect_s,
+                         nbytes(batch), os.getpid(), self.node)
+        return batch, report
 
     def _nothing(self) -> Rollout:
         return Rollout(self.index, 0, self.version, [], 0.0, 0, os.getpid(), self.node)
@@ -233,11 +222,11 @@ class CollectorActor:
     def rollout(self, mode: str, index: int) -> Rollout:
         """One rollout as actor ``index`` (set up as it when the index is new to this actor). ``"unroll"``: pull
         newer weights, collect a batch and return it tagged with its weights version. ``"replay"``: collect the next
-        batches (:data:`CALL_MIN_S`) while the hub still writes the previous ones (else after its reply, with the
-        weights it brought), settle that write, and send the new batches without waiting; reports the batches whose
-        write the hub acknowledged, so the frames counted are in the replay. A refused write (the learner is behind)
-        is sent again and the new batches are held for the next call, which collects nothing: every call stays
-        short, so a timeout means a stuck actor."""
+        batch while the hub still writes the previous one (else after its reply, with the weights it brought),
+        settle that write, and send the new batch without waiting; reports the batch whose write the hub
+        acknowledged, so the frames counted are in the replay. A refused write (the learner is behind) is sent again
+        and the new batch is held for the next call, which collects nothing: every call stays short, so a timeout
+        means a stuck actor."""
         import ray
 
         if index != self.index:
@@ -246,31 +235,32 @@ class CollectorActor:
             self.index = index
         if mode == "unroll":
             pulled = self._pull_weights()
-            (batch,), report = self._collect()
+            batch, report = self._collect()
             batch = batch.copy()  # new keys go on a shallow copy: the collector may own this one
             batch.set(VERSION_KEY, torch.full(batch.shape, self.version, dtype=torch.int64))
             report.batch, report.wire_bytes = to_wire(batch), report.wire_bytes + pulled
             return report
         held, self._held = self._held, None
         if held is None and self._write is not None and not ray.wait([self._write[2]], timeout=0)[0]:
-            held = self._collect(CALL_MIN_S)
+            wire, report, pending = self._write  # the collector reuses its buffers: a resend must not see the next
+            self._write = (owned(wire), report, pending)
+            held = self._collect()
         acknowledged = self._nothing()
         if self._write is not None:
-            wires, report, pending = self._write
+            wire, report, pending = self._write
             accepted, newest = ray.get(pending, timeout=self.call_timeout_s)
             report.wire_bytes += self._pull_weights(newest)
             if not accepted:
-                self._write, self._held = (wires, report, self.hub.extend.remote(wires, self.version)), held
+                self._write, self._held = (wire, report, self.hub.extend.remote(wire, self.version)), held
                 return acknowledged
             acknowledged, self._write = report, None
         elif self.version < 0:
             acknowledged.wire_bytes += self._pull_weights()
-        batches, report = held if held is not None else self._collect(CALL_MIN_S)
+        batch, report = held if held is not None else self._collect()
         if self.priorities is not None:
-            for batch in batches:  # copies of the collector's: theirs to extend
-                batch.set("priority", self.priorities(self.policy, batch))
-        wires = [to_wire(batch) for batch in batches]  # by value: Ray inlines small ones, puts large ones in its store
-        self._write = (wires, report, self.hub.extend.remote(wires, self.version))
+            batch = batch.copy().set("priority", self.priorities(self.policy, batch))
+        wire = to_wire(batch)  # sent by value: Ray inlines a small batch in the call, puts a large one in its store
+        self._write = (wire, report, self.hub.extend.remote(wire, self.version))
         return acknowledged
 
     def shutdown(self) -> None:
