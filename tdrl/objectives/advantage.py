@@ -98,7 +98,7 @@ class ReturnNorm(nn.Module):
         flat_reward = reward.reshape(batch.shape).to(torch.float64)
         not_done = (~batch.get(("next", "done")).reshape(batch.shape)).to(torch.float64)
         returns = torch.empty_like(flat_reward)
-        running = self.running_return.to(flat_reward.device)
+        running = self.running_return  # a buffer: on the module's device, as the batch
         for t in range(batch.shape[1]):
             running = self.gamma * running + flat_reward[:, t]
             returns[:, t] = running
