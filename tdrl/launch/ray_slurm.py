@@ -7,10 +7,10 @@ their worker (ray #8181: workers that start first fail), then stay until the hea
 stopped when its task leaves, also on an error or a requeue, so no Ray process outlives the job.
 
 The Ray processes ignore SIGUSR2: SLURM sends the preemption signal to every process of the job, and it is the
-driver's (submitit checkpoints and requeues), not Ray's, whose daemons would die of it. ``ray start`` dies with the
-task that started it (the kernel's parent-death signal; Ray's daemons die with ``ray start`` the same way): SLURM
-ends a requeued or cancelled task with SIGKILL, and Ray, which takes SIGTERM as "drain for 30 s", would otherwise
-outlive it as an orphan that SLURM no longer counts as the job's. Addresses are SLURM's
+driver's (submitit checkpoints and requeues), not Ray's, whose daemons would die of it. A node's Ray dies with the
+task that started it (the kernel's parent-death signal to a small supervisor that kills Ray's whole process
+group): SLURM ends a requeued or cancelled task with SIGKILL, and Ray, which takes SIGTERM as "drain for 30 s",
+would otherwise outlive it as orphans that SLURM no longer counts as the job's. Addresses are SLURM's
 ``NodeAddr``; never Ray's guess, which may be another interface. Ports come from the job id and restart count, so
 jobs sharing a node, or a requeued job meeting a stale head, do not collide. Ray's token authentication is on
 with a token of this start of the job (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN_PATH``: a 0600 file the head task
@@ -110,15 +110,30 @@ def _object_store_bytes() -> int | None:
     return max(int(mb * 2**20 * 0.3), 100 * 2**20)
 
 
-def _die_with_parent() -> None:
-    """Run in the child before exec: ignore SIGUSR2, and get SIGKILL when the task that started it dies (Linux's
-    PR_SET_PDEATHSIG, as Ray starts its own daemons); see the module docstring."""
+_SUPERVISE_RAY = """
+import os, signal, subprocess, sys
+task = int(sys.argv[1])
+signal.signal(signal.SIGHUP, lambda *_: os.killpg(0, signal.SIGKILL))
+if os.getppid() != task:  # the task died before the handler was in place
+    os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's SIGTERM reaches 'ray start' itself
+sys.exit(subprocess.Popen(sys.argv[2:]).wait())
+"""
+"""Leads the process group of a node's Ray: runs ``ray start`` and, when the task that started it dies (the
+kernel's SIGHUP, see :func:`_start_ray`), kills the whole group at once. Ray's own fate sharing is not enough: its
+agents outlive a killed raylet by a minute or more (they report the death to a GCS that is gone too)."""
+
+
+def _supervisor_setup() -> None:
+    """Run in the supervisor before exec: ignore SIGUSR2 (inherited by Ray, see the module docstring), and get
+    SIGHUP when the task that started it dies (Linux's PR_SET_PDEATHSIG)."""
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    die_with_parent(signal.SIGKILL)
+    die_with_parent(signal.SIGHUP)
 
 
 def _start_ray(place: RayPlace, log: Path) -> subprocess.Popen:
-    """``ray start --block`` for this node, in its own session (see :func:`_die_with_parent`)."""
+    """``ray start --block`` for this node, in its own session led by :data:`_SUPERVISE_RAY`, so that every Ray
+    process of this node dies with the task (SLURM ends a requeued or cancelled task with SIGKILL)."""
     args = [_ray_exe(), "start", "--block", f"--node-ip-address={place.node_addr}", "--disable-usage-stats",
             f"--num-cpus={len(os.sched_getaffinity(0))}"]
     store = _object_store_bytes()
@@ -130,13 +145,14 @@ def _start_ray(place: RayPlace, log: Path) -> subprocess.Popen:
         args += [f"--address={place.address}"]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+        return subprocess.Popen([sys.executable, "-c", _SUPERVISE_RAY, str(os.getpid()), *args], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_supervisor_setup)
 
 
 def _stop_ray(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """Stop this node's Ray: SIGTERM to its process group (``ray start`` then stops its daemons), SIGKILL after
-    ``grace_s``; Ray's daemons die with ``ray start`` (they share its fate through the kernel)."""
+    """Stop this node's Ray: SIGTERM to its process group (``ray start`` then stops its daemons), SIGKILL to the
+    group after ``grace_s``."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
