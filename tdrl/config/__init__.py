@@ -263,8 +263,10 @@ class TrainerConfig:
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """ddp: torch.distributed backend; auto = NCCL on CUDA devices, gloo on CPU."""
     max_lag_frames: Annotated[int, Range(ge=-1)] = 0
-    """async, ray: frames the collectors may run ahead of the optimizer beyond one batch each (0: the replay ratio
-    holds); -1: no limit (rlpyt's AsyncRl, Ape-X's actors: fewer updates per frame when the optimizer is slower)."""
+    """async, ray: frames the collectors may run ahead of the optimizer beyond one batch (ray: one rollout) each
+    (0: the replay ratio holds); -1: no limit (rlpyt's AsyncRl, Ape-X's actors: fewer updates per frame when the
+    optimizer is slower). ray: an Ape-X rollout call carries up to 50 ms of batches within its share of these
+    frames, so larger values also cut Ray's cost per frame."""
     updates_per_sync: Count = 1
     """async, ray: gradient updates between weight publications to the collectors."""
     n_actors: Count = 4

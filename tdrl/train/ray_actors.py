@@ -4,9 +4,12 @@ Layout (Ape-X, Horgan et al. 2018; IMPALA, Espeholt et al. 2018; weights pulled 
 
 - :class:`CollectorActor` (one Ray actor each, anywhere in the cluster) builds a tdrl collector from the recipe's
   picklable factory, with its own seed. Each :meth:`~CollectorActor.rollout` first pulls the newest weights from the
-  hub when their version is newer than its own, collects one ``[B, T]`` batch, and then either writes it to the
-  replay through the hub (``"replay"``: Ape-X; the learner's process never sees it) or returns it tagged with the
-  version it acted with (``"unroll"``: IMPALA).
+  hub when their version is newer than its own, then either collects ``[B, T]`` batches and writes them to the
+  replay through the hub in one call (``"replay"``: Ape-X; the learner's process never sees them), or collects one
+  batch and returns it tagged with the version it acted with (``"unroll"``: IMPALA, whose unroll length is the
+  batch's ``T``). An Ape-X call collects for up to :data:`CALL_MIN_S`, but never more than its share of the frames
+  the hub's last reply said the replay would take before its writes wait for the learner (``max_lag_frames``):
+  with the default of 0, one batch per call once learning has started.
 - :class:`LearnerHub` (one Ray actor pinned to the learner's node) holds the published weights and is the replay's
   only writer. The replay's files are the learner's: the learner samples them and updates priorities in place,
   as the async trainer does, so a sample never crosses a process boundary. Writes wait while the learner is more
@@ -20,6 +23,7 @@ Ray is imported inside functions: ``tdrl.train`` imports without the ``distribut
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -40,6 +44,13 @@ __all__ = ["CollectorActor", "LearnerHub", "RayTrainerError", "Rollout", "actor_
 WRITE_WAIT_S = 1.0
 """Longest a hub write waits for the learner before the actor retries (each call stays short)."""
 
+CALL_MIN_S = 0.05
+"""Ape-X: an actor collects whole batches for up to this long per rollout call (one batch when a batch takes
+longer), within its share of the replay's slack (see the module docstring), and writes them in one hub call. Ray's
+calls cost about 2 ms of CPU per rollout (the actor call, the hub write, their replies), more than collecting DQN's
+default batch of 8 CartPole frames; over 50 ms of collection they cost a few %. The reply to the previous write
+brings newer weights, loaded between batches as soon as it lands."""
+
 
 class RayTrainerError(RuntimeError):
     """A collector actor's rollout raised (its traceback is in the message), or the cluster cannot serve the run."""
@@ -55,11 +66,6 @@ def to_wire(td: TensorDictBase) -> dict[str, Any]:
     leaves = td.items(include_nested=True, leaves_only=True)
     return {"shape": tuple(td.batch_size),
             "data": {key if isinstance(key, tuple) else (key,): value.numpy() for key, value in leaves}}
-
-
-def owned(wire: dict[str, Any]) -> dict[str, Any]:
-    """``wire`` with its arrays copied, no longer views of a collector's reused buffers."""
-    return {"shape": wire["shape"], "data": {key: value.copy() for key, value in wire["data"].items()}}
 
 
 def from_wire(wire: dict[str, Any]) -> TensorDict:
@@ -88,6 +94,7 @@ class Rollout:
     pid: int
     node: str
     batch: dict[str, Any] | None = None  # "unroll": the batch, as :func:`to_wire` sends it
+    batches: int = 1  # collector batches in the rollout
 
 
 class LearnerHub:
@@ -122,31 +129,32 @@ class LearnerHub:
     def resume(self) -> None:
         self._paused = False
 
-    def _may_write(self) -> bool:
-        if self._paused:
-            return False
+    def _slack(self) -> float:
+        """Frames the replay takes before writes wait for the learner: the learner may owe at most
+        ``max_lag_frames`` worth of updates (the async trainer's throttle, in frames), plus what is left of the
+        warm-up; negative: writes wait. ``inf`` without a throttle."""
         if self.max_lag_frames is None or not self.replay_ratio:
-            return True
+            return math.inf
         assert self.batch_size is not None  # given with replay_ratio (RayTrainer)
-        # the learner may owe at most max_lag_frames worth of updates: the async trainer's throttle, in frames
         behind = owed_updates(replay_ratio=self.replay_ratio, batch_size=self.batch_size,
                               write_count=self.replay.write_count, samples_drawn=self.replay.samples_drawn,
                               learn_start_frames=self.learn_start_frames,
                               ready=self.replay.ready_count()) * self.batch_size / self.replay_ratio
-        return behind <= self.max_lag_frames
+        return self.max_lag_frames - behind + max(0, self.learn_start_frames - self.replay.write_count)
 
-    def extend(self, wire: dict[str, Any], have: int) -> tuple[bool, tuple[int, list[Any]] | None]:
-        """Write a batch (:func:`to_wire`) into the replay; ``False`` (nothing written) if the learner is behind or
-        checkpointing for :data:`WRITE_WAIT_S`, and the actor sends it again. Also answers :meth:`weights` for
-        ``have``, saving the actor a call."""
+    def extend(self, wires: list[dict[str, Any]], have: int) -> tuple[bool, tuple[int, list[Any]] | None, float]:
+        """Write an actor's batches (:func:`to_wire`, in collection order) into the replay; ``False`` (nothing
+        written) if the learner is behind or checkpointing for :data:`WRITE_WAIT_S`, and the actor sends them again.
+        Also answers :meth:`weights` for ``have``, saving the actor a call, and the replay's slack after the write."""
         deadline = time.monotonic() + WRITE_WAIT_S
         while True:
             with self._lock:
-                if self._may_write():
-                    self.replay.extend(from_wire(wire))
-                    return True, self.weights(have)
+                if not self._paused and self._slack() >= 0:
+                    for wire in wires:
+                        self.replay.extend(from_wire(wire))
+                    return True, self.weights(have), self._slack()
             if time.monotonic() > deadline:
-                return False, self.weights(have)
+                return False, self.weights(have), 0.0
             time.sleep(0.005)
 
 
@@ -183,8 +191,9 @@ class CollectorActor:
         self.policy = self.collector.engine.policy
         self.target = self.policy.get_submodule(weights_path) if weights_path else self.policy
         self.version = -1
-        self._write: tuple[dict, Rollout, Any] | None = None  # the batch sent to the hub, its report, the reply
-        self._held: tuple[TensorDictBase, Rollout] | None = None  # collected while a refused write went again
+        self.slack = 0.0  # frames the replay takes now, from the hub's last reply (none yet: one batch per call)
+        self._write: tuple[list[dict], Rollout, Any] | None = None  # the batches sent to the hub, report, reply
+        self._held: tuple[list[TensorDictBase], Rollout] | None = None  # collected while a refused write went again
         self.batches = iter(self.collector)
         self.node = ray.get_runtime_context().get_node_id()
 
@@ -199,7 +208,7 @@ class CollectorActor:
             answer: tuple[int, list[Any]] | None = ray.get(self.hub.weights.remote(self.version),
                                                            timeout=self.call_timeout_s)  # LearnerHub.weights
             newest = answer
-        if newest is None:
+        if newest is None or newest[0] <= self.version:
             return 0
         version, (ref,) = newest
         weights = from_wire(ray.get(ref, timeout=self.call_timeout_s))
@@ -208,13 +217,30 @@ class CollectorActor:
         self.version = version
         return nbytes(weights)
 
-    def _collect(self) -> tuple[TensorDictBase, Rollout]:
+    def _collect(self, calls: bool = False, pending: Any = None) -> tuple[list[TensorDictBase], Rollout]:
+        """One batch, or (``calls``: Ape-X) whole batches until :data:`CALL_MIN_S` has passed or the actor's share
+        of the replay's slack is collected, each copied out of the collector's reused buffers (they stay in flight
+        to the hub while it collects the next); and their report. The reply to ``pending`` (the previous write), as
+        soon as it lands, brings newer weights and the slack."""
+        import ray
+
         start = time.perf_counter()
-        batch = next(self.batches)
-        collect_s = time.perf_counter() - start
-        report = Rollout(self.index, batch.numel(), self.version, list(self.collector.traj_infos), collect_s,
-                         nbytes(batch), os.getpid(), self.node)
-        return batch, report
+        batches: list[TensorDictBase] = []
+        trajs: list[dict[str, float]] = []
+        frames = pulled = 0
+        while True:
+            batch = next(self.batches)
+            batches.append(batch.clone() if calls else batch)
+            trajs += self.collector.traj_infos
+            frames += batch.numel()
+            if pending is not None and ray.wait([pending], timeout=0)[0]:
+                _, newest, self.slack = ray.get(pending, timeout=self.call_timeout_s)
+                pulled, pending = pulled + self._pull_weights(newest), None
+            if not calls or time.perf_counter() - start >= CALL_MIN_S or frames >= self.slack / self.n_actors:
+                break
+        report = Rollout(self.index, frames, self.version, trajs, time.perf_counter() - start,
+                         sum(nbytes(b) for b in batches) + pulled, os.getpid(), self.node, batches=len(batches))
+        return batches, report
 
     def _nothing(self) -> Rollout:
         return Rollout(self.index, 0, self.version, [], 0.0, 0, os.getpid(), self.node)
@@ -222,11 +248,11 @@ class CollectorActor:
     def rollout(self, mode: str, index: int) -> Rollout:
         """One rollout as actor ``index`` (set up as it when the index is new to this actor). ``"unroll"``: pull
         newer weights, collect a batch and return it tagged with its weights version. ``"replay"``: collect the next
-        batch while the hub still writes the previous one (else after its reply, with the weights it brought),
-        settle that write, and send the new batch without waiting; reports the batch whose write the hub
-        acknowledged, so the frames counted are in the replay. A refused write (the learner is behind) is sent again
-        and the new batch is held for the next call, which collects nothing: every call stays short, so a timeout
-        means a stuck actor."""
+        batches (see :meth:`_collect`) while the hub still writes the previous ones (else after its reply, with the
+        weights it brought), settle that write, and send the new batches without waiting; reports the batches whose
+        write the hub acknowledged, so the frames counted are in the replay. A refused write (the learner is behind)
+        is sent again and the new batches are held for the next call, which collects nothing: every call stays
+        short, so a timeout means a stuck actor."""
         import ray
 
         if index != self.index:
@@ -235,32 +261,31 @@ class CollectorActor:
             self.index = index
         if mode == "unroll":
             pulled = self._pull_weights()
-            batch, report = self._collect()
+            (batch,), report = self._collect()
             batch = batch.copy()  # new keys go on a shallow copy: the collector may own this one
             batch.set(VERSION_KEY, torch.full(batch.shape, self.version, dtype=torch.int64))
             report.batch, report.wire_bytes = to_wire(batch), report.wire_bytes + pulled
             return report
         held, self._held = self._held, None
         if held is None and self._write is not None and not ray.wait([self._write[2]], timeout=0)[0]:
-            wire, report, pending = self._write  # the collector reuses its buffers: a resend must not see the next
-            self._write = (owned(wire), report, pending)
-            held = self._collect()
+            held = self._collect(calls=True, pending=self._write[2])
         acknowledged = self._nothing()
         if self._write is not None:
-            wire, report, pending = self._write
-            accepted, newest = ray.get(pending, timeout=self.call_timeout_s)
+            wires, report, pending = self._write
+            accepted, newest, self.slack = ray.get(pending, timeout=self.call_timeout_s)
             report.wire_bytes += self._pull_weights(newest)
             if not accepted:
-                self._write, self._held = (wire, report, self.hub.extend.remote(wire, self.version)), held
+                self._write, self._held = (wires, report, self.hub.extend.remote(wires, self.version)), held
                 return acknowledged
             acknowledged, self._write = report, None
         elif self.version < 0:
             acknowledged.wire_bytes += self._pull_weights()
-        batch, report = held if held is not None else self._collect()
+        batches, report = held if held is not None else self._collect(calls=True)
         if self.priorities is not None:
-            batch = batch.copy().set("priority", self.priorities(self.policy, batch))
-        wire = to_wire(batch)  # sent by value: Ray inlines a small batch in the call, puts a large one in its store
-        self._write = (wire, report, self.hub.extend.remote(wire, self.version))
+            for batch in batches:  # copies of the collector's: theirs to extend
+                batch.set("priority", self.priorities(self.policy, batch))
+        wires = [to_wire(batch) for batch in batches]  # by value: Ray inlines small ones, puts large ones in its store
+        self._write = (wires, report, self.hub.extend.remote(wires, self.version))
         return acknowledged
 
     def shutdown(self) -> None:

@@ -12,9 +12,10 @@ The recipe's loop body is the one it has for the other trainers:
   the recipe corrects for the lag (V-trace).
 
 Weights are published as a new version after every ``updates_per_sync`` updates (on-policy: after every batch)
-and pulled by each actor at the start of its next rollout. Counters are frames of acknowledged rollouts;
-``iteration`` counts rollouts. Log rows add per-actor frames/s, restarts, weight lag, queue depth and bytes
-on the wire per frame.
+and pulled by each actor at the start of its next rollout (an Ape-X rollout, which may carry several batches, also
+loads them between its batches: :data:`~tdrl.train.ray_actors.CALL_MIN_S`). Counters are frames of acknowledged
+rollouts; ``iteration`` counts their collector batches. Log rows add per-actor frames/s, restarts, weight lag,
+queue depth and bytes on the wire per frame.
 
 Checkpoints (interval, end, and SIGTERM, which this trainer turns into a checkpoint at the next round before
 raising :class:`~tdrl.utils.interrupt.Interrupted`) hold the learner's objects, the books, the replay (its
@@ -169,7 +170,7 @@ class RayTrainer:
         self.actor_cpus, self.call_timeout_s = float(actor_cpus), float(call_timeout_s)
         self.replay = replay
         self.replay_ratio, self.batch_size = replay_ratio, batch_size
-        self.frames_per_itr = frames_per_batch(collector_factory)  # one rollout
+        self.frames_per_itr = frames_per_batch(collector_factory)  # one collector batch
         self.n_itr, self.log_interval_itrs = iteration_counts(n_steps, log_interval_steps, self.frames_per_itr)
         ckpt_itrs = int(checkpoint_interval_steps) // self.frames_per_itr
         self.checkpoint_interval_itrs = max(ckpt_itrs, 1) if checkpoint_interval_steps else self.log_interval_itrs
@@ -197,7 +198,7 @@ class RayTrainer:
         self._interval = self._new_interval()
         self._sigterm = False
 
-    itr = book_counter("itr", "Rollouts received (one collector batch each).")
+    itr = book_counter("itr", "Collector batches received (an Ape-X rollout carries one or more).")
     frames = book_counter("frames", "Env frames of the rollouts received.")
     updates, history = book_counter("updates", "Gradient updates recorded."), book_counter("history", "Log rows.")
 
@@ -272,7 +273,7 @@ class RayTrainer:
             if not report.frames:  # an Ape-X call whose write is still pending: nothing reached the replay yet
                 continue
             self.book.frames += report.frames
-            self.book.itr += 1
+            self.book.itr += report.batches
             self.book.add_episodes(report.trajs)
             lag = self.policy_version - report.version
             iv["lag_sum"] += lag
@@ -280,6 +281,7 @@ class RayTrainer:
             iv["rollouts"] += 1
             iv["wire_bytes"] += report.wire_bytes
             iv["frames"] += report.frames
+            iv["frames_max"] = max(iv["frames_max"], report.frames)
             if report.batch is not None:
                 self._unrolls.append(from_wire(report.batch))
         assert self.pool is not None  # the reports came from it
@@ -360,7 +362,7 @@ class RayTrainer:
 
     @staticmethod
     def _new_interval() -> dict[str, float]:
-        return {"lag_sum": 0.0, "lag_max": 0.0, "rollouts": 0, "wire_bytes": 0, "frames": 0}
+        return {"lag_sum": 0.0, "lag_max": 0.0, "rollouts": 0, "wire_bytes": 0, "frames": 0, "frames_max": 0}
 
     def _row_extra(self) -> dict[str, float]:
         iv, self._interval = self._interval, self._new_interval()
@@ -374,6 +376,7 @@ class RayTrainer:
             "actors/weight_lag_max": iv["lag_max"],
             "actors/queue_depth": float(len(self._unrolls) if self.on_policy else 0),
             "actors/in_flight": float(in_flight),
+            "actors/rollout_frames_max": float(iv["frames_max"]),
             "ray/wire_bytes_per_frame": iv["wire_bytes"] / max(iv["frames"], 1),
             # a bound on what the run holds in Ray's object store (Ray inlines small objects)
             "ray/bytes_in_flight": self._weights_bytes + in_flight * iv["wire_bytes"] / max(iv["rollouts"], 1),
