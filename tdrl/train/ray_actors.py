@@ -7,7 +7,7 @@ Layout (Ape-X, Horgan et al. 2018; IMPALA, Espeholt et al. 2018; weights pulled 
   hub when their version is newer than its own, then either collects ``[B, T]`` batches and writes them to the
   replay through the hub in one call (``"replay"``: Ape-X; the learner's process never sees them), or collects one
   batch and returns it tagged with the version it acted with (``"unroll"``: IMPALA, whose unroll length is the
-  batch's ``T``). An Ape-X call collects for up to :data:`CALL_MIN_S`, but never more than its share of the frames
+  batch's ``T``). An Ape-X call collects for :data:`CALL_MIN_S`, but never more than its share of the frames
   the hub's last reply said the replay would take before its writes wait for the learner (``max_lag_frames``):
   with the default of 0, one batch per call once learning has started.
 - :class:`LearnerHub` (one Ray actor pinned to the learner's node) holds the published weights and is the replay's
@@ -45,11 +45,11 @@ WRITE_WAIT_S = 1.0
 """Longest a hub write waits for the learner before the actor retries (each call stays short)."""
 
 CALL_MIN_S = 0.05
-"""Ape-X: an actor collects whole batches for up to this long per rollout call (one batch when a batch takes
-longer), within its share of the replay's slack (see the module docstring), and writes them in one hub call. Ray's
-calls cost about 2 ms of CPU per rollout (the actor call, the hub write, their replies), more than collecting DQN's
-default batch of 8 CartPole frames; over 50 ms of collection they cost a few %. The reply to the previous write
-brings newer weights, loaded between batches as soon as it lands."""
+"""Ape-X: an actor collects whole batches for at least this long per rollout call (one batch when a batch takes
+longer), unless its share of the replay's slack (see the module docstring) is collected first, and writes them in
+one hub call. Ray's calls cost about 2 ms of CPU per rollout (the actor call, the hub write, their replies), more
+than collecting DQN's default batch of 8 CartPole frames; over 50 ms of collection they cost a few %. The reply to
+the previous write brings newer weights, loaded between batches as soon as it lands."""
 
 
 class RayTrainerError(RuntimeError):
@@ -224,7 +224,7 @@ class CollectorActor:
         soon as it lands, brings newer weights and the slack."""
         import ray
 
-        start = time.perf_counter()
+        start, version = time.perf_counter(), self.version  # the oldest weights acted with: the lag reported
         batches: list[TensorDictBase] = []
         trajs: list[dict[str, float]] = []
         frames = pulled = 0
@@ -238,7 +238,7 @@ class CollectorActor:
                 pulled, pending = pulled + self._pull_weights(newest), None
             if not calls or time.perf_counter() - start >= CALL_MIN_S or frames >= self.slack / self.n_actors:
                 break
-        report = Rollout(self.index, frames, self.version, trajs, time.perf_counter() - start,
+        report = Rollout(self.index, frames, version, trajs, time.perf_counter() - start,
                          sum(nbytes(b) for b in batches) + pulled, os.getpid(), self.node, batches=len(batches))
         return batches, report
 
