@@ -116,8 +116,9 @@ task = int(sys.argv[1])
 signal.signal(signal.SIGHUP, lambda *_: os.killpg(0, signal.SIGKILL))
 if os.getppid() != task:  # the task died before the handler was in place
     os.killpg(0, signal.SIGKILL)
-signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's SIGTERM reaches 'ray start' itself
-sys.exit(subprocess.Popen(sys.argv[2:]).wait())
+signal.signal(signal.SIGTERM, lambda *_: None)  # the group's SIGTERM is for 'ray start' (SIG_IGN would be inherited)
+code = subprocess.Popen(sys.argv[2:]).wait()
+sys.exit(code if code >= 0 else 128 - code)  # a signal's death as a shell reports it
 """
 """Leads the process group of a node's Ray: runs ``ray start`` and, when the task that started it dies (the
 kernel's SIGHUP, see :func:`_start_ray`), kills the whole group at once. Ray's own fate sharing is not enough: its

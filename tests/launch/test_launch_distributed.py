@@ -3,7 +3,12 @@ srun reports failing, the Ray node's place, and run layouts refused before submi
 
 from __future__ import annotations
 
+import os
+import signal
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +16,7 @@ import pytest
 from tdrl.launch import Resources, SweepError, load_sweep, plan_sweep
 from tdrl.launch.distributed import first_host, job_port, node_address, slurm_dist_env
 from tdrl.launch.job import record_event
-from tdrl.launch.ray_slurm import RaySetupError, ray_place
+from tdrl.launch.ray_slurm import _SUPERVISE_RAY, RaySetupError, _stop_ray, _supervisor_setup, ray_place
 from tdrl.launch.status import START_MARKER, first_failed_task, ranks_on_hosts
 from tdrl.launch.submit import check_run_layout
 
@@ -109,3 +114,27 @@ def test_a_ddp_world_size_that_differs_from_the_jobs_ranks_is_refused(write_swee
     with pytest.raises(SweepError, match=r"trainer.kind=sync is one process, but the job starts nodes=2 x "
                                          r"tasks_per_node=1 tasks; use trainer.kind=ddp trainer.world_size=2"):
         check_run_layout(sync, Resources(nodes=2))
+
+
+def _ignored(pid: int) -> set[int]:
+    mask = int(next(line for line in open(f"/proc/{pid}/status") if line.startswith("SigIgn")).split()[1], 16)
+    return {sig for sig in (signal.SIGTERM, signal.SIGUSR2) if mask & (1 << (sig - 1))}
+
+
+def test_the_ray_supervisor_leaves_sigterm_to_ray_and_keeps_sigusr2_from_it():
+    """What runs under the supervisor (``ray start`` and, through it, Ray's daemons) ignores SIGUSR2 (SLURM's
+    preemption signal is the driver's) but not SIGTERM, which stops it; the supervisor exits as a shell reports a
+    death by signal."""
+    node = subprocess.Popen([sys.executable, "-c", _SUPERVISE_RAY, str(os.getpid()), "sleep", "60"],
+                            start_new_session=True, preexec_fn=_supervisor_setup)
+    try:
+        deadline = time.monotonic() + 30
+        while not (child := subprocess.run(["pgrep", "-P", str(node.pid)], capture_output=True, text=True).stdout):
+            assert time.monotonic() < deadline, "the supervisor did not start its child"
+            time.sleep(0.05)
+        assert _ignored(int(child.split()[0])) == {signal.SIGUSR2}
+        _stop_ray(node, grace_s=10)
+        assert node.returncode == 128 + signal.SIGTERM
+    finally:
+        if node.poll() is None:
+            os.killpg(node.pid, signal.SIGKILL)
