@@ -161,14 +161,11 @@ def main(cfg: Config) -> dict:
     # --- Update ---------------------------------------------------------------------------------------------
     compute_loss = torch.compile(loss) if cfg.optim.compile else loss
 
-    def minibatches(batch):
-        """Random minibatches of a [B, T] batch: over steps (feed-forward) or over envs (recurrent: whole sequences)."""
-        if ac.recurrent:
-            return [batch[idx] for idx in torch.randperm(batch.shape[0], device=device).chunk(cfg.loss.minibatches)]
-        flat = batch.select(*loss.in_keys).reshape(-1)  # only what the loss reads: cheaper to index
+    def minibatches(data):
+        """Random minibatches over the first dim: steps of the flat batch, or envs (recurrent: whole sequences)."""
         if cfg.loss.minibatches == 1:  # one full-batch gradient: the order does not matter
-            return [flat]
-        return [flat[idx] for idx in torch.randperm(flat.shape[0], device=device).chunk(cfg.loss.minibatches)]
+            return [data]
+        return [data[idx] for idx in torch.randperm(data.shape[0], device=device).chunk(cfg.loss.minibatches)]
 
     def learn(minibatch):  # the device half of an update
         with set_recurrent_mode(ac.recurrent):
@@ -182,9 +179,11 @@ def main(cfg: Config) -> dict:
         else:
             batch["next", "reward"] = batch["next", "reward"] * cfg.loss.reward_scale
         advantage(batch)  # writes state_value, advantage and value_target (time limits bootstrap, terminations not)
+        # feed-forward: only what the loss reads, flattened once (cheaper to index); recurrent: [B, T] sequences
+        data = batch if ac.recurrent else batch.select(*loss.in_keys).reshape(-1)
         metrics = []
         for _ in range(cfg.loss.epochs):
-            for minibatch in minibatches(batch):
+            for minibatch in minibatches(data):
                 metrics.append(learn(minibatch))
                 updater.advance()
         return metrics

@@ -49,20 +49,25 @@ class PPOLoss(LossModule):
         eps = self.clip_epsilon
         clipped = log_weight.clamp((-eps).log1p(), eps.log1p())
         gain = torch.minimum(log_weight.exp() * advantage, clipped.exp() * advantage)
-        out = TensorDict(loss_objective=-gain.mean())
-        with torch.no_grad():
-            out.set("clip_fraction", (clipped != log_weight).float().mean())
-            out.set("kl_approx", (-log_weight).mean())
         value = self.model.value(obs)
-        out.set("loss_critic", self.critic_coeff * (value - td.get("value_target")).pow(2).mean())
-        try:
-            entropy = dist.entropy()
-        except NotImplementedError:  # tanh-squashed Gaussian: one-sample Monte-Carlo estimate, as TorchRL
-            entropy = -dist.log_prob(dist.rsample())
-        entropy = entropy.mean()
-        out.set("loss_entropy", -self.entropy_coeff * entropy)
-        out.set("entropy", entropy.detach())
-        return out
+        # entropy_coeff 0 (the CartPole default): the entropy is a metric only, so it stays out of the graph
+        with torch.set_grad_enabled(self.entropy_coeff != 0 and torch.is_grad_enabled()):
+            try:
+                entropy = dist.entropy()
+            except NotImplementedError:  # tanh-squashed Gaussian: one-sample Monte-Carlo estimate, as TorchRL
+                entropy = -dist.log_prob(dist.rsample())
+            entropy = entropy.mean()
+        with torch.no_grad():
+            clip_fraction = (clipped != log_weight).float().mean()
+            kl_approx = (-log_weight).mean()
+        return TensorDict(  # one construction: cheaper than a set per term
+            loss_objective=-gain.mean(),
+            loss_critic=self.critic_coeff * (value - td.get("value_target")).pow(2).mean(),
+            loss_entropy=-self.entropy_coeff * entropy,
+            entropy=entropy.detach(),
+            clip_fraction=clip_fraction,
+            kl_approx=kl_approx,
+        )
 
 
 def make_ppo_loss(model: ActorCritic, *, clip_epsilon: float, critic_coeff: float, entropy_coeff: float,
