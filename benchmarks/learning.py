@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import io
 import json
@@ -426,6 +427,14 @@ RLZOO_MUJOCO_PPO = ["collector.batch_B=1", "collector.batch_T=512", "model.hidde
                     "model.activation=relu", "model.init_log_std=-2", "model.distribution=normal",
                     "model.normalize_observation=true", "loss.normalize_reward=true", "loss.linear_decay=false"]
 
+# MinAtar paper's DQN settings (replay 100k, batch 32, target every 1000 updates, epsilon 1 -> 0.1 over 100k frames,
+# learning from 5k frames) with one update per 4 frames (Nature DQN; the paper: 1); one torch thread (the recipe's 2
+# stall when another run shares the cores: 60 frames/s instead of ~700)
+MINATAR_DQN = ["replay.size=100000", "optim.batch_size=32", "optim.replay_ratio=8", "optim.lr=2.5e-4",
+               "optim.lr_final=none", "optim.min_steps_learn=5000", "optim.target_update_interval=1000",
+               "exploration.eps_final=0.1", "exploration.eps_steps=100000", "optim.adam_eps=3.125e-4",
+               "loss.gamma=0.99", "run.torch_threads=1"]
+
 TASKS: list[Task] = [
     Task("ppo-cartpole", "ppo", "CartPole-v1", threshold=475, budget=100_000, eval_interval=5_000,
          sb3=sb3_ppo_cartpole),
@@ -481,16 +490,15 @@ TASKS: list[Task] = [
     # R2D1's quick recurrent check: CartPole observing only position and angle (a POMDP), the recipe's defaults
     Task("r2d1-cartpole-novel", "r2d1", "tdrl/CartPoleNoVelocity-v1", threshold=475, budget=300_000,
          eval_interval=10_000),
-    # MinAtar (pip install 'tdrl[minatar]'): 10x10 image games, the CPU-scale Atari family; MinAtar paper's DQN
-    # settings (replay 100k, batch 32, target every 1000 updates, epsilon 1 -> 0.1 over 100k frames, learning from
-    # 5k frames) with one update per 4 frames (Nature DQN; the paper: 1) on the recipe's double + dueling 3-step DQN;
-    # one torch thread (the recipe's 2 stall when another run shares the cores: 60 frames/s instead of ~700)
+    # MinAtar (pip install 'tdrl[minatar]'): 10x10 image games, the CPU-scale Atari family; MINATAR_DQN's settings on
+    # the recipe's double + dueling 3-step DQN
     Task("dqn-minatar-breakout", "dqn", "MinAtar/Breakout-v1", threshold=10, budget=250_000, eval_interval=25_000,
          default=False, sb3=sb3_dqn_minatar,
-         overrides=["replay.size=100000", "optim.batch_size=32", "optim.replay_ratio=8", "optim.lr=2.5e-4",
-                    "optim.lr_final=none", "optim.min_steps_learn=5000", "optim.target_update_interval=1000",
-                    "exploration.eps_final=0.1", "exploration.eps_steps=100000", "optim.adam_eps=3.125e-4",
-                    "loss.gamma=0.99", "run.torch_threads=1"]),
+         overrides=MINATAR_DQN),
+    # the same with SB3's algorithm (no double DQN, no dueling head, 1-step returns): what the recipe's choices cost
+    Task("dqn-minatar-breakout-nature", "dqn", "MinAtar/Breakout-v1", threshold=10, budget=250_000,
+         eval_interval=25_000, default=False,
+         overrides=[*MINATAR_DQN, "loss.double=false", "model.dueling=false", "loss.n_step=1"]),
     # R2D1 on MinAtar: the DQN row's exploration; 16 sequences of 10 burn-in + 20 trained steps per update, one update
     # per ~18 frames (replay ratio 32 over all 35 steps), the target copied every 500 updates (~8k frames), constant
     # lr 3e-4 with Adam eps 1e-5 (with the recipe's CartPole lr, eps 1e-3 and 1000-update target copies it stayed
@@ -779,6 +787,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--keep", default="", metavar="DIR",
                         help="with --runs: copy each finished run's results (variant.json, progress.csv, "
                              "summary.json; no checkpoints) to DIR/<sweep>/..., e.g. benchmarks/results, to commit")
+    parser.add_argument("--frames", type=int, default=0, metavar="N",
+                        help="env frames per run instead of each task's budget (e.g. to compare the cost per frame)")
     parser.add_argument("--quiet", type=float, default=None, metavar="FRACTION",
                         help="before each run, wait (up to 10 min) until other processes use less than this fraction "
                              "of the machine (/proc/stat; e.g. 0.1): 2-thread updates slow 3-4x on a shared core")
@@ -809,6 +819,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if unknown:
         parser.error(f"unknown task(s) {sorted(unknown)}; choose from {[t.name for t in TASKS]}")
     tasks = [t for t in TASKS if t.name in names] if names else [t for t in TASKS if t.default]
+    if args.frames:
+        tasks = [dataclasses.replace(t, budget=args.frames) for t in tasks]
     if args.runs:
         rows = rows_from_runs(args.runs)
         for row in rows:
