@@ -33,12 +33,13 @@ def _grads(model, loss_td, keys):
 
 @pytest.mark.parametrize("env_id,dist", [("CartPole-v1", "auto"), ("Pendulum-v1", "normal")])
 @pytest.mark.parametrize("normalize", [False, True])
-def test_ppo_equals_torchrl_clip_ppo(env_id, dist, normalize):
+@pytest.mark.parametrize("entropy_coeff", [0.01, 0.0])  # 0: the entropy is a metric, kept out of the graph
+def test_ppo_equals_torchrl_clip_ppo(env_id, dist, normalize, entropy_coeff):
     specs = EnvFactory(env_id).specs()
     torch.manual_seed(0)
     ac = make_actor_critic(specs, distribution=dist)
     td = _minibatch(ac, specs.observation_spec.shape[0])
-    kw = dict(critic_coeff=0.5, entropy_coeff=0.01, normalize_advantage=normalize)
+    kw = dict(critic_coeff=0.5, entropy_coeff=entropy_coeff, normalize_advantage=normalize)
     ours = PPOLoss(ac, clip_epsilon=0.2, **kw)(td.clone())
     theirs = ClipPPOLoss(ac.actor, ac.critic, clip_epsilon=0.2, loss_critic_type="l2", **kw)(td.clone())
     for key in ("loss_objective", "loss_critic", "loss_entropy", "entropy", "clip_fraction", "kl_approx"):
@@ -68,6 +69,8 @@ def test_tanh_normal_entropy_is_estimated():
     ac = make_actor_critic(specs, distribution="tanh_normal")
     out = PPOLoss(ac, clip_epsilon=0.2, critic_coeff=0.5, entropy_coeff=0.01)(_minibatch(ac, 3))
     assert torch.isfinite(out["entropy"]) and out["loss_entropy"].requires_grad
+    metric_only = PPOLoss(ac, clip_epsilon=0.2, critic_coeff=0.5, entropy_coeff=0.0)(_minibatch(ac, 3))
+    assert torch.isfinite(metric_only["entropy"]) and not metric_only["loss_entropy"].requires_grad
 
 
 def test_factories_use_torchrl_losses_for_recurrent_models():
