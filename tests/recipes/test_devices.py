@@ -13,6 +13,7 @@ inside its sequences, to run the LSTM once per stretch between them (tdrl/models
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,18 +24,17 @@ from host_reads import HostReadError, forbid_host_reads
 from tdrl.config import ConfigError
 from tdrl.objectives import graphs
 from tdrl.objectives.update import TargetUpdate, Updater
-from tests.recipes import test_a2c, test_ddpg, test_dqn, test_impala, test_ppo, test_r2d1, test_sac, test_td3
+from tests.recipes import test_a2c, test_continuous_control, test_dqn, test_impala, test_ppo, test_r2d1
 
 pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
 
-RECIPES = {  # name: (its test module, overrides of a tiny run with uniform replay and a fused optimizer)
-    "dqn": (test_dqn, []),
-    "sac": (test_sac, []),
-    "td3": (test_td3, []),
-    "ddpg": (test_ddpg, []),
-    "ppo": (test_ppo, []),
-    "a2c": (test_a2c, ["optim.name=adam"]),
-    "impala": (test_impala, ["optim.name=adam"]),
+RECIPES = {  # name: (recipe module, its tests' tiny config, overrides for uniform replay and a fused optimizer)
+    "dqn": (test_dqn.dqn, test_dqn.tiny, []),
+    **{name: (test_continuous_control.MODULES[name], functools.partial(test_continuous_control.tiny, name), [])
+       for name in ("sac", "td3", "ddpg")},
+    "ppo": (test_ppo.ppo, test_ppo.tiny, []),
+    "a2c": (test_a2c.a2c, test_a2c.tiny, ["optim.name=adam"]),
+    "impala": (test_impala.impala, test_impala.tiny, ["optim.name=adam"]),
 }
 OFF_POLICY = ["dqn", "sac", "td3", "ddpg"]
 
@@ -69,9 +69,8 @@ def _guard_updates(monkeypatch, guard: Callable[[str], contextlib.AbstractContex
 
 
 def _run(name, tmp_path, *extra):
-    module, overrides = RECIPES[name]
-    recipe = next(v for k, v in vars(module).items() if k == name)
-    return recipe.main(module.tiny(tmp_path, *overrides, *extra))
+    recipe, tiny, overrides = RECIPES[name]
+    return recipe.main(tiny(tmp_path, *overrides, *extra))
 
 
 @pytest.mark.parametrize("name", list(RECIPES))
@@ -85,9 +84,9 @@ def test_the_sentinel_sees_a_host_read_in_a_recipe_update(tmp_path, monkeypatch)
     """A2C's default RMSprop has no fused step: its updater reads the skip flag on the host, and the sentinel
     must catch that read inside the recipe."""
     _guard_updates(monkeypatch, forbid_host_reads)
-    module, _ = RECIPES["a2c"]
+    recipe, tiny, _ = RECIPES["a2c"]
     with pytest.raises(HostReadError, match=r"Tensor.__bool__\(\) .* device half of an update"):
-        module.a2c.main(module.tiny(tmp_path))
+        recipe.main(tiny(tmp_path))
 
 
 def test_r2d1_reads_where_episodes_start_in_its_sequences(tmp_path, monkeypatch):
@@ -99,14 +98,14 @@ def test_r2d1_reads_where_episodes_start_in_its_sequences(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("name", OFF_POLICY)
 def test_device_settings_that_cannot_work_are_config_errors(name, tmp_path):
-    module, _ = RECIPES[name]
+    _, tiny, _ = RECIPES[name]
     with pytest.raises(ConfigError, match=r"optim.cudagraphs=true replays CUDA graphs, but run.device='cpu'"):
-        module.tiny(tmp_path, "optim.cudagraphs=true")
+        tiny(tmp_path, "optim.cudagraphs=true")
     with pytest.raises(ConfigError, match=r"replay.device=cuda keeps a copy of the replay on the GPU, but run.dev"):
-        module.tiny(tmp_path, "replay.device=cuda")
+        tiny(tmp_path, "replay.device=cuda")
     if name in ("dqn", "sac"):  # the recipes with an async trainer
         with pytest.raises(ConfigError, match=r"replay.device=cuda needs trainer.kind=sync"):
-            module.tiny(tmp_path, "run.device=cuda", "replay.device=cuda", "trainer.kind=async")
+            tiny(tmp_path, "run.device=cuda", "replay.device=cuda", "trainer.kind=async")
 
 
 def test_replay_device_chooses_the_copy():
@@ -168,12 +167,11 @@ def test_checkpoint_resumes_on_the_other_device(name, first, then, tmp_path):
     """A run checkpointed on one device continues on the other: models, optimizer state (fused Adam's step on the
     parameters' device), replay and RNGs load through map_location="cpu"; CUDA RNG states only where CUDA is
     (cpu -> cpu runs the same path here)."""
-    module, overrides = RECIPES[name]
-    recipe = getattr(module, name)
+    recipe, tiny, overrides = RECIPES[name]
     run_dir = tmp_path / "run"
-    half = recipe.main(module.tiny(tmp_path, *overrides, f"run.dir={run_dir}", f"run.device={first}"))
+    half = recipe.main(tiny(tmp_path, *overrides, f"run.dir={run_dir}", f"run.device={first}"))
     total = 2 * half["frames"]
-    resumed = recipe.main(module.tiny(tmp_path, *overrides, f"run.dir={run_dir}", f"run.device={then}",
-                                      f"collector.total_frames={total}", "run.force=true"))
+    resumed = recipe.main(tiny(tmp_path, *overrides, f"run.dir={run_dir}", f"run.device={then}",
+                               f"collector.total_frames={total}", "run.force=true"))
     assert resumed["frames"] == total and resumed["updates"] > half["updates"]
     assert resumed["eval/return_mean"] == resumed["eval/return_mean"]
