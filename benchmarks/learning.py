@@ -480,6 +480,14 @@ TASKS: list[Task] = [
                                 ("td3", sb3_td3_mujoco, ["optim.actor_lr=3e-4", "optim.critic_lr=3e-4",
                                                          "optim.batch_size=256", "optim.replay_ratio=256"]))
       for env, threshold in (("HalfCheetah-v5", 4000), ("Hopper-v5", 2500))],
+    # TD3 with RL-Zoo's settings on tdrl's recipe (lr 1e-3, [400, 300]; SB3's rows above use them): what separates
+    # settings from implementation where tdrl's TD3 trails SB3's (slurm/sweeps/td3_rlzoo_settings.py)
+    *[Task(f"td3-{env.split('-')[0].lower()}-rlzoo", "td3", env, threshold=threshold, budget=200_000,
+           eval_interval=10_000, default=False,
+           overrides=[f"replay.size={200_000}", "optim.min_steps_learn=10000", "optim.actor_lr=1e-3",
+                      "optim.critic_lr=1e-3", "optim.batch_size=256", "optim.replay_ratio=256",
+                      "model.hidden_sizes=[400,300]"])
+      for env, threshold in (("HalfCheetah-v5", 4000), ("Hopper-v5", 2500))],
     # RL-Zoo's Hopper PPO (1 env x 512 steps, 5 epochs of 32-sample minibatches, gamma 0.999, lambda 0.99, clip 0.2,
     # lr 9.8e-5, log-std -2, ReLU 256x256)
     Task("ppo-hopper", "ppo", "Hopper-v5", threshold=1500, budget=1_000_000, eval_interval=25_000, eval_episodes=5,
