@@ -16,8 +16,8 @@ Pendulum-v1 (greedy evaluation >= -200) within 20k frames.
 MuJoCo (benchmark, not CI)::
 
     python recipes/td3.py env.id=HalfCheetah-v5 collector.total_frames=1000000 optim.min_steps_learn=10000 \
-        replay.size=1000000 optim.actor_lr=3e-4 optim.critic_lr=3e-4 optim.batch_size=256 \
-        optim.replay_ratio=256 logger.log_interval_steps=10000
+        replay.size=1000000 optim.batch_size=256 optim.replay_ratio=256 model.hidden_sizes=[400,300] \
+        logger.log_interval_steps=10000                      # RL-Zoo's TD3 settings (lr 1e-3: the default)
 """
 
 from __future__ import annotations
