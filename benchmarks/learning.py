@@ -439,6 +439,10 @@ MINATAR_DQN = ["replay.size=100000", "optim.batch_size=32", "optim.replay_ratio=
 # recipe, beside SB3 with the same settings
 TD3_RLZOO = ["optim.actor_lr=1e-3", "optim.critic_lr=1e-3", "optim.batch_size=256", "optim.replay_ratio=256",
              "model.hidden_sizes=[400,300]"]
+# The TD3 author's updated settings (lr 3e-4, [256, 256], batch 256: github.com/sfujim/TD3), the TD3 rows' until
+# 2026-11-28: seed 0 on HalfCheetah 4,411 at 100k against RL-Zoo's 6,341 (rows td3-*-author,
+# slurm/sweeps/td3_author_settings.py); batch 100 (the paper's) reached 4,666 at 200k
+TD3_AUTHOR = ["optim.actor_lr=3e-4", "optim.critic_lr=3e-4", "optim.batch_size=256", "optim.replay_ratio=256"]
 
 TASKS: list[Task] = [
     Task("ppo-cartpole", "ppo", "CartPole-v1", threshold=475, budget=100_000, eval_interval=5_000,
@@ -476,21 +480,12 @@ TASKS: list[Task] = [
     # MuJoCo at 200k frames (not in the default set; slurm/sweeps/mujoco_offpolicy.py runs them resumably): the
     # recipes' MuJoCo settings (their docstrings) against RL-Zoo's, evaluated every 10k frames on 10 episodes. The
     # thresholds only mark a level reached (--stop); the reference page reports returns.
-    *[Task(f"{algo}-{env.split('-')[0].lower()}", algo, env, threshold=threshold, budget=200_000,
+    *[Task(f"{algo}-{env.split('-')[0].lower()}{suffix}", algo, env, threshold=threshold, budget=200_000,
            eval_interval=10_000, default=False, sb3=sb3_fn,
-           overrides=[f"replay.size={200_000}", "optim.min_steps_learn=10000", *lrs])
-      for algo, sb3_fn, lrs in (("sac", sb3_sac_mujoco, ["optim.lr=3e-4"]),
-                                # RL-Zoo's (lr 1e-3, [400, 300], batch 256): seed 0 on HalfCheetah 6,341 at 100k
-                                # against 4,411 with the TD3 author's settings (the -author rows below)
-                                ("td3", sb3_td3_mujoco, TD3_RLZOO))
-      for env, threshold in (("HalfCheetah-v5", 4000), ("Hopper-v5", 2500))],
-    # TD3 with its author's updated settings (lr 3e-4, [256, 256], batch 256: github.com/sfujim/TD3), the TD3 rows'
-    # settings until 2026-11-28 (slurm/sweeps/td3_author_settings.py); batch 100 (the paper's) reached 4,666 on
-    # HalfCheetah seed 0
-    *[Task(f"td3-{env.split('-')[0].lower()}-author", "td3", env, threshold=threshold, budget=200_000,
-           eval_interval=10_000, default=False,
-           overrides=[f"replay.size={200_000}", "optim.min_steps_learn=10000", "optim.actor_lr=3e-4",
-                      "optim.critic_lr=3e-4", "optim.batch_size=256", "optim.replay_ratio=256"])
+           overrides=[f"replay.size={200_000}", "optim.min_steps_learn=10000", *settings])
+      for algo, suffix, sb3_fn, settings in (("sac", "", sb3_sac_mujoco, ["optim.lr=3e-4"]),
+                                             ("td3", "", sb3_td3_mujoco, TD3_RLZOO),
+                                             ("td3", "-author", None, TD3_AUTHOR))
       for env, threshold in (("HalfCheetah-v5", 4000), ("Hopper-v5", 2500))],
     # RL-Zoo's Hopper PPO (1 env x 512 steps, 5 epochs of 32-sample minibatches, gamma 0.999, lambda 0.99, clip 0.2,
     # lr 9.8e-5, log-std -2, ReLU 256x256)
