@@ -482,7 +482,7 @@ TASKS: list[Task] = [
     # thresholds only mark a level reached (--stop); the reference page reports returns.
     *[Task(f"{algo}-{env.split('-')[0].lower()}{suffix}", algo, env, threshold=threshold, budget=200_000,
            eval_interval=10_000, default=False, sb3=sb3_fn,
-           overrides=[f"replay.size={200_000}", "optim.min_steps_learn=10000", *settings])
+           overrides=["replay.size=200000", "optim.min_steps_learn=10000", *settings])
       for algo, suffix, sb3_fn, settings in (("sac", "", sb3_sac_mujoco, ["optim.lr=3e-4"]),
                                              ("td3", "", sb3_td3_mujoco, TD3_RLZOO),
                                              ("td3", "-author", None, TD3_AUTHOR))
