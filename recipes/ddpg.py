@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from tdrl.config import (
     ActionNoiseConfig,
+    ApeXTrainerConfig,
     CollectorConfig,
     ConfigError,
     ContinuousControlConfig,
@@ -27,7 +28,6 @@ from tdrl.config import (
     DeterministicPolicyOptimConfig,
     PositiveFloat,
     PositiveFraction,
-    TrainerConfig,
     run_recipe,
 )
 
@@ -51,7 +51,7 @@ class Config(ContinuousControlConfig):
     """DDPG objective."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizers and update cadence."""
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer: ApeXTrainerConfig = field(default_factory=ApeXTrainerConfig)
     """sync, async (a collector process fills the replay) or ray (Ape-X DPG: collector actors on Ray)."""
 
     def validate(self) -> None:
@@ -80,8 +80,7 @@ def main(cfg: Config) -> dict:
 
     # --- Build ----------------------------------------------------------------------------------------------
     # checks the trainer kind, starts workers early, seeds, resolves the device, checks the action space
-    device, env_factory, specs = prepare_off_policy(cfg, algorithm="DDPG", discrete=False,
-                                                 supported=("sync", "async", "ray"))
+    device, env_factory, specs = prepare_off_policy(cfg, algorithm="DDPG", discrete=False)
     actor = make_deterministic_actor(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
     critic = make_q_critic(specs, hidden_sizes=cfg.model.hidden_sizes).to(device)
     policy = chain_policy(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)

@@ -36,11 +36,12 @@ from typing import Annotated, Literal
 
 from tdrl.config import (
     AnyFloat,
+    ApeXEpsilonGreedyConfig,
+    ApeXTrainerConfig,
     AtariEnvConfig,
     CollectorConfig,
     ConfigError,
     Count,
-    EpsilonGreedyConfig,
     LayerSizes,
     LoggerConfig,
     NonNegativeFloat,
@@ -52,7 +53,6 @@ from tdrl.config import (
     Range,
     RecipeConfig,
     RunConfig,
-    TrainerConfig,
     check_devices,
     run_recipe,
 )
@@ -112,7 +112,7 @@ class Config(RecipeConfig):
     collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_B=1, batch_T=8))
     model: ModelConfig = field(default_factory=ModelConfig)
     """Q-network."""
-    exploration: EpsilonGreedyConfig = field(default_factory=EpsilonGreedyConfig)
+    exploration: ApeXEpsilonGreedyConfig = field(default_factory=ApeXEpsilonGreedyConfig)
     """Epsilon-greedy schedule."""
     replay: PrioritizedReplayConfig = field(default_factory=PrioritizedReplayConfig)
     """Replay buffer."""
@@ -124,7 +124,7 @@ class Config(RecipeConfig):
     """Run directory, seed, device; 2 torch threads:
     the 256-wide dueling update is ~10% faster on 2 threads than on 1 (measured, 2 cores)."""
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=5_000))
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer: ApeXTrainerConfig = field(default_factory=ApeXTrainerConfig)
     """sync, or async (trainer.kind=async: a collector process fills the replay while this one optimises)."""
 
     def validate(self) -> None:
@@ -153,8 +153,7 @@ def main(cfg: Config) -> dict:
 
     # --- Build ----------------------------------------------------------------------------------------------
     # checks the trainer kind, starts workers early, seeds, resolves the device, checks the action space
-    device, env_factory, specs = prepare_off_policy(cfg, algorithm="DQN", discrete=True,
-                                                 supported=("sync", "async", "ray"))
+    device, env_factory, specs = prepare_off_policy(cfg, algorithm="DQN", discrete=True)
     n_atoms = cfg.model.n_atoms if cfg.model.categorical else 1
     if cfg.model.categorical and not cfg.loss.double:
         raise ConfigError("loss.double=false with model.categorical=true: TorchRL's C51 loss always selects the "

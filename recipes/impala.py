@@ -25,12 +25,12 @@ from tdrl.config import (
     A2COptimConfig,
     ActorCriticModelConfig,
     CollectorConfig,
+    ImpalaTrainerConfig,
     LoggerConfig,
     NonNegativeFloat,
     PolicyGradientLossConfig,
     PositiveFloat,
     RecipeConfig,
-    TrainerConfig,
     run_recipe,
 )
 
@@ -69,7 +69,7 @@ class Config(RecipeConfig):
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and its schedule."""
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=10_000))
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer: ImpalaTrainerConfig = field(default_factory=ImpalaTrainerConfig)
     """sync: collect with the learner's weights, then update, in one process; ray: trainer.n_actors collector
     actors anywhere in a Ray cluster send version-tagged unrolls (trainer.unrolls_per_batch per update)."""
 
@@ -88,7 +88,7 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.update import Updater, a2c_optimizer
     from tdrl.train import check_trainer, collector_factory_from, eval_collector_from, make_trainer, prepare_recipe
 
-    check_trainer(cfg.trainer, on_policy=True, device=cfg.run.device, supported=("sync", "ray"))  # before any process
+    check_trainer(cfg.trainer, on_policy=True, device=cfg.run.device)  # before any process starts
     # --- Build ----------------------------------------------------------------------------------------------
     device, env_factory = prepare_recipe(cfg)  # starts workers early, seeds, resolves the device
     specs = env_factory.specs()  # checks the action space against model.distribution before any collector starts

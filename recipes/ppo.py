@@ -36,12 +36,12 @@ from tdrl.config import (
     Count,
     Fraction,
     LoggerConfig,
+    OnPolicyTrainerConfig,
     PolicyGradientLossConfig,
     PolicyGradientOptimConfig,
     PositiveFloat,
     PositiveFraction,
     RecipeConfig,
-    TrainerConfig,
     run_recipe,
 )
 
@@ -100,7 +100,7 @@ class Config(RecipeConfig):
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer."""
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=5_000))
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer: OnPolicyTrainerConfig = field(default_factory=OnPolicyTrainerConfig)
     """sync, or ddp (trainer.kind=ddp trainer.world_size=2: one replica per process, gradients all-reduced)."""
 
 

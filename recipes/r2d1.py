@@ -43,11 +43,11 @@ from tdrl.config import (
     LoggerConfig,
     NonNegativeFloat,
     NonNegativeInt,
+    OffPolicyTrainerConfig,
     PositiveFloat,
     PositiveFraction,
     RecipeConfig,
     RunConfig,
-    TrainerConfig,
     run_recipe,
 )
 
@@ -160,7 +160,7 @@ class Config(RecipeConfig):
     """Run directory, seed, device; one torch thread: the per-step LSTM call is latency-bound, and a second
     thread waits on a busy core."""
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=10_000))
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer: OffPolicyTrainerConfig = field(default_factory=OffPolicyTrainerConfig)
     """sync, or async (a collector process fills the replay while this one optimises)."""
 
 
@@ -178,7 +178,7 @@ def main(cfg: Config) -> dict:
     from tdrl.replay import PrioritizedSampler, SequenceReplayBuffer
     from tdrl.train import check_trainer, collector_factory_from, eval_collector_from, make_trainer, prepare_recipe
 
-    check_trainer(cfg.trainer, on_policy=False, supported=("sync", "async"))  # before any process starts
+    check_trainer(cfg.trainer, on_policy=False)  # before any process starts
     if cfg.collector.batch_T <= cfg.loss.n_step and cfg.replay.prioritized and cfg.replay.input_priorities:
         raise ConfigError(f"collector.batch_T={cfg.collector.batch_T} must exceed loss.n_step={cfg.loss.n_step} for "
                           "input priorities (or set replay.input_priorities=false)")

@@ -31,9 +31,9 @@ from tdrl.config import (
     ContinuousLossConfig,
     Count,
     OffPolicyOptimConfig,
+    OffPolicyTrainerConfig,
     PositiveFloat,
     RunConfig,
-    TrainerConfig,
     run_recipe,
 )
 
@@ -67,7 +67,7 @@ class Config(ContinuousControlConfig):
     run: RunConfig = field(default_factory=lambda: RunConfig(torch_threads=2))
     """Run directory, seed, device; 2 torch threads:
     a 256-wide twin-critic update is ~1.4x faster on 2 threads than on 1 (measured, 2 cores)."""
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer: OffPolicyTrainerConfig = field(default_factory=OffPolicyTrainerConfig)
     """sync, or async (trainer.kind=async: a collector process fills the replay while this one optimises)."""
 
 

@@ -56,6 +56,7 @@ CONFIG_ERRORS = [
     ("ddpg.py", ["optim.actor_lr=-1"], "config key 'optim.actor_lr': -1.0 must be > 0"),
     ("ppo.py", ["model.hidden_sizes=[0]"], "config key 'model.hidden_sizes[0]': 0 must be >= 1"),
     ("ppo.py", ["model.hidden_sizes=[64,"], "config key 'model.hidden_sizes': '[64,' is not a list"),
+    ("ppo.py", ["trainer.kind=async"], "config key 'trainer.kind': 'async' is not one of ['sync', 'ddp']"),
 ]
 
 
@@ -83,7 +84,6 @@ BUILD_ERRORS = {  # found once the env or the machine is looked at (after torch 
     "TD3 on discrete actions": ("td3.py", ["env.id=CartPole-v1"], "discrete"),
     "categorical A2C on a Box": ("a2c.py", ["env.id=Pendulum-v1", "model.distribution=categorical"],
                                  "does not fit this env's continuous"),
-    "async PPO": ("ppo.py", ["trainer.kind=async"], "trainer.kind=async needs an off-policy algorithm"),
     "more ranks than cores": ("ppo.py", ["trainer.kind=ddp", "trainer.world_size=512"],
                               "trainer.world_size=512 exceeds"),
     "a CUDA device this machine lacks": ("a2c.py", ["run.device=cuda:7"], "run.device='cuda:7'"),

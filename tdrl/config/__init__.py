@@ -13,6 +13,7 @@ tdrl's other layers inside ``main``) reports a bad key or value in well under a 
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -58,15 +59,17 @@ from tdrl.utils.ranges import (
     Range,
 )
 
-__all__ = ["A2COptimConfig", "ActionNoiseConfig", "ActorCriticModelConfig", "AnyFloat", "AtariEnvConfig",
-           "CheckpointConfig", "CollectorConfig", "ConfigError", "ContinuousControlConfig", "ContinuousLossConfig",
-           "ContinuousModelConfig", "Count", "DeterministicPolicyOptimConfig", "EnvConfig", "EpsilonGreedyConfig",
-           "EvalConfig", "Fraction", "LayerSizes", "Length", "LoggerConfig", "NonNegativeFloat", "NonNegativeInt",
-           "OffPolicyLossConfig", "OffPolicyOptimConfig", "PolicyGradientLossConfig", "PolicyGradientOptimConfig",
-           "PositiveFloat", "PositiveFraction", "PrioritizedReplayConfig", "Range", "RecipeConfig", "ReplayConfig",
-           "ReplayDevice", "RunConfig", "TrainerConfig", "UserError", "apply_overrides", "check_devices",
-           "config_help", "diff_configs", "flatten", "merge_nested", "parse_args", "replay_copy", "run_recipe",
-           "to_dict", "user_errors", "validate"]
+__all__ = ["A2COptimConfig", "ActionNoiseConfig", "ActorCriticModelConfig", "AnyFloat", "ApeXEpsilonGreedyConfig",
+           "ApeXTrainerConfig", "AtariEnvConfig", "CheckpointConfig", "CollectorConfig", "ConfigError",
+           "ContinuousControlConfig", "ContinuousLossConfig", "ContinuousModelConfig", "Count",
+           "DeterministicPolicyOptimConfig", "EnvConfig", "EpsilonGreedyConfig", "EvalConfig", "Fraction",
+           "ImpalaTrainerConfig", "LayerSizes", "Length", "LoggerConfig", "NonNegativeFloat", "NonNegativeInt",
+           "OffPolicyLossConfig", "OffPolicyOptimConfig", "OffPolicyTrainerConfig", "OnPolicyTrainerConfig",
+           "PolicyGradientLossConfig", "PolicyGradientOptimConfig", "PositiveFloat", "PositiveFraction",
+           "PrioritizedReplayConfig", "Range", "RecipeConfig", "ReplayConfig", "ReplayDevice", "RunConfig",
+           "TrainerConfig", "UserError", "apply_overrides", "check_devices", "check_ray_address", "config_help",
+           "diff_configs", "flatten", "merge_nested", "parse_args", "replay_copy", "run_recipe", "to_dict",
+           "trainer_kinds", "user_errors", "validate"]
 
 
 def _check(condition: bool, message: str) -> None:
@@ -155,10 +158,6 @@ class EpsilonGreedyConfig:
     """Env frames at which epsilon reaches its final value (rlpyt eps_steps)."""
     eps_eval: Fraction = 0.001
     """Epsilon of evaluation episodes (rlpyt eps_eval)."""
-    actor_eps: PositiveFraction = 0.4
-    """trainer.kind=ray: actor i of N explores with actor_eps ** (1 + actor_eps_alpha * i / (N - 1)) (Ape-X)."""
-    actor_eps_alpha: NonNegativeFloat = 7.0
-    """trainer.kind=ray: exponent spread of the actors' epsilons (Ape-X: 7)."""
 
     def validate(self) -> None:
         _check(self.eps_final_min is None or self.eps_final_min <= self.eps_final,
@@ -250,18 +249,50 @@ class CheckpointConfig:
 
 
 @dataclass
-class TrainerConfig:
-    """Which trainer runs the recipe's loop, and its process settings (:func:`tdrl.train.make_trainer`)."""
+class ApeXEpsilonGreedyConfig(EpsilonGreedyConfig):
+    """Epsilon-greedy exploration of a value-based recipe with Ape-X actors (DQN): each actor its own epsilon."""
 
+    actor_eps: PositiveFraction = 0.4
+    """trainer.kind=ray: actor i of N explores with actor_eps ** (1 + actor_eps_alpha * i / (N - 1)) (Ape-X)."""
+    actor_eps_alpha: NonNegativeFloat = 7.0
+    """trainer.kind=ray: exponent spread of the actors' epsilons (Ape-X: 7)."""
+
+
+def check_ray_address(address: str, source: str) -> None:
+    """Raise :class:`ConfigError` unless ``address`` is ``host:port`` (or one Ray resolves itself: ``auto``,
+    ``local``, ``ray://...``). ``source`` names where the value came from (``trainer.ray_address`` or the
+    ``RAY_ADDRESS`` environment variable), so the line blames the setting the user has to change."""
+    if address in ("auto", "local") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{source}={address!r} is not host:port (e.g. 10.0.0.5:6379, as `ray start --head` prints "
+                          f"it); set it to the cluster's address, or {_unset(source)} for a Ray of this run's own")
+
+
+def _unset(source: str) -> str:
+    return f"unset {source}" if source.isupper() else f"leave {source} empty"
+
+
+@dataclass
+class _TrainerKind:
     kind: Literal["sync", "ddp", "async", "ray"] = "sync"
     """sync: collect, then update, in one process (rlpyt MinibatchRl); ddp: world_size full replicas, gradients
     all-reduced (rlpyt SyncRl); async: collector process + optimizer process on a shared replay (rlpyt AsyncRl,
     off-policy only); ray: n_actors collector actors anywhere in a Ray cluster, the learner here (Ape-X with a
     replay, IMPALA without)."""
+
+
+@dataclass
+class _DataParallelKeys:
     world_size: Count = 2
     """ddp: number of ranks (local processes; under torchrun/SLURM it must equal WORLD_SIZE)."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """ddp: torch.distributed backend; auto = NCCL on CUDA devices, gloo on CPU."""
+
+
+@dataclass
+class _CollectorProcessKeys:
     max_lag_frames: Annotated[int, Range(ge=-1)] = 0
     """async, ray: frames the collectors may run ahead of the optimizer beyond one batch (ray: one rollout) each
     (0: the replay ratio holds); -1: no limit (rlpyt's AsyncRl, Ape-X's actors: fewer updates per frame when the
@@ -269,6 +300,10 @@ class TrainerConfig:
     frames, so larger values also cut Ray's cost per frame."""
     updates_per_sync: Count = 1
     """async, ray: gradient updates between weight publications to the collectors."""
+
+
+@dataclass
+class _RayKeys:
     n_actors: Count = 4
     """ray: collector actors (each builds the recipe's collector, with its own seed)."""
     spare_actors: NonNegativeInt = 1
@@ -280,8 +315,74 @@ class TrainerConfig:
     """ray: CPUs each collector actor reserves in the cluster."""
     call_timeout_s: PositiveFloat = 60.0
     """ray: a rollout or hub call taking longer has its actor killed and restarted (a lost node)."""
+
+    def validate(self) -> None:
+        if self.ray_address:
+            check_ray_address(self.ray_address, "trainer.ray_address")
+
+
+@dataclass
+class _UnrollKeys:
     unrolls_per_batch: Count = 1
     """ray, on-policy (IMPALA): actors' unrolls concatenated into one learner batch."""
+
+
+# A trainer section is its kinds and the keys those kinds read; a recipe's ``trainer`` field takes the one that names
+# the kinds it wires up, so its --help lists no kind it refuses and no key it ignores. The bases are listed last
+# field first: dataclasses collect fields from the end of the MRO, so ``kind`` comes first.
+
+
+@dataclass
+class TrainerConfig(_UnrollKeys, _RayKeys, _CollectorProcessKeys, _DataParallelKeys, _TrainerKind):
+    """Which trainer runs the loop, and its process settings (:func:`tdrl.train.make_trainer`): every kind and
+    key, for a script of one's own. Recipes take the section naming the kinds they wire up."""
+
+
+@dataclass
+class OnPolicyTrainerConfig(_DataParallelKeys, _TrainerKind):
+    """The trainer of an on-policy recipe (PPO): sync, or ddp."""
+
+    kind: Literal["sync", "ddp"] = "sync"
+    """sync: collect, then update, in one process (rlpyt MinibatchRl); ddp: world_size full replicas, gradients
+    all-reduced (rlpyt SyncRl)."""
+
+
+@dataclass
+class OffPolicyTrainerConfig(_CollectorProcessKeys, _TrainerKind):
+    """The trainer of an off-policy recipe (SAC, TD3, R2D1): sync, or async."""
+
+    kind: Literal["sync", "async"] = "sync"
+    """sync: collect, then update, in one process (rlpyt MinibatchRl); async: a collector process fills the replay
+    while this one optimises (rlpyt AsyncRl)."""
+    max_lag_frames: Annotated[int, Range(ge=-1)] = 0  # the docs without Ray's part
+    """async: frames the collector process may run ahead of the optimizer beyond one batch (0: the replay ratio
+    holds); -1: no limit (rlpyt's AsyncRl: fewer updates per frame when the optimizer is slower)."""
+    updates_per_sync: Count = 1
+    """async: gradient updates between weight publications to the collector process."""
+
+
+@dataclass
+class ApeXTrainerConfig(_RayKeys, _CollectorProcessKeys, _TrainerKind):
+    """The trainer of an off-policy recipe with Ape-X (DQN, DDPG): sync, async, or ray."""
+
+    kind: Literal["sync", "async", "ray"] = "sync"
+    """sync: collect, then update, in one process (rlpyt MinibatchRl); async: a collector process fills the replay
+    while this one optimises (rlpyt AsyncRl); ray: n_actors collector actors anywhere in a Ray cluster write into
+    this learner's replay (Ape-X)."""
+
+
+@dataclass
+class ImpalaTrainerConfig(_UnrollKeys, _RayKeys, _TrainerKind):
+    """The trainer of an on-policy recipe that corrects for the actors' lag (IMPALA's V-trace): sync, or ray."""
+
+    kind: Literal["sync", "ray"] = "sync"
+    """sync: collect with the learner's weights, then update, in one process; ray: n_actors collector actors
+    anywhere in a Ray cluster send version-tagged unrolls to this learner."""
+
+
+def trainer_kinds(section: Any) -> tuple[str, ...]:
+    """The trainer kinds a trainer section names (its ``kind`` field's choices): what its recipe wires up."""
+    return typing.get_args(typing.get_type_hints(type(section))["kind"])
 
 
 # --- The recipe config ---------------------------------------------------------------------------------

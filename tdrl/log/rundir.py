@@ -142,8 +142,9 @@ def check_resume_config(directory: Path, config: Mapping[str, Any], *, force: bo
                         defaults: Mapping[str, Any] | None = None) -> dict[str, tuple]:
     """The dotted keys (``{key: (saved, now)}``) in which the saved ``config.json`` differs from the relaunch's
     config, ignoring :data:`RESUME_IGNORED_KEYS`; empty if equal. A key the saved config lacks that the relaunch
-    has at its value in ``defaults`` (the recipe's default config) is one a newer tdrl added: it does not count,
-    and one line on stderr names it, so a sweep resumes across an upgrade.
+    has at its value in ``defaults`` (the recipe's default config) is one a newer tdrl added, and a key the relaunch
+    lacks is one it removed (a trainer key of a kind the recipe does not wire up): neither counts, and one line on
+    stderr names them, so a sweep resumes across an upgrade.
 
     Raises:
         ConfigError: they differ and ``force`` is false; the message lists every differing key.
@@ -155,12 +156,17 @@ def check_resume_config(directory: Path, config: Mapping[str, Any], *, force: bo
     except (OSError, ValueError) as e:
         raise RunDirError(f"cannot read {path} to resume this run: {e}") from e
     diff = {k: v for k, v in diff_configs(saved, dict(config)).items() if k not in RESUME_IGNORED_KEYS}
-    had, default = flatten(saved), flatten(dict(defaults)) if defaults is not None else {}
+    had, has = flatten(saved), flatten(dict(config))
+    default = flatten(dict(defaults)) if defaults is not None else {}
     added = {k: now for k, (_, now) in diff.items() if k not in had and k in default and default[k] == now}
+    removed = {k: was for k, (was, _) in diff.items() if k not in has}
     if added:
         print(f"tdrl: resuming with keys added since this run started, at their defaults: "
               f"{' '.join(f'{k}={v}' for k, v in added.items())}", file=sys.stderr, flush=True)
-        diff = {k: v for k, v in diff.items() if k not in added}
+    if removed:
+        print(f"tdrl: resuming without keys this recipe no longer has: "
+              f"{' '.join(f'{k}={v}' for k, v in removed.items())}", file=sys.stderr, flush=True)
+    diff = {k: v for k, v in diff.items() if k not in added and k not in removed}
     if diff and not force:
         lines = "\n".join(f"  {k}: saved {_shown(a)}, now {_shown(b)}" for k, (a, b) in diff.items())
         raise ConfigError(

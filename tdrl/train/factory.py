@@ -1,6 +1,8 @@
-"""Choose the trainer by config: ``trainer.kind=sync|ddp|async`` in any recipe, one loop body for all three.
+"""Choose the trainer by config: ``trainer.kind=sync|ddp|async|ray``, one loop body for all of them.
 
-A recipe with a ``trainer: TrainerConfig`` section calls :func:`check_trainer` first thing in ``main``; under
+A recipe's ``trainer`` section names the kinds it wires up (``OnPolicyTrainerConfig``, ``OffPolicyTrainerConfig``,
+``ApeXTrainerConfig``, ``ImpalaTrainerConfig`` of :mod:`tdrl.config`: each has only its kinds' keys, so ``--help``
+lists nothing the recipe refuses). It calls :func:`check_trainer` first thing in ``main``; under
 ``trainer.kind=ddp`` without a process group it returns ``launch_data_parallel(main, cfg, ...)`` (each rank runs
 ``main`` again); then it builds its trainer with :func:`make_trainer`.
 """
@@ -9,16 +11,15 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from tdrl.config import ConfigError, TrainerConfig
+from tdrl.config import ConfigError, TrainerConfig, trainer_kinds
 from tdrl.train.async_ import AsyncTrainer
-from tdrl.train.ray_trainer import RayTrainer, check_reachable
+from tdrl.train.ray_trainer import RayTrainer, check_reachable, ray_target
 from tdrl.train.sync import SyncTrainer
 from tdrl.utils.distributed import (
     DistributedSetupError,
@@ -49,16 +50,18 @@ def check_min_steps_learn(min_steps_learn: int, *, n_step: int, batch_B: int) ->
                           "empty replay")
 
 
-def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu",
-                  supported: Sequence[str] = ("sync", "ddp", "async")) -> None:
+def check_trainer(cfg: Any, *, on_policy: bool, device: str = "cpu", supported: Sequence[str] | None = None) -> None:
     """Reject trainer settings that cannot work, before any process starts (call it first thing in ``main``).
 
-    ``on_policy``: the algorithm learns only from fresh batches (no async then); ``device``: the learner device
-    (``trainer.backend=nccl`` needs CUDA); ``supported``: the kinds this recipe wires up (``ray`` only where named:
-    an on-policy recipe must correct for the actors' lag, as IMPALA's V-trace does). Raises ``ConfigError``
-    for an unknown or unsupported ``trainer.kind`` or async with an on-policy algorithm, and
-    ``DistributedSetupError`` for a world size or backend this machine cannot run.
+    ``cfg``: a trainer section of :mod:`tdrl.config`; ``on_policy``: the algorithm learns only from fresh batches
+    (no async then); ``device``: the learner device (``trainer.backend=nccl`` needs CUDA); ``supported``: the kinds
+    this recipe wires up, by default those its section names (``ray`` only in a section that names it: an
+    on-policy recipe must correct for the actors' lag, as IMPALA's V-trace does). Raises ``ConfigError`` for an
+    unknown or unsupported ``trainer.kind``, async with an on-policy algorithm or a malformed Ray address
+    (naming ``trainer.ray_address`` or ``RAY_ADDRESS``, where it came from), and ``DistributedSetupError`` for a
+    world size or backend this machine cannot run.
     """
+    supported = trainer_kinds(cfg) if supported is None else supported
     if cfg.kind not in TRAINER_KINDS:
         raise ConfigError(f"trainer.kind={cfg.kind!r}; choose one of {', '.join(TRAINER_KINDS)}")
     if cfg.kind not in supported:
@@ -74,8 +77,8 @@ def check_trainer(cfg: TrainerConfig, *, on_policy: bool, device: str = "cpu",
             check_local_world_size(cfg.world_size, backend, key="trainer.world_size")
     if cfg.kind == "ray" and importlib.util.find_spec("ray") is None:
         raise ConfigError("trainer.kind=ray needs Ray: pip install 'tdrl[distributed]'")
-    if cfg.kind == "ray" and (address := cfg.ray_address or os.environ.get("RAY_ADDRESS")):
-        check_reachable(address)  # before anything is built: ray.init would retry for minutes
+    if cfg.kind == "ray" and (target := ray_target(cfg.ray_address)):
+        check_reachable(*target)  # before anything is built: ray.init would retry for minutes
     if cfg.kind == "ddp" and cfg.world_size < 1:
         raise DistributedSetupError(f"trainer.world_size must be >= 1, got {cfg.world_size}")
 
@@ -130,7 +133,8 @@ def make_trainer(
                              "process) and the policy whose weights it receives")
         if collector is not None:
             collector.shutdown()
-        max_lag = None if cfg.max_lag_frames < 0 else cfg.max_lag_frames
+        setting = functools.partial(_setting, cfg)
+        max_lag = None if setting("max_lag_frames") < 0 else setting("max_lag_frames")
         if cfg.kind == "async":
             return AsyncTrainer(collector_factory=collector_factory, replay=replay, policy=policy, seed=seed,
                                 updates_per_sync=cfg.updates_per_sync, max_lag_frames=max_lag, **kwargs)
@@ -139,8 +143,8 @@ def make_trainer(
                           actor_priorities=actor_priorities, n_actors=cfg.n_actors,
                           spare_actors=cfg.spare_actors,
                           address=cfg.ray_address or None, actor_cpus=cfg.actor_cpus,
-                          call_timeout_s=cfg.call_timeout_s, updates_per_sync=cfg.updates_per_sync,
-                          max_lag_frames=max_lag, unrolls_per_batch=cfg.unrolls_per_batch, **kwargs)
+                          call_timeout_s=cfg.call_timeout_s, updates_per_sync=setting("updates_per_sync"),
+                          max_lag_frames=max_lag, unrolls_per_batch=setting("unrolls_per_batch"), **kwargs)
     built = collector is None
     if built:
         assert collector_factory is not None  # checked with collector above
@@ -151,6 +155,12 @@ def make_trainer(
         if built:
             collector.shutdown()  # no worker processes outlive a bad argument
         raise
+
+
+def _setting(section: Any, key: str) -> Any:
+    """``section.<key>``, else the key's default: a recipe's section lacks the keys its algorithm ignores
+    (Ape-X's has no ``unrolls_per_batch``, IMPALA's no ``updates_per_sync``)."""
+    return getattr(section, key, getattr(TrainerConfig, key))
 
 
 def collector_factory_from(cfg: Any, env_factory: Callable[..., Any], policy: nn.Module | None,
@@ -210,14 +220,13 @@ def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, 
 
 
 
-def prepare_off_policy(cfg: Any, *, algorithm: str, discrete: bool,
-                       supported: Sequence[str] = ("sync", "async")) -> tuple[torch.device, Any, Any]:
+def prepare_off_policy(cfg: Any, *, algorithm: str, discrete: bool) -> tuple[torch.device, Any, Any]:
     """An off-policy recipe's first steps, in this order: :func:`check_trainer` (where ``cfg`` has a trainer
-    section; ``supported``: the kinds the recipe wires up), :func:`prepare_recipe`, :func:`check_min_steps_learn`,
+    section; the kinds it names are those the recipe wires up), :func:`prepare_recipe`, :func:`check_min_steps_learn`,
     and a ``ConfigError`` naming the other recipes when the env's action space is not the one ``algorithm`` needs
     (``discrete`` or continuous). Returns ``(device, env_factory, specs)``."""
     if hasattr(cfg, "trainer"):
-        check_trainer(cfg.trainer, on_policy=False, supported=supported)  # before any process starts
+        check_trainer(cfg.trainer, on_policy=False)  # before any process starts
     device, env_factory = prepare_recipe(cfg)
     check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
     specs = env_factory.specs()

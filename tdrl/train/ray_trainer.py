@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import TensorDict
 
+from tdrl.config import check_ray_address
 from tdrl.train import bookkeeping
 from tdrl.train.actor_pool import ActorPool
 from tdrl.train.async_collector import POLL_S, owed_updates
@@ -51,7 +52,7 @@ from tdrl.train.sync import shutdown
 from tdrl.utils.errors import UserError
 from tdrl.utils.interrupt import Interrupted, keeps_signal_handlers
 
-__all__ = ["RayTrainer", "connect_ray", "module_path"]
+__all__ = ["RayTrainer", "check_reachable", "connect_ray", "module_path", "ray_target"]
 
 if TYPE_CHECKING:  # annotations only: tdrl.collect imports torchrl.envs (~1 s)
     from tdrl.collect import Collector
@@ -70,9 +71,10 @@ def connect_ray(address: str | None, *, cpus_wanted: float) -> bool:
         raise RayTrainerError("trainer.kind=ray needs Ray: pip install 'tdrl[distributed]'") from None
     if ray.is_initialized():
         return False
-    target = address or os.environ.get("RAY_ADDRESS") or None
-    if target:
-        check_reachable(target)
+    place = ray_target(address)
+    target = place[0] if place else None
+    if place:
+        check_reachable(*place)
     try:
         with keeps_signal_handlers():
             if target:
@@ -91,17 +93,30 @@ class RayUnreachableError(RayTrainerError, UserError):
     """The Ray cluster named by ``trainer.ray_address`` (or ``RAY_ADDRESS``) does not answer."""
 
 
-def check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail in seconds, not minutes, when nothing listens at ``host:port`` (``ray.init`` retries for minutes).
-    Addresses Ray resolves itself (``auto``, ``local``, ``ray://...``) are left to it."""
+def ray_target(address: str | None) -> tuple[str, str] | None:
+    """``(address, where it came from)``: ``address`` (``trainer.ray_address``), else the ``RAY_ADDRESS``
+    environment variable; ``None`` when neither is set (Ray starts on this machine)."""
+    if address:
+        return address, "trainer.ray_address"
+    if from_env := os.environ.get("RAY_ADDRESS"):
+        return from_env, "RAY_ADDRESS"
+    return None
+
+
+def check_reachable(address: str, source: str = "trainer.ray_address", timeout_s: float = 5.0) -> None:
+    """Fail in seconds, not minutes, when ``address`` is not ``host:port`` or nothing listens there (``ray.init``
+    retries for minutes), naming ``source``, the setting the address came from (:func:`ray_target`). Addresses Ray
+    resolves itself (``auto``, ``local``, ``ray://...``) are left to it."""
+    check_ray_address(address, source)
     if address in ("auto", "local") or "://" in address:
         return
     host, _, port = address.rpartition(":")
     try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except (OSError, ValueError) as error:
-        raise RayUnreachableError(f"trainer.ray_address={address}: no Ray cluster answers there ({error}); start "
-                                  "one with `ray start --head` or leave the address empty for a local Ray") from None
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        remedy = "unset RAY_ADDRESS" if source == "RAY_ADDRESS" else "leave the address empty"
+        raise RayUnreachableError(f"{source}={address}: no Ray cluster answers there ({error}); start one with "
+                                  f"`ray start --head` or {remedy} for a local Ray") from None
 
 
 def module_path(root: torch.nn.Module, module: torch.nn.Module) -> str:

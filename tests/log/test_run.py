@@ -121,20 +121,23 @@ def test_resume_with_different_config_lists_keys_unless_forced(tmp_path):
 
 def test_resume_across_an_upgrade_takes_new_keys_at_their_defaults(tmp_path, capsys):
     """A run saved by a tdrl without a key resumes when the key is at the recipe's default (a sweep relaunched after
-    an upgrade), with one line naming it; set to anything else, the key is a difference like any other."""
+    an upgrade), with one line naming it; set to anything else, the key is a difference like any other. A key the
+    recipe no longer has (a trainer key of a kind it does not wire up) is named and does not count."""
     cfg = apply_overrides(Cfg(), {"run.dir": str(tmp_path / "r")})
     _open(cfg).finish()
     config_json = tmp_path / "r" / "config.json"
     saved = json.loads(config_json.read_text())
     del saved["optim"]["batch_size"]  # as an older tdrl wrote it
+    saved["optim"]["n_actors"] = 4
     config_json.write_text(json.dumps(saved))
     with pytest.raises(ConfigError, match=r"optim.batch_size: saved <absent>, now 128"):
         _open(apply_overrides(cfg, {"optim.batch_size": 128}))
     run = _open(cfg)
     assert run.resumed
     run.finish()
-    assert "tdrl: resuming with keys added since this run started, at their defaults: optim.batch_size=64" in \
-        capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "tdrl: resuming with keys added since this run started, at their defaults: optim.batch_size=64" in err
+    assert "tdrl: resuming without keys this recipe no longer has: optim.n_actors=4" in err
     assert json.loads(config_json.read_text())["optim"]["batch_size"] == 64  # saved from now on
 
 
