@@ -201,8 +201,9 @@ class RunConfig:
     """Denormal floats as zero on the CPU (``torch.set_flush_denormal``): Adam's idle moments decay into that slow
     range (updates 1.2-1.4x faster, docs/phases-2026-11-27-2.md); false for IEEE arithmetic below 1e-38."""
     force: bool = False
-    """Resume even if the saved config differs from this one; start over when none of the run directory's
-    checkpoints loads (without it that launch stops and changes nothing)."""
+    """Go ahead where a launch would stop and change nothing: resume even if the saved config differs from this one
+    (or the run finished: e.g. to train on with a larger budget), start over when none of the run directory's
+    checkpoints loads, and use a run.dir that is an existing folder of other files."""
 
     def validate(self) -> None:
         kind, _, index = self.device.partition(":")

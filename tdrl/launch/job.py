@@ -23,6 +23,7 @@ from tdrl.config import apply_overrides
 from tdrl.launch.distributed import export_dist_env, slurm_dist_env
 from tdrl.launch.recipe import load_recipe
 from tdrl.launch.slots import format_cpus
+from tdrl.utils.errors import NothingToDo
 
 __all__ = ["RecipeJob", "record_event"]
 
@@ -83,6 +84,9 @@ class RecipeJob:
             module = load_recipe(self.recipe)
             cfg = apply_overrides(module.Config(), self.overrides)
             summary = module.main(cfg)
+        except NothingToDo as done:  # a requeue after the run finished: its summary is the result
+            print(f"tdrl: {done}", flush=True)
+            summary = json.loads((Path(self.run_dir) / "summary.json").read_text())
         except Exception as e:
             record_event(self.run_dir, "error", rank=rank, error=f"{type(e).__name__}: {e}",
                          traceback=traceback.format_exc())

@@ -25,7 +25,10 @@ Run directory (``<run.root>/<yyyymmdd>/<hhmmss>_<name>/run_<seed>/`` or ``run.di
     summary.json    final numbers: frames, wall_s, eval/return_mean, and what the caller adds
 
 Exact resume at iteration boundaries: launching again on an explicit ``run.dir`` holding ``config.json`` resumes
-it; the saved config must match (see :func:`tdrl.log.rundir.check_resume_config`) unless ``run.force``.
+it; the saved config must match (see :func:`tdrl.log.rundir.check_resume_config`) unless ``run.force``. A finished
+run (``summary.json``) is not relaunched: :meth:`Run.open` raises :class:`tdrl.log.rundir.RunFinished`, changing
+nothing, unless ``run.force``. An explicit ``run.dir`` that is a folder of other files is refused unless
+``run.force``.
 ``load_checkpoint`` restores the newest valid checkpoint, its RNG states and the logger's position (later
 progress.csv rows are dropped: they are re-run). Call it after building everything, right before the loop, so
 RNG draws made while building are the same in both runs. The checkpoints are verified when the run is opened,
@@ -49,6 +52,7 @@ from tdrl.config import CheckpointConfig, LoggerConfig, RunConfig
 from tdrl.log.progress import ProgressCSV, metric_value
 from tdrl.log.rundir import (
     RunDirError,
+    check_not_finished,
     check_resume_config,
     check_writable,
     claim_run_dir,
@@ -144,6 +148,8 @@ class Run:
             tdrl.config.ConfigError: resuming a directory whose saved config differs (lists the keys), unless
                 ``run.force``.
             tdrl.ckpt.StrictResumeError: the newest checkpoint is corrupt and ``checkpoint.strict_resume`` is on.
+            tdrl.log.rundir.RunFinished: the run there finished (``summary.json``), and the config is the same
+                (``run.force`` relaunches it, e.g. with a larger budget); a recipe says so in one line, exit 0.
             tdrl.utils.errors.UserError: ``logger.wandb_mode=online`` without W&B credentials (before the directory
                 is made).
             ValueError: a bad ``checkpoint.snapshot_mode``/``snapshot_gap`` or W&B mode.
@@ -167,6 +173,8 @@ class Run:
             diff = check_resume_config(directory, cfg, force=run.force, defaults=defaults) if resumed else {}
             if resumed:
                 _check_resumable(directory, checkpointer, progress, force=run.force)
+            if resumed and not run.force:
+                check_not_finished(directory)  # the same config on a finished run: nothing to do
             # from here on the launch goes ahead and writes
             check_writable(directory)
             sign_lock(lock)

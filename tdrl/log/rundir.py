@@ -3,7 +3,9 @@
 A run directory is ``<run.root>/<yyyymmdd>/<hhmmss>_<name>/run_<seed>/`` (rlpyt's ``logger_context`` layout,
 with the seed as the run id), or exactly ``run.dir`` when given. Only an explicit ``run.dir`` is ever resumed:
 an automatic name that already exists gets a ``_1``, ``_2`` suffix instead, so two launches in the same second
-never share a directory.
+never share a directory. An explicit ``run.dir`` must be new, empty, or a run of tdrl's: an existing folder that
+holds other files is refused unless ``run.force`` (a typo in ``run.dir`` would otherwise scatter a run's files
+among someone else's).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import fnmatch
 import json
 import os
 import re
@@ -23,14 +26,21 @@ from pathlib import Path
 from typing import IO, Any
 
 from tdrl.config import ConfigError, RunConfig, diff_configs, flatten
-from tdrl.utils.errors import UserError
+from tdrl.utils.errors import NothingToDo, UserError
 from tdrl.utils.files import write_json_atomic
 
-__all__ = ["RESUME_IGNORED_KEYS", "RunDirError", "check_resume_config", "check_writable", "claim_run_dir",
-    "config_dict", "lock_run_dir", "save_config", "sign_lock"]
+__all__ = ["LAUNCH_FILES", "RESUME_IGNORED_KEYS", "RunDirError", "RunFinished", "check_resume_config",
+           "check_not_finished", "check_writable", "claim_run_dir", "config_dict", "lock_run_dir", "save_config",
+           "sign_lock"]
 
 CONFIG_FILE = "config.json"
 PARAMS_FILE = "params.json"
+SUMMARY_FILE = "summary.json"
+LAUNCH_FILES: tuple[str, ...] = (".lock", "variant.json", "launch.log", "launch_events.jsonl", "ray-*.log",
+                                 ".ray-token-*")
+"""What may be in a run directory before its run writes ``config.json``: the lock of a launch refused before it
+(:func:`lock_run_dir`), and what ``tdrl.launch`` puts there before it starts the recipe (the variant, the local
+launcher's log, the SLURM job's events, each node's Ray log and token)."""
 RESUME_IGNORED_KEYS: frozenset[str] = frozenset(
     {"run.dir", "run.root", "run.force", "logger.progress_bar", "logger.wandb_mode", "checkpoint.strict_resume"}
 )
@@ -38,8 +48,14 @@ RESUME_IGNORED_KEYS: frozenset[str] = frozenset(
 
 
 class RunDirError(UserError):
-    """The run directory cannot be created or written, is in use by a live run, or holds unreadable run files (e.g.
-    no loadable checkpoint left to resume from): bad input, so a recipe ends with one line and exit status 2."""
+    """The run directory cannot be created or written, is in use by a live run, is a folder of other files, or
+    holds unreadable run files (e.g. no loadable checkpoint left to resume from): bad input, so a recipe ends with
+    one line and exit status 2."""
+
+
+class RunFinished(NothingToDo):
+    """The run directory holds a finished run (its ``summary.json``) and the relaunch's config is the run's: there is
+    nothing to do, so nothing is changed (a recipe says so in one line and exits 0)."""
 
 
 def config_dict(config: Any) -> dict[str, Any]:
@@ -59,14 +75,22 @@ def _safe_name(name: str) -> str:
 
 def claim_run_dir(run: RunConfig, name: str) -> tuple[Path, bool]:
     """Create (or find) this run's directory: ``(directory, resumed)``, resumed when ``run.dir`` already holds a
-    ``config.json``. Raises :class:`RunDirError` naming the directory and the reason when it cannot be created."""
+    ``config.json``. Raises :class:`RunDirError` naming the directory and the reason when it cannot be created, or
+    when ``run.dir`` is an existing folder of other files (no ``config.json``; anything beyond
+    :data:`LAUNCH_FILES`) and ``run.force`` is off; nothing is created then."""
     try:
         if run.dir:
             directory = Path(run.dir).expanduser().absolute()
             if directory.exists() and not directory.is_dir():
                 raise RunDirError(f"run.dir={run.dir!r} is a file, not a directory; choose another run.dir")
+            resumed = (directory / CONFIG_FILE).is_file()
+            if not resumed and not run.force and (others := _other_files(directory)):
+                more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+                raise RunDirError(f"run.dir={run.dir!r} is a folder of other files, not a tdrl run ({others[0]!r}"
+                                  f"{more}); choose a new or empty run.dir, or pass run.force=true to write the run "
+                                  "there anyway")
             directory.mkdir(parents=True, exist_ok=True)
-            return directory, (directory / CONFIG_FILE).is_file()
+            return directory, resumed
         day, second = time.strftime("%Y%m%d %H%M%S").split()
         base = Path(run.root).expanduser().absolute() / day / f"{second}_{_safe_name(name)}"
         base.mkdir(parents=True, exist_ok=True)
@@ -84,6 +108,21 @@ def claim_run_dir(run: RunConfig, name: str) -> tuple[Path, bool]:
             f"cannot create run directory under {where!r}: {e.strerror or e} ({e}); set run.root or run.dir "
             "to a writable location"
         ) from e
+
+
+def _other_files(directory: Path) -> list[str]:
+    """The names in ``directory`` (if it exists) that no run or launcher of tdrl put there, sorted."""
+    if not directory.is_dir():
+        return []
+    names = sorted(entry.name for entry in directory.iterdir())
+    return [n for n in names if not any(fnmatch.fnmatchcase(n, pattern) for pattern in LAUNCH_FILES)]
+
+
+def check_not_finished(directory: Path) -> None:
+    """Raise :class:`RunFinished` when ``directory`` holds the ``summary.json`` of a finished run."""
+    summary = Path(directory) / SUMMARY_FILE
+    if summary.is_file():
+        raise RunFinished(f"run {directory} already finished; nothing to do, nothing changed (summary: {summary})")
 
 
 def lock_run_dir(directory: Path) -> IO[str]:

@@ -23,7 +23,7 @@ import types
 import typing
 from typing import Annotated, Any, Literal, TypeVar
 
-from tdrl.utils.errors import UserError
+from tdrl.utils.errors import NothingToDo, UserError
 from tdrl.utils.interrupt import interrupts_end_in_one_line
 from tdrl.utils.ranges import Length, Range
 
@@ -303,10 +303,14 @@ def parse_args(cfg: C, argv: list[str] | None = None, prog: str | None = None, d
 
 @contextlib.contextmanager
 def user_errors():
-    """Turn a :class:`UserError` into one line ``error: ...`` on stderr and exit status 2; ``TDRL_DEBUG=1`` keeps
-    the traceback."""
+    """Turn a :class:`UserError` into one line ``error: ...`` on stderr and exit status 2 (``TDRL_DEBUG=1`` keeps
+    the traceback), and a :class:`NothingToDo` (a relaunched run that had finished) into one line ``tdrl: ...`` and
+    exit status 0."""
     try:
         yield
+    except NothingToDo as e:
+        print(f"tdrl: {' '.join(str(e).split())}", flush=True)
+        raise SystemExit(0) from None
     except UserError as e:
         if os.environ.get("TDRL_DEBUG", "") not in ("", "0"):
             raise
@@ -318,7 +322,8 @@ def run_recipe(main: typing.Callable[[C], Any], cfg: C, *, prog: str | None = No
                argv: list[str] | None = None) -> Any:
     """A recipe's command line: ``main(parse_args(cfg, argv, prog, doc))``, where bad input (any
     :class:`UserError`: a config value, an env id, an algorithm the env does not fit, a resource this machine lacks)
-    ends with one line and exit status 2. A recipe imports only this module at the top and the heavy modules (torch,
+    ends with one line and exit status 2; a relaunch of a finished run, with one line saying so and exit status 0
+    (:class:`NothingToDo`). A recipe imports only this module at the top and the heavy modules (torch,
     TorchRL, envs) inside ``main``, so a config error shows in well under a second. Ctrl-C and SIGTERM end with one
     line giving the command that resumes the run, and exit status 130 / 143 (:mod:`tdrl.utils.interrupt`)."""
     script = sys.argv[0] if argv is None else (prog or sys.argv[0])  # as the user typed it

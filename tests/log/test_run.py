@@ -124,7 +124,7 @@ def test_resume_across_an_upgrade_takes_new_keys_at_their_defaults(tmp_path, cap
     an upgrade), with one line naming it; set to anything else, the key is a difference like any other. A key the
     recipe no longer has (a trainer key of a kind it does not wire up) is named and does not count."""
     cfg = apply_overrides(Cfg(), {"run.dir": str(tmp_path / "r")})
-    _open(cfg).finish()
+    _open(cfg).close()  # interrupted: a finished run is not relaunched
     config_json = tmp_path / "r" / "config.json"
     saved = json.loads(config_json.read_text())
     del saved["optim"]["batch_size"]  # as an older tdrl wrote it

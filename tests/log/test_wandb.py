@@ -110,7 +110,7 @@ def test_offline_run_writes_files_and_keeps_its_id_across_resume(offline, tmp_pa
     # metrics, on the env-frames axis
     assert b"train/return_mean" in records and b"frames" in records
 
-    resumed = _open(cfg)
+    resumed = _open(Cfg(run=RunConfig(dir=str(tmp_path / "r"), seed=4, force=True)))  # relaunch the finished run
     assert resumed.wandb_id == run_id
     assert resumed.load_checkpoint() == {"i": 2}
     resumed.log({"train/return_mean": 4.0}, step=400, iteration=3)
