@@ -73,6 +73,11 @@ class BatchCollector:
         self.transform = transform
         self.closed = False
 
+    @property
+    def policy(self) -> torch.nn.Module | None:
+        """The policy the collector acts with (``None``: random actions)."""
+        return self.engine.policy
+
     def collect(self) -> TensorDictBase:
         """Collect one batch (rlpyt's ``obtain_samples``); sets :attr:`traj_infos`."""
         if self.closed:

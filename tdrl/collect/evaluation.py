@@ -8,74 +8,91 @@ and continue their streams: successive evaluations see new initial states, and a
 (the trainer writes them to the run directory and W&B); the returns are the same with or without video.
 
 A policy trained on observations that the training collector transformed (``transform=``, e.g. TorchRL's
-``VecNorm``) is evaluated on observations transformed the same way: ``observations_of=collector`` passes each
-observation through a copy of that transform holding the collector's first-slice state as it stands at each
-evaluation, frozen (``frozen_copy`` where the transform has one), so evaluating never moves the statistics.
+``VecNorm`` or ``CatFrames``) is evaluated on observations transformed the same way, by default: the evaluator runs
+a copy of that transform on its own envs, and before each evaluation loads the training collector's statistics
+(those of transforms with ``freeze``, such as ``VecNorm``, from its first slice as they stand), frozen, so
+evaluating never moves them. The training collector is ``observations_of=``, or the one the trainer is given
+(:meth:`EvalCollector.follow`); ``follow_transform=False`` evaluates on raw observations.
 """
 
 from __future__ import annotations
 
-import copy
 import os
+from collections.abc import Callable
 from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
-from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictModuleBase
-from torchrl.envs import Transform
+from tensordict.nn import InteractionType, TensorDictModuleBase
+from torchrl.envs import Compose, Transform
 
 from tdrl.collect.collector import BatchCollector
-from tdrl.collect.factory import make_collector
+from tdrl.collect.runner import SliceSettings
+from tdrl.collect.serial import SerialEngine
 from tdrl.envs import EnvFactory
-from tdrl.utils.keys import OBS_KEY
 
-__all__ = ["EvalCollector", "FrameRecorder", "TransformedObservations", "make_eval_collector"]
+__all__ = ["EvalCollector", "FrameRecorder", "load_statistics", "make_eval_collector"]
 
 
-class TransformedObservations(TensorDictModuleBase):
-    """``policy`` acting on ``observation`` passed through ``transform`` (the input TensorDict keeps the raw one);
-    :meth:`follow` loads the training collector's current transform state, frozen."""
-
-    def __init__(self, policy: TensorDictModuleBase, transform: Transform) -> None:
-        super().__init__()
-        self.policy, self.template, self.transform = policy, copy.deepcopy(transform), copy.deepcopy(transform)
-        self.in_keys, self.out_keys = list(policy.in_keys), list(policy.out_keys)
-
-    def follow(self, state: dict[str, Any]) -> None:
-        self.template.load_state_dict(state)
-        frozen_copy = getattr(self.template, "frozen_copy", None)  # VecNorm's: its statistics stop updating
-        self.transform = frozen_copy() if callable(frozen_copy) else copy.deepcopy(self.template)
-
-    def forward(self, td: TensorDictBase) -> TensorDictBase:
-        obs = td.get(OBS_KEY)
-        step = TensorDict({OBS_KEY: obs, "reward": obs.new_zeros(obs.shape[0], 1)}, obs.shape[:1])  # as a step's
-        seen = td.clone(recurse=False).set(OBS_KEY, self.transform(step)[OBS_KEY])
-        return td.update(self.policy(seen).select(*self.policy.out_keys, strict=False))
+def load_statistics(target: Transform, state: dict[str, Any]) -> None:
+    """Load into ``target`` (a copy of the transform ``state`` was saved from) the state of its statistics
+    transforms (those with ``freeze``, e.g. ``VecNorm``) and freeze them; per-env state (``CatFrames`` buffers) is
+    not loaded: the evaluator's envs keep their own."""
+    parts = list(target.transforms) if isinstance(target, Compose) else [target]
+    for i, part in enumerate(parts):
+        if not callable(getattr(part, "freeze", None)):
+            continue
+        prefix = f"transforms.{i}." if isinstance(target, Compose) else ""
+        part.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+        part.freeze()
 
 
 class EvalCollector:
-    """Runs whole greedy episodes with a wait-reset serial ``collector``; ``evaluate()`` returns their TrajInfos
-    (also kept in ``traj_infos``). The policy is evaluated with its current weights: there are none to load; with
-    ``observations_of`` (a training collector) and ``transformed`` (the evaluated policy's wrapper), each evaluation
-    first loads that collector's transform state."""
+    """Runs whole greedy episodes with a wait-reset serial collector (built by ``build(transform)`` at the first
+    evaluation); ``evaluate()`` returns their TrajInfos (also kept in ``traj_infos``). The policy is evaluated with
+    its current weights: there are none to load. With a training collector to follow (``observations_of`` or
+    :meth:`follow`) whose ``transform`` is set, the envs run a copy of it, with that collector's statistics loaded
+    (frozen) before each evaluation."""
 
-    def __init__(self, collector: BatchCollector, filmed: _FilmFirstEnv | None = None, *,
-                 observations_of: BatchCollector | None = None,
-                 transformed: TransformedObservations | None = None) -> None:
-        self.collector = collector
-        self.filmed = filmed
-        self.observations_of, self.transformed = observations_of, transformed
+    def __init__(self, build: Callable[[Transform | None], BatchCollector], filmed: _FilmFirstEnv | None = None, *,
+                 observations_of: BatchCollector | None = None, follow_transform: bool = True) -> None:
+        self.build, self.filmed = build, filmed
+        self.follow_transform = follow_transform
+        self.observations_of: BatchCollector | None = None
+        self.transform: Transform | None = None
+        self._collector: BatchCollector | None = None
         self.traj_infos: list[dict[str, float]] = []
         self.video_frames: np.ndarray | None = None  # [T + 1, H, W, 3] of env 0's last episode, with video=True
+        if observations_of is not None:
+            self.follow(observations_of, explicit=True)
+
+    def follow(self, collector: Any, *, explicit: bool = False) -> None:
+        """Evaluate on observations transformed as ``collector``'s (a training collector with a ``transform``),
+        unless built with ``follow_transform=False`` (``explicit``: asked for by name, which wins). Call before the
+        first evaluation; the trainers call it with their collector."""
+        transform = getattr(collector, "transform", None)
+        if transform is None or not (self.follow_transform or explicit) or self.observations_of is not None:
+            return
+        if self._collector is not None:
+            raise RuntimeError("follow() must come before the first evaluation: the eval envs are already built")
+        self.observations_of, self.transform = collector, transform.clone()
+
+    @property
+    def collector(self) -> BatchCollector:
+        """The serial wait-reset collector the episodes run in (built on first use)."""
+        if self._collector is None:
+            self._collector = self.build(self.transform)
+        return self._collector
 
     def evaluate(self) -> list[dict[str, float]]:
         """One episode per env with the policy's current weights."""
-        if self.observations_of is not None and self.transformed is not None:
+        collector = self.collector  # building it runs the transform once: its statistics exist to load into
+        if self.observations_of is not None and self.transform is not None:
             state = self.observations_of.transform_state()
             if state is not None:
-                self.transformed.follow(state)
-        self.collector.collect()
+                load_statistics(self.transform, state)
+            cast(SerialEngine, collector.engine).restart_transform()  # first observations, with these statistics
+        collector.collect()
         self.traj_infos = self.collector.traj_infos
         if self.filmed is not None and self.filmed.recorder is not None and self.filmed.recorder.last_episode:
             self.video_frames = np.stack(self.filmed.recorder.last_episode)
@@ -90,7 +107,8 @@ class EvalCollector:
         self.collector.load_state_dict(state)
 
     def shutdown(self) -> None:
-        self.collector.shutdown()
+        if self._collector is not None:
+            self._collector.shutdown()
 
     def __enter__(self) -> EvalCollector:
         return self
@@ -154,7 +172,7 @@ class _FilmFirstEnv:
 
 def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_envs: int, max_steps: int = 0, seed: int,
         discount: float = 0.99, env_kwargs: dict | None = None, video: bool = False,
-        observations_of: BatchCollector | None = None) -> EvalCollector | None:
+        observations_of: BatchCollector | None = None, follow_transform: bool = True) -> EvalCollector | None:
     """The evaluator every recipe uses, or ``None`` when ``n_envs == 0`` (no evaluation).
 
     Args:
@@ -168,7 +186,10 @@ def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_e
             games (rlpyt's eval envs), and one episode per env would stop at the first lost life.
         video: keep the frames of env 0's episode in ``video_frames`` after each evaluation.
         observations_of: the training collector whose ``transform`` the policy's observations went through: the
-            evaluation's go through it too, with that collector's state at each evaluation, frozen.
+            evaluation's go through it too, with that collector's statistics at each evaluation, frozen. Without
+            it, the trainer this evaluator is given to passes its collector (:meth:`EvalCollector.follow`).
+        follow_transform: ``False``: evaluate on raw observations even where the training collector transforms
+            them (the trainer then does not pass its collector).
 
     Raises:
         ValueError: ``env_kwargs`` asks for ``episodic_lives``.
@@ -182,14 +203,14 @@ def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_e
     limit = max_steps or EnvFactory(env_id, kwargs).specs().max_episode_steps or 1000
     factory = EnvFactory(env_id, {**kwargs, "max_episode_steps": limit})
     filmed = _FilmFirstEnv(factory) if video else None
-    transformed = None
-    if observations_of is not None and observations_of.transform is not None and policy is not None:
-        policy = transformed = TransformedObservations(policy, observations_of.transform)
-        state = observations_of.transform_state()
-        if state is not None:  # the state at build, so the collector's first call sees statistics
-            transformed.follow(state)
-    collector = make_collector("serial", filmed or factory, policy, batch_B=n_envs, batch_T=limit, seed=seed,
-                               reset_mode="wait_reset", exploration_type="deterministic", discount=discount,
-                               return_same_td=True)
-    return EvalCollector(collector, filmed, observations_of=observations_of if transformed else None,
-                         transformed=transformed)
+
+    def build(transform: Transform | None) -> BatchCollector:
+        # wait-reset with a transform: built here, as make_collector allows transforms with reset-at-once only
+        # (idle envs' repeated steps would move training statistics; these are frozen). Through the env protocol,
+        # so the raw observations stay, to be transformed again with each evaluation's statistics.
+        settings = SliceSettings(filmed or factory, seed, True, 0, discount, transform, env_protocol=True)
+        greedy = InteractionType.DETERMINISTIC
+        engine = SerialEngine(settings, policy, batch_B=n_envs, batch_T=limit, exploration=greedy)
+        return BatchCollector(engine, exploration_type=greedy, return_same_td=True, transform=transform)
+
+    return EvalCollector(build, filmed, observations_of=observations_of, follow_transform=follow_transform)

@@ -18,13 +18,18 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 from tdrl.collect.batch import ColumnWriter, PolicyWriter, allocate_batch, finish_slice
 from tdrl.collect.common import env_specs
 from tdrl.collect.policy import PolicyStep
-from tdrl.collect.stepping import STEP_NEXT_KEYS, EnvSlice, make_step_td
-from tdrl.collect.transform import StepTransform
+from tdrl.collect.stepping import EnvSlice, make_step_td
+from tdrl.collect.transform import (
+    StepTransform,
+    check_is_transform,
+    is_step_map,
+    slice_transform,
+    transformed_step_template,
+)
 from tdrl.envs.make import EnvSpecs
 
 __all__ = ["SliceRunner", "SliceSettings", "allocate", "check_slices"]
 
-OBS_KEYS = ["observation", "is_init"]
 Entries = list[tuple[int, int, dict[str, float]]]
 
 
@@ -39,6 +44,7 @@ class SliceSettings:
     max_decorrelation_steps: int = 0
     discount: float = 0.99
     transform: Any = None
+    env_protocol: bool = False  # run even a per-step map transform through the env protocol (the evaluator's)
 
     @property
     def game_score(self) -> bool:
@@ -56,6 +62,10 @@ def allocate(settings: SliceSettings, policy: TensorDictModuleBase | None, batch
         warnings.warn(f"the collector cannot checkpoint its envs' state ({specs.capture_problem}); a resumed run "
                       "restarts their episodes", stacklevel=2)
     step_td = make_step_td(batch_B, specs.observation_spec)
+    if settings.transform is not None:
+        check_is_transform(settings.transform)
+        if settings.env_protocol or not is_step_map(settings.transform):  # the env protocol's keys and shapes
+            step_td = transformed_step_template(settings.transform, specs, batch_B)
     if policy is None:
         template = TensorDict({"action": specs.action_spec.zero((batch_B,))}, batch_size=[batch_B])
     else:
@@ -75,14 +85,21 @@ class SliceRunner:
         self.batch = batch
         self.n_total, self.batch_T = int(batch.batch_size[0]), int(batch.batch_size[1])
         self.wait_reset = settings.wait_reset
-        self.envs = EnvSlice(settings, lo, hi, step_td, batch_T=self.batch_T)
+        rows = step_td[lo:hi]
+        transform = settings.transform
+        # a transform run through the env protocol reads the envs' raw steps from arrays of its own
+        specs = env_specs(settings.env_factory)
+        in_place = transform is None or (is_step_map(transform) and not settings.env_protocol)
+        raw = None if in_place else make_step_td(hi - lo, specs.observation_spec)
+        self.envs = EnvSlice(settings, lo, hi, rows if raw is None else raw, batch_T=self.batch_T,
+                             defer_resets=raw is not None)
         try:
             self.envs.start(settings.max_decorrelation_steps)
-            rows = step_td[lo:hi]
             self.obs, self.is_init = rows.get("observation"), rows.get("is_init")
             self.transform = None
-            if settings.transform is not None:  # a TorchRL transform on this slice's steps (tdrl.collect.transform)
-                self.transform = StepTransform(settings.transform, rows)
+            if transform is not None:  # a TorchRL transform on this slice's steps (tdrl.collect.transform)
+                self.transform = slice_transform(transform, specs, raw, rows,
+                                                 self.envs.reset_rows, wait_reset=self.wait_reset)
                 self.transform.after_reset()
             self.policy_step = None
             if policy is not None:
@@ -91,8 +108,11 @@ class SliceRunner:
         except BaseException:
             self.envs.close()
             raise
-        self.write_obs = ColumnWriter(batch, OBS_KEYS, step_td, lo, hi)
-        self.write_next = ColumnWriter(batch, list(STEP_NEXT_KEYS), step_td, lo, hi)
+        next_keys = [("next", *k) if isinstance(k, tuple) else ("next", k)
+                     for k in step_td.get("next").keys(True, True)]
+        root_keys = [k for k in step_td.keys(True, True) if k not in next_keys]
+        self.write_obs = ColumnWriter(batch, root_keys, step_td, lo, hi)
+        self.write_next = ColumnWriter(batch, next_keys, step_td, lo, hi)
         self.write_policy: PolicyWriter | None = None
         if self.policy_step is not None:
             self.write_policy = PolicyWriter(batch, list(self.policy_step.out_template.keys(True, True)), lo, hi)
@@ -115,7 +135,7 @@ class SliceRunner:
                     envs.sample_actions(actions[:, t])
                 envs.step(t, actions[:, t])
                 if self.transform is not None:
-                    self.transform.after_step()
+                    self._transform_step(t)
                 write_next(t)
         return self.end_batch()
 
@@ -136,11 +156,17 @@ class SliceRunner:
             wait(actions_ready)
             envs.step(t, actions[:, t])
             if self.transform is not None:
-                self.transform.after_step()
+                self._transform_step(t)
             if t < last:
                 obs_ready.release()
             write_next(t)
         return self.end_batch()
+
+    def _transform_step(self, t: int) -> None:
+        assert self.transform is not None
+        done = self.transform.after_step(self.actions[:, t])
+        if done is not None:  # the env protocol's done flags end the episodes (and reset the envs)
+            self.envs.end_episodes(t, done)
 
     def end_batch(self) -> Entries:
         envs = self.envs
@@ -151,14 +177,18 @@ class SliceRunner:
 
     def finish_batch(self) -> None:
         """Wait-reset: reset finished envs (workers do it after replying, while the trainer is busy)."""
-        self.envs.finish_batch()
+        if self.transform is not None and not isinstance(self.transform, StepTransform):
+            self.transform.finish_batch()  # resets them through the transformed env
+        else:
+            self.envs.finish_batch()
 
     def state_dict(self) -> dict[str, Any]:
         """This slice's envs and episodes (:meth:`EnvSlice.state_dict`) and the policy's recurrent state; read
         between batches (after :meth:`finish_batch`)."""
         return {"lo": self.lo, "hi": self.hi, "envs": self.envs.state_dict(),
                 "policy": None if self.policy_step is None else self.policy_step.state_dict(),
-                "transform": None if self.transform is None else self.transform.state_dict()}
+                "transform": None if self.transform is None else self.transform.state_dict(),
+                "transform_episodes": None if self.transform is None else self.transform.episode_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict` of the same slice of a collector built with the same arguments."""
@@ -168,6 +198,8 @@ class SliceRunner:
             self.policy_step.load_state_dict(state["policy"])
         if self.transform is not None and state.get("transform") is not None:
             self.transform.load_state_dict(state["transform"])
+            if state.get("transform_episodes") is not None:  # absent in checkpoints from before it was saved
+                self.transform.load_episode_state(state["transform_episodes"])
 
     def close(self) -> None:
         self.envs.close()

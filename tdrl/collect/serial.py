@@ -41,5 +41,11 @@ class SerialEngine:
         check_slices(state["slices"], [(0, self.batch_B)])
         self.runner.load_state_dict(state["slices"][0])
 
+    def restart_transform(self) -> None:
+        """Transform the envs' current observations afresh (the transform's state changed: the evaluator loaded
+        newer statistics); their episodes must be starting (wait-reset, between batches)."""
+        if self.runner.transform is not None:
+            self.runner.transform.after_reset()
+
     def shutdown(self) -> None:
         self.runner.close()

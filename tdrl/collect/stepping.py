@@ -61,25 +61,30 @@ def make_step_td(n_envs: int, obs_spec: Any) -> TensorDict:
 
 
 class EnvSlice:
-    """Owns envs ``lo:hi`` of a collector (rows of its step TensorDict ``step_td``) and steps them one at a time.
+    """Owns envs ``lo:hi`` of a collector, whose step arrays are ``rows`` (a ``[hi - lo]`` step TensorDict of
+    views), and steps them one at a time.
 
     ``settings`` is the collector's :class:`~tdrl.collect.runner.SliceSettings`; ``batch_T`` sizes the per-batch
-    reward/done record the episode statistics are computed from.
+    reward/done record the episode statistics are computed from. With ``defer_resets`` a done env is not reset by
+    :meth:`step`: the caller resets it (:meth:`reset_rows`) once a transform has seen the step
+    (:mod:`tdrl.collect.transform`).
     """
 
-    def __init__(self, settings: Any, lo: int, hi: int, step_td: TensorDictBase, *, batch_T: int) -> None:
+    def __init__(self, settings: Any, lo: int, hi: int, rows: TensorDictBase, *, batch_T: int,
+                 defer_resets: bool = False) -> None:
         self.lo, self.hi = lo, hi
         self.wait_reset = settings.wait_reset
+        self.defer_resets = defer_resets
         n = hi - lo
         self.seeds = [env_seed(settings.seed, i) for i in range(lo, hi)]
         self.envs = [settings.env_factory() for _ in range(n)]
-        self.obs = step_td["observation"].numpy()[lo:hi]
-        self.is_init = step_td["is_init"].numpy()[lo:hi, 0]
-        self.next_obs = step_td["next", "observation"].numpy()[lo:hi]
-        self.reward = step_td["next", "reward"].numpy()[lo:hi, 0]
-        self.done = step_td["next", "done"].numpy()[lo:hi, 0]
-        self.terminated = step_td["next", "terminated"].numpy()[lo:hi, 0]
-        self.truncated = step_td["next", "truncated"].numpy()[lo:hi, 0]
+        self.obs = rows["observation"].numpy()
+        self.is_init = rows["is_init"].numpy()[:, 0]
+        self.next_obs = rows["next", "observation"].numpy()
+        self.reward = rows["next", "reward"].numpy()[:, 0]
+        self.done = rows["next", "done"].numpy()[:, 0]
+        self.terminated = rows["next", "terminated"].numpy()[:, 0]
+        self.truncated = rows["next", "truncated"].numpy()[:, 0]
         self.idle = np.zeros(n, dtype=bool)
         self.rewards_block = np.zeros((n, batch_T), dtype=np.float32)
         self.dones_block = np.zeros((n, batch_T), dtype=bool)
@@ -127,6 +132,7 @@ class EnvSlice:
         resets: list[tuple[int, Any]] = []
         idle = self.idle
         wait_reset = self.wait_reset
+        reset_now = not (wait_reset or self.defer_resets)
         if self.action_bounds is not None:
             actions = np.clip(actions, *self.action_bounds)  # a copy: the batch keeps the policy's actions
         for i in range(len(envs)):
@@ -142,7 +148,7 @@ class EnvSlice:
                     self.game_goes_on.append((i, t))
                 if wait_reset:
                     idle[i] = True
-                else:
+                elif reset_now:
                     resets.append((i, envs[i].reset()[0]))
         np.logical_or(terminated, truncated, out=self.done)
         self.is_init[:] = False
@@ -152,6 +158,20 @@ class EnvSlice:
             self.is_init[i] = True
         self.rewards_block[:, t] = reward
         self.dones_block[:, t] = self.done
+
+    def reset_rows(self, rows: np.ndarray) -> None:
+        """Reset the envs ``rows`` marks (a ``[n]`` bool mask) now: their ``observation`` is the reset one, with
+        ``is_init``, and wait-reset idle envs among them play again."""
+        for i in np.flatnonzero(rows):
+            self.obs[i], _ = self.envs[i].reset()
+            self.is_init[i] = True
+        self.idle[rows] = False
+
+    def end_episodes(self, t: int, done: np.ndarray) -> None:
+        """Step ``t`` ended the episodes ``done`` marks (a transform's done flags: ``StepCounter`` truncates)."""
+        self.dones_block[:, t] = done
+        if self.wait_reset:
+            self.idle |= done
 
     def batch_traj_infos(self, valid: np.ndarray | None) -> list[tuple[int, int, dict[str, float]]]:
         """Games finished in this batch as ``(t, global_env_index, traj_info)``: episodes, unless the env said
@@ -185,11 +205,7 @@ class EnvSlice:
         """Wait-reset: reset the envs that finished during the batch (their next ``observation`` is fresh)."""
         if not self.wait_reset:
             return
-        rows = np.flatnonzero(self.idle)
-        for i in rows:
-            self.obs[i], _ = self.envs[i].reset()
-            self.is_init[i] = True
-        self.idle[:] = False
+        self.reset_rows(self.idle.copy())
 
     def state_dict(self) -> dict[str, Any]:
         """What the next batch reads (call between batches): each env's state (``None`` for an env whose state

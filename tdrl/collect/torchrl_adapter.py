@@ -38,7 +38,7 @@ def _gym_env(env_factory: Callable[..., Any], transform: Any) -> Any:
     if any(spec.dtype == torch.float64 for spec in env.observation_spec.values(True, True)):
         transforms.append(DoubleToFloat())
     if transform is not None:
-        transforms.append(transform)
+        transforms.append(transform.clone())  # one per env: a transform belongs to one env (TorchRL's rule)
     return TransformedEnv(env, Compose(*transforms)) if transforms else env
 
 
@@ -46,6 +46,20 @@ def _serial_env(env_factory: Callable[..., Any], n: int, transform: Any) -> Any:
     from torchrl.envs import SerialEnv
 
     return SerialEnv(n, functools.partial(_gym_env, env_factory, transform))
+
+
+def _check_env(env_factory: Callable[..., Any], transform: Any) -> None:
+    """Build one transformed env here and step it, so a transform or env that fails raises at construction, in
+    this process, instead of inside TorchRL's worker processes."""
+    env = _gym_env(env_factory, transform)
+    try:
+        env.rand_step(env.reset())
+    except Exception as err:
+        why = f"{type(err).__name__}: {err}".splitlines()[0]
+        raise ValueError(f"collector kind 'torchrl' cannot step this env with transform "
+                         f"{type(transform).__name__} ({why})") from err
+    finally:
+        env.close()
 
 
 class TorchRLEngine:
@@ -71,6 +85,7 @@ class TorchRLEngine:
             auto_register_policy_transforms=False,  # the env is built as given; no implicit InitTracker
         )
         make = functools.partial(_serial_env, settings.env_factory, batch_B // n_workers, settings.transform)
+        _check_env(settings.env_factory, settings.transform)
         if n_workers == 1:
             self.collector = Collector(make(), policy, **kwargs)
         else:
@@ -87,7 +102,8 @@ class TorchRLEngine:
 
     def run(self, exploration: InteractionType) -> tuple[TensorDictBase, list[dict[str, float]]]:
         """One batch with the policy's current weights (TorchRL fixes the exploration type when it is built)."""
-        self.collector.update_policy_weights_()
+        if self.policy is not None:  # random actions (policy=None) have no weights
+            self.collector.update_policy_weights_()
         batch = next(self.batches).reshape(self.batch_B, self.batch_T)
         batch.set(("collector", "mask"), torch.ones(self.batch_B, self.batch_T, dtype=torch.bool))
         rewards = batch.get(("next", "reward")).reshape(self.batch_B, self.batch_T).numpy()

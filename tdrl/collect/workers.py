@@ -28,7 +28,7 @@ from tdrl.collect.common import CollectorError, sorted_infos
 from tdrl.collect.runner import SliceSettings
 from tdrl.collect.stepping import env_seed
 from tdrl.utils.interrupt import ignore_sigint
-from tdrl.utils.process import START_TIMEOUT_S, close_at_exit
+from tdrl.utils.process import START_TIMEOUT_S, check_main_guard, close_at_exit
 
 __all__ = ["POLL_S", "WorkerPool", "WorkerSpec", "get_context", "worker_specs"]
 
@@ -188,6 +188,7 @@ class WorkerPool:
         self.conns: list[Connection] = []
         self._pending: dict[int, list[Any]] = {}
         self.ranges = [(spec.lo, spec.hi) for spec in specs]
+        check_main_guard("this collector")
         ctx = get_context()
         try:
             for spec in specs:

@@ -44,7 +44,8 @@ class TransitionReplayBuffer:
         frame_stack: a :class:`~tdrl.replay.frames.FrameStack` to store stacked image observations once per frame.
         mask_key: per-step validity mask of wait-reset collectors; False steps are never sampled.
         keys: store only these keys (default: every tensor leaf of the first batch).
-        seed: seed of the uniform index generator.
+        seed: seed of the uniform index generator; ``None``: drawn from torch's global generator, so a script
+            that calls ``torch.manual_seed`` samples the same minibatches on every run.
         clip_reward: samples clip each step's reward to [-1, 1] before the n-step sum (rlpyt's Atari clipping);
             the stored rewards stay raw.
         device: where samples are returned (the learner's device); ``None`` leaves them on the host. The data stays

@@ -23,6 +23,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from tdrl.replay.schema import ReplayError
 from tdrl.replay.sum_tree import SumTree
 from tdrl.utils.keys import WEIGHT_KEY
+from tdrl.utils.seeding import numpy_generator
 
 __all__ = ["PrioritizedSampler", "check_priorities"]
 
@@ -66,7 +67,7 @@ class PrioritizedSampler(Sampler):
         self.beta_steps = int(beta_steps)
         self.eps = float(eps)
         self._default_priority = default_priority
-        self.rng = np.random.default_rng(seed)
+        self.rng = numpy_generator(seed)
         self._directory: Path | None = None
         self.capacity: int | None = None
         if max_capacity is not None:

@@ -30,6 +30,7 @@ from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
 from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name, pack
 from tdrl.replay.segments import SEGMENT_BYTES, Lineage, read_segments, write_segments
 from tdrl.replay.storage import MemmapStore
+from tdrl.utils.seeding import numpy_generator
 
 __all__ = ["StreamRing"]
 
@@ -50,7 +51,7 @@ class StreamRing:
         stride, lookback, lookahead: slot spacing, and the steps before / after a slot that its sample reads.
         sampler: ``None`` for uniform draws, or a :class:`PrioritizedSampler` with one leaf per slot.
         mask_key: per-step validity mask (wait-reset collectors); slots where it is False are never drawn.
-        seed: of the uniform draws.
+        seed: of the uniform draws; ``None``: drawn from torch's global generator (``torch.manual_seed`` fixes it).
     """
 
     def __init__(self, directory: str | os.PathLike, capacity: int, layout: dict[str, Any], *,
@@ -67,7 +68,7 @@ class StreamRing:
         self.stride, self.lookback, self.lookahead = int(stride), int(lookback), int(lookahead)
         self.sampler = sampler
         self.mask_key = as_key(mask_key) if mask_key is not None else None
-        self.rng = np.random.default_rng(seed)
+        self.rng = numpy_generator(seed)
         self.schema: BatchSchema | None = None
         self.num_streams = self.time_capacity = 0
         self.flat_batches = self.synced = False

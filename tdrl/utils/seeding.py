@@ -85,3 +85,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     cuda = state.get("cuda") or []
     if cuda and torch.cuda.is_available() and torch.cuda.device_count() >= len(cuda):
         torch.cuda.set_rng_state_all(cuda)
+
+
+def numpy_generator(seed: int | None) -> np.random.Generator:
+    """A numpy ``Generator`` seeded with ``seed`` or, for ``None``, with a draw from torch's global generator: a
+    script that calls ``torch.manual_seed`` (or :func:`seed_everything`) draws the same samples on every run."""
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, ()).item())
+    return np.random.default_rng(seed)

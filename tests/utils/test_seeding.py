@@ -68,3 +68,22 @@ def test_cuda_rng_state_roundtrip():
     torch.rand(10, device="cuda")
     set_rng_state(state)
     assert torch.equal(torch.rand(4, device="cuda"), expected)
+
+
+def test_unseeded_replay_sampling_follows_torch_manual_seed(tmp_path):
+    from tensordict import TensorDict
+
+    from tdrl.replay import TransitionReplayBuffer
+
+    batch = TensorDict({"observation": torch.arange(64.0).reshape(4, 16, 1), "action": torch.zeros(4, 16, 1),
+                        "next": {"observation": torch.arange(64.0).reshape(4, 16, 1) + 1,
+                                 "reward": torch.ones(4, 16, 1), "done": torch.zeros(4, 16, 1, dtype=torch.bool),
+                                 "terminated": torch.zeros(4, 16, 1, dtype=torch.bool),
+                                 "truncated": torch.zeros(4, 16, 1, dtype=torch.bool)}}, batch_size=[4, 16])
+    drawn = []
+    for run in range(3):
+        torch.manual_seed(0 if run < 2 else 1)
+        replay = TransitionReplayBuffer(tmp_path / f"replay{run}", capacity=256)
+        replay.extend(batch)
+        drawn.append(replay.sample(32)["observation"])
+    assert torch.equal(drawn[0], drawn[1]) and not torch.equal(drawn[0], drawn[2])
