@@ -14,7 +14,9 @@ AsyncRl: the ratio falls when the optimizer is slower). With a bound, the optimi
 log row, so each row's ratio is within one minibatch of the target.
 
 At every log or checkpoint boundary the collector pauses while this process evaluates, writes the row (one
-consistent snapshot) and the checkpoint (collector state and replay data included). New weights reach the
+consistent snapshot) and the checkpoint (collector state and replay data included). SIGTERM asks the collector
+for a boundary after its next batch, where the run checkpoints and stops
+(:attr:`~tdrl.train.bookkeeping.Bookkeeper.sigterm`). New weights reach the
 collector every ``updates_per_sync`` updates through shared memory, between batches.
 
 Failures: a collector exception or death is raised here as :class:`AsyncTrainerError` within ``POLL_S`` plus the
@@ -192,6 +194,8 @@ class AsyncTrainer:
                 self._start_collector()
             self._interval["optimizer_wait_s"] = 0.0
             while True:
+                if self.book.sigterm.requested and self._ctrl is not None:
+                    self._ctrl.boundary.set()  # the collector pauses after its next batch: checkpoint, then stop
                 self._drain(block=False)
                 at_boundary = self._boundary is not None
                 if self._collector_done and not at_boundary:
@@ -237,7 +241,8 @@ class AsyncTrainer:
         weights = self._weights_src.data.clone().share_memory_()
         keys = list(self._weights_src.keys(include_nested=True, leaves_only=True))
         self._weight_pairs = [(weights.get(k), self._weights_src.get(k).data) for k in keys]
-        self._ctrl = Control(stop=ctx.Event(), go=ctx.Event(), weights=weights, weights_lock=ctx.Lock(),
+        self._ctrl = Control(stop=ctx.Event(), go=ctx.Event(), boundary=ctx.Event(), weights=weights,
+                             weights_lock=ctx.Lock(),
                              weights_version=ctx.Value("q", 0, lock=False), queue=ctx.Queue())
         self._publish_weights()
         spec = CollectorProcessSpec(
@@ -375,11 +380,12 @@ class AsyncTrainer:
                 self.book.evaluate(self.eval_collector)
             self.book.log(self._row_extra())
             self.stopped_early = self.book.reached(self.stop_return)
-        if itr % self.checkpoint_interval_itrs == 0 or final or self.stopped_early:
+        if itr % self.checkpoint_interval_itrs == 0 or final or self.stopped_early or self.book.sigterm.requested:
             self.book.save_checkpoint(self.objects, collector=info["collector_state"], collector_rng=info["rng"],
                                       **bookkeeping.eval_collector_state(self.eval_collector))
         if self.stopped_early:
             self._ctrl.stop.set()
+        self.book.sigterm.stop_here(final=final or self.stopped_early)  # the collector stays paused; close() stops it
         self._ctrl.go.set()
         return final or self.stopped_early
 

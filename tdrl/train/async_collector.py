@@ -2,10 +2,10 @@
 
 Per iteration the collector process copies newly published weights into its collector's policy (between
 batches), optionally waits for the optimizer (``max_lag_frames``), collects one batch into the shared replay and
-reports it; at a log/checkpoint boundary it also reports its collector's and RNG's state and pauses until
-released. It exits when the budget is spent, when asked to stop, or when the optimizer process disappears.
-:func:`owed_updates` is the one throttle both processes use, so they cannot disagree about whether the optimizer
-may update (which would deadlock a waiting collector).
+reports it; at a log/checkpoint boundary (or the next batch, once the optimizer asks for one: SIGTERM) it also
+reports its collector's and RNG's state and pauses until released. It exits when the budget is spent, when asked
+to stop, or when the optimizer process disappears. :func:`owed_updates` is the one throttle both processes use,
+so they cannot disagree about whether the optimizer may update (which would deadlock a waiting collector).
 """
 
 from __future__ import annotations
@@ -45,11 +45,13 @@ def owed_updates(*, replay_ratio: float, batch_size: int, write_count: int, samp
 @dataclass
 class Control:
     """Shared objects of one optimizer-collector pair: ``stop`` (the optimizer asks the collector to finish), ``go``
-    (cleared by the paused collector at a boundary, set to release it), ``weights`` in shared memory with its
-    ``weights_lock`` and ``weights_version`` (incremented at each publish), ``queue`` (collector -> optimizer)."""
+    (cleared by the paused collector at a boundary, set to release it), ``boundary`` (the optimizer asks for a
+    boundary after the next batch, to checkpoint there), ``weights`` in shared memory with its ``weights_lock`` and
+    ``weights_version`` (incremented at each publish), ``queue`` (collector -> optimizer)."""
 
     stop: Any
     go: Any
+    boundary: Any
     weights: Any
     weights_lock: Any
     weights_version: Any
@@ -155,7 +157,8 @@ def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> 
             "lag_wait_s": lag_wait_s, "weights_version": version,
         }
         done = itr + 1
-        if done % spec.log_interval_itrs == 0 or done % spec.checkpoint_interval_itrs == 0 or done == spec.n_itr:
+        at_interval = done % spec.log_interval_itrs == 0 or done % spec.checkpoint_interval_itrs == 0
+        if at_interval or done == spec.n_itr or ctrl.boundary.is_set():
             info["collector_state"] = collector.state_dict()
             info["rng"] = rng_state()
             ctrl.go.clear()

@@ -2,7 +2,8 @@
 same way: counters ``itr`` (collector iterations), ``frames`` (env frames, all ranks), ``updates`` and
 ``episodes``; the last ``log_traj_window`` training episodes; the optimiser metrics since the last row (``loss_x``
 -> ``loss/x_{mean,std,median,min,max}``); wall time split into training (``time/train_s``, rlpyt's CumTrainTime)
-and evaluation (``time/eval_s``).
+and evaluation (``time/eval_s``); and the one SIGTERM policy (:attr:`Bookkeeper.sigterm`): while a session runs, SIGTERM
+waits for the trainer's next iteration boundary, which checkpoints and stops.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 from tensordict import TensorDictBase
 
 from tdrl.train.protocols import Evaluator, RunLog
+from tdrl.utils.distributed import world_size
+from tdrl.utils.interrupt import SigtermAtBoundary
 from tdrl.utils.stats import metrics_to_floats, summarize_metrics, summarize_records
 
 __all__ = ["Bookkeeper", "CheckpointObjects", "book_counter", "eval_collector_state", "frames_per_batch",
@@ -125,6 +128,9 @@ class Bookkeeper:
     """The books of one training run, written to ``run`` (a ``tdrl.log.Run``, or ``None``: rows only in
     :attr:`history`). A checkpoint taken with another ``frames_per_itr`` (all ranks) is refused;
     ``update_batch_size`` (samples per update, all ranks; ``None`` on-policy) feeds the replay-ratio columns.
+    :attr:`sigterm` defers SIGTERM from :meth:`start_session` to :meth:`end_session`: the trainer checkpoints at its
+    next boundary when ``sigterm.requested``, then calls ``sigterm.stop_here()`` (not on data-parallel ranks, which
+    would have to agree on the boundary: SIGTERM stops them at once).
     """
 
     def __init__(self, *, run: RunLog | None = None, frames_per_itr: int, log_traj_window: int = 100,
@@ -147,12 +153,15 @@ class Bookkeeper:
         self._frames_at_log = 0
         self._updates_at_log = 0
         self._train_s_at_log = 0.0
+        self.sigterm = SigtermAtBoundary(enabled=world_size() == 1)
 
     def start_session(self) -> None:
         self._session_start = time.perf_counter()
         self._session_excluded_s = 0.0
+        self.sigterm.arm()
 
     def end_session(self) -> None:
+        self.sigterm.disarm()
         self._train_s = self.train_s
         self._session_start = None
 

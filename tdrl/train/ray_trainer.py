@@ -17,11 +17,11 @@ loads them between its batches: :data:`~tdrl.train.ray_actors.CALL_MIN_S`). Coun
 rollouts; ``iteration`` counts their collector batches. Log rows add per-actor frames/s, restarts, weight lag,
 queue depth and bytes on the wire per frame.
 
-Checkpoints (interval, end, and SIGTERM, which this trainer turns into a checkpoint at the next round before
-raising :class:`~tdrl.utils.interrupt.Interrupted`) hold the learner's objects, the books, the replay (its
-writes paused) and the published version. A relaunch resumes the learner, optimizer, replay and counters exactly
-as saved; the actors start fresh (new episodes, new env seeds per session), and what they collect afterwards
-depends on timing: nothing after the checkpoint is bitwise.
+Checkpoints (interval, end, and SIGTERM, which every trainer turns into a checkpoint at the next boundary, here a
+round, before raising :class:`~tdrl.utils.interrupt.Interrupted`: :attr:`~tdrl.train.bookkeeping.Bookkeeper.sigterm`)
+hold the learner's objects, the books, the replay (its writes paused) and the published version. A relaunch resumes
+the learner, optimizer, replay and counters exactly as saved; the actors start fresh (new episodes, new env seeds per
+session), and what they collect afterwards depends on timing: nothing after the checkpoint is bitwise.
 """
 
 from __future__ import annotations
@@ -30,10 +30,8 @@ import contextlib
 import logging
 import math
 import os
-import signal
 import socket
 import sys
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +48,7 @@ from tdrl.train.ray_actors import CollectorActor, LearnerHub, RayTrainerError, a
 from tdrl.train.replicas import tensor_digest
 from tdrl.train.sync import shutdown
 from tdrl.utils.errors import UserError
-from tdrl.utils.interrupt import Interrupted, keeps_signal_handlers
+from tdrl.utils.interrupt import keeps_signal_handlers
 
 __all__ = ["RayTrainer", "check_reachable", "connect_ray", "module_path", "ray_target"]
 
@@ -211,7 +209,6 @@ class RayTrainer:
         self._factory_ref: Any = None
         self._logged = self._saved = 0  # log and checkpoint boundaries passed
         self._interval = self._new_interval()
-        self._sigterm = False
 
     itr = book_counter("itr", "Collector batches received (an Ape-X rollout carries one or more).")
     frames = book_counter("frames", "Env frames of the rollouts received.")
@@ -234,20 +231,18 @@ class RayTrainer:
     # --- The loop ----------------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
-        book = self.book
-        completed = False
+        book, completed = self.book, False
         book.start_session()
         try:
-            with self._sigterm_checkpoints():
-                self._maybe_resume()
-                if self.eval_collector is not None and book.itr == 0 and not self.resumed:
-                    book.evaluate(self.eval_collector)
-                    book.log(self._row_extra())
-                with book.paused():  # starting Ray and the actors is not training time
-                    self._start()
-                while book.itr < self.n_itr and not self.stopped_early:
-                    yield from self._unroll_round() if self.on_policy else self._replay_round()
-                    self._boundaries()
+            self._maybe_resume()
+            if self.eval_collector is not None and book.itr == 0 and not self.resumed:
+                book.evaluate(self.eval_collector)
+                book.log(self._row_extra())
+            with book.paused():  # starting Ray and the actors is not training time
+                self._start()
+            while book.itr < self.n_itr and not self.stopped_early:
+                yield from self._unroll_round() if self.on_policy else self._replay_round()
+                self._boundaries()
             completed = True
         finally:
             book.end_session()
@@ -311,11 +306,11 @@ class RayTrainer:
                 self.book.evaluate(self.eval_collector)
             self.book.log(self._row_extra())
             self.stopped_early = self.book.reached(self.stop_return)
-        if itr // self.checkpoint_interval_itrs > self._saved or final or self.stopped_early or self._sigterm:
+        sigterm = self.book.sigterm
+        if itr // self.checkpoint_interval_itrs > self._saved or final or self.stopped_early or sigterm.requested:
             self._saved = itr // self.checkpoint_interval_itrs
             self._save_checkpoint()
-        if self._sigterm:
-            raise Interrupted(signal.SIGTERM)
+        sigterm.stop_here(final=final or self.stopped_early)
 
     # --- Actors, weights, observability ------------------------------------------------------------------------
 
@@ -416,22 +411,6 @@ class RayTrainer:
                 "parameters_sha256": tensor_digest(p for m in modules for p in m.parameters())[:16]}
 
     # --- Checkpoints -------------------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _sigterm_checkpoints(self) -> Iterator[None]:
-        """SIGTERM sets a flag the next round boundary checkpoints on, then raises ``Interrupted`` there."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def later(signum: int, frame: Any) -> None:
-            self._sigterm = True
-
-        previous = signal.signal(signal.SIGTERM, later)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGTERM, previous)
 
     def _save_checkpoint(self) -> None:
         import ray

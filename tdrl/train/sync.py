@@ -15,7 +15,9 @@ run ends on a log row; rows, evaluations and checkpoints follow the iterations t
 :func:`~tdrl.train.updates_per_iteration`. ``trainer.itr`` is the 0-based iteration inside the body. Launching again
 on the same run directory resumes bitwise after the last checkpoint, which holds the ``checkpoint_state`` objects,
 every rank's collector (its envs, episodes in progress, recurrent state, worker RNGs) and RNGs, the evaluator's envs
-and the open log interval's episodes and metrics; an interrupted run is closed without ``summary.json``.
+and the open log interval's episodes and metrics; an interrupted run is closed without ``summary.json``. SIGTERM
+stops the loop at the next iteration boundary, with a checkpoint (:attr:`Bookkeeper.sigterm`; on one rank:
+data-parallel ranks stop at once).
 
 Data parallel (rlpyt's SyncRl, ``trainer.kind=ddp``): every rank of a process group builds its own collector,
 replay and model copy and runs this loop; ``modules`` (the loss module) start from rank 0's weights and their
@@ -220,8 +222,10 @@ class SyncTrainer:
                     self._check_replicas()
                     stop = self.rank == 0 and book.reached(self.stop_return)
                     self.stopped_early = bool(broadcast_from_main(stop))
-                if book.itr % self.checkpoint_interval_itrs == 0 or book.itr >= self.n_itr or self.stopped_early:
+                final = book.itr >= self.n_itr or self.stopped_early
+                if book.itr % self.checkpoint_interval_itrs == 0 or final or book.sigterm.requested:
                     self._save_checkpoint()
+                book.sigterm.stop_here(final=final)
             completed = True
         finally:
             book.end_session()

@@ -7,6 +7,10 @@ and the command that resumes the run, the same arguments plus ``run.dir=<its dir
 :meth:`tdrl.log.Run.open` reports with :func:`note_run_dir`), and the process exits with ``128 + signal`` (130 for
 SIGINT, 143 for SIGTERM), as a shell reports a process killed by it. ``TDRL_DEBUG=1`` keeps the traceback.
 
+Inside a trainer's loop SIGTERM waits for the next iteration boundary (:class:`SigtermAtBoundary`, one policy for
+every trainer): the trainer checkpoints there, then raises :class:`Interrupted`, so a preempted run resumes from
+the iteration it was in, not from its last interval checkpoint. Ctrl-C, and a second SIGTERM, interrupt at once.
+
 Worker processes ignore SIGINT (:func:`ignore_sigint`): a terminal's Ctrl-C reaches the whole process group, and
 only the main process decides how they stop.
 """
@@ -22,10 +26,10 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
-__all__ = ["Interrupted", "ignore_sigint", "interrupts_end_in_one_line", "keeps_signal_handlers", "note_run_dir",
-           "resume_command"]
+__all__ = ["Interrupted", "SigtermAtBoundary", "ignore_sigint", "interrupts_end_in_one_line", "keeps_signal_handlers",
+           "note_run_dir", "resume_command"]
 
 
 class _State(TypedDict):
@@ -71,6 +75,46 @@ def resume_command(script: str, args: Sequence[str], run_dir: str | os.PathLike)
 def _raise_interrupted(signum: int, frame: object) -> None:
     _state["signum"] = signum
     raise Interrupted(signum)
+
+
+class SigtermAtBoundary:
+    """The SIGTERM policy of every trainer: while armed (its loop runs), SIGTERM asks the loop to stop at its next
+    iteration boundary instead of interrupting whatever it is doing; the trainer checkpoints there (its checkpoint
+    condition includes :attr:`requested`) and calls :meth:`stop_here`, which raises :class:`Interrupted`: a recipe's
+    command line then ends with the resume line and exit status 143. A second SIGTERM interrupts at once, as Ctrl-C
+    (never deferred) does. Arming does nothing outside the main thread (signal handlers belong to it) or when
+    ``enabled`` is false (data-parallel ranks, which would have to agree on the boundary)."""
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.requested = False
+        self._previous: Any = None
+        self._armed = False
+
+    def arm(self) -> None:
+        """Defer SIGTERM to the next boundary until :meth:`disarm` (call it where the loop starts)."""
+        if self._armed or not self.enabled or threading.current_thread() is not threading.main_thread():
+            return
+        self._previous = signal.signal(signal.SIGTERM, self._later)
+        self._armed = True
+
+    def disarm(self) -> None:
+        """Put back the SIGTERM handler :meth:`arm` replaced (call it where the loop ends, however it ends)."""
+        if self._armed:
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._armed = False
+
+    def _later(self, signum: int, frame: object) -> None:
+        if self.requested:  # a second SIGTERM: the sender will not wait
+            _raise_interrupted(signum, frame)
+        self.requested = True
+        _state["signum"] = signum  # whatever ends the run from here on ends with the resume line
+
+    def stop_here(self, *, final: bool = False) -> None:
+        """At an iteration boundary, after its checkpoint: raise :class:`Interrupted` if SIGTERM asked to stop
+        (not at the ``final`` boundary: the run is complete and finishes)."""
+        if self.requested and not final:
+            raise Interrupted(signal.SIGTERM)
 
 
 @contextlib.contextmanager
