@@ -26,10 +26,11 @@ bench: install
 docs:
 	$(PY) docs/make_api.py
 
-# The prepared GPU check (benchmarks/gpu_check.py). Here: `make gpu-wheels` downloads into the git-ignored .whl/
-# what the lent GPU machine lacks (it has Python 3.12, torch 2.11.0+cu130, numpy, opencv, pytest; no package index).
-# There, in one call: `make gpu-check` installs them beside its torch and writes docs/gpu-<date>.md (into $OUT as it
-# runs, so a call cut off at its time limit still returns the steps that ran). GPU_CHECK_ARGS: e.g. --skip atari.
+# The prepared GPU check (benchmarks/gpu_check.py), one command wherever pip can download: `make gpu-check` fetches
+# into the git-ignored .whl/ what the lent GPU machine lacks (it has Python 3.12, torch 2.11.0+cu130, numpy, opencv,
+# pytest; no package index) when .whl/ is missing, installs it beside that machine's torch and writes
+# docs/gpu-<date>.md (into $OUT as it runs, so a call cut off at its time limit still returns the steps that ran).
+# For the lent machine, `make gpu-wheels` here and carry .whl/ there. GPU_CHECK_ARGS: e.g. --skip atari.
 GPU_PY ?= python3
 GPU_PAGE ?= gpu-$(shell date +%F).md
 GPU_CHECK_ARGS ?=
@@ -39,11 +40,23 @@ GPU_PLATFORMS = manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_6
 
 gpu-wheels:
 	rm -rf .whl
-	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-		$(addprefix --platform ,$(GPU_PLATFORMS)) -d .whl $(GPU_WHEELS)
-	du -sh .whl
+	@$(MAKE) --no-print-directory .whl
 
-gpu-check:
+# Downloaded into a temporary folder renamed .whl/ once complete, so an interrupted download never passes for the
+# wheels; where pip cannot download them, one line says what to do instead of pip's log.
+.whl:
+	@part=$$(mktemp -d .whl.XXXXXX) && log=$$part/pip.log && \
+	if $(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(addprefix --platform ,$(GPU_PLATFORMS)) -d $$part/wheels $(GPU_WHEELS) >$$log 2>&1; then \
+		mv $$part/wheels .whl && rm -rf $$part && du -sh .whl; \
+	else \
+		echo "error: the GPU check needs its wheels in .whl/ and pip could not download them here" \
+			"($$(grep -m1 '^ERROR' $$log || tail -n1 $$log)); run make gpu-wheels where pip reaches a package" \
+			"index and copy .whl/ here" >&2; \
+		rm -rf $$part; exit 2; \
+	fi
+
+gpu-check: | .whl
 	$(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tdrl-site \
 		.whl/*.whl
 	PYTHONPATH=/tmp/tdrl-site:$(CURDIR) $(GPU_PY) benchmarks/gpu_check.py --markdown $${OUT:-docs}/$(GPU_PAGE) \

@@ -12,7 +12,9 @@ A GPU machine is lent only now and then, for minutes, with no package index: eve
   losses are Python), so the check keeps the versions the CPU suite verified.
 * There, in one call (the device tool's ``run`` with ``carry=[".whl"]``): ``make gpu-check`` installs the wheels into
   ``/tmp/tdrl-site`` and runs this script, which writes ``docs/gpu-<date>.md`` (and copies it to ``$OUT`` when set).
-  It is sized to end in about 6 minutes, leaving time to run it again.
+  It is sized to end in about 6 minutes, leaving time to run it again. Without ``.whl/`` it downloads the wheels
+  first, so on a GPU machine where pip reaches an index it is the one command; where pip cannot, it ends with one
+  line saying to carry ``.whl/`` from a machine that can.
 * On CPU: ``python benchmarks/gpu_check.py --dry-run`` runs every step at tiny budgets on the CPU (CI runs it, so
   the script is tested before a GPU sees it).
 

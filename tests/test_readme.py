@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 NOT_RUN = {  # command -> why a test does not run it
-    "pip install torch==2.13.0": "installs packages",
+    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu": "installs packages (what it "
+                                                                                 "resolves to: test_user_commands)",
     'pip install -e ".[dev]"': "installs packages",
     "make test": "runs the test suite this test is part of",
     "python recipes/impala.py trainer.kind=ray": "starts Ray, which must stay on loopback: tests/distributed runs it "
