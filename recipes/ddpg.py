@@ -106,7 +106,7 @@ def main(cfg: Config) -> dict:
     eval_collector = eval_collector_from(cfg, actor)
     trainer = make_trainer(cfg, on_policy=False, collector_factory=collector_factory, replay=replay, policy=policy,
                            eval_collector=eval_collector, run=run,
-                           checkpoint_state={"loss": loss, "updater": updater, "replay": replay},
+                           checkpoint_state={"loss": loss, "updater": updater, "replay": replay, "policy": policy},
                            weights_module=actor)  # ray: the actors receive the policy network (their noise stays)
 
     # --- Update ---------------------------------------------------------------------------------------------

@@ -92,7 +92,9 @@ class SyncTrainer:
         replay_ratio, batch_size: off-policy data reuse and minibatch size (per rank): :attr:`updates_per_itr`.
         min_steps_learn: env frames collected before the first update.
         checkpoint_state: named objects with ``state_dict``/``load_state_dict`` (models, optimizers, updaters) or
-            ``dumps``/``loads`` (replay buffers), saved in checkpoints and restored on resume. Under ddp a
+            ``dumps``/``loads`` (replay buffers), saved in checkpoints and restored on resume. The trainer adds
+            ``replay`` itself (as ``"replay"``), with the collector, evaluator and RNGs; policy parameters or
+            buffers that no module here holds are named in a warning at start. Under ddp a
             replay's ``state_dict`` (counters) is saved per rank; its data stays in the rank's scratch directory.
             Those with ``check_finite()`` (updaters) are checked before every log row and checkpoint: an update
             skipped for a NaN/inf loss raises ``NonFiniteLossError`` there.
@@ -129,6 +131,8 @@ class SyncTrainer:
         self.eval_collector = eval_collector if self.rank == 0 else None
         if self.rank != 0:
             shutdown(eval_collector)  # only rank 0 evaluates
+        elif callable(follow := getattr(eval_collector, "follow", None)):
+            follow(collector)  # evaluation sees observations as the collector's transform makes them
         self.replay = replay
         self.local_frames_per_itr = int(frames_per_itr or frames_per_batch(collector))
         self.frames_per_itr = self.local_frames_per_itr * self.world_size
@@ -138,7 +142,9 @@ class SyncTrainer:
         self.min_itr_learn = int(min_steps_learn) // self.frames_per_itr
         self.updates_per_itr = updates_per_iteration(replay_ratio, self.local_frames_per_itr, batch_size) \
             if replay_ratio and batch_size is not None else 1  # batch_size is given with replay_ratio (checked above)
-        self.objects = CheckpointObjects(checkpoint_state)
+        self.objects = CheckpointObjects(self._owned_state(checkpoint_state, replay))
+        if run is not None:
+            self._warn_uncaptured(collector, self.objects)
         per_rank = {}
         if self.world_size > 1:  # each rank has its own replay: its counters go with the rank's state
             per_rank, self.objects.files = self.objects.files, {}
@@ -157,6 +163,33 @@ class SyncTrainer:
                                  "average over the ranks")
             broadcast_module_state(self.modules)  # every replica starts from rank 0's weights (DDP's constructor)
             self.grad_sync = GradientAllReduce(self.modules)
+
+    @staticmethod
+    def _owned_state(checkpoint_state: Mapping[str, Any] | None, replay: Replay | None) -> dict[str, Any]:
+        """``checkpoint_state`` with the replay the trainer fills, under ``"replay"`` unless it is there already:
+        the trainer owns what it needs to resume, whoever wrote the loop."""
+        state = dict(checkpoint_state or {})
+        if replay is None or any(obj is replay for obj in state.values()):
+            return state
+        if "replay" in state:
+            raise ValueError("checkpoint_state['replay'] is another object than the trainer's replay; name it "
+                             "differently (the trainer checkpoints its replay as 'replay')")
+        return {**state, "replay": replay}
+
+    @staticmethod
+    def _warn_uncaptured(collector: Collector, objects: CheckpointObjects) -> None:
+        """Name, once at start, what a resumed run would not get back: policy parameters or buffers (an
+        exploration schedule's epsilon) that no ``checkpoint_state`` module holds."""
+        policy = getattr(collector, "policy", None)
+        if not isinstance(policy, nn.Module):
+            return
+        saved = {id(t) for obj in objects.states.values() if isinstance(obj, nn.Module)
+                 for t in (*obj.parameters(), *obj.buffers())}
+        missed = [name for name, t in (*policy.named_parameters(), *policy.named_buffers()) if id(t) not in saved]
+        if missed:
+            warnings.warn(f"checkpoint_state holds no module with the policy's {', '.join(missed[:4])}"
+                          f"{' ...' if len(missed) > 4 else ''}: a resumed run would act with them as built; pass "
+                          "the modules that own them (model, exploration) in checkpoint_state={...}", stacklevel=3)
 
     itr = book_counter("itr", "Collector iterations: the 0-based iteration inside the loop body, done ones outside.")
     frames = book_counter("frames", "Env frames collected (all ranks).")
