@@ -67,10 +67,11 @@ def _is_mujoco(env_id: str) -> bool:
 
 
 def _mujoco_warning(message: str) -> None:
-    """MuJoCo's warning callback: a Python ``RuntimeWarning``. It must not raise (an exception crossing MuJoCo's C
-    callback aborts the process), so where warnings are errors it prints instead."""
+    """MuJoCo's warning callback: a Python ``RuntimeWarning`` ``MuJoCo - <message>`` (no colon: a
+    ``PYTHONWARNINGS`` filter cannot name a message with one, :mod:`tdrl.utils.console`). It must not raise (an
+    exception crossing MuJoCo's C callback aborts the process), so where warnings are errors it prints instead."""
     try:
-        warnings.warn(f"MuJoCo: {message}", RuntimeWarning, stacklevel=1)
+        warnings.warn(f"MuJoCo - {message}", RuntimeWarning, stacklevel=1)
     except Exception:
         try:
             print(f"MuJoCo warning: {message}", file=sys.stderr)

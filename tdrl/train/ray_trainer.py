@@ -27,7 +27,6 @@ session), and what they collect afterwards depends on timing: nothing after the 
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
 import socket
@@ -47,6 +46,7 @@ from tdrl.train.protocols import Evaluator, Replay, RunLog
 from tdrl.train.ray_actors import CollectorActor, LearnerHub, RayTrainerError, actor_seed, from_wire, nbytes, to_wire
 from tdrl.train.replicas import tensor_digest
 from tdrl.train.sync import shutdown
+from tdrl.utils.console import ray_init_options, ray_output_to_run_log
 from tdrl.utils.errors import UserError
 from tdrl.utils.interrupt import keeps_signal_handlers
 
@@ -62,7 +62,8 @@ def describe(digest: dict[str, Any]) -> str:
 
 def connect_ray(address: str | None, *, cpus_wanted: float) -> bool:
     """Join the cluster at ``address`` (else ``RAY_ADDRESS``), or start Ray on this machine with enough CPUs for
-    every actor. Returns whether Ray was started here (so the run shuts it down)."""
+    every actor. Returns whether Ray was started here (so the run shuts it down). In a recipe, what ``ray.init``
+    prints goes to the run's ``debug.log`` and the actors' output stays in Ray's logs (:mod:`tdrl.utils.console`)."""
     try:
         import ray
     except ImportError:
@@ -74,13 +75,13 @@ def connect_ray(address: str | None, *, cpus_wanted: float) -> bool:
     if place:
         check_reachable(*place)
     try:
-        with keeps_signal_handlers():
+        with keeps_signal_handlers(), ray_output_to_run_log():
             if target:
-                ray.init(address=target, logging_level=logging.WARNING, configure_logging=True)
+                ray.init(address=target, **ray_init_options())
                 return False
             # "local": a new Ray of this run's own, even where another runs on this machine (ray.init() would join it)
             ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_wanted)),
-                     include_dashboard=False, logging_level=logging.WARNING, configure_logging=True)
+                     include_dashboard=False, **ray_init_options())
             return True
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = f"the Ray cluster at {target}" if target else "a local Ray instance"
@@ -340,8 +341,11 @@ class RayTrainer:
                 hub=self._hub, setup=self.actor_setup, priorities=self.actor_priorities,
                 call_timeout_s=self.call_timeout_s)
 
-        self.pool = ActorPool(make_actor, self.n_actors, mode="unroll" if self.on_policy else "replay",
-                              spares=self.spare_actors, call_timeout_s=self.call_timeout_s)
+        # Ray logs an error for the first actor built with a reference among its arguments, which a restart needs:
+        # harmless here (both are held above for the whole run), so in a recipe it goes to the run's debug.log
+        with ray_output_to_run_log():
+            self.pool = ActorPool(make_actor, self.n_actors, mode="unroll" if self.on_policy else "replay",
+                                  spares=self.spare_actors, call_timeout_s=self.call_timeout_s)
 
     def _publish(self) -> None:
         """Put the learner's weights in the object store as the next version and hand the hub its reference."""

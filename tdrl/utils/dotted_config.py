@@ -23,6 +23,7 @@ import types
 import typing
 from typing import Annotated, Any, Literal, TypeVar
 
+from tdrl.utils.console import quiet_console
 from tdrl.utils.errors import NothingToDo, UserError
 from tdrl.utils.interrupt import interrupts_end_in_one_line
 from tdrl.utils.ranges import Length, Range
@@ -325,9 +326,12 @@ def run_recipe(main: typing.Callable[[C], Any], cfg: C, *, prog: str | None = No
     ends with one line and exit status 2; a relaunch of a finished run, with one line saying so and exit status 0
     (:class:`NothingToDo`). A recipe imports only this module at the top and the heavy modules (torch,
     TorchRL, envs) inside ``main``, so a config error shows in well under a second. Ctrl-C and SIGTERM end with one
-    line giving the command that resumes the run, and exit status 130 / 143 (:mod:`tdrl.utils.interrupt`)."""
+    line giving the command that resumes the run, and exit status 130 / 143 (:mod:`tdrl.utils.interrupt`).
+
+    A successful run prints tdrl's lines and the progress bar, nothing else: the harmless third-party warnings and
+    Ray's start-up lines are silenced while ``main`` runs (:mod:`tdrl.utils.console`; ``TDRL_DEBUG=1`` shows them)."""
     script = sys.argv[0] if argv is None else (prog or sys.argv[0])  # as the user typed it
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse_args(cfg, argv, prog, doc)
-    with interrupts_end_in_one_line(script, argv), user_errors():
+    with quiet_console(), interrupts_end_in_one_line(script, argv), user_errors():
         return main(cfg)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 __all__ = ["Interrupted", "SigtermAtBoundary", "ignore_sigint", "interrupts_end_in_one_line", "keeps_signal_handlers",
-           "note_run_dir", "resume_command"]
+           "note_run_dir", "noted_run_dir", "resume_command"]
 
 
 class _State(TypedDict):
@@ -51,6 +51,11 @@ class Interrupted(KeyboardInterrupt):
 def note_run_dir(path: str | os.PathLike) -> None:
     """Record the directory of the run this process has open: the one an interrupted launch resumes."""
     _state["run_dir"] = str(Path(path).absolute())
+
+
+def noted_run_dir() -> str | None:
+    """The directory :func:`note_run_dir` recorded (``None`` before a run is open): where its ``debug.log`` is."""
+    return _state["run_dir"]
 
 
 def ignore_sigint() -> None:

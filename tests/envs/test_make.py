@@ -67,7 +67,7 @@ def test_mujoco_warnings_become_python_warnings_and_leave_no_log_file(tmp_path):
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
         "    handler('probe message')\n"
-        "assert [str(w.message) for w in caught] == ['MuJoCo: probe message'], caught\n"
+        "assert [str(w.message) for w in caught] == ['MuJoCo - probe message'], caught\n"
         "assert caught[0].category is RuntimeWarning\n"
         "warnings.simplefilter('error')\n"
         "handler('as error')  # must not raise: an exception in MuJoCo's C callback aborts the process\n"
