@@ -1,7 +1,9 @@
 """A quiet console (tdrl/utils/console.py): a successful recipe run prints tdrl's own lines and the progress bar on
-stderr, nothing else. Each recipe runs once as a user types it, with stderr a terminal (so the bar draws) and no
-desktop session (no ``DISPLAY``, ``XDG_RUNTIME_DIR``: ssh, a container, SLURM): PPO with ``eval.video=true``, SAC
-on MuJoCo's HalfCheetah with a worker process, IMPALA with ``trainer.kind=ray``. ``TDRL_DEBUG=1`` shows it all."""
+stderr, nothing else. Each recipe runs once as a user types it, with stderr a terminal (so the bar draws), no
+desktop session (no ``DISPLAY``, ``XDG_RUNTIME_DIR``: ssh, a container, SLURM) and W&B as a user first gets it
+(``logger.wandb=true``, offline, no ``WANDB_*`` variables): PPO with ``eval.video=true``, SAC on MuJoCo's HalfCheetah
+with a worker process, IMPALA with ``trainer.kind=ray``. ``TDRL_DEBUG=1`` shows it all. A SLURM job (or a SLURM
+sweep's run) calls ``main`` without the command line: it is as quiet."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import struct
 import subprocess
 import sys
@@ -25,7 +28,7 @@ from tdrl.utils.console import HARMLESS, quiet_console
 from tests.distributed.cluster import LoopbackCluster, can_make_namespaces
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMON = ["eval.n_envs=1", "eval.max_steps=10", "logger.wandb=false"]
+COMMON = ["eval.n_envs=1", "eval.max_steps=10"]  # and W&B at its default: logger.wandb=true, offline
 OFF_POLICY = ["optim.min_steps_learn=16", "model.hidden_sizes=[16]", "optim.batch_size=16", "optim.replay_ratio=16",
               "replay.size=256", "collector.total_frames=64", "logger.log_interval_steps=32"]
 RUNS = {  # each recipe with a few frames, a few updates and one evaluation per log row
@@ -60,10 +63,11 @@ def foreign_lines(stderr: str, name: str) -> list[str]:
 
 
 def user_env(**extra: str) -> dict[str, str]:
-    """A user's shell without a desktop session, and without what tests/conftest.py sets to quiet the test run."""
-    env = {k: v for k, v in os.environ.items() if k not in {
+    """A user's shell without a desktop session, without W&B settings (``WANDB_*``) and without what
+    tests/conftest.py sets to quiet the test run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k not in {
         "DISPLAY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", "SDL_VIDEODRIVER", "MUJOCO_GL", "PYTHONWARNINGS",
-        "TDRL_DEBUG", "WANDB_MODE", "WANDB_SILENT", "RL_WARNINGS"}}
+        "TDRL_DEBUG", "RL_WARNINGS"}}
     return {**env, "PYTHONPATH": str(ROOT), **extra}
 
 
@@ -108,12 +112,23 @@ def run_on_a_terminal(cmd: list[str], env: dict[str, str], timeout: float) -> tu
 
 def run_recipe(name: str, run_dir: Path, *extra: str, prefix: tuple[str, ...] = (), env: dict[str, str] | None = None,
                timeout: float = 240) -> tuple[str, dict]:
-    """``python recipes/<name>.py`` with its tiny settings: the stderr it printed and its summary."""
+    """``python recipes/<name>.py`` with its tiny settings: the stderr it printed and its summary. W&B's files are
+    named in tdrl's one line about them, on stdout."""
     cmd = [*prefix, sys.executable, str(ROOT / "recipes" / f"{name}.py"), *RUNS[name], *COMMON, *extra,
            f"run.dir={run_dir}"]
     code, out, err = run_on_a_terminal(cmd, env or user_env(), timeout)
     assert code == 0, f"exit {code}\n{out[-2000:]}\n{err[-3000:]}"
+    check_wandb_line(out, run_dir)
     return err, json.loads((run_dir / "summary.json").read_text())
+
+
+def check_wandb_line(stdout: str, run_dir: Path) -> None:
+    """The run's offline W&B data is where tdrl's one line says, with the command that uploads it."""
+    (line,) = [line for line in stdout.splitlines() if line.startswith("tdrl: W&B")]
+    assert line.startswith("tdrl: W&B run saved offline; upload it with: wandb sync "), line
+    (sync_dir,) = (Path(p) for p in shlex.split(line.split("wandb sync ", 1)[1]))
+    run_id = (run_dir / "wandb_id.txt").read_text().strip()
+    assert sync_dir.parent == run_dir / "wandb" and (sync_dir / f"run-{run_id}.wandb").is_file(), line
 
 
 @pytest.mark.timeout(300)
@@ -150,9 +165,52 @@ def test_a_ray_run_prints_only_tdrl_lines_and_the_bar_and_ray_logs_to_the_run(tm
 
 @pytest.mark.timeout(300)
 def test_tdrl_debug_shows_everything(tmp_path):
-    """The same DDPG run with ``TDRL_DEBUG=1``: TorchRL's warning about target updates is back on stderr."""
+    """The same DDPG run with ``TDRL_DEBUG=1``: TorchRL's warning about target updates is back on stderr, and W&B's
+    own lines with it."""
     err, _ = run_recipe("ddpg", tmp_path / "run", env=user_env(TDRL_DEBUG="1"))
-    assert any("No target network updater" in line for line in foreign_lines(err, "ddpg")), err
+    shown = foreign_lines(err, "ddpg")
+    assert any("No target network updater" in line for line in shown), err
+    assert any(line.startswith("wandb: ") and "wandb sync" in line for line in shown), err
+
+
+JOB_RECIPE = """
+import os, subprocess, sys, warnings
+from dataclasses import dataclass, field
+from tdrl.config import RunConfig
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+
+def main(cfg):  # each harmless warning, here and in a child process, as a recipe's TorchRL and MuJoCo would
+    emit = "; ".join(f"warnings.warn_explicit({m!r}, {c}, 'x.py', 1, module={mod!r})" for m, c, mod in HARMLESS)
+    exec("import warnings; " + emit)
+    subprocess.run([sys.executable, "-c", "import warnings; " + emit], check=True)
+    return {"sdl": os.environ.get("SDL_VIDEODRIVER")}
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_slurm_job_is_as_quiet_as_the_command_line(tmp_path, debug):
+    """A SLURM job (tdrl/launch/job.py, also each run of a SLURM sweep) calls the recipe's ``main`` itself: the job's
+    log gets none of the harmless warnings, from the recipe or its child processes, unless ``TDRL_DEBUG=1``."""
+    recipe = tmp_path / "recipes" / "warny.py"
+    recipe.parent.mkdir()
+    harmless = [(h.message, h.category.__name__, h.module) for h in HARMLESS]
+    recipe.write_text(f"HARMLESS = {harmless!r}\n{JOB_RECIPE}")
+    code = ("from tdrl.launch.job import RecipeJob;"
+            f"print(RecipeJob({str(recipe)!r}, ['run.dir={tmp_path}/r'], {str(tmp_path / 'r')!r})())")
+    env = user_env(**({"TDRL_DEBUG": "1"} if debug else {}))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, env=env)
+    assert res.returncode == 0, res.stderr
+    shown = [h.message for h in HARMLESS if h.message in res.stderr]
+    if debug:
+        assert res.stderr.count("Warning: ") == 2 * len(HARMLESS) and len(shown) == len(HARMLESS), res.stderr
+        assert "'sdl': None" in res.stdout
+    else:
+        assert not res.stderr.strip(), res.stderr
+        assert "'sdl': 'dummy'" in res.stdout
 
 
 def test_each_filter_reaches_child_processes_and_only_its_message(monkeypatch):

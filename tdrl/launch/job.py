@@ -5,6 +5,10 @@ trains. On USR2 submitit calls :meth:`RecipeJob.checkpoint`, which requeues the 
 the recipe resumes there from its last checkpoint. Rank 0 appends each start, requeue and end to
 ``<run dir>/launch_events.jsonl`` for ``status``; every rank of a multi-task job adds where it runs (``rank``, or
 ``ray_node`` in a Ray job) and any error it raised, with its rank.
+
+``main`` runs in :func:`~tdrl.utils.console.quiet_console`, as on a recipe's command line (local sweeps run that
+command line): the job's log holds tdrl's lines and the bar, not the third-party messages checked to be harmless
+(``TDRL_DEBUG=1`` keeps them).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from tdrl.config import apply_overrides
 from tdrl.launch.distributed import export_dist_env, slurm_dist_env
 from tdrl.launch.recipe import load_recipe
 from tdrl.launch.slots import format_cpus
+from tdrl.utils.console import quiet_console
 from tdrl.utils.errors import NothingToDo
 
 __all__ = ["RecipeJob", "record_event"]
@@ -83,7 +88,8 @@ class RecipeJob:
         try:
             module = load_recipe(self.recipe)
             cfg = apply_overrides(module.Config(), self.overrides)
-            summary = module.main(cfg)
+            with quiet_console():  # the job's log as quiet as a recipe's console (run_recipe does the same)
+                summary = module.main(cfg)
         except NothingToDo as done:  # a requeue after the run finished: its summary is the result
             print(f"tdrl: {done}", flush=True)
             summary = json.loads((Path(self.run_dir) / "summary.json").read_text())

@@ -10,18 +10,29 @@ step axis. The rows a resumed run re-runs (those after its checkpoint) were alre
 and videos past it, so W&B gets each step once. It is written after ``finish`` returns, not after each row: W&B's
 service buffers its files, and a launch killed outright (SIGKILL) loses the rows it had not written yet, so those
 re-run rows are sent again rather than skipped (a row it had written appears twice then, with the same values).
+
+Quiet: W&B's own lines (its banner, the run's history and summary, the ``wandb sync`` hint: about 40 ``wandb:``
+lines per run) are silenced for the run: ``wandb.Settings(silent=True)`` given to ``wandb.init`` silences the run's
+own printer, while W&B's errors and warnings (``wandb: ERROR``/``WARNING`` lines, a step logged out of order) still
+print and its failures still raise; ``WANDB_SILENT`` would silence those too, process-wide. tdrl prints one line
+instead when the W&B run closes: where its files are and how to upload them (offline: the ``wandb sync`` command,
+over every launch of the run), or the run's URL (online).
+``TDRL_DEBUG=1`` (:func:`tdrl.utils.console.debugging`) leaves W&B's output as W&B makes it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import shlex
 import string
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from tdrl.config import ConfigError, LoggerConfig
+from tdrl.utils.console import debugging
 from tdrl.utils.files import write_atomic
 
 __all__ = ["WandbSink", "check_wandb_credentials", "load_or_create_run_id", "make_wandb_sink", "resolve_wandb_mode"]
@@ -87,11 +98,15 @@ class WandbSink:
         self.sent_before = _read_step(self._step_file)
         """The last step earlier launches sent and closed (-1: none); rows up to it are re-runs."""
         self._last_sent = self.sent_before
+        self.mode = mode
         self._run: Any = wandb.init(
             project=project or None, entity=entity or None, group=group or None, name=name, id=run_id, resume="allow",
             mode=mode, job_type="train", dir=os.environ.get("WANDB_DIR") or str(run_dir), config=dict(config or {}),
-            reinit="create_new",
+            reinit="create_new", settings=None if debugging() else wandb.Settings(silent=True),
         )
+        self.sync_dir = Path(self._run.settings.sync_dir)
+        """This launch's W&B files (``<wandb dir>/offline-run-<time>-<id>`` offline)."""
+        self.url: str | None = self._run.url if mode == "online" else None
         self._run.define_metric("frames")
         self._run.define_metric("*", step_metric="frames")
 
@@ -116,12 +131,27 @@ class WandbSink:
             self._run.summary[key] = value
 
     def close(self, exit_code: int = 0) -> None:
-        """Finish the W&B run (its files are complete then) and record the last step sent; idempotent."""
+        """Finish the W&B run (its files are complete then), record the last step sent and print tdrl's line about
+        it (:meth:`describe`); idempotent."""
         if self._run is not None:
             self._run.finish(exit_code=exit_code)
             self._run = None
             if self._last_sent > self.sent_before:
                 write_atomic(self._step_file, f"{self._last_sent}\n")
+            print(f"tdrl: {self.describe()}", flush=True)
+
+    def describe(self) -> str:
+        """Where this run's W&B data is: online, its URL; offline, the command that uploads it, naming every
+        launch's ``offline-run-*`` directory of this run id in start order (``wandb sync`` sends the launches of a
+        resumed run one after another, and each holds only the steps the launches before it had not sent)."""
+        if self.mode == "online":
+            return f"W&B run at {self.url}" if self.url else f"W&B run {self.run_id} logged online"
+        pattern = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(self.run_id)}(-\d+)?")
+        launches = sorted(p for p in self.sync_dir.parent.glob(f"offline-run-*{self.run_id}*")
+                          if p.is_dir() and pattern.fullmatch(p.name))
+        if self.sync_dir not in launches:
+            launches.append(self.sync_dir)
+        return f"W&B run saved offline; upload it with: wandb sync {' '.join(shlex.quote(str(p)) for p in launches)}"
 
 
 def _read_step(path: Path) -> int:

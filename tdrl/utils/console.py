@@ -28,6 +28,14 @@ Filtered, and why each is harmless:
   them). The actors' own output stays in Ray's worker logs (``/tmp/ray/session_latest/logs``;
   ``log_to_driver=False``, :func:`ray_init_options`): an actor's failure still reaches the run as an exception, and
   the trainer reports it in a ``tdrl:`` line.
+- **W&B** (``logger.wandb=true``, the default): its banner, the run's history and summary and the ``wandb sync``
+  hint, about 40 ``wandb:`` lines a run -- silenced at the source by tdrl's W&B sink (:mod:`tdrl.log.wandb_sink`:
+  the run's ``silent`` setting; W&B's errors and warnings still print), which prints one ``tdrl:`` line instead
+  when the run ends: where the files are and the ``wandb sync`` command that uploads them (offline), or the URL.
+  That holds in a user's own script too, where :func:`quiet_console` is not entered.
+
+A SLURM job (:mod:`tdrl.launch.job`, every run of a SLURM sweep) calls the recipe's ``main`` without its command line
+and enters :func:`quiet_console` itself; a local sweep runs the command line.
 """
 
 from __future__ import annotations

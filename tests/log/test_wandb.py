@@ -47,6 +47,14 @@ def _open(cfg: Cfg) -> Run:
     )
 
 
+def _sync_line(capsys) -> str:
+    """The command in tdrl's line about an offline W&B run, from what was printed since the last call."""
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tdrl: W&B")]
+    prefix = "tdrl: W&B run saved offline; upload it with: "
+    assert line.startswith(prefix), line
+    return line[len(prefix):]
+
+
 def _offline_runs(wandb_dir):
     return sorted(p for p in wandb_dir.iterdir() if p.name.startswith("offline-run-"))
 
@@ -87,7 +95,7 @@ def _logged_frames(wandb_dir, run_id):
 
 
 @pytest.mark.timeout(120)
-def test_offline_run_writes_files_and_keeps_its_id_across_resume(offline, tmp_path):
+def test_offline_run_writes_files_and_keeps_its_id_across_resume(offline, tmp_path, capsys):
     cfg = Cfg(run=RunConfig(dir=str(tmp_path / "r"), seed=4))
     run = _open(cfg)
     assert os.environ["WANDB_MODE"] == "offline"
@@ -99,6 +107,7 @@ def test_offline_run_writes_files_and_keeps_its_id_across_resume(offline, tmp_pa
     assert run_id == run.wandb_id and len(run_id) == 8
     (first,) = _offline_runs(offline)
     assert first.name.endswith(f"-{run_id}")
+    assert _sync_line(capsys) == f"wandb sync {first}"  # tdrl's one line says how to upload it
     # W&B's record log (strings are stored verbatim); wandb-core may still be flushing it after finish()
     deadline = time.monotonic() + 20
     while b"cfg-marker-7731" not in (records := (first / f"run-{run_id}.wandb").read_bytes()):
@@ -120,6 +129,7 @@ def test_offline_run_writes_files_and_keeps_its_id_across_resume(offline, tmp_pa
         p.name.endswith(f"-{run_id}") or p.name.endswith(f"-{run_id}-1") for p in runs
     )
     assert all((p / f"run-{run_id}.wandb").is_file() for p in runs)
+    assert _sync_line(capsys) == f"wandb sync {runs[0]} {runs[1]}"  # both launches, in the order they ran
     assert os.environ["WANDB_MODE"] == "offline"  # never rewritten by tdrl
 
 
