@@ -34,7 +34,7 @@ OFF_POLICY = ["optim.min_steps_learn=16", "model.hidden_sizes=[16]", "optim.batc
 RUNS = {  # each recipe with a few frames, a few updates and one evaluation per log row
     "a2c": ["collector.batch_B=2", "collector.batch_T=8", "collector.total_frames=32", "logger.log_interval_steps=16"],
     "ppo": ["collector.batch_B=2", "collector.batch_T=16", "collector.total_frames=64", "logger.log_interval_steps=32",
-            "loss.epochs=1", "eval.video=true"],
+            "loss.epochs=1", "eval.video=true", "collector.obs_norm=true"],
     "dqn": ["collector.batch_T=8", "collector.total_frames=128", "logger.log_interval_steps=64",
             "optim.min_steps_learn=32", "model.hidden_sizes=[16]", "replay.size=256", "optim.replay_ratio=8"],
     "ddpg": OFF_POLICY,

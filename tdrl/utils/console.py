@@ -20,6 +20,11 @@ Filtered, and why each is harmless:
 - **MuJoCo** ``MuJoCo - compiler attribute 'settotalmass' is deprecated`` (``RuntimeWarning`` from
   ``tdrl.envs.make``, which routes MuJoCo's warnings to Python's) -- gymnasium's own HalfCheetah XML uses the
   attribute; the model still compiles with the masses it always had, and nothing a user sets changes it.
+- **TorchRL** ``The VecNorm class is to be deprecated in favor of `torchrl.envs.VecNormV2` ...`` and ``This class
+  is to be deprecated in favor of VecNormV2`` (``FutureWarning``, printed by every ``VecNorm(...)``, whatever its
+  arguments) -- PPO's ``collector.obs_norm=true`` uses TorchRL 0.14's ``VecNorm`` on purpose: it is a per-step map
+  (:mod:`tdrl.collect.transform`'s fast path) and PPO's MuJoCo results were measured with it; moving to
+  ``VecNormV2`` is a change of statistics to re-measure, not a console fix.
 - **Ray** (``trainer.kind=ray``), sent to the run's ``debug.log`` instead of the terminal
   (:func:`ray_output_to_run_log`): what ``ray.init`` prints (the token-authentication notice; the local-IP
   detection's fallback to the host name, on a machine without a route to the internet), and the error Ray's core
@@ -74,6 +79,8 @@ HARMLESS = (
     Harmless("No target network updater has been associated with this loss module", UserWarning,
              "torchrl.objectives.common"),
     Harmless("MuJoCo - compiler attribute 'settotalmass' is deprecated", RuntimeWarning, "tdrl.envs.make"),
+    Harmless("The VecNorm class is to be deprecated", FutureWarning, "torchrl.envs.transforms._normalization"),
+    Harmless("This class is to be deprecated in favor of", FutureWarning, "torchrl.envs.transforms._normalization"),
 )
 
 _quiet = {"on": False}  # inside quiet_console: connect_ray asks through ray_init_options / ray_output_to_run_log
