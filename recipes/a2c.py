@@ -9,6 +9,14 @@ frames.
     python recipes/a2c.py                                     # CartPole-v1
     python recipes/a2c.py collector.kind=parallel collector.n_workers=2 model.lstm=true
     python recipes/a2c.py --help                              # every key
+
+Atari (``pip install 'tdrl[atari]'``; the CNN actor-critic, as ``recipes/ppo.py``'s), with baselines' A2C Atari
+settings (16 envs x 5 steps, RMSprop lr 7e-4 decayed linearly, entropy 0.01, value loss 0.5 on ``(V - R)^2``: the
+default ``loss.value_loss_coeff=1``, grad norm 0.5)::
+
+    python recipes/a2c.py env.id=PongNoFrameskip-v4 env.episodic_lives=true loss.clip_reward=true \
+        collector.batch_B=16 collector.total_frames=10000000 loss.entropy_coeff=0.01 optim.linear_decay=true \
+        eval.max_steps=27000 logger.log_interval_steps=100000
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from dataclasses import dataclass, field
 from tdrl.config import (
     A2COptimConfig,
     ActorCriticModelConfig,
+    AtariEnvConfig,
     CollectorConfig,
     Fraction,
     LoggerConfig,
@@ -46,6 +55,7 @@ class OptimConfig(A2COptimConfig):
 
 @dataclass
 class Config(RecipeConfig):
+    env: AtariEnvConfig = field(default_factory=AtariEnvConfig)
     collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_T=5, total_frames=500_000))
     model: ActorCriticModelConfig = field(default_factory=ActorCriticModelConfig)
     """Actor-critic networks."""
@@ -101,6 +111,8 @@ def main(cfg: Config) -> dict:
     learn = update_step(learn, cudagraphs=False, device=device)
 
     def update(batch):
+        if cfg.loss.clip_reward:  # Atari: each step's reward to [-1, 1] (TrajInfos keep the game score)
+            batch["next", "reward"] = batch["next", "reward"].clamp(-1, 1)
         advantage(batch)  # writes state_value, advantage and value_target (time limits bootstrap, terminations not)
         if cfg.loss.normalize_advantage:
             adv = batch["advantage"]

@@ -15,6 +15,13 @@ baseline cost 0.5, gradient clip 40; unrolls of 10 steps at a learning rate of 1
     python recipes/impala.py trainer.kind=ray                     # 4 collector actors on Ray, one learner
     python recipes/impala.py env.id=Pendulum-v1                   # continuous actions (tanh-Gaussian)
     python recipes/impala.py --help                               # every key
+
+Atari (``pip install 'tdrl[atari]'``; the CNN actor-critic, as ``recipes/ppo.py``'s), with the paper's Atari
+settings (32 unrolls of 20 steps, RMSprop lr 6e-4 and epsilon 0.01, rewards clipped; the rest are the defaults)::
+
+    python recipes/impala.py env.id=PongNoFrameskip-v4 env.episodic_lives=true loss.clip_reward=true \
+        collector.batch_B=32 collector.batch_T=20 collector.total_frames=10000000 optim.lr=6e-4 optim.eps=0.01 \
+        eval.max_steps=27000 logger.log_interval_steps=100000
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from dataclasses import dataclass, field
 from tdrl.config import (
     A2COptimConfig,
     ActorCriticModelConfig,
+    AtariEnvConfig,
     CollectorConfig,
     ImpalaTrainerConfig,
     LoggerConfig,
@@ -59,6 +67,7 @@ class OptimConfig(A2COptimConfig):
 
 @dataclass
 class Config(RecipeConfig):
+    env: AtariEnvConfig = field(default_factory=AtariEnvConfig)
     collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_B=8, batch_T=10,
                                                                                total_frames=500_000))
     """Training collector and budget: 8 unrolls of 10 steps per update (the paper: 32 of 20)."""
@@ -132,6 +141,8 @@ def main(cfg: Config) -> dict:
         return {"policy_lag": lag.mean(), "policy_lag_max": lag.max()}
 
     def update(batch):
+        if cfg.loss.clip_reward:  # Atari: each step's reward to [-1, 1] (TrajInfos keep the game score)
+            batch["next", "reward"] = batch["next", "reward"].clamp(-1, 1)
         vtrace(batch)  # writes state_value, advantage, value_target and rho (time limits bootstrap, terminations not)
         metrics = learn(batch)
         updater.advance()

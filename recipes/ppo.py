@@ -23,6 +23,23 @@ VecNormalize does)::
         loss.epochs=20 loss.minibatches=8 loss.clip_epsilon=0.1 loss.linear_decay=false optim.lr=2e-5 \
         optim.max_grad_norm=0.8 loss.value_loss_coeff=1.16 loss.entropy_coeff=0.0004 loss.normalize_reward=true \
         eval.n_envs=5 logger.log_interval_steps=25000
+
+Atari (needs ``pip install 'tdrl[atari]'``): image observations get a CNN actor-critic (the Nature-DQN torso shared
+by the policy and value heads, CleanRL's), frames stay uint8 up to the model. CleanRL's ``ppo_atari_envpool.py``
+settings: 8 envs x 128 steps, 4 epochs of 4 minibatches, lr 2.5e-4 decayed linearly, clip 0.1, entropy 0.01,
+value loss 0.5 (CleanRL's 0.5 on ``0.5 (V - R)^2``), gamma 0.99, lambda 0.95, grad norm 0.5, 10M agent steps, on
+envpool's Atari (``PongNoFrameskip-v4`` here: no sticky actions, 30 no-op starts, 4 frames skipped and stacked;
+lives and clipped rewards as envpool's ``episodic_life`` and ``reward_clip``)::
+
+    python recipes/ppo.py env.id=PongNoFrameskip-v4 env.episodic_lives=true loss.clip_reward=true \
+        collector.batch_B=8 collector.batch_T=128 collector.total_frames=10000000 loss.epochs=4 loss.minibatches=4 \
+        optim.lr=2.5e-4 loss.clip_epsilon=0.1 loss.entropy_coeff=0.01 loss.value_loss_coeff=0.5 loss.gamma=0.99 \
+        loss.gae_lambda=0.95 optim.max_grad_norm=0.5 eval.max_steps=27000 logger.log_interval_steps=100000
+
+CleanRL's "Pong in 5-10 minutes" variant of it: ``collector.batch_B=16 loss.epochs=3 loss.minibatches=8
+loss.clip_epsilon=0.2``. Two differences remain: ``loss.linear_decay`` decays the clip with the learning rate
+(baselines' PPO2 Atari schedule; CleanRL keeps the clip fixed), and the value loss is not clipped. Add
+``run.device=cuda`` for the GPU (the model and the update there; the envs step on the CPU).
 """
 
 from __future__ import annotations
@@ -31,6 +48,7 @@ from dataclasses import dataclass, field
 
 from tdrl.config import (
     ActorCriticModelConfig,
+    AtariEnvConfig,
     CollectorConfig,
     ConfigError,
     Count,
@@ -91,6 +109,7 @@ class PPOCollectorConfig(CollectorConfig):
 
 @dataclass
 class Config(RecipeConfig):
+    env: AtariEnvConfig = field(default_factory=AtariEnvConfig)
     collector: PPOCollectorConfig = field(default_factory=PPOCollectorConfig)
     """Training collector and budget."""
     model: ActorCriticModelConfig = field(default_factory=ActorCriticModelConfig)
@@ -174,6 +193,8 @@ def main(cfg: Config) -> dict:
     learn = update_step(learn, cudagraphs=False, device=device)
 
     def update(batch):
+        if cfg.loss.clip_reward:  # Atari: each step's reward to [-1, 1] (TrajInfos keep the game score)
+            batch["next", "reward"] = batch["next", "reward"].clamp(-1, 1)
         if reward_norm is not None:
             reward_norm(batch)
         else:

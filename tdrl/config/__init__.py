@@ -115,7 +115,8 @@ class EnvConfig:
 
 @dataclass
 class AtariEnvConfig(EnvConfig):
-    """The training environment of a recipe that plays Atari games (DQN, R2D1); evaluation plays whole games."""
+    """The training environment of a recipe that plays Atari games (DQN, R2D1, PPO, A2C, IMPALA); evaluation plays
+    whole games."""
 
     episodic_lives: bool = False
     """Atari: a lost life ends the RL episode (agent reset, no bootstrap), the game goes on (rlpyt: True)."""

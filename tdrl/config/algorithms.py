@@ -39,6 +39,8 @@ class PolicyGradientLossConfig:
     """Weight of the value loss 0.5*(V - target)^2 (1.0 equals SB3's vf_coef=0.5 on a plain squared error)."""
     entropy_coeff: NonNegativeFloat = 0.0
     """Weight of the entropy bonus."""
+    clip_reward: bool = False
+    """Clip each step's reward to [-1, 1] before the advantages (the Atari setting; logged returns stay the game's)."""
 
 
 @dataclass
@@ -46,7 +48,8 @@ class ActorCriticModelConfig:
     """The actor-critic networks of the policy-gradient recipes (A2C, PPO, IMPALA)."""
 
     hidden_sizes: LayerSizes = field(default_factory=lambda: [64, 64])
-    """Hidden widths of the actor and critic MLPs (the LSTM policy's embedding uses the first)."""
+    """Hidden widths of the actor and critic MLPs (the LSTM policy's embedding uses the first); image observations
+    (Atari) get one Nature-DQN conv torso shared by both heads instead."""
     activation: Literal["tanh", "relu", "elu", "silu"] = "tanh"
     """Hidden activation."""
     lstm: bool = False

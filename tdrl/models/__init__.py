@@ -5,7 +5,13 @@ from tdrl.models.acting import Acting, ObservationModule, ProbabilisticPolicy, c
 from tdrl.models.conv import AtariConv
 from tdrl.models.exploration import ApexEpsilons, EpsilonGreedy, GaussianNoise, make_gaussian_noise
 from tdrl.models.nets import MLP, ObsNorm
-from tdrl.models.policies import ActorCritic, actor_critic_from, make_actor_critic, make_recurrent_actor_critic
+from tdrl.models.policies import (
+    ActorCritic,
+    actor_critic_from,
+    make_actor_critic,
+    make_conv_actor_critic,
+    make_recurrent_actor_critic,
+)
 from tdrl.models.q import (
     DuelingHead,
     QActor,
@@ -22,6 +28,7 @@ __all__ = [
     "MLP", "Acting", "ActorCritic", "ApexEpsilons", "actor_critic_from", "AtariConv", "DuelingHead", "EpsilonGreedy",
     "GaussianNoise",
     "ObsNorm", "ObservationModule", "ProbabilisticPolicy", "QActor", "QNetwork", "TwinQ", "make_actor_critic",
+    "make_conv_actor_critic",
     "make_deterministic_actor", "make_gaussian_noise", "make_q_actor", "make_q_critic", "make_recurrent_actor_critic",
     "chain_policy", "make_tanh_gaussian_actor", "make_twin_q",
 ]

@@ -80,7 +80,10 @@ class ProbabilisticPolicy(ProbabilisticActor):
 
     def params(self, observation: torch.Tensor) -> dict[str, torch.Tensor]:
         """The distribution parameters at ``observation``."""
-        out = self.net(observation)
+        return self.named_params(self.net(observation))
+
+    def named_params(self, out: torch.Tensor | tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+        """The network's output (a tensor, or a tuple in ``param_keys``' order) named by ``param_keys``."""
         return dict(zip(self.param_keys, out if isinstance(out, tuple) else (out,), strict=True))
 
     def distribution(self, params: Mapping[str, torch.Tensor]) -> torch.distributions.Distribution:

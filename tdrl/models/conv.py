@@ -9,11 +9,12 @@ images too small for it, and :func:`image_torso` picks one by size.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["AtariConv", "SmallImageConv", "image_torso"]
+__all__ = ["AtariConv", "SmallImageConv", "image_torso", "is_image_spec"]
 
 
 class AtariConv(nn.Module):
@@ -67,6 +68,11 @@ def _apply(conv: nn.Module, image: torch.Tensor, image_shape: tuple[int, ...], o
     x = image.reshape(-1, *image_shape)
     x = x.float().div_(255.0) if x.dtype == torch.uint8 else x.float()
     return conv(x).reshape(*lead, output_size)
+
+
+def is_image_spec(spec: Any) -> bool:
+    """uint8 ``[C, H, W]`` observations (a TorchRL ``TensorSpec``): frames, for :func:`image_torso`."""
+    return spec.dtype == torch.uint8 and len(spec.shape) == 3
 
 
 def image_torso(image_shape: Sequence[int]) -> tuple[AtariConv | SmallImageConv, int]:

@@ -16,7 +16,7 @@ from torchrl.modules import MLP as TorchRLMLP
 from torchrl.modules import DistributionalQValueActor, QValueActor, TanhNormal, ValueOperator
 
 from tdrl.models.acting import Inputs, ObservationModule, Outputs, ProbabilisticPolicy
-from tdrl.models.conv import image_torso
+from tdrl.models.conv import image_torso, is_image_spec
 from tdrl.models.nets import flat_obs_size
 
 __all__ = [
@@ -97,11 +97,6 @@ class QNetwork(nn.Module):
         if self.n_atoms > 1 and out.shape[-2:] != (self.n_atoms, self.n_actions):
             out = out.view(*out.shape[:-1], self.n_atoms, self.n_actions)
         return out
-
-
-def is_image_spec(spec: TensorSpec) -> bool:
-    """uint8 ``[C, H, W]`` observations: frames, for :func:`~tdrl.models.conv.image_torso`."""
-    return spec.dtype == torch.uint8 and len(spec.shape) == 3
 
 
 def vector_torso(obs_spec: TensorSpec, hidden_sizes: Sequence[int]) -> tuple[nn.Module, int]:

@@ -4,7 +4,7 @@ TorchRL's ``A2CLoss``.
 ``ClipPPOLoss`` reaches the networks through TensorDict modules and functional parameter swaps, which on small MLPs
 costs more than the networks, and PPO runs several minibatch updates per batch. :class:`PPOLoss` computes the same
 terms (tested equal in values and gradients) with direct calls of :class:`tdrl.models.ActorCritic`'s
-``distribution(obs)`` and ``value(obs)``; recurrent models (sequences through ``LSTMModule``) keep ``ClipPPOLoss``.
+``distribution_and_value(obs)``; recurrent models (sequences through ``LSTMModule``) keep ``ClipPPOLoss``.
 
 Terms (``A`` the advantage, ``R`` the value target, ``r = pi/pi_old``): ``loss_objective = -mean(min(r A, clip(r,
 1-eps, 1+eps) A))``, ``loss_critic = critic_coeff * mean((V(s) - R)^2)``, ``loss_entropy = -entropy_coeff *
@@ -44,12 +44,11 @@ class PPOLoss(LossModule):
         advantage = td.get("advantage").reshape(-1)
         if self.normalize_advantage and advantage.numel() > 1:
             advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-6)
-        dist = self.model.distribution(obs)
+        dist, value = self.model.distribution_and_value(obs)  # a shared torso (images) runs once
         log_weight = dist.log_prob(td.get("action")).reshape(-1) - td.get("action_log_prob").reshape(-1)
         eps = self.clip_epsilon
         clipped = log_weight.clamp((-eps).log1p(), eps.log1p())
         gain = torch.minimum(log_weight.exp() * advantage, clipped.exp() * advantage)
-        value = self.model.value(obs)
         # entropy_coeff 0 (the CartPole default): the entropy is a metric only, so it stays out of the graph
         with torch.set_grad_enabled(self.entropy_coeff != 0 and torch.is_grad_enabled()):
             try:

@@ -7,9 +7,11 @@ import pytest
 import torch
 from tensordict import TensorDict
 from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequential, set_interaction_type
+from torchrl.data import Bounded, Categorical
 
 from tdrl.collect.module_act import module_act
 from tdrl.envs import EnvFactory
+from tdrl.envs.make import EnvSpecs
 from tdrl.models import Acting, EpsilonGreedy, make_actor_critic, make_gaussian_noise
 from tdrl.models.q import make_deterministic_actor, make_q_actor, make_tanh_gaussian_actor
 
@@ -26,6 +28,8 @@ def _policies():
         "td3": (3, TensorDictSequential(make_deterministic_actor(pendulum, hidden_sizes=[16]),
                                     make_gaussian_noise(pendulum, std=0.5))),
         "dqn": (4, TensorDictSequential(make_q_actor(cartpole, hidden_sizes=[16], dueling=True), eps)),
+        "conv_categorical": ((4, 36, 36), make_actor_critic(EnvSpecs(Bounded(0, 255, (4, 36, 36), dtype=torch.uint8),
+                                                                    Categorical(4))).actor),
     }
 
 
@@ -34,7 +38,8 @@ def _policies():
 def test_act_equals_tensordict_forward(name, mode):
     torch.manual_seed(0)
     obs_size, policy = _policies()[name]
-    obs = torch.randn(6, obs_size) * 3
+    obs = torch.randn(6, obs_size) * 3 if isinstance(obs_size, int) else \
+        torch.randint(0, 256, (6, *obs_size), dtype=torch.uint8)  # frames
     torch.manual_seed(1)
     with set_interaction_type(mode), torch.no_grad():
         td = policy(TensorDict({"observation": obs.clone()}, [6]))

@@ -1,15 +1,21 @@
 """Actor-critic factories: TensorDict keys/shapes/dtypes in and out, distributions per action space, greedy view
-sharing parameters, ObsNorm statistics, and the LSTM policy replaying a sequence from its stored state."""
+sharing parameters, the conv actor-critic of image observations, ObsNorm statistics, and the LSTM policy replaying a
+sequence from its stored state."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from tensordict import TensorDict
+from torchrl.data import Bounded, Categorical
 from torchrl.modules import set_recurrent_mode
 
+from tdrl.config import ActorCriticModelConfig
 from tdrl.envs import EnvFactory
-from tdrl.models import MLP, ObsNorm, make_actor_critic, make_recurrent_actor_critic
+from tdrl.envs.make import EnvSpecs
+from tdrl.models import MLP, AtariConv, ObsNorm, actor_critic_from, make_actor_critic, make_recurrent_actor_critic
+from tdrl.models.conv import SmallImageConv
+from tdrl.utils.errors import UserError
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +77,43 @@ def test_distribution_must_fit_action_space(cartpole, pendulum):
         make_actor_critic(pendulum, distribution="categorical")
 
 
-def test_image_observations_rejected():
-    from torchrl.data import Bounded, Categorical
+def _image_specs(shape=(4, 84, 84), n_actions=6):
+    return EnvSpecs(Bounded(0, 255, shape=shape, dtype=torch.uint8), Categorical(n_actions))
 
-    from tdrl.envs.make import EnvSpecs
 
-    specs = EnvSpecs(Bounded(0, 255, shape=(4, 84, 84), dtype=torch.uint8), Categorical(6))
-    with pytest.raises(ValueError, match="convolutional"):
-        make_actor_critic(specs)
+def test_image_observations_get_one_conv_torso_shared_by_both_heads():
+    torch.manual_seed(0)
+    ac = make_actor_critic(_image_specs())  # what actor_critic_from builds for Atari
+    assert isinstance(ac.shared[0][0], AtariConv) and not ac.recurrent and ac.obs_norm is None
+    actor_ids, critic_ids = ({id(p) for p in m.parameters()} for m in (ac.actor, ac.critic))
+    conv_ids = {id(p) for p in ac.shared[0].parameters()}
+    assert conv_ids <= actor_ids & critic_ids  # one torso, not two
+    # CleanRL's Atari agent: Nature CNN, 512 hidden, 6 logits and a value: 1,687,719 parameters
+    assert sum(p.numel() for p in ac.parameters()) == 1_687_719
+    assert ac.shared[1][-1].weight.abs().max() < 0.05  # policy head: orthogonal, gain 0.01
+    frames = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    out = ac.actor(TensorDict({"observation": frames}, [5]))
+    assert out["action"].shape == (5,) and out["logits"].shape == (5, 6) and out["action_log_prob"].shape == (5,)
+    value = ac.critic(TensorDict({"observation": frames}, [5]))["state_value"]
+    assert value.shape == (5, 1)
+    # the loss's joint call runs the torso once and gives what the two modules give; uint8 is scaled in the model
+    dist, joint_value = ac.distribution_and_value(frames)
+    torch.testing.assert_close(dist.logits, torch.log_softmax(out["logits"], -1))
+    torch.testing.assert_close(joint_value, value)
+    torch.testing.assert_close(ac.value(frames.float() / 255), value)
+    # [B, T] batches (GAE's critic call) keep their leading dims
+    assert ac.value(frames.reshape(1, 5, 4, 84, 84)).shape == (1, 5, 1)
+
+
+def test_small_images_get_minatar_torso_and_image_options_are_checked():
+    ac = actor_critic_from(_image_specs((4, 10, 10), 3), ActorCriticModelConfig())
+    assert isinstance(ac.shared[0][0], SmallImageConv)
+    assert ac.actor(TensorDict({"observation": torch.zeros(2, 4, 10, 10, dtype=torch.uint8)}, [2]))["logits"].shape \
+        == (2, 3)
+    with pytest.raises(UserError, match="model.lstm=true takes vector observations"):
+        actor_critic_from(_image_specs(), ActorCriticModelConfig(lstm=True))
+    with pytest.raises(UserError, match="normalize_observation"):
+        actor_critic_from(_image_specs(), ActorCriticModelConfig(normalize_observation=True))
 
 
 def test_obs_norm_matches_batch_statistics_and_is_in_state_dict(cartpole):

@@ -32,6 +32,16 @@ def tiny(tmp_path: Path, *extra: str):
     return apply_overrides(a2c.Config(), [*TINY, f"run.root={tmp_path}", *extra])
 
 
+@pytest.mark.timeout(300)
+def test_atari_smoke_cnn_actor_critic(tmp_path):
+    """ALE Breakout through the recipe with episodic lives and clipped rewards: the CNN actor-critic."""
+    pytest.importorskip("ale_py", reason="needs ale-py: pip install 'tdrl[atari]'")
+    summary = a2c.main(tiny(tmp_path, "env.id=ALE/Breakout-v5", "env.episodic_lives=true", "loss.clip_reward=true",
+                             "collector.batch_B=2", "collector.total_frames=128", "logger.log_interval_steps=64",
+                             "eval.n_envs=1", "eval.max_steps=30"))
+    assert summary["frames"] == 128 and summary["updates"] == 8 and math.isfinite(summary["eval/return_mean"])
+
+
 def test_smoke_one_update_per_iteration(tmp_path):
     summary = a2c.main(tiny(tmp_path))
     assert summary["frames"] == 256 and summary["iterations"] == 8 and summary["updates"] == 8

@@ -33,6 +33,9 @@ RECIPES = {  # name: (recipe module, its tests' tiny config, overrides for unifo
     **{name: (test_continuous_control.MODULES[name], functools.partial(test_continuous_control.tiny, name), [])
        for name in ("sac", "td3", "ddpg")},
     "ppo": (test_ppo.ppo, test_ppo.tiny, []),
+    # the CNN actor-critic: uint8 frames to the device, scaled there; one torso pass per minibatch
+    "ppo_atari": (test_ppo.ppo, test_ppo.tiny, ["env.id=ALE/Pong-v5", "loss.clip_reward=true", "collector.batch_B=2",
+                                                "collector.batch_T=64", "eval.n_envs=1", "eval.max_steps=30"]),
     "a2c": (test_a2c.a2c, test_a2c.tiny, ["optim.name=adam"]),
     "impala": (test_impala.impala, test_impala.tiny, ["optim.name=adam"]),
 }
@@ -69,6 +72,8 @@ def _guard_updates(monkeypatch, guard: Callable[[str], contextlib.AbstractContex
 
 
 def _run(name, tmp_path, *extra):
+    if name.endswith("_atari"):
+        pytest.importorskip("ale_py", reason="needs ale-py: pip install 'tdrl[atari]'")
     recipe, tiny, overrides = RECIPES[name]
     return recipe.main(tiny(tmp_path, *overrides, *extra))
 

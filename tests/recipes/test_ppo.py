@@ -1,5 +1,6 @@
-"""recipes/ppo.py: in-process smoke runs (feed-forward, LSTM, continuous, parallel collector), the CLI, config
-errors before anything starts, NaN stopping the run, resume, and one learning check that can fail."""
+"""recipes/ppo.py: in-process smoke runs (feed-forward, LSTM, continuous, parallel collector, Atari with the CNN
+actor-critic), reward clipping, the CLI, config errors before anything starts, NaN stopping the run, resume, and one
+learning check that can fail."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 
 from tdrl.config import ConfigError, apply_overrides
 from tdrl.launch.recipe import load_recipe
+from tdrl.log.progress import read_progress_floats
 from tdrl.objectives.update import NonFiniteLossError
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -60,6 +62,42 @@ def test_smoke_continuous_with_obs_norm(tmp_path):
                "loss.normalize_reward=true")
     summary = ppo.main(cfg)
     assert summary["frames"] == 256 and math.isfinite(summary["eval/return_mean"])
+
+
+def _record_gae(monkeypatch) -> list:
+    """Each batch GAE receives, as the recipe hands it over: ``seen`` collects them."""
+    from tdrl.objectives import advantage
+
+    seen: list = []
+
+    class RecordingGAE(advantage.GAE):
+        def __call__(self, batch):
+            seen.append(batch.clone())
+            return super().__call__(batch)
+
+    monkeypatch.setattr(advantage, "GAE", RecordingGAE)  # main imports it when it runs
+    return seen
+
+
+def test_clip_reward_clips_what_the_advantages_see(tmp_path, monkeypatch):
+    seen = _record_gae(monkeypatch)
+    ppo.main(tiny(tmp_path, "env.id=Pendulum-v1", "loss.clip_reward=true"))
+    rewards = torch.cat([batch["next", "reward"] for batch in seen])
+    assert rewards.min() == -1.0 and rewards.max() <= 0.0  # Pendulum's rewards reach -16
+
+
+@pytest.mark.timeout(300)
+def test_atari_smoke_cnn_actor_critic(tmp_path, monkeypatch):
+    """ALE Pong through the recipe (episodic lives, clipped rewards, a small batch): the CNN actor-critic acts on
+    uint8 stacks of 4 frames, which reach the update as uint8 too."""
+    pytest.importorskip("ale_py", reason="needs ale-py: pip install 'tdrl[atari]'")
+    pytest.importorskip("cv2", reason="needs opencv: pip install 'tdrl[atari]'")
+    seen = _record_gae(monkeypatch)
+    summary = ppo.main(tiny(tmp_path, "env.id=ALE/Pong-v5", "env.episodic_lives=true", "loss.clip_reward=true",
+                            "collector.batch_B=2", "collector.batch_T=64", "eval.n_envs=1", "eval.max_steps=30"))
+    assert summary["frames"] == 256 and summary["updates"] == 2 * 2 * 2 and math.isfinite(summary["eval/return_mean"])
+    observation = seen[0]["observation"]
+    assert observation.dtype == torch.uint8 and observation.shape == (2, 64, 4, 84, 84)
 
 
 @pytest.mark.timeout(120)
@@ -120,7 +158,8 @@ def test_cli_help_and_tiny_run(tmp_path):
     script = str(RECIPES / "ppo.py")
     out = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
-    for key in ("collector.kind", "loss.clip_epsilon", "model.lstm", "run.seed", "run.root", "eval.n_envs"):
+    for key in ("collector.kind", "loss.clip_epsilon", "model.lstm", "run.seed", "run.root", "eval.n_envs",
+                "env.episodic_lives", "loss.clip_reward"):
         assert key in out.stdout
     bad = subprocess.run([sys.executable, script, "loss.clip_epsilonn=0.1"], capture_output=True, text=True,
                          timeout=60)
@@ -139,3 +178,20 @@ def test_learns_cartpole_fixed_seed(tmp_path):
     summary = ppo.main(cfg)
     assert summary["frames"] <= 105_000
     assert summary["eval/return_mean"] >= 475, summary["curve"]
+
+
+@pytest.mark.timeout(300)
+def test_conv_actor_critic_learns_minatar_breakout_fixed_seed(tmp_path):
+    """The CNN actor-critic on frames (MinAtar's torso, CleanRL's Atari PPO terms at a higher learning rate), seed 0:
+    40k frames lift the return from a near-random policy's ~0.5 (its first 20k frames at lr 2.5e-4) to ~3."""
+    pytest.importorskip("minatar", reason="needs minatar: pip install 'tdrl[minatar]'")
+    cfg = apply_overrides(ppo.Config(), [
+        f"run.root={tmp_path}", "logger.wandb=false", "logger.progress_bar=false", "run.seed=0",
+        "env.id=MinAtar/Breakout-v1", "collector.batch_B=8", "collector.batch_T=32", "collector.total_frames=40960",
+        "loss.epochs=4", "loss.minibatches=2", "optim.lr=1e-3", "loss.clip_epsilon=0.1", "loss.entropy_coeff=0.01",
+        "loss.value_loss_coeff=0.5", "loss.gamma=0.99", "loss.gae_lambda=0.95", "logger.log_interval_steps=10240",
+        "eval.n_envs=8"])
+    summary = ppo.main(cfg)
+    (progress,) = tmp_path.rglob("progress.csv")
+    train = read_progress_floats(progress)["train/return_mean"]
+    assert train[-1] >= 2.0 and summary["eval/return_mean"] >= 2.0, (summary["curve"], train)  # measured 2.99, 3.75

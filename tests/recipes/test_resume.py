@@ -9,6 +9,7 @@ it).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import subprocess
@@ -46,6 +47,8 @@ class Case:
     args: tuple[str, ...]
     slow: bool = False
     """Only in the slow suite (``-m slow``)."""
+    needs: str | None = None
+    """A module the case imports (an optional extra's); without it the case is skipped."""
 
 
 FAST_TRIALS, SLOW_TRIALS = 1, 10
@@ -82,6 +85,11 @@ CASES = {
         "collector.n_workers=2", "collector.batch_T=16", "collector.total_frames=768", "logger.log_interval_steps=128",
         "checkpoint.interval_steps=192", "eval.max_steps=20", "loss.epochs=2", "loss.minibatches=2",
         "model.hidden_sizes=[16]", "loss.normalize_reward=true")),  # the returns in progress resume too
+    # Atari Pong through the CNN actor-critic: emulator, frame stack, episodic lives and the evaluator's games resume
+    "ppo_atari": Case("ppo.py", (
+        "env.id=ALE/Pong-v5", "env.episodic_lives=true", "loss.clip_reward=true", "collector.batch_B=2",
+        "collector.batch_T=32", "collector.total_frames=384", "logger.log_interval_steps=64",
+        "checkpoint.interval_steps=96", "eval.max_steps=30", "loss.epochs=2", "loss.minibatches=2"), needs="ale_py"),
     "ppo_lstm_parallel": Case("ppo.py", (
         "model.lstm=true", "model.lstm_size=16", "collector.kind=parallel", "collector.batch_B=4",
         "collector.n_workers=2", "collector.batch_T=16", "collector.total_frames=768",
@@ -194,10 +202,12 @@ def bitwise_cases() -> Iterator[Any]:
     for name, case in CASES.items():
         if name.endswith("_async"):
             continue
+        needs = [pytest.mark.skipif(importlib.util.find_spec(case.needs) is None,
+                                    reason=f"needs {case.needs} (an optional extra)")] if case.needs else []
         if not case.slow:
-            yield pytest.param(name, FAST_TRIALS, id=name, marks=pytest.mark.timeout(300))
+            yield pytest.param(name, FAST_TRIALS, id=name, marks=[pytest.mark.timeout(300), *needs])
         yield pytest.param(name, SLOW_TRIALS, id=f"{name}-{SLOW_TRIALS}-trials",
-                           marks=[pytest.mark.slow, pytest.mark.timeout(900)])
+                           marks=[pytest.mark.slow, pytest.mark.timeout(900), *needs])
 
 
 @pytest.mark.parametrize(("name", "trials"), list(bitwise_cases()))
