@@ -199,8 +199,10 @@ def test_sigterm_checkpoints_at_the_next_iteration_and_the_relaunch_resumes_ther
 def make(*args: str, cwd: Path, **extra_env: str) -> subprocess.CompletedProcess:
     """``make -f <repo>/Makefile ARGS`` in ``cwd``: a folder without ``.whl/``, so nothing of the repository's is
     used or changed."""
+    shell = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}  # as typed in a
+    # shell, not as a sub-make of `make test` (whose trailer line would read make[1]: ...)
     return subprocess.run(["make", "-f", str(ROOT / "Makefile"), f"PY={sys.executable}", *args], cwd=cwd,
-                          capture_output=True, text=True, env={**os.environ, **extra_env}, timeout=300)
+                          capture_output=True, text=True, env={**shell, **extra_env}, timeout=300)
 
 
 def test_make_gpu_check_fetches_the_wheels_first_when_they_are_missing(tmp_path):

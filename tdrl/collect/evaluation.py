@@ -24,27 +24,14 @@ from typing import Any, cast
 import gymnasium as gym
 import numpy as np
 from tensordict.nn import InteractionType, TensorDictModuleBase
-from torchrl.envs import Compose, Transform
+from torchrl.envs import Transform
 
 from tdrl.collect.collector import BatchCollector
 from tdrl.collect.runner import SliceSettings
 from tdrl.collect.serial import SerialEngine
 from tdrl.envs import EnvFactory
 
-__all__ = ["EvalCollector", "FrameRecorder", "load_statistics", "make_eval_collector"]
-
-
-def load_statistics(target: Transform, state: dict[str, Any]) -> None:
-    """Load into ``target`` (a copy of the transform ``state`` was saved from) the state of its statistics
-    transforms (those with ``freeze``, e.g. ``VecNorm``) and freeze them; per-env state (``CatFrames`` buffers) is
-    not loaded: the evaluator's envs keep their own."""
-    parts = list(target.transforms) if isinstance(target, Compose) else [target]
-    for i, part in enumerate(parts):
-        if not callable(getattr(part, "freeze", None)):
-            continue
-        prefix = f"transforms.{i}." if isinstance(target, Compose) else ""
-        part.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
-        part.freeze()
+__all__ = ["EvalCollector", "FrameRecorder", "make_eval_collector"]
 
 
 class EvalCollector:
@@ -89,9 +76,8 @@ class EvalCollector:
         collector = self.collector  # building it runs the transform once: its statistics exist to load into
         if self.observations_of is not None and self.transform is not None:
             state = self.observations_of.transform_state()
-            if state is not None:
-                load_statistics(self.transform, state)
-            cast(SerialEngine, collector.engine).restart_transform()  # first observations, with these statistics
+            if state is not None:  # the collector's statistics, frozen; first observations transformed with them
+                cast(SerialEngine, collector.engine).restart_transform(state)
         collector.collect()
         self.traj_infos = self.collector.traj_infos
         if self.filmed is not None and self.filmed.recorder is not None and self.filmed.recorder.last_episode:

@@ -86,7 +86,9 @@ class SliceRunner:
         self.n_total, self.batch_T = int(batch.batch_size[0]), int(batch.batch_size[1])
         self.wait_reset = settings.wait_reset
         rows = step_td[lo:hi]
-        transform = settings.transform
+        # the slice's own copy (TorchRL's clone): the collector's transform stays an unused template, which an
+        # evaluator copies (a clone of a VecNorm that has run shares its statistics' storage)
+        transform = None if settings.transform is None else settings.transform.clone()
         # a transform run through the env protocol reads the envs' raw steps from arrays of its own
         specs = env_specs(settings.env_factory)
         in_place = transform is None or (is_step_map(transform) and not settings.env_protocol)

@@ -13,6 +13,7 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.common import sorted_infos
 from tdrl.collect.runner import SliceRunner, SliceSettings, allocate, check_slices
+from tdrl.collect.transform import load_statistics
 
 __all__ = ["SerialEngine"]
 
@@ -41,11 +42,14 @@ class SerialEngine:
         check_slices(state["slices"], [(0, self.batch_B)])
         self.runner.load_state_dict(state["slices"][0])
 
-    def restart_transform(self) -> None:
-        """Transform the envs' current observations afresh (the transform's state changed: the evaluator loaded
-        newer statistics); their episodes must be starting (wait-reset, between batches)."""
-        if self.runner.transform is not None:
-            self.runner.transform.after_reset()
+    def restart_transform(self, statistics: dict[str, Any]) -> None:
+        """Load ``statistics`` (a transform ``state_dict`` of the training collector) into the slice's transform,
+        frozen (:func:`~tdrl.collect.transform.load_statistics`), and transform the envs' current observations
+        afresh with them; their episodes must be starting (wait-reset, between batches: the evaluator)."""
+        transform = self.runner.transform
+        if transform is not None:
+            load_statistics(transform.transform, statistics)
+            transform.after_reset()
 
     def shutdown(self) -> None:
         self.runner.close()

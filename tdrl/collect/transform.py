@@ -47,7 +47,7 @@ from torchrl.envs.utils import step_mdp
 from tdrl.envs.make import EnvSpecs
 
 __all__ = ["MAP_TRANSFORMS", "EnvProtocolTransform", "SliceSource", "StepTransform", "check_transform",
-           "is_step_map", "transformed_step_template"]
+           "is_step_map", "load_statistics", "transformed_step_template"]
 
 OBS, REWARD = "observation", "reward"
 FLAGS = ("done", "terminated", "truncated")
@@ -247,6 +247,19 @@ class EnvProtocolTransform:
 
     def load_episode_state(self, state: dict[str, Any]) -> None:
         self._write_root(TensorDict(state["root"], batch_size=self.rows.batch_size), state["is_init"])
+
+
+def load_statistics(target: Transform, state: dict[str, Any]) -> None:
+    """Load into ``target`` (a copy of the transform ``state`` was saved from) the state of its statistics
+    transforms (those with ``freeze``, e.g. ``VecNorm``) and freeze them; per-env state (``CatFrames`` buffers) is
+    not loaded: the target's envs keep their own."""
+    parts = list(target.transforms) if isinstance(target, Compose) else [target]
+    for i, part in enumerate(parts):
+        if not callable(getattr(part, "freeze", None)):
+            continue
+        prefix = f"transforms.{i}." if isinstance(target, Compose) else ""
+        part.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+        part.freeze()
 
 
 def slice_transform(transform: Transform, specs: EnvSpecs, raw: TensorDictBase | None, rows: TensorDictBase,

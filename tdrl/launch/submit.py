@@ -152,12 +152,12 @@ def make_executor(folder: Path, resources: Resources, name: str, n_runs: int):
 
 
 def run_trainers(plan: SweepPlan) -> list[tuple[str, int] | None]:
-    """Each run's ``(trainer.kind, trainer.world_size)``, or None for recipes without a ``trainer`` section."""
+    """Each run's ``(trainer.kind, trainer.world_size)`` (1 without ddp), or None without a ``trainer`` section."""
     module = load_recipe(plan.recipe)
     out = []
     for run in plan.runs:
         trainer = getattr(apply_overrides(module.Config(), list(run.overrides)), "trainer", None)
-        out.append((trainer.kind, trainer.world_size) if trainer is not None else None)
+        out.append((trainer.kind, getattr(trainer, "world_size", 1)) if trainer is not None else None)
     return out
 
 

@@ -42,7 +42,8 @@ def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None
     deadline = time.monotonic() + timeout
     while not predicate():
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the run ended (exit {proc.returncode}) before {what}")
+            err = proc.stderr.read()[-3000:] if proc.stderr is not None else ""
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before {what}: {err}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.2)
@@ -200,14 +201,15 @@ def test_learner_sigkill_then_relaunch_restores_the_checkpoint(cluster, tmp_path
     run_dir = tmp_path / "run"
     args = apex_args(run_dir, 4096, "checkpoint.interval_steps=512")
     proc = cluster.popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    checkpoints = Checkpointer(run_dir / "checkpoints")
-    try:
-        wait_for(lambda: (run_dir / "checkpoints").is_dir() and len(checkpoints.list()) >= 2, 300,
-                 "two checkpoints", proc)
+    try:  # the Checkpointer is built once the run made its folder: a run.dir it did not make is refused
+        wait_for(lambda: (run_dir / "checkpoints").is_dir() and len(Checkpointer(run_dir / "checkpoints").list()) >= 2,
+                 300, "two checkpoints", proc)
     finally:
-        os.kill(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     no_actor_left(cluster)  # the learner owned them: Ray ends them with it
+    checkpoints = Checkpointer(run_dir / "checkpoints")
     newest, _ = checkpoints.newest_valid()
     saved = read_checkpoint(newest.path)["state"]["digest"]
     assert saved["replay_size"] > 0 and saved["updates"] > 0 and saved["priority_sum"] > 0
