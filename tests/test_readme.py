@@ -61,7 +61,10 @@ def readme_commands() -> list[tuple[str, str]]:
 
 
 def script_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    """A user's shell: not attached to a W&B service an in-process test of this worker started (WANDB_SERVICE), which
+    would still hold a SIGKILLed launch's run id when the relaunch asks for it ("run ID ... is in use")."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    return {**env, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 
 
 def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
