@@ -702,5 +702,5 @@ def main() -> None:
 if __name__ == "__main__":
     from report import markdown_page
 
-    with markdown_page("Collector throughput"):  # --markdown PATH: this run as a dated docs page
+    with markdown_page("Collectors"):  # --markdown PAGE#SECTION: into its docs section
         main()

@@ -317,5 +317,5 @@ if __name__ == "__main__":
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from report import markdown_page
 
-        with markdown_page("Distributed collection on Ray (loopback cluster)"):
+        with markdown_page("Ray collection"):
             main()

@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="every step at tiny budgets, on the CPU (CI)")
     parser.add_argument("--skip", nargs="*", default=[], choices=STEPS, help="steps to leave out")
     parser.add_argument("--seconds", type=float, default=None, help="timed seconds per throughput row")
-    with markdown_page("GPU check"):  # --markdown PATH: this run as a dated docs page
+    with markdown_page("GPU check"):  # --markdown PAGE#SECTION: into its docs section
         args = parser.parse_args(argv)
         import torch
 

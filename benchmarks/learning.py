@@ -1000,5 +1000,5 @@ def report(tasks: list[Task], rows: list[dict[str, Any]]) -> None:
 if __name__ == "__main__":
     from report import markdown_page
 
-    with markdown_page("Learning benchmark"):  # --markdown PATH: this run as a dated docs page
+    with markdown_page("Learning benchmark"):  # --markdown PAGE#SECTION: into its docs section
         main()

@@ -534,5 +534,5 @@ def main() -> None:
 if __name__ == "__main__":
     from report import markdown_page
 
-    with markdown_page("Logging and checkpoint overhead"):  # --markdown PATH: this run as a dated docs page
+    with markdown_page("Logging and checkpoints"):  # --markdown PAGE#SECTION: into its docs section
         main()

@@ -152,5 +152,5 @@ def main() -> None:
 if __name__ == "__main__":
     from report import markdown_page
 
-    with markdown_page("Off-policy iteration by phase"):  # --markdown PATH: this run as a dated docs page
+    with markdown_page("Phases"):  # --markdown PAGE#SECTION: into its docs section
         main()

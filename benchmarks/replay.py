@@ -162,5 +162,5 @@ def main() -> None:
 if __name__ == "__main__":
     from report import markdown_page
 
-    with markdown_page("Replay throughput"):  # --markdown PATH: this run as a dated docs page
+    with markdown_page("Replay"):  # --markdown PAGE#SECTION: into its docs section
         main()

@@ -162,6 +162,6 @@ def main(argv: list[str] | None = None) -> dict:
 if __name__ == "__main__":
     from report import markdown_page
 
-    with markdown_page("Trainers: sync, async, data-parallel"):  # --markdown PATH: this run as a dated docs page
+    with markdown_page("Trainers"):  # --markdown PAGE#SECTION: into its docs section
         ok = main()
     sys.exit(0 if ok else 1)

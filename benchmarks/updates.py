@@ -197,5 +197,5 @@ def main() -> None:
 if __name__ == "__main__":
     from report import markdown_page
 
-    with markdown_page("Update throughput (CPU)"):  # --markdown PATH: this run as a dated docs page
+    with markdown_page("Updates"):  # --markdown PAGE#SECTION: into its docs section
         main()

@@ -1,4 +1,5 @@
-"""docs/: the API page matches the docstrings; benchmark scripts write dated pages with machine, commit, command."""
+"""docs/: the API page matches the docstrings; benchmark scripts write their sections of the topic pages in place,
+with date, machine, commit and command; docs/ stays a handful of pages whose links resolve."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import pytest  # noqa: E402
-from report import markdown_page, scrub_paths  # noqa: E402
+from report import heading_link, markdown_page, scrub_paths  # noqa: E402
 
 
 def test_api_page_is_up_to_date():
@@ -62,15 +63,40 @@ def test_markdown_page_records_machine_commit_command_and_output(tmp_path, capsy
         print("tdrl-uniform extend 4.38x")
     assert argv[1:] == ["--quick", "--capacity", "10"]  # the script's own parser never sees --markdown
     page = path.read_text()
-    assert page.startswith(f"# Replay throughput, {datetime.date.today().isoformat()}\n")
-    for line in ("- Machine: ", "cores", "- Software: Python ", "torch ", "- Commit: ",
-                 "`python benchmarks/replay.py --quick --capacity 10`", "```text\ntdrl-uniform extend 4.38x\n```"):
+    assert page.startswith("# Replay throughput\n\n<!-- results:replay-throughput -->\n")
+    for line in (f"- Date: {datetime.date.today().isoformat()}; wall time ", "- Machine: ", "cores",
+                 "- Software: Python ", "torch ", "- Commit: ", "`python benchmarks/replay.py --quick --capacity 10`",
+                 "```text\ntdrl-uniform extend 4.38x\n```\n<!-- /results:replay-throughput -->\n"):
         assert line in page
     assert "tdrl-uniform extend 4.38x" in capsys.readouterr().out  # still printed
     with markdown_page("Nothing", ["x.py"]):  # without --markdown: no page
         pass
     assert list(tmp_path.rglob("*.md")) == [path]
 
+
+def test_markdown_page_rewrites_its_section_in_place(tmp_path):
+    """A rerun replaces its own block and nothing else: the hand-written text, the other sections; the index
+    (the page's header) lists each section's date, commit, machine and command."""
+    path = tmp_path / "throughput.md"
+    path.write_text("# Throughput\n\nIntro.\n\n<!-- index -->\n<!-- /index -->\n\n## Replay\n\nBy hand.\n\n"
+                    "```text\n## printed, not a heading\n```\n\n## Collectors\n\nAlso by hand.\n")
+    script = str(ROOT / "benchmarks" / "replay.py")
+    for rows, section in (("first", "replay"), ("c", "collectors"), ("second", "replay")):
+        with markdown_page("Replay throughput", [script, "--markdown", f"{path}#{section}"]):
+            print(f"{rows} run")
+            assert f"{rows} run" in path.read_text()  # written as printed
+    page = path.read_text()
+    assert page.count("<!-- results:replay -->") == 1 and "first run" not in page and "second run" in page
+    assert page.index("By hand.") < page.index("second run") < page.index("## Collectors") < page.index("c run")
+    assert "Intro." in page and "Also by hand." in page and "## printed, not a heading" in page
+    index = page[page.index("<!-- index -->"):page.index("<!-- /index -->")].splitlines()
+    assert [row.split(" | ")[0] for row in index[3:]] == ["| [Replay](#replay)", "| [Collectors](#collectors)"]
+    assert f"| {datetime.date.today().isoformat()} | " in index[3] and "`python benchmarks/replay.py` |" in index[3]
+    with markdown_page("Update throughput", [str(ROOT / "benchmarks/updates.py"), "--markdown", str(path)]):
+        print("new")
+    assert path.read_text().endswith("## Update throughput\n\n<!-- results:update-throughput -->\n" +
+                                     path.read_text().split("<!-- results:update-throughput -->\n")[1])
+    assert heading_link("Ape-X and IMPALA on Ray: `trainer.kind=ray`") == "ape-x-and-impala-on-ray-trainerkindray"
 
 
 def test_pages_shorten_machine_paths(tmp_path, monkeypatch):
@@ -87,7 +113,7 @@ def test_pages_shorten_machine_paths(tmp_path, monkeypatch):
     with markdown_page("Paths", ["x.py", "--markdown", str(path)]):
         print(text)
         assert "site-packages" not in path.read_text() and "<site>/torchrl" in path.read_text()  # written as printed
-    assert "site-packages" not in path.read_text() and path.read_text().endswith("```\n")
+    assert "site-packages" not in path.read_text() and path.read_text().endswith("```\n<!-- /results:paths -->\n")
 
 
 # --- Config keys named in the docs exist ----------------------------------------------------------------------
