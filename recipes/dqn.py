@@ -184,8 +184,10 @@ def main(cfg: Config) -> dict:
     sampler = PrioritizedSampler(alpha=cfg.replay.alpha, beta_init=cfg.replay.beta_init,
                                  beta_final=cfg.replay.beta_final, beta_steps=cfg.replay.beta_steps,
                                  seed=cfg.run.seed) if cfg.replay.prioritized else None
-    # Atari: each 84x84 frame stored once, not in 8 stacks (rlpyt's frame buffer; 7.5 GB per 1M steps, not 56.5)
-    frame_stack = FrameStack(4, padding="reset") if env_factory.is_atari else None
+    # a frame-stack family (Atari): each 84x84 frame stored once, not in 8 stacks (rlpyt's frame buffer; 7.5 GB per
+    # 1M steps, not 56.5)
+    frames = env_factory.traits.frame_stack
+    frame_stack = FrameStack(frames, padding="reset") if frames else None
     if frame_stack is not None and cfg.replay.device == "cuda":
         raise ConfigError("replay.device=cuda keeps a copy of the replay on the GPU, which the Atari replay (each "
                           "frame stored once, on the host) does not have; use replay.device=auto or cpu")

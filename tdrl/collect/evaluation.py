@@ -29,7 +29,7 @@ from torchrl.envs import Transform
 from tdrl.collect.collector import BatchCollector
 from tdrl.collect.runner import SliceSettings
 from tdrl.collect.serial import SerialEngine
-from tdrl.envs import EnvFactory
+from tdrl.envs import EnvFactory, EnvTraits
 
 __all__ = ["EvalCollector", "FrameRecorder", "make_eval_collector"]
 
@@ -144,8 +144,8 @@ class _FilmFirstEnv:
         return self.factory.specs()
 
     @property
-    def is_atari(self) -> bool:
-        return self.factory.is_atari
+    def traits(self) -> EnvTraits:
+        return self.factory.traits
 
     def __call__(self, seed: int | None = None) -> gym.Env:
         if self.recorder is not None:

@@ -26,6 +26,7 @@ from tdrl.collect.transform import (
     slice_transform,
     transformed_step_template,
 )
+from tdrl.envs.families import traits_of
 from tdrl.envs.make import EnvSpecs
 
 __all__ = ["SliceRunner", "SliceSettings", "allocate", "check_slices"]
@@ -48,8 +49,8 @@ class SliceSettings:
 
     @property
     def game_score(self) -> bool:
-        """Atari envs report ``GameScore`` in their TrajInfos."""
-        return bool(getattr(self.env_factory, "is_atari", False))
+        """The envs' TrajInfos add ``GameScore`` (their family's trait: Atari)."""
+        return traits_of(self.env_factory).game_score
 
 
 def allocate(settings: SliceSettings, policy: TensorDictModuleBase | None, batch_B: int, batch_T: int,

@@ -7,9 +7,6 @@ TorchRL specs, so models and losses are built the TorchRL way.
 
 from __future__ import annotations
 
-import difflib
-import sys
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,88 +15,16 @@ import numpy as np
 import torch
 from torchrl.data import Bounded, Categorical, Composite, MultiCategorical, TensorSpec, Unbounded
 
-from tdrl.envs import atari, pomdp
+from tdrl.envs.families import EnvError, EnvFamily, EnvTraits, family_of
 from tdrl.envs.state import capture_problem
 from tdrl.envs.time_limit import TimeLimit
-from tdrl.utils.errors import UserError
 
 __all__ = ["EnvError", "EnvFactory", "EnvSpecs", "TimeLimit", "make_env", "space_to_spec"]
 
 
-class EnvError(UserError):
-    """An environment cannot be built; the message says why and what to install."""
-
-
-def _is_atari(env_id: str) -> bool:
-    return env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
-
-
-def _is_minatar(env_id: str) -> bool:
-    return env_id.startswith("MinAtar/")
-
-
-def _check_registered(env_id: str) -> None:
-    if _is_atari(env_id):
-        try:
-            import ale_py  # noqa: F401  (registers the ALE/ ids)
-
-            gym.register_envs(ale_py)
-        except ImportError:
-            hint = f"environment '{env_id}' is an Atari game and needs ale-py: pip install 'tdrl[atari]'"
-            raise EnvError(hint) from None
-    if env_id.startswith("tdrl/"):
-        pomdp.register_pomdps()
-    if _is_minatar(env_id):
-        try:
-            atari.register_minatar()
-        except ImportError:
-            raise EnvError(f"environment '{env_id}' needs minatar: pip install 'tdrl[minatar]'") from None
-    if env_id not in gym.registry:
-        near = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
-        hint = f"; did you mean {', '.join(repr(n) for n in near)}?" if near else ""
-        raise EnvError(f"unknown environment id '{env_id}'{hint}")
-
-
-def _is_mujoco(env_id: str) -> bool:
-    entry = gym.registry[env_id].entry_point
-    where = entry if isinstance(entry, str) else getattr(entry, "__module__", "") or ""
-    return "mujoco" in where
-
-
-def _mujoco_warning(message: str) -> None:
-    """MuJoCo's warning callback: a Python ``RuntimeWarning`` ``MuJoCo - <message>`` (no colon: a
-    ``PYTHONWARNINGS`` filter cannot name a message with one, :mod:`tdrl.utils.console`). It must not raise (an
-    exception crossing MuJoCo's C callback aborts the process), so where warnings are errors it prints instead."""
-    try:
-        warnings.warn(f"MuJoCo - {message}", RuntimeWarning, stacklevel=1)
-    except Exception:
-        try:
-            print(f"MuJoCo warning: {message}", file=sys.stderr)
-        except Exception:  # no usable stderr (interpreter shutdown): drop the message rather than abort
-            pass
-
-
-def _route_mujoco_warnings() -> None:
-    """Send MuJoCo's warnings to Python's ``warnings`` (shown once, filterable) instead of stderr plus a
-    ``MUJOCO_LOG.TXT`` in the working directory once per env built. Keeps a handler installed before."""
-    try:
-        import mujoco
-    except ImportError:  # gymnasium.make then raises DependencyNotInstalled, with the pip hint below
-        return
-    if mujoco.get_mju_user_warning() is None:
-        mujoco.set_mju_user_warning(_mujoco_warning)
-
-
-def _make_limited(env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]) -> gym.Env:
-    """``gymnasium.make`` with tdrl's :class:`TimeLimit` in place of gymnasium's (same place, same limit: the
-    argument, else the registered one; -1 means none)."""
-    env = gym.make(env_id, max_episode_steps=-1, **kwargs)
-    limit = gym.spec(env_id).max_episode_steps if max_episode_steps is None else max_episode_steps
-    return env if limit is None or limit == -1 else TimeLimit(env, limit)
-
-
 def make_env(env_id: str, seed: int | None = None, max_episode_steps: int | None = None, **kwargs: Any) -> gym.Env:
-    """Build one gymnasium env by id, seeded (first reset and action space), with the family's preprocessing.
+    """Build one gymnasium env by id, seeded (first reset and action space), with its family's preprocessing
+    (:func:`tdrl.envs.family_of`).
 
     Atari ids get the standard DQN preprocessing (no-op reset, frame skip 4 with 2-frame max, 84×84 grey,
     4-frame stack, uint8; no reward clipping and no episodic life unless asked: the algorithm clips, and the game
@@ -109,22 +34,7 @@ def make_env(env_id: str, seed: int | None = None, max_episode_steps: int | None
     :func:`tdrl.envs.get_env_state` can capture it.
     Raises :class:`EnvError` for an unknown id (naming the nearest ids) or a missing extra (with the pip command).
     """
-    _check_registered(env_id)
-    try:
-        if _is_atari(env_id):
-            horizon = {} if max_episode_steps is None else {"horizon": max_episode_steps}  # agent steps
-            env = atari.make_atari(env_id, **horizon, **kwargs)
-        elif _is_minatar(env_id):
-            env = atari.make_minatar(env_id, **kwargs)
-        else:
-            if _is_mujoco(env_id):
-                _route_mujoco_warnings()
-            env = _make_limited(env_id, max_episode_steps, kwargs)
-    except gym.error.DependencyNotInstalled as e:
-        raise EnvError(
-            f"environment '{env_id}' needs an extra: {e}. "
-            "MuJoCo: pip install 'gymnasium[mujoco]'; Atari: pip install 'tdrl[atari]'"
-        ) from e
+    env = family_of(env_id).build(env_id, max_episode_steps, **kwargs)
     if seed is not None:
         env.reset(seed=seed)
         env.action_space.seed(seed)
@@ -151,8 +61,27 @@ class EnvFactory:
             env.close()
 
     @property
-    def is_atari(self) -> bool:
-        return _is_atari(self.env_id)
+    def family(self) -> EnvFamily:
+        """The family of ``env_id`` (:func:`tdrl.envs.family_of`)."""
+        return family_of(self.env_id)
+
+    @property
+    def traits(self) -> EnvTraits:
+        """What tdrl does differently for these envs (:class:`tdrl.envs.EnvTraits`: their family's)."""
+        return self.family.traits
+
+    @classmethod
+    def from_config(cls, env: Any) -> EnvFactory:
+        """The factory of a config's env section: ``env.id`` with the family options the section sets
+        (``AtariEnvConfig``'s ``episodic_lives``; a section without the field leaves it off). Raises
+        :class:`EnvError` for an option the id's family does not take."""
+        if not getattr(env, "episodic_lives", False):
+            return cls(env.id)
+        family = family_of(env.id)
+        if not family.traits.episodic_lives:
+            raise EnvError(f"env.episodic_lives=true: environment '{env.id}' ({family.name}) has no lives to lose; "
+                           "set env.episodic_lives=false")
+        return cls(env.id, {"episodic_lives": True})
 
 
 def space_to_spec(space: gym.Space) -> TensorSpec:

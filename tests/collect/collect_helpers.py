@@ -12,7 +12,10 @@ import numpy as np
 import torch
 from tensordict.nn import TensorDictModule
 
+from tdrl.envs import EnvTraits
 from tdrl.envs.make import EnvSpecs
+
+GAME_TRAITS = EnvTraits(game_score=True, episodic_lives=True)  # Atari's, as collectors read them
 
 
 class StairsEnv(gym.Env):
@@ -164,9 +167,9 @@ def env_index_policy() -> TensorDictModule:
 
 @dataclass(frozen=True)
 class AtariLikeFactory(StairsFactory):
-    """StairsEnv flagged as Atari, so TrajInfos carry GameScore."""
+    """StairsEnv with Atari's traits, so TrajInfos carry GameScore."""
 
-    is_atari: bool = True
+    traits: EnvTraits = GAME_TRAITS
 
 
 class LivesEnv(gym.Env):
@@ -208,11 +211,11 @@ class LivesEnv(gym.Env):
 
 @dataclass(frozen=True)
 class LivesFactory:
-    """Picklable factory for :class:`LivesEnv`, flagged as Atari (TrajInfos carry GameScore)."""
+    """Picklable factory for :class:`LivesEnv`, with Atari's traits (TrajInfos carry GameScore)."""
 
     lives: int = 3
     life_length: int = 4
-    is_atari: bool = True
+    traits: EnvTraits = GAME_TRAITS
 
     def __call__(self, seed: int | None = None) -> gym.Env:
         return LivesEnv(self.lives, self.life_length)
