@@ -45,6 +45,7 @@ loss.clip_epsilon=0.2``. Two differences remain: ``loss.linear_decay`` decays th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tdrl.config import (
     ActorCriticModelConfig,
@@ -62,6 +63,12 @@ from tdrl.config import (
     RecipeConfig,
     run_recipe,
 )
+
+if TYPE_CHECKING:  # torch, TensorDict and TorchRL load inside main, after the config is checked
+    import torch
+    from tensordict import TensorDictBase
+
+    from tdrl.objectives.advantage import ReturnNorm
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
@@ -123,6 +130,29 @@ class Config(RecipeConfig):
     """sync, or ddp (trainer.kind=ddp trainer.world_size=2: one replica per process, gradients all-reduced)."""
 
 
+# --- Update helpers -------------------------------------------------------------------------------------------
+def shape_rewards(batch: TensorDictBase, loss: LossConfig, reward_norm: ReturnNorm | None) -> None:
+    """The rewards the update learns from, in place (TrajInfos keep the raw ones): Atari's clipped to [-1, 1]
+    (``loss.clip_reward``), then divided by their return's running std (``loss.normalize_reward``) or scaled
+    (``loss.reward_scale``)."""
+    if loss.clip_reward:
+        batch["next", "reward"] = batch["next", "reward"].clamp(-1, 1)
+    if reward_norm is not None:
+        reward_norm(batch)
+    else:
+        batch["next", "reward"] = batch["next", "reward"] * loss.reward_scale
+
+
+def minibatches(data: TensorDictBase, n: int, device: torch.device) -> list[TensorDictBase]:
+    """``n`` random minibatches over the first dim: steps of the flat batch, or envs (recurrent: whole sequences)."""
+    import torch
+
+    if n == 1:  # one full-batch gradient: the order does not matter
+        return [data]
+    return [data[idx] for idx in torch.randperm(data.shape[0], device=device).chunk(n)]
+
+
+# --- Recipe ---------------------------------------------------------------------------------------------------
 def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
     import torch
@@ -180,12 +210,6 @@ def main(cfg: Config) -> dict:
     # --- Update ---------------------------------------------------------------------------------------------
     compute_loss = torch.compile(loss) if cfg.optim.compile else loss
 
-    def minibatches(data):
-        """Random minibatches over the first dim: steps of the flat batch, or envs (recurrent: whole sequences)."""
-        if cfg.loss.minibatches == 1:  # one full-batch gradient: the order does not matter
-            return [data]
-        return [data[idx] for idx in torch.randperm(data.shape[0], device=device).chunk(cfg.loss.minibatches)]
-
     def learn(minibatch):  # the device half of an update
         with set_recurrent_mode(ac.recurrent):
             return updater.apply(compute_loss(minibatch))
@@ -193,18 +217,13 @@ def main(cfg: Config) -> dict:
     learn = update_step(learn, cudagraphs=False, device=device)
 
     def update(batch):
-        if cfg.loss.clip_reward:  # Atari: each step's reward to [-1, 1] (TrajInfos keep the game score)
-            batch["next", "reward"] = batch["next", "reward"].clamp(-1, 1)
-        if reward_norm is not None:
-            reward_norm(batch)
-        else:
-            batch["next", "reward"] = batch["next", "reward"] * cfg.loss.reward_scale
+        shape_rewards(batch, cfg.loss, reward_norm)
         advantage(batch)  # writes state_value, advantage and value_target (time limits bootstrap, terminations not)
         # feed-forward: only what the loss reads, flattened once (cheaper to index); recurrent: [B, T] sequences
         data = batch if ac.recurrent else batch.select(*loss.in_keys).reshape(-1)
         metrics = []
         for _ in range(cfg.loss.epochs):
-            for minibatch in minibatches(data):
+            for minibatch in minibatches(data, cfg.loss.minibatches, device):
                 metrics.append(learn(minibatch))
                 updater.advance()
         return metrics

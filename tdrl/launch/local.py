@@ -19,7 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from tdrl.launch.slots import Slot
 from tdrl.launch.status import check_not_running, format_status, sweep_status
@@ -123,6 +123,40 @@ def _tail(path: Path, n: int = 8) -> str:
     return "\n".join("    " + line for line in lines[-n:])
 
 
+def _queue_runs(plan: SweepPlan, records: list[dict[str, Any]], outcomes: dict[int, RunOutcome],
+        rerun_done: bool) -> deque[RunSpec]:
+    """The runs to launch, in plan order; those done before (unless ``rerun_done``) go to ``outcomes`` as skipped.
+    Marks each run's manifest record queued or skipped."""
+    queue: deque[RunSpec] = deque()
+    for run in plan.runs:
+        records[run.index].update(state="queued", log=str(run.run_dir / LOG_NAME))
+        if run.is_done() and not rerun_done:
+            outcomes[run.index] = RunOutcome(run, "skipped", None)
+            records[run.index]["state"] = "skipped"
+        else:
+            queue.append(run)
+    return queue
+
+
+def _end_run(entry: tuple[RunSpec, Slot, subprocess.Popen, IO[bytes], float], record: dict[str, Any]) -> RunOutcome:
+    """The outcome of a run whose process ended (closing its log), recorded in its manifest ``record``."""
+    run, slot, process, log, t0 = entry
+    log.close()
+    rc = process.returncode
+    outcome = RunOutcome(run, "completed" if rc == 0 else "failed", rc, slot, time.monotonic() - t0)
+    record.update(state=outcome.state, returncode=rc, ended=time.time(), wall_s=round(outcome.wall_s, 2))
+    return outcome
+
+
+def _report_end(outcome: RunOutcome, out: IO[str]) -> None:
+    name = outcome.run.name
+    if outcome.returncode == 0:
+        print(f"  done   {name:<40} {outcome.wall_s:.1f}s", file=out, flush=True)
+    else:
+        tail = _tail(outcome.log)
+        print(f"  FAILED {name:<40} exit {outcome.returncode}; log: {outcome.log}\n{tail}", file=out, flush=True)
+
+
 def launch_local(
     plan: SweepPlan, slots: list[Slot], python: str | None = None, poll_s: float = 0.2, rerun_done: bool = False,
     out: IO[str] | None = None,
@@ -149,14 +183,7 @@ def launch_local(
     manifest.update(launcher_pid=os.getpid(), slots=[s.describe() for s in slots])
     records = manifest["runs"]
     outcomes: dict[int, RunOutcome] = {}
-    queue: deque[RunSpec] = deque()
-    for run in plan.runs:
-        records[run.index].update(state="queued", log=str(run.run_dir / LOG_NAME))
-        if run.is_done() and not rerun_done:
-            outcomes[run.index] = RunOutcome(run, "skipped", None)
-            records[run.index]["state"] = "skipped"
-        else:
-            queue.append(run)
+    queue = _queue_runs(plan, records, outcomes, rerun_done)
     manifest_path = plan.exp_dir / "sweep.json"
     write_json_atomic(manifest_path, manifest)
     free = list(slots)
@@ -178,22 +205,12 @@ def launch_local(
                 print(f"  start  {run.name:<40} {slot.describe()}", file=out, flush=True)
             time.sleep(poll_s)
             for index in [i for i, (_, _, p, _, _) in running.items() if p.poll() is not None]:
-                run, slot, process, log, t0 = running.pop(index)
-                log.close()
-                free.append(slot)
+                entry = running.pop(index)
+                free.append(entry[1])
                 free.sort(key=lambda s: s.index)
-                rc = process.returncode
-                outcome = RunOutcome(run, "completed" if rc == 0 else "failed", rc, slot, time.monotonic() - t0)
-                outcomes[index] = outcome
-                records[index].update(
-                    state=outcome.state, returncode=rc, ended=time.time(), wall_s=round(outcome.wall_s, 2)
-                )
+                outcomes[index] = _end_run(entry, records[index])
                 write_json_atomic(manifest_path, manifest)
-                if rc == 0:
-                    print(f"  done   {run.name:<40} {outcome.wall_s:.1f}s", file=out, flush=True)
-                else:
-                    tail = _tail(outcome.log)
-                    print(f"  FAILED {run.name:<40} exit {rc}; log: {outcome.log}\n{tail}", file=out, flush=True)
+                _report_end(outcomes[index], out)
     except KeyboardInterrupt:
         print(f"stopping {len(running)} running runs", file=out, flush=True)
         for index, (_, _, process, log, _) in running.items():

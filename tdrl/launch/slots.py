@@ -109,6 +109,24 @@ def make_slots(
     """
     cpus = tuple(sorted(set(cpus))) if cpus is not None else tuple(sorted(os.sched_getaffinity(0)))
     have = f"this machine has {len(cpus)} CPU cores ({format_cpus(cpus)})"
+    _check_request(cpus, cpus_per_run, gpus_per_run, runs_per_gpu, have)
+    if gpus_per_run == 0:
+        per_run = cpus_per_run or 1
+        n_slots = len(cpus) // per_run
+        gpu_sets: list[tuple[int, ...]] = [() for _ in range(n_slots)]
+    else:
+        per_run, gpu_sets = _gpu_slots(len(cpus), cpus_per_run, gpus_per_run, runs_per_gpu, n_gpus, have)
+        n_slots = min(len(gpu_sets), len(cpus) // per_run)
+    if max_slots is not None:
+        if max_slots < 1:
+            raise SlotError(f"max_slots={max_slots}: need at least 1")
+        n_slots = min(n_slots, max_slots)
+    return [Slot(index=i, cpus=cpus[i * per_run : (i + 1) * per_run], gpus=gpu_sets[i]) for i in range(n_slots)]
+
+
+def _check_request(cpus: tuple[int, ...], cpus_per_run: int | None, gpus_per_run: int, runs_per_gpu: int,
+        have: str) -> None:
+    """Raise :class:`SlotError` for a request no machine (or not this one's ``cpus``) can satisfy."""
     if not cpus:
         raise SlotError("no CPU cores to run on")
     if cpus_per_run is not None and cpus_per_run < 1:
@@ -120,28 +138,22 @@ def make_slots(
     if cpus_per_run is not None and cpus_per_run > len(cpus):
         raise SlotError(f"cpus_per_run={cpus_per_run} but {have}")
 
-    if gpus_per_run == 0:
-        per_run = cpus_per_run or 1
-        n_slots = len(cpus) // per_run
-        gpu_sets: list[tuple[int, ...]] = [() for _ in range(n_slots)]
-    else:
-        n_gpus = detect_gpus() if n_gpus is None else n_gpus
-        if gpus_per_run > n_gpus:
-            raise SlotError(f"gpus_per_run={gpus_per_run} but this machine has {n_gpus} GPUs")
-        gpu_sets = [
-            tuple(range(g * gpus_per_run, (g + 1) * gpus_per_run))
-            for g in range(n_gpus // gpus_per_run)
-            for _ in range(runs_per_gpu)
-        ]
-        per_run = cpus_per_run or len(cpus) // len(gpu_sets)
-        if per_run < 1:
-            raise SlotError(
-                f"{len(gpu_sets)} GPU slots ({n_gpus} GPUs, gpus_per_run={gpus_per_run}, "
-                f"runs_per_gpu={runs_per_gpu}) need at least one core each, but {have}"
-            )
-        n_slots = min(len(gpu_sets), len(cpus) // per_run)
-    if max_slots is not None:
-        if max_slots < 1:
-            raise SlotError(f"max_slots={max_slots}: need at least 1")
-        n_slots = min(n_slots, max_slots)
-    return [Slot(index=i, cpus=cpus[i * per_run : (i + 1) * per_run], gpus=gpu_sets[i]) for i in range(n_slots)]
+
+def _gpu_slots(n_cpus: int, cpus_per_run: int | None, gpus_per_run: int, runs_per_gpu: int, n_gpus: int | None,
+        have: str) -> tuple[int, list[tuple[int, ...]]]:
+    """The cores per run and the GPU set of each GPU slot (``runs_per_gpu`` slots share a GPU set)."""
+    n_gpus = detect_gpus() if n_gpus is None else n_gpus
+    if gpus_per_run > n_gpus:
+        raise SlotError(f"gpus_per_run={gpus_per_run} but this machine has {n_gpus} GPUs")
+    gpu_sets = [
+        tuple(range(g * gpus_per_run, (g + 1) * gpus_per_run))
+        for g in range(n_gpus // gpus_per_run)
+        for _ in range(runs_per_gpu)
+    ]
+    per_run = cpus_per_run or n_cpus // len(gpu_sets)
+    if per_run < 1:
+        raise SlotError(
+            f"{len(gpu_sets)} GPU slots ({n_gpus} GPUs, gpus_per_run={gpus_per_run}, "
+            f"runs_per_gpu={runs_per_gpu}) need at least one core each, but {have}"
+        )
+    return per_run, gpu_sets

@@ -93,7 +93,22 @@ def check_slurm_resources(resources: Resources) -> None:
             ones), more nodes than the partition has, more CPUs per task, memory or GPUs than its largest node has,
             or a Ray run with several tasks per node.
     """
-    r = resources
+    _check_counts(resources)
+    for tool in ("sbatch", "scontrol", "squeue"):
+        if shutil.which(tool) is None:
+            raise SweepError(
+                f"'{tool}' is not on PATH: no SLURM client here (start one: bash slurm/local-cluster.sh start)"
+            )
+    nodes, default = _largest_nodes()
+    if resources.partition and nodes and resources.partition not in nodes:
+        raise SweepError(f"unknown SLURM partition '{resources.partition}'; partitions: {', '.join(sorted(nodes))}")
+    name = resources.partition or default
+    if name is not None and name in nodes:
+        _check_fits_partition(resources, name, nodes)
+
+
+def _check_counts(r: Resources) -> None:
+    """The request's own consistency: positive counts, one task per node for Ray."""
     for key in ("cpus_per_run", "time_min", "tasks_per_node", "nodes"):
         if getattr(r, key) < 1:
             raise SweepError(f"resources.{key}={getattr(r, key)}: must be at least 1")
@@ -102,17 +117,10 @@ def check_slurm_resources(resources: Resources) -> None:
     if r.ray and r.tasks_per_node != 1:
         raise SweepError(f"resources.ray with tasks_per_node={r.tasks_per_node}: a Ray run has one task per node "
                          "(Ray starts its own workers there); use tasks_per_node=1")
-    for tool in ("sbatch", "scontrol", "squeue"):
-        if shutil.which(tool) is None:
-            raise SweepError(
-                f"'{tool}' is not on PATH: no SLURM client here (start one: bash slurm/local-cluster.sh start)"
-            )
-    nodes, default = _largest_nodes()
-    if r.partition and nodes and r.partition not in nodes:
-        raise SweepError(f"unknown SLURM partition '{r.partition}'; partitions: {', '.join(sorted(nodes))}")
-    name = r.partition or default
-    if name is None or name not in nodes:
-        return
+
+
+def _check_fits_partition(r: Resources, name: str, nodes: dict[str, tuple[int, int, int, int]]) -> None:
+    """The request against partition ``name``'s node count and its largest node (:func:`_largest_nodes`)."""
     cpus, mem_mb, gpus, count = nodes[name]
     if count and r.nodes > count:
         wide = sorted(p for p, n in nodes.items() if n[3] >= r.nodes)

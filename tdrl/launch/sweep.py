@@ -177,12 +177,7 @@ def plan_sweep(sweep: Sweep, root: str | os.PathLike | None = None) -> SweepPlan
             (the message names the run and the key, with the nearest valid key).
     """
     where = f"sweep '{sweep.name}'"
-    if not _NAME.match(sweep.name or ""):
-        raise SweepError(f"{where}: name must be letters, digits, '.', '_' or '-'")
-    if not sweep.seeds or len(set(sweep.seeds)) != len(sweep.seeds):
-        raise SweepError(f"{where}: seeds must be a non-empty list without repeats, got {sweep.seeds!r}")
-    if not all(isinstance(s, int) and not isinstance(s, bool) for s in sweep.seeds):
-        raise SweepError(f"{where}: seeds must be integers, got {sweep.seeds!r}")
+    _check_name_and_seeds(sweep, where)
     search = [Path(sweep.source).parent] if sweep.source else []
     try:
         recipe = resolve_recipe(sweep.recipe, search)
@@ -202,18 +197,34 @@ def plan_sweep(sweep: Sweep, root: str | os.PathLike | None = None) -> SweepPlan
             run_name = f"{log_dir}/run_{seed}" if log_dir else f"run_{seed}"
             run_dir = exp_dir / run_name
             values = _run_overrides(sweep, cfg_keys, log_dir, seed, variant, run_dir)
-            try:
-                cfg = apply_overrides(base, values)
-                args = [f"{k}={_as_arg(v)}" for k, v in values.items()]
-                from_cli = apply_overrides(base, args)
-            except ConfigError as e:
-                raise SweepError(f"{where}, run '{run_name}': {e}") from e
-            lost = diff_configs(to_dict(cfg), to_dict(from_cli))
-            if lost:
-                key, (want, got) = next(iter(lost.items()))
-                raise SweepError(
-                    f"{where}, run '{run_name}': config key '{key}' = {want!r} reads back as {got!r} "
-                    "from the command line; use a plain number, string, bool or list"
-                )
-            runs.append(RunSpec(len(runs), log_dir, seed, variant, run_dir, tuple(args)))
+            args = _command_line(base, values, f"{where}, run '{run_name}'")
+            runs.append(RunSpec(len(runs), log_dir, seed, variant, run_dir, args))
     return SweepPlan(sweep=sweep, recipe=recipe, exp_dir=exp_dir, runs=runs)
+
+
+def _check_name_and_seeds(sweep: Sweep, where: str) -> None:
+    if not _NAME.match(sweep.name or ""):
+        raise SweepError(f"{where}: name must be letters, digits, '.', '_' or '-'")
+    if not sweep.seeds or len(set(sweep.seeds)) != len(sweep.seeds):
+        raise SweepError(f"{where}: seeds must be a non-empty list without repeats, got {sweep.seeds!r}")
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in sweep.seeds):
+        raise SweepError(f"{where}: seeds must be integers, got {sweep.seeds!r}")
+
+
+def _command_line(base: Any, values: dict[str, Any], where: str) -> tuple[str, ...]:
+    """A run's overrides ``values`` as ``key=value`` arguments, after checking that they apply to the recipe's
+    ``base`` config and read back from the command line as the same config."""
+    try:
+        cfg = apply_overrides(base, values)
+        args = [f"{k}={_as_arg(v)}" for k, v in values.items()]
+        from_cli = apply_overrides(base, args)
+    except ConfigError as e:
+        raise SweepError(f"{where}: {e}") from e
+    lost = diff_configs(to_dict(cfg), to_dict(from_cli))
+    if lost:
+        key, (want, got) = next(iter(lost.items()))
+        raise SweepError(
+            f"{where}: config key '{key}' = {want!r} reads back as {got!r} "
+            "from the command line; use a plain number, string, bool or list"
+        )
+    return tuple(args)

@@ -21,21 +21,8 @@ class VideoError(RuntimeError):
 
 
 def _as_thwc_uint8(frames: Any) -> np.ndarray:
-    if hasattr(frames, "detach"):
-        frames = frames.detach().cpu().numpy()
-    elif isinstance(frames, Sequence) and not isinstance(frames, np.ndarray):
-        frames = np.stack([np.asarray(f.detach().cpu() if hasattr(f, "detach") else f) for f in frames])
-    arr = np.asarray(frames)
-    if arr.ndim == 3:  # grayscale [T, H, W]
-        arr = arr[..., None]
-    if arr.ndim != 4:
-        raise VideoError(f"frames must be [T, H, W, C] or [T, C, H, W], got shape {tuple(arr.shape)}")
-    if arr.shape[-1] not in (1, 3, 4) and arr.shape[1] in (1, 3, 4):
-        arr = arr.transpose(0, 2, 3, 1)  # [T, C, H, W] -> [T, H, W, C]
-    if arr.shape[-1] not in (1, 3, 4):
-        raise VideoError(f"frames need 1, 3 or 4 channels, got shape {tuple(arr.shape)}")
-    if arr.shape[0] == 0:
-        raise VideoError("no frames to write")
+    """``frames`` (see :func:`write_video`) as a contiguous uint8 ``[T, H, W, 3]`` array of even height and width."""
+    arr = _as_thwc(_as_array(frames))
     if arr.dtype != np.uint8:
         if np.issubdtype(arr.dtype, np.floating) and arr.size and arr.max() <= 1.0:
             arr = arr * 255.0  # floats in [0, 1]
@@ -49,6 +36,30 @@ def _as_thwc_uint8(frames: Any) -> np.ndarray:
     if pad_h or pad_w:
         arr = np.pad(arr, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
     return np.ascontiguousarray(arr)
+
+
+def _as_array(frames: Any) -> np.ndarray:
+    """A tensor, an array or a sequence of frames (tensors or arrays) as one numpy array."""
+    if hasattr(frames, "detach"):
+        frames = frames.detach().cpu().numpy()
+    elif isinstance(frames, Sequence) and not isinstance(frames, np.ndarray):
+        frames = np.stack([np.asarray(f.detach().cpu() if hasattr(f, "detach") else f) for f in frames])
+    return np.asarray(frames)
+
+
+def _as_thwc(arr: np.ndarray) -> np.ndarray:
+    """``[T, H, W]``, ``[T, H, W, C]`` or ``[T, C, H, W]`` frames as ``[T, H, W, C]`` with 1, 3 or 4 channels."""
+    if arr.ndim == 3:  # grayscale [T, H, W]
+        arr = arr[..., None]
+    if arr.ndim != 4:
+        raise VideoError(f"frames must be [T, H, W, C] or [T, C, H, W], got shape {tuple(arr.shape)}")
+    if arr.shape[-1] not in (1, 3, 4) and arr.shape[1] in (1, 3, 4):
+        arr = arr.transpose(0, 2, 3, 1)  # [T, C, H, W] -> [T, H, W, C]
+    if arr.shape[-1] not in (1, 3, 4):
+        raise VideoError(f"frames need 1, 3 or 4 channels, got shape {tuple(arr.shape)}")
+    if arr.shape[0] == 0:
+        raise VideoError("no frames to write")
+    return arr
 
 
 def write_video(frames: Any, path: Path, *, fps: int = 30) -> Path:

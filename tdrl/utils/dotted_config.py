@@ -109,53 +109,78 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is Any:
         return value
     if origin is Annotated:
-        out = _coerce(key, value, args[0])
-        for bound in args[1:]:
-            if isinstance(bound, (Range, Length)) and (problem := bound.violation(out)) is not None:
-                raise ConfigError(f"config key '{key}': {problem}")
-        return out
+        return _coerce_annotated(key, value, args[0], args[1:])
     if origin in (typing.Union, types.UnionType):
-        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
-        if is_none and type(None) in args:
-            return None
-        arms = [arg for arg in args if arg is not type(None)]
-        if len(arms) == 1:  # its own error says what is wrong (the type or the range)
-            return _coerce(key, value, arms[0])
-        for arg in arms:
-            with contextlib.suppress(ConfigError):
-                return _coerce(key, value, arg)
-        raise ConfigError(f"config key '{key}': {value!r} does not fit {_type_name(tp)}")
+        return _coerce_union(key, value, tp)
     if origin is Literal:
-        for choice in args:
-            if value == choice or (isinstance(value, str) and str(choice) == value):
-                return choice
-        raise ConfigError(f"config key '{key}': {value!r} is not one of {list(args)}")
+        return _coerce_literal(key, value, args)
     if origin in (list, tuple):
-        item_tp = args[0] if args else Any
-        out = [_coerce(f"{key}[{i}]", item, item_tp) for i, item in enumerate(_list_items(key, value))]
+        out = [_coerce(f"{key}[{i}]", item, args[0] if args else Any) for i, item in enumerate(_list_items(key, value))]
         return tuple(out) if origin is tuple else out
     if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
-            return False
-        raise ConfigError(f"config key '{key}': expected a bool (true/false), got {value!r}")
-    if tp in (int, float) and not isinstance(value, bool):
+        return _coerce_bool(key, value)
+    if tp in (int, float):
+        return _coerce_number(key, value, tp)
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
+        return str(value)
+    raise ConfigError(f"config key '{key}': unsupported field type {tp}")
+
+
+def _coerce_annotated(key: str, value: Any, tp: Any, metadata: tuple[Any, ...]) -> Any:
+    """``Annotated[tp, ...]``: ``value`` as ``tp``, within each :class:`Range` or :class:`Length` of ``metadata``."""
+    out = _coerce(key, value, tp)
+    for bound in metadata:
+        if isinstance(bound, (Range, Length)) and (problem := bound.violation(out)) is not None:
+            raise ConfigError(f"config key '{key}': {problem}")
+    return out
+
+
+def _coerce_union(key: str, value: Any, tp: Any) -> Any:
+    """``A | B | None``: ``None`` for ``none``/``null`` where the union has it, else the first arm that fits."""
+    args = typing.get_args(tp)
+    is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
+    if is_none and type(None) in args:
+        return None
+    arms = [arg for arg in args if arg is not type(None)]
+    if len(arms) == 1:  # its own error says what is wrong (the type or the range)
+        return _coerce(key, value, arms[0])
+    for arg in arms:
+        with contextlib.suppress(ConfigError):
+            return _coerce(key, value, arg)
+    raise ConfigError(f"config key '{key}': {value!r} does not fit {_type_name(tp)}")
+
+
+def _coerce_literal(key: str, value: Any, choices: tuple[Any, ...]) -> Any:
+    """The choice ``value`` is, or names (a CLI string)."""
+    for choice in choices:
+        if value == choice or (isinstance(value, str) and str(choice) == value):
+            return choice
+    raise ConfigError(f"config key '{key}': {value!r} is not one of {list(choices)}")
+
+
+def _coerce_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"config key '{key}': expected a bool (true/false), got {value!r}")
+
+
+def _coerce_number(key: str, value: Any, tp: type[int] | type[float]) -> int | float:
+    """An int or a float (``tp``) from a number or a string (``1e6``, ``1_000_000``); never from a bool, and an int
+    only from an integral value."""
+    if not isinstance(value, bool):
         if tp is int and isinstance(value, int):
             return value
         with contextlib.suppress(TypeError, ValueError):  # strings accept 1e6 and 1_000_000
             number = float(value.replace("_", "") if isinstance(value, str) else value)
             if tp is float or number.is_integer():
                 return tp(number)
-    if tp in (int, float):
-        raise ConfigError(f"config key '{key}': expected {'an int' if tp is int else 'a float'}, got {value!r}")
-    if tp is str:
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"config key '{key}': expected a string, got {value!r}")
-        return str(value)
-    raise ConfigError(f"config key '{key}': unsupported field type {tp}")
+    raise ConfigError(f"config key '{key}': expected {'an int' if tp is int else 'a float'}, got {value!r}")
 
 
 def _list_items(key: str, value: Any) -> list[Any]:
