@@ -47,6 +47,7 @@ class ActorCritic(nn.Module):
     and critic ``value_head(torso(x))`` (:func:`make_conv_actor_critic`), so a loss runs the torso once.
     """
 
+    greedy: ProbabilisticActor
     shared: tuple[nn.Module, nn.Module, nn.Module] | None
 
     def __init__(self, actor: ProbabilisticActor, critic: TensorDictModule, greedy: ProbabilisticActor,
