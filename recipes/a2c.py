@@ -78,7 +78,7 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.policy_gradient import make_a2c_loss
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import Updater, a2c_optimizer
-    from tdrl.train import SyncTrainer, collector_factory_from, eval_collector_from, prepare_recipe
+    from tdrl.train import collector_factory_from, eval_collector_from, make_trainer, prepare_recipe
 
     # --- Build ----------------------------------------------------------------------------------------------
     device, env_factory = prepare_recipe(cfg)  # starts workers early, seeds, resolves the device
@@ -95,10 +95,8 @@ def main(cfg: Config) -> dict:
     collector = collector_factory_from(cfg, env_factory, ac.actor, device=device)()
     # each evaluation: n_envs whole greedy episodes on their own envs
     eval_collector = eval_collector_from(cfg, ac.greedy)
-    trainer = SyncTrainer(collector=collector, eval_collector=eval_collector, run=run,
-                          n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
-                          checkpoint_interval_steps=cfg.checkpoint.interval_steps, stop_return=cfg.stop_return,
-                          checkpoint_state={"model": ac, "updater": updater})
+    trainer = make_trainer(cfg, on_policy=True, collector=collector, eval_collector=eval_collector, run=run,
+                           checkpoint_state={"model": ac, "updater": updater})
     lr_at = LinearSchedule(cfg.optim.lr, 0.0 if cfg.optim.linear_decay else cfg.optim.lr, duration=trainer.n_itr)
 
     # --- Update ---------------------------------------------------------------------------------------------

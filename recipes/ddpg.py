@@ -71,6 +71,7 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.train import (
+        ActorHooks,
         collector_factory_from,
         eval_collector_from,
         make_trainer,
@@ -107,7 +108,7 @@ def main(cfg: Config) -> dict:
     trainer = make_trainer(cfg, on_policy=False, collector_factory=collector_factory, replay=replay, policy=policy,
                            eval_collector=eval_collector, run=run,
                            checkpoint_state={"loss": loss, "updater": updater, "replay": replay, "policy": policy},
-                           weights_module=actor)  # ray: the actors receive the policy network (their noise stays)
+                           actor_hooks=ActorHooks(weights_module=actor))  # ray: actors get the network, keep noise
 
     # --- Update ---------------------------------------------------------------------------------------------
     compute_loss = torch.compile(loss) if cfg.optim.compile else loss

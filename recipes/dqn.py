@@ -143,6 +143,7 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.replay import FrameStack, PrioritizedSampler
     from tdrl.train import (
+        ActorHooks,
         collector_factory_from,
         eval_collector_from,
         make_trainer,
@@ -203,11 +204,12 @@ def main(cfg: Config) -> dict:
                                              "exploration": exploration},  # epsilon resumes where it was
                            # ray (Ape-X): actors get the Q-network only, keep their own fixed epsilons and compute
                            # their batches' initial priorities
-                           weights_module=q_actor,
-                           actor_setup=ApexEpsilons(cfg.exploration.actor_eps, cfg.exploration.actor_eps_alpha),
-                           actor_priorities=ActorPriorities(gamma=cfg.loss.gamma, n_step=cfg.loss.n_step,
-                                                            q_path=module_path(policy, q_actor), delta_clip=delta_clip)
-                           if sampler is not None and not cfg.model.categorical else None)
+                           actor_hooks=ActorHooks(
+                               weights_module=q_actor,
+                               setup=ApexEpsilons(cfg.exploration.actor_eps, cfg.exploration.actor_eps_alpha),
+                               priorities=ActorPriorities(gamma=cfg.loss.gamma, n_step=cfg.loss.n_step,
+                                                          q_path=module_path(policy, q_actor), delta_clip=delta_clip)
+                               if sampler is not None and not cfg.model.categorical else None))
     lr_at = LinearSchedule(cfg.optim.lr, cfg.optim.lr if cfg.optim.lr_final is None else cfg.optim.lr_final,
                            duration=cfg.collector.total_frames)
 

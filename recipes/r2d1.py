@@ -176,7 +176,14 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.replay import PrioritizedSampler, SequenceReplayBuffer
-    from tdrl.train import check_trainer, collector_factory_from, eval_collector_from, make_trainer, prepare_recipe
+    from tdrl.train import (
+        Schedule,
+        check_trainer,
+        collector_factory_from,
+        eval_collector_from,
+        make_trainer,
+        prepare_recipe,
+    )
 
     check_trainer(cfg.trainer, on_policy=False)  # before any process starts
     if cfg.collector.batch_T <= cfg.loss.n_step and cfg.replay.prioritized and cfg.replay.input_priorities:
@@ -229,7 +236,8 @@ def main(cfg: Config) -> dict:
     eval_collector = eval_collector_from(cfg, eval_policy)
     samples_per_update = cfg.optim.batch_B * replay.seq_len  # what the replay ratio counts
     trainer = make_trainer(cfg, on_policy=False, collector_factory=collector_factory, replay=replay, policy=policy,
-                           eval_collector=eval_collector, run=run, batch_size=samples_per_update,
+                           eval_collector=eval_collector, run=run,
+                           schedule=Schedule.from_config(cfg, on_policy=False, batch_size=samples_per_update),
                            checkpoint_state={"loss": loss, "updater": updater, "replay": replay,
                                              "exploration": exploration})
     lr_at = LinearSchedule(cfg.optim.lr, cfg.optim.lr if cfg.optim.lr_final is None else cfg.optim.lr_final,

@@ -78,9 +78,9 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.graphs import graph_lr, update_step
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.train import (
-        SyncTrainer,
         collector_factory_from,
         eval_collector_from,
+        make_trainer,
         prepare_off_policy,
         transition_replay_from,
     )
@@ -112,14 +112,10 @@ def main(cfg: Config) -> dict:
     collector = collector_factory_from(cfg, env_factory, policy, return_same_td=True)()
     # each evaluation: n_envs whole greedy episodes on their own envs
     eval_collector = eval_collector_from(cfg, actor)
-    trainer = SyncTrainer(collector=collector, replay=replay, eval_collector=eval_collector, run=run,
-                          n_steps=cfg.collector.total_frames, log_interval_steps=cfg.logger.log_interval_steps,
-                          replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
-                          min_steps_learn=cfg.optim.min_steps_learn, stop_return=cfg.stop_return,
-                          checkpoint_interval_steps=cfg.checkpoint.interval_steps,
-                          checkpoint_state={"loss": loss, "critic_updater": critic_updater,
-                                            "actor_updater": actor_updater, "target_update": target_update,
-                                            "replay": replay, "exploration": noise})
+    trainer = make_trainer(cfg, on_policy=False, collector=collector, replay=replay, eval_collector=eval_collector,
+                           run=run, checkpoint_state={"loss": loss, "critic_updater": critic_updater,
+                                                      "actor_updater": actor_updater, "target_update": target_update,
+                                                      "replay": replay, "exploration": noise})
 
     # --- Update ---------------------------------------------------------------------------------------------
     value_loss, actor_loss = loss.value_loss, loss.actor_loss

@@ -66,7 +66,7 @@ __all__ = ["A2COptimConfig", "ActionNoiseConfig", "ActorCriticModelConfig", "Any
            "ImpalaTrainerConfig", "LayerSizes", "Length", "LoggerConfig", "NonNegativeFloat", "NonNegativeInt",
            "OffPolicyLossConfig", "OffPolicyOptimConfig", "OffPolicyTrainerConfig", "OnPolicyTrainerConfig",
            "PolicyGradientLossConfig", "PolicyGradientOptimConfig", "PositiveFloat", "PositiveFraction",
-           "PrioritizedReplayConfig", "Range", "RecipeConfig", "ReplayConfig", "ReplayDevice", "RunConfig",
+           "PrioritizedReplayConfig", "Range", "RayConfig", "RecipeConfig", "ReplayConfig", "ReplayDevice", "RunConfig",
            "TrainerConfig", "UserError", "apply_overrides", "check_devices", "check_ray_address", "config_help",
            "diff_configs", "flatten", "merge_nested", "parse_args", "replay_copy", "run_recipe", "to_dict",
            "trainer_kinds", "user_errors", "validate"]
@@ -305,7 +305,10 @@ class _CollectorProcessKeys:
 
 
 @dataclass
-class _RayKeys:
+class RayConfig:
+    """The Ray actors and cluster of ``trainer.kind=ray`` (:class:`tdrl.train.RayTrainer`); part of the trainer
+    sections of the recipes that wire up Ray (``trainer.n_actors=8``)."""
+
     n_actors: Count = 4
     """ray: collector actors (each builds the recipe's collector, with its own seed)."""
     spare_actors: NonNegativeInt = 1
@@ -335,7 +338,7 @@ class _UnrollKeys:
 
 
 @dataclass
-class TrainerConfig(_UnrollKeys, _RayKeys, _CollectorProcessKeys, _DataParallelKeys, _TrainerKind):
+class TrainerConfig(_UnrollKeys, RayConfig, _CollectorProcessKeys, _DataParallelKeys, _TrainerKind):
     """Which trainer runs the loop, and its process settings (:func:`tdrl.train.make_trainer`): every kind and
     key, for a script of one's own. Recipes take the section naming the kinds they wire up."""
 
@@ -364,7 +367,7 @@ class OffPolicyTrainerConfig(_CollectorProcessKeys, _TrainerKind):
 
 
 @dataclass
-class ApeXTrainerConfig(_RayKeys, _CollectorProcessKeys, _TrainerKind):
+class ApeXTrainerConfig(RayConfig, _CollectorProcessKeys, _TrainerKind):
     """The trainer of an off-policy recipe with Ape-X (DQN, DDPG): sync, async, or ray."""
 
     kind: Literal["sync", "async", "ray"] = "sync"
@@ -374,7 +377,7 @@ class ApeXTrainerConfig(_RayKeys, _CollectorProcessKeys, _TrainerKind):
 
 
 @dataclass
-class ImpalaTrainerConfig(_UnrollKeys, _RayKeys, _TrainerKind):
+class ImpalaTrainerConfig(_UnrollKeys, RayConfig, _TrainerKind):
     """The trainer of an on-policy recipe that corrects for the actors' lag (IMPALA's V-trace): sync, or ray."""
 
     kind: Literal["sync", "ray"] = "sync"

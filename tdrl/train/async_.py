@@ -46,10 +46,11 @@ import torch
 import torch.multiprocessing as mp
 from tensordict import TensorDict
 
-from tdrl.train import bookkeeping
-from tdrl.train.async_collector import POLL_S, CollectorProcessSpec, Control, collector_process_main, owed_updates
-from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
+from tdrl.train.async_collector import POLL_S, CollectorProcessSpec, Control, collector_process_main
+from tdrl.train.bookkeeping import frames_per_batch
+from tdrl.train.core import TrainerCore
 from tdrl.train.protocols import Evaluator, Replay, RunLog
+from tdrl.train.schedule import Schedule, owed_updates
 from tdrl.train.sync import shutdown
 from tdrl.utils.process import START_TIMEOUT_S, close_at_exit
 from tdrl.utils.seeding import spawn_seeds
@@ -71,12 +72,11 @@ def _new_interval() -> dict[str, float]:
     return {"collect_s": 0.0, "lag_wait_s": 0.0, "optimizer_wait_s": 0.0, "frames": 0}
 
 
-class AsyncTrainer:
-    """Collection in a separate process, optimisation here, throttled to a replay ratio (see module docstring). Takes
-    :class:`~tdrl.train.SyncTrainer`'s ``n_steps``, ``log_interval_steps``, ``run``, ``eval_collector``
-    (run here, with the optimizer's weights), ``min_steps_learn``, ``log_traj_window``, ``checkpoint_state``,
-    ``checkpoint_interval_steps``, ``stop_return``, ``replay_ratio`` and ``batch_size`` (both required: they
-    are the throttle), and:
+class AsyncTrainer(TrainerCore):
+    """Collection in a separate process, optimisation here, throttled to the schedule's replay ratio (see module
+    docstring; :class:`~tdrl.train.core.TrainerCore` documents ``schedule``, ``run``, ``eval_collector`` (run here,
+    with the optimizer's weights), ``checkpoint_state`` and ``log_traj_window``). The schedule's ``replay_ratio``
+    and ``batch_size`` are required: they are the throttle.
 
     Args:
         collector_factory: picklable callable building the collector *in the collector process*, e.g.
@@ -97,18 +97,12 @@ class AsyncTrainer:
         collector_factory: Callable[[], Collector],
         replay: Replay,
         policy: torch.nn.Module,
-        n_steps: int,
-        log_interval_steps: int,
-        replay_ratio: float | None,
-        batch_size: int | None,
-        frames_per_itr: int | None = None,
+        schedule: Schedule,
         run: RunLog | None = None,
         eval_collector: Evaluator | None = None,
-        min_steps_learn: int = 0,
-        log_traj_window: int = 100,
         checkpoint_state: Mapping[str, Any] | None = None,
-        checkpoint_interval_steps: int = 0,
-        stop_return: float | None = None,
+        log_traj_window: int = 100,
+        frames_per_itr: int | None = None,
         updates_per_sync: int = 1,
         max_lag_frames: int | None = 0,
         seed: int = 0,
@@ -116,6 +110,7 @@ class AsyncTrainer:
         if replay is None:
             raise ValueError("the async trainer needs an off-policy algorithm with a replay buffer (the collector "
                              "process fills it); on-policy algorithms (PPO, A2C) use the sync or ddp trainer")
+        replay_ratio, batch_size = schedule.replay_ratio, schedule.batch_size
         if replay_ratio is None or batch_size is None or replay_ratio <= 0 or batch_size < 1:
             raise ValueError(f"the async trainer throttles on replay_ratio and batch_size; got replay_ratio="
                              f"{replay_ratio!r}, batch_size={batch_size!r}")
@@ -123,31 +118,21 @@ class AsyncTrainer:
             raise ValueError(f"updates_per_sync must be >= 1, got {updates_per_sync}")
         if max_lag_frames is not None and max_lag_frames < 0:
             raise ValueError(f"max_lag_frames must be >= 0 or None, got {max_lag_frames}")
+        super().__init__(schedule=schedule, frames_per_itr=int(frames_per_itr or frames_per_batch(collector_factory)),
+                         run=run, eval_collector=eval_collector, checkpoint_state=checkpoint_state, replay=replay,
+                         log_traj_window=log_traj_window, update_batch_size=int(batch_size))
         self.collector_factory = collector_factory
-        self.replay = replay
-        self.frames_per_itr = int(frames_per_itr or frames_per_batch(collector_factory))
-        self.n_itr, self.log_interval_itrs = iteration_counts(n_steps, log_interval_steps, self.frames_per_itr)
-        ckpt_itrs = int(checkpoint_interval_steps) // self.frames_per_itr
-        self.checkpoint_interval_itrs = max(ckpt_itrs, 1) if checkpoint_interval_steps else self.log_interval_itrs
+        self.replay: Replay = replay
         self.replay_ratio, self.batch_size = float(replay_ratio), int(batch_size)
-        self.learn_start_frames = int(min_steps_learn) // self.frames_per_itr * self.frames_per_itr
-        self.eval_collector = eval_collector
-        others = {name: obj for name, obj in (checkpoint_state or {}).items() if obj is not replay}
-        self.objects = CheckpointObjects({**others, "replay": replay})
-        self.stop_return = stop_return
         self.updates_per_sync = int(updates_per_sync)
         self.max_lag_frames = max_lag_frames
         self.collector_seed = spawn_seeds(seed, 1)[0]
-        self.book = Bookkeeper(run=run, frames_per_itr=self.frames_per_itr, log_traj_window=log_traj_window,
-                               update_batch_size=self.batch_size)
-        self.resumed = False
-        self.stopped_early = False
         self._due = 0
         self._idle_rounds = 0
         self._process: Any = None
         self._ctrl: Control | None = None
         self._weights_src = TensorDict.from_module(policy)
-        self._boundary: dict[str, Any] | None = None
+        self._boundary_info: dict[str, Any] | None = None
         self._collector_done = False
         self._started = False
         self._collector_state: dict[str, Any] | None = None
@@ -156,16 +141,6 @@ class AsyncTrainer:
         self._updates_at_publish = 0
         self._updates_at_version: dict[int, int] = {}
         self._last_version = 0
-
-    itr = book_counter("itr", "Collector iterations completed (and seen by the optimizer).")
-    frames = book_counter("frames", "Env frames the collector process wrote into the replay.")
-    updates = book_counter("updates", "Gradient updates recorded.")
-    history = book_counter("history", "Log rows.")
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        """``summary.json`` content: the sync trainer's, with the replay's counters and measured ratio."""
-        return self.book.summary(stopped_early=self.stopped_early, **self._replay_counters())
 
     @property
     def updates_due(self) -> int:
@@ -177,40 +152,27 @@ class AsyncTrainer:
         """Process id of the collector process while it runs."""
         return self._process.pid if self._process is not None else None
 
-    def record(self, metrics: Any = None, *, updates: int = 0) -> None:
-        """Store this round's optimiser metrics and count its gradient updates."""
-        self.book.record(metrics, updates=updates)
-
     def __iter__(self) -> Iterator[int]:
-        completed = False
-        self.book.start_session()
-        try:
-            self._maybe_resume()
-            if self.eval_collector is not None and self.book.itr == 0 and not self.resumed:
-                # before the collector starts: nothing is collected while it runs
-                self.book.evaluate(self.eval_collector)
-                self.book.log(self._row_extra())
-            with self.book.paused():  # process start-up is not training time (SyncTrainer gets built collectors)
-                self._start_collector()
-            self._interval["optimizer_wait_s"] = 0.0
-            while True:
-                if self.book.sigterm.requested and self._ctrl is not None:
-                    self._ctrl.boundary.set()  # the collector pauses after its next batch: checkpoint, then stop
-                self._drain(block=False)
-                at_boundary = self._boundary is not None
-                if self._collector_done and not at_boundary:
-                    break
-                due = self._owed() if not at_boundary or self.max_lag_frames is not None else 0
-                if due > 0:  # at a boundary (bounded lag): pay what the optimizer owes before the row
-                    yield from self._round(due)
-                elif not at_boundary:
-                    self._drain(block=True)  # throttled: wait for the collector's next batch
-                elif self._handle_boundary():
-                    break
-            completed = True
-        finally:
-            self.book.end_session()
-            self.close(completed=completed)
+        return self._session(self._loop)
+
+    def _loop(self) -> Iterator[int]:
+        with self.book.paused():  # process start-up is not training time (SyncTrainer gets built collectors)
+            self._start_collector()
+        self._interval["optimizer_wait_s"] = 0.0
+        while True:
+            if self.book.sigterm.requested and self._ctrl is not None:
+                self._ctrl.boundary.set()  # the collector pauses after its next batch: checkpoint, then stop
+            self._drain(block=False)
+            at_boundary = self._boundary_info is not None
+            if self._collector_done and not at_boundary:
+                return
+            due = self._owed() if not at_boundary or self.max_lag_frames is not None else 0
+            if due > 0:  # at a boundary (bounded lag): pay what the optimizer owes before the row
+                yield from self._round(due)
+            elif not at_boundary:
+                self._drain(block=True)  # throttled: wait for the collector's next batch
+            elif self._handle_boundary():
+                return
 
     def _round(self, due: int) -> Iterator[int]:
         self._due = min(due, self.updates_per_sync)
@@ -234,7 +196,7 @@ class AsyncTrainer:
         samples = replay.samples_drawn  # read before write_count: S <= ratio * W then holds for the pair
         return owed_updates(replay_ratio=self.replay_ratio, batch_size=self.batch_size,
                             write_count=replay.write_count, samples_drawn=samples,
-                            learn_start_frames=self.learn_start_frames, ready=replay.ready_count())
+                            learn_start_frames=self.cadence.learn_start_frames, ready=replay.ready_count())
 
     def _start_collector(self) -> None:
         ctx = mp.get_context("spawn")
@@ -247,10 +209,8 @@ class AsyncTrainer:
         self._publish_weights()
         spec = CollectorProcessSpec(
             collector_factory=self.collector_factory, replay=self.replay,
-            start_itr=self.book.itr, n_itr=self.n_itr, log_interval_itrs=self.log_interval_itrs,
-            checkpoint_interval_itrs=self.checkpoint_interval_itrs, replay_ratio=self.replay_ratio,
-            batch_size=self.batch_size, learn_start_frames=self.learn_start_frames,
-            max_lag_frames=self.max_lag_frames, frames_per_itr=self.frames_per_itr, seed=self.collector_seed,
+            start_itr=self.book.itr, cadence=self.cadence, replay_ratio=self.replay_ratio, batch_size=self.batch_size,
+            max_lag_frames=self.max_lag_frames, seed=self.collector_seed,
             collector_state=self._collector_state, rng=self._collector_rng,
         )
         self._process = ctx.Process(target=collector_process_main, args=(spec, self._ctrl, os.getpid()),
@@ -292,7 +252,7 @@ class AsyncTrainer:
                     continue
                 return
             self._handle(msg)
-            if self._boundary is not None or self._collector_done or block:
+            if self._boundary_info is not None or self._collector_done or block:
                 return
 
     def _handle(self, msg: tuple) -> None:
@@ -308,11 +268,11 @@ class AsyncTrainer:
                 self._interval[key] += info[key]
             self._last_version = info["weights_version"]
             if "collector_state" in info:
-                self._boundary = info
+                self._boundary_info = info
         elif kind == "done":
             self._collector_done = True
         elif kind == "error":
-            self.close(completed=False)
+            self.close()
             raise AsyncTrainerError(f"the collector process failed:\n{msg[1]}")
 
     def _check_alive(self) -> None:
@@ -330,12 +290,17 @@ class AsyncTrainer:
             pass
         code = process.exitcode
         how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-        self.close(completed=False)
+        self.close()
         raise AsyncTrainerError(f"the collector process (pid {process.pid}) died with {how} at collector "
                                 f"iteration {self.book.itr}; the run stopped")
 
-    def close(self, *, completed: bool = False) -> None:
-        """Stop the collector process (stop flag, then terminate, then kill) and close the run; idempotent."""
+    def close(self) -> None:
+        """Stop the collector process and close the run without ``summary.json`` (an abandoned loop); idempotent."""
+        self._close()
+        self.book.close_run(None)
+
+    def _close(self) -> None:
+        """Stop the collector process (stop flag, then terminate, then kill) and the evaluator; idempotent."""
         process, ctrl = self._process, self._ctrl
         self._process = None
         if process is not None:
@@ -360,39 +325,39 @@ class AsyncTrainer:
             ctrl.queue.cancel_join_thread()
         _LIVE.discard(self)
         shutdown(self.eval_collector)
-        self.book.close_run(self.summary if completed else None)
 
     def __enter__(self) -> AsyncTrainer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close(completed=False)
+        self.close()
 
     def _handle_boundary(self) -> bool:
-        """Evaluate, log and checkpoint at a paused boundary, then release the collector. Returns: run over."""
-        info, self._boundary = self._boundary, None
-        assert info is not None and self._ctrl is not None  # called at a boundary the collector reported
-        itr = self.book.itr
-        final = itr >= self.n_itr
-        self.objects.check_finite()  # updates skipped for a NaN/inf loss since the last boundary raise here
-        if itr % self.log_interval_itrs == 0 or final:
-            if self.eval_collector is not None:
-                self.book.evaluate(self.eval_collector)
-            self.book.log(self._row_extra())
-            self.stopped_early = self.book.reached(self.stop_return)
-        if itr % self.checkpoint_interval_itrs == 0 or final or self.stopped_early or self.book.sigterm.requested:
-            self.book.save_checkpoint(self.objects, collector=info["collector_state"], collector_rng=info["rng"],
-                                      **bookkeeping.eval_collector_state(self.eval_collector))
+        """Evaluate, log and checkpoint at a paused boundary (:meth:`TrainerCore._boundary`), then release the
+        collector. Returns: run over."""
+        assert self._boundary_info is not None and self._ctrl is not None  # a boundary the collector reported
+        over = self._boundary()  # on SIGTERM it raises: the collector stays paused; close() stops it
+        self._boundary_info = None
         if self.stopped_early:
             self._ctrl.stop.set()
-        self.book.sigterm.stop_here(final=final or self.stopped_early)  # the collector stays paused; close() stops it
         self._ctrl.go.set()
-        return final or self.stopped_early
+        return over
+
+    def _checkpoint_extra(self) -> dict[str, Any]:
+        info = self._boundary_info
+        assert info is not None  # checkpoints are taken at a boundary, with the collector paused
+        return {"collector": info["collector_state"], "collector_rng": info["rng"]}
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
+        self._collector_state, self._collector_rng = state["collector"], state["collector_rng"]
+
+    def _summary_extra(self) -> dict[str, Any]:
+        return self._replay_counters()
 
     def _replay_counters(self) -> dict[str, float]:
         samples = self.replay.samples_drawn
         writes = self.replay.write_count
-        learned = writes - self.learn_start_frames
+        learned = writes - self.cadence.learn_start_frames
         return {"replay/ratio": samples / learned if learned > 0 else 0.0, "replay/ratio_target": self.replay_ratio,
                 "replay/samples": float(samples), "replay/writes": float(writes)}
 
@@ -410,13 +375,3 @@ class AsyncTrainer:
         self._interval = _new_interval()
         self._updates_at_version = {v: u for v, u in self._updates_at_version.items() if v >= self._last_version}
         return extra
-
-    def _maybe_resume(self) -> None:
-        if self.resumed:
-            return
-        state = self.book.load_checkpoint(self.objects)
-        if state is None:
-            return
-        self._collector_state, self._collector_rng = state["collector"], state["collector_rng"]
-        bookkeeping.load_eval_collector_state(self.eval_collector, state)
-        self.resumed = True

@@ -4,14 +4,14 @@ Per iteration the collector process copies newly published weights into its coll
 batches), optionally waits for the optimizer (``max_lag_frames``), collects one batch into the shared replay and
 reports it; at a log/checkpoint boundary (or the next batch, once the optimizer asks for one: SIGTERM) it also
 reports its collector's and RNG's state and pauses until released. It exits when the budget is spent, when asked
-to stop, or when the optimizer process disappears. :func:`owed_updates` is the one throttle both processes use,
-so they cannot disagree about whether the optimizer may update (which would deadlock a waiting collector).
+to stop, or when the optimizer process disappears. :func:`~tdrl.train.schedule.owed_updates` is the one throttle
+both processes use, so they cannot disagree about whether the optimizer may update (which would deadlock a waiting
+collector).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import threading
 import time
@@ -22,24 +22,15 @@ from typing import Any
 
 import torch
 
+from tdrl.train.schedule import Cadence, owed_updates
 from tdrl.utils.interrupt import ignore_sigint
 from tdrl.utils.process import watch_parent
 from tdrl.utils.seeding import rng_state, seed_everything, set_rng_state
 
-__all__ = ["CollectorProcessSpec", "Control", "collector_process_main", "owed_updates"]
+__all__ = ["CollectorProcessSpec", "Control", "collector_process_main"]
 
 POLL_S = 0.05
 """How often blocked waits check the stop flag and the other process."""
-
-
-def owed_updates(*, replay_ratio: float, batch_size: int, write_count: int, samples_drawn: int,
-                 learn_start_frames: int, ready: int) -> int:
-    """Gradient updates the optimizer may do now without the replay ratio exceeding ``replay_ratio``, counted from
-    the start of learning as the sync trainer counts it; 0 while fewer than ``batch_size`` transitions are ready."""
-    if write_count <= learn_start_frames or ready < batch_size:
-        return 0
-    allowed = replay_ratio * (write_count - learn_start_frames) - samples_drawn
-    return max(0, math.floor(allowed / batch_size + 1e-9))
 
 
 @dataclass
@@ -67,14 +58,10 @@ class CollectorProcessSpec:
     collector_factory: Callable[[], Any]
     replay: Any
     start_itr: int
-    n_itr: int
-    log_interval_itrs: int
-    checkpoint_interval_itrs: int
+    cadence: Cadence
     replay_ratio: float
     batch_size: int
-    learn_start_frames: int
     max_lag_frames: int | None
-    frames_per_itr: int
     seed: int
     collector_state: dict[str, Any] | None = None
     rng: dict[str, Any] | None = None
@@ -133,7 +120,8 @@ def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> 
     batches = iter(collector)
     version = 0
     replay = spec.replay
-    for itr in range(spec.start_itr, spec.n_itr):
+    cadence = spec.cadence
+    for itr in range(spec.start_itr, cadence.n_itr):
         if _must_stop(ctrl):
             return
         if ctrl.weights_version.value != version:
@@ -148,7 +136,7 @@ def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> 
             batch = next(batches)
         except StopIteration:
             raise RuntimeError(f"the collector stopped after {itr - spec.start_itr} batches, at iteration {itr} of the "
-                               f"trainer's {spec.n_itr}: its own total_frames is smaller than the trainer's n_steps "
+                               f"trainer's {cadence.n_itr}: its own total_frames is smaller than the trainer's n_steps "
                                "(leave it endless, -1)") from None
         collect_s = time.perf_counter() - start
         replay.extend(batch)
@@ -157,8 +145,8 @@ def _collect_loop(spec: CollectorProcessSpec, ctrl: Control, collector: Any) -> 
             "lag_wait_s": lag_wait_s, "weights_version": version,
         }
         done = itr + 1
-        at_interval = done % spec.log_interval_itrs == 0 or done % spec.checkpoint_interval_itrs == 0
-        if at_interval or done == spec.n_itr or ctrl.boundary.is_set():
+        at_interval = done % cadence.log_interval_itrs == 0 or done % cadence.checkpoint_interval_itrs == 0
+        if at_interval or done == cadence.n_itr or ctrl.boundary.is_set():
             info["collector_state"] = collector.state_dict()
             info["rng"] = rng_state()
             ctrl.go.clear()
@@ -176,12 +164,12 @@ def _wait_for_optimizer(spec: CollectorProcessSpec, ctrl: Control) -> float:
     assert spec.max_lag_frames is not None  # called only with a bounded lag
     start = time.perf_counter()
     replay = spec.replay
-    limit_updates = (spec.max_lag_frames + spec.frames_per_itr) * spec.replay_ratio / spec.batch_size
+    limit_updates = (spec.max_lag_frames + spec.cadence.frames_per_itr) * spec.replay_ratio / spec.batch_size
     sleep_s = 2e-4
     while not _must_stop(ctrl):
         owed = owed_updates(replay_ratio=spec.replay_ratio, batch_size=spec.batch_size,
                             write_count=replay.write_count, samples_drawn=replay.samples_drawn,
-                            learn_start_frames=spec.learn_start_frames, ready=replay.ready_count())
+                            learn_start_frames=spec.cadence.learn_start_frames, ready=replay.ready_count())
         if owed <= limit_updates:
             break
         time.sleep(sleep_s)  # back off: polling must not take CPU from the optimizer it waits for

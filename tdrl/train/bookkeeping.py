@@ -18,37 +18,13 @@ from typing import Any
 from tensordict import TensorDictBase
 
 from tdrl.train.protocols import Evaluator, RunLog
+from tdrl.train.schedule import Cadence, Schedule
 from tdrl.utils.distributed import world_size
 from tdrl.utils.interrupt import SigtermAtBoundary
 from tdrl.utils.stats import metrics_to_floats, summarize_metrics, summarize_records
 
 __all__ = ["Bookkeeper", "CheckpointObjects", "book_counter", "eval_collector_state", "frames_per_batch",
-           "iteration_counts", "load_eval_collector_state", "updates_per_iteration"]
-
-
-def iteration_counts(n_steps: int, log_interval_steps: int, frames_per_itr: int) -> tuple[int, int]:
-    """``(n_itr, log_interval_itrs)``: rlpyt's ``get_n_itr`` with ``n_itr`` rounded up, so a run trains at least
-    ``n_steps`` frames: ``ceil(n_steps / frames_per_itr)`` iterations, then on to the next log boundary;
-    ``log_interval_itrs`` is ``log_interval_steps`` rounded down to whole iterations, at least one and at most the
-    run (rlpyt rounds ``n_itr`` down first: 1000 steps of 256-frame iterations logged every 1000 trained 768 frames;
-    a log interval longer than the run would otherwise stretch the run to it: 3,000 frames logged every 1e8 ran 1e8)."""
-    if frames_per_itr <= 0:
-        raise ValueError(f"frames_per_itr must be positive, got {frames_per_itr}")
-    if n_steps <= 0 or log_interval_steps <= 0:
-        raise ValueError(f"n_steps and log_interval_steps must be positive, got {n_steps}, {log_interval_steps}")
-    n_itr = -(-int(n_steps) // frames_per_itr)  # ceil
-    log_interval_itrs = min(max(int(log_interval_steps) // frames_per_itr, 1), n_itr)
-    if n_itr % log_interval_itrs:
-        n_itr += log_interval_itrs - n_itr % log_interval_itrs
-    return n_itr, log_interval_itrs
-
-
-def updates_per_iteration(replay_ratio: float, frames_per_itr: int, batch_size: int) -> int:
-    """rlpyt's off-policy update count: ``max(1, round(replay_ratio * frames_per_itr / batch_size))``;
-    ``replay_ratio`` is data consumed by the optimiser over data collected (8: each transition sampled ~8 times)."""
-    if replay_ratio <= 0 or batch_size <= 0:
-        raise ValueError(f"replay_ratio and batch_size must be positive, got {replay_ratio}, {batch_size}")
-    return max(1, round(replay_ratio * frames_per_itr / batch_size))
+           "load_eval_collector_state"]
 
 
 def frames_per_batch(collector: Any) -> int:
@@ -126,16 +102,19 @@ class CheckpointObjects:
 
 class Bookkeeper:
     """The books of one training run, written to ``run`` (a ``tdrl.log.Run``, or ``None``: rows only in
-    :attr:`history`). A checkpoint taken with another ``frames_per_itr`` (all ranks) is refused;
+    :attr:`history`), and its :class:`~tdrl.train.schedule.Schedule`, in iterations of ``frames_per_itr`` frames
+    (all ranks) as :attr:`cadence`. A checkpoint taken with another ``frames_per_itr`` is refused;
     ``update_batch_size`` (samples per update, all ranks; ``None`` on-policy) feeds the replay-ratio columns.
     :attr:`sigterm` defers SIGTERM from :meth:`start_session` to :meth:`end_session`: the trainer checkpoints at its
     next boundary when ``sigterm.requested``, then calls ``sigterm.stop_here()`` (not on data-parallel ranks, which
     would have to agree on the boundary: SIGTERM stops them at once).
     """
 
-    def __init__(self, *, run: RunLog | None = None, frames_per_itr: int, log_traj_window: int = 100,
-                 update_batch_size: int | None = None) -> None:
+    def __init__(self, *, schedule: Schedule, frames_per_itr: int, run: RunLog | None = None,
+                 log_traj_window: int = 100, update_batch_size: int | None = None) -> None:
         self.run = run
+        self.schedule = schedule
+        self.cadence: Cadence = schedule.cadence(frames_per_itr)
         self.frames_per_itr = frames_per_itr
         self.log_traj_window = log_traj_window
         self.update_batch_size = update_batch_size
@@ -209,8 +188,10 @@ class Bookkeeper:
                 self.run.log_video(frames, step=self.frames)
         self.last_eval = {**summarize_records(trajs, "eval/"), "eval/episodes": float(len(trajs))}
 
-    def reached(self, stop_return: float | None) -> bool:
-        """Whether the last evaluation's mean return (else the online window's) reached ``stop_return``."""
+    def reached(self) -> bool:
+        """Whether the last evaluation's mean return (else the online window's) reached the schedule's
+        ``stop_return``."""
+        stop_return = self.schedule.stop_return
         if stop_return is None:
             return False
         online = summarize_records(self.traj_window, "").get("return_mean")

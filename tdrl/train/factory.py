@@ -12,14 +12,16 @@ from __future__ import annotations
 import functools
 import importlib.util
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from torch import nn
 
 from tdrl.config import ConfigError, TrainerConfig, trainer_kinds
 from tdrl.train.async_ import AsyncTrainer
-from tdrl.train.ray_trainer import RayTrainer, check_reachable, ray_target
+from tdrl.train.data_parallel import DataParallelTrainer
+from tdrl.train.ray_trainer import ActorHooks, RayTrainer, check_reachable, ray_target
+from tdrl.train.schedule import Schedule
 from tdrl.train.sync import SyncTrainer
 from tdrl.utils.distributed import (
     DistributedSetupError,
@@ -31,11 +33,15 @@ from tdrl.utils.distributed import (
 )
 from tdrl.utils.seeding import seed_everything
 
-__all__ = ["TRAINER_KINDS", "TrainerConfig", "check_min_steps_learn", "check_trainer", "collector_factory_from",
-           "eval_collector_from", "make_trainer", "prepare_off_policy", "prepare_recipe",
+__all__ = ["TRAINER_KINDS", "Trainer", "TrainerConfig", "check_min_steps_learn", "check_trainer",
+           "collector_factory_from", "eval_collector_from", "make_trainer", "prepare_off_policy", "prepare_recipe",
            "transition_replay_from"]
 
 TRAINER_KINDS = ("sync", "ddp", "async", "ray")
+
+Trainer = SyncTrainer | AsyncTrainer | RayTrainer
+"""What :func:`make_trainer` returns (a :class:`DataParallelTrainer` is a :class:`SyncTrainer`): each iterates
+the loop, has ``updates_due``, ``record()``, the counters and ``summary``."""
 
 
 def check_min_steps_learn(min_steps_learn: int, *, n_step: int, batch_B: int) -> None:
@@ -83,6 +89,16 @@ def check_trainer(cfg: Any, *, on_policy: bool, device: str = "cpu", supported: 
         raise DistributedSetupError(f"trainer.world_size must be >= 1, got {cfg.world_size}")
 
 
+@overload  # on-policy: never async, so each iteration yields a batch (a TensorDict), not an iteration count
+def make_trainer(cfg: Any, *, on_policy: Literal[True], collector: Any = ...,
+                 collector_factory: Callable[[], Any] | None = ..., modules: Sequence[nn.Module] = ...,
+                 replay: Any = ..., policy: nn.Module | None = ..., actor_hooks: ActorHooks | None = ...,
+                 schedule: Schedule | None = ..., **kwargs: Any) -> SyncTrainer | RayTrainer: ...
+@overload
+def make_trainer(cfg: Any, *, on_policy: bool, collector: Any = ...,
+                 collector_factory: Callable[[], Any] | None = ..., modules: Sequence[nn.Module] = ...,
+                 replay: Any = ..., policy: nn.Module | None = ..., actor_hooks: ActorHooks | None = ...,
+                 schedule: Schedule | None = ..., **kwargs: Any) -> Trainer: ...
 def make_trainer(
     cfg: Any,
     *,
@@ -92,30 +108,24 @@ def make_trainer(
     modules: Sequence[nn.Module] = (),
     replay: Any = None,
     policy: nn.Module | None = None,
-    weights_module: nn.Module | None = None,
-    actor_setup: Callable[[Any, int, int], None] | None = None,
-    actor_priorities: Callable[[Any, Any], Any] | None = None,
+    actor_hooks: ActorHooks | None = None,
+    schedule: Schedule | None = None,
     **kwargs: Any,
-) -> SyncTrainer | AsyncTrainer | RayTrainer:
-    """The trainer ``cfg.trainer.kind`` names, for a recipe's whole config ``cfg``.
+) -> Trainer:
+    """The trainer ``cfg.trainer.kind`` names (sync for a config without a ``trainer`` section), for a recipe's
+    whole config ``cfg``.
 
-    From ``cfg``: the budget (``collector.total_frames``), the log, evaluation and checkpoint cadence, the seed,
-    ``stop_return`` and, off-policy, ``optim.replay_ratio``, ``optim.batch_size`` and ``optim.min_steps_learn``;
-    ``kwargs`` add the rest (``run``, ``eval_collector``, ``checkpoint_state``, ...) and override those.
-    ``collector`` (sync, ddp) or ``collector_factory`` (picklable; async builds the collector in its process);
-    ``modules``: what ddp averages the gradients of (the loss module); ``replay``: filled with every batch;
-    ``policy``: whose weights the async collector (ray: the actors) receives; ``weights_module``, ``actor_setup``,
-    ``actor_priorities``: ray only (see :class:`RayTrainer`). Raises ``ValueError`` (see :func:`check_trainer`)
-    before any collector is built.
+    ``schedule``: by default :meth:`Schedule.from_config` (the budget, log, evaluation and checkpoint cadence,
+    ``stop_return`` and, off-policy, the replay ratio, batch size and learning start); the seed is ``run.seed``.
+    ``kwargs`` add the rest (``run``, ``eval_collector``, ``checkpoint_state``, ...). ``collector`` (sync, ddp) or
+    ``collector_factory`` (picklable; async builds the collector in its process); ``modules``: what ddp averages
+    the gradients of (the loss module); ``replay``: filled with every batch; ``policy``: whose weights the async
+    collector (ray: the actors) receives; ``actor_hooks``: ray only (Ape-X). Raises ``ValueError`` (see
+    :func:`check_trainer`) before any collector is built.
     """
     seed = kwargs.pop("seed", cfg.run.seed)
-    from_cfg = {"n_steps": cfg.collector.total_frames, "log_interval_steps": cfg.logger.log_interval_steps,
-                "checkpoint_interval_steps": cfg.checkpoint.interval_steps, "stop_return": cfg.stop_return}
-    for key in () if on_policy else ("replay_ratio", "batch_size", "min_steps_learn"):
-        if key not in kwargs:
-            from_cfg[key] = getattr(cfg.optim, key)
-    kwargs = {**from_cfg, **kwargs}
-    cfg = cfg.trainer
+    schedule = schedule or Schedule.from_config(cfg, on_policy=on_policy)
+    cfg = getattr(cfg, "trainer", None) or TrainerConfig(kind="sync")
     # every check comes before a collector (and its workers) is built; the recipe checked its own kinds first
     check_trainer(cfg, on_policy=on_policy, supported=TRAINER_KINDS)
     if cfg.kind != "async" and collector is None and collector_factory is None:
@@ -136,21 +146,21 @@ def make_trainer(
         setting = functools.partial(_setting, cfg)
         max_lag = None if setting("max_lag_frames") < 0 else setting("max_lag_frames")
         if cfg.kind == "async":
-            return AsyncTrainer(collector_factory=collector_factory, replay=replay, policy=policy, seed=seed,
-                                updates_per_sync=cfg.updates_per_sync, max_lag_frames=max_lag, **kwargs)
-        return RayTrainer(collector_factory=collector_factory, replay=replay, policy=policy, seed=seed,
-                          weights_module=weights_module, actor_setup=actor_setup,
-                          actor_priorities=actor_priorities, n_actors=cfg.n_actors,
-                          spare_actors=cfg.spare_actors,
-                          address=cfg.ray_address or None, actor_cpus=cfg.actor_cpus,
-                          call_timeout_s=cfg.call_timeout_s, updates_per_sync=setting("updates_per_sync"),
-                          max_lag_frames=max_lag, unrolls_per_batch=setting("unrolls_per_batch"), **kwargs)
+            return AsyncTrainer(collector_factory=collector_factory, replay=replay, policy=policy, schedule=schedule,
+                                seed=seed, updates_per_sync=cfg.updates_per_sync, max_lag_frames=max_lag, **kwargs)
+        return RayTrainer(collector_factory=collector_factory, replay=replay, policy=policy, schedule=schedule,
+                          seed=seed, ray=cfg, hooks=actor_hooks or ActorHooks(),
+                          updates_per_sync=setting("updates_per_sync"), max_lag_frames=max_lag,
+                          unrolls_per_batch=setting("unrolls_per_batch"), **kwargs)
     built = collector is None
     if built:
         assert collector_factory is not None  # checked with collector above
         collector = collector_factory()
     try:
-        return SyncTrainer(collector=collector, replay=replay, modules=modules, **kwargs)
+        if cfg.kind == "ddp":
+            return DataParallelTrainer(collector=collector, schedule=schedule, replay=replay, modules=modules,
+                                       **kwargs)
+        return SyncTrainer(collector=collector, schedule=schedule, replay=replay, **kwargs)
     except BaseException:
         if built:
             collector.shutdown()  # no worker processes outlive a bad argument
@@ -204,8 +214,8 @@ def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, 
     """What every recipe does first, in this order: start the fork server its collector's workers fork from (their
     torch import overlaps the build; only where this process builds the collector: no trainer section, sync or
     ddp), set ``run.torch_threads`` and ``run.flush_denormal``, seed everything (``seed``: e.g. a data-parallel
-    rank's own; default ``run.seed``), resolve ``run.device`` and make the env factory (Atari's
-    ``env.episodic_lives`` passed on).
+    rank's own; default ``run.seed``), resolve ``run.device`` and make the env factory
+    (:meth:`tdrl.envs.EnvFactory.from_config`: Atari's ``env.episodic_lives`` passed on).
     Returns ``(device, env_factory)`` (a :class:`tdrl.envs.EnvFactory`)."""
     from tdrl.collect import start_workers_early
     from tdrl.envs import EnvFactory
@@ -215,8 +225,7 @@ def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, 
     torch.set_num_threads(cfg.run.torch_threads)
     torch.set_flush_denormal(cfg.run.flush_denormal)
     seed_everything(cfg.run.seed if seed is None else seed)
-    episodic_lives = getattr(cfg.env, "episodic_lives", False)
-    return resolve_device(cfg.run.device), EnvFactory(cfg.env.id, {"episodic_lives": True} if episodic_lives else {})
+    return resolve_device(cfg.run.device), EnvFactory.from_config(cfg.env)
 
 
 

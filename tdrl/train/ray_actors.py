@@ -34,7 +34,7 @@ from typing import Any, Literal
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from tdrl.train.async_collector import owed_updates
+from tdrl.train.schedule import owed_updates
 from tdrl.utils.keys import VERSION_KEY
 
 __all__ = ["CollectorActor", "LearnerHub", "RayTrainerError", "Rollout", "actor_seed", "nbytes"]

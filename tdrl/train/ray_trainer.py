@@ -32,25 +32,27 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDict
 
-from tdrl.config import check_ray_address
-from tdrl.train import bookkeeping
+from tdrl.config import RayConfig, check_ray_address
 from tdrl.train.actor_pool import ActorPool
-from tdrl.train.async_collector import POLL_S, owed_updates
-from tdrl.train.bookkeeping import Bookkeeper, CheckpointObjects, book_counter, frames_per_batch, iteration_counts
+from tdrl.train.async_collector import POLL_S
+from tdrl.train.bookkeeping import frames_per_batch
+from tdrl.train.core import TrainerCore
 from tdrl.train.protocols import Evaluator, Replay, RunLog
 from tdrl.train.ray_actors import CollectorActor, LearnerHub, RayTrainerError, actor_seed, from_wire, nbytes, to_wire
 from tdrl.train.replicas import tensor_digest
+from tdrl.train.schedule import Schedule, owed_updates
 from tdrl.train.sync import shutdown
 from tdrl.utils.console import ray_init_options, ray_output_to_run_log
 from tdrl.utils.errors import UserError
 from tdrl.utils.interrupt import keeps_signal_handlers
 
-__all__ = ["RayTrainer", "check_reachable", "connect_ray", "module_path", "ray_target"]
+__all__ = ["ActorHooks", "RayTrainer", "check_reachable", "connect_ray", "module_path", "ray_target"]
 
 if TYPE_CHECKING:  # annotations only: tdrl.collect imports torchrl.envs (~1 s)
     from tdrl.collect import Collector
@@ -126,21 +128,31 @@ def module_path(root: torch.nn.Module, module: torch.nn.Module) -> str:
     raise ValueError(f"{type(module).__name__} is not a submodule of the policy {type(root).__name__}")
 
 
-class RayTrainer:
-    """Collector actors on Ray, learner here (see the module docstring). Takes the async trainer's arguments
-    (``n_steps``, ``log_interval_steps``, ``run``, ``eval_collector``, ``replay``, ``replay_ratio``,
-    ``batch_size``, ``min_steps_learn``, ``checkpoint_state``, ``checkpoint_interval_steps``, ``stop_return``,
-    ``updates_per_sync``, ``max_lag_frames``, ``seed``), and:
+@dataclass(frozen=True)
+class ActorHooks:
+    """What an algorithm adds to each Ray actor (Ape-X). ``weights_module``: what is published (default: the whole
+    policy), found in each actor's copy of the policy at the same path (Ape-X keeps each actor's epsilon out of
+    it); ``setup(policy, index, n_actors)``: called in each actor before its first rollout as ``index``;
+    ``priorities(policy, batch)``: the initial priorities each actor computes for its batches."""
+
+    weights_module: torch.nn.Module | None = None
+    setup: Callable[[Any, int, int], None] | None = None
+    priorities: Callable[[Any, Any], torch.Tensor] | None = None
+
+
+class RayTrainer(TrainerCore):
+    """Collector actors on Ray, learner here (see the module docstring; :class:`~tdrl.train.core.TrainerCore`
+    documents ``schedule``, ``run``, ``eval_collector``, ``replay``, ``checkpoint_state``, ``log_traj_window``;
+    :class:`~tdrl.train.AsyncTrainer` ``updates_per_sync``, ``max_lag_frames`` and ``seed``).
 
     Args:
         collector_factory: picklable callable building one actor's collector; called with ``seed=``.
-        policy: the learner's policy; ``weights_module`` (default: ``policy``) is what is published, found in each
-            actor's copy of the policy at the same path (Ape-X keeps each actor's epsilon out of it).
-        actor_setup: ``actor_setup(policy, index, n_actors)`` in each actor before its first rollout as ``index``.
-        actor_priorities: ``actor_priorities(policy, batch)``, the initial priorities each actor computes (Ape-X).
-        n_actors, address, actor_cpus, call_timeout_s: the actors, the cluster (``None``: ``RAY_ADDRESS``, else
-            local), CPUs each actor reserves, and the timeout of every remote call.
-        spare_actors: idle actors kept built to replace a dead one at once (see :mod:`tdrl.train.actor_pool`).
+        policy: the learner's policy.
+        ray: the actors and the cluster (:class:`tdrl.config.RayConfig`: ``n_actors``, ``spare_actors`` kept built
+            to replace a dead one at once (:mod:`tdrl.train.actor_pool`), ``ray_address`` (empty: ``RAY_ADDRESS``,
+            else a local Ray), ``actor_cpus``, ``call_timeout_s`` of every remote call).
+        hooks: what the algorithm adds to each actor (:class:`ActorHooks`).
+        replay: off-policy (Ape-X): the learner's replay, which the actors write into; ``None``: on-policy.
         unrolls_per_batch: on-policy: unrolls per learner batch.
     """
 
@@ -149,57 +161,34 @@ class RayTrainer:
         *,
         collector_factory: Callable[..., Collector],
         policy: torch.nn.Module,
-        n_steps: int,
-        log_interval_steps: int,
-        weights_module: torch.nn.Module | None = None,
-        actor_setup: Callable[[Any, int, int], None] | None = None,
-        actor_priorities: Callable[[Any, Any], torch.Tensor] | None = None,
-        n_actors: int = 4,
-        spare_actors: int = 1,
-        address: str | None = None,
-        actor_cpus: float = 1.0,
-        call_timeout_s: float = 60.0,
+        schedule: Schedule,
+        ray: RayConfig,
+        hooks: ActorHooks = ActorHooks(),
         replay: Replay | None = None,
-        replay_ratio: float | None = None,
-        batch_size: int | None = None,
-        min_steps_learn: int = 0,
-        max_lag_frames: int | None = 0,
-        updates_per_sync: int = 1,
-        unrolls_per_batch: int = 1,
-        run: RunLog | None = None, eval_collector: Evaluator | None = None,
-        stop_return: float | None = None,
-        log_traj_window: int = 100,
+        run: RunLog | None = None,
+        eval_collector: Evaluator | None = None,
         checkpoint_state: Mapping[str, Any] | None = None,
-        checkpoint_interval_steps: int = 0,
+        log_traj_window: int = 100,
+        updates_per_sync: int = 1,
+        max_lag_frames: int | None = 0,
+        unrolls_per_batch: int = 1,
         seed: int = 0,
     ) -> None:
         self.on_policy = replay is None
-        if not self.on_policy and (not replay_ratio or not batch_size):
+        if not self.on_policy and (not schedule.replay_ratio or not schedule.batch_size):
             raise ValueError("an off-policy ray trainer throttles on replay_ratio and batch_size; pass both")
-        self.collector_factory, self.policy = collector_factory, policy
-        self.weights_module = weights_module if weights_module is not None else policy
+        super().__init__(schedule=schedule, frames_per_itr=frames_per_batch(collector_factory),  # one batch
+                         run=run, eval_collector=eval_collector, checkpoint_state=checkpoint_state, replay=replay,
+                         log_traj_window=log_traj_window,
+                         update_batch_size=None if self.on_policy else schedule.batch_size)
+        self.collector_factory, self.policy, self.ray, self.hooks = collector_factory, policy, ray, hooks
+        self.weights_module = hooks.weights_module if hooks.weights_module is not None else policy
         self.weights_path = module_path(policy, self.weights_module)
-        self.actor_setup, self.actor_priorities = actor_setup, actor_priorities
-        self.n_actors, self.spare_actors, self.address = int(n_actors), int(spare_actors), address
-        self.actor_cpus, self.call_timeout_s = float(actor_cpus), float(call_timeout_s)
-        self.replay = replay
-        self.replay_ratio, self.batch_size = replay_ratio, batch_size
-        self.frames_per_itr = frames_per_batch(collector_factory)  # one collector batch
-        self.n_itr, self.log_interval_itrs = iteration_counts(n_steps, log_interval_steps, self.frames_per_itr)
-        ckpt_itrs = int(checkpoint_interval_steps) // self.frames_per_itr
-        self.checkpoint_interval_itrs = max(ckpt_itrs, 1) if checkpoint_interval_steps else self.log_interval_itrs
-        self.learn_start_frames = int(min_steps_learn)
-        self.eval_collector = eval_collector
-        others = {name: obj for name, obj in (checkpoint_state or {}).items() if obj is not replay}
-        self.objects = CheckpointObjects({**others, "replay": replay} if replay is not None else others)
-        self.stop_return = stop_return
+        self.n_actors = int(ray.n_actors)
         self.updates_per_sync, self.max_lag_frames = int(updates_per_sync), max_lag_frames
         self.unrolls_per_batch = int(unrolls_per_batch)
         self.seed = seed
-        self.book = Bookkeeper(run=run, frames_per_itr=self.frames_per_itr, log_traj_window=log_traj_window,
-                               update_batch_size=None if self.on_policy else batch_size)
         self.policy_version = 0
-        self.resumed = self.stopped_early = False
         self.pool: ActorPool | None = None
         self._hub: Any = None
         self._started_ray = False
@@ -208,48 +197,33 @@ class RayTrainer:
         self._updates_at_publish = self._weights_bytes = 0
         self._publish_ref: Any = None
         self._factory_ref: Any = None
-        self._logged = self._saved = 0  # log and checkpoint boundaries passed
         self._interval = self._new_interval()
-
-    itr = book_counter("itr", "Collector batches received (an Ape-X rollout carries one or more).")
-    frames = book_counter("frames", "Env frames of the rollouts received.")
-    updates, history = book_counter("updates", "Gradient updates recorded."), book_counter("history", "Log rows.")
 
     @property
     def updates_due(self) -> int:
         """Gradient updates allowed in this round (off-policy)."""
         return self._due
 
-    @property
-    def summary(self) -> dict[str, Any]:
-        extra = {"actors": self.n_actors, "actor_restarts": self.pool.restarts if self.pool else 0,
-                 "actor_nodes": self.pool.nodes() if self.pool else 0}
-        return self.book.summary(stopped_early=self.stopped_early, **extra)
-
-    def record(self, metrics: Any = None, *, updates: int = 0) -> None:
-        self.book.record(metrics, updates=updates)
+    def _summary_extra(self) -> dict[str, Any]:
+        return {"actors": self.n_actors, "actor_restarts": self.pool.restarts if self.pool else 0,
+                "actor_nodes": self.pool.nodes() if self.pool else 0}
 
     # --- The loop ----------------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
-        book, completed = self.book, False
-        book.start_session()
-        try:
-            self._maybe_resume()
-            if self.eval_collector is not None and book.itr == 0 and not self.resumed:
-                book.evaluate(self.eval_collector)
-                book.log(self._row_extra())
-            with book.paused():  # starting Ray and the actors is not training time
-                self._start()
-            while book.itr < self.n_itr and not self.stopped_early:
-                yield from self._unroll_round() if self.on_policy else self._replay_round()
-                self._boundaries()
-            completed = True
-        finally:
-            book.end_session()
-            self._stop()
-            shutdown(self.eval_collector)
-            book.close_run(self.summary if completed else None)
+        return self._session(self._loop)
+
+    def _loop(self) -> Iterator[Any]:
+        with self.book.paused():  # starting Ray and the actors is not training time
+            self._start()
+        over = self.book.itr >= self.cadence.n_itr
+        while not over:
+            yield from self._unroll_round() if self.on_policy else self._replay_round()
+            over = self._boundary()
+
+    def _close(self) -> None:
+        self._stop()
+        shutdown(self.eval_collector)
 
     def _replay_round(self) -> Iterator[int]:
         assert self.pool is not None  # _start() built it
@@ -272,10 +246,10 @@ class RayTrainer:
     def _owed(self) -> int:
         replay = self.replay
         # off-policy: __init__ checked that they are given
-        assert replay is not None and self.replay_ratio is not None and self.batch_size is not None
-        owed = owed_updates(replay_ratio=self.replay_ratio, batch_size=self.batch_size,
+        assert replay is not None and self.schedule.replay_ratio is not None and self.schedule.batch_size is not None
+        owed = owed_updates(replay_ratio=self.schedule.replay_ratio, batch_size=self.schedule.batch_size,
                             write_count=replay.write_count, samples_drawn=replay.samples_drawn,
-                            learn_start_frames=self.learn_start_frames, ready=replay.ready_count())
+                            learn_start_frames=self.cadence.learn_start_frames, ready=replay.ready_count())
         return min(owed, self.updates_per_sync)
 
     def _account(self, reports: list[Any]) -> None:
@@ -298,38 +272,24 @@ class RayTrainer:
         assert self.pool is not None  # the reports came from it
         self.pool.print_events()
 
-    def _boundaries(self) -> None:
-        itr, final = self.book.itr, self.book.itr >= self.n_itr
-        if itr // self.log_interval_itrs > self._logged or final:
-            self._logged = itr // self.log_interval_itrs
-            self.objects.check_finite()
-            if self.eval_collector is not None:
-                self.book.evaluate(self.eval_collector)
-            self.book.log(self._row_extra())
-            self.stopped_early = self.book.reached(self.stop_return)
-        sigterm = self.book.sigterm
-        if itr // self.checkpoint_interval_itrs > self._saved or final or self.stopped_early or sigterm.requested:
-            self._saved = itr // self.checkpoint_interval_itrs
-            self._save_checkpoint()
-        sigterm.stop_here(final=final or self.stopped_early)
-
     # --- Actors, weights, observability ------------------------------------------------------------------------
 
     def _start(self) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        self._started_ray = connect_ray(self.address, cpus_wanted=self.n_actors * self.actor_cpus)
+        ray_cfg = self.ray
+        self._started_ray = connect_ray(ray_cfg.ray_address or None, cpus_wanted=self.n_actors * ray_cfg.actor_cpus)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self._hub = ray.remote(LearnerHub).options(num_cpus=0, max_concurrency=8, scheduling_strategy=here).remote(
-            self.replay, replay_ratio=self.replay_ratio, batch_size=self.batch_size,
-            learn_start_frames=self.learn_start_frames, max_lag_frames=self.max_lag_frames)
+            self.replay, replay_ratio=self.schedule.replay_ratio, batch_size=self.schedule.batch_size,
+            learn_start_frames=self.cadence.learn_start_frames, max_lag_frames=self.max_lag_frames)
         self._publish()
         # SPREAD over the nodes: Ray's default packs actors onto the driver's node while it has room
         options = {"max_restarts": -1, "max_task_retries": 0, "scheduling_strategy": "SPREAD"}
         actor_class = ray.remote(CollectorActor)
         # a spare reserves no CPU: it idles until it replaces an actor, which frees its own
-        working, spare_class = (actor_class.options(num_cpus=cpus, **options) for cpus in (self.actor_cpus, 0))
+        working, spare_class = (actor_class.options(num_cpus=cpus, **options) for cpus in (ray_cfg.actor_cpus, 0))
         seed = self.seed + self.book.itr  # a resumed session: fresh env streams
         # held here for the whole run, so a restarted actor finds its factory (ray#53727); passed in a list, so
         # each actor fetches it itself and its constructor's own arguments stay small
@@ -338,21 +298,21 @@ class RayTrainer:
         def make_actor(number: int, spare: bool) -> Any:
             return (spare_class if spare else working).remote(
                 self.n_actors, [self._factory_ref], actor_seed(seed, number), weights_path=self.weights_path,
-                hub=self._hub, setup=self.actor_setup, priorities=self.actor_priorities,
-                call_timeout_s=self.call_timeout_s)
+                hub=self._hub, setup=self.hooks.setup, priorities=self.hooks.priorities,
+                call_timeout_s=ray_cfg.call_timeout_s)
 
         # Ray logs an error for the first actor built with a reference among its arguments, which a restart needs:
         # harmless here (both are held above for the whole run), so in a recipe it goes to the run's debug.log
         with ray_output_to_run_log():
             self.pool = ActorPool(make_actor, self.n_actors, mode="unroll" if self.on_policy else "replay",
-                                  spares=self.spare_actors, call_timeout_s=self.call_timeout_s)
+                                  spares=ray_cfg.spare_actors, call_timeout_s=ray_cfg.call_timeout_s)
 
     def _publish(self) -> None:
         """Put the learner's weights in the object store as the next version and hand the hub its reference."""
         import ray
 
         if self._publish_ref is not None:  # one publish in flight at a time
-            ray.get(self._publish_ref, timeout=self.call_timeout_s)
+            ray.get(self._publish_ref, timeout=self.ray.call_timeout_s)
         self.policy_version += 1
         weights = TensorDict.from_module(self.weights_module).data.to("cpu")
         self._publish_ref = self._hub.publish.remote(self.policy_version, [ray.put(to_wire(weights))])
@@ -367,7 +327,7 @@ class RayTrainer:
         with contextlib.suppress(Exception):
             if self.pool is not None:
                 self.pool.print_events()
-                self.pool.shutdown(timeout=self.call_timeout_s / 4)
+                self.pool.shutdown(timeout=self.ray.call_timeout_s / 4)
         with contextlib.suppress(Exception):
             ray.kill(self._hub, no_restart=True)
         self._hub = None
@@ -400,7 +360,7 @@ class RayTrainer:
         if not self.on_policy:
             assert self.replay is not None  # off-policy
             samples, writes = self.replay.samples_drawn, self.replay.write_count
-            learned = writes - self.learn_start_frames
+            learned = writes - self.cadence.learn_start_frames
             extra.update({"replay/ratio": samples / learned if learned > 0 else 0.0,
                           "replay/writes": float(writes), "replay/samples": float(samples)})
         return extra
@@ -419,26 +379,20 @@ class RayTrainer:
     def _save_checkpoint(self) -> None:
         import ray
 
-        self.objects.check_finite()
         if self.replay is not None:
-            ray.get(self._hub.pause.remote(), timeout=self.call_timeout_s)  # the replay holds still while saved
+            ray.get(self._hub.pause.remote(), timeout=self.ray.call_timeout_s)  # the replay holds still while saved
         try:
-            self.book.save_checkpoint(self.objects, policy_version=self.policy_version, digest=self._digest(),
-                                      **bookkeeping.eval_collector_state(self.eval_collector))
+            super()._save_checkpoint()
         finally:
             if self.replay is not None:
-                ray.get(self._hub.resume.remote(), timeout=self.call_timeout_s)
+                ray.get(self._hub.resume.remote(), timeout=self.ray.call_timeout_s)
 
-    def _maybe_resume(self) -> None:
-        state = self.book.load_checkpoint(self.objects)
-        if state is None:
-            return
+    def _checkpoint_extra(self) -> dict[str, Any]:
+        return {"policy_version": self.policy_version, "digest": self._digest()}
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
         self.policy_version = int(state["policy_version"])
         restored = self._digest()
         if restored != state["digest"]:
             raise RayTrainerError(f"the restored learner differs from its checkpoint: {restored} != {state['digest']}")
         print(f"tdrl: resumed {describe(restored)} (equal to the checkpoint's)", file=sys.stderr, flush=True)
-        bookkeeping.load_eval_collector_state(self.eval_collector, state)
-        self._logged = self.book.itr // self.log_interval_itrs
-        self._saved = self.book.itr // self.checkpoint_interval_itrs
-        self.resumed = True

@@ -14,9 +14,10 @@ from torchrl.modules import MLP, EGreedyModule, QValueActor
 from torchrl.objectives import DQNLoss, HardUpdate
 
 from tdrl.collect import make_collector
+from tdrl.config import RayConfig
 from tdrl.envs import EnvFactory
 from tdrl.replay import TRANSITION_KEYS, TransitionReplayBuffer
-from tdrl.train.ray_trainer import RayTrainer
+from tdrl.train import ActorHooks, RayTrainer, Schedule
 
 
 def main(address: str, frames: int, summary_path: str) -> None:
@@ -31,12 +32,12 @@ def main(address: str, frames: int, summary_path: str) -> None:
     optimizer = torch.optim.Adam(loss.parameters(), lr=1e-3)
     with tempfile.TemporaryDirectory() as tmp:
         replay = TransitionReplayBuffer(f"{tmp}/replay", 10_000, keys=TRANSITION_KEYS, seed=0)
-        trainer = RayTrainer(
-            collector_factory=functools.partial(make_collector, "serial", EnvFactory("CartPole-v1"), policy,
-                                                batch_B=1, batch_T=8),
-            policy=policy, weights_module=q_actor, n_steps=frames, log_interval_steps=512, n_actors=2,
-            address=address, actor_cpus=1, call_timeout_s=20, replay=replay, replay_ratio=8, batch_size=32,
-            min_steps_learn=256, updates_per_sync=4)
+        factory = functools.partial(make_collector, "serial", EnvFactory("CartPole-v1"), policy, batch_B=1, batch_T=8)
+        trainer = RayTrainer(collector_factory=factory, policy=policy, replay=replay, updates_per_sync=4,
+                             schedule=Schedule(n_steps=frames, log_interval_steps=512, replay_ratio=8, batch_size=32,
+                                               min_steps_learn=256),
+                             ray=RayConfig(n_actors=2, ray_address=address, actor_cpus=1, call_timeout_s=20),
+                             hooks=ActorHooks(weights_module=q_actor))
         losses = []
         for _ in trainer:
             for _ in range(trainer.updates_due):

@@ -19,7 +19,7 @@ from tdrl.log import (
     summarize_columns,
     summarize_records,
 )
-from tdrl.train import Bookkeeper
+from tdrl.train import Bookkeeper, Schedule
 
 
 def _open(tmp_path, **logger):
@@ -63,7 +63,7 @@ def test_empty_interval_gives_nan_columns_when_fields_named():
 
 def test_bookkeeper_rows_have_rlpyt_columns_and_hand_computed_values(tmp_path):
     run = _open(tmp_path)
-    book = Bookkeeper(run=run, frames_per_itr=100, update_batch_size=10)
+    book = Bookkeeper(run=run, schedule=Schedule(1000, 100), frames_per_itr=100, update_batch_size=10)
     book.start_session()
     with book.paused(evaluating=True):
         time.sleep(0.2)  # evaluation: in CumTime, not in the rates (rlpyt's)

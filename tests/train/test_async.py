@@ -28,6 +28,7 @@ from tdrl.models.q import make_q_actor
 from tdrl.objectives.dqn import make_dqn_loss
 from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import TransitionReplayBuffer
+from tdrl.train import Schedule
 from tdrl.train.async_ import AsyncTrainer, AsyncTrainerError
 from tdrl.train.factory import TrainerConfig, check_trainer, make_trainer
 
@@ -71,10 +72,11 @@ def _dqn(tmp_path: Path, *, fail_at: int = 0):
 
 def _trainer(tmp_path, *, n_itr=20, log_itrs=5, run=None, max_lag_frames=None, fail_at=0, **kwargs):
     factory, policy, loss, updater, replay, q = _dqn(tmp_path, fail_at=fail_at)
-    trainer = AsyncTrainer(collector_factory=factory, replay=replay, policy=policy, n_steps=n_itr * FRAMES_PER_ITR,
-                           log_interval_steps=log_itrs * FRAMES_PER_ITR, frames_per_itr=FRAMES_PER_ITR,
-                           replay_ratio=4, batch_size=32, min_steps_learn=4 * FRAMES_PER_ITR, run=run,
-                           max_lag_frames=max_lag_frames, checkpoint_state={"model": q, "updater": updater}, **kwargs)
+    trainer = AsyncTrainer(collector_factory=factory, replay=replay, policy=policy, frames_per_itr=FRAMES_PER_ITR,
+                           run=run, max_lag_frames=max_lag_frames, checkpoint_state={"model": q, "updater": updater},
+                           schedule=Schedule(n_itr * FRAMES_PER_ITR, log_itrs * FRAMES_PER_ITR, replay_ratio=4,
+                                             batch_size=32, min_steps_learn=4 * FRAMES_PER_ITR),
+                           **kwargs)
     return trainer, (loss, updater, replay), q
 
 
@@ -259,11 +261,11 @@ def test_on_policy_algorithm_is_refused_for_async(tmp_path):
                      policy=torch.nn.Linear(1, 1))
     factory, policy, *_ = _dqn(tmp_path)
     with pytest.raises(ValueError, match="needs an off-policy algorithm with a replay buffer"):
-        AsyncTrainer(collector_factory=factory, replay=None, policy=policy, n_steps=640, log_interval_steps=64,
-                     replay_ratio=4, batch_size=32)
+        AsyncTrainer(collector_factory=factory, replay=None, policy=policy,
+                     schedule=Schedule(n_steps=640, log_interval_steps=64, replay_ratio=4, batch_size=32))
     with pytest.raises(ValueError, match="replay_ratio and batch_size"):
-        AsyncTrainer(collector_factory=factory, replay=object(), policy=policy, n_steps=640, log_interval_steps=64,
-                     replay_ratio=None, batch_size=32)
+        AsyncTrainer(collector_factory=factory, replay=object(), policy=policy,
+                     schedule=Schedule(n_steps=640, log_interval_steps=64, replay_ratio=None, batch_size=32))
     with pytest.raises(ValueError, match="trainer.kind='bogus'"):
         check_trainer(TrainerConfig(kind="bogus"), on_policy=False)  # type: ignore[arg-type]
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tdrl.config import RecipeConfig
-from tdrl.train import DataParallelError, SyncTrainer, launch_data_parallel
+from tdrl.train import DataParallelError, DataParallelTrainer, Schedule, launch_data_parallel
 from tdrl.train.replicas import GradientAllReduce, broadcast_module_state, replica_digest
 from tdrl.utils.distributed import (
     DistributedSetupError,
@@ -112,8 +112,9 @@ def _tiny_ppo(run_dir: str, n_steps: int, crash_rank: int = -1, crash_itr: int =
         run = Run.open(config={"test": "ddp"}, run=RunConfig(dir=run_dir),
                        logger=LoggerConfig(log_interval_steps=256, wandb=False, progress_bar=False), name="tiny",
                        tee=False)
-    trainer = SyncTrainer(collector=collector, modules=[loss], run=run, n_steps=n_steps,
-                          log_interval_steps=256, checkpoint_state={"model": ac, "updater": updater})
+    trainer = DataParallelTrainer(collector=collector, modules=[loss], run=run,
+                                  checkpoint_state={"model": ac, "updater": updater},
+                                  schedule=Schedule(n_steps=n_steps, log_interval_steps=256))
     equal, first_digest = [], None
     for batch in trainer:
         if first_digest is None:
@@ -210,12 +211,12 @@ def test_rank_seeds_are_distinct_and_rank_zero_keeps_the_run_seed():
 
 
 def test_run_on_a_nonzero_rank_is_refused(monkeypatch):
-    import tdrl.train.sync as sync_module
+    import tdrl.train.data_parallel as data_parallel
 
-    monkeypatch.setattr(sync_module, "rank", lambda: 1)
+    monkeypatch.setattr(data_parallel, "rank", lambda: 1)
     with pytest.raises(ValueError, match="open it on rank 0 only"):
-        SyncTrainer(collector=object(), modules=[nn.Linear(1, 1)], run=object(), n_steps=10,
-                    log_interval_steps=10, frames_per_itr=1)
+        DataParallelTrainer(collector=object(), modules=[nn.Linear(1, 1)], run=object(), frames_per_itr=1,
+                            schedule=Schedule(n_steps=10, log_interval_steps=10))
 
 
 def test_single_process_world_of_one_runs_in_process():

@@ -12,7 +12,7 @@ from tdrl.train import prepare_recipe
 @pytest.mark.parametrize("flush", [True, False])
 def test_flush_denormal_follows_the_run_config(flush):
     """``run.flush_denormal`` (default true) makes the CPU treat denormal floats as zero: Adam's idle moments decay
-    into that range, where arithmetic is many times slower (docs/phases-2026-11-27-2.md)."""
+    into that range, where arithmetic is many times slower (docs/throughput.md#phases)."""
     cfg = apply_overrides(RecipeConfig(), [f"run.flush_denormal={str(flush).lower()}"])
     try:
         prepare_recipe(cfg)

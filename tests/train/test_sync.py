@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 
 from tdrl.log import is_wall_time_column
-from tdrl.train import SyncTrainer, iteration_counts, updates_per_iteration
+from tdrl.train import Schedule, SyncTrainer, iteration_counts, updates_per_iteration
 
 
 class ScriptedCollector:
@@ -124,7 +124,7 @@ def test_updates_per_iteration_from_replay_ratio():
 
 def test_loop_counts_frames_iterations_and_weight_syncs():
     collector = ScriptedCollector()
-    trainer = SyncTrainer(collector=collector, n_steps=100, log_interval_steps=30)
+    trainer = SyncTrainer(collector=collector, schedule=Schedule(n_steps=100, log_interval_steps=30))
     seen = []
     for batch in trainer:
         seen.append(trainer.itr)
@@ -140,7 +140,8 @@ def test_loop_counts_frames_iterations_and_weight_syncs():
 
 
 def test_loop_trains_at_least_n_steps_frames():
-    trainer = SyncTrainer(collector=ScriptedCollector(), n_steps=25, log_interval_steps=25)  # 10-frame batches
+    # 10-frame batches
+    trainer = SyncTrainer(collector=ScriptedCollector(), schedule=Schedule(n_steps=25, log_interval_steps=25))
     for _ in trainer:
         pass
     # 25 frames = 2.5 iterations -> 3, then on to the next log row (every 2 iterations): 4; rlpyt's floor gave 20
@@ -148,7 +149,8 @@ def test_loop_trains_at_least_n_steps_frames():
 
 
 def test_online_statistics_use_last_log_traj_window_episodes():
-    trainer = SyncTrainer(collector=ScriptedCollector(), n_steps=100, log_interval_steps=100, log_traj_window=4)
+    trainer = SyncTrainer(collector=ScriptedCollector(), log_traj_window=4,
+                          schedule=Schedule(n_steps=100, log_interval_steps=100))
     for _ in trainer:
         pass
     last = trainer.history[-1]
@@ -159,8 +161,8 @@ def test_online_statistics_use_last_log_traj_window_episodes():
 
 def test_eval_at_iteration_zero_and_every_log_interval_excluded_from_train_time():
     evaluator = ScriptedEval(eval_s=0.05)
-    trainer = SyncTrainer(collector=ScriptedCollector(collect_s=0.002), n_steps=60, log_interval_steps=20,
-                          eval_collector=evaluator)
+    trainer = SyncTrainer(collector=ScriptedCollector(collect_s=0.002), eval_collector=evaluator,
+                          schedule=Schedule(n_steps=60, log_interval_steps=20))
     for _ in trainer:
         pass
     # 6 iterations, log every 2: eval before training (itr 0) and after itr 2, 4, 6
@@ -177,8 +179,9 @@ def test_eval_at_iteration_zero_and_every_log_interval_excluded_from_train_time(
 
 
 def test_no_update_before_min_steps_learn():
-    trainer = SyncTrainer(collector=ScriptedCollector(), n_steps=100, log_interval_steps=100,
-                          replay_ratio=8, batch_size=20, min_steps_learn=35)
+    trainer = SyncTrainer(collector=ScriptedCollector(),
+                          schedule=Schedule(n_steps=100, log_interval_steps=100, replay_ratio=8, batch_size=20,
+                                            min_steps_learn=35))
     due = []
     for _ in trainer:
         due.append(trainer.updates_due)
@@ -191,7 +194,8 @@ def test_no_update_before_min_steps_learn():
 
 def test_replay_ratio_needs_batch_size():
     with pytest.raises(ValueError, match="replay_ratio and batch_size"):
-        SyncTrainer(collector=ScriptedCollector(), n_steps=10, log_interval_steps=10, replay_ratio=4)
+        SyncTrainer(collector=ScriptedCollector(),
+                    schedule=Schedule(n_steps=10, log_interval_steps=10, replay_ratio=4))
 
 
 class Counter(torch.nn.Module):
@@ -203,8 +207,8 @@ class Counter(torch.nn.Module):
 def test_checkpoint_at_log_boundaries_and_resume_continues():
     run = MemoryRun()
     model = Counter()
-    trainer = SyncTrainer(collector=ScriptedCollector(), n_steps=100, log_interval_steps=20, run=run,
-                          checkpoint_state={"model": model})
+    trainer = SyncTrainer(collector=ScriptedCollector(), run=run, checkpoint_state={"model": model},
+                          schedule=Schedule(n_steps=100, log_interval_steps=20))
     for _ in trainer:
         with torch.no_grad():
             model.w += 1
@@ -215,8 +219,8 @@ def test_checkpoint_at_log_boundaries_and_resume_continues():
     # relaunch: new objects, same run
     model2 = Counter()
     collector2 = ScriptedCollector()
-    trainer2 = SyncTrainer(collector=collector2, n_steps=100, log_interval_steps=20, run=run,
-                           checkpoint_state={"model": model2})
+    trainer2 = SyncTrainer(collector=collector2, run=run, checkpoint_state={"model": model2},
+                           schedule=Schedule(n_steps=100, log_interval_steps=20))
     seen = []
     for _ in trainer2:
         seen.append(trainer2.itr)
@@ -230,8 +234,8 @@ def test_checkpoint_at_log_boundaries_and_resume_continues():
 
 
 def test_stop_return_ends_early():
-    trainer = SyncTrainer(collector=ScriptedCollector(), n_steps=1000, log_interval_steps=10,
-                          eval_collector=ScriptedEval(), stop_return=250)
+    trainer = SyncTrainer(collector=ScriptedCollector(), eval_collector=ScriptedEval(),
+                          schedule=Schedule(n_steps=1000, log_interval_steps=10, stop_return=250))
     for _ in trainer:
         pass
     assert trainer.stopped_early and trainer.itr == 2  # evals: 101 (itr 0), 201, 301 -> stop
@@ -239,8 +243,8 @@ def test_stop_return_ends_early():
 
 def test_resume_between_log_rows_keeps_the_open_interval_and_the_evaluator():
     def train(run, stop_at=None):
-        trainer = SyncTrainer(collector=ScriptedCollector(), n_steps=60, log_interval_steps=30, run=run,
-                              eval_collector=ScriptedEval(), checkpoint_interval_steps=20)
+        trainer = SyncTrainer(collector=ScriptedCollector(), run=run, eval_collector=ScriptedEval(),
+                              schedule=Schedule(n_steps=60, log_interval_steps=30, checkpoint_interval_steps=20))
         for _ in trainer:
             trainer.record({"loss_x": torch.tensor(float(trainer.itr))}, updates=1)
             if trainer.itr == stop_at:

@@ -8,6 +8,7 @@ from host_reads import forbid_host_reads
 from tensordict import TensorDict
 
 from tdrl.train.bookkeeping import Bookkeeper
+from tdrl.train.schedule import Schedule
 from tdrl.utils.stats import metrics_to_floats, summarize_metrics
 
 
@@ -17,7 +18,7 @@ def _metrics(n: int) -> list:
 
 
 def test_recording_reads_nothing_and_a_log_row_reads_each_key_once(monkeypatch):
-    book = Bookkeeper(frames_per_itr=8)
+    book = Bookkeeper(schedule=Schedule(80, 8), frames_per_itr=8)
     with forbid_host_reads("Bookkeeper.record"):
         for metrics in _metrics(50):
             book.record(metrics, updates=1)
