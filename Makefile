@@ -28,11 +28,12 @@ docs:
 
 # The prepared GPU check (benchmarks/gpu_check.py), one command wherever pip can download: `make gpu-check` fetches
 # into the git-ignored .whl/ what the lent GPU machine lacks (it has Python 3.12, torch 2.11.0+cu130, numpy, opencv,
-# pytest; no package index) when .whl/ is missing, installs it beside that machine's torch and writes
-# docs/gpu-<date>.md (into $OUT as it runs, so a call cut off at its time limit still returns the steps that ran).
+# pytest; no package index) when .whl/ is missing, installs it beside that machine's torch and rewrites the check's
+# section of $(GPU_PAGE) in place (with $OUT set: a copy in $OUT, written as the check runs, so a call cut off at its
+# time limit still returns the steps that ran; copy it back over docs/gpu.md here).
 # For the lent machine, `make gpu-wheels` here and carry .whl/ there. GPU_CHECK_ARGS: e.g. --skip atari.
 GPU_PY ?= python3
-GPU_PAGE ?= gpu-$(shell date +%F).md
+GPU_PAGE ?= docs/gpu.md
 GPU_CHECK_ARGS ?=
 GPU_WHEELS = tensordict==0.14.3 torchrl==0.14.1 pyvers==0.2.3 hoptorch==0.1.4 orjson==3.13.0 \
 	importlib_metadata==10.2.0 gymnasium==1.4.0 farama-notifications==0.0.4 ale-py==0.12.1
@@ -59,5 +60,6 @@ gpu-wheels:
 gpu-check: | .whl
 	$(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tdrl-site \
 		.whl/*.whl
-	PYTHONPATH=/tmp/tdrl-site:$(CURDIR) $(GPU_PY) benchmarks/gpu_check.py --markdown $${OUT:-docs}/$(GPU_PAGE) \
-		$(GPU_CHECK_ARGS); status=$$?; if [ -n "$$OUT" ]; then cp "$$OUT/$(GPU_PAGE)" docs/; fi; exit $$status
+	page=$(GPU_PAGE); if [ -n "$$OUT" ]; then cp $(GPU_PAGE) "$$OUT/" && page="$$OUT/$$(basename $(GPU_PAGE))"; fi; \
+	PYTHONPATH=/tmp/tdrl-site:$(CURDIR) $(GPU_PY) benchmarks/gpu_check.py --markdown "$$page" $(GPU_CHECK_ARGS); \
+		status=$$?; if [ "$$page" != $(GPU_PAGE) ]; then cp "$$page" $(GPU_PAGE); fi; exit $$status

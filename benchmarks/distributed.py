@@ -17,7 +17,7 @@ Then the learner: DQN updates/s (batch 64, the recipe's network) sampling the re
 with 4 actors writing. Bytes on the wire per frame: the rollouts' tensors plus the weights pulled.
 
     python benchmarks/distributed.py                       # about 4 minutes
-    python benchmarks/distributed.py --markdown docs/distributed-<date>.md
+    python benchmarks/distributed.py --markdown docs/throughput.md#ray-collection  # its section, in place
     python benchmarks/distributed.py --batch-t 128                         # 2,048 frames per round of calls
 
 ``--learning ARGS...``: run ``benchmarks/learning.py ARGS`` as a driver on a cluster of a head and two simulated

@@ -11,7 +11,8 @@ A GPU machine is lent only now and then, for minutes, with no package index: eve
   extension does not (an undefined torch symbol; 0.13.3's loads), and tdrl uses none of it (its sum tree and the
   losses are Python), so the check keeps the versions the CPU suite verified.
 * There, in one call (the device tool's ``run`` with ``carry=[".whl"]``): ``make gpu-check`` installs the wheels into
-  ``/tmp/tdrl-site`` and runs this script, which writes ``docs/gpu-<date>.md`` (and copies it to ``$OUT`` when set).
+  ``/tmp/tdrl-site`` and runs this script, which rewrites its section of ``docs/gpu.md`` in place (with ``$OUT`` set,
+  a copy there, written as the check runs, so a call cut off at its time limit still returns the steps that ran).
   It is sized to end in about 6 minutes, leaving time to run it again. Without ``.whl/`` it downloads the wheels
   first, so on a GPU machine where pip reaches an index it is the one command; where pip cannot, it ends with one
   line saying to carry ``.whl/`` from a machine that can.
@@ -35,7 +36,7 @@ Steps, each in its own processes with a time limit, so one failure is reported a
 
 Usage::
 
-    python benchmarks/gpu_check.py [--dry-run] [--markdown docs/gpu-<date>.md] [--skip tests recipes ...]
+    python benchmarks/gpu_check.py [--dry-run] [--markdown docs/gpu.md] [--skip tests recipes ...]
 """
 
 from __future__ import annotations
@@ -329,7 +330,7 @@ def atari_frames(device: str, dry_run: bool, seconds: float) -> None:
         import envpool
     except Exception as e:  # noqa: BLE001 - 115 MB with its assets: more than a GPU call may carry
         print(f"envpool row skipped: {type(e).__name__}: {e} (envpool and its assets are 115 MB, over the 64 MiB a "
-              "lent GPU machine's call carries; docs/benchmarks-atari-*.md compares it on the CPU)")
+              "lent GPU machine's call carries; docs/atari.md compares it on the CPU)")
     else:
         pool = envpool.make_gymnasium("Pong-v5", num_envs=envs, batch_size=envs, num_threads=workers, seed=0,
                                       repeat_action_probability=0.25, use_fire_reset=False)

@@ -12,8 +12,9 @@ of wall-clock to threshold is measured side by side.
     python benchmarks/learning.py --tasks sac-pendulum --stop --quiet 0.1          # each run waits for idle cores
     python benchmarks/learning.py --tasks ppo-cartpole --seeds 0,1,2 --json out.json
     python benchmarks/learning.py --tasks ppo-halfcheetah --no-sb3 --stop         # long (not in the default set)
-    python benchmarks/learning.py --rows a.json b.json --markdown docs/x.md       # report runs made side by side
-    python benchmarks/learning.py --runs runs/sweeps/mujoco_ppo --keep benchmarks/results  # a sweep's results
+    python benchmarks/learning.py --rows a.json b.json --markdown docs/learning.md#ddpg  # report runs made apart
+    python benchmarks/learning.py --runs runs/sweeps/mujoco_ppo --keep docs/data   # a sweep's results, as a CSV
+    python benchmarks/learning.py --runs docs/data/mujoco_ppo.csv --markdown docs/mujoco.md#ppo  # its report again
     python benchmarks/learning.py --gae --losses all                              # micro: tdrl vs TorchRL, ms/call
     python benchmarks/learning.py --iteration all          # whole recipe iterations: TorchRL's loss vs tdrl's own
 
@@ -28,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import dataclasses
+import functools
 import importlib.util
 import io
 import json
@@ -422,7 +425,7 @@ def sb3_ddpg_pendulum(seed: int, task: Task, stop: bool = False, run_dir: Path |
 # RL-Zoo's MuJoCo PPO, common to its HalfCheetah and Hopper rows: 1 env x 512 steps, ReLU 256x256 without
 # orthogonal init, log-std -2, constant lr and clip; observations normalised in the model and rewards divided by
 # the running std of the discounted return (SB3: VecNormalize). One seed of HalfCheetah with a constant reward
-# scale (0.1) instead: 3,700-4,600 over 344-492k frames against 5,100-5,800 (docs/learning-mujoco-ppo-2026-11-27-2.md)
+# scale (0.1) instead: 3,700-4,600 over 344-492k frames against 5,100-5,800 (docs/mujoco.md#ppo)
 RLZOO_MUJOCO_PPO = ["collector.batch_B=1", "collector.batch_T=512", "model.hidden_sizes=[256,256]",
                     "model.activation=relu", "model.init_log_std=-2", "model.distribution=normal",
                     "model.normalize_observation=true", "loss.normalize_reward=true", "loss.linear_decay=false"]
@@ -660,7 +663,7 @@ def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
 
 LEARN_FROM = 100  # --iteration: off-policy recipes update from this frame on (optim.min_steps_learn)
 KEEP_OWN_LOSS = 1.2  # tdrl keeps its own loss for an algorithm only if the whole iteration is this much faster
-# the recipes that run tdrl's own loss (TorchRL's is its oracle); DDPG left on 2026-11-26 (docs/losses-2026-11-26.md)
+# the recipes that run tdrl's own loss (TorchRL's is its oracle); DDPG left on 2026-11-26 (docs/learning.md#losses)
 LOSS_ALGOS = ("ppo", "dqn", "sac", "td3")
 
 
@@ -772,7 +775,7 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(finite)) if len(finite) == len(values) and finite else math.nan
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+def _parser() -> argparse.ArgumentParser:
     from report import add_markdown_option
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -787,13 +790,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--rows", nargs="+", default=[], metavar="JSON",
                         help="report the rows of earlier runs' --json files instead of running (e.g. runs made side "
                              "by side, one per core)")
-    parser.add_argument("--runs", nargs="+", default=[], metavar="DIR",
-                        help="report the runs of a learning_run.py sweep (e.g. runs/sweeps/mujoco_offpolicy): "
-                             "returns with IQM and CI, and curves (--plots)")
+    parser.add_argument("--runs", nargs="+", default=[], metavar="DIR|CSV",
+                        help="report the runs of a learning_run.py sweep (e.g. runs/sweeps/mujoco_offpolicy, or the "
+                             "CSV --keep wrote, e.g. docs/data/mujoco_offpolicy.csv): returns with IQM and CI, and "
+                             "curves (--plots)")
     parser.add_argument("--plots", default="", metavar="DIR", help="with --runs: write <DIR>/<task>.png")
     parser.add_argument("--keep", default="", metavar="DIR",
-                        help="with --runs: copy each finished run's results (variant.json, progress.csv, "
-                             "summary.json; no checkpoints) to DIR/<sweep>/..., e.g. benchmarks/results, to commit")
+                        help="with --runs: write every finished run's evaluations (task, impl, seed, frames, train "
+                             "seconds, return) to DIR/<sweep>.csv, e.g. docs/data, to commit")
+    parser.add_argument("--unpack", default="", metavar="DIR",
+                        help="with --runs CSV: write its runs' files (variant.json, progress.csv, summary.json) "
+                             "under DIR/<sweep>/, e.g. runs/sweeps, so that relaunching the sweep skips them")
     parser.add_argument("--frames", type=int, default=0, metavar="N",
                         help="env frames per run instead of each task's budget (e.g. to compare the cost per frame)")
     parser.add_argument("--quiet", type=float, default=None, metavar="FRACTION",
@@ -809,17 +816,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         help="--losses/--iteration measure this process's CPU time (serial collectors, one thread)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for --losses/--iteration (default: each recipe's run.torch_threads)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = _parser()
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.gae or args.losses or args.iteration:
-        global CLOCK
-        CLOCK = time.process_time if args.cpu_time else time.perf_counter
-        if args.gae:
-            bench_gae()
-        if args.losses:
-            bench_losses(list(LOSS_ALGOS) if args.losses == "all" else args.losses.split(","), args.threads)
-        if args.iteration:
-            bench_iteration(list(LOSS_ALGOS) if args.iteration == "all" else args.iteration.split(","), args.threads)
+        _micro_benchmarks(args)
         return []
     names = [n for n in args.tasks.split(",") if n]
     unknown = set(names) - {t.name for t in TASKS}
@@ -829,58 +834,103 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.frames:
         tasks = [dataclasses.replace(t, budget=args.frames) for t in tasks]
     if args.runs:
-        rows = rows_from_runs(args.runs)
+        return _report_runs(args)
+    if args.rows:
+        return _report_rows(args.rows)
+    return _run_tasks(args, tasks)
+
+
+def _micro_benchmarks(args: argparse.Namespace) -> None:
+    """``--gae``, ``--losses``, ``--iteration``: tdrl's pieces against TorchRL's, in ms."""
+    global CLOCK
+    CLOCK = time.process_time if args.cpu_time else time.perf_counter
+    if args.gae:
+        bench_gae()
+    if args.losses:
+        bench_losses(list(LOSS_ALGOS) if args.losses == "all" else args.losses.split(","), args.threads)
+    if args.iteration:
+        bench_iteration(list(LOSS_ALGOS) if args.iteration == "all" else args.iteration.split(","), args.threads)
+
+
+def _report_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--runs``: a sweep's runs (directories, or the CSV of ``--keep`` unpacked) as rows, returns, curves."""
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [str(unpack_sweep(Path(p), Path(args.unpack or tmp))) if p.endswith(".csv") else p
+                 for p in args.runs]
+        rows = rows_from_runs(paths)
         for row in rows:
             print_row(row)
         report_returns(rows)
-        for path in map(Path, args.runs):  # a sweep's runs live in runs/sweeps/<sweep file's name>
+        for path in map(Path, paths):  # a sweep's runs live in runs/sweeps/<sweep file's name>
             if (ROOT / "slurm" / "sweeps" / f"{path.name}.py").exists():
                 print(f"{path.name}: run or resume (same directories) with "
                       f"`python slurm/launch.py local slurm/sweeps/{path.name}.py --max-parallel 1`")
         if args.plots:
-            plot_runs(args.runs, Path(args.plots))
+            plot_runs(paths, Path(args.plots))
         if args.keep:
             keep_results(rows, Path(args.keep))
-        return rows
-    if args.rows:
-        rows = [row for path in args.rows for row in json.loads(Path(path).read_text())]
-        for row in rows:
-            print_row(row)
-        done = [t for t in TASKS if any(r["task"] == t.name for r in rows)]
-        report(done, rows)
-        print("\nEach task's rows again:")
-        for task in done:
-            seeds = ",".join(str(r["seed"]) for r in rows if r["task"] == task.name and r["impl"] == "tdrl")
-            print(f"  python benchmarks/learning.py --tasks {task.name} --seeds {seeds} --no-sb3")
-        return rows
+    return rows
+
+
+def _report_rows(paths: list[str]) -> list[dict[str, Any]]:
+    """``--rows``: the rows of earlier runs' ``--json`` files, reported as one run."""
+    rows = [row for path in paths for row in json.loads(Path(path).read_text())]
+    for row in rows:
+        print_row(row)
+    done = [t for t in TASKS if any(r["task"] == t.name for r in rows)]
+    report(done, rows)
+    print("\nEach task's rows again:")
+    for task in done:
+        seeds = ",".join(str(r["seed"]) for r in rows if r["task"] == task.name and r["impl"] == "tdrl")
+        print(f"  python benchmarks/learning.py --tasks {task.name} --seeds {seeds} --no-sb3")
+    return rows
+
+
+def _run_tasks(args: argparse.Namespace, tasks: list[Task]) -> list[dict[str, Any]]:
+    """Each task over the seeds, tdrl and (if installed and not ``--no-sb3``) SB3, one run after the other."""
     seeds = [int(s) for s in args.seeds.split(",")]
     have_sb3 = importlib.util.find_spec("stable_baselines3") is not None and not args.no_sb3
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for task in tasks:
             impls: list[tuple[str, Callable[[int], list[dict[str, float]]]]] = [
-                ("tdrl", lambda s, t=task: run_tdrl(t, s, Path(tmp), args.stop))]
+                ("tdrl", functools.partial(_tdrl_curve, task, Path(tmp), args.stop))]
             if have_sb3 and task.sb3 is not None:
-                impls.append(("sb3", lambda s, t=task: t.sb3(s, t, args.stop)))
+                impls.append(("sb3", functools.partial(_sb3_row_curve, task, args.stop)))
             for seed in seeds:
                 for impl, fn in impls:
-                    if args.quiet is not None and not wait_until_quiet(args.quiet, 600):
-                        print(f"  (machine never quiet before {task.name} {impl} seed {seed}; running anyway)")
-                    torch.manual_seed(seed)
-                    torch.set_num_threads(DEFAULT_TORCH_THREADS)
-                    torch.set_flush_denormal(False)  # SB3's arithmetic; a recipe sets its run.flush_denormal
-                    curve = fn(seed)
-                    frames, train_s = to_threshold(curve, task.threshold)
-                    row = {"task": task.name, "impl": impl, "seed": seed, "threshold": task.threshold,
-                           "frames_to_threshold": frames, "train_s_to_threshold": train_s,
-                           "final_return": curve[-1]["return_mean"], "final_frames": curve[-1]["frames"],
-                           "train_s": curve[-1]["train_s"], "curve": curve}
-                    rows.append(row)
-                    print_row(row)
+                    rows.append(_one_row(task, impl, seed, fn, args.quiet))
     report(tasks, rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return rows
+
+
+def _tdrl_curve(task: Task, root: Path, stop: bool, seed: int) -> list[dict[str, float]]:
+    return run_tdrl(task, seed, root, stop)
+
+
+def _sb3_row_curve(task: Task, stop: bool, seed: int) -> list[dict[str, float]]:
+    assert task.sb3 is not None
+    return task.sb3(seed, task, stop)
+
+
+def _one_row(task: Task, impl: str, seed: int, fn: Callable[[int], list[dict[str, float]]],
+             quiet: float | None) -> dict[str, Any]:
+    """One run of ``task`` by ``impl`` with ``seed`` (after waiting for a quiet machine), printed as its row."""
+    if quiet is not None and not wait_until_quiet(quiet, 600):
+        print(f"  (machine never quiet before {task.name} {impl} seed {seed}; running anyway)")
+    torch.manual_seed(seed)
+    torch.set_num_threads(DEFAULT_TORCH_THREADS)
+    torch.set_flush_denormal(False)  # SB3's arithmetic; a recipe sets its run.flush_denormal
+    curve = fn(seed)
+    frames, train_s = to_threshold(curve, task.threshold)
+    row = {"task": task.name, "impl": impl, "seed": seed, "threshold": task.threshold,
+           "frames_to_threshold": frames, "train_s_to_threshold": train_s,
+           "final_return": curve[-1]["return_mean"], "final_frames": curve[-1]["frames"],
+           "train_s": curve[-1]["train_s"], "curve": curve}
+    print_row(row)
+    return row
 
 
 def rows_from_runs(paths: list[str]) -> list[dict[str, Any]]:
@@ -910,23 +960,55 @@ def rows_from_runs(paths: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-RESULT_FILES = ("variant.json", "progress.csv", "summary.json")
+SWEEP_COLUMNS = ("task", "impl", "seed", "CumSteps", "time/train_s", "eval/return_mean")
+"""A sweep's CSV (``--keep``): one row per evaluation of a finished run, the cells as its progress.csv holds them."""
 
 
-def keep_results(rows: list[dict[str, Any]], out: Path) -> None:
-    """Copy the small result files of every finished run to ``out/<sweep>/<task>/<impl>/run_<seed>`` (the layout
-    below ``runs/sweeps``), so they can be committed: a sweep's report can then be remade without its run
-    directories, and copying them back into ``runs/sweeps`` makes a relaunch skip those runs (done: summary.json)."""
-    for row in rows:
+def keep_results(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """Write every finished run's evaluations to ``out/<sweep>.csv`` (:data:`SWEEP_COLUMNS`), one small file per
+    sweep to commit: the report and its curves are remade from it (``--runs out/<sweep>.csv``), and unpacked into
+    ``runs/sweeps`` (``--unpack``) it makes a relaunch skip those runs. Checkpoints and replays are left out."""
+    from tdrl.log.progress import read_progress
+
+    sweeps: dict[str, list[list[str]]] = {}
+    for row in sorted((r for r in rows if r["done"]), key=lambda r: (r["task"], r["impl"], r["seed"])):
         run_dir = Path(row["run_dir"])
-        if not row["done"]:
-            continue
-        parts = run_dir.parts
-        target = out.joinpath(*parts[len(parts) - 4:])  # <sweep>/<task>/<impl>/run_<seed>
-        target.mkdir(parents=True, exist_ok=True)
-        for name in RESULT_FILES:
-            shutil.copyfile(run_dir / name, target / name)
-        print(f"kept: {target}")
+        _, progress = read_progress(run_dir / "progress.csv")
+        lines = sweeps.setdefault(run_dir.parents[2].name, [])  # <sweep>/<task>/<impl>/run_<seed>
+        for cells in progress:
+            if math.isfinite(float(cells.get("eval/return_mean") or "nan")):
+                lines.append([row["task"], row["impl"], str(row["seed"]), *(cells[k] for k in SWEEP_COLUMNS[3:])])
+    written = []
+    for sweep, lines in sweeps.items():
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / f"{sweep}.csv").open("w", newline="") as f:
+            csv.writer(f, lineterminator="\n").writerows([list(SWEEP_COLUMNS), *lines])
+        written.append(out / f"{sweep}.csv")
+        print(f"kept: {out / sweep}.csv ({len({tuple(line[:3]) for line in lines})} runs)")
+    return written
+
+
+def unpack_sweep(path: Path, root: Path) -> Path:
+    """The runs of a sweep's CSV (:func:`keep_results`) as run directories ``root/<sweep>/<task>/<impl>/run_<seed>``
+    holding ``variant.json``, ``progress.csv`` and ``summary.json`` (a finished run's files); returns
+    ``root/<sweep>``."""
+    with path.open(newline="") as f:
+        lines = list(csv.DictReader(f))
+    runs: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+    for line in lines:
+        runs.setdefault((line["task"], line["impl"], line["seed"]), []).append(line)
+    for (task, impl, seed), evaluations in runs.items():
+        run_dir = root / path.stem / task / impl / f"run_{seed}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "variant.json").write_text(json.dumps({"task": task, "impl": impl}, indent=2) + "\n")
+        with (run_dir / "progress.csv").open("w", newline="") as f:
+            csv.writer(f, lineterminator="\n").writerows(
+                [list(SWEEP_COLUMNS[3:]), *([e[k] for k in SWEEP_COLUMNS[3:]] for e in evaluations)])
+        last = evaluations[-1]
+        (run_dir / "summary.json").write_text(json.dumps({
+            "frames": int(float(last["CumSteps"])), "train_s": float(last["time/train_s"]),
+            "eval/return_mean": float(last["eval/return_mean"])}, indent=2) + "\n")
+    return root / path.stem
 
 
 def report_returns(rows: list[dict[str, Any]], at_frames: int = 100_000) -> None:

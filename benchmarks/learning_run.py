@@ -7,11 +7,13 @@ runs exactly (the recipe's checkpoints), SB3's from their last checkpoint (see `
 
     python benchmarks/learning_run.py task=sac-hopper impl=sb3 run.seed=1 run.dir=runs/x   # one row
     python slurm/launch.py local slurm/sweeps/mujoco_offpolicy.py                          # the sweep
-    python benchmarks/learning.py --runs runs/sweeps/mujoco_offpolicy --markdown docs/learning-mujoco-<date>.md
+    python benchmarks/learning.py --runs runs/sweeps/mujoco_offpolicy --keep docs/data --plots docs/data \
+        --markdown docs/mujoco.md#sac-and-td3                                          # its report, in place
 
-A sweep's run directories (checkpoints, replays) stay outside the repository; ``--keep benchmarks/results`` copies
-each finished run's results (variant.json, progress.csv, summary.json) there, to commit. On a new machine,
-``cp -rn benchmarks/results/<sweep> runs/sweeps/`` before relaunching: the launcher skips the runs already done.
+A sweep's run directories (checkpoints, replays) stay outside the repository; ``--keep docs/data`` writes the
+finished runs' evaluations to ``docs/data/<sweep>.csv``, to commit (the report is remade from it: ``--runs
+docs/data/<sweep>.csv``). On a new machine, ``--runs docs/data/<sweep>.csv --unpack runs/sweeps`` before relaunching
+writes those runs' files back: the launcher skips the runs already done.
 """
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ allocated blocks, each hard-linked file once):
   link) and their ratio, then the disk the two kept checkpoints take against the replay's own directory::
 
     git worktree add /tmp/base efbc6ad
-    python benchmarks/logging_overhead.py --trees /tmp/base . --pong --replay-growth --markdown docs/PAGE.md
+    python benchmarks/logging_overhead.py --trees /tmp/base . --pong --replay-growth \
+        --markdown docs/throughput.md#logging-and-checkpoints
 
 (Not ``benchmarks/logging.py``: a script's directory is first on ``sys.path``, so that name would shadow the
 standard library's ``logging`` for every script in ``benchmarks/``.)

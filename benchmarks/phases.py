@@ -20,7 +20,7 @@ falls on Python calls, so the shares overstate Python-heavy phases a little; the
 is the share of the plain run's time per iteration. Run it when the machine is quiet::
 
     python benchmarks/phases.py [--recipes dqn sac td3] [--frames N] [--threads 1] [--flush-denormal both]
-        [--markdown docs/x.md]
+        [--markdown docs/throughput.md#phases]
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import pytest  # noqa: E402
-from report import heading_link, markdown_page, scrub_paths  # noqa: E402
+from report import heading_link, headings, markdown_page, scrub_paths  # noqa: E402
 
 
 def test_api_page_is_up_to_date():
@@ -54,6 +54,77 @@ def test_no_tracked_file_holds_a_machine_path():
         for number, line in enumerate(text.splitlines(), 1):
             found += [f"{name}:{number}: {pattern}" for pattern in patterns if pattern in line]
     assert not found, "\n".join(found)
+
+
+# --- docs/ is a handful of pages, and every reference to one resolves -----------------------------------------------
+
+MAX_DOCS_ENTRIES = 15  # evergreen pages, one results page per topic, data/ (issue 47)
+DATED = re.compile(r"20\d\d-\d\d-\d\d")
+DOCS_REFERENCE = re.compile(r"(?<![\w/.-])docs/([\w./-]*\w)(?:#([\w-]+))?")  # docs/x.md#anchor in any file
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")  # [text](target) in a page
+REFERRING = ["README.md", "Makefile", "docs/**/*.md", "tdrl/**/*.py", "recipes/**/*.py", "benchmarks/**/*.py",
+             "slurm/**/*.py", "slurm/**/*.sh", "tests/**/*.py"]
+
+
+def _anchors(page: Path) -> set[str]:
+    return {heading_link(h.text) for h in headings(page.read_text())}
+
+
+def _broken(target: Path, anchor: str | None) -> str | None:
+    """Why a reference to ``target`` (``#anchor``) does not resolve, or None."""
+    if DATED.search(str(target)):
+        return "a dated page (docs/ has one page per topic)"
+    if not target.exists():
+        return "no such file"
+    if anchor and target.suffix == ".md" and anchor not in _anchors(target):
+        return f"no heading #{anchor} there"
+    return None
+
+
+def _references():
+    """(where, target path, anchor) for every docs/ path in the tree's code and pages, and every relative link of
+    README.md and the docs pages."""
+    files = sorted({f for pattern in REFERRING for f in ROOT.glob(pattern)} - {Path(__file__)})
+    for path in files:
+        text = path.read_text()
+        for number, line in enumerate(text.splitlines(), 1):
+            where = f"{path.relative_to(ROOT)}:{number}"
+            for match in DOCS_REFERENCE.finditer(line):
+                yield where, ROOT / "docs" / match.group(1), match.group(2)
+            if path.suffix == ".md":
+                for link in MARKDOWN_LINK.findall(line):
+                    if not link.startswith(("http://", "https://", "mailto:")):
+                        file, _, anchor = link.partition("#")
+                        yield where, (path.parent / file) if file else path, anchor or None
+
+
+def test_docs_is_a_handful_of_undated_pages():
+    entries = sorted(p.name for p in (ROOT / "docs").iterdir() if not p.name.startswith("."))
+    assert len(entries) <= MAX_DOCS_ENTRIES, entries
+    dated = [str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*") if DATED.search(p.name)]
+    assert not dated, f"dated names (update the topic page in place instead): {dated}"
+
+
+def test_every_reference_to_a_docs_page_resolves():
+    """README, the pages, the code, the tests and the sweep files name docs pages that exist (topic pages, not dated
+    ones), and headings that exist on them."""
+    problems, checked = [], 0
+    for where, target, anchor in _references():
+        checked += 1
+        if why := _broken(target, anchor):
+            problems.append(f"{where}: {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}"
+                            f"{'#' + anchor if anchor else ''}: {why}")
+    assert checked > 50, checked
+    assert not problems, "\n".join(problems)
+
+
+def test_results_blocks_say_when_where_and_how():
+    """Every measured block of a results page opens with its date, machine, commit and command."""
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        text = page.read_text()
+        for block in re.finditer(r"<!-- results:([\w-]+) -->\n(.*?)<!-- /results:\1 -->", text, re.S):
+            for field in ("- Date: ", "- Machine: ", "- Commit: ", "- Command (from the repository root): `"):
+                assert field in block.group(2), f"{page.name}#{block.group(1)}: no '{field}'"
 
 
 def test_markdown_page_records_machine_commit_command_and_output(tmp_path, capsys):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -83,8 +82,9 @@ def test_sb3_baseline_resumes_from_its_checkpoint_after_sigkill(tmp_path):
 
 
 def test_kept_results_remake_the_report_and_a_relaunch_skips_those_runs(tmp_path):
-    """``--keep`` copies a finished run's small files (not its checkpoints) into ``<out>/<sweep>/...``: the report
-    reads the same row from the copy, and copied back into ``runs/sweeps`` the launcher's plan counts the run done."""
+    """``--keep`` writes the finished runs' evaluations (not their checkpoints) into ``<out>/<sweep>.csv``: the report
+    reads the same rows from it unpacked, and unpacked into a machine's runs root the launcher's plan counts those
+    runs done."""
     sweep = load_sweep(ROOT / "slurm" / "sweeps" / "mujoco_ppo.py")
     plan = plan_sweep(sweep, root=tmp_path / "runs")
     finished, going = plan.runs[0], plan.runs[1]
@@ -97,14 +97,16 @@ def test_kept_results_remake_the_report_and_a_relaunch_skips_those_runs(tmp_path
         if done:
             (run.run_dir / "summary.json").write_text('{"frames": 50000}')
     rows = learning.rows_from_runs([str(plan.exp_dir)])
-    learning.keep_results(rows, tmp_path / "kept")
-    kept = tmp_path / "kept" / plan.exp_dir.name
-    assert sorted(p.name for p in kept.rglob("*") if p.is_file()) == ["progress.csv", "summary.json", "variant.json"]
-    (row,) = learning.rows_from_runs([str(kept)])
+    (kept,) = learning.keep_results(rows, tmp_path / "kept")
+    assert kept == tmp_path / "kept" / f"{plan.exp_dir.name}.csv"
+    assert kept.read_text().splitlines() == ["task,impl,seed,CumSteps,time/train_s,eval/return_mean",
+                                             "ppo-halfcheetah,tdrl,0,0,0.0,-50.5",
+                                             "ppo-halfcheetah,tdrl,0,50000,60.5,812.25"]
+    (row,) = learning.rows_from_runs([str(learning.unpack_sweep(kept, tmp_path / "unpacked"))])
     original = next(r for r in rows if r["done"])
     assert {k: v for k, v in row.items() if k != "run_dir"} == {k: v for k, v in original.items() if k != "run_dir"}
     assert row["curve"] == [{"frames": 0, "train_s": 0.0, "return_mean": -50.5},
                             {"frames": 50000, "train_s": 60.5, "return_mean": 812.25}]
-    fresh = plan_sweep(sweep, root=tmp_path / "fresh")  # a new machine: the kept results copied into its runs/
-    shutil.copytree(kept, fresh.exp_dir)
+    fresh = plan_sweep(sweep, root=tmp_path / "fresh")  # a new machine: the kept runs unpacked into its runs/
+    assert learning.unpack_sweep(kept, fresh.exp_dir.parent) == fresh.exp_dir
     assert [run.is_done() for run in fresh.runs[:2]] == [True, False]

@@ -6,7 +6,7 @@ core-hours on the 2-core reference machine; stopping and relaunching resumes eve
 
 python slurm/launch.py local  slurm/sweeps/minatar_1m.py
 python benchmarks/learning.py --runs runs/sweeps/minatar_1m
-    --keep benchmarks/results --plots docs/learning-minatar-<date>
+    --keep docs/data --plots docs/data --markdown docs/atari.md#minatar
 """
 
 import sys

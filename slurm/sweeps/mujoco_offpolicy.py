@@ -8,7 +8,7 @@ updates/s on one thread); stopping and relaunching resumes every run where it wa
 python slurm/launch.py local  slurm/sweeps/mujoco_offpolicy.py          # one run per core, resumable
 python slurm/launch.py status runs/sweeps/mujoco_offpolicy --results
 python benchmarks/learning.py --runs runs/sweeps/mujoco_offpolicy
-    --keep benchmarks/results --plots docs/learning-mujoco-<date>
+    --keep docs/data --plots docs/data --markdown docs/mujoco.md#sac-and-td3
 """
 
 import sys

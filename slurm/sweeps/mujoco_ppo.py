@@ -7,7 +7,7 @@ Stopping and relaunching resumes every run where it was.
 
 python slurm/launch.py local  slurm/sweeps/mujoco_ppo.py
 python benchmarks/learning.py --runs runs/sweeps/mujoco_ppo
-    --keep benchmarks/results --plots docs/learning-mujoco-<date>
+    --keep docs/data --plots docs/data --markdown docs/mujoco.md#ppo
 """
 
 import sys

@@ -6,7 +6,8 @@ slurm/sweeps/mujoco_offpolicy.py used until 2026-11-28, before RL-Zoo's (lr 1e-3
 so the page's comparison of the two can be rerun. About 40 core-minutes per run on the 2-core reference machine.
 
 python slurm/launch.py local slurm/sweeps/td3_author_settings.py
-python benchmarks/learning.py --runs runs/sweeps/td3_author_settings --keep benchmarks/results
+python benchmarks/learning.py --runs runs/sweeps/td3_author_settings --keep docs/data
+    --markdown docs/mujoco.md#td3-author-settings
 """
 
 import sys

@@ -200,7 +200,7 @@ class RunConfig:
     """torch intra-op threads of the main process (small nets on few cores are fastest with 1)."""
     flush_denormal: bool = True
     """Denormal floats as zero on the CPU (``torch.set_flush_denormal``): Adam's idle moments decay into that slow
-    range (updates 1.2-1.4x faster, docs/phases-2026-11-27-2.md); false for IEEE arithmetic below 1e-38."""
+    range (updates 1.2-1.4x faster, docs/throughput.md#phases); false for IEEE arithmetic below 1e-38."""
     force: bool = False
     """Go ahead where a launch would stop and change nothing: resume even if the saved config differs from this one
     (or the run finished: e.g. to train on with a larger budget), start over when none of the run directory's

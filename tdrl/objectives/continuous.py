@@ -1,6 +1,6 @@
 """DDPG and TD3 for tdrl's replay samples: DDPG is TorchRL's ``DDPGLoss``; TD3 is
 :class:`tdrl.objectives.td3.TwinQTD3Loss` on a ``TwinQ`` critic, ``TD3Loss``'s terms (tested equal to
-:mod:`tdrl.objectives.reference`) at ~1.5x less per whole iteration (docs/losses-2026-11-26.md: tdrl's own DDPG
+:mod:`tdrl.objectives.reference`) at ~1.5x less per whole iteration (docs/learning.md#losses: tdrl's own DDPG
 gained only 12-23%, under the 1.2x that keeping a loss of our own needs). Squared-error critics, as the papers,
 with what tdrl's replay samples carry: the n-step discount
 ``gamma ** steps_to_next_obs`` and PER weights (:mod:`tdrl.objectives.terms`), and time-limit bootstrapping

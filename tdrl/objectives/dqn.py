@@ -2,7 +2,7 @@
 
 DQN runs as :class:`DirectDQNLoss`: ``DQNLoss``'s values and gradients (tested against
 :mod:`tdrl.objectives.reference`), with the online network called directly instead of through parameter swaps (the
-whole iteration is ~1.4x faster, docs/losses-*.md). tdrl adds the n-step discount and the PER weights
+whole iteration is ~1.4x faster, docs/learning.md#losses). tdrl adds the n-step discount and the PER weights
 (:mod:`tdrl.objectives.terms`), and priorities in rlpyt's units (:func:`dqn_priorities`). Target updates are the
 caller's (``TargetUpdate``, counted in gradient updates as rlpyt does).
 """

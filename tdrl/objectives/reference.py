@@ -1,7 +1,7 @@
 """TorchRL's losses wired as tdrl wires its own: the oracles tdrl's losses are tested and timed against.
 
 No recipe runs these. tdrl keeps its own loss for DQN, TD3, SAC and feed-forward PPO because each makes the whole
-recipe iteration at least 1.2x faster (``benchmarks/learning.py --iteration all``, docs/losses-2026-11-26.md; DDPG
+recipe iteration at least 1.2x faster (``benchmarks/learning.py --iteration all``, docs/learning.md#losses; DDPG
 did not, so it runs TorchRL's ``DDPGLoss``); the tests check that tdrl's values and gradients equal these. The
 wiring is what tdrl's replay samples carry (:func:`tdrl.objectives.continuous.wire_torchrl_loss`).
 """
