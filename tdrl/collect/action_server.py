@@ -19,7 +19,8 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.batch import PolicyWriter
 from tdrl.collect.policy import PolicyStep
-from tdrl.collect.runner import SliceSettings, allocate, check_slices
+from tdrl.collect.runner import SliceSettings, allocate, check_slices, policy_keys
+from tdrl.collect.stepping import policy_observation
 from tdrl.collect.workers import WorkerPool, acquire, get_context, worker_specs
 
 __all__ = ["ActionServerEngine"]
@@ -40,12 +41,14 @@ class ActionServerEngine:
         self.buffer.share_memory_()
         size = batch_B // n_groups
         groups = [(g * size, (g + 1) * size) for g in range(n_groups)]
+        obs_keys, act_keys = policy_keys(self.specs, self.step_td)
         self.policy_steps = [PolicyStep(policy, self.step_td[lo:hi], exploration_type=exploration, env_offset=lo,
-                                        compile=compile) for lo, hi in groups] if policy is not None else []
+                                        compile=compile, obs_keys=obs_keys, action_keys=act_keys)
+                             for lo, hi in groups] if policy is not None else []
         keys = list(self.policy_steps[0].out_template.keys(True, True)) if policy is not None else []
         self.writers = [PolicyWriter(self.buffer, keys, lo, hi) for lo, hi in groups]
-        obs, is_init = self.step_td.get("observation"), self.step_td.get("is_init")
-        self.inputs = [(obs[lo:hi], is_init[lo:hi]) for lo, hi in groups]
+        self.inputs = [(policy_observation(self.step_td[lo:hi], obs_keys),
+                        self.step_td.get("is_init")[lo:hi]) for lo, hi in groups]
         n_procs = n_workers * n_groups
         self.obs_ready = [ctx.Semaphore(0) for _ in range(n_procs)]
         self.actions_ready = [ctx.Semaphore(0) for _ in range(n_procs)]

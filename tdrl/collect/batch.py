@@ -32,11 +32,16 @@ __all__ = ["ColumnWriter", "PolicyWriter", "allocate_batch", "finish_slice"]
 
 def allocate_batch(batch_B: int, batch_T: int, step_template: TensorDictBase,
         policy_template: TensorDictBase) -> TensorDict:
-    """Zeros ``[batch_B, batch_T]`` TensorDict with the keys of the step and policy templates (``[B]``)."""
+    """Zeros ``[batch_B, batch_T]`` TensorDict with the keys of the step and policy templates (``[B]``). A nested
+    TensorDict of the step template with more batch dims (an agent group's ``[B, n_agents]``) gets them after
+    ``[B, T]`` (``[B, T, n_agents]``, TorchRL's multi-agent layout)."""
     batch = TensorDict(batch_size=[batch_B, batch_T])
     for template in (step_template, policy_template):
         for key, value in template.items(True, True):
             batch.set(key, torch.zeros((batch_B, batch_T, *value.shape[1:]), dtype=value.dtype))
+    for key, value in step_template.items(True):
+        if isinstance(value, TensorDictBase) and value.batch_dims > 1:
+            batch.get(key).batch_size = (batch_B, batch_T, *value.batch_size[1:])
     batch.set(MASK_KEY, torch.ones(batch_B, batch_T, dtype=torch.bool))
     batch.set(TRAJ_KEY, torch.zeros(batch_B, batch_T, dtype=torch.int64))
     return batch

@@ -16,7 +16,7 @@ model input, rlpyt's ``prev_reward``); the collector stores it with the batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 
 import numpy as np
@@ -59,6 +59,10 @@ class PolicyStep:
         env_offset: global index of the first env (the ``("collector", "env_index")`` input).
         compile: call the tensor path through ``torch.compile`` (it pays for larger networks; small MLPs run
             faster without).
+        obs_keys: the observation entries of ``example`` the policy may read: ``observation``, or an env with a
+            dict observation's leaves (a multi-agent env's ``(group, "observation")``, ``(group, "mask")``...;
+            :mod:`tdrl.collect.stepping`). With more than ``observation``, :meth:`__call__` takes a dict of them.
+        action_keys: what the policy must write (``action``; a multi-agent env: ``(group, "action")`` per group).
 
     Attributes:
         out_template: ``[n]`` zeros TensorDict of everything the collector stores from the policy: its outputs
@@ -68,7 +72,8 @@ class PolicyStep:
 
     def __init__(self, policy: TensorDictModuleBase, example: TensorDictBase, *,
             exploration_type: InteractionType = InteractionType.RANDOM, env_offset: int = 0,
-            compile: bool = False) -> None:
+            compile: bool = False, obs_keys: Sequence[NestedKey] = (OBS_KEY,),
+            action_keys: Sequence[NestedKey] = ("action",)) -> None:
         if not isinstance(policy, TensorDictModuleBase):
             raise TypeError(f"policy must be a TorchRL TensorDictModuleBase (e.g. TensorDictModule, "
                             f"ProbabilisticActor), got {type(policy).__name__}")
@@ -78,30 +83,33 @@ class PolicyStep:
         self.n = int(example.batch_size[0])
         # the step rows' reward, read before the envs overwrite it: the previous step's (a view, shared with workers)
         self.prev_reward = example.get(("next", "reward")) if PREV_REWARD_KEY in policy.in_keys else None
-        example = example.select(OBS_KEY, INIT_KEY).to(self.device)
+        self.obs_keys = [unravel_key(k) for k in obs_keys]
+        self.obs_dict = self.obs_keys != [OBS_KEY]  # __call__ takes a dict of the observation entries
+        example = example.select(*self.obs_keys, INIT_KEY).to(self.device)
         in_keys = [unravel_key(k) for k in policy.in_keys]
         out_keys = {unravel_key(k) for k in policy.out_keys}
         self.reads_init = INIT_KEY in in_keys
         self.env_index = None
         if ENV_INDEX_KEY in in_keys:
             self.env_index = torch.arange(env_offset, env_offset + self.n, device=self.device)
-        provided = (OBS_KEY, INIT_KEY, ENV_INDEX_KEY, PREV_REWARD_KEY)
+        provided = (*self.obs_keys, INIT_KEY, ENV_INDEX_KEY, PREV_REWARD_KEY)
         self.recurrent_keys = [k for k in in_keys if k not in provided and unravel_key(("next", k)) in out_keys]
         missing = [k for k in in_keys if k not in provided and k not in self.recurrent_keys]
         if missing:
             raise KeyError(f"policy reads {missing}, which the collector does not provide: a policy sees "
-                           "'observation', 'is_init', ('collector', 'env_index'), 'prev_reward' and recurrent state "
-                           "keys K it writes back as ('next', K)")
+                           f"{', '.join(map(repr, self.obs_keys))}, 'is_init', ('collector', 'env_index'), "
+                           "'prev_reward' and recurrent state keys K it writes back as ('next', K)")
         self.state: Env = {}
         if self.recurrent_keys:
             self.state = self._initial_state(example)
-        inputs = self._inputs(example[OBS_KEY], example[INIT_KEY])
+        inputs = self._inputs(self._observation(example), example[INIT_KEY])
         with torch.no_grad(), set_interaction_type(exploration_type), self._rng_untouched():
             reference = policy(self._as_td(inputs))
         self.stored_inputs = self.recurrent_keys + ([PREV_REWARD_KEY] if self.prev_reward is not None else [])
         self.out_keys = [k for k in (unravel_key(k) for k in reference.keys(True, True)) if k not in inputs]
-        if "action" not in self.out_keys:
-            raise KeyError(f"policy must write 'action'; it writes {self.out_keys}")
+        missing = [key for key in (unravel_key(k) for k in action_keys) if key not in self.out_keys]
+        if missing:
+            raise KeyError(f"policy must write {', '.join(map(repr, missing))}; it writes {self.out_keys}")
         self.out_template = TensorDict(batch_size=[self.n])
         for key in self.out_keys + self.stored_inputs:
             value = reference.get(key) if key in self.out_keys else inputs[key]
@@ -143,7 +151,7 @@ class PolicyStep:
         return True
 
     def _initial_state(self, example: TensorDictBase) -> Env:
-        inputs = {OBS_KEY: example[OBS_KEY], INIT_KEY: torch.ones_like(example[INIT_KEY])}
+        inputs = {**{key: example[key] for key in self.obs_keys}, INIT_KEY: torch.ones_like(example[INIT_KEY])}
         try:
             with torch.no_grad(), set_interaction_type(self.exploration_type), self._rng_untouched():
                 out = self.policy(self._as_td(inputs))
@@ -154,8 +162,11 @@ class PolicyStep:
             ) from err
         return {k: torch.zeros_like(out.get(unravel_key(("next", k)))) for k in self.recurrent_keys}
 
-    def _inputs(self, obs: torch.Tensor, is_init: torch.Tensor) -> Env:
-        env: Env = {OBS_KEY: obs}
+    def _observation(self, td: TensorDictBase) -> torch.Tensor | Env:
+        return {key: td.get(key) for key in self.obs_keys} if self.obs_dict else td.get(OBS_KEY)
+
+    def _inputs(self, obs: torch.Tensor | Env, is_init: torch.Tensor) -> Env:
+        env: Env = dict(obs) if isinstance(obs, dict) else {OBS_KEY: obs}
         if self.reads_init:
             env[INIT_KEY] = is_init
         if self.env_index is not None:
@@ -191,11 +202,13 @@ class PolicyStep:
         with torch.no_grad(), set_interaction_type(self.exploration_type):
             yield
 
-    def __call__(self, obs: torch.Tensor, is_init: torch.Tensor) -> Env:
-        """Run the policy for one step (inside :meth:`running`): ``obs`` ``[n, *obs_shape]`` and ``is_init``
-        ``[n, 1]`` (True zeroes an env's recurrent state); returns the outputs and the recurrent state read."""
-        if obs.device != self.device:
-            obs = obs.to(self.device, non_blocking=True)
+    def __call__(self, obs: torch.Tensor | Env, is_init: torch.Tensor) -> Env:
+        """Run the policy for one step (inside :meth:`running`): ``obs`` ``[n, *obs_shape]`` (a dict of the
+        ``obs_keys`` entries when there are several) and ``is_init`` ``[n, 1]`` (True zeroes an env's recurrent
+        state); returns the outputs and the recurrent state read."""
+        if is_init.device != self.device:
+            obs = ({k: v.to(self.device, non_blocking=True) for k, v in obs.items()} if isinstance(obs, dict)
+                   else obs.to(self.device, non_blocking=True))
             is_init = is_init.to(self.device, non_blocking=True)
         if self.recurrent_keys:
             keep = ~is_init

@@ -14,11 +14,20 @@ from typing import Any
 
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
+from tensordict.utils import NestedKey
+from torchrl.data import Composite
 
 from tdrl.collect.batch import ColumnWriter, PolicyWriter, allocate_batch, finish_slice
 from tdrl.collect.common import env_specs
 from tdrl.collect.policy import PolicyStep
-from tdrl.collect.stepping import EnvSlice, make_step_td
+from tdrl.collect.stepping import (
+    EnvSlice,
+    action_arrays,
+    action_keys,
+    make_step_td,
+    observation_keys,
+    policy_observation,
+)
 from tdrl.collect.transform import (
     StepTransform,
     check_is_transform,
@@ -29,7 +38,7 @@ from tdrl.collect.transform import (
 from tdrl.envs.families import traits_of
 from tdrl.envs.make import EnvSpecs
 
-__all__ = ["SliceRunner", "SliceSettings", "allocate", "check_slices"]
+__all__ = ["SliceRunner", "SliceSettings", "allocate", "check_slices", "is_composite", "policy_keys"]
 
 Entries = list[tuple[int, int, dict[str, float]]]
 
@@ -56,7 +65,7 @@ class SliceSettings:
 def allocate(settings: SliceSettings, policy: TensorDictModuleBase | None, batch_B: int, batch_T: int,
         exploration: InteractionType) -> tuple[EnvSpecs, TensorDict, TensorDict]:
     """The env specs, the ``[B]`` step TensorDict and the zero ``[B, T]`` batch with the policy's output keys
-    (only ``action`` for ``policy=None``: random actions). Warns (once, here in the main process) when the env's
+    (only the actions for ``policy=None``: random actions). Warns (once, here in the main process) when the env's
     state cannot be checkpointed."""
     specs = env_specs(settings.env_factory)
     if specs.capture_problem is not None:
@@ -64,14 +73,31 @@ def allocate(settings: SliceSettings, policy: TensorDictModuleBase | None, batch
                       "restarts their episodes", stacklevel=2)
     step_td = make_step_td(batch_B, specs.observation_spec)
     if settings.transform is not None:
+        if is_composite(specs):
+            raise ValueError("transform= needs an env with an array observation; this env's observation is a dict "
+                             f"({', '.join(map(str, observation_keys(step_td)))})")
         check_is_transform(settings.transform)
         if settings.env_protocol or not is_step_map(settings.transform):  # the env protocol's keys and shapes
             step_td = transformed_step_template(settings.transform, specs, batch_B)
     if policy is None:
-        template = TensorDict({"action": specs.action_spec.zero((batch_B,))}, batch_size=[batch_B])
+        actions = specs.action_spec.zero((batch_B,))
+        template = actions if isinstance(actions, TensorDictBase) else TensorDict({"action": actions}, [batch_B])
     else:
-        template = PolicyStep(policy, step_td, exploration_type=exploration).out_template
+        obs_keys, act_keys = policy_keys(specs, step_td)
+        template = PolicyStep(policy, step_td, exploration_type=exploration, obs_keys=obs_keys,
+                              action_keys=act_keys).out_template
     return specs, step_td, allocate_batch(batch_B, batch_T, step_td, template)
+
+
+def is_composite(specs: EnvSpecs) -> bool:
+    """Whether the env's observation is a dict (:mod:`tdrl.collect.stepping`'s composite path)."""
+    return isinstance(specs.observation_spec, Composite)
+
+
+def policy_keys(specs: EnvSpecs, step_td: TensorDictBase) -> tuple[list[NestedKey], list[NestedKey]]:
+    """:class:`~tdrl.collect.policy.PolicyStep`'s ``obs_keys`` and ``action_keys`` for this env."""
+    obs_keys = observation_keys(step_td) if is_composite(specs) else ["observation"]
+    return obs_keys, action_keys(specs.action_spec)
 
 
 class SliceRunner:
@@ -98,7 +124,8 @@ class SliceRunner:
                              defer_resets=raw is not None)
         try:
             self.envs.start(settings.max_decorrelation_steps)
-            self.obs, self.is_init = rows.get("observation"), rows.get("is_init")
+            obs_keys, act_keys = policy_keys(specs, rows)
+            self.obs, self.is_init = policy_observation(rows, obs_keys), rows.get("is_init")
             self.transform = None
             if transform is not None:  # a TorchRL transform on this slice's steps (tdrl.collect.transform)
                 self.transform = slice_transform(transform, specs, raw, rows,
@@ -107,7 +134,7 @@ class SliceRunner:
             self.policy_step = None
             if policy is not None:
                 self.policy_step = PolicyStep(policy, rows, exploration_type=exploration, env_offset=lo,
-                                              compile=compile)
+                                              compile=compile, obs_keys=obs_keys, action_keys=act_keys)
         except BaseException:
             self.envs.close()
             raise
@@ -119,7 +146,7 @@ class SliceRunner:
         self.write_policy: PolicyWriter | None = None
         if self.policy_step is not None:
             self.write_policy = PolicyWriter(batch, list(self.policy_step.out_template.keys(True, True)), lo, hi)
-        self.actions = batch.get("action").numpy()[lo:hi]
+        self.actions = action_arrays(batch, action_keys(specs.action_spec), lo, hi)
 
     def run_batch(self, exploration: InteractionType) -> Entries:
         """Collect ``T`` steps of this slice (policy here or random actions); returns finished episodes."""

@@ -26,7 +26,7 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.common import CollectorError, sorted_infos
 from tdrl.collect.runner import SliceSettings
-from tdrl.collect.stepping import env_seed
+from tdrl.collect.stepping import env_seed, observation_keys
 from tdrl.utils.interrupt import ignore_sigint
 from tdrl.utils.process import START_TIMEOUT_S, check_main_guard, close_at_exit
 
@@ -108,51 +108,18 @@ class _ParentWatch:
 
 def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of a worker process: build the slice, then serve commands until ``close``."""
-    from tdrl.collect.runner import SliceRunner  # imported here: spawn children import as little as possible
-
     ignore_sigint()  # Ctrl-C reaches the whole process group; the main process stops us
     torch.set_num_threads(1)
     watch = _ParentWatch(conn)
     runner = None
     try:
-        torch.manual_seed(env_seed(spec.settings.seed, 1_000_000 + spec.rank))
-        # The step arrays are written env by env; keep them private to this worker (neighbouring workers' rows
-        # share cache lines) except what the action server reads: the observation, is_init and the reward (a
-        # policy's prev_reward).
-        step_td = spec.step_td.clone()
-        if spec.obs_ready is not None:
-            for key in ("observation", "is_init", ("next", "reward")):
-                step_td.set(key, spec.step_td.get(key))
-        runner = SliceRunner(spec.settings, spec.lo, spec.hi, step_td, spec.batch, spec.policy, spec.exploration,
-                             spec.compile)
+        runner = _build_runner(spec)
         conn.send(("ready", os.getpid()))
-        while True:
-            cmd = watch.recv()
-            kind = cmd[0]
-            if kind == "collect":
-                conn.send(("done", runner.run_batch(cmd[1])))
-                runner.finish_batch()
-            elif kind == "serve":
-                wait = functools.partial(acquire, check=watch.check)
-                conn.send(("done", runner.served_batch(spec.obs_ready, spec.actions_ready, wait)))
-                runner.finish_batch()
-            elif kind == "get_state":  # between batches: finish_batch above has run
-                conn.send(("state", {**runner.state_dict(), "torch_rng": torch.get_rng_state().numpy()}))
-            elif kind == "set_state":
-                runner.load_state_dict(cmd[1])
-                torch.set_rng_state(torch.from_numpy(cmd[1]["torch_rng"]))  # this worker's policy samples from it
-                conn.send(("ok",))
-            elif kind == "close":
-                break
-            else:
-                raise RuntimeError(f"unknown command {kind!r}")
+        _serve_commands(spec, runner, conn, watch)
     except SystemExit:
         pass
     except BaseException:
-        try:
-            conn.send(("error", traceback.format_exc()))
-        except Exception:
-            pass
+        _send_quietly(conn, ("error", traceback.format_exc()))
     finally:
         if runner is not None:
             runner.close()
@@ -160,6 +127,63 @@ def _worker_main(spec: WorkerSpec, conn: Connection) -> None:
             conn.close()
         except Exception:
             pass
+
+
+def _build_runner(spec: WorkerSpec) -> Any:
+    """This worker's :class:`~tdrl.collect.runner.SliceRunner`, over a private copy of the step arrays."""
+    from tdrl.collect.runner import SliceRunner  # imported here: spawn children import as little as possible
+
+    torch.manual_seed(env_seed(spec.settings.seed, 1_000_000 + spec.rank))
+    # The step arrays are written env by env; keep them private to this worker (neighbouring workers' rows share
+    # cache lines) except what the action server reads: the observation entries, is_init and the reward (a
+    # policy's prev_reward).
+    step_td = spec.step_td.clone()
+    if spec.obs_ready is not None:
+        for key in (*observation_keys(spec.step_td), "is_init", ("next", "reward")):
+            step_td.set(key, spec.step_td.get(key))
+    return SliceRunner(spec.settings, spec.lo, spec.hi, step_td, spec.batch, spec.policy, spec.exploration,
+                       spec.compile)
+
+
+def _serve_commands(spec: WorkerSpec, runner: Any, conn: Connection, watch: _ParentWatch) -> None:
+    """Answer the main process's commands until ``close``."""
+    while True:
+        cmd = watch.recv()
+        kind = cmd[0]
+        if kind == "collect":
+            conn.send(("done", runner.run_batch(cmd[1])))
+            runner.finish_batch()
+        elif kind == "serve":
+            wait = functools.partial(acquire, check=watch.check)
+            conn.send(("done", runner.served_batch(spec.obs_ready, spec.actions_ready, wait)))
+            runner.finish_batch()
+        elif kind == "get_state":  # between batches: finish_batch above has run
+            conn.send(("state", {**runner.state_dict(), "torch_rng": torch.get_rng_state().numpy()}))
+        elif kind == "set_state":
+            runner.load_state_dict(cmd[1])
+            torch.set_rng_state(torch.from_numpy(cmd[1]["torch_rng"]))  # this worker's policy samples from it
+            conn.send(("ok",))
+        elif kind == "close":
+            return
+        else:
+            raise RuntimeError(f"unknown command {kind!r}")
+
+
+def _send_quietly(conn: Connection, message: tuple) -> None:
+    try:
+        conn.send(message)
+    except Exception:  # the other side is gone already
+        pass
+
+
+def _stop(proc: Any) -> None:
+    """Terminate, then kill, a worker that did not exit when asked."""
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(timeout=1.0)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(timeout=1.0)
 
 
 def get_context() -> Any:
@@ -270,21 +294,28 @@ class WorkerPool:
                 self.shutdown()
                 raise CollectorError(f"workers {waiting} did not reply '{expect}' within {timeout} s")
             for r in waiting:
-                conn = self.conns[r]
-                if conn in ready or conn.poll():
-                    try:
-                        message = conn.recv()
-                    except (EOFError, ConnectionResetError, OSError):
-                        self.raise_failure(r)
-                    if message[0] == "error":
-                        self.raise_failure(r, message[1])
-                    if message[0] != expect:
-                        self.shutdown()
-                        raise CollectorError(f"worker {r} replied {message[0]!r}, expected {expect!r}")
+                message = self._reply(r, ready, expect)
+                if message is not None:
                     replies[r] = message
-                elif self.procs[r].sentinel in ready:
-                    self.raise_failure(r)
         return [replies[r] for r in ranks]
+
+    def _reply(self, rank: int, ready: list[Any], expect: str) -> Any:
+        """Worker ``rank``'s ``expect`` reply if one arrived (``None`` if not yet); raises on a death or error."""
+        conn = self.conns[rank]
+        if conn in ready or conn.poll():
+            try:
+                message = conn.recv()
+            except (EOFError, ConnectionResetError, OSError):
+                self.raise_failure(rank)
+            if message[0] == "error":
+                self.raise_failure(rank, message[1])
+            if message[0] != expect:
+                self.shutdown()
+                raise CollectorError(f"worker {rank} replied {message[0]!r}, expected {expect!r}")
+            return message
+        if self.procs[rank].sentinel in ready:
+            self.raise_failure(rank)
+        return None
 
     def check(self) -> None:
         """Raise if any worker died or reported an error (used while waiting on semaphores)."""
@@ -331,20 +362,12 @@ class WorkerPool:
         _POOLS.discard(self)
         for conn, proc in zip(self.conns, self.procs, strict=True):
             if proc.is_alive():
-                try:
-                    conn.send(("close",))
-                except Exception:
-                    pass
+                _send_quietly(conn, ("close",))
         deadline = time.monotonic() + timeout
         for proc in self.procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
         for proc in self.procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=1.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=1.0)
+            _stop(proc)
         for conn in self.conns:
             try:
                 conn.close()

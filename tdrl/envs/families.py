@@ -167,6 +167,12 @@ def _make_mujoco(env_id: str, max_episode_steps: int | None, kwargs: dict[str, A
     return make_registered(env_id, max_episode_steps, kwargs)
 
 
+def _make_multiagent(env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]) -> gym.Env:
+    from tdrl.envs.multiagent import make_multiagent  # imports PettingZoo's packages only when used
+
+    return make_multiagent(env_id, max_episode_steps, kwargs)
+
+
 _BUILT_IN = (
     # Atari (``ALE/Pong-v5``, ``PongNoFrameskip-v4``): rlpyt's preprocessing and options (tdrl.envs.atari)
     EnvFamily("Atari", lambda env_id: env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4"), _make_atari,
@@ -178,6 +184,10 @@ _BUILT_IN = (
     EnvFamily("tdrl", lambda env_id: env_id.startswith("tdrl/"), register=pomdp.register_pomdps),
     # gymnasium's MuJoCo envs (``HalfCheetah-v5``): MuJoCo's warnings routed to Python's
     EnvFamily("MuJoCo", _is_mujoco, _make_mujoco, extra="gymnasium[mujoco]"),
+    # multi-agent (``mpe2/simple_spread_v3``, ``pettingzoo/<family>/<env>``, ``lbforaging/<id>``): PettingZoo parallel
+    # envs over fixed agent groups, TorchRL's grouped keys (tdrl.envs.multiagent)
+    EnvFamily("PettingZoo", lambda env_id: env_id.startswith(("mpe2/", "pettingzoo/", "lbforaging/")),
+              _make_multiagent, extra="tdrl[marl]", gymnasium_ids=False),
     # everything else gymnasium has registered (classic control, Box2D, a user's gym.register)
     EnvFamily("gymnasium", lambda env_id: True),
 )

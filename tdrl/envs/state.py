@@ -178,10 +178,30 @@ def capture_problem(env: gym.Env) -> str | None:
     if _class_name(type(base)) == "ale_py.env.AtariEnv" and base.ale.getFloat("repeat_action_probability") > 0:
         return ("ALE's sticky actions keep the previous action outside its cloneState: build the env with "
                 f"repeat_action_probability=0 and tdrl.envs.atari.AtariFrames (as tdrl.envs.make_env does){fresh}")
-    if isinstance(env.action_space, (gym.spaces.Dict, gym.spaces.Tuple)):
-        return (f"the action space {type(env.action_space).__name__} of {env} samples from one RNG per subspace, "
-                f"which tdrl does not capture{fresh}")
     return None
+
+
+def _space_rng(space: gym.Space) -> Any:
+    """The RNG state of an action space; a ``Dict``/``Tuple`` space samples from one RNG per subspace, so theirs
+    too (a single space's state stays the bare bit-generator state: older checkpoints load unchanged)."""
+    if isinstance(space, gym.spaces.Dict):
+        return {"space": space.np_random.bit_generator.state,
+                "subspaces": {key: _space_rng(sub) for key, sub in space.spaces.items()}}
+    if isinstance(space, gym.spaces.Tuple):
+        return {"space": space.np_random.bit_generator.state, "subspaces": [_space_rng(sub) for sub in space.spaces]}
+    return space.np_random.bit_generator.state
+
+
+def _set_space_rng(space: gym.Space, state: Any) -> None:
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        space.np_random.bit_generator.state = state["space"]
+        subspaces = state["subspaces"]
+        pairs = ([(sub, subspaces[key]) for key, sub in space.spaces.items()] if isinstance(space, gym.spaces.Dict)
+                 else list(zip(space.spaces, subspaces, strict=True)))
+        for sub, sub_state in pairs:
+            _set_space_rng(sub, sub_state)
+        return
+    space.np_random.bit_generator.state = state
 
 
 def get_env_state(env: gym.Env) -> dict[str, Any]:
@@ -191,7 +211,7 @@ def get_env_state(env: gym.Env) -> dict[str, Any]:
     if problem is not None:
         raise EnvStateError(problem)
     layers = [{"class": _class_name(type(layer)), "state": _getter_setter(layer)[0](layer)} for layer in _layers(env)]
-    return {"layers": layers, "action_space_rng": env.action_space.np_random.bit_generator.state}
+    return {"layers": layers, "action_space_rng": _space_rng(env.action_space)}
 
 
 def set_env_state(env: gym.Env, state: dict[str, Any]) -> None:
@@ -208,4 +228,4 @@ def set_env_state(env: gym.Env, state: dict[str, Any]) -> None:
         raise EnvStateError(problem)
     for layer, saved in zip(layers, state["layers"], strict=True):
         _getter_setter(layer)[1](layer, saved["state"])
-    env.action_space.np_random.bit_generator.state = state["action_space_rng"]
+    _set_space_rng(env.action_space, state["action_space_rng"])
