@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import os
 import statistics
@@ -58,6 +59,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
@@ -87,9 +89,11 @@ class PolicyMLP(torch.nn.Module):
 
 def env_dims(env_id: str) -> tuple[int, int, bool]:
     env = gym.make(env_id)
-    discrete = isinstance(env.action_space, gym.spaces.Discrete)
-    n_out = int(env.action_space.n) if discrete else int(np.prod(env.action_space.shape))
-    n_in = int(np.prod(env.observation_space.shape))
+    action, observation = env.action_space, env.observation_space
+    assert observation.shape is not None and (isinstance(action, gym.spaces.Discrete) or action.shape is not None)
+    discrete = isinstance(action, gym.spaces.Discrete)
+    n_out = int(action.n) if isinstance(action, gym.spaces.Discrete) else int(np.prod(action.shape or ()))
+    n_in = int(np.prod(observation.shape))
     env.close()
     return n_in, n_out, discrete
 
@@ -328,7 +332,7 @@ def raw_two_process_row(env_id: str) -> Row:
 def envpool_row(env_id: str) -> Row | None:
     """envpool's C++ thread pool (2 threads) stepping ``B`` envs + the MLP, one batched forward per step."""
     try:
-        import envpool
+        envpool = importlib.import_module("envpool")  # optional ([bench]), untyped
     except Exception as err:  # not installed, or built for another numpy/python
         print(f"  envpool row skipped: cannot import envpool ({err}); pip install 'tdrl[bench]'", flush=True)
         return None
@@ -395,9 +399,11 @@ def sb3_row(env_id: str) -> Row:
     model = PPO("MlpPolicy", vec, n_steps=T, seed=0, device="cpu", verbose=0)
     _, callback = model._setup_learn(total_timesteps=10**12, callback=None)
     callback.on_training_start(locals(), globals())
+    env = model.get_env()
+    assert env is not None
 
     def run() -> None:
-        model.collect_rollouts(model.env, callback, model.rollout_buffer, n_rollout_steps=T)
+        model.collect_rollouts(env, callback, model.rollout_buffer, n_rollout_steps=T)
 
     return Row("sb3-rollout", "ppo", run, B * T, vec.close)
 
@@ -475,8 +481,7 @@ def atari_rows(skip: list[str]) -> list[Row]:
             continue
         if "envpool" not in skip:
             try:
-                import envpool
-
+                envpool = importlib.import_module("envpool")  # optional ([bench]), untyped
                 pool = envpool.make_gymnasium("Pong-v5", num_envs=ATARI_B, batch_size=ATARI_B, num_threads=WORKERS,
                                               seed=0, repeat_action_probability=0.25, use_fire_reset=False)
                 rows.append(Row(f"envpool-atari-{policy_name}", "atari",
@@ -506,7 +511,7 @@ def atari_replay_memory(directory: str, capacity: int = 4096) -> dict[str, float
     batch["h"] = torch.zeros(ATARI_B, 64, 1, 512)
     transitions = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
                    ("next", "terminated"), ("next", "truncated"), "is_init"]
-    buffers = {
+    buffers: dict[str, TransitionReplayBuffer | SequenceReplayBuffer] = {
         "stacks (TransitionReplayBuffer)": TransitionReplayBuffer(f"{directory}/plain", capacity, keys=transitions),
         "frame de-duplication (FrameStack)": TransitionReplayBuffer(
             f"{directory}/frames", capacity, frame_stack=FrameStack(4, padding="reset"), keys=transitions),
@@ -548,7 +553,7 @@ def atari_section(args, seconds: float, repeats: int, add) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- main
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     from report import add_markdown_option
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -563,65 +568,182 @@ def main() -> None:
     parser.add_argument("--quiet", type=float, default=None, metavar="FRACTION",
                         help="shared machines: start each timed repeat only when other processes use less than "
                              "FRACTION of the cores (e.g. 0.1)")
-    args = parser.parse_args()
+    return parser
+
+
+Results = list[dict[str, Any]]
+"""The measured rows: ``{"env", "collector", "frames_per_s", "section", "frames_per_cpu_s"}`` each."""
+
+
+def _add(rows: Results, env_id: str, name: str, fps: float, section: str = "mlp", per_cpu: float | None = None
+         ) -> None:
+    """Record one measured row and print it."""
+    rows.append({"env": env_id, "collector": name, "frames_per_s": fps, "section": section,
+                 "frames_per_cpu_s": per_cpu})
+    extra = f" {per_cpu:12,.0f} frames/CPU-s" if per_cpu else ""
+    print(f"  {env_id:15s} {name:34s} {fps:12,.0f} frames/s{extra}", flush=True)
+
+
+def _baseline_rows(env_id: str, args: argparse.Namespace) -> list[Row]:
+    """c, c on two processes, envpool and TorchRL's collectors, less the skipped ones."""
+    rows: list[Row] = [raw_row(env_id)]
+    if "raw-vector-mlp-2proc" not in args.skip:
+        rows.append(raw_two_process_row(env_id))
+    if "envpool" not in args.skip:
+        rows += [row for row in [envpool_row(env_id)] if row is not None]
+    if "torchrl-best" not in args.skip:
+        configs = (["MultiSync(2xSerialEnv(4))"] if args.quick
+                   else ["Collector(SerialEnv(8))", "MultiSync(2xSerialEnv(4))", "MultiSync(2xSerialEnv(16))"])
+        rows += [torchrl_row(c, env_id, 1024 if args.quick else 4096) for c in configs]
+    return rows
+
+
+def _tdrl_rows(env_id: str, args: argparse.Namespace) -> list[Row]:
+    """tdrl's collector kinds with its MLP model, with observation normalization, and with a user's module."""
+    rows: list[Row] = []
+    policy = tdrl_mlp_policy(env_id)
+    for kind in ("serial", "parallel", "action_server", "alternating"):
+        name = "tdrl-" + kind.replace("_", "-")
+        if name not in args.skip:
+            rows.append(tdrl_row(name, "mlp", kind, env_id, policy, args.compile))
+    for kind in ("serial", "parallel"):
+        for norm, label in (("vecnorm", "vecnorm"), ("gym", "gym-normobs")):
+            if f"tdrl-{kind}-{label}" not in args.skip and "transforms" not in args.skip:
+                rows.append(tdrl_row(f"tdrl-{kind}-{label}", "mlp", kind, env_id, policy, norm=norm))
+    user = user_policy(env_id)
+    for kind in ("serial", "parallel"):
+        if f"user-tdm-{kind}" not in args.skip:
+            rows.append(tdrl_row(f"user-tdm-{kind}", "mlp", kind, env_id, user, args.compile))
+    return rows
+
+
+def _ppo_rows(env_id: str, args: argparse.Namespace) -> list[Row]:
+    """SB3's PPO rollout and tdrl's collectors with its PPO actor-critic."""
+    rows: list[Row] = []
+    if "sb3-rollout" not in args.skip:
+        rows.append(sb3_row(env_id))
+    ppo = tdrl_ppo_policy(env_id)
+    for kind in ("serial", "parallel", "action_server"):
+        name = f"tdrl-{kind.replace('_', '-')}-ppo"
+        if name not in args.skip:
+            rows.append(tdrl_row(name, "ppo", kind, env_id, ppo, args.compile))
+    return rows
+
+
+def _measure_env(env_id: str, args: argparse.Namespace, seconds: float, repeats: int, rows: Results) -> None:
+    """Every row of ``env_id``, timed round-robin, then recorded (with the best TorchRL row after TorchRL's)."""
+    env_rows = _baseline_rows(env_id, args) + _tdrl_rows(env_id, args) + _ppo_rows(env_id, args)
+    try:
+        measure_interleaved(env_rows, seconds, repeats, args.quiet)
+    finally:
+        for row in env_rows:
+            row.close()
+    torchrl = [statistics.median(r.rates) for r in env_rows if r.section == "torchrl"]
+    for i, row in enumerate(env_rows):
+        _add(rows, env_id, row.name, statistics.median(row.rates), row.section, statistics.median(row.cpu_rates))
+        if row.section == "torchrl" and env_rows[i + 1].section != "torchrl":
+            _add(rows, env_id, "torchrl-best", max(torchrl))
+
+
+def _print_mlp_table(env_id: str, rows: Results, c: float | None, best: float | None) -> None:
+    """The MLP rows of ``env_id`` against c and TorchRL's best."""
+    print(f"{env_id}  (c = raw-vector-mlp, B={B}, T={T})")
+    print(f"  {'collector':34s} {'frames/s':>12s} {'x c':>7s} {'x torchrl-best':>15s} {'frames/CPU-s':>13s}")
+    for r in rows:
+        if r["env"] != env_id or r["section"] == "ppo":
+            continue
+        fps = r["frames_per_s"]
+        xc = f"{fps / c:7.2f}" if c else "      -"
+        xt = f"{fps / best:15.1f}" if best else "              -"
+        cpu = f"{r['frames_per_cpu_s']:13,.0f}" if r["frames_per_cpu_s"] else ""
+        print(f"  {r['collector']:34s} {fps:12,.0f} {xc} {xt} {cpu}")
+
+
+def _print_ratios(by_name: dict[str, float], c: float | None) -> None:
+    """tdrl-parallel against envpool and c, user modules against ``act``, normalization's cost, the two cores."""
+    parallel = by_name.get("tdrl-parallel")
+    if parallel:
+        ratios = [f"{parallel / by_name[k]:.2f}x {label}" for k, label in (("envpool", "envpool"),
+                                                                         ("raw-vector-mlp", "c")) if by_name.get(k)]
+        print(f"  tdrl-parallel = {', '.join(ratios)}")
+    for kind in ("serial", "parallel"):
+        user, act = by_name.get(f"user-tdm-{kind}"), by_name.get(f"tdrl-{kind}")
+        if user and act:
+            pool = f", {user / by_name['envpool']:.2f}x envpool" if by_name.get("envpool") else ""
+            print(f"  user-tdm-{kind} = {user / act:.2f}x tdrl-{kind} (act){pool}")
+    for kind in ("serial", "parallel"):
+        ours, gym_norm, plain = (by_name.get(f"tdrl-{kind}{x}") for x in ("-vecnorm", "-gym-normobs", ""))
+        if ours and gym_norm and plain:
+            print(f"  observation normalization, {kind}: VecNorm transform {1e6 * (1 / ours - 1 / plain):+.2f} "
+                  f"us/frame, gymnasium NormalizeObservation {1e6 * (1 / gym_norm - 1 / plain):+.2f} us/frame")
+    two = by_name.get("raw-vector-mlp-2proc")
+    if two and c:
+        print(f"  two cores this run: raw-vector-mlp-2proc = {two / c:.2f}x c; "
+              + ", ".join(f"{k} = {by_name[k] / two:.2f}x of it" for k in ("tdrl-parallel", "tdrl-action-server")
+                          if k in by_name))
+
+
+def _print_ppo_table(env_id: str, rows: Results, sb3: float | None) -> None:
+    """The PPO actor-critic rows of ``env_id`` against SB3's rollout."""
+    print(f"  PPO actor-critic (sampling, log-prob, value head)      {'x sb3-rollout':>15s}")
+    for r in rows:
+        if r["env"] == env_id and r["section"] == "ppo":
+            xs = f"{r['frames_per_s'] / sb3:15.2f}" if sb3 else "              -"
+            cpu = f"{r['frames_per_cpu_s']:13,.0f}" if r["frames_per_cpu_s"] else ""
+            print(f"  {r['collector']:34s} {r['frames_per_s']:12,.0f} {'':7s} {xs} {cpu}")
+
+
+def _print_env_results(env_id: str, rows: Results) -> None:
+    by_name = {r["collector"]: r["frames_per_s"] for r in rows if r["env"] == env_id}
+    c = by_name.get("raw-vector-mlp")
+    _print_mlp_table(env_id, rows, c, by_name.get("torchrl-best"))
+    _print_ratios(by_name, c)
+    _print_ppo_table(env_id, rows, by_name.get("sb3-rollout"))
+    print()
+
+
+def _print_atari_results(rows: Results, memory: dict[str, float]) -> None:
+    atari = {r["collector"]: r["frames_per_s"] for r in rows if r["env"] == ATARI_ID}
+    if not atari:
+        return
+    print(f"{ATARI_ID}  (84x84x4 uint8, B={ATARI_B}: {WORKERS} workers x {ATARI_B // WORKERS}, T={T})")
+    for r in rows:
+        if r["env"] == ATARI_ID:
+            print(f"  {r['collector']:34s} {r['frames_per_s']:12,.0f} {r['frames_per_cpu_s'] or 0:13,.0f}")
+    for policy in ("random", "cnn"):
+        ours, pool = atari.get(f"tdrl-parallel-atari-{policy}"), atari.get(f"envpool-atari-{policy}")
+        if ours and pool:
+            print(f"  tdrl-parallel-atari-{policy} = {ours / pool:.2f}x envpool-atari-{policy}")
+    for name, gb in memory.items():
+        print(f"  replay of 1M transitions, {name}: {gb:.1f} GB")
+    print()
+
+
+def _write_json(path: str, rows: Results, memory: dict[str, float], startup: tuple[float, float] | None) -> None:
+    out: list[dict[str, Any]] = [{"env": r["env"], "collector": r["collector"], "frames_per_s": r["frames_per_s"]}
+                                 for r in rows]
+    out += [{"env": ATARI_ID, "collector": f"replay-1M {name}", "frames_per_s": None, "gb": gb}
+            for name, gb in memory.items()]
+    if startup is not None:
+        out.append({"env": "HalfCheetah-v5", "collector": "tdrl-parallel-startup", "frames_per_s": None,
+                    "startup_s": startup[0], "startup_warm_s": startup[1]})
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    args = _parser().parse_args()
     seconds = args.seconds or (0.5 if args.quick else 3.0)
     repeats = args.repeats or (1 if args.quick else 3)
     torch.set_num_threads(1)
-    torchrl_configs = (
-        ["MultiSync(2xSerialEnv(4))"]
-        if args.quick
-        else ["Collector(SerialEnv(8))", "MultiSync(2xSerialEnv(4))", "MultiSync(2xSerialEnv(16))"]
-    )
-    rows: list[dict] = []
+    rows: Results = []
     began = time.perf_counter()
     print(f"load average at start: {os.getloadavg()[0]:.2f}; B={B} ({WORKERS} workers x {B // WORKERS}), T={T}, "
           f"median of {repeats} x >= {seconds:g} s", flush=True)
-
-    def add(env_id: str, name: str, fps: float, section: str = "mlp", per_cpu: float | None = None) -> None:
-        rows.append({"env": env_id, "collector": name, "frames_per_s": fps, "section": section,
-                     "frames_per_cpu_s": per_cpu})
-        extra = f" {per_cpu:12,.0f} frames/CPU-s" if per_cpu else ""
-        print(f"  {env_id:15s} {name:34s} {fps:12,.0f} frames/s{extra}", flush=True)
-
     for env_id in args.envs:
-        env_rows: list[Row] = [raw_row(env_id)]
-        if "raw-vector-mlp-2proc" not in args.skip:
-            env_rows.append(raw_two_process_row(env_id))
-        if "envpool" not in args.skip:
-            env_rows += [row for row in [envpool_row(env_id)] if row is not None]
-        if "torchrl-best" not in args.skip:
-            env_rows += [torchrl_row(c, env_id, 1024 if args.quick else 4096) for c in torchrl_configs]
-        policy = tdrl_mlp_policy(env_id)
-        for kind in ("serial", "parallel", "action_server", "alternating"):
-            name = "tdrl-" + kind.replace("_", "-")
-            if name not in args.skip:
-                env_rows.append(tdrl_row(name, "mlp", kind, env_id, policy, args.compile))
-        for kind in ("serial", "parallel"):
-            for norm, label in (("vecnorm", "vecnorm"), ("gym", "gym-normobs")):
-                if f"tdrl-{kind}-{label}" not in args.skip and "transforms" not in args.skip:
-                    env_rows.append(tdrl_row(f"tdrl-{kind}-{label}", "mlp", kind, env_id, policy, norm=norm))
-        user = user_policy(env_id)
-        for kind in ("serial", "parallel"):
-            if f"user-tdm-{kind}" not in args.skip:
-                env_rows.append(tdrl_row(f"user-tdm-{kind}", "mlp", kind, env_id, user, args.compile))
-        if "sb3-rollout" not in args.skip:
-            env_rows.append(sb3_row(env_id))
-        ppo = tdrl_ppo_policy(env_id)
-        for kind in ("serial", "parallel", "action_server"):
-            name = f"tdrl-{kind.replace('_', '-')}-ppo"
-            if name not in args.skip:
-                env_rows.append(tdrl_row(name, "ppo", kind, env_id, ppo, args.compile))
-        try:
-            measure_interleaved(env_rows, seconds, repeats, args.quiet)
-        finally:
-            for row in env_rows:
-                row.close()
-        torchrl = [statistics.median(r.rates) for r in env_rows if r.section == "torchrl"]
-        for i, row in enumerate(env_rows):
-            add(env_id, row.name, statistics.median(row.rates), row.section, statistics.median(row.cpu_rates))
-            if row.section == "torchrl" and env_rows[i + 1].section != "torchrl":
-                add(env_id, "torchrl-best", max(torchrl))
-    memory = atari_section(args, seconds, repeats, add) if "atari" not in args.skip else {}
+        _measure_env(env_id, args, seconds, repeats, rows)
+    memory = atari_section(args, seconds, repeats, functools.partial(_add, rows)) if "atari" not in args.skip else {}
     startup = None
     if "tdrl-parallel-startup" not in args.skip:
         startup = bench_startup()
@@ -630,73 +752,13 @@ def main() -> None:
 
     print(f"\nResults (load average at end: {os.getloadavg()[0]:.2f}; {time.perf_counter() - began:.0f} s)\n")
     for env_id in args.envs:
-        by_name = {r["collector"]: r["frames_per_s"] for r in rows if r["env"] == env_id}
-        c = by_name.get("raw-vector-mlp")
-        best = by_name.get("torchrl-best")
-        print(f"{env_id}  (c = raw-vector-mlp, B={B}, T={T})")
-        print(f"  {'collector':34s} {'frames/s':>12s} {'x c':>7s} {'x torchrl-best':>15s} {'frames/CPU-s':>13s}")
-        for r in rows:
-            if r["env"] != env_id or r["section"] == "ppo":
-                continue
-            fps = r["frames_per_s"]
-            xc = f"{fps / c:7.2f}" if c else "      -"
-            xt = f"{fps / best:15.1f}" if best else "              -"
-            cpu = f"{r['frames_per_cpu_s']:13,.0f}" if r["frames_per_cpu_s"] else ""
-            print(f"  {r['collector']:34s} {fps:12,.0f} {xc} {xt} {cpu}")
-        parallel = by_name.get("tdrl-parallel")
-        if parallel:
-            ratios = [f"{parallel / by_name[k]:.2f}x {label}" for k, label in (("envpool", "envpool"),
-                                                                             ("raw-vector-mlp", "c")) if by_name.get(k)]
-            print(f"  tdrl-parallel = {', '.join(ratios)}")
-        for kind in ("serial", "parallel"):
-            user, act = by_name.get(f"user-tdm-{kind}"), by_name.get(f"tdrl-{kind}")
-            if user and act:
-                pool = f", {user / by_name['envpool']:.2f}x envpool" if by_name.get("envpool") else ""
-                print(f"  user-tdm-{kind} = {user / act:.2f}x tdrl-{kind} (act){pool}")
-        for kind in ("serial", "parallel"):
-            ours, gym_norm, plain = (by_name.get(f"tdrl-{kind}{x}") for x in ("-vecnorm", "-gym-normobs", ""))
-            if ours and gym_norm and plain:
-                print(f"  observation normalization, {kind}: VecNorm transform {1e6 * (1 / ours - 1 / plain):+.2f} "
-                      f"us/frame, gymnasium NormalizeObservation {1e6 * (1 / gym_norm - 1 / plain):+.2f} us/frame")
-        two = by_name.get("raw-vector-mlp-2proc")
-        if two and c:
-            print(f"  two cores this run: raw-vector-mlp-2proc = {two / c:.2f}x c; "
-                  + ", ".join(f"{k} = {by_name[k] / two:.2f}x of it" for k in ("tdrl-parallel", "tdrl-action-server")
-                              if k in by_name))
-        sb3 = by_name.get("sb3-rollout")
-        print(f"  PPO actor-critic (sampling, log-prob, value head)      {'x sb3-rollout':>15s}")
-        for r in rows:
-            if r["env"] == env_id and r["section"] == "ppo":
-                xs = f"{r['frames_per_s'] / sb3:15.2f}" if sb3 else "              -"
-                cpu = f"{r['frames_per_cpu_s']:13,.0f}" if r["frames_per_cpu_s"] else ""
-                print(f"  {r['collector']:34s} {r['frames_per_s']:12,.0f} {'':7s} {xs} {cpu}")
-        print()
-    atari = {r["collector"]: r["frames_per_s"] for r in rows if r["env"] == ATARI_ID}
-    if atari:
-        print(f"{ATARI_ID}  (84x84x4 uint8, B={ATARI_B}: {WORKERS} workers x {ATARI_B // WORKERS}, T={T})")
-        for r in rows:
-            if r["env"] == ATARI_ID:
-                print(f"  {r['collector']:34s} {r['frames_per_s']:12,.0f} {r['frames_per_cpu_s'] or 0:13,.0f}")
-        for policy in ("random", "cnn"):
-            ours, pool = atari.get(f"tdrl-parallel-atari-{policy}"), atari.get(f"envpool-atari-{policy}")
-            if ours and pool:
-                print(f"  tdrl-parallel-atari-{policy} = {ours / pool:.2f}x envpool-atari-{policy}")
-        for name, gb in memory.items():
-            print(f"  replay of 1M transitions, {name}: {gb:.1f} GB")
-        print()
+        _print_env_results(env_id, rows)
+    _print_atari_results(rows, memory)
     if startup is not None:
         print(f"tdrl-parallel-startup (HalfCheetah-v5, 2 workers x 16 envs): cold {startup[0]:.2f} s, "
               f"warm {startup[1]:.2f} s")
     if args.json:
-        out = [{"env": r["env"], "collector": r["collector"], "frames_per_s": r["frames_per_s"]} for r in rows]
-        out += [{"env": ATARI_ID, "collector": f"replay-1M {name}", "frames_per_s": None, "gb": gb}
-                for name, gb in memory.items()]
-        if startup is not None:
-            out.append({"env": "HalfCheetah-v5", "collector": "tdrl-parallel-startup", "frames_per_s": None,
-                        "startup_s": startup[0], "startup_warm_s": startup[1]})
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-        print(f"wrote {args.json}")
+        _write_json(args.json, rows, memory, startup)
 
 
 if __name__ == "__main__":

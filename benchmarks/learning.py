@@ -133,75 +133,113 @@ def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False, run_dir: P
     evaluation envs' RNGs). A relaunch resumes from the checkpoint: the same frames, updates, curve and evaluation
     episodes, with a fresh training episode (SB3 cannot save its env's state), so not bitwise as tdrl's runs are.
     """
-    from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
-    from stable_baselines3.common.vec_env import VecNormalize
-
-    from tdrl.collect.stepping import env_seed
     from tdrl.utils.files import write_json_atomic
 
-    # The recipes evaluate with a wait-reset collector seeded run.seed + 10_000: env i is reset with
-    # env_seed(seed + 10_000, i) once and then continues its own RNG, one episode per evaluation. SB3 is evaluated
-    # on the very same initial states (a fixed eval set for one and fresh states for the other biased the
-    # threshold crossing by up to 2 evaluations on Pendulum).
-    eval_envs = [_gym_env(task.env_id)() for _ in range(task.eval_episodes)]
-    reset_seeds: list[int | None] = [env_seed(seed + 10_000, i) for i in range(task.eval_episodes)]
-    state: dict[str, Any] = {"curve": [], "train_s": 0.0, "next_eval": 0, "reached": False}
-    checkpoint = run_dir / "sb3_checkpoint" if run_dir is not None else None
-    # state.pkl is written last, so it marks a complete checkpoint; ".old" is the previous one while a save swaps
-    saved = [c for c in (checkpoint, checkpoint.with_name(checkpoint.name + ".old")) if (c / "state.pkl").is_file()] \
-        if checkpoint is not None else []
-    if saved:
-        model, state, reset_seeds = _sb3_resume(model, saved[0], eval_envs)
-        print(f"resumed SB3 from {saved[0]} at {model.num_timesteps:,} frames", flush=True)
-    train_env = model.get_env()
+    run = _SB3Run(model, task, seed, stop, run_dir)
+    run.model.learn(total_timesteps=task.budget - run.model.num_timesteps, callback=_eval_callback(run),
+                    reset_num_timesteps=False)
+    for env in run.eval_envs:
+        env.close()
+    if run_dir is not None:
+        write_json_atomic(run_dir / "summary.json", {"frames": run.model.num_timesteps, "curve": run.state["curve"]})
+    return run.state["curve"]
 
-    def evaluate() -> float:
-        obs = np.stack([env.reset(seed=reset_seeds[i])[0] for i, env in enumerate(eval_envs)])
-        reset_seeds[:] = [None] * len(reset_seeds)
-        active = np.ones(task.eval_episodes, bool)
-        ret = np.zeros(task.eval_episodes)
+
+class _SB3Run:
+    """One SB3 run of :func:`_sb3_curve`: its model (resumed from its checkpoint if there is one), the evaluation
+    envs and the curve so far (``state``), and the checkpoint it saves."""
+
+    def __init__(self, model: Any, task: Task, seed: int, stop: bool, run_dir: Path | None) -> None:
+        from tdrl.collect.stepping import env_seed
+
+        self.task, self.stop, self.run_dir = task, stop, run_dir
+        # The recipes evaluate with a wait-reset collector seeded run.seed + 10_000: env i is reset with
+        # env_seed(seed + 10_000, i) once and then continues its own RNG, one episode per evaluation. SB3 is
+        # evaluated on the very same initial states (a fixed eval set for one and fresh states for the other biased
+        # the threshold crossing by up to 2 evaluations on Pendulum).
+        self.eval_envs = [_gym_env(task.env_id)() for _ in range(task.eval_episodes)]
+        self.reset_seeds: list[int | None] = [env_seed(seed + 10_000, i) for i in range(task.eval_episodes)]
+        self.state: dict[str, Any] = {"curve": [], "train_s": 0.0, "next_eval": 0, "reached": False}
+        self.checkpoint = run_dir / "sb3_checkpoint" if run_dir is not None else None
+        # state.pkl is written last, so it marks a complete checkpoint; ".old" is the previous one while a save swaps
+        candidates = (self.checkpoint, self.checkpoint.with_name(self.checkpoint.name + ".old")) \
+            if self.checkpoint is not None else ()
+        saved = [c for c in candidates if (c / "state.pkl").is_file()]
+        if saved:
+            model, self.state, self.reset_seeds = _sb3_resume(model, saved[0], self.eval_envs)
+            print(f"resumed SB3 from {saved[0]} at {model.num_timesteps:,} frames", flush=True)
+        self.model = model
+        self.train_env = model.get_env()
+
+    def evaluate(self) -> float:
+        """The mean greedy return of one episode on each evaluation env (normalised as in training, if
+        VecNormalize); finished envs are not stepped (no autoreset), so their RNGs stay in step."""
+        from stable_baselines3.common.vec_env import VecNormalize
+
+        episodes = self.task.eval_episodes
+        obs = np.stack([env.reset(seed=self.reset_seeds[i])[0] for i, env in enumerate(self.eval_envs)])
+        self.reset_seeds[:] = [None] * len(self.reset_seeds)
+        active = np.ones(episodes, bool)
+        ret = np.zeros(episodes)
         while active.any():
             live = np.flatnonzero(active)
-            model_obs = train_env.normalize_obs(obs[live]) if isinstance(train_env, VecNormalize) else obs[live]
-            action, _ = model.predict(model_obs, deterministic=True)  # normalised as in training, if VecNormalize
-            for j, i in enumerate(live):  # finished envs are not stepped (no autoreset): their RNG stays in step
-                obs[i], reward, term, trunc, _ = eval_envs[i].step(action[j])
+            normalize = isinstance(self.train_env, VecNormalize)
+            model_obs = self.train_env.normalize_obs(obs[live]) if normalize else obs[live]
+            action, _ = self.model.predict(model_obs, deterministic=True)
+            for j, i in enumerate(live):
+                obs[i], reward, term, trunc, _ = self.eval_envs[i].step(action[j])
                 ret[i] += reward
                 active[i] = not (term or trunc)
         return float(ret.mean())
 
-    def save() -> None:  # the new checkpoint complete beside the old, then swapped in
-        assert checkpoint is not None
-        fresh = checkpoint.with_name(checkpoint.name + ".new")
+    def save(self) -> None:
+        """The new checkpoint complete beside the old, then swapped in."""
+        from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+        from stable_baselines3.common.vec_env import VecNormalize
+
+        assert self.checkpoint is not None
+        fresh = self.checkpoint.with_name(self.checkpoint.name + ".new")
         fresh.mkdir(parents=True, exist_ok=True)
-        model.save(fresh / "model.zip")
-        if isinstance(model, OffPolicyAlgorithm):
-            model.save_replay_buffer(fresh / "replay.pkl")
-        if isinstance(train_env, VecNormalize):
-            train_env.save(str(fresh / "vecnormalize.pkl"))
-        rngs = [env.np_random for env in eval_envs]
-        (fresh / "state.pkl").write_bytes(pickle.dumps({"state": state, "reset_seeds": reset_seeds, "rngs": rngs}))
-        old = checkpoint.with_name(checkpoint.name + ".old")
-        if checkpoint.exists():
-            checkpoint.rename(old)
-        fresh.rename(checkpoint)
+        self.model.save(fresh / "model.zip")
+        if isinstance(self.model, OffPolicyAlgorithm):
+            self.model.save_replay_buffer(fresh / "replay.pkl")
+        if isinstance(self.train_env, VecNormalize):
+            self.train_env.save(str(fresh / "vecnormalize.pkl"))
+        rngs = [env.np_random for env in self.eval_envs]
+        (fresh / "state.pkl").write_bytes(pickle.dumps({"state": self.state, "reset_seeds": self.reset_seeds,
+                                                        "rngs": rngs}))
+        old = self.checkpoint.with_name(self.checkpoint.name + ".old")
+        if self.checkpoint.exists():
+            self.checkpoint.rename(old)
+        fresh.rename(self.checkpoint)
         shutil.rmtree(old, ignore_errors=True)
 
+    def eval_if_due(self, frames: int) -> None:
+        """At ``frames`` (after an update): evaluate if an evaluation is due, checkpoint if a checkpoint is."""
+        state, task = self.state, self.task
+        if frames >= state["next_eval"]:
+            ret = self.evaluate()
+            state["curve"].append({"frames": frames, "train_s": round(state["train_s"], 3), "return_mean": ret})
+            state["next_eval"] = (frames // task.eval_interval + 1) * task.eval_interval
+            state["reached"] = state["reached"] or ret >= task.threshold
+            if self.run_dir is not None:
+                _write_progress(self.run_dir, state["curve"])
+        if self.checkpoint is not None and frames >= state.get("next_checkpoint", task.checkpoint_frames):
+            state["next_checkpoint"] = (frames // task.checkpoint_frames + 1) * task.checkpoint_frames
+            self.save()
+
+
+def _eval_callback(run: _SB3Run) -> Any:
+    """SB3's callback for ``run``: the training seconds (evaluation excluded), an evaluation when one is due after
+    each update, a stop at the threshold with ``run.stop``, a last evaluation at the end."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
     class EvalEvery(BaseCallback):
+        since = 0.0  # when the training seconds last resumed
+
         def _eval_if_due(self) -> None:
-            state["train_s"] += time.perf_counter() - self.since
-            if self.num_timesteps >= state["next_eval"]:
-                ret = evaluate()
-                state["curve"].append({"frames": self.num_timesteps, "train_s": round(state["train_s"], 3),
-                                       "return_mean": ret})
-                state["next_eval"] = (self.num_timesteps // task.eval_interval + 1) * task.eval_interval
-                state["reached"] = state["reached"] or ret >= task.threshold
-                if run_dir is not None:
-                    _write_progress(run_dir, state["curve"])
-            if checkpoint is not None and self.num_timesteps >= state.get("next_checkpoint", task.checkpoint_frames):
-                state["next_checkpoint"] = (self.num_timesteps // task.checkpoint_frames + 1) * task.checkpoint_frames
-                save()
+            run.state["train_s"] += time.perf_counter() - self.since
+            run.eval_if_due(self.num_timesteps)
             self.since = time.perf_counter()
 
         def _on_training_start(self) -> None:
@@ -212,19 +250,14 @@ def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False, run_dir: P
             self._eval_if_due()
 
         def _on_step(self) -> bool:
-            return not (stop and state["reached"])
+            return not (run.stop and run.state["reached"])
 
         def _on_training_end(self) -> None:
-            if not (stop and state["reached"]):
-                state["next_eval"] = 0
+            if not (run.stop and run.state["reached"]):
+                run.state["next_eval"] = 0
                 self._eval_if_due()
 
-    model.learn(total_timesteps=task.budget - model.num_timesteps, callback=EvalEvery(), reset_num_timesteps=False)
-    for env in eval_envs:
-        env.close()
-    if run_dir is not None:
-        write_json_atomic(run_dir / "summary.json", {"frames": model.num_timesteps, "curve": state["curve"]})
-    return state["curve"]
+    return EvalEvery()
 
 
 def _gym_env(env_id: str) -> Callable[[], Any]:
@@ -399,7 +432,9 @@ def sb3_td3_mujoco(seed: int, task: Task, stop: bool = False, run_dir: Path | No
     from stable_baselines3 import TD3
     from stable_baselines3.common.noise import NormalActionNoise
 
-    n_actions = gym.make(task.env_id).action_space.shape[0]
+    shape = gym.make(task.env_id).action_space.shape
+    assert shape is not None  # a Box
+    n_actions = shape[0]
     noise = NormalActionNoise(mean=np.zeros(n_actions), sigma=0.1 * np.ones(n_actions))
     model = TD3("MlpPolicy", task.env_id, learning_starts=10_000, action_noise=noise, buffer_size=task.budget,
                 seed=seed, device="cpu", verbose=0)
@@ -569,96 +604,134 @@ def bench_gae(repeats: int = 300) -> None:
         print(f"{B:>3d}x{T:<4d} {best['torchrl']:11.3f} {best['tdrl']:8.3f} {best['torchrl'] / best['tdrl']:8.2f}x")
 
 
-def _update_steps(algo: str) -> dict[str, Callable[[], Any]]:
+Step = Callable[[], Any]
+"""One update, as a recipe steps it."""
+
+
+def _adam(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.Adam(list(params), lr=1e-4, fused=True)
+
+
+def _step_on(updater: Any, loss: Any, td: Any) -> Step:
+    return lambda: updater.step(loss(td.clone(False)))
+
+
+def _update_steps(algo: str) -> dict[str, Step]:
     """One update of ``algo`` as its recipe steps it (recipe batch size, networks and optimizers), with TorchRL's
     loss and with tdrl's own loss: ``{"torchrl": step, "tdrl": step}``."""
+    from tensordict import TensorDict
+
+    if algo == "ppo":
+        return _ppo_steps()
+    if algo == "dqn":
+        return _dqn_steps()
+    n = {"sac": 256, "td3": 100}[algo]  # SAC 256 samples, TD3 100; [256, 256] MLPs
+    td = TensorDict({"observation": torch.randn(n, 3), "action": torch.rand(n, 1) * 4 - 2,
+                     ("next", "observation"): torch.randn(n, 3), ("next", "reward"): -torch.rand(n, 1) * 16,
+                     ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool)}, [n])
+    return {name: (_sac_step if algo == "sac" else _td3_step)(name, td) for name in ("torchrl", "tdrl")}
+
+
+def _ppo_steps() -> dict[str, Step]:
+    """PPO's update on 8 x 32 CartPole steps per minibatch, TorchRL's ``ClipPPOLoss`` and tdrl's ``PPOLoss``."""
     from tensordict import TensorDict
     from torchrl.objectives import ClipPPOLoss
 
     from tdrl.envs import EnvFactory
     from tdrl.models import make_actor_critic
-    from tdrl.models.q import (
-        make_deterministic_actor,
-        make_q_actor,
-        make_q_critic,
-        make_tanh_gaussian_actor,
-        make_twin_q,
-    )
-    from tdrl.objectives.continuous import make_td3_loss
-    from tdrl.objectives.dqn import make_dqn_loss
     from tdrl.objectives.policy_gradient import PPOLoss
-    from tdrl.objectives.reference import torchrl_dqn_loss, torchrl_sac_loss, torchrl_td3_loss
+    from tdrl.objectives.update import Updater
+
+    n = 256
+    ac = make_actor_critic(EnvFactory("CartPole-v1").specs())
+    td = TensorDict({"observation": torch.randn(n, 4)}, [n])
+    with torch.no_grad():
+        ac.actor(td)
+    td["advantage"], td["value_target"] = torch.randn(n, 1), torch.randn(n, 1)
+    kwargs: dict[str, Any] = dict(clip_epsilon=0.2, critic_coeff=0.5, entropy_coeff=0.0, normalize_advantage=True)
+    losses = (("torchrl", ClipPPOLoss(ac.actor, ac.critic, loss_critic_type="l2", **kwargs)),
+              ("tdrl", PPOLoss(ac, **kwargs)))
+    return {name: _step_on(Updater(_adam(ac.parameters()), max_grad_norm=0.5), loss, td) for name, loss in losses}
+
+
+def _dqn_steps() -> dict[str, Step]:
+    """DQN's update on 64 CartPole samples, dueling [256, 256], double DQN, Huber: TorchRL's loss and tdrl's."""
+    from tensordict import TensorDict
+
+    from tdrl.envs import EnvFactory
+    from tdrl.models.q import make_q_actor
+    from tdrl.objectives.dqn import make_dqn_loss
+    from tdrl.objectives.reference import torchrl_dqn_loss
+    from tdrl.objectives.update import TargetUpdate, Updater
+
+    n = 64
+    td = TensorDict({"observation": torch.randn(n, 4), "action": torch.randint(0, 2, (n,)),
+                     ("next", "observation"): torch.randn(n, 4), ("next", "reward"): torch.rand(n, 1),
+                     ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool)}, [n])
+    steps: dict[str, Step] = {}
+    makers: tuple[tuple[str, Callable[..., Any]], ...] = (("torchrl", torchrl_dqn_loss), ("tdrl", make_dqn_loss))
+    for name, make_loss in makers:
+        actor = make_q_actor(EnvFactory("CartPole-v1").specs(), hidden_sizes=[256, 256], dueling=True)
+        loss = make_loss(actor, double_dqn=True)
+        updater = Updater(_adam(actor.parameters()), max_grad_norm=10.0, target_update=TargetUpdate(loss, interval=312))
+        steps[name] = _renamed_step(updater, loss, td)
+    return steps
+
+
+def _renamed_step(updater: Any, loss: Any, td: Any) -> Step:
+    """An update on ``loss``'s ``"loss"`` under the name the DQN updater reads (``loss_q``)."""
+    return lambda: updater.step(loss(td.clone(False)).rename_key_("loss", "loss_q"))
+
+
+def _sac_step(name: str, td: Any) -> Step:
+    """SAC's update on Pendulum samples: TorchRL-sota's (one optimizer on the three terms' sum) or the recipe's
+    (the critics first, then the policy and alpha)."""
+    from tdrl.envs import EnvFactory
+    from tdrl.models.q import make_q_critic, make_tanh_gaussian_actor, make_twin_q
+    from tdrl.objectives.reference import torchrl_sac_loss
     from tdrl.objectives.sac import TwinQSACLoss
     from tdrl.objectives.update import TargetUpdate, Updater
 
-    def adam(params: Any) -> torch.optim.Optimizer:
-        return torch.optim.Adam(list(params), lr=1e-4, fused=True)
+    specs = EnvFactory("Pendulum-v1").specs()
+    if name == "torchrl":
+        critic = make_q_critic(specs)  # the critic first, then the actor: the RNG's order in every row
+        loss = torchrl_sac_loss(make_tanh_gaussian_actor(specs), critic, specs.action_spec)
+        updater = Updater(_adam(loss.parameters()), target_update=TargetUpdate(loss, interval=1, tau=0.005))
+        return _step_on(updater, loss, td)
+    critic, actor = make_twin_q(specs), make_tanh_gaussian_actor(specs)
+    twin = TwinQSACLoss(actor, critic)
+    critic_up = Updater(_adam(critic.parameters()), loss_keys=("loss_qvalue",))
+    policy_up = Updater(_adam([*actor.parameters(), twin.log_alpha]), loss_keys=("loss_actor", "loss_alpha"),
+                        target_update=TargetUpdate(twin, interval=1, tau=0.005))
+    return lambda: (critic_up.step(twin.critic_loss(td)), policy_up.step(twin.actor_loss(td)))
 
-    def step_on(updater: Updater, loss: Any, td: Any) -> Callable[[], Any]:
-        return lambda: updater.step(loss(td.clone(False)))
 
-    if algo == "ppo":  # recipe: 8 x 32 CartPole steps per minibatch
-        n = 256
-        ac = make_actor_critic(EnvFactory("CartPole-v1").specs())
-        td = TensorDict({"observation": torch.randn(n, 4)}, [n])
-        with torch.no_grad():
-            ac.actor(td)
-        td["advantage"], td["value_target"] = torch.randn(n, 1), torch.randn(n, 1)
-        kwargs = dict(clip_epsilon=0.2, critic_coeff=0.5, entropy_coeff=0.0, normalize_advantage=True)
-        losses = (("torchrl", ClipPPOLoss(ac.actor, ac.critic, loss_critic_type="l2", **kwargs)),
-                  ("tdrl", PPOLoss(ac, **kwargs)))
-        return {name: step_on(Updater(adam(ac.parameters()), max_grad_norm=0.5), loss, td) for name, loss in losses}
-    if algo == "dqn":  # recipe: 64 CartPole samples, dueling [256, 256], double DQN, Huber
-        n = 64
-        td = TensorDict({"observation": torch.randn(n, 4), "action": torch.randint(0, 2, (n,)),
-                         ("next", "observation"): torch.randn(n, 4), ("next", "reward"): torch.rand(n, 1),
-                         ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool)}, [n])
-        steps = {}
-        for name, make_loss in (("torchrl", torchrl_dqn_loss), ("tdrl", make_dqn_loss)):
-            actor = make_q_actor(EnvFactory("CartPole-v1").specs(), hidden_sizes=[256, 256], dueling=True)
-            loss = make_loss(actor, double_dqn=True)
-            updater = Updater(adam(actor.parameters()), max_grad_norm=10.0,
-                              target_update=TargetUpdate(loss, interval=312))
-            steps[name] = (lambda u=updater, f=loss: u.step(f(td.clone(False)).rename_key_("loss", "loss_q")))
-        return steps
-    specs = EnvFactory("Pendulum-v1").specs()  # SAC 256 samples, TD3 100; [256, 256] MLPs
-    n = {"sac": 256, "td3": 100}[algo]
-    td = TensorDict({"observation": torch.randn(n, 3), "action": torch.rand(n, 1) * 4 - 2,
-                     ("next", "observation"): torch.randn(n, 3), ("next", "reward"): -torch.rand(n, 1) * 16,
-                     ("next", "terminated"): torch.zeros(n, 1, dtype=torch.bool)}, [n])
-    steps = {}
-    for name in ("torchrl", "tdrl"):
-        critic = make_twin_q(specs) if name == "tdrl" else make_q_critic(specs)
-        if algo == "sac" and name == "torchrl":  # TorchRL-sota: one optimizer on the three terms' sum
-            loss = torchrl_sac_loss(make_tanh_gaussian_actor(specs), critic, specs.action_spec)
-            updater = Updater(adam(loss.parameters()), target_update=TargetUpdate(loss, interval=1, tau=0.005))
-            steps[name] = step_on(updater, loss, td)
-        elif algo == "sac":  # recipes/sac.py: the critics first, then the policy and alpha
-            actor = make_tanh_gaussian_actor(specs)
-            loss = TwinQSACLoss(actor, critic)
-            critic_up = Updater(adam(critic.parameters()), loss_keys=("loss_qvalue",))
-            policy_up = Updater(adam([*actor.parameters(), loss.log_alpha]), loss_keys=("loss_actor", "loss_alpha"),
-                                target_update=TargetUpdate(loss, interval=1, tau=0.005))
-            steps[name] = (lambda c=critic_up, p=policy_up, f=loss: (c.step(f.critic_loss(td)),
-                                                                     p.step(f.actor_loss(td))))
-        else:  # TD3: the critics every update, the actor every second
-            make_loss = make_td3_loss if name == "tdrl" else torchrl_td3_loss
-            loss = make_loss(make_deterministic_actor(specs), critic, specs.action_spec)
-            trained = [(k, p) for k, p in loss.named_parameters() if p.requires_grad]
-            critic_up = Updater(adam(p for k, p in trained if "qvalue" in k), loss_keys=("loss_qvalue",))
-            actor_up = Updater(adam(p for k, p in trained if "actor" in k), loss_keys=("loss_actor",))
-            target = TargetUpdate(loss, interval=1, tau=0.005)
+def _td3_step(name: str, td: Any) -> Step:
+    """TD3's update on Pendulum samples, TorchRL's loss or tdrl's: the critics every update, the actor every
+    second."""
+    from tdrl.envs import EnvFactory
+    from tdrl.models.q import make_deterministic_actor, make_q_critic, make_twin_q
+    from tdrl.objectives.continuous import make_td3_loss
+    from tdrl.objectives.reference import torchrl_td3_loss
+    from tdrl.objectives.update import TargetUpdate, Updater
 
-            def td3_step(loss: Any = loss, critic_up: Updater = critic_up, actor_up: Updater = actor_up,
-                         target: TargetUpdate = target) -> None:
-                sample = td.clone(False)
-                critic_up.step({"loss_qvalue": loss.value_loss(sample)[0]})
-                if critic_up.updates % 2 == 0:
-                    actor_up.step({"loss_actor": loss.actor_loss(sample)[0]})
-                target.step()
+    specs = EnvFactory("Pendulum-v1").specs()
+    critic = make_twin_q(specs) if name == "tdrl" else make_q_critic(specs)
+    make_loss: Callable[..., Any] = make_td3_loss if name == "tdrl" else torchrl_td3_loss
+    loss = make_loss(make_deterministic_actor(specs), critic, specs.action_spec)
+    trained = [(k, p) for k, p in loss.named_parameters() if p.requires_grad]
+    critic_up = Updater(_adam(p for k, p in trained if "qvalue" in k), loss_keys=("loss_qvalue",))
+    actor_up = Updater(_adam(p for k, p in trained if "actor" in k), loss_keys=("loss_actor",))
+    target = TargetUpdate(loss, interval=1, tau=0.005)
 
-            steps[name] = td3_step
-    return steps
+    def step() -> None:
+        sample = td.clone(False)
+        critic_up.step({"loss_qvalue": loss.value_loss(sample)[0]})
+        if critic_up.updates % 2 == 0:
+            actor_up.step({"loss_actor": loss.actor_loss(sample)[0]})
+        target.step()
+
+    return step
 
 
 LEARN_FROM = 100  # --iteration: off-policy recipes update from this frame on (optim.min_steps_learn)

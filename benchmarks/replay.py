@@ -27,6 +27,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,7 +67,7 @@ def rate(fn: Callable[[], int], seconds: float, repeats: int) -> float:
     return statistics.median(results)
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     from report import add_markdown_option
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -74,72 +75,91 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short timings (< 1 minute in all)")
     parser.add_argument("--json", metavar="PATH", help="write rows {buffer, op, per_s} to PATH")
     parser.add_argument("--capacity", type=int, default=1_000_000)
-    args = parser.parse_args()
-    seconds, repeats = (0.4, 3) if args.quick else (2.0, 5)
-    torch.set_num_threads(1)
+    return parser
 
+
+def _buffers(root: str, capacity: int) -> dict[str, Any]:
+    """TorchRL's uniform buffer and tdrl's uniform, prioritized and sequence buffers, under ``root``."""
     from torchrl.data import LazyMemmapStorage, ReplayBuffer
 
     from tdrl.replay import PrioritizedSampler, SequenceReplayBuffer, TransitionReplayBuffer
 
-    root = tempfile.mkdtemp(prefix="tdrl-replay-bench-")
-    batches = [make_batch(i) for i in range(8)]
-    flat = [b.reshape(-1) for b in batches]
-    fills = -(-args.capacity // (B * T))
-    rows: list[dict] = []
-    try:
-        buffers = {
-            "torchrl-uniform": ReplayBuffer(storage=LazyMemmapStorage(args.capacity, scratch_dir=f"{root}/trl"),
-                                            batch_size=BATCH),
-            "tdrl-uniform": TransitionReplayBuffer(f"{root}/uni", args.capacity, seed=0),
-            "tdrl-prioritized": TransitionReplayBuffer(f"{root}/per", args.capacity, seed=0,
-                                                       sampler=PrioritizedSampler(alpha=0.6, beta_steps=10**6)),
-            "tdrl-sequence": SequenceReplayBuffer(f"{root}/seq", args.capacity, batch_T=SEQ_T, warmup_T=WARMUP_T,
-                                                  rnn_state_interval=INTERVAL,
-                                                  state_keys=[("recurrent_state", "h")], seed=0),
-        }
-        seq_batches = [make_batch(i, with_state=True) for i in range(8)]
-        rng = np.random.default_rng(0)
-        counter = iter(range(10**12))
+    return {
+        "torchrl-uniform": ReplayBuffer(storage=LazyMemmapStorage(capacity, scratch_dir=f"{root}/trl"),
+                                        batch_size=BATCH),
+        "tdrl-uniform": TransitionReplayBuffer(f"{root}/uni", capacity, seed=0),
+        "tdrl-prioritized": TransitionReplayBuffer(f"{root}/per", capacity, seed=0,
+                                                   sampler=PrioritizedSampler(alpha=0.6, beta_steps=10**6)),
+        "tdrl-sequence": SequenceReplayBuffer(f"{root}/seq", capacity, batch_T=SEQ_T, warmup_T=WARMUP_T,
+                                              rnn_state_interval=INTERVAL,
+                                              state_keys=[("recurrent_state", "h")], seed=0),
+    }
 
-        def extend(name: str) -> Callable[[], int]:
-            rb = buffers[name]
-            source = flat if name == "torchrl-uniform" else seq_batches if name == "tdrl-sequence" else batches
 
+class _Ops:
+    """The timed operations on each buffer: ``extend(name)`` and ``sample(name)`` give a call returning the
+    transitions it handled."""
+
+    def __init__(self, buffers: dict[str, Any]) -> None:
+        self.buffers = buffers
+        self.batches = [make_batch(i) for i in range(8)]
+        self.flat = [b.reshape(-1) for b in self.batches]
+        self.seq_batches = [make_batch(i, with_state=True) for i in range(8)]
+        self.rng = np.random.default_rng(0)
+        self.counter = iter(range(10**12))
+
+    def extend(self, name: str) -> Callable[[], int]:
+        rb = self.buffers[name]
+        source = self.flat if name == "torchrl-uniform" else self.seq_batches if name == "tdrl-sequence" \
+            else self.batches
+
+        def run() -> int:
+            rb.extend(source[next(self.counter) % len(source)])
+            return B * T
+
+        return run
+
+    def sample(self, name: str) -> Callable[[], int]:
+        rb = self.buffers[name]
+        if name == "torchrl-uniform":
+            return lambda: rb.sample().batch_size[0]
+        if name == "tdrl-prioritized":
             def run() -> int:
-                rb.extend(source[next(counter) % len(source)])
-                return B * T
-
+                s = rb.sample(BATCH)
+                rb.update_priority(s["index"], torch.from_numpy(self.rng.random(BATCH)))
+                return BATCH
             return run
+        if name == "tdrl-sequence":
+            return lambda: rb.sample(SEQ_B).numel()
+        return lambda: rb.sample(BATCH).batch_size[0]
 
-        def sample(name: str) -> Callable[[], int]:
-            rb = buffers[name]
-            if name == "torchrl-uniform":
-                return lambda: rb.sample().batch_size[0]
-            if name == "tdrl-prioritized":
-                def run() -> int:
-                    s = rb.sample(BATCH)
-                    rb.update_priority(s["index"], torch.from_numpy(rng.random(BATCH)))
-                    return BATCH
-                return run
-            if name == "tdrl-sequence":
-                return lambda: rb.sample(SEQ_B).numel()
-            return lambda: rb.sample(BATCH).batch_size[0]
 
+def _measure(capacity: int, seconds: float, repeats: int) -> list[dict[str, Any]]:
+    """Fill every buffer to ``capacity``, then time its extends and its samples."""
+    root = tempfile.mkdtemp(prefix="tdrl-replay-bench-")
+    fills = -(-capacity // (B * T))
+    rows: list[dict[str, Any]] = []
+    try:
+        buffers = _buffers(root, capacity)
+        ops = _Ops(buffers)
         for name in buffers:  # fill to capacity: steady-state ring writes and resident pages
-            fill = extend(name)
+            fill = ops.extend(name)
             t0 = time.perf_counter()
             for _ in range(fills):
                 fill()
-            print(f"filled {name} ({args.capacity:,} transitions) in {time.perf_counter() - t0:.1f}s", flush=True)
-        for op, factory in (("extend", extend), ("sample", sample)):
+            print(f"filled {name} ({capacity:,} transitions) in {time.perf_counter() - t0:.1f}s", flush=True)
+        for op, factory in (("extend", ops.extend), ("sample", ops.sample)):
             for name in buffers:
                 rows.append({"buffer": name, "op": op, "per_s": rate(factory(name), seconds, repeats)})
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    return rows
 
+
+def _report(rows: list[dict[str, Any]], capacity: int) -> None:
+    """The table against TorchRL's buffer, then the targets met or missed."""
     base = {r["op"]: r["per_s"] for r in rows if r["buffer"] == "torchrl-uniform"}
-    print(f"\nreplay throughput, transitions/s (capacity {args.capacity:,}, extend [{B},{T}], sample {BATCH}; "
+    print(f"\nreplay throughput, transitions/s (capacity {capacity:,}, extend [{B},{T}], sample {BATCH}; "
           f"load {os.getloadavg()[0]:.1f})")
     print(f"{'buffer':<18} {'op':<8} {'per_s':>14} {'x torchrl':>10}")
     for r in rows:
@@ -154,6 +174,14 @@ def main() -> None:
     print()
     for label, ratio, target in checks:
         print(f"{'PASS' if ratio >= target else 'MISS'}  {label}: {ratio:.2f}x")
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    seconds, repeats = (0.4, 3) if args.quick else (2.0, 5)
+    torch.set_num_threads(1)
+    rows = _measure(args.capacity, seconds, repeats)
+    _report(rows, args.capacity)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
