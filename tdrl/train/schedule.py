@@ -6,6 +6,7 @@ async and Ray trainers start learning, log and checkpoint at the same frames on 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -81,14 +82,14 @@ class Schedule:
         """The schedule of a recipe's whole config: ``collector.total_frames``, ``logger.log_interval_steps``,
         ``checkpoint.interval_steps``, ``stop_return`` and, off-policy, ``optim.replay_ratio``, ``optim.batch_size``
         and ``optim.min_steps_learn``; ``overrides`` replace any of them (R2D1's batch counts sequence steps)."""
-        fields: dict[str, Any] = {"n_steps": cfg.collector.total_frames,
-                                  "log_interval_steps": cfg.logger.log_interval_steps,
-                                  "checkpoint_interval_steps": cfg.checkpoint.interval_steps,
-                                  "stop_return": cfg.stop_return}
+        paths = {"n_steps": "collector.total_frames", "log_interval_steps": "logger.log_interval_steps",
+                 "checkpoint_interval_steps": "checkpoint.interval_steps", "stop_return": "stop_return"}
         if not on_policy:
-            fields.update(replay_ratio=cfg.optim.replay_ratio, batch_size=cfg.optim.batch_size,
-                          min_steps_learn=cfg.optim.min_steps_learn)
-        return cls(**{**fields, **overrides})
+            paths.update(replay_ratio="optim.replay_ratio", batch_size="optim.batch_size",
+                         min_steps_learn="optim.min_steps_learn")
+        fields = {name: functools.reduce(getattr, path.split("."), cfg) for name, path in paths.items()
+                  if name not in overrides}  # an override may stand for a key the config lacks
+        return cls(**fields, **overrides)
 
     def cadence(self, frames_per_itr: int) -> Cadence:
         """This schedule in iterations of ``frames_per_itr`` frames (all ranks)."""
