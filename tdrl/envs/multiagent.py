@@ -43,9 +43,11 @@ attribute's type.
 from __future__ import annotations
 
 import importlib
+import io
 import pickle
 import pkgutil
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -276,8 +278,8 @@ class GroupedEnv(gym.Env):
         and the agents that left (:mod:`tdrl.envs.state`'s protocol)."""
         layers = _chain(self.env)
         try:
-            blob = pickle.dumps([{k: v for k, v in vars(layer).items() if k not in _LINKS and not _is_display(v)}
-                                 for layer in layers])
+            blob = _dumps([{k: v for k, v in vars(layer).items() if k not in _LINKS and not _is_display(v)}
+                           for layer in layers])
         except Exception as err:
             raise EnvStateError(f"the multi-agent env {type(self.env).__name__} cannot be captured for exact resume: "
                                 f"{type(err).__name__}: {err}") from err
@@ -308,6 +310,60 @@ def _stacked(space: gym.Space, n: int) -> gym.Space:
     if isinstance(space, gym.spaces.Box):
         return gym.spaces.Box(np.stack([space.low] * n), np.stack([space.high] * n), dtype=space.dtype)
     raise EnvError(f"cannot stack agents' spaces {space}")
+
+
+def _array(data: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+
+
+def _scalar(data: bytes, dtype: str) -> np.generic:
+    return np.frombuffer(data, dtype=dtype)[0]
+
+
+class _StatePickler(pickle._Pickler):  # the Python pickler: its save() sees every object (str, tuple...)
+    """Pickles an env's state to bytes that depend on its values only, not on which equal objects happen to be
+    one object (pickle writes a second reference to an object as a back-reference): an env restored from a state
+    then pickles to the same bytes as the env it was saved from, as bitwise resume checks need. Strings are
+    interned and tuples of plain values shared by value; numpy arrays and scalars go by value with their dtype
+    as an interned string (an unpickled array's dtype is another object than numpy's cached one)."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.tuples: dict[Any, tuple] = {}
+
+    def save(self, obj: Any, save_persistent_id: bool = True) -> None:
+        if type(obj) is str:
+            obj = sys.intern(obj)
+        elif type(obj) is tuple:
+            key = _plain_key(obj)
+            if key is not None:
+                obj = self.tuples.setdefault(key, obj)
+        super().save(obj, save_persistent_id)  # type: ignore[misc]  # typeshed omits _Pickler.save
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is np.ndarray and not obj.dtype.hasobject:
+            return _array, (obj.tobytes(), sys.intern(obj.dtype.str), obj.shape)
+        if isinstance(obj, np.generic) and not obj.dtype.hasobject:
+            return _scalar, (obj.tobytes(), sys.intern(obj.dtype.str))
+        return NotImplemented
+
+
+def _plain_key(value: Any) -> Any:
+    """A key equal for equal tuples of plain values (floats by their bits), ``None`` for anything else."""
+    if type(value) is tuple:
+        keys = [_plain_key(item) for item in value]
+        return None if any(k is None for k in keys) else ("t", *keys)
+    if type(value) is float:
+        return ("f", value.hex())
+    if type(value) in (int, str, bool, bytes) or value is None:
+        return (type(value).__name__, value)
+    return None
+
+
+def _dumps(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    _StatePickler(buffer).dump(value)
+    return buffer.getvalue()
 
 
 def _is_display(value: Any) -> bool:

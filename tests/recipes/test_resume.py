@@ -117,6 +117,11 @@ CASES = {
     "impala": Case("impala.py", ("collector.batch_B=4", "collector.batch_T=8", "collector.total_frames=512",
                                  "logger.log_interval_steps=128", "checkpoint.interval_steps=96", "eval.max_steps=40",
                                  "model.hidden_sizes=[16]"), slow=True),
+    # MAPPO on mpe2's simple_spread in parallel workers: grouped batches, the PettingZoo envs' captured state
+    "mappo_mpe2_parallel": Case("mappo.py", (
+        "collector.kind=parallel", "collector.batch_B=2", "collector.n_workers=2", "collector.batch_T=20",
+        "collector.total_frames=480", "logger.log_interval_steps=80", "checkpoint.interval_steps=120",
+        "eval.max_steps=30", "loss.epochs=2", "loss.minibatches=2", "model.hidden_sizes=[16]"), needs="mpe2"),
     "ddpg_mujoco": Case("ddpg.py", ("env.id=Hopper-v5", "collector.total_frames=384", "logger.log_interval_steps=96",
                                     "checkpoint.interval_steps=96", "eval.max_steps=20", "optim.min_steps_learn=64",
                                     "model.hidden_sizes=[16]", "optim.batch_size=32", "optim.replay_ratio=32",
