@@ -29,7 +29,9 @@ nodes of 2 CPUs (4 actors of 1 CPU), with ``RAY_ADDRESS`` set, for its ``trainer
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import logging
 import os
 import statistics
 import sys
@@ -37,6 +39,7 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -115,12 +118,12 @@ def local_row(workers: int, seconds: float, scratch: Path) -> dict:
         batches = iter(collector)
         for _ in range(3):  # warm-up: workers started, first batches
             replay.extend(next(batches))
-        frames, start, cpu = 0, time.perf_counter(), cpu_seconds_by_role()
+        frames, start, before = 0, time.perf_counter(), cpu_seconds_by_role()
         while time.perf_counter() - start < seconds:
             batch = next(batches)
             replay.extend(batch)
             frames += batch.numel()
-        cpu = cpu_ms_per_kframe(cpu, cpu_seconds_by_role(), frames)
+        cpu = cpu_ms_per_kframe(before, cpu_seconds_by_role(), frames)
         return {"row": f"local parallel ({workers} workers)", "fps": frames / (time.perf_counter() - start),
                 "bytes": 0.0, "processes": workers, "cpu": cpu}
     finally:
@@ -132,13 +135,13 @@ def start_pool(n_actors: int, scratch: Path, *, hub_kwargs: dict | None = None):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     from tensordict import TensorDict
 
-    from tdrl.train import module_path
-    from tdrl.train.actor_pool import ActorPool
-    from tdrl.train.ray_actors import CollectorActor, LearnerHub, to_wire
+    from tdrl.distributed import module_path
+    from tdrl.distributed.actor_pool import ActorPool
+    from tdrl.distributed.ray_actors import CollectorActor, LearnerHub, to_wire
 
     q_actor, policy, replay, factory = build(scratch)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    hub = ray.remote(LearnerHub).options(num_cpus=0, max_concurrency=8, scheduling_strategy=here).remote(
+    hub: Any = ray.remote(LearnerHub).options(num_cpus=0, max_concurrency=8, scheduling_strategy=here).remote(
         replay, **(hub_kwargs or {}))
     ray.get(hub.publish.remote(1, [ray.put(to_wire(TensorDict.from_module(q_actor).data))]))
     factory_ref = ray.put(factory("serial", ENVS // n_actors))
@@ -161,13 +164,13 @@ def ray_row(n_actors: int, seconds: float, scratch: Path) -> dict:
         for _ in range(2 * n_actors):
             pool.poll(timeout=5.0)
         frames = wire = 0
-        start, cpu = time.perf_counter(), cpu_seconds_by_role()
+        start, before = time.perf_counter(), cpu_seconds_by_role()
         while time.perf_counter() - start < seconds:
             for report in pool.poll(timeout=0.5):
                 frames += report.frames
                 wire += report.wire_bytes
         fps = frames / (time.perf_counter() - start)
-        cpu = cpu_ms_per_kframe(cpu, cpu_seconds_by_role(), frames)
+        cpu = cpu_ms_per_kframe(before, cpu_seconds_by_role(), frames)
         return {"row": f"ray, {n_actors} actor{'s' * (n_actors > 1)} ({min(1, 2 / n_actors):g} CPU each)", "fps": fps,
                 "bytes": wire / max(frames, 1), "processes": n_actors, "cpu": cpu}
     finally:
@@ -215,7 +218,7 @@ def inner(args: argparse.Namespace) -> None:
     global BATCH_T
     BATCH_T = args.batch_t
 
-    ray.init(address=args.address, logging_level="ERROR")
+    ray.init(address=args.address, logging_level=logging.ERROR)
     with tempfile.TemporaryDirectory(prefix="tdrl-bench-dist-") as root:
         rows = []
         for rnd in range(args.rounds):  # interleaved, so drifting load hits every row alike
@@ -227,11 +230,19 @@ def inner(args: argparse.Namespace) -> None:
         print("ROW " + json.dumps(row), flush=True)
 
 
+def _cluster_module() -> Any:
+    """``tests/distributed/cluster.py``: the loopback Ray cluster of the distributed tests (a script, not a
+    package, so imported by name from its directory)."""
+    sys.path.insert(0, str(REPO / "tests" / "distributed"))
+    return importlib.import_module("cluster")
+
+
 def main() -> None:
     from report import add_markdown_option
 
-    sys.path.insert(0, str(REPO / "tests" / "distributed"))
-    from cluster import ADDRESS, LoopbackCluster, can_make_namespaces
+    cluster_module = _cluster_module()
+    ADDRESS, LoopbackCluster = cluster_module.ADDRESS, cluster_module.LoopbackCluster
+    can_make_namespaces = cluster_module.can_make_namespaces
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds per row")
@@ -286,8 +297,8 @@ def main() -> None:
 
 
 def learning(args: list[str]) -> int:
-    sys.path.insert(0, str(REPO / "tests" / "distributed"))
-    from cluster import ADDRESS, LoopbackCluster
+    cluster_module = _cluster_module()
+    ADDRESS, LoopbackCluster = cluster_module.ADDRESS, cluster_module.LoopbackCluster
 
     with tempfile.TemporaryDirectory(prefix="tdrl-bench-cluster-") as work:
         cluster = LoopbackCluster(Path(work), n_nodes=2, cpus=2)

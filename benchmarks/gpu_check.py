@@ -55,6 +55,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ("ppo", "a2c", "impala", "dqn", "ddpg", "td3", "sac", "r2d1")
@@ -166,7 +167,8 @@ def recipes_on_device(device: str, workdir: Path, timeout_s: float) -> None:
     failures = []
     launches = {r: _recipe(r, (*TINY[r], f"run.device={device}", "eval.n_envs=1", "eval.max_steps=20"),
                            workdir / f"tiny_{r}") for r in RECIPES}
-    pending, running = list(launches), {}
+    pending = list(launches)
+    running: dict[str, tuple[subprocess.Popen[str], float]] = {}
     deadline = time.monotonic() + timeout_s
     while pending or running:
         while pending and len(running) < max(2, len(os.sched_getaffinity(0)) // 4):
@@ -263,8 +265,8 @@ def update_table(device: str, dry_run: bool, workdir: Path, seconds: float, cpu_
     failed_outputs = []
     for i, (label, dev, compile_, graphs, *_) in enumerate(jobs):
         rate, note = results[i]
-        base = cpu_rate[label]
-        ratio = f"{rate / base:.2f}x" if dev == "cuda" and base > 0 else ""
+        cpu = cpu_rate[label]
+        ratio = f"{rate / cpu:.2f}x" if dev == "cuda" and cpu > 0 else ""
         summary, _, output = note.partition("\n")
         print(f"| {label} | {dev} | {compile_} | {graphs} | {rate:,.1f} | {ratio} | {summary} |")
         if output:
@@ -274,6 +276,12 @@ def update_table(device: str, dry_run: bool, workdir: Path, seconds: float, cpu_
     print(f"\nCPU rows: {cpu_threads} torch threads each" + (", run beside the GPU rows." if device == "cuda" else "."))
     if missing := [jobs[i][0] + " on " + jobs[i][1] for i, (rate, _) in results.items() if not rate > 0]:
         raise RuntimeError(f"no update rate for {', '.join(missing)}")
+
+
+def _collected(collector: Any, frames: int) -> int:
+    """One batch of ``collector``: its ``frames``."""
+    collector.collect()
+    return frames
 
 
 def atari_frames(device: str, dry_run: bool, seconds: float) -> None:
@@ -300,7 +308,7 @@ def atari_frames(device: str, dry_run: bool, seconds: float) -> None:
             frames += step()
         return frames / (time.perf_counter() - started)
 
-    def vector_loop(vec: object, obs: np.ndarray) -> Callable[[], int]:
+    def vector_loop(vec: Any, obs: np.ndarray) -> Callable[[], int]:
         state = {"obs": obs}
 
         def step() -> int:
@@ -318,7 +326,7 @@ def atari_frames(device: str, dry_run: bool, seconds: float) -> None:
                                    seed=0, return_same_td=True)
         try:
             rows.append((f"tdrl action server ({n_workers} worker processes)",
-                         rate(lambda c=collector: (c.collect(), envs * steps)[1])))
+                         rate(functools.partial(_collected, collector, envs * steps))))
         finally:
             collector.shutdown()
     vec = gym.vector.AsyncVectorEnv([functools.partial(make_env, "ALE/Pong-v5") for _ in range(envs)])
@@ -327,7 +335,7 @@ def atari_frames(device: str, dry_run: bool, seconds: float) -> None:
     finally:
         vec.close()
     try:
-        import envpool
+        envpool = importlib.import_module("envpool")  # untyped
     except Exception as e:  # noqa: BLE001 - 115 MB with its assets: more than a GPU call may carry
         print(f"envpool row skipped: {type(e).__name__}: {e} (envpool and its assets are 115 MB, over the 64 MiB a "
               "lent GPU machine's call carries; docs/atari.md compares it on the CPU)")

@@ -67,6 +67,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -205,17 +207,13 @@ def sac_recipe_saves(recipe: Path, root: Path, frames: int, every: int, replay_s
     seconds: list[float] = []
     save = SyncTrainer._save_checkpoint
 
-    def timed_save(trainer: SyncTrainer) -> None:
+    def timed_save(trainer: Any) -> None:
         start = time.perf_counter()
         save(trainer)
         seconds.append(time.perf_counter() - start)
 
-    SyncTrainer._save_checkpoint = timed_save
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            module.main(cfg)
-    finally:
-        SyncTrainer._save_checkpoint = save
+    with mock.patch.object(SyncTrainer, "_save_checkpoint", timed_save), contextlib.redirect_stdout(io.StringIO()):
+        module.main(cfg)
     newest = max((root / "run" / "checkpoints").glob("itr_*"))
     return {"seconds": seconds, "mb": dir_mb(newest)}
 
@@ -355,7 +353,8 @@ def replay_growth_table(args: argparse.Namespace) -> None:
         rb = TransitionReplayBuffer(root / "replay", args.growth_capacity, frame_stack=FrameStack(4), seed=0,
                                     sampler=PrioritizedSampler(alpha=0.6, beta_steps=args.growth_capacity, seed=0))
         source, ckpt = SyntheticAtari(B, seed=0), Checkpointer(root / "checkpoints", snapshot_mode="last")
-        stored, previous = {}, None
+        stored: dict[str, Any] = {}
+        previous: Path | None = None
         for i in range(args.growth_frames // args.growth_every):
             for _ in range(args.growth_every // (B * T)):
                 rb.extend(source.batch(T))
@@ -369,6 +368,7 @@ def replay_growth_table(args: argparse.Namespace) -> None:
             start = time.perf_counter()
             path = ckpt.save({}, i, extra_writers={"replay": rb.checkpoint_writer()})
             seconds = time.perf_counter() - start
+            assert path is not None  # snapshot_mode="last" keeps every save's directory until the next
             files = new_files(path, previous)
             data = sum(f.stat().st_size for f in files if f.suffix == ".bin")
             total = sum(f.stat().st_size for f in files)
@@ -477,6 +477,7 @@ def main() -> None:
                     save_base,
                 )
             )
+            assert run.last_checkpoint is not None
             newest = run.last_checkpoint.path
             rows.append(("load SAC", size, median_ms(lambda: read_checkpoint(newest), repeats), load_base))
         run.finish()
@@ -509,11 +510,11 @@ def main() -> None:
                 lambda: run.save_checkpoint(state, next(itr), extra_writers={"replay": rb.dumps}),
                 repeats,
             )
-            size = f"{dir_mb(run.last_checkpoint.path):.1f} MB"
+            assert run.last_checkpoint is not None
+            saved = run.last_checkpoint.path
+            size = f"{dir_mb(saved):.1f} MB"
             rows.append((f"save {label}", size, ms, save_base))
-            ms = median_ms(
-                lambda: read_checkpoint(run.last_checkpoint.path, extra_readers={"replay": rb_load.loads}), repeats
-            )
+            ms = median_ms(lambda: read_checkpoint(saved, extra_readers={"replay": rb_load.loads}), repeats)
             rows.append((f"load {label}", size, ms, load_base))
         assert len(rb_load) == args.transitions
         run.finish()

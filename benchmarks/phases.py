@@ -31,7 +31,6 @@ import cProfile
 import inspect
 import io
 import os
-import pstats
 import sys
 import tempfile
 from collections.abc import Callable
@@ -105,7 +104,8 @@ def profile(recipe: str, frames: int, threads: int, flush_denormal: bool) -> lis
         profiler.enable()
         profiled = run_recipe(recipe, frames, threads, flush_denormal, root)
         profiler.disable()
-    stats = pstats.Stats(profiler).stats  # key -> (calls, primitive calls, tottime, cumtime, callers)
+    profiler.create_stats()  # what pstats.Stats(profiler) reads
+    stats = profiler.stats  # key -> (calls, primitive calls, tottime, cumtime, callers)
     rows, total_share = [], 0.0
     for phase, functions in phase_functions().items():
         seconds = sum(stats[key][3] for key in map(_code_key, functions) if key in stats)

@@ -35,6 +35,7 @@ import os
 import statistics
 import sys
 import tempfile
+from typing import Any
 
 
 def load() -> str:
@@ -129,8 +130,8 @@ def main(argv: list[str] | None = None) -> dict:
         out["async"] = {}
         # r=2: collecting a batch costs about as much as its updates; r=8: the updates dominate
         for replay_ratio in (2.0, 8.0):
-            dqn = dict(n_steps=n_steps, batch_B=8, batch_T=32, replay_ratio=replay_ratio, batch_size=128,
-                       min_steps_learn=2_048)
+            dqn: dict[str, Any] = dict(n_steps=n_steps, batch_B=8, batch_T=32, replay_ratio=replay_ratio,
+                                       batch_size=128, min_steps_learn=2_048)
             print(f"\nasync vs sync: recipes/dqn.py on CartPole-v1, {n_steps} frames, B x T = 8 x 32, replay_ratio "
                   f"{replay_ratio:g}, batch 128", flush=True)
             rows = [
