@@ -211,7 +211,7 @@ def _measurements(page: str) -> list[_Measured]:
             heading=above[-1] if above else block.group("id"),
             date=fields.get("Date", "?").split(";")[0].rstrip("."),
             commit=fields.get("Commit", "?").rstrip("."),
-            machine=re.sub(r";? *load average.*$", "", fields.get("Machine", "?")).rstrip("."),
+            machine=re.sub(r"[;,]? *load average [~\d.-]+( at the start)?", "", fields.get("Machine", "?")).rstrip("."),
             command=fields.get("Command", "?").split("; `--markdown")[0].rstrip(".")))
     return found
 
