@@ -123,6 +123,18 @@ def test_shared_sections_keep_recipe_defaults_and_strict_overrides():
         apply_overrides(RecipeLike(), ["eval.n_envs=two"])
 
 
+def test_every_collector_kind_is_selectable_from_a_config():
+    from tdrl.collect import COLLECTOR_KINDS
+
+    kinds = typing.get_args(typing.get_type_hints(CollectorConfig)["kind"])
+    assert set(kinds) == set(COLLECTOR_KINDS)  # a kind make_collector has but no recipe can pick is dead code
+    assert apply_overrides(RecipeConfig(), ["collector.kind=torchrl"]).collector.kind == "torchrl"
+    cfg = apply_overrides(RecipeConfig(), ["collector.kind=alternating", "collector.n_workers=2"])
+    assert cfg.collector.batch_B == 8  # two groups of two workers, two envs each
+    with pytest.raises(ConfigError, match=r"collector.batch_B=6 must be divisible by 2 \* collector.n_workers=4"):
+        apply_overrides(RecipeConfig(), ["collector.kind=alternating", "collector.batch_B=6"])
+
+
 def test_sections_validate_after_every_override_is_in():
     from tdrl.config import RecipeConfig
 

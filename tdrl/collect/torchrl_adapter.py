@@ -5,8 +5,9 @@ its weight-sync schemes). ``n_workers == 1`` wraps ``Collector(SerialEnv(batch_B
 ``MultiSyncCollector`` over ``n_workers`` × ``SerialEnv(batch_B / n_workers)``. Batches are reshaped to
 ``[batch_B, batch_T]`` with an all-True ``("collector", "mask")``; float64 observations become float32, discrete
 actions are indices. TrajInfos come from each batch's reward and done flags (after ``transform``; ``info``'s
-``traj_done`` is not read, so with Atari's episodic lives they end at each lost life). Only reset-at-once, and no
-decorrelation steps. Its ``state_dict`` holds no env state (warned at build).
+``traj_done`` is not read, so with Atari's episodic lives they end at each lost life). Only reset-at-once, no
+decorrelation steps and feed-forward policies (tdrl's recurrent policies read ``is_init`` and a recurrent state no
+TorchRL env provides). Its ``state_dict`` holds no env state (warned at build).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 from tdrl.collect.common import sorted_infos
 from tdrl.collect.runner import SliceSettings
 from tdrl.collect.traj_info import EpisodeTracker
+from tdrl.utils.errors import UserError
+from tdrl.utils.keys import INIT_KEY, RECURRENT_KEYS
 
 __all__ = ["NOT_CAPTURED", "TorchRLEngine"]
 
@@ -72,9 +75,15 @@ class TorchRLEngine:
         from torchrl.collectors import Collector, MultiSyncCollector
 
         if settings.wait_reset:
-            raise ValueError("reset_mode='wait_reset' is not available with TorchRL's collectors; use a tdrl kind")
+            raise UserError("reset_mode='wait_reset' is not available with TorchRL's collectors; use a tdrl kind "
+                            "(collector.kind=serial, parallel, action_server or alternating)")
         if settings.max_decorrelation_steps:
-            raise ValueError("max_decorrelation_steps is not available with TorchRL's collectors; use a tdrl kind")
+            raise UserError("max_decorrelation_steps is not available with TorchRL's collectors; use a tdrl kind")
+        reads = {key if isinstance(key, str) else tuple(key) for key in getattr(policy, "in_keys", ())}
+        if INIT_KEY in reads or reads & set(RECURRENT_KEYS):
+            raise UserError("collector kind 'torchrl' steps feed-forward policies only (this one is recurrent: it "
+                            "reads is_init and its recurrent state); use a tdrl kind (collector.kind=serial, "
+                            "parallel, action_server or alternating)")
         self.batch_B, self.batch_T, self.policy = batch_B, batch_T, policy
         self.tracker = EpisodeTracker(batch_B, discount=settings.discount, game_score=settings.game_score)
         kwargs = dict(

@@ -9,13 +9,15 @@ range in its type (``lr: PositiveFloat``, ``Annotated[int, Range(ge=-1)]``), che
 shown in ``--help``; a section's ``validate(self)`` raises :class:`ConfigError` for values that cannot work
 together. This module imports nothing heavy, so a recipe that imports only it at the top (torch, TorchRL and
 tdrl's other layers inside ``main``) reports a bad key or value in well under a second.
+
+The algorithm families' sections are in :mod:`tdrl.config.algorithms`, the trainer sections (``trainer.kind``, ddp
+ranks, Ray actors) in :mod:`tdrl.config.trainer`; every name is importable from here.
 """
 
 from __future__ import annotations
 
-import typing
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from tdrl.config.algorithms import (
     A2COptimConfig,
@@ -31,6 +33,16 @@ from tdrl.config.algorithms import (
     PrioritizedReplayConfig,
     ReplayConfig,
     ReplayDevice,
+)
+from tdrl.config.trainer import (
+    ApeXTrainerConfig,
+    ImpalaTrainerConfig,
+    OffPolicyTrainerConfig,
+    OnPolicyTrainerConfig,
+    RayConfig,
+    TrainerConfig,
+    check_ray_address,
+    trainer_kinds,
 )
 from tdrl.utils.dotted_config import (
     ConfigError,
@@ -126,10 +138,13 @@ class AtariEnvConfig(EnvConfig):
 class CollectorConfig:
     """The training collector and the run's budget."""
 
-    kind: Literal["serial", "parallel", "action_server"] = "serial"
-    """serial (one process), parallel (CPU workers), action_server (workers step, main process acts)."""
+    kind: Literal["serial", "parallel", "action_server", "alternating", "torchrl"] = "serial"
+    """serial: one process (small nets, debugging); parallel: worker processes each act with a policy copy (CPU
+    policies, slow envs); action_server: workers step, this process acts batched (a GPU policy); alternating: two
+    worker groups, one steps while this process acts for the other (a GPU policy whose step takes as long as the
+    envs'); torchrl: TorchRL's own collectors (a reference; reset-at-once only; a resumed run restarts episodes)."""
     n_workers: Count = 2
-    """Worker processes of the parallel/action_server collectors (must divide batch_B)."""
+    """Worker processes (alternating: per group; torchrl: one SerialEnv each); they divide batch_B evenly."""
     batch_B: Count = 8
     """Environments stepped together (rlpyt batch_B; the batch's first dim)."""
     batch_T: Count = 32
@@ -139,6 +154,10 @@ class CollectorConfig:
     (batch_B * batch_T frames, times the ranks with trainer.kind=ddp), rounded up to whole log intervals."""
 
     def validate(self) -> None:
+        if self.kind == "alternating":
+            _check(self.batch_B % (2 * self.n_workers) == 0, f"collector.batch_B={self.batch_B} must be divisible by "
+                   f"2 * collector.n_workers={2 * self.n_workers} (two groups of n_workers workers, each stepping "
+                   "the same number of envs)")
         _check(self.kind == "serial" or self.batch_B % self.n_workers == 0,
                f"collector.batch_B={self.batch_B} must be divisible by collector.n_workers={self.n_workers} (each "
                f"{self.kind} worker steps the same number of envs)")
@@ -258,136 +277,6 @@ class ApeXEpsilonGreedyConfig(EpsilonGreedyConfig):
     """trainer.kind=ray: actor i of N explores with actor_eps ** (1 + actor_eps_alpha * i / (N - 1)) (Ape-X)."""
     actor_eps_alpha: NonNegativeFloat = 7.0
     """trainer.kind=ray: exponent spread of the actors' epsilons (Ape-X: 7)."""
-
-
-def check_ray_address(address: str, source: str) -> None:
-    """Raise :class:`ConfigError` unless ``address`` is ``host:port`` (or one Ray resolves itself: ``auto``,
-    ``local``, ``ray://...``). ``source`` names where the value came from (``trainer.ray_address`` or the
-    ``RAY_ADDRESS`` environment variable), so the line blames the setting the user has to change."""
-    if address in ("auto", "local") or "://" in address:
-        return
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{source}={address!r} is not host:port (e.g. 10.0.0.5:6379, as `ray start --head` prints "
-                          f"it); set it to the cluster's address, or {_unset(source)} for a Ray of this run's own")
-
-
-def _unset(source: str) -> str:
-    return f"unset {source}" if source.isupper() else f"leave {source} empty"
-
-
-@dataclass
-class _TrainerKind:
-    kind: Literal["sync", "ddp", "async", "ray"] = "sync"
-    """sync: collect, then update, in one process (rlpyt MinibatchRl); ddp: world_size full replicas, gradients
-    all-reduced (rlpyt SyncRl); async: collector process + optimizer process on a shared replay (rlpyt AsyncRl,
-    off-policy only); ray: n_actors collector actors anywhere in a Ray cluster, the learner here (Ape-X with a
-    replay, IMPALA without)."""
-
-
-@dataclass
-class _DataParallelKeys:
-    world_size: Count = 2
-    """ddp: number of ranks (local processes; under torchrun/SLURM it must equal WORLD_SIZE)."""
-    backend: Literal["auto", "gloo", "nccl"] = "auto"
-    """ddp: torch.distributed backend; auto = NCCL on CUDA devices, gloo on CPU."""
-
-
-@dataclass
-class _CollectorProcessKeys:
-    max_lag_frames: Annotated[int, Range(ge=-1)] = 0
-    """async, ray: frames the collectors may run ahead of the optimizer beyond one batch (ray: one rollout) each
-    (0: the replay ratio holds); -1: no limit (rlpyt's AsyncRl, Ape-X's actors: fewer updates per frame when the
-    optimizer is slower). ray: an Ape-X rollout call carries up to 50 ms of batches within its share of these
-    frames, so larger values also cut Ray's cost per frame."""
-    updates_per_sync: Count = 1
-    """async, ray: gradient updates between weight publications to the collectors."""
-
-
-@dataclass
-class RayConfig:
-    """The Ray actors and cluster of ``trainer.kind=ray`` (:class:`tdrl.train.RayTrainer`); part of the trainer
-    sections of the recipes that wire up Ray (``trainer.n_actors=8``)."""
-
-    n_actors: Count = 4
-    """ray: collector actors (each builds the recipe's collector, with its own seed)."""
-    spare_actors: NonNegativeInt = 1
-    """ray: idle collector actors kept built, reserving no CPU, each ready to take a dead actor's place at once (0:
-    Ray restarts the dead actor, a new process that imports torch and builds its collector: seconds)."""
-    ray_address: str = ""
-    """ray: the cluster to join (host:port); empty: RAY_ADDRESS if set, else Ray starts on this machine."""
-    actor_cpus: PositiveFloat = 1.0
-    """ray: CPUs each collector actor reserves in the cluster."""
-    call_timeout_s: PositiveFloat = 60.0
-    """ray: a rollout or hub call taking longer has its actor killed and restarted (a lost node)."""
-
-    def validate(self) -> None:
-        if self.ray_address:
-            check_ray_address(self.ray_address, "trainer.ray_address")
-
-
-@dataclass
-class _UnrollKeys:
-    unrolls_per_batch: Count = 1
-    """ray, on-policy (IMPALA): actors' unrolls concatenated into one learner batch."""
-
-
-# A trainer section is its kinds and the keys those kinds read; a recipe's ``trainer`` field takes the one that names
-# the kinds it wires up, so its --help lists no kind it refuses and no key it ignores. The bases are listed last
-# field first: dataclasses collect fields from the end of the MRO, so ``kind`` comes first.
-
-
-@dataclass
-class TrainerConfig(_UnrollKeys, RayConfig, _CollectorProcessKeys, _DataParallelKeys, _TrainerKind):
-    """Which trainer runs the loop, and its process settings (:func:`tdrl.train.make_trainer`): every kind and
-    key, for a script of one's own. Recipes take the section naming the kinds they wire up."""
-
-
-@dataclass
-class OnPolicyTrainerConfig(_DataParallelKeys, _TrainerKind):
-    """The trainer of an on-policy recipe (PPO): sync, or ddp."""
-
-    kind: Literal["sync", "ddp"] = "sync"
-    """sync: collect, then update, in one process (rlpyt MinibatchRl); ddp: world_size full replicas, gradients
-    all-reduced (rlpyt SyncRl)."""
-
-
-@dataclass
-class OffPolicyTrainerConfig(_CollectorProcessKeys, _TrainerKind):
-    """The trainer of an off-policy recipe (SAC, TD3, R2D1): sync, or async."""
-
-    kind: Literal["sync", "async"] = "sync"
-    """sync: collect, then update, in one process (rlpyt MinibatchRl); async: a collector process fills the replay
-    while this one optimises (rlpyt AsyncRl)."""
-    max_lag_frames: Annotated[int, Range(ge=-1)] = 0  # the docs without Ray's part
-    """async: frames the collector process may run ahead of the optimizer beyond one batch (0: the replay ratio
-    holds); -1: no limit (rlpyt's AsyncRl: fewer updates per frame when the optimizer is slower)."""
-    updates_per_sync: Count = 1
-    """async: gradient updates between weight publications to the collector process."""
-
-
-@dataclass
-class ApeXTrainerConfig(RayConfig, _CollectorProcessKeys, _TrainerKind):
-    """The trainer of an off-policy recipe with Ape-X (DQN, DDPG): sync, async, or ray."""
-
-    kind: Literal["sync", "async", "ray"] = "sync"
-    """sync: collect, then update, in one process (rlpyt MinibatchRl); async: a collector process fills the replay
-    while this one optimises (rlpyt AsyncRl); ray: n_actors collector actors anywhere in a Ray cluster write into
-    this learner's replay (Ape-X)."""
-
-
-@dataclass
-class ImpalaTrainerConfig(_UnrollKeys, RayConfig, _TrainerKind):
-    """The trainer of an on-policy recipe that corrects for the actors' lag (IMPALA's V-trace): sync, or ray."""
-
-    kind: Literal["sync", "ray"] = "sync"
-    """sync: collect with the learner's weights, then update, in one process; ray: n_actors collector actors
-    anywhere in a Ray cluster send version-tagged unrolls to this learner."""
-
-
-def trainer_kinds(section: Any) -> tuple[str, ...]:
-    """The trainer kinds a trainer section names (its ``kind`` field's choices): what its recipe wires up."""
-    return typing.get_args(typing.get_type_hints(type(section))["kind"])
 
 
 # --- The recipe config ---------------------------------------------------------------------------------

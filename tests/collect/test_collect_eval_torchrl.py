@@ -9,6 +9,7 @@ from torchrl.envs.utils import ExplorationType
 
 from tdrl.collect import make_collector, make_eval_collector
 from tdrl.envs import EnvFactory
+from tdrl.utils.errors import UserError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,5 +50,13 @@ def test_torchrl_adapter_layout_and_traj_infos():
     assert b["next", "reward"].shape == (4, 50, 1) and b["next", "done"].dtype == torch.bool
     assert b["action"].dtype == torch.int64 and b["collector", "mask"].all()
     assert len(infos) == int(batches[-1]["next", "done"].sum())
-    with pytest.raises(ValueError, match="wait_reset"):
+    with pytest.raises(UserError, match="wait_reset"):
         make_collector("torchrl", EnvFactory("CartPole-v1"), policy, batch_B=2, batch_T=5, reset_mode="wait_reset")
+
+
+def test_torchrl_adapter_refuses_a_recurrent_policy_in_one_line():
+    from tdrl.models import make_recurrent_actor_critic
+
+    recurrent = make_recurrent_actor_critic(EnvFactory("CartPole-v1").specs(), lstm_size=8).actor
+    with pytest.raises(UserError, match="feed-forward policies only"):
+        make_collector("torchrl", EnvFactory("CartPole-v1"), recurrent, batch_B=2, batch_T=5, n_workers=1)
