@@ -20,7 +20,8 @@ MODULES = [
     "tdrl.objectives.advantage", "tdrl.objectives.policy_gradient", "tdrl.objectives.dqn",
     "tdrl.objectives.continuous", "tdrl.objectives.sac", "tdrl.objectives.update", "tdrl.objectives.graphs",
     "tdrl.objectives.schedules",
-    "tdrl.train", "tdrl.log", "tdrl.ckpt", "tdrl.launch", "tdrl.launch.recipe", "tdrl.plot",
+    "tdrl.train", "tdrl.distributed", "tdrl.wiring", "tdrl.log", "tdrl.ckpt", "tdrl.launch", "tdrl.launch.recipe",
+    "tdrl.plot",
 ]
 
 

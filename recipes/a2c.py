@@ -78,7 +78,7 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.policy_gradient import make_a2c_loss
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import Updater, a2c_optimizer
-    from tdrl.train import collector_factory_from, eval_collector_from, make_trainer, prepare_recipe
+    from tdrl.wiring import collector_factory_from, eval_collector_from, make_trainer, prepare_recipe
 
     # --- Build ----------------------------------------------------------------------------------------------
     device, env_factory = prepare_recipe(cfg)  # starts workers early, seeds, resolves the device
@@ -90,8 +90,7 @@ def main(cfg: Config) -> dict:
     loss = make_a2c_loss(ac, entropy_coeff=cfg.loss.entropy_coeff, critic_coeff=0.5 * cfg.loss.value_loss_coeff)
     updater = Updater(a2c_optimizer(loss.parameters(), cfg.optim), max_grad_norm=cfg.optim.max_grad_norm)
 
-    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="a2c",
-                   total_frames=cfg.collector.total_frames)
+    run = Run.open(cfg, name="a2c")
     collector = collector_factory_from(cfg, env_factory, ac.actor, device=device)()
     # each evaluation: n_envs whole greedy episodes on their own envs
     eval_collector = eval_collector_from(cfg, ac.greedy)

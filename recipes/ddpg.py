@@ -65,13 +65,13 @@ def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
     import torch
 
+    from tdrl.distributed import ActorHooks
     from tdrl.log.run import Run
     from tdrl.models import chain_policy, make_deterministic_actor, make_gaussian_noise, make_q_critic
     from tdrl.objectives.continuous import make_ddpg_loss, timeouts_as_terminal
-    from tdrl.objectives.graphs import graph_lr, update_step
+    from tdrl.objectives.graphs import graph_adam, update_step
     from tdrl.objectives.update import TargetUpdate, Updater
-    from tdrl.train import (
-        ActorHooks,
+    from tdrl.wiring import (
         collector_factory_from,
         eval_collector_from,
         make_trainer,
@@ -87,19 +87,15 @@ def main(cfg: Config) -> dict:
     policy = chain_policy(actor, make_gaussian_noise(specs, std=cfg.exploration.action_noise)).to(device)
     loss = make_ddpg_loss(actor, critic, gamma=cfg.loss.gamma).to(device)
     # one optimizer, two rates: loss_actor sees the critic through detached parameters, so the sum is separable
-    def lr(value):  # a tensor under CUDA graphs, so it reaches the captured step
-        return graph_lr(value, device, cfg.optim.cudagraphs)
-
-    optimizer = torch.optim.Adam([  # the loss's parameters: they share storage with the actor's and critic's
-        {"params": list(loss.actor_network_params.values(True, True)), "lr": lr(cfg.optim.actor_lr)},
-        {"params": list(loss.value_network_params.values(True, True)), "lr": lr(cfg.optim.critic_lr)},
-    ], fused=True, capturable=cfg.optim.cudagraphs)  # fused: a non-finite update is skipped on the device
+    optimizer = graph_adam([  # the loss's parameters: they share storage with the actor's and critic's
+        {"params": list(loss.actor_network_params.values(True, True)), "lr": cfg.optim.actor_lr},
+        {"params": list(loss.value_network_params.values(True, True)), "lr": cfg.optim.critic_lr},
+    ], lr=cfg.optim.critic_lr, device=device, cudagraphs=cfg.optim.cudagraphs)
     updater = Updater(optimizer, loss_keys=("loss_actor", "loss_qvalue"), max_grad_norm=cfg.optim.max_grad_norm,
                       target_update=TargetUpdate(loss, interval=cfg.optim.target_update_interval,
                                                  tau=cfg.optim.target_update_tau))
 
-    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="ddpg",
-                   total_frames=cfg.collector.total_frames)
+    run = Run.open(cfg, name="ddpg")
     replay = transition_replay_from(cfg, run.dir, device)
     # built by the trainer (async, ray: in their own processes); no copy per batch: each goes straight into the replay
     collector_factory = collector_factory_from(cfg, env_factory, policy, return_same_td=True)

@@ -135,19 +135,18 @@ def main(cfg: Config) -> dict:
     # torch, TorchRL and the envs load here, after the config is checked (a bad key fails in < 1 s)
     import torch
 
+    from tdrl.distributed import ActorHooks, module_path
     from tdrl.log.run import Run
     from tdrl.models import ApexEpsilons, EpsilonGreedy, chain_policy, make_q_actor
     from tdrl.objectives.dqn import ActorPriorities, dqn_priorities, make_dqn_loss
-    from tdrl.objectives.graphs import graph_lr, update_step
+    from tdrl.objectives.graphs import graph_adam, update_step
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.replay import FrameStack, PrioritizedSampler
-    from tdrl.train import (
-        ActorHooks,
+    from tdrl.wiring import (
         collector_factory_from,
         eval_collector_from,
         make_trainer,
-        module_path,
         prepare_off_policy,
         transition_replay_from,
     )
@@ -174,14 +173,13 @@ def main(cfg: Config) -> dict:
     loss = make_dqn_loss(q_actor, gamma=cfg.loss.gamma, double_dqn=cfg.loss.double,
                          loss_function=cfg.loss.loss_function)
     target_update = TargetUpdate(loss, interval=cfg.optim.target_update_interval, tau=cfg.optim.target_update_tau)
-    optimizer = torch.optim.Adam(q_actor.parameters(), lr=graph_lr(cfg.optim.lr, device, cfg.optim.cudagraphs),
-                                 eps=cfg.optim.adam_eps, fused=True, capturable=cfg.optim.cudagraphs)
+    optimizer = graph_adam(q_actor.parameters(), lr=cfg.optim.lr, device=device, cudagraphs=cfg.optim.cudagraphs,
+                           eps=cfg.optim.adam_eps)
     updater = Updater(optimizer, max_grad_norm=cfg.optim.max_grad_norm,
                       target_update=target_update)
     delta_clip = 1.0 if cfg.loss.loss_function == "huber" else None
 
-    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="dqn",
-                   total_frames=cfg.collector.total_frames)
+    run = Run.open(cfg, name="dqn")
     sampler = PrioritizedSampler(alpha=cfg.replay.alpha, beta_init=cfg.replay.beta_init,
                                  beta_final=cfg.replay.beta_final, beta_steps=cfg.replay.beta_steps,
                                  seed=cfg.run.seed) if cfg.replay.prioritized else None

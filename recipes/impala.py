@@ -95,7 +95,7 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.policy_gradient import make_a2c_loss
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import Updater, a2c_optimizer
-    from tdrl.train import check_trainer, collector_factory_from, eval_collector_from, make_trainer, prepare_recipe
+    from tdrl.wiring import check_trainer, collector_factory_from, eval_collector_from, make_trainer, prepare_recipe
 
     check_trainer(cfg.trainer, on_policy=True, device=cfg.run.device)  # before any process starts
     # --- Build ----------------------------------------------------------------------------------------------
@@ -109,8 +109,7 @@ def main(cfg: Config) -> dict:
     loss = make_a2c_loss(ac, entropy_coeff=cfg.loss.entropy_coeff, critic_coeff=0.5 * cfg.loss.value_loss_coeff)
     updater = Updater(a2c_optimizer(loss.parameters(), cfg.optim), max_grad_norm=cfg.optim.max_grad_norm)
 
-    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="impala",
-                   total_frames=cfg.collector.total_frames)
+    run = Run.open(cfg, name="impala")
     # picklable: the trainer builds the collector (sync: here; a distributed trainer: one per actor)
     collector_factory = collector_factory_from(cfg, env_factory, ac.actor)
     # each evaluation: n_envs whole greedy episodes on their own envs

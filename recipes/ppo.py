@@ -159,6 +159,7 @@ def main(cfg: Config) -> dict:
     from torchrl.envs import VecNorm
     from torchrl.modules import set_recurrent_mode
 
+    from tdrl.distributed import launch_data_parallel
     from tdrl.log.run import Run
     from tdrl.models import actor_critic_from
     from tdrl.objectives.advantage import GAE, ReturnNorm
@@ -166,15 +167,8 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.policy_gradient import make_ppo_loss
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import Updater
-    from tdrl.train import (
-        check_trainer,
-        collector_factory_from,
-        eval_collector_from,
-        launch_data_parallel,
-        make_trainer,
-        prepare_recipe,
-    )
     from tdrl.utils.distributed import is_distributed, is_main_process, rank_seed
+    from tdrl.wiring import check_trainer, collector_factory_from, eval_collector_from, make_trainer, prepare_recipe
 
     check_trainer(cfg.trainer, on_policy=True, device=cfg.run.device)  # before any process starts
     if cfg.trainer.kind == "ddp" and not is_distributed():  # start the ranks; each runs main(cfg)
@@ -196,8 +190,7 @@ def main(cfg: Config) -> dict:
     reward_norm = ReturnNorm(cfg.collector.batch_B, gamma=cfg.loss.gamma).to(device) \
         if cfg.loss.normalize_reward else None
 
-    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="ppo",
-                   total_frames=cfg.collector.total_frames) if is_main_process() else None
+    run = Run.open(cfg, name="ppo") if is_main_process() else None
     collector = collector_factory_from(cfg, env_factory, ac.actor, seed=rank_seed(cfg.run.seed), device=device,
                                        transform=VecNorm(in_keys=["observation"]) if cfg.collector.obs_norm else None)()
     # each evaluation: n_envs whole greedy episodes on their own envs, observations as the collector's; rank 0

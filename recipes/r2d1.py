@@ -176,14 +176,8 @@ def main(cfg: Config) -> dict:
     from tdrl.objectives.schedules import LinearSchedule
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.replay import PrioritizedSampler, SequenceReplayBuffer
-    from tdrl.train import (
-        Schedule,
-        check_trainer,
-        collector_factory_from,
-        eval_collector_from,
-        make_trainer,
-        prepare_recipe,
-    )
+    from tdrl.train import Schedule
+    from tdrl.wiring import check_trainer, collector_factory_from, eval_collector_from, make_trainer, prepare_recipe
 
     check_trainer(cfg.trainer, on_policy=False)  # before any process starts
     if cfg.collector.batch_T <= cfg.loss.n_step and cfg.replay.prioritized and cfg.replay.input_priorities:
@@ -220,8 +214,7 @@ def main(cfg: Config) -> dict:
     updater = Updater(optimizer, max_grad_norm=cfg.optim.max_grad_norm,
                       target_update=TargetUpdate(loss, interval=cfg.optim.target_update_interval))
 
-    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="r2d1",
-                   total_frames=cfg.collector.total_frames)
+    run = Run.open(cfg, name="r2d1")
     sampler = PrioritizedSampler(alpha=cfg.replay.alpha, beta_init=cfg.replay.beta, beta_final=cfg.replay.beta,
                                  seed=cfg.run.seed) if cfg.replay.prioritized else None
     priorities = partial(input_priorities, gamma=cfg.loss.gamma, n_step=cfg.loss.n_step, eta=cfg.replay.eta,

@@ -78,10 +78,10 @@ def main(cfg: Config) -> dict:
     from tdrl.log.run import Run
     from tdrl.models.q import make_tanh_gaussian_actor, make_twin_q
     from tdrl.objectives.continuous import timeouts_as_terminal
-    from tdrl.objectives.graphs import graph_lr, update_step
+    from tdrl.objectives.graphs import graph_adam, update_step
     from tdrl.objectives.sac import TwinQSACLoss
     from tdrl.objectives.update import TargetUpdate, Updater
-    from tdrl.train import (
+    from tdrl.wiring import (
         collector_factory_from,
         eval_collector_from,
         make_trainer,
@@ -105,9 +105,8 @@ def main(cfg: Config) -> dict:
                         fixed_alpha=cfg.loss.fixed_alpha, target_entropy=target_entropy).to(device)
     critic_params = list(critic.parameters())
     policy_params = [*actor.parameters(), *([] if cfg.loss.fixed_alpha else [loss.log_alpha])]
-    def adam(params):  # fused: a non-finite update is skipped on the device (tdrl.objectives.update)
-        return torch.optim.Adam(params, lr=graph_lr(cfg.optim.lr, device, cfg.optim.cudagraphs), fused=True,
-                                capturable=cfg.optim.cudagraphs)
+    def adam(params):
+        return graph_adam(params, lr=cfg.optim.lr, device=device, cudagraphs=cfg.optim.cudagraphs)
 
     critic_updater = Updater(adam(critic_params), loss_keys=("loss_qvalue",), max_grad_norm=cfg.optim.max_grad_norm)
     policy_updater = Updater(adam(policy_params),
@@ -115,8 +114,7 @@ def main(cfg: Config) -> dict:
                              target_update=TargetUpdate(loss, interval=cfg.optim.target_update_interval,
                                                         tau=cfg.optim.target_update_tau))
 
-    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="sac",
-                   total_frames=cfg.collector.total_frames)
+    run = Run.open(cfg, name="sac")
     replay = transition_replay_from(cfg, run.dir, device)
     # built by the trainer (async: in its own process); no copy per batch: each goes straight into the replay
     collector_factory = collector_factory_from(cfg, env_factory, actor, return_same_td=True)

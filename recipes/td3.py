@@ -75,9 +75,9 @@ def main(cfg: Config) -> dict:
     from tdrl.log.run import Run
     from tdrl.models import chain_policy, make_deterministic_actor, make_gaussian_noise, make_twin_q
     from tdrl.objectives.continuous import make_td3_loss, timeouts_as_terminal
-    from tdrl.objectives.graphs import graph_lr, update_step
+    from tdrl.objectives.graphs import graph_adam, update_step
     from tdrl.objectives.update import TargetUpdate, Updater
-    from tdrl.train import (
+    from tdrl.wiring import (
         collector_factory_from,
         eval_collector_from,
         make_trainer,
@@ -95,9 +95,8 @@ def main(cfg: Config) -> dict:
     policy = chain_policy(actor, noise).to(device)
     loss = make_td3_loss(actor, critic, specs.action_spec, gamma=cfg.loss.gamma, target_noise=cfg.loss.target_noise,
                          target_noise_clip=cfg.loss.target_noise_clip).to(device)  # TwinQ critics: TwinQTD3Loss
-    def adam(params, lr):  # fused: a non-finite update is skipped on the device (tdrl.objectives.update)
-        return torch.optim.Adam(params, lr=graph_lr(lr, device, cfg.optim.cudagraphs), fused=True,
-                                capturable=cfg.optim.cudagraphs)
+    def adam(params, lr):
+        return graph_adam(params, lr=lr, device=device, cudagraphs=cfg.optim.cudagraphs)
 
     critic_updater = Updater(adam(critic.parameters(), cfg.optim.critic_lr), loss_keys=("loss_qvalue",),
                              max_grad_norm=cfg.optim.max_grad_norm)
@@ -105,8 +104,7 @@ def main(cfg: Config) -> dict:
                             max_grad_norm=cfg.optim.max_grad_norm)
     target_update = TargetUpdate(loss, interval=cfg.optim.target_update_interval, tau=cfg.optim.target_update_tau)
 
-    run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name="td3",
-                   total_frames=cfg.collector.total_frames)
+    run = Run.open(cfg, name="td3")
     replay = transition_replay_from(cfg, run.dir, device)
     # no copy per batch: each goes straight into the replay
     collector = collector_factory_from(cfg, env_factory, policy, return_same_td=True)()

@@ -2,6 +2,8 @@
 count too)."""
 
 import ast
+import io
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,9 +27,14 @@ LAYERS: dict[str, set[str]] = {
     "tdrl.log": {"tdrl.ckpt", "tdrl.config", "tdrl.utils"},
     # Launch starts recipes by path, never by import, so it needs no layer above the tools.
     "tdrl.launch": {"tdrl.config", "tdrl.utils"},
-    # Trainers own the loop; they reach the run (log, ckpt), models and losses through the Protocols of
-    # tdrl/train/protocols.py, and build collectors and replays (Ray, async) themselves.
-    "tdrl.train": {"tdrl.collect", "tdrl.replay", "tdrl.envs", "tdrl.config", "tdrl.utils"},
+    # Trainers own the loop; they reach the run (log, ckpt), models, losses, replays and evaluators through the
+    # Protocols of tdrl/train/protocols.py (collectors: for annotations only).
+    "tdrl.train": {"tdrl.collect", "tdrl.utils"},
+    # The scale-out layer: trainers across processes (data parallel) and machines (Ray) on train's core.
+    "tdrl.distributed": {"tdrl.train", "tdrl.collect", "tdrl.config", "tdrl.utils"},
+    # Recipe wiring: builds every part from a recipe's config, so it sits above all of them.
+    "tdrl.wiring": {"tdrl.train", "tdrl.distributed", "tdrl.collect", "tdrl.replay", "tdrl.envs", "tdrl.config",
+                    "tdrl.utils"},
     # Command-line front ends over run directories and sweeps.
     "tdrl.plot": {"tdrl.log", "tdrl.config"},
     "tdrl.cli": {"tdrl.launch", "tdrl.plot"},
@@ -152,3 +159,53 @@ def test_sibling_application_and_relative_imports_are_reported():
     # Allowed: downward, within a layer, the bare package, and anything from the applications.
     assert check_module("import tdrl\nfrom tdrl.models import MLP\nfrom . import batch\n", "tdrl.collect.serial") == []
     assert check_module("from tdrl.collect import make_collector\n", "recipes.ppo") == []
+
+
+# --- Line budgets over the same table (issue 47): the shape a maintainer can see, measured per layer -------------
+
+SCALE_OUT = ("tdrl.distributed", "tdrl.launch")
+FRONT_ENDS = ("tdrl.cli", "tdrl.plot")
+CORE_BUDGET, SCALE_OUT_BUDGET, MODULE_LINES = 12_000, 3_000, 400
+
+
+def code_lines(source: str) -> int:
+    """Lines holding code: not blank, not only a comment, not part of a docstring (a module's, a class's, a
+    function's, or an attribute's string statement)."""
+    doc: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            doc.update(range(node.lineno, node.end_lineno + 1))
+    code: set[int] = set()
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skip:
+            code.update(range(token.start[0], token.end[0] + 1))
+    return len(code - doc)
+
+
+def layer_budgets(root: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """Code lines per layer, and every module's length in lines."""
+    per_layer: dict[str, int] = {}
+    lengths: dict[str, int] = {}
+    for path in sorted((root / "tdrl").rglob("*.py")):
+        module = module_name(path, root)
+        source = path.read_text()
+        layer = layer_of(module) or module
+        per_layer[layer] = per_layer.get(layer, 0) + code_lines(source)
+        lengths[module] = len(source.splitlines())
+    return per_layer, lengths
+
+
+def test_code_lines_skip_docstrings_comments_and_blanks():
+    source = '"""Doc\n\nstring."""\n\nimport os  # why\n\n\nclass A:\n    """A."""\n\n    x = 1\n    """x."""\n'
+    assert code_lines(source) == 3  # import, class, x = 1
+
+
+def test_the_layers_stay_within_their_line_budgets():
+    per_layer, lengths = layer_budgets(ROOT)
+    core = sum(n for layer, n in per_layer.items() if layer not in (*SCALE_OUT, *FRONT_ENDS))
+    scale_out = sum(per_layer.get(layer, 0) for layer in SCALE_OUT)
+    assert core <= CORE_BUDGET, f"the library core has {core} code lines (budget {CORE_BUDGET}): {per_layer}"
+    assert scale_out <= SCALE_OUT_BUDGET, f"scale-out + launch have {scale_out} code lines (budget {SCALE_OUT_BUDGET})"
+    long = {module: n for module, n in lengths.items() if n > MODULE_LINES}
+    assert not long, f"modules over {MODULE_LINES} lines (split them along a seam): {long}"

@@ -132,15 +132,16 @@ class Run:
         self._set_counters({})
 
     @classmethod
-    def open(cls, *, config: Any, run: RunConfig, logger: LoggerConfig | None = None,
+    def open(cls, config: Any, *, run: RunConfig | None = None, logger: LoggerConfig | None = None,
              checkpoint: CheckpointConfig | None = None, name: str = "run", total_frames: int | None = None,
              sinks: Sequence[Sink] = (), tee: bool = True) -> Run:
         """Create or resume a run directory and open its logs and sinks; prints the directory.
 
         ``config`` is the recipe's resolved config (dataclass or mapping), saved as config.json/params.json and
-        logged to W&B; ``run``, ``logger``, ``checkpoint`` are its sections (defaults if omitted). ``name`` is used
-        when ``run.name`` is empty; ``total_frames`` is the progress bar's total; ``sinks`` are written after the
-        built-in ones; ``tee`` copies stdout/stderr into ``debug.log``.
+        logged to W&B; ``run``, ``logger``, ``checkpoint`` are its sections: by default the config's own (a recipe
+        calls ``Run.open(cfg, name="dqn")``), else tdrl's defaults. ``name`` is used when ``run.name`` is empty;
+        ``total_frames`` is the progress bar's total (default: the config's ``collector.total_frames``);
+        ``sinks`` are written after the built-in ones; ``tee`` copies stdout/stderr into ``debug.log``.
 
         Raises:
             tdrl.log.rundir.RunDirError: the directory cannot be created or written, another live process has it
@@ -156,8 +157,13 @@ class Run:
 
         A resume that is refused changes nothing in the run directory.
         """
-        logger = logger if logger is not None else LoggerConfig()
-        checkpoint = checkpoint if checkpoint is not None else CheckpointConfig()
+        run = run if run is not None else getattr(config, "run", None)
+        if not isinstance(run, RunConfig):
+            raise TypeError("Run.open needs run=RunConfig(dir=...), or a config with a run section")
+        logger = logger if logger is not None else getattr(config, "logger", LoggerConfig())
+        checkpoint = checkpoint if checkpoint is not None else getattr(config, "checkpoint", CheckpointConfig())
+        if total_frames is None:
+            total_frames = getattr(getattr(config, "collector", None), "total_frames", None)
         name = run.name or name
         cfg = config_dict(config)
         check_wandb_credentials(logger)  # before the directory exists: a refused launch leaves nothing behind

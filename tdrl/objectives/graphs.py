@@ -15,13 +15,14 @@ rate schedule reaches the captured step.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 
 from tdrl.utils.errors import UserError
 
-__all__ = ["CudaGraphUpdate", "graph_lr", "static_like", "update_step"]
+__all__ = ["CudaGraphUpdate", "graph_adam", "graph_lr", "static_like", "update_step"]
 
 WARMUP_CALLS = 3
 """Eager calls before the capture: they create the optimizer state, cuBLAS workspaces and autograd's buffers."""
@@ -30,6 +31,18 @@ WARMUP_CALLS = 3
 def graph_lr(lr: float, device: torch.device, cudagraphs: bool) -> float | torch.Tensor:
     """The optimizer's ``lr``: a tensor on ``device`` under CUDA graphs (a float would be baked into the graph)."""
     return torch.tensor(float(lr), device=device) if cudagraphs else lr
+
+
+def graph_adam(params: Any, *, lr: float, device: torch.device, cudagraphs: bool, **kwargs: Any) -> torch.optim.Adam:
+    """The recipes' Adam: fused (a non-finite update is skipped on the device: :mod:`tdrl.objectives.update`) and,
+    under ``cudagraphs``, capturable, with every learning rate (``lr`` and the ``"lr"`` of any param group) a
+    tensor on ``device`` (:func:`graph_lr`)."""
+    groups = list(params)
+    if groups and isinstance(groups[0], dict):
+        groups = [{**group, "lr": graph_lr(group["lr"], device, cudagraphs)} if "lr" in group else group
+                  for group in groups]
+    return torch.optim.Adam(groups, lr=graph_lr(lr, device, cudagraphs), fused=True, capturable=cudagraphs,
+                            **kwargs)
 
 
 def update_step(fn: Callable[[TensorDictBase], TensorDictBase], *, cudagraphs: bool, device: torch.device,

@@ -20,7 +20,7 @@ interrupted run is closed without ``summary.json``. SIGTERM stops the loop at th
 checkpoint (:attr:`Bookkeeper.sigterm`; on one rank: data-parallel ranks stop at once).
 
 On N ranks (rlpyt's SyncRl, ``trainer.kind=ddp``) the same loop runs as
-:class:`~tdrl.train.data_parallel.DataParallelTrainer`.
+:class:`~tdrl.distributed.data_parallel.DataParallelTrainer`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 They sit below every other tdrl layer so trainers and launchers share one definition of "which process am I".
 The process group comes from :func:`init_from_env` (``env://`` variables from ``torchrun`` or
-:mod:`tdrl.launch.distributed`) or from the local launcher in :mod:`tdrl.train.ddp_launch`. Without a process
+:mod:`tdrl.launch.distributed`) or from the local launcher in :mod:`tdrl.distributed.ddp_launch`. Without a process
 group, a plain process is rank 0 of a world of size 1.
 """
 

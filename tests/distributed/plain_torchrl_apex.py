@@ -15,9 +15,10 @@ from torchrl.objectives import DQNLoss, HardUpdate
 
 from tdrl.collect import make_collector
 from tdrl.config import RayConfig
+from tdrl.distributed import ActorHooks, RayTrainer
 from tdrl.envs import EnvFactory
 from tdrl.replay import TRANSITION_KEYS, TransitionReplayBuffer
-from tdrl.train import ActorHooks, RayTrainer, Schedule
+from tdrl.train import Schedule
 
 
 def main(address: str, frames: int, summary_path: str) -> None:

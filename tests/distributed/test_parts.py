@@ -8,12 +8,12 @@ import torch
 from tensordict import TensorDict
 
 from tdrl.collect import make_collector
+from tdrl.distributed import module_path
+from tdrl.distributed.ray_actors import from_wire, nbytes, to_wire
 from tdrl.envs import EnvFactory
 from tdrl.models import ApexEpsilons, EpsilonGreedy, chain_policy, make_q_actor
 from tdrl.models.exploration import apex_epsilon
 from tdrl.objectives.dqn import ActorPriorities, dqn_priorities, make_dqn_loss
-from tdrl.train import module_path
-from tdrl.train.ray_actors import from_wire, nbytes, to_wire
 
 
 def test_the_wire_format_round_trips_nested_keys_and_dtypes():
@@ -83,7 +83,7 @@ def test_an_unreachable_cluster_fails_in_seconds_with_one_line():
     import socket
     import time
 
-    from tdrl.train.ray_trainer import RayUnreachableError, check_reachable
+    from tdrl.distributed.ray_connect import RayUnreachableError, check_reachable
     from tdrl.utils.errors import UserError
 
     with socket.socket() as s:  # a loopback port nothing listens on
@@ -117,7 +117,7 @@ def test_a_recipe_gets_ray_only_where_it_names_it():
     """A recipe's trainer section names its kinds (PPO's has no ray: no lag correction); a kind passed in code that
     the section does not name is refused as one the recipe does not wire up."""
     from tdrl.config import ConfigError, ImpalaTrainerConfig, OnPolicyTrainerConfig
-    from tdrl.train import check_trainer
+    from tdrl.wiring import check_trainer
 
     with pytest.raises(ConfigError, match="trainer.kind=ray is not wired up in this recipe; it supports sync, ddp"):
         check_trainer(OnPolicyTrainerConfig(kind="ray"), on_policy=True)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tdrl.ckpt import Checkpointer, read_checkpoint
-from tdrl.train.ray_trainer import describe
+from tdrl.distributed.ray_trainer import describe
 from tests.distributed.cluster import ADDRESS, LoopbackCluster, can_make_namespaces
 
 pytestmark = pytest.mark.distributed

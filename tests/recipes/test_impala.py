@@ -72,7 +72,7 @@ def test_smoke_continuous(tmp_path):
 def test_policy_lag_from_version_tagged_unrolls(tmp_path, monkeypatch):
     """A distributed trainer yields unrolls tagged ("collector", "policy_version") and exposes policy_version: the
     recipe logs the learner's version minus the tags (here a sync trainer dressed up as one)."""
-    from tdrl import train
+    from tdrl import wiring
     from tdrl.train import SyncTrainer
 
     class TaggingTrainer(SyncTrainer):
@@ -85,14 +85,14 @@ def test_policy_lag_from_version_tagged_unrolls(tmp_path, monkeypatch):
                 batch.set(("collector", "policy_version"), tags)
                 yield batch
 
-    real_make_trainer = train.make_trainer
+    real_make_trainer = wiring.make_trainer
 
     def make_trainer(*args, **kwargs):
         trainer = real_make_trainer(*args, **kwargs)
         trainer.__class__ = TaggingTrainer
         return trainer
 
-    monkeypatch.setattr(train, "make_trainer", make_trainer)  # main imports it when it runs
+    monkeypatch.setattr(wiring, "make_trainer", make_trainer)  # main imports it when it runs
     impala.main(tiny(tmp_path))
     (progress,) = tmp_path.rglob("progress.csv")
     last = {key: values[-1] for key, values in read_progress_floats(progress).items()}

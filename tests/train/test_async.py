@@ -30,7 +30,7 @@ from tdrl.objectives.update import TargetUpdate, Updater
 from tdrl.replay import TransitionReplayBuffer
 from tdrl.train import Schedule
 from tdrl.train.async_ import AsyncTrainer, AsyncTrainerError
-from tdrl.train.factory import TrainerConfig, check_trainer, make_trainer
+from tdrl.wiring import TrainerConfig, check_trainer, make_trainer
 
 FRAMES_PER_ITR = 2 * 32
 

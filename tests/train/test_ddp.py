@@ -20,8 +20,9 @@ import torch.distributed as dist
 from torch import nn
 
 from tdrl.config import RecipeConfig
-from tdrl.train import DataParallelError, DataParallelTrainer, Schedule, launch_data_parallel
-from tdrl.train.replicas import GradientAllReduce, broadcast_module_state, replica_digest
+from tdrl.distributed import DataParallelError, DataParallelTrainer, launch_data_parallel
+from tdrl.distributed.replicas import GradientAllReduce, broadcast_module_state, replica_digest
+from tdrl.train import Schedule
 from tdrl.utils.distributed import (
     DistributedSetupError,
     available_cpus,
@@ -211,7 +212,7 @@ def test_rank_seeds_are_distinct_and_rank_zero_keeps_the_run_seed():
 
 
 def test_run_on_a_nonzero_rank_is_refused(monkeypatch):
-    import tdrl.train.data_parallel as data_parallel
+    import tdrl.distributed.data_parallel as data_parallel
 
     monkeypatch.setattr(data_parallel, "rank", lambda: 1)
     with pytest.raises(ValueError, match="open it on rank 0 only"):
@@ -229,8 +230,8 @@ def _pid_and_world() -> tuple[int, int]:
 
 _ENV_RANK_SCRIPT = """
 import torch, torch.distributed as dist
-from tdrl.train import launch_data_parallel
-from tdrl.train.replicas import GradientAllReduce
+from tdrl.distributed import launch_data_parallel
+from tdrl.distributed.replicas import GradientAllReduce
 
 def fn():
     model = torch.nn.Linear(3, 1)
@@ -266,13 +267,13 @@ def test_env_rendezvous_like_torchrun_or_slurm(tmp_path):
 
 
 def test_make_trainer_refuses_ddp_without_ranks_before_building_the_collector():
-    from tdrl.train import TrainerConfig, make_trainer
+    from tdrl.wiring import TrainerConfig, make_trainer
 
     @dataclass
     class TrainerRecipeConfig(RecipeConfig):
         trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
-    with pytest.raises(ValueError, match="must start its ranks with tdrl.train.launch_data_parallel"):
+    with pytest.raises(ValueError, match="must start its ranks with tdrl.distributed.launch_data_parallel"):
         make_trainer(TrainerRecipeConfig(trainer=TrainerConfig(kind="ddp", world_size=2)), on_policy=True,
                      collector_factory=_never_called, modules=[nn.Linear(1, 1)])
     with pytest.raises(DistributedSetupError, match="trainer.world_size=64 exceeds"):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tdrl.config import RecipeConfig, apply_overrides
-from tdrl.train import prepare_recipe
+from tdrl.wiring import prepare_recipe
 
 
 @pytest.mark.parametrize("flush", [True, False])

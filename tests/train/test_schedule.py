@@ -11,9 +11,10 @@ import torch
 
 from tdrl.collect import make_collector
 from tdrl.config import RayConfig
+from tdrl.distributed import RayTrainer
 from tdrl.envs import EnvFactory
 from tdrl.replay import TransitionReplayBuffer
-from tdrl.train import AsyncTrainer, RayTrainer, Schedule, SyncTrainer
+from tdrl.train import AsyncTrainer, Schedule, SyncTrainer
 from tdrl.train.schedule import owed_updates
 
 B, T = 2, 64  # 128 frames per iteration

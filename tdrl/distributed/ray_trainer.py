@@ -3,7 +3,7 @@
 The recipe's loop body is the one it has for the other trainers:
 
 - **Off-policy** (a ``replay`` is given: Ape-X): actors write their batches into the replay through the
-  :class:`~tdrl.train.ray_actors.LearnerHub`; an iteration is one optimizer round that yields its
+  :class:`~tdrl.distributed.ray_actors.LearnerHub`; an iteration is one optimizer round that yields its
   ``updates_due`` (the async trainer's replay-ratio throttle, at most ``updates_per_sync``), and the loop body
   samples the replay itself. The actors run ``max_lag_frames`` at most ahead of the ratio (``None``: free, as
   the Ape-X paper's actors).
@@ -13,7 +13,7 @@ The recipe's loop body is the one it has for the other trainers:
 
 Weights are published as a new version after every ``updates_per_sync`` updates (on-policy: after every batch)
 and pulled by each actor at the start of its next rollout (an Ape-X rollout, which may carry several batches, also
-loads them between its batches: :data:`~tdrl.train.ray_actors.CALL_MIN_S`). Counters are frames of acknowledged
+loads them between its batches: :data:`~tdrl.distributed.ray_actors.CALL_MIN_S`). Counters are frames of acknowledged
 rollouts; ``iteration`` counts their collector batches. Log rows add per-actor frames/s, restarts, weight lag,
 queue depth and bytes on the wire per frame.
 
@@ -27,9 +27,6 @@ session), and what they collect afterwards depends on timing: nothing after the 
 from __future__ import annotations
 
 import contextlib
-import math
-import os
-import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -38,21 +35,28 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import TensorDict
 
-from tdrl.config import RayConfig, check_ray_address
-from tdrl.train.actor_pool import ActorPool
+from tdrl.config import RayConfig
+from tdrl.distributed.actor_pool import ActorPool
+from tdrl.distributed.ray_actors import (
+    CollectorActor,
+    LearnerHub,
+    RayTrainerError,
+    actor_seed,
+    from_wire,
+    nbytes,
+    to_wire,
+)
+from tdrl.distributed.ray_connect import connect_ray
+from tdrl.distributed.replicas import tensor_digest
 from tdrl.train.async_collector import POLL_S
 from tdrl.train.bookkeeping import frames_per_batch
 from tdrl.train.core import TrainerCore
 from tdrl.train.protocols import Evaluator, Replay, RunLog
-from tdrl.train.ray_actors import CollectorActor, LearnerHub, RayTrainerError, actor_seed, from_wire, nbytes, to_wire
-from tdrl.train.replicas import tensor_digest
 from tdrl.train.schedule import Schedule, owed_updates
 from tdrl.train.sync import shutdown
-from tdrl.utils.console import ray_init_options, ray_output_to_run_log
-from tdrl.utils.errors import UserError
-from tdrl.utils.interrupt import keeps_signal_handlers
+from tdrl.utils.console import ray_output_to_run_log
 
-__all__ = ["ActorHooks", "RayTrainer", "check_reachable", "connect_ray", "module_path", "ray_target"]
+__all__ = ["ActorHooks", "RayTrainer", "module_path"]
 
 if TYPE_CHECKING:  # annotations only: tdrl.collect imports torchrl.envs (~1 s)
     from tdrl.collect import Collector
@@ -60,64 +64,6 @@ if TYPE_CHECKING:  # annotations only: tdrl.collect imports torchrl.envs (~1 s)
 
 def describe(digest: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in digest.items())
-
-
-def connect_ray(address: str | None, *, cpus_wanted: float) -> bool:
-    """Join the cluster at ``address`` (else ``RAY_ADDRESS``), or start Ray on this machine with enough CPUs for
-    every actor. Returns whether Ray was started here (so the run shuts it down). In a recipe, what ``ray.init``
-    prints goes to the run's ``debug.log`` and the actors' output stays in Ray's logs (:mod:`tdrl.utils.console`)."""
-    try:
-        import ray
-    except ImportError:
-        raise RayTrainerError("trainer.kind=ray needs Ray: pip install 'tdrl[distributed]'") from None
-    if ray.is_initialized():
-        return False
-    place = ray_target(address)
-    target = place[0] if place else None
-    if place:
-        check_reachable(*place)
-    try:
-        with keeps_signal_handlers(), ray_output_to_run_log():
-            if target:
-                ray.init(address=target, **ray_init_options())
-                return False
-            # "local": a new Ray of this run's own, even where another runs on this machine (ray.init() would join it)
-            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_wanted)),
-                     include_dashboard=False, **ray_init_options())
-            return True
-    except (ConnectionError, RuntimeError, ValueError) as error:
-        where = f"the Ray cluster at {target}" if target else "a local Ray instance"
-        raise RayTrainerError(f"cannot start or reach {where}: {str(error).splitlines()[0]}") from None
-
-
-class RayUnreachableError(RayTrainerError, UserError):
-    """The Ray cluster named by ``trainer.ray_address`` (or ``RAY_ADDRESS``) does not answer."""
-
-
-def ray_target(address: str | None) -> tuple[str, str] | None:
-    """``(address, where it came from)``: ``address`` (``trainer.ray_address``), else the ``RAY_ADDRESS``
-    environment variable; ``None`` when neither is set (Ray starts on this machine)."""
-    if address:
-        return address, "trainer.ray_address"
-    if from_env := os.environ.get("RAY_ADDRESS"):
-        return from_env, "RAY_ADDRESS"
-    return None
-
-
-def check_reachable(address: str, source: str = "trainer.ray_address", timeout_s: float = 5.0) -> None:
-    """Fail in seconds, not minutes, when ``address`` is not ``host:port`` or nothing listens there (``ray.init``
-    retries for minutes), naming ``source``, the setting the address came from (:func:`ray_target`). Addresses Ray
-    resolves itself (``auto``, ``local``, ``ray://...``) are left to it."""
-    check_ray_address(address, source)
-    if address in ("auto", "local") or "://" in address:
-        return
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as error:
-        remedy = "unset RAY_ADDRESS" if source == "RAY_ADDRESS" else "leave the address empty"
-        raise RayUnreachableError(f"{source}={address}: no Ray cluster answers there ({error}); start one with "
-                                  f"`ray start --head` or {remedy} for a local Ray") from None
 
 
 def module_path(root: torch.nn.Module, module: torch.nn.Module) -> str:
@@ -149,7 +95,7 @@ class RayTrainer(TrainerCore):
         collector_factory: picklable callable building one actor's collector; called with ``seed=``.
         policy: the learner's policy.
         ray: the actors and the cluster (:class:`tdrl.config.RayConfig`: ``n_actors``, ``spare_actors`` kept built
-            to replace a dead one at once (:mod:`tdrl.train.actor_pool`), ``ray_address`` (empty: ``RAY_ADDRESS``,
+            to replace a dead one at once (:mod:`tdrl.distributed.actor_pool`), ``ray_address`` (empty: ``RAY_ADDRESS``,
             else a local Ray), ``actor_cpus``, ``call_timeout_s`` of every remote call).
         hooks: what the algorithm adds to each actor (:class:`ActorHooks`).
         replay: off-policy (Ape-X): the learner's replay, which the actors write into; ``None``: on-policy.

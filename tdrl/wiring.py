@@ -1,4 +1,7 @@
-"""Choose the trainer by config: ``trainer.kind=sync|ddp|async|ray``, one loop body for all of them.
+"""Recipe wiring: a recipe's parts built from its config, the same way in every recipe. :func:`prepare_recipe`
+(and :func:`prepare_off_policy`) first; the collector, evaluator and replay (:func:`collector_factory_from`,
+:func:`eval_collector_from`, :func:`transition_replay_from`); then the trainer ``trainer.kind=sync|ddp|async|ray``
+names (:func:`make_trainer`), one loop body for all of them.
 
 A recipe's ``trainer`` section names the kinds it wires up (``OnPolicyTrainerConfig``, ``OffPolicyTrainerConfig``,
 ``ApeXTrainerConfig``, ``ImpalaTrainerConfig`` of :mod:`tdrl.config`: each has only its kinds' keys, so ``--help``
@@ -18,9 +21,10 @@ import torch
 from torch import nn
 
 from tdrl.config import ConfigError, TrainerConfig, trainer_kinds
+from tdrl.distributed.data_parallel import DataParallelTrainer
+from tdrl.distributed.ray_connect import check_reachable, ray_target
+from tdrl.distributed.ray_trainer import ActorHooks, RayTrainer
 from tdrl.train.async_ import AsyncTrainer
-from tdrl.train.data_parallel import DataParallelTrainer
-from tdrl.train.ray_trainer import ActorHooks, RayTrainer, check_reachable, ray_target
 from tdrl.train.schedule import Schedule
 from tdrl.train.sync import SyncTrainer
 from tdrl.utils.distributed import (
@@ -128,19 +132,9 @@ def make_trainer(
     cfg = getattr(cfg, "trainer", None) or TrainerConfig(kind="sync")
     # every check comes before a collector (and its workers) is built; the recipe checked its own kinds first
     check_trainer(cfg, on_policy=on_policy, supported=TRAINER_KINDS)
-    if cfg.kind != "async" and collector is None and collector_factory is None:
-        raise ValueError(f"trainer.kind={cfg.kind} needs the collector (or collector_factory)")
-    if cfg.kind == "ddp":
-        if not modules:
-            raise ValueError("trainer.kind=ddp needs the replicated modules whose gradients it averages "
-                             "(modules=[loss])")
-        if not is_distributed() and cfg.world_size > 1:
-            raise ValueError(f"trainer.kind=ddp with trainer.world_size={cfg.world_size}, but no process group: this "
-                             "recipe must start its ranks with tdrl.train.launch_data_parallel before building them")
+    _check_parts(cfg, collector=collector, collector_factory=collector_factory, modules=modules, policy=policy)
     if cfg.kind in ("async", "ray"):
-        if collector_factory is None or policy is None:
-            raise ValueError(f"trainer.kind={cfg.kind} needs collector_factory (the collector is built in its own "
-                             "process) and the policy whose weights it receives")
+        assert collector_factory is not None and policy is not None  # _check_parts
         if collector is not None:
             collector.shutdown()
         setting = functools.partial(_setting, cfg)
@@ -167,6 +161,24 @@ def make_trainer(
         raise
 
 
+def _check_parts(cfg: Any, *, collector: Any, collector_factory: Any, modules: Sequence[nn.Module],
+                 policy: nn.Module | None) -> None:
+    """Raise ``ValueError`` when the parts given cannot make the trainer ``cfg.kind`` names."""
+    if cfg.kind != "async" and collector is None and collector_factory is None:
+        raise ValueError(f"trainer.kind={cfg.kind} needs the collector (or collector_factory)")
+    if cfg.kind == "ddp":
+        if not modules:
+            raise ValueError("trainer.kind=ddp needs the replicated modules whose gradients it averages "
+                             "(modules=[loss])")
+        if not is_distributed() and cfg.world_size > 1:
+            raise ValueError(f"trainer.kind=ddp with trainer.world_size={cfg.world_size}, but no process group: this "
+                             "recipe must start its ranks with tdrl.distributed.launch_data_parallel before building "
+                             "them")
+    if cfg.kind in ("async", "ray") and (collector_factory is None or policy is None):
+        raise ValueError(f"trainer.kind={cfg.kind} needs collector_factory (the collector is built in its own "
+                         "process) and the policy whose weights it receives")
+
+
 def _setting(section: Any, key: str) -> Any:
     """``section.<key>``, else the key's default: a recipe's section lacks the keys its algorithm ignores
     (Ape-X's has no ``unrolls_per_batch``, IMPALA's no ``updates_per_sync``)."""
@@ -178,7 +190,7 @@ def collector_factory_from(cfg: Any, env_factory: Callable[..., Any], policy: nn
     """A picklable factory of the recipe's training collector: ``make_collector`` with ``cfg.collector``'s kind,
     ``batch_B``, ``batch_T`` and ``n_workers``, ``run.seed`` and the TrajInfo discount ``loss.gamma``; ``kwargs``
     add or override (``return_same_td=True`` where each batch goes straight into a replay, ``device``)."""
-    from tdrl.collect import make_collector  # here: importing tdrl.train stays free of torchrl.envs
+    from tdrl.collect import make_collector  # here: importing tdrl.wiring stays free of torchrl.envs
 
     c = cfg.collector
     return functools.partial(make_collector, c.kind, env_factory, policy, **{

@@ -14,7 +14,7 @@ Layout (Ape-X, Horgan et al. 2018; IMPALA, Espeholt et al. 2018; weights pulled 
   only writer. The replay's files are the learner's: the learner samples them and updates priorities in place,
   as the async trainer does, so a sample never crosses a process boundary. Writes wait while the learner is more
   than ``max_lag_frames`` behind its replay ratio, and stop while a checkpoint is taken.
-- :class:`tdrl.train.actor_pool.ActorPool` (in the learner's process) keeps a bounded number of rollouts in flight
+- :class:`tdrl.distributed.actor_pool.ActorPool` (in the learner's process) keeps a bounded number of rollouts in flight
   per actor and replaces dead or stuck actors (a warm spare, else Ray's restart), so a lost node shrinks the set of
   working actors and nothing waits for it.
 

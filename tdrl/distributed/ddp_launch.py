@@ -79,6 +79,12 @@ def launch_data_parallel(
     call = _pack_call(fn, args, kwargs)
     if world_size == 1:
         return _run_rank(0, call, 1, backend, port, timeout_s, None)
+    return _spawn_ranks(call, world_size, backend, port, timeout_s)
+
+
+def _spawn_ranks(call: tuple[str, str | None, bytes], world_size: int, backend: str, port: int,
+                 timeout_s: float) -> Any:
+    """Run ``call`` on ``world_size`` spawned ranks until all exit; rank 0's result, or the first failure raised."""
     with tempfile.TemporaryDirectory(prefix="tdrl-ddp-") as tmp:
         result_path = os.path.join(tmp, "result.pt")
         context = torch.multiprocessing.start_processes(

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tdrl.train.ray_actors import RayTrainerError, Rollout
+from tdrl.distributed.ray_actors import RayTrainerError, Rollout
 
 __all__ = ["ActorPool"]
 
@@ -61,7 +61,7 @@ class ActorPool:
         make_actor: ``make_actor(number, spare)`` returns a new actor handle; ``number`` counts every actor the pool
             makes (its seed), ``spare``: an actor that reserves no CPU until it takes a dead actor's place.
         n: number of working actors.
-        mode: ``"replay"`` or ``"unroll"`` (see :class:`tdrl.train.ray_actors.CollectorActor`).
+        mode: ``"replay"`` or ``"unroll"`` (see :class:`tdrl.distributed.ray_actors.CollectorActor`).
         in_flight: rollouts submitted ahead per actor (2: an actor never waits for the learner to poll).
         spares: idle actors kept built (0: every replacement is a Ray restart).
         call_timeout_s: an actor with rollouts pending and none finished for this long (the learner's own pauses
@@ -141,7 +141,6 @@ class ActorPool:
         """Rollouts finished within ``timeout`` seconds (at least one unless it elapses), with their actors given
         new work; dead or timed-out actors replaced and counted."""
         import ray
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
         now = time.monotonic()
         if now - self._polled_at > 1.0:  # the learner was busy (evaluating, checkpointing): no actor's fault
@@ -151,37 +150,7 @@ class ActorPool:
         ready, _ = ray.wait(pending, num_returns=1, timeout=timeout) if pending else ([], [])
         if ready:  # take every other finished one too, without waiting
             ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0)
-        done = []
-        for ref in ready:
-            i = self._owner.pop(ref, None)
-            if i is None:  # a rollout of an actor that died earlier in this loop
-                continue
-            slot = self.slots[i]
-            slot.pending.pop(ref)
-            try:
-                report = ray.get(ref, timeout=self.call_timeout_s)
-            except RayTaskError as error:
-                if isinstance(error, RayActorError):
-                    self._replace(i, "died")
-                    continue
-                raise RayTrainerError(f"collector actor {i} raised in its rollout (not retried):\n{error}") from None
-            except (RayActorError, ActorDiedError, ActorUnavailableError, GetTimeoutError):
-                self._replace(i, "died")
-                continue
-            if slot.pid is not None and report.pid != slot.pid:
-                # Ray restarted it between two rollouts: no call of ours failed, so only its pid tells
-                slot.restarts += 1
-                self.events.append(f"collector actor {i} died (pid {slot.pid}) between rollouts; Ray restarted it: "
-                                   f"is back after {time.monotonic() - slot.progress_at:.1f} s (pid {report.pid}), "
-                                   f"restart {slot.restarts}")
-            elif slot.died_at is not None:  # the spare's first rollout in this slot
-                self.events.append(f"collector actor {i} is back after {time.monotonic() - slot.died_at:.1f} s "
-                                   f"(the spare, pid {report.pid})")
-            slot.died_at, slot.progress_at, slot.started = None, time.monotonic(), True
-            slot.frames += report.frames
-            slot.collect_s += report.collect_s
-            slot.pid, slot.node = report.pid, report.node
-            done.append(report)
+        done = [report for ref in ready if (report := self._receive(ref)) is not None]
         self._check_spares()
         now = self._polled_at = time.monotonic()
         for i, slot in enumerate(self.slots):
@@ -192,6 +161,41 @@ class ActorPool:
                 self._swap_in(i, spare, "still restarting")  # a spare built since: no need to wait for Ray
             self._fill(i)
         return done
+
+    def _receive(self, ref: Any) -> Rollout | None:
+        """The finished rollout ``ref`` (``None``: its actor died, and was replaced), with its slot's books."""
+        import ray
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+
+        i = self._owner.pop(ref, None)
+        if i is None:  # a rollout of an actor that died earlier in this poll
+            return None
+        slot = self.slots[i]
+        slot.pending.pop(ref)
+        try:
+            report = ray.get(ref, timeout=self.call_timeout_s)
+        except RayTaskError as error:
+            if not isinstance(error, RayActorError):
+                raise RayTrainerError(f"collector actor {i} raised in its rollout (not retried):\n{error}") from None
+            self._replace(i, "died")
+            return None
+        except (RayActorError, ActorDiedError, ActorUnavailableError, GetTimeoutError):
+            self._replace(i, "died")
+            return None
+        if slot.pid is not None and report.pid != slot.pid:
+            # Ray restarted it between two rollouts: no call of ours failed, so only its pid tells
+            slot.restarts += 1
+            self.events.append(f"collector actor {i} died (pid {slot.pid}) between rollouts; Ray restarted it: "
+                               f"is back after {time.monotonic() - slot.progress_at:.1f} s (pid {report.pid}), "
+                               f"restart {slot.restarts}")
+        elif slot.died_at is not None:  # the spare's first rollout in this slot
+            self.events.append(f"collector actor {i} is back after {time.monotonic() - slot.died_at:.1f} s "
+                               f"(the spare, pid {report.pid})")
+        slot.died_at, slot.progress_at, slot.started = None, time.monotonic(), True
+        slot.frames += report.frames
+        slot.collect_s += report.collect_s
+        slot.pid, slot.node = report.pid, report.node
+        return report
 
     def _back(self, slot: _Slot) -> bool:
         """Whether an actor Ray restarts is alive again (its probe answered); a failed probe is sent again."""

@@ -2,7 +2,7 @@
 
 Every rank builds its own collector, replay and model copy and runs the loop; ``modules`` (the loss module) start
 from rank 0's weights and their gradients are averaged over the ranks after every backward pass
-(:mod:`tdrl.train.replicas`), so the replicas stay bitwise equal (checked at every log row). No samples are
+(:mod:`tdrl.distributed.replicas`), so the replicas stay bitwise equal (checked at every log row). No samples are
 exchanged; batch sizes are per rank (weak scaling), while ``n_steps``, ``log_interval_steps``, ``min_steps_learn``
 and the logged frames count all ranks. Rank 0 evaluates, logs and checkpoints, with every rank's episodes,
 optimiser metrics, collector and RNG states in its rows and checkpoints; log rows, evaluations and checkpoints are
@@ -20,9 +20,7 @@ import torch.distributed as dist
 from tensordict import TensorDictBase
 from torch import nn
 
-from tdrl.train.bookkeeping import CheckpointObjects
-from tdrl.train.protocols import Evaluator, Replay, RunLog
-from tdrl.train.replicas import (
+from tdrl.distributed.replicas import (
     GradientAllReduce,
     ReplicaDivergenceError,
     broadcast_from_main,
@@ -31,6 +29,8 @@ from tdrl.train.replicas import (
     replica_digest,
     tensor_digest,
 )
+from tdrl.train.bookkeeping import CheckpointObjects
+from tdrl.train.protocols import Evaluator, Replay, RunLog
 from tdrl.train.schedule import Schedule
 from tdrl.train.sync import SyncTrainer, shutdown
 from tdrl.utils.distributed import rank, world_size
