@@ -9,15 +9,14 @@ read consecutive steps (a flat ``[N]`` batch is one stream). Step ``a`` (absolut
 Samples start at *slots*, every ``stride``-th step (1 for transitions, the stored-state interval for sequences).
 Slot ``s`` of stream ``b`` is leaf ``b * (T_cap // stride) + s % (T_cap // stride)``: the ``index`` a sample carries
 and the prioritized sampler's leaf. A slot is sampleable once the ``lookahead`` steps after it are written, while
-the ``lookback`` steps before it are not overwritten, and where the validity mask is True.
+the ``lookback`` steps before it are not overwritten, and where the validity mask is True. Its checkpoint state and
+dump are :mod:`tdrl.replay.persistence`.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,9 +25,10 @@ from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
 from tdrl.replay.device import staged, views
+from tdrl.replay.persistence import dump_ring, load_ring, restore_ring, ring_state
 from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
 from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name, pack
-from tdrl.replay.segments import SEGMENT_BYTES, Lineage, read_segments, write_segments
+from tdrl.replay.segments import SEGMENT_BYTES, Lineage
 from tdrl.replay.storage import MemmapStore
 from tdrl.utils.seeding import numpy_generator
 
@@ -36,7 +36,6 @@ __all__ = ["StreamRing"]
 
 _MAX_REDRAWS = 64
 PRIORITY_KEY = ("priority",)  # per-step input priorities of a batch, for a prioritized sampler's new slots
-SEGMENTS, STATE_FILE = "segments", "replay_state.pt"  # a dump's data and state
 
 
 class StreamRing:
@@ -92,7 +91,7 @@ class StreamRing:
     def _sync(self) -> None:
         """Adopt the layout in ``meta.json`` (a buffer shared before its first extend learns B, the schema and the
         sampler files lazily), and whether the batches carry the validity mask."""
-        self._adopt_meta()
+        self.adopt_meta()
         assert self.schema is not None  # adopted from meta.json
         self.stored_mask_key = self.mask_key if self.mask_key in self.schema.entries else None
         if self.sampler is not None and self.sampler.capacity != self.num_leaves:
@@ -133,7 +132,7 @@ class StreamRing:
             self.sampler.bind(num_streams * (time_capacity // self.stride), self.store.directory)
         self._sync()
 
-    def _adopt_meta(self) -> None:
+    def adopt_meta(self) -> None:
         """Layout and per-key views of the fields ``meta.json`` describes."""
         meta = self.store.meta
         assert meta is not None  # called once the store is allocated
@@ -383,56 +382,16 @@ class StreamRing:
 
     def state_dict(self) -> dict[str, Any]:
         """Counters and layout, the uniform RNG and the sampler (the data stays in the files)."""
-        state = {"ring": self.store.state_dict(), "rng": self.rng.bit_generator.state}
-        if self.sampler is not None:
-            state["sampler"] = self.sampler.state_dict()
-        return state
+        return ring_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Reopen the files in place with the layout and counters of :meth:`state_dict`, then restore the rest."""
-        self._restore(state, keep_data=True)
-
-    def _restore(self, state: dict[str, Any], keep_data: bool) -> None:
-        saved = state["ring"]["meta"] or self.layout
-        if {key: saved.get(key) for key in self.layout} != self.layout:
-            raise ReplayError(f"state is of a buffer with {saved}, this buffer has {self.layout}")
-        if saved is not self.layout and "cursors" not in saved:  # saved before segments: the ring's own fields
-            groups = pack(BatchSchema.from_json(saved["schema"]))
-            state = {**state, "ring": {**state["ring"], "meta": {**saved, "cursors": dict.fromkeys(groups, 1)}}}
-        self.store.restore(state["ring"], keep_data=keep_data)
-        self.lineage = Lineage()  # data of unknown history: share no checkpoint segments until one is loaded
-        self.synced = False
-        if self.store.meta is not None:
-            self._adopt_meta()
-            if self.sampler is not None:
-                self.sampler.bind(self.num_leaves, self.store.directory)
-        if self.sampler is not None and "sampler" in state:
-            self.sampler.load_state_dict(state["sampler"])
-        self.rng.bit_generator.state = state["rng"]
+        restore_ring(self, state, keep_data=True)
 
     def dump(self, path: str | os.PathLike, previous: str | os.PathLike | None = None) -> None:
-        """Save :meth:`state_dict` to ``path`` with the filled part of the data as ``segments/`` (unless ``path``
-        holds the data files), hard-linking the segments unchanged since the dump in ``previous`` (an earlier
-        ``path``, e.g. in the previous checkpoint; read only): see :mod:`tdrl.replay.segments`."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        if self.allocated and path.resolve() != self.store.directory.resolve():
-            if previous is not None and Path(previous).resolve() == path.resolve():
-                raise ValueError(f"dump {path}: previous must be another dump, not the one being replaced")
-            shutil.rmtree(path / SEGMENTS, ignore_errors=True)  # names only: other dumps keep files they link
-            linked = Path(previous) / SEGMENTS if previous is not None else None
-            write_segments(self.store, path / SEGMENTS, linked, self.lineage, self.segment_bytes)
-        elif self.allocated:
-            self.store.flush()
-        torch.save(self.state_dict(), path / STATE_FILE)
+        """Save the state and the filled part of the data to ``path`` (:func:`~tdrl.replay.persistence.dump_ring`)."""
+        dump_ring(self, path, previous)
 
     def load(self, path: str | os.PathLike) -> None:
-        """Restore what :meth:`dump` wrote: the state, then the data (also the whole field files of ``storage/``
-        that dumps held before segments)."""
-        path = Path(path)
-        segments = path / SEGMENTS
-        self._restore(torch.load(path / STATE_FILE, weights_only=False), keep_data=not segments.is_dir())
-        if self.store.allocated and segments.is_dir():
-            self.lineage = read_segments(self.store, segments)
-        elif self.store.allocated and (path / "storage").exists():
-            self.store.copy_files_from(path / "storage")
+        """Restore what :meth:`dump` wrote (:func:`~tdrl.replay.persistence.load_ring`)."""
+        load_ring(self, path)
