@@ -21,7 +21,7 @@ their masked rows too), per-group optimizers, a global-state critic, VMAS.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tdrl.config import (
     CollectorConfig,
@@ -181,7 +181,9 @@ def main(cfg: Config) -> dict:
     specs = env_factory.specs()  # an unknown id, a missing extra or a bad group map: one line, exit 2
     obs_spec = specs.observation_spec
     groups = [g for g in group_keys(obs_spec.zero((1,))) if isinstance(g, str)]
-    actors, critics, losses = {}, {}, {}
+    actors: dict[str, TensorDictModuleBase] = {}
+    critics: dict[str, TensorDictModuleBase] = {}
+    losses: dict[str, Any] = {}  # TorchRL's MAPPOLoss/IPPOLoss
     for g in groups:
         masked = "action_mask" in obs_spec[g].keys()
         actors[g] = group_actor(g, obs_spec[g, "observation"], specs.action_spec[g, "action"], cfg.model, masked)

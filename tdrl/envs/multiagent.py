@@ -124,7 +124,7 @@ class _Group:
 
     name: str
     agents: list[str]
-    obs_space: gym.spaces.Box
+    obs_space: gym.spaces.Box | gym.spaces.Discrete
     action_space: gym.Space
     dict_obs: bool  # each agent's observation is {"observation": ..., "action_mask": ...}
     mask_from: str | None  # "obs", "info" or None: where the agents' action masks are
@@ -167,7 +167,7 @@ class GroupedEnv(gym.Env):
         self.held = self._zero_observations()  # each agent's last observation
 
     def _zero_observations(self) -> dict[str, np.ndarray]:
-        return {g.name: np.zeros((len(g.agents), *g.obs_space.shape), g.obs_space.dtype) for g in self.groups}
+        return {g.name: np.zeros((len(g.agents), *(g.obs_space.shape or ())), g.obs_space.dtype) for g in self.groups}
 
     def _probe_infos(self) -> dict[str, Any]:
         """One reset's infos, to see whether the env puts action masks there (PettingZoo allows either place)."""
@@ -190,8 +190,8 @@ class GroupedEnv(gym.Env):
             obs_space = obs_space["observation"]
         else:
             mask_from = "info" if any("action_mask" in (infos.get(a) or {}) for a in agents) else None
-        if not isinstance(obs_space, gym.spaces.Box):
-            raise EnvError(f"group {name!r}: tdrl takes Box observations per agent, got {obs_space}")
+        if not isinstance(obs_space, (gym.spaces.Box, gym.spaces.Discrete)):
+            raise EnvError(f"group {name!r}: tdrl takes Box or Discrete observations per agent, got {obs_space}")
         if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
             raise EnvError(f"group {name!r}: tdrl takes Discrete or Box actions per agent, got {action_space}")
         if mask_from is not None and not isinstance(action_space, gym.spaces.Discrete):

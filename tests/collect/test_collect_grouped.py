@@ -172,7 +172,8 @@ def test_group_map_errors():
 
 
 def test_multiagent_ids():
-    """mpe2 and lbforaging ids: an unknown one names the known envs; lbforaging's time limit truncates."""
+    """mpe2, lbforaging and pettingzoo ids: an unknown one names the known envs; lbforaging's time limit
+    truncates; discrete observations per agent."""
     pytest.importorskip("mpe2")
     pytest.importorskip("lbforaging")
 
@@ -184,3 +185,6 @@ def test_multiagent_ids():
     assert batch["agent", "observation"].shape[:3] == (2, 10, 2)
     ends = batch["next", "done"][..., 0]
     assert ends.any() and (batch["next", "truncated"][..., 0] | batch["next", "terminated"][..., 0]).equal(ends)
+    with make_collector("serial", EnvFactory("pettingzoo/classic/rps_v2"), None, batch_B=1, batch_T=4) as c:
+        batch = c.collect()  # Discrete observations per agent: int64 [n]
+    assert batch["player", "observation"].shape == (1, 4, 2) and batch["player", "observation"].dtype == torch.int64
