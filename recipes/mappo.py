@@ -167,7 +167,7 @@ def main(cfg: Config) -> dict:
     from tensordict.nn import TensorDictSequential
 
     from tdrl.collect import make_eval_collector
-    from tdrl.collect.stepping import group_keys
+    from tdrl.collect.layout import group_keys
     from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
     from tdrl.objectives.update import Updater

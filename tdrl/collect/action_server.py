@@ -18,9 +18,9 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.batch import PolicyWriter
+from tdrl.collect.layout import policy_observation
 from tdrl.collect.policy import PolicyStep
 from tdrl.collect.runner import SliceSettings, allocate, check_slices, policy_keys
-from tdrl.collect.stepping import policy_observation
 from tdrl.collect.workers import WorkerPool, acquire, get_context, worker_specs
 
 __all__ = ["ActionServerEngine"]

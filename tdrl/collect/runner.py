@@ -19,15 +19,9 @@ from torchrl.data import Composite
 
 from tdrl.collect.batch import ColumnWriter, PolicyWriter, allocate_batch, finish_slice
 from tdrl.collect.common import env_specs
+from tdrl.collect.layout import action_arrays, action_keys, make_step_td, observation_keys, policy_observation
 from tdrl.collect.policy import PolicyStep
-from tdrl.collect.stepping import (
-    EnvSlice,
-    action_arrays,
-    action_keys,
-    make_step_td,
-    observation_keys,
-    policy_observation,
-)
+from tdrl.collect.stepping import EnvSlice
 from tdrl.collect.transform import (
     StepTransform,
     check_is_transform,

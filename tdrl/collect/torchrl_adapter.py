@@ -21,8 +21,9 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
-from tdrl.collect.common import sorted_infos
-from tdrl.collect.runner import SliceSettings
+from tdrl.collect.common import env_specs, sorted_infos
+from tdrl.collect.layout import group_keys
+from tdrl.collect.runner import SliceSettings, is_composite
 from tdrl.collect.traj_info import EpisodeTracker
 from tdrl.utils.errors import UserError
 from tdrl.utils.keys import INIT_KEY, RECURRENT_KEYS
@@ -84,6 +85,10 @@ class TorchRLEngine:
             raise UserError("collector kind 'torchrl' steps feed-forward policies only (this one is recurrent: it "
                             "reads is_init and its recurrent state); use a tdrl kind (collector.kind=serial, "
                             "parallel, action_server or alternating)")
+        specs = env_specs(settings.env_factory)
+        if is_composite(specs) and group_keys(specs.observation_spec.zero((1,))):
+            raise UserError("collector kind 'torchrl' does not step tdrl's multi-agent envs (agent groups); use a "
+                            "tdrl kind (collector.kind=serial, parallel, action_server or alternating)")
         self.batch_B, self.batch_T, self.policy = batch_B, batch_T, policy
         self.tracker = EpisodeTracker(batch_B, discount=settings.discount, game_score=settings.game_score)
         kwargs = dict(

@@ -25,8 +25,9 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.common import CollectorError, sorted_infos
+from tdrl.collect.layout import observation_keys
 from tdrl.collect.runner import SliceSettings
-from tdrl.collect.stepping import env_seed, observation_keys
+from tdrl.collect.stepping import env_seed
 from tdrl.utils.interrupt import ignore_sigint
 from tdrl.utils.process import START_TIMEOUT_S, check_main_guard, close_at_exit
 

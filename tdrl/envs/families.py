@@ -168,7 +168,7 @@ def _make_mujoco(env_id: str, max_episode_steps: int | None, kwargs: dict[str, A
 
 
 def _make_multiagent(env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]) -> gym.Env:
-    from tdrl.envs.multiagent import make_multiagent  # imports PettingZoo's packages only when used
+    from tdrl.envs.marl import make_multiagent  # imports PettingZoo's packages only when used
 
     return make_multiagent(env_id, max_episode_steps, kwargs)
 
@@ -185,7 +185,7 @@ _BUILT_IN = (
     # gymnasium's MuJoCo envs (``HalfCheetah-v5``): MuJoCo's warnings routed to Python's
     EnvFamily("MuJoCo", _is_mujoco, _make_mujoco, extra="gymnasium[mujoco]"),
     # multi-agent (``mpe2/simple_spread_v3``, ``pettingzoo/<family>/<env>``, ``lbforaging/<id>``): PettingZoo parallel
-    # envs over fixed agent groups, TorchRL's grouped keys (tdrl.envs.multiagent)
+    # envs over fixed agent groups, TorchRL's grouped keys (tdrl.envs.marl, tdrl.envs.multiagent)
     EnvFamily("PettingZoo", lambda env_id: env_id.startswith(("mpe2/", "pettingzoo/", "lbforaging/")),
               _make_multiagent, extra="tdrl[marl]", gymnasium_ids=False),
     # everything else gymnasium has registered (classic control, Box2D, a user's gym.register)

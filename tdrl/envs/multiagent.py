@@ -27,12 +27,7 @@ Group maps (:func:`resolve_group_map`): ``"prefix"`` (the default: agents named 
 ``<name>``, as TorchRL's PettingZoo wrapper groups them), ``"per_agent"``, ``"one_group"`` (one group ``agents``),
 or a dict ``{group: [agent, ...]}`` naming every agent once. Agents of a group must have the same spaces.
 
-Env ids (the ``PettingZoo`` family of :mod:`tdrl.envs.families`, so ``EnvFactory("mpe2/simple_spread_v3")`` and
-``env.id=mpe2/simple_spread_v3`` build them; extra ``tdrl[marl]``): ``mpe2/<env>``, ``pettingzoo/<family>/<env>``
-(``pettingzoo/butterfly/pistonball_v6``), ``lbforaging/<id>`` (``lbforaging/Foraging-8x8-2p-2f-coop-v3``; its
-time limit becomes a truncation). Keyword arguments (``EnvFactory``'s ``kwargs``): ``group_map``, ``state``
-(False drops the global state) and the env's own (``N``, ``local_ratio``, ``continuous_actions``...);
-``max_episode_steps`` is tdrl's cut.
+Env ids (``mpe2/simple_spread_v3``, ``pettingzoo/<family>/<env>``, ``lbforaging/<id>``): :mod:`tdrl.envs.marl`.
 
 Resume: :meth:`GroupedEnv.state_dict` captures the PettingZoo env's layers whole (every attribute of each wrapper
 down to the raw env but rendering resources, pickled together so shared objects stay shared), which makes mpe2
@@ -42,12 +37,8 @@ attribute's type.
 
 from __future__ import annotations
 
-import importlib
-import io
 import pickle
-import pkgutil
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,14 +47,12 @@ import gymnasium as gym
 import numpy as np
 
 from tdrl.envs.families import EnvError
+from tdrl.envs.pickling import canonical_dumps
 from tdrl.envs.state import EnvStateError
 
-__all__ = ["GROUP_MAPS", "GroupedEnv", "TupleAgents", "default_group_map", "is_multiagent", "make_multiagent",
-           "resolve_group_map"]
+__all__ = ["GROUP_MAPS", "GroupedEnv", "default_group_map", "resolve_group_map"]
 
 GROUP_MAPS = ("prefix", "per_agent", "one_group")
-PREFIXES = ("mpe2/", "pettingzoo/", "lbforaging/")
-EXTRA = "pip install 'tdrl[marl]'"
 # names the collectors use at the root of a step TensorDict: no group may take them
 RESERVED_GROUPS = ("state", "is_init", "next", "action", "collector", "prev_reward", "reward", "done", "terminated",
                    "truncated")
@@ -278,7 +267,7 @@ class GroupedEnv(gym.Env):
         and the agents that left (:mod:`tdrl.envs.state`'s protocol)."""
         layers = _chain(self.env)
         try:
-            blob = _dumps([{k: v for k, v in vars(layer).items() if k not in _LINKS and not _is_display(v)}
+            blob = canonical_dumps([{k: v for k, v in vars(layer).items() if k not in _LINKS and not _is_display(v)}
                            for layer in layers])
         except Exception as err:
             raise EnvStateError(f"the multi-agent env {type(self.env).__name__} cannot be captured for exact resume: "
@@ -312,60 +301,6 @@ def _stacked(space: gym.Space, n: int) -> gym.Space:
     raise EnvError(f"cannot stack agents' spaces {space}")
 
 
-def _array(data: bytes, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
-
-
-def _scalar(data: bytes, dtype: str) -> np.generic:
-    return np.frombuffer(data, dtype=dtype)[0]
-
-
-class _StatePickler(pickle._Pickler):  # the Python pickler: its save() sees every object (str, tuple...)
-    """Pickles an env's state to bytes that depend on its values only, not on which equal objects happen to be
-    one object (pickle writes a second reference to an object as a back-reference): an env restored from a state
-    then pickles to the same bytes as the env it was saved from, as bitwise resume checks need. Strings are
-    interned and tuples of plain values shared by value; numpy arrays and scalars go by value with their dtype
-    as an interned string (an unpickled array's dtype is another object than numpy's cached one)."""
-
-    def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.tuples: dict[Any, tuple] = {}
-
-    def save(self, obj: Any, save_persistent_id: bool = True) -> None:
-        if type(obj) is str:
-            obj = sys.intern(obj)
-        elif type(obj) is tuple:
-            key = _plain_key(obj)
-            if key is not None:
-                obj = self.tuples.setdefault(key, obj)
-        super().save(obj, save_persistent_id)  # type: ignore[misc]  # typeshed omits _Pickler.save
-
-    def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is np.ndarray and not obj.dtype.hasobject:
-            return _array, (obj.tobytes(), sys.intern(obj.dtype.str), obj.shape)
-        if isinstance(obj, np.generic) and not obj.dtype.hasobject:
-            return _scalar, (obj.tobytes(), sys.intern(obj.dtype.str))
-        return NotImplemented
-
-
-def _plain_key(value: Any) -> Any:
-    """A key equal for equal tuples of plain values (floats by their bits), ``None`` for anything else."""
-    if type(value) is tuple:
-        keys = [_plain_key(item) for item in value]
-        return None if any(k is None for k in keys) else ("t", *keys)
-    if type(value) is float:
-        return ("f", value.hex())
-    if type(value) in (int, str, bool, bytes) or value is None:
-        return (type(value).__name__, value)
-    return None
-
-
-def _dumps(value: Any) -> bytes:
-    buffer = io.BytesIO()
-    _StatePickler(buffer).dump(value)
-    return buffer.getvalue()
-
-
 def _is_display(value: Any) -> bool:
     """A rendering resource (a pygame surface or font, a pyglet window): not state, and not picklable."""
     return type(value).__module__.partition(".")[0] in ("pygame", "pyglet")
@@ -381,89 +316,3 @@ def _chain(env: Any) -> list[Any]:
         layers.append(inner)
 
 
-class TupleAgents:
-    """A gymnasium env whose spaces are ``Tuple``s over agents and whose reward is a list (lbforaging) as a
-    PettingZoo-style parallel env with agents ``agent_0 ... agent_{n-1}``; the episode ends for all at once."""
-
-    def __init__(self, env: gym.Env) -> None:
-        self.env = env
-        if not isinstance(env.observation_space, gym.spaces.Tuple) or not isinstance(env.action_space,
-                                                                                       gym.spaces.Tuple):
-            raise EnvError(f"{env} does not have Tuple spaces over its agents")
-        self.obs_spaces, self.action_spaces = env.observation_space.spaces, env.action_space.spaces
-        self.possible_agents = [f"agent_{i}" for i in range(len(self.obs_spaces))]
-        self.agents: list[str] = []
-
-    def observation_space(self, agent: str) -> gym.Space:
-        return self.obs_spaces[self.possible_agents.index(agent)]
-
-    def action_space(self, agent: str) -> gym.Space:
-        return self.action_spaces[self.possible_agents.index(agent)]
-
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
-        obs, _ = self.env.reset(seed=seed, options=options)
-        self.agents = list(self.possible_agents)
-        return dict(zip(self.agents, obs, strict=True)), {agent: {} for agent in self.agents}
-
-    def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        agents = self.possible_agents
-        obs, rewards, terminated, truncated, _ = self.env.step(tuple(actions[a] for a in agents))
-        if terminated or truncated:
-            self.agents = []
-        rewards_: Any = rewards  # a list, one per agent, where gymnasium types a float
-        return (dict(zip(agents, obs, strict=True)), {a: float(r) for a, r in zip(agents, rewards_, strict=True)},
-                {a: bool(terminated) for a in agents}, {a: bool(truncated) for a in agents}, {a: {} for a in agents})
-
-    def close(self) -> None:
-        self.env.close()
-
-
-def is_multiagent(env_id: str) -> bool:
-    """Whether ``env_id`` names a multi-agent env (:func:`make_multiagent`)."""
-    return env_id.startswith(PREFIXES)
-
-
-def _import(package: str, module: str, env_id: str) -> Any:
-    """``package.module``, with a one-line :class:`EnvError` naming the extra or the known envs."""
-    try:
-        importlib.import_module(package)
-    except ImportError:
-        raise EnvError(f"environment '{env_id}' needs {package.split('.')[0]}: {EXTRA}") from None
-    if not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", module):
-        raise EnvError(f"unknown environment id '{env_id}'")
-    try:
-        return importlib.import_module(f"{package}.{module}")
-    except ModuleNotFoundError:
-        root = importlib.import_module(package)
-        known = sorted(m.name for m in pkgutil.iter_modules(getattr(root, "__path__", [])) if not m.ispkg
-                       and re.search(r"_v\d+$", m.name))
-        hint = f"; {package} has {', '.join(known)}" if known else ""
-        raise EnvError(f"unknown environment id '{env_id}'{hint}") from None
-
-
-def make_multiagent(env_id: str, max_episode_steps: int | None = None, kwargs: Mapping[str, Any] | None = None
-                    ) -> GroupedEnv:
-    """Build the multi-agent env ``env_id`` (module docstring) as a :class:`GroupedEnv`; ``kwargs`` hold
-    ``group_map``, ``state`` and the env's own arguments. Raises :class:`~tdrl.envs.EnvError` (one line) for an
-    unknown id, a missing extra or a bad group map."""
-    options = dict(kwargs or {})
-    grouping = {"group_map": options.pop("group_map", None), "state": options.pop("state", True)}
-    family, _, name = env_id.partition("/")
-    if family == "lbforaging":
-        _import("lbforaging", "foraging", env_id)
-        if name not in gym.registry:
-            raise EnvError(f"unknown environment id '{env_id}' (lbforaging ids look like "
-                           "'lbforaging/Foraging-8x8-2p-2f-coop-v3')")
-        limit = gym.spec(name).kwargs.get("max_episode_steps") if max_episode_steps is None else max_episode_steps
-        # lbforaging ends a timed-out episode as terminated; tdrl cuts it at the same step as truncated
-        inner = gym.make(name, disable_env_checker=True, **{**options, "max_episode_steps": 2**31 - 1}).unwrapped
-        return GroupedEnv(TupleAgents(inner), max_episode_steps=limit, **grouping)
-    package, module = ("mpe2", name) if family == "mpe2" else ("pettingzoo", name.replace("/", "."))
-    env = _import(package, module, env_id)
-    if not callable(getattr(env, "parallel_env", None)):
-        raise EnvError(f"environment '{env_id}' has no parallel_env (tdrl steps PettingZoo's parallel API)")
-    try:
-        parallel = env.parallel_env(**options)
-    except TypeError as err:
-        raise EnvError(f"environment '{env_id}': {err}") from None
-    return GroupedEnv(parallel, max_episode_steps=max_episode_steps, **grouping)

@@ -17,6 +17,7 @@ from grouped_helpers import (
 from tdrl.collect import make_collector
 from tdrl.collect.stepping import env_seed
 from tdrl.envs import EnvError, EnvFactory
+from tdrl.utils.errors import UserError
 
 
 def _assert_same(a, b):
@@ -133,6 +134,11 @@ def test_mpe2_simple_spread_parallel():
     torch.testing.assert_close(batch["next", "reward"][..., 0], batch["next", "agent", "reward"].sum((-2, -1)))
     obs, action = batch["agent", "observation"], batch["agent", "action"]
     torch.testing.assert_close(action, policy.module(obs))  # each agent's row acted on its own observation
+
+
+def test_torchrl_kind_refuses_agent_groups():
+    with pytest.raises(UserError, match="collector kind 'torchrl' does not step tdrl's multi-agent envs"):
+        make_collector("torchrl", LeavingFactory(), None, batch_B=1, batch_T=2, n_workers=1)
 
 
 def test_agent_leaving_is_masked():

@@ -1,0 +1,116 @@
+"""Multi-agent envs by id: the ``PettingZoo`` family of :mod:`tdrl.envs.families`, built as a
+:class:`~tdrl.envs.multiagent.GroupedEnv`.
+
+Env ids (the ``PettingZoo`` family of :mod:`tdrl.envs.families`, so ``EnvFactory("mpe2/simple_spread_v3")`` and
+``env.id=mpe2/simple_spread_v3`` build them; extra ``tdrl[marl]``): ``mpe2/<env>``, ``pettingzoo/<family>/<env>``
+(``pettingzoo/butterfly/pistonball_v6``), ``lbforaging/<id>`` (``lbforaging/Foraging-8x8-2p-2f-coop-v3``; its
+time limit becomes a truncation). Keyword arguments (``EnvFactory``'s ``kwargs``): ``group_map``, ``state``
+(False drops the global state) and the env's own (``N``, ``local_ratio``, ``continuous_actions``...);
+``max_episode_steps`` is tdrl's cut.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+
+from tdrl.envs.families import EnvError
+from tdrl.envs.multiagent import GroupedEnv
+
+__all__ = ["PREFIXES", "TupleAgents", "is_multiagent", "make_multiagent"]
+
+PREFIXES = ("mpe2/", "pettingzoo/", "lbforaging/")
+EXTRA = "pip install 'tdrl[marl]'"
+
+
+class TupleAgents:
+    """A gymnasium env whose spaces are ``Tuple``s over agents and whose reward is a list (lbforaging) as a
+    PettingZoo-style parallel env with agents ``agent_0 ... agent_{n-1}``; the episode ends for all at once."""
+
+    def __init__(self, env: gym.Env) -> None:
+        self.env = env
+        if not isinstance(env.observation_space, gym.spaces.Tuple) or not isinstance(env.action_space,
+                                                                                       gym.spaces.Tuple):
+            raise EnvError(f"{env} does not have Tuple spaces over its agents")
+        self.obs_spaces, self.action_spaces = env.observation_space.spaces, env.action_space.spaces
+        self.possible_agents = [f"agent_{i}" for i in range(len(self.obs_spaces))]
+        self.agents: list[str] = []
+
+    def observation_space(self, agent: str) -> gym.Space:
+        return self.obs_spaces[self.possible_agents.index(agent)]
+
+    def action_space(self, agent: str) -> gym.Space:
+        return self.action_spaces[self.possible_agents.index(agent)]
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
+        obs, _ = self.env.reset(seed=seed, options=options)
+        self.agents = list(self.possible_agents)
+        return dict(zip(self.agents, obs, strict=True)), {agent: {} for agent in self.agents}
+
+    def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        agents = self.possible_agents
+        obs, rewards, terminated, truncated, _ = self.env.step(tuple(actions[a] for a in agents))
+        if terminated or truncated:
+            self.agents = []
+        rewards_: Any = rewards  # a list, one per agent, where gymnasium types a float
+        return (dict(zip(agents, obs, strict=True)), {a: float(r) for a, r in zip(agents, rewards_, strict=True)},
+                {a: bool(terminated) for a in agents}, {a: bool(truncated) for a in agents}, {a: {} for a in agents})
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def is_multiagent(env_id: str) -> bool:
+    """Whether ``env_id`` names a multi-agent env (:func:`make_multiagent`)."""
+    return env_id.startswith(PREFIXES)
+
+
+def _import(package: str, module: str, env_id: str) -> Any:
+    """``package.module``, with a one-line :class:`EnvError` naming the extra or the known envs."""
+    try:
+        importlib.import_module(package)
+    except ImportError:
+        raise EnvError(f"environment '{env_id}' needs {package.split('.')[0]}: {EXTRA}") from None
+    if not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", module):
+        raise EnvError(f"unknown environment id '{env_id}'")
+    try:
+        return importlib.import_module(f"{package}.{module}")
+    except ModuleNotFoundError:
+        root = importlib.import_module(package)
+        known = sorted(m.name for m in pkgutil.iter_modules(getattr(root, "__path__", [])) if not m.ispkg
+                       and re.search(r"_v\d+$", m.name))
+        hint = f"; {package} has {', '.join(known)}" if known else ""
+        raise EnvError(f"unknown environment id '{env_id}'{hint}") from None
+
+
+def make_multiagent(env_id: str, max_episode_steps: int | None = None, kwargs: Mapping[str, Any] | None = None
+                    ) -> GroupedEnv:
+    """Build the multi-agent env ``env_id`` (module docstring) as a :class:`GroupedEnv`; ``kwargs`` hold
+    ``group_map``, ``state`` and the env's own arguments. Raises :class:`~tdrl.envs.EnvError` (one line) for an
+    unknown id, a missing extra or a bad group map."""
+    options = dict(kwargs or {})
+    grouping = {"group_map": options.pop("group_map", None), "state": options.pop("state", True)}
+    family, _, name = env_id.partition("/")
+    if family == "lbforaging":
+        _import("lbforaging", "foraging", env_id)
+        if name not in gym.registry:
+            raise EnvError(f"unknown environment id '{env_id}' (lbforaging ids look like "
+                           "'lbforaging/Foraging-8x8-2p-2f-coop-v3')")
+        limit = gym.spec(name).kwargs.get("max_episode_steps") if max_episode_steps is None else max_episode_steps
+        # lbforaging ends a timed-out episode as terminated; tdrl cuts it at the same step as truncated
+        inner = gym.make(name, disable_env_checker=True, **{**options, "max_episode_steps": 2**31 - 1}).unwrapped
+        return GroupedEnv(TupleAgents(inner), max_episode_steps=limit, **grouping)
+    package, module = ("mpe2", name) if family == "mpe2" else ("pettingzoo", name.replace("/", "."))
+    env = _import(package, module, env_id)
+    if not callable(getattr(env, "parallel_env", None)):
+        raise EnvError(f"environment '{env_id}' has no parallel_env (tdrl steps PettingZoo's parallel API)")
+    try:
+        parallel = env.parallel_env(**options)
+    except TypeError as err:
+        raise EnvError(f"environment '{env_id}': {err}") from None
+    return GroupedEnv(parallel, max_episode_steps=max_episode_steps, **grouping)
