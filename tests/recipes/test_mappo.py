@@ -27,7 +27,7 @@ TINY = ["collector.batch_B=2", "collector.batch_T=25", "collector.total_frames=2
                          ids=["mappo", "ippo-per-agent"])
 def test_smoke(tmp_path, extra):
     summary = mappo.main(apply_overrides(mappo.Config(), [*TINY, f"run.root={tmp_path}", *extra]))
-    assert summary["frames"] == 200 and summary["updates"] == 4 * 2 * 2
+    assert summary["frames"] == 200 and summary["updates"] == 4 * 2 * 2  # 4 batches, 2 epochs of 2 minibatches
     assert math.isfinite(summary["eval/return_mean"])
     (progress,) = tmp_path.rglob("progress.csv")
     assert "loss/objective_mean" in progress.read_text().splitlines()[0].split(",")
