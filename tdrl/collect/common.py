@@ -12,11 +12,11 @@ from torchrl.envs.utils import exploration_type
 from tdrl.envs.make import EnvSpecs
 
 __all__ = [
-    "RESET_MODES", "Collector", "CollectorError", "active_exploration", "check_batch_args", "env_specs", "sorted_infos",
+    "Collector", "CollectorError", "active_exploration", "check_batch_args", "env_specs", "sorted_infos",
     "to_interaction_type"
 ]
 
-RESET_MODES = ("reset_at_once", "wait_reset")
+_RESET_MODES = ("reset_at_once", "wait_reset")
 
 
 class CollectorError(RuntimeError):
@@ -50,8 +50,8 @@ def check_batch_args(batch_B: int, batch_T: int, reset_mode: str, n_workers: int
         raise ValueError(f"batch_B must be a positive int (number of envs), got {batch_B!r}")
     if not isinstance(batch_T, int) or batch_T < 1:
         raise ValueError(f"batch_T must be a positive int (time steps per batch), got {batch_T!r}")
-    if reset_mode not in RESET_MODES:
-        raise ValueError(f"reset_mode must be one of {RESET_MODES}, got {reset_mode!r}")
+    if reset_mode not in _RESET_MODES:
+        raise ValueError(f"reset_mode must be one of {_RESET_MODES}, got {reset_mode!r}")
     if not isinstance(n_workers, int) or n_workers < 1:
         raise ValueError(f"n_workers must be a positive int, got {n_workers!r}")
     if batch_B % n_workers:

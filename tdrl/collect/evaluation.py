@@ -31,7 +31,7 @@ from tdrl.collect.runner import SliceSettings
 from tdrl.collect.serial import SerialEngine
 from tdrl.envs import EnvFactory, EnvTraits
 
-__all__ = ["EvalCollector", "FrameRecorder", "make_eval_collector"]
+__all__ = ["EvalCollector", "make_eval_collector"]
 
 
 class EvalCollector:
@@ -103,7 +103,7 @@ class EvalCollector:
         self.shutdown()
 
 
-class FrameRecorder(gym.Wrapper):
+class _FrameRecorder(gym.Wrapper):
     """Renders the reset frame and every step's frame; ``last_episode`` holds the frames of the last episode that a
     reset ended (the evaluator resets finished envs at the end of each evaluation)."""
 
@@ -133,12 +133,12 @@ class FrameRecorder(gym.Wrapper):
 
 
 class _FilmFirstEnv:
-    """An env factory whose first env renders into a :class:`FrameRecorder`: the evaluator's env 0, as a collector
+    """An env factory whose first env renders into a :class:`_FrameRecorder`: the evaluator's env 0, as a collector
     builds its envs in order (specs come from ``specs()``, without building one)."""
 
     def __init__(self, factory: EnvFactory) -> None:
         self.factory = factory
-        self.recorder: FrameRecorder | None = None
+        self.recorder: _FrameRecorder | None = None
 
     def specs(self) -> Any:
         return self.factory.specs()
@@ -152,7 +152,7 @@ class _FilmFirstEnv:
             return self.factory(seed)
         os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo renders headless unless told otherwise
         rendering = EnvFactory(self.factory.env_id, {**self.factory.kwargs, "render_mode": "rgb_array"})
-        self.recorder = FrameRecorder(rendering(seed))
+        self.recorder = _FrameRecorder(rendering(seed))
         return self.recorder
 
 

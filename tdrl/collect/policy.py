@@ -29,14 +29,14 @@ from tdrl.collect.module_act import ActFn, module_act
 from tdrl.models.acting import Acting
 from tdrl.utils.keys import ENV_INDEX_KEY, INIT_KEY, OBS_KEY, PREV_REWARD_KEY
 
-__all__ = ["PolicyStep", "module_tensors", "policy_device"]
+__all__ = ["PolicyStep", "module_tensors"]
 
 Env = dict[NestedKey, torch.Tensor]
 
 ACTING_TYPES = (InteractionType.RANDOM, InteractionType.DETERMINISTIC)
 
 
-def policy_device(policy: torch.nn.Module | None) -> torch.device:
+def _policy_device(policy: torch.nn.Module | None) -> torch.device:
     """Device of the policy's first parameter or buffer (CPU when it has none)."""
     for tensor in module_tensors(policy) if policy is not None else []:
         return tensor.device
@@ -79,7 +79,7 @@ class PolicyStep:
                             f"ProbabilisticActor), got {type(policy).__name__}")
         self.policy = policy
         self.exploration_type = exploration_type
-        self.device = policy_device(policy)
+        self.device = _policy_device(policy)
         self.n = int(example.batch_size[0])
         # the step rows' reward, read before the envs overwrite it: the previous step's (a view, shared with workers)
         self.prev_reward = example.get(("next", "reward")) if PREV_REWARD_KEY in policy.in_keys else None

@@ -2,13 +2,13 @@
 
 Every TorchRL ``Transform`` works, in one of two ways chosen by its class:
 
-- **Per-step maps** (:data:`MAP_TRANSFORMS`: ``ObservationNorm``, ``VecNorm``, ``RewardScaling``,
+- **Per-step maps** (``ObservationNorm``, ``VecNorm``, ``RewardScaling``,
   ``RewardClipping``, ``ClipTransform``, ``SignTransform``, or a ``Compose`` of only these) are applied in place to
   the slice's step arrays through their public ``forward``: per step they see ``{"observation": next observation,
   "reward": reward}``, and an env that reset also gets its first observation transformed (with a zero reward,
   dropped). This is the fast path (``benchmarks/collectors.py`` measures it).
 - **Anything else** (``StepCounter``, ``RewardSum``, ``CatFrames``, ``InitTracker``, a user's own transform) runs
-  through TorchRL's own env protocol: a ``TransformedEnv`` over :class:`SliceSource`, an ``EnvBase`` whose step and
+  through TorchRL's own env protocol: a ``TransformedEnv`` over ``_SliceSource``, an ``EnvBase`` whose step and
   reset hand back what the slice's gymnasium envs just did. The transform's step and reset logic then runs exactly
   as inside a TorchRL env: per-episode state resets with the env, keys it adds (``step_count``,
   ``episode_reward``...) go into the batch, a changed observation shape (``CatFrames``) is what the policy sees, and
@@ -46,26 +46,25 @@ from torchrl.envs.utils import step_mdp
 
 from tdrl.envs.make import EnvSpecs
 
-__all__ = ["MAP_TRANSFORMS", "EnvProtocolTransform", "SliceSource", "StepTransform", "check_transform",
-           "is_step_map", "load_statistics", "transformed_step_template"]
+__all__ = ["StepTransform", "is_step_map", "load_statistics", "transformed_step_template"]
 
 OBS, REWARD = "observation", "reward"
 FLAGS = ("done", "terminated", "truncated")
 
-MAP_TRANSFORMS: tuple[type[Transform], ...] = (ObservationNorm, VecNorm, RewardScaling, RewardClipping, ClipTransform,
-                                               SignTransform)
+_MAP_TRANSFORMS: tuple[type[Transform], ...] = (ObservationNorm, VecNorm, RewardScaling, RewardClipping, ClipTransform,
+                                                SignTransform)
 """TorchRL transforms that map one step's observation and reward and keep no per-episode state: applied in place
 to the step arrays (the fast path). Every other transform runs through TorchRL's env protocol."""
 
 
 def is_step_map(transform: Transform) -> bool:
-    """Whether ``transform`` is one of :data:`MAP_TRANSFORMS` (or a ``Compose`` of only those)."""
+    """Whether ``transform`` is one of :data:`_MAP_TRANSFORMS` (or a ``Compose`` of only those)."""
     if isinstance(transform, Compose):
         return all(is_step_map(t) for t in transform.transforms)
-    return type(transform) in MAP_TRANSFORMS
+    return type(transform) in _MAP_TRANSFORMS
 
 
-def check_transform(transform: Any, example: TensorDictBase) -> None:
+def _check_transform(transform: Any, example: TensorDictBase) -> None:
     """Raise ``ValueError`` (one line, with the reason) unless ``transform`` maps a ``[n]`` step of ``example``'s
     observation and a reward to the same keys, shapes and dtypes (probed on a copy: its state is untouched)."""
     name = type(transform).__name__
@@ -94,7 +93,7 @@ class StepTransform:
     of the step arrays)."""
 
     def __init__(self, transform: Transform, rows: TensorDictBase) -> None:
-        check_transform(transform, rows)
+        _check_transform(transform, rows)
         self.transform = transform
         self.obs, self.is_init = rows.get(OBS), rows.get("is_init")[:, 0]
         self.next_obs, self.reward = rows.get(("next", OBS)), rows.get(("next", REWARD))
@@ -137,7 +136,7 @@ class StepTransform:
         self.transform.load_state_dict(state)
 
 
-class SliceSource(EnvBase):
+class _SliceSource(EnvBase):
     """A TorchRL env over a slice's step arrays ``raw`` (a ``[n]`` step TensorDict the gymnasium envs wrote): its
     step returns the step they just took, its reset calls ``reset_rows(mask)`` (which resets those gymnasium envs
     and writes their first observations) and returns the observations. Built with ``reset_rows=None`` it only
@@ -175,14 +174,14 @@ def transformed_step_template(transform: Transform, specs: EnvSpecs, n: int) -> 
     observation key the transformed env has (``observation`` as transformed, and the keys it adds), ``is_init``,
     and under ``next`` those keys with ``reward`` and the done flags."""
     raw = TensorDict({OBS: specs.observation_spec.zero((n,))}, batch_size=[n])
-    env = TransformedEnv(SliceSource(specs, raw), transform.clone())
+    env = TransformedEnv(_SliceSource(specs, raw), transform.clone())
     root = env.observation_spec.zero().exclude("is_init")
     flags = {flag: torch.zeros(n, 1, dtype=torch.bool) for flag in FLAGS}
     return TensorDict({**root.to_dict(), "is_init": torch.zeros(n, 1, dtype=torch.bool),
                        "next": {**root.clone().to_dict(), REWARD: torch.zeros(n, 1), **flags}}, batch_size=[n])
 
 
-class EnvProtocolTransform:
+class _EnvProtocolTransform:
     """Runs ``transform`` through TorchRL's env protocol over a slice: the gymnasium envs write the raw step into
     ``raw``; the transformed step goes into ``rows`` (views of the shared step arrays, laid out by
     :func:`transformed_step_template`); ``reset_rows(mask)`` resets the gymnasium envs the transformed env resets.
@@ -191,7 +190,7 @@ class EnvProtocolTransform:
     def __init__(self, transform: Transform, specs: EnvSpecs, raw: TensorDictBase, rows: TensorDictBase,
                  reset_rows: Callable[[np.ndarray], None], *, wait_reset: bool) -> None:
         self.transform = transform
-        self.env = TransformedEnv(SliceSource(specs, raw, reset_rows), transform)
+        self.env = TransformedEnv(_SliceSource(specs, raw, reset_rows), transform)
         self.rows, self.wait_reset = rows, wait_reset
         self.root_keys = [k for k in rows.keys(True, True) if k != "is_init" and (not isinstance(k, tuple)
                                                                                  or k[0] != "next")]
@@ -264,8 +263,8 @@ def load_statistics(target: Transform, state: dict[str, Any]) -> None:
 
 def slice_transform(transform: Transform, specs: EnvSpecs, raw: TensorDictBase | None, rows: TensorDictBase,
                     reset_rows: Callable[[np.ndarray], None], *, wait_reset: bool
-                    ) -> StepTransform | EnvProtocolTransform:
+                    ) -> StepTransform | _EnvProtocolTransform:
     """The slice's transform runner: the in-place map for :func:`is_step_map` transforms, else the env protocol."""
     if raw is None:
         return StepTransform(transform, rows)
-    return EnvProtocolTransform(transform, specs, raw, rows, reset_rows, wait_reset=wait_reset)
+    return _EnvProtocolTransform(transform, specs, raw, rows, reset_rows, wait_reset=wait_reset)

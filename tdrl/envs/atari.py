@@ -25,10 +25,10 @@ import numpy as np
 
 from tdrl.envs.time_limit import TimeLimit
 
-__all__ = ["ATARI_DEFAULTS", "AtariFrames", "EpisodicLives", "make_atari", "make_minatar"]
+__all__ = ["AtariFrames", "EpisodicLives", "make_atari", "make_minatar"]
 
-ATARI_DEFAULTS = {"frame_skip": 4, "noop_max": 30, "horizon": 27_000, "episodic_lives": False, "screen_size": 84,
-                  "frame_stack": 4}
+_ATARI_DEFAULTS = {"frame_skip": 4, "noop_max": 30, "horizon": 27_000, "episodic_lives": False, "screen_size": 84,
+                   "frame_stack": 4}
 
 
 class AtariFrames(gym.Wrapper):
@@ -190,7 +190,7 @@ def make_atari(env_id: str, **kwargs: Any) -> gym.Env:
     whose previous action ``cloneState`` leaves out), no-op starts and the frame stack are :class:`AtariFrames`,
     and the horizon is tdrl's :class:`~tdrl.envs.time_limit.TimeLimit` in agent steps.
     """
-    options = {key: kwargs.pop(key, default) for key, default in ATARI_DEFAULTS.items()}
+    options = {key: kwargs.pop(key, default) for key, default in _ATARI_DEFAULTS.items()}
     horizon, episodic_lives = options.pop("horizon"), options.pop("episodic_lives")
     sticky = kwargs.pop("repeat_action_probability", 0.25 if env_id.startswith("ALE/") else 0.0)
     kwargs.setdefault("obs_type", "grayscale")  # what ALE copies out at a reset: 1 byte a pixel, not 3

@@ -12,10 +12,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["MaskObservation", "register_pomdps"]
+__all__ = ["register_pomdps"]
 
 
-class MaskObservation(gym.ObservationWrapper):
+class _MaskObservation(gym.ObservationWrapper):
     """Keep only the observation entries ``keep`` (indices of a flat Box observation)."""
 
     def __init__(self, env: gym.Env, keep: list[int]) -> None:
@@ -23,7 +23,7 @@ class MaskObservation(gym.ObservationWrapper):
         self.keep = np.asarray(keep)
         space = env.observation_space
         if not isinstance(space, gym.spaces.Box):
-            raise ValueError(f"MaskObservation needs a Box observation space, got {space}")
+            raise ValueError(f"observation masking needs a Box observation space, got {space}")
         self.observation_space = gym.spaces.Box(space.low[self.keep], space.high[self.keep], dtype=space.dtype.type)
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
@@ -40,7 +40,7 @@ def cartpole_no_velocity(**kwargs: Any) -> gym.Env:
     """CartPole observing ``[x, theta]`` (entries 0 and 2; velocities 1 and 3 are masked)."""
     from gymnasium.envs.classic_control import CartPoleEnv
 
-    return MaskObservation(CartPoleEnv(**kwargs), [0, 2])
+    return _MaskObservation(CartPoleEnv(**kwargs), [0, 2])
 
 
 def register_pomdps() -> None:

@@ -19,10 +19,10 @@ from tdrl.launch.recipe import RecipeError
 from tdrl.launch.slots import SlotError, make_slots
 from tdrl.launch.sweep import Resources, SweepError, SweepPlan, load_sweep, plan_sweep
 
-__all__ = ["main", "parse_time_min"]
+__all__ = ["main"]
 
 
-def parse_time_min(text: str) -> int:
+def _parse_time_min(text: str) -> int:
     """SLURM's time formats in minutes, seconds rounded up: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``,
     ``D-H:M:S``."""
     m = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})", text.strip())
@@ -122,7 +122,7 @@ def build_parser(prog: str = "slurm/launch.py") -> argparse.ArgumentParser:
     q = sub.add_parser("slurm", help="submit a sweep to SLURM as one job array (returns at once unless --wait)")
     sweep_args(q)
     q.add_argument("--partition", help="SLURM partition")
-    q.add_argument("--time", dest="time_min", type=parse_time_min, help="time limit: minutes or [D-]HH:MM:SS")
+    q.add_argument("--time", dest="time_min", type=_parse_time_min, help="time limit: minutes or [D-]HH:MM:SS")
     q.add_argument("--cpus", dest="cpus_per_run", type=int, help="CPUs per run (per task)")
     q.add_argument("--gpus", dest="gpus_per_run", type=int, help="GPUs per run (per node)")
     q.add_argument("--mem", dest="mem_gb", type=float, help="memory per run in GB")

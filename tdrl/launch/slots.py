@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["Slot", "SlotError", "current_slot_cpus", "detect_gpus", "format_cpus", "make_slots", "parse_cpus"]
+__all__ = ["Slot", "SlotError", "current_slot_cpus", "format_cpus", "make_slots", "parse_cpus"]
 
 
 class SlotError(ValueError):
@@ -84,7 +84,7 @@ def current_slot_cpus() -> tuple[int, ...]:
     return parse_cpus(text) if text else tuple(sorted(os.sched_getaffinity(0)))
 
 
-def detect_gpus() -> int:
+def _detect_gpus() -> int:
     """Number of CUDA devices visible to this process (0 without CUDA)."""
     import torch
 
@@ -102,7 +102,7 @@ def make_slots(
             slots (rlpyt: an 8-GPU, 40-core machine gives each 1-GPU run 5 cores).
         runs_per_gpu: runs sharing one GPU (rlpyt's ``contexts_per_gpu``); only with ``gpus_per_run=1``.
         cpus: the core ids to use; default: this process's affinity mask.
-        n_gpus: GPUs to use; default: :func:`detect_gpus` when ``gpus_per_run > 0``.
+        n_gpus: GPUs to use; default: :func:`_detect_gpus` when ``gpus_per_run > 0``.
 
     Raises:
         SlotError: the request does not fit the machine (more cores or GPUs per run than there are, ...).
@@ -142,7 +142,7 @@ def _check_request(cpus: tuple[int, ...], cpus_per_run: int | None, gpus_per_run
 def _gpu_slots(n_cpus: int, cpus_per_run: int | None, gpus_per_run: int, runs_per_gpu: int, n_gpus: int | None,
         have: str) -> tuple[int, list[tuple[int, ...]]]:
     """The cores per run and the GPU set of each GPU slot (``runs_per_gpu`` slots share a GPU set)."""
-    n_gpus = detect_gpus() if n_gpus is None else n_gpus
+    n_gpus = _detect_gpus() if n_gpus is None else n_gpus
     if gpus_per_run > n_gpus:
         raise SlotError(f"gpus_per_run={gpus_per_run} but this machine has {n_gpus} GPUs")
     gpu_sets = [

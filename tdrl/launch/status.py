@@ -26,14 +26,14 @@ from tdrl.launch.sweep import SweepError, SweepPlan
 from tdrl.utils.process import pid_alive
 
 __all__ = ["START_MARKER", "RunStatus", "check_not_running", "collect_results", "first_failed_task", "format_status",
-    "format_table", "last_progress_row", "ranks_on_hosts", "read_summary", "sweep_status"]
+    "ranks_on_hosts", "sweep_status"]
 
 DEFAULT_COLUMNS = ("frames", "CumSteps", "eval/return_mean", "train/return_mean")
 _FAILED = frozenset({"FAILED", "UNKNOWN", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "INTERRUPTED"})
 TERMINAL = _FAILED | {"COMPLETED", "BOOT_FAIL", "DEADLINE", "SKIPPED"}
 """States after which a run will not change without being launched again."""
 START_MARKER = "tdrl: job start"
-"""What a SLURM job's batch script prints to its stderr on every start (:func:`tdrl.launch.submit.make_executor`)."""
+"""What a SLURM job's batch script (written by :mod:`tdrl.launch.submit`) prints to its stderr on every start."""
 
 
 @dataclass
@@ -59,7 +59,7 @@ class RunStatus:
     seed: int | None = None
 
 
-def format_table(headers: list[str], rows: list[list[str]]) -> str:
+def _format_table(headers: list[str], rows: list[list[str]]) -> str:
     """Plain aligned text table; columns empty in every row are left out (except run and state)."""
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     keep = [i for i, w in enumerate(widths) if any(r[i] for r in rows) or headers[i] in ("run", "state")]
@@ -70,7 +70,7 @@ def format_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
-def read_summary(run_dir: Path) -> dict[str, Any] | None:
+def _read_summary(run_dir: Path) -> dict[str, Any] | None:
     """The run's ``summary.json`` (written when it finished), or None."""
     try:
         return json.loads((Path(run_dir) / "summary.json").read_text())
@@ -78,7 +78,7 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def last_progress_row(run_dir: Path) -> tuple[int, dict[str, str]] | None:
+def _last_progress_row(run_dir: Path) -> tuple[int, dict[str, str]] | None:
     """``(number of rows, last row)`` of the run's progress.csv, or None when there is none yet."""
     try:
         with open(Path(run_dir) / "progress.csv", newline="") as f:
@@ -173,14 +173,14 @@ def _slurm_state(record: dict[str, Any], queue: dict[str, QueueEntry] | None, ru
     if result is not None and not _from_an_earlier_start(record["result"], (queue or {}).get(job_id)):
         kind, value = result
         return ("COMPLETED", "") if kind == "success" else ("FAILED", _last_line(value))
-    if not job_id and read_summary(run_dir) is not None:
+    if not job_id and _read_summary(run_dir) is not None:
         return "SKIPPED", "finished before this submission"
     if queue is None:
         return "NO_QUEUE", "squeue did not answer"
     if job_id in queue:
         state, reason, _ = queue[job_id]
         return state, "" if reason in ("None", "") else reason
-    if read_summary(run_dir) is not None:
+    if _read_summary(run_dir) is not None:
         return "COMPLETED", ""
     return "UNKNOWN", "not in the queue and no result (killed without a signal?)"
 
@@ -263,11 +263,11 @@ def sweep_status(exp_dir: str | os.PathLike) -> list[RunStatus]:
             if state in ("RUNNING", "QUEUED") and not launcher_alive:
                 state = "INTERRUPTED"
             log = record.get("log", "")
-        rows, last_row = last_progress_row(run_dir) or (0, {})
+        rows, last_row = _last_progress_row(run_dir) or (0, {})
         out.append(
             RunStatus(
                 name=record["name"], run_dir=run_dir, state=state, job_id=record.get("job_id", ""),
-                starts=_count_starts(run_dir), rows=rows, last_row=last_row, summary=read_summary(run_dir), log=log,
+                starts=_count_starts(run_dir), rows=rows, last_row=last_row, summary=_read_summary(run_dir), log=log,
                 error=error, variant=record.get("variant", {}), seed=record.get("seed"),
             )
         )
@@ -299,7 +299,7 @@ def format_status(statuses: list[RunStatus], columns: list[str] | None = None) -
     counts: dict[str, int] = {}
     for s in statuses:
         counts[s.state] = counts.get(s.state, 0) + 1
-    table = format_table(["run", "state", "job", "starts", "rows", *columns, "error / log"], rows)
+    table = _format_table(["run", "state", "job", "starts", "rows", *columns, "error / log"], rows)
     return table + "\n" + ", ".join(f"{n} {k.lower()}" for k, n in sorted(counts.items()))
 
 

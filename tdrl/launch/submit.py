@@ -39,8 +39,7 @@ from tdrl.launch.sweep import Resources, RunSpec, SweepError, SweepPlan
 from tdrl.launch.variants import save_variant
 from tdrl.utils.files import write_json_atomic
 
-__all__ = ["SubmittedRun", "check_run_layout", "check_slurm_resources", "make_executor", "run_trainers",
-    "submit_sweep", "wait_for_sweep"]
+__all__ = ["SubmittedRun", "check_run_layout", "submit_sweep", "wait_for_sweep"]
 
 
 @dataclass
@@ -85,7 +84,7 @@ def _largest_nodes() -> tuple[dict[str, tuple[int, int, int, int]], str | None]:
     return nodes, default
 
 
-def check_slurm_resources(resources: Resources) -> None:
+def _check_slurm_resources(resources: Resources) -> None:
     """Fail before submitting when the request cannot run on this cluster.
 
     Raises:
@@ -135,7 +134,7 @@ def _check_fits_partition(r: Resources, name: str, nodes: dict[str, tuple[int, i
         raise SweepError(f"gpus_per_run={r.gpus_per_run} but {where} {gpus} GPUs")
 
 
-def make_executor(folder: Path, resources: Resources, name: str, n_runs: int):
+def _make_executor(folder: Path, resources: Resources, name: str, n_runs: int):
     """A submitit SLURM executor with the sweep's resources."""
     import submitit
 
@@ -159,7 +158,7 @@ def make_executor(folder: Path, resources: Resources, name: str, n_runs: int):
     return executor
 
 
-def run_trainers(plan: SweepPlan) -> list[tuple[str, int] | None]:
+def _run_trainers(plan: SweepPlan) -> list[tuple[str, int] | None]:
     """Each run's ``(trainer.kind, trainer.world_size)`` (1 without ddp), or None without a ``trainer`` section."""
     module = load_recipe(plan.recipe)
     out = []
@@ -180,7 +179,7 @@ def check_run_layout(plan: SweepPlan, resources: Resources) -> list[bool]:
     r = resources
     ranks = r.nodes * r.tasks_per_node
     ray = []
-    for run, trainer in zip(plan.runs, run_trainers(plan), strict=True):
+    for run, trainer in zip(plan.runs, _run_trainers(plan), strict=True):
         kind, size = trainer or (None, 0)
         if kind == "ddp" and ranks > 1 and size != ranks:
             raise SweepError(f"run '{run.name}': trainer.world_size={size} but the job starts nodes={r.nodes} x "
@@ -208,7 +207,7 @@ def submit_sweep(
     """
     out = out or sys.stdout
     resources = resources or plan.sweep.resources
-    check_slurm_resources(resources)
+    _check_slurm_resources(resources)
     ray = check_run_layout(plan, resources)
     check_not_running(plan)
     todo = [r for r in plan.runs if rerun_done or not r.is_done()]
@@ -219,7 +218,7 @@ def submit_sweep(
     if todo:
         for run in todo:
             save_variant(run.variant, run.run_dir)
-        executor = make_executor(plan.exp_dir / "slurm" / "%j", resources, plan.sweep.name, len(todo))
+        executor = _make_executor(plan.exp_dir / "slurm" / "%j", resources, plan.sweep.name, len(todo))
         with executor.batch():
             jobs = [executor.submit(RecipeJob(str(plan.recipe), list(r.overrides), str(r.run_dir), ray[r.index]))
                     for r in todo]

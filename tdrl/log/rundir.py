@@ -29,19 +29,19 @@ from tdrl.config import ConfigError, RunConfig, diff_configs, flatten
 from tdrl.utils.errors import NothingToDo, UserError
 from tdrl.utils.files import write_json_atomic
 
-__all__ = ["LAUNCH_FILES", "RESUME_IGNORED_KEYS", "RunDirError", "RunFinished", "check_resume_config",
+__all__ = ["RunDirError", "RunFinished", "check_resume_config",
            "check_not_finished", "check_writable", "claim_run_dir", "config_dict", "lock_run_dir", "save_config",
            "sign_lock"]
 
 CONFIG_FILE = "config.json"
 PARAMS_FILE = "params.json"
 SUMMARY_FILE = "summary.json"
-LAUNCH_FILES: tuple[str, ...] = (".lock", "variant.json", "launch.log", "launch_events.jsonl", "ray-*.log",
-                                 ".ray-token-*")
+_LAUNCH_FILES: tuple[str, ...] = (".lock", "variant.json", "launch.log", "launch_events.jsonl", "ray-*.log",
+                                  ".ray-token-*")
 """What may be in a run directory before its run writes ``config.json``: the lock of a launch refused before it
 (:func:`lock_run_dir`), and what ``tdrl.launch`` puts there before it starts the recipe (the variant, the local
 launcher's log, the SLURM job's events, each node's Ray log and token)."""
-RESUME_IGNORED_KEYS: frozenset[str] = frozenset(
+_RESUME_IGNORED_KEYS: frozenset[str] = frozenset(
     {"run.dir", "run.root", "run.force", "logger.progress_bar", "logger.wandb_mode", "checkpoint.strict_resume"}
 )
 """Keys that may differ between a run and its relaunch: where it lives and how it is watched, not what it computes."""
@@ -77,7 +77,7 @@ def claim_run_dir(run: RunConfig, name: str) -> tuple[Path, bool]:
     """Create (or find) this run's directory: ``(directory, resumed)``, resumed when ``run.dir`` already holds a
     ``config.json``. Raises :class:`RunDirError` naming the directory and the reason when it cannot be created, or
     when ``run.dir`` is an existing folder of other files (no ``config.json``; anything beyond
-    :data:`LAUNCH_FILES`) and ``run.force`` is off; nothing is created then."""
+    :data:`_LAUNCH_FILES`) and ``run.force`` is off; nothing is created then."""
     try:
         if run.dir:
             directory = Path(run.dir).expanduser().absolute()
@@ -115,7 +115,7 @@ def _other_files(directory: Path) -> list[str]:
     if not directory.is_dir():
         return []
     names = sorted(entry.name for entry in directory.iterdir())
-    return [n for n in names if not any(fnmatch.fnmatchcase(n, pattern) for pattern in LAUNCH_FILES)]
+    return [n for n in names if not any(fnmatch.fnmatchcase(n, pattern) for pattern in _LAUNCH_FILES)]
 
 
 def check_not_finished(directory: Path) -> None:
@@ -180,7 +180,7 @@ def check_writable(directory: Path) -> None:
 def check_resume_config(directory: Path, config: Mapping[str, Any], *, force: bool,
                         defaults: Mapping[str, Any] | None = None) -> dict[str, tuple]:
     """The dotted keys (``{key: (saved, now)}``) in which the saved ``config.json`` differs from the relaunch's
-    config, ignoring :data:`RESUME_IGNORED_KEYS`; empty if equal. A key the saved config lacks that the relaunch
+    config, ignoring :data:`_RESUME_IGNORED_KEYS`; empty if equal. A key the saved config lacks that the relaunch
     has at its value in ``defaults`` (the recipe's default config) is one a newer tdrl added, and a key the relaunch
     lacks is one it removed (a trainer key of a kind the recipe does not wire up): neither counts, and one line on
     stderr names them, so a sweep resumes across an upgrade.
@@ -194,7 +194,7 @@ def check_resume_config(directory: Path, config: Mapping[str, Any], *, force: bo
         saved = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise RunDirError(f"cannot read {path} to resume this run: {e}") from e
-    diff = {k: v for k, v in diff_configs(saved, dict(config)).items() if k not in RESUME_IGNORED_KEYS}
+    diff = {k: v for k, v in diff_configs(saved, dict(config)).items() if k not in _RESUME_IGNORED_KEYS}
     had, has = flatten(saved), flatten(dict(config))
     default = flatten(dict(defaults)) if defaults is not None else {}
     added = {k: now for k, (_, now) in diff.items() if k not in had and k in default and default[k] == now}

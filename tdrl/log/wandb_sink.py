@@ -35,7 +35,7 @@ from tdrl.config import ConfigError, LoggerConfig
 from tdrl.utils.console import debugging
 from tdrl.utils.files import write_atomic
 
-__all__ = ["WandbSink", "check_wandb_credentials", "load_or_create_run_id", "make_wandb_sink", "resolve_wandb_mode"]
+__all__ = ["WandbSink", "check_wandb_credentials", "make_wandb_sink", "resolve_wandb_mode"]
 
 ID_FILE = "wandb_id.txt"
 STEP_FILE = "wandb_step.txt"
@@ -67,7 +67,7 @@ def check_wandb_credentials(logger: LoggerConfig) -> None:
                           "login` or set WANDB_API_KEY, or log offline (logger.wandb_mode=offline, `wandb sync` later)")
 
 
-def load_or_create_run_id(run_dir: Path) -> str:
+def _load_or_create_run_id(run_dir: Path) -> str:
     """The W&B run id stored in ``run_dir/wandb_id.txt``, created (8 chars of [a-z0-9]) on first use."""
     path = Path(run_dir) / ID_FILE
     if path.is_file():
@@ -168,5 +168,5 @@ def make_wandb_sink(run_dir: Path, logger: LoggerConfig, config: Mapping[str, An
     mode = resolve_wandb_mode(logger.wandb_mode)
     if mode == "disabled":
         return None
-    return WandbSink(run_dir=run_dir, run_id=load_or_create_run_id(run_dir), mode=mode, name=name,
+    return WandbSink(run_dir=run_dir, run_id=_load_or_create_run_id(run_dir), mode=mode, name=name,
                      project=logger.project, entity=logger.entity, group=logger.group, config=config)

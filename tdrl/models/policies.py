@@ -33,7 +33,7 @@ from tdrl.models.nets import MLP, ObsNorm, flat_obs_size
 from tdrl.utils.errors import UserError
 from tdrl.utils.keys import RECURRENT_KEYS
 
-__all__ = ["ActorCritic", "GaussianHead", "actor_critic_from", "make_actor_critic", "make_conv_actor_critic",
+__all__ = ["ActorCritic", "actor_critic_from", "make_actor_critic", "make_conv_actor_critic",
            "make_recurrent_actor_critic"]
 
 Distribution = Literal["auto", "categorical", "normal", "tanh_normal"]
@@ -82,7 +82,7 @@ class ActorCritic(nn.Module):
         return actor.distribution(actor.named_params(policy_head(features))), value_head(features)
 
 
-class GaussianHead(nn.Module):
+class _GaussianHead(nn.Module):
     """``x -> (loc, scale)`` with a state-independent learned log standard deviation."""
 
     def __init__(self, loc_net: nn.Module, action_dim: int, init_log_std: float = 0.0) -> None:
@@ -129,7 +129,7 @@ def _policy_head(in_features: int, specs: EnvSpecs, dist: str, hidden: Sequence[
     if dist == "categorical":
         return MLP(in_features, specs.n_actions, hidden, activation, output_gain=0.01), ["logits"]
     loc_net = MLP(in_features, specs.n_actions, hidden, activation, output_gain=0.01)
-    return GaussianHead(loc_net, specs.n_actions, init_log_std), ["loc", "scale"]
+    return _GaussianHead(loc_net, specs.n_actions, init_log_std), ["loc", "scale"]
 
 
 def make_actor_critic(specs: EnvSpecs, *, hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh",

@@ -20,7 +20,7 @@ from tdrl.models.conv import image_torso, is_image_spec
 from tdrl.models.nets import flat_obs_size
 
 __all__ = [
-    "DuelingHead", "LogStdGaussianParams", "QActor", "QNetwork", "ScaledTanh", "StateActionValue", "TwinQ",
+    "DuelingHead", "LogStdGaussianParams", "QActor", "QNetwork", "TwinQ",
     "is_image_spec", "make_deterministic_actor", "make_q_actor", "make_q_critic", "make_tanh_gaussian_actor",
     "make_twin_q", "relu_mlp", "stacked_mlp", "vector_torso",
 ]
@@ -164,7 +164,7 @@ def _bounds(specs) -> tuple[torch.Tensor, torch.Tensor]:
     return spec.space.low.float(), spec.space.high.float()
 
 
-class ScaledTanh(nn.Module):
+class _ScaledTanh(nn.Module):
     """``low + (tanh(x) + 1) / 2 * (high - low)``: squashes an unbounded output into the action box."""
 
     loc: torch.Tensor  # buffers (register_buffer)
@@ -179,7 +179,7 @@ class ScaledTanh(nn.Module):
         return self.loc + self.half_range * torch.tanh(x)
 
 
-class StateActionValue(nn.Module):
+class _StateActionValue(nn.Module):
     """``Q(s, a)`` as an MLP on the concatenation ``[s, a]`` (rlpyt's ``QofMuMlpModel``)."""
 
     def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: Sequence[int] = (256, 256)) -> None:
@@ -261,7 +261,7 @@ def make_twin_q(
 def make_q_critic(specs, *, hidden_sizes: Sequence[int] = (256, 256)) -> ValueOperator:
     """``Q(s, a)`` critic for TorchRL's losses: ``observation``, ``action`` -> ``state_action_value``."""
     low, _ = _bounds(specs)
-    net = StateActionValue(flat_obs_size(specs.observation_spec), low.numel(), hidden_sizes)
+    net = _StateActionValue(flat_obs_size(specs.observation_spec), low.numel(), hidden_sizes)
     return ValueOperator(net, in_keys=["observation", "action"], out_keys=["state_action_value"])
 
 
@@ -271,7 +271,7 @@ def make_deterministic_actor(specs, *, hidden_sizes: Sequence[int] = (256, 256))
     """
     low, high = _bounds(specs)
     mlp = relu_mlp(flat_obs_size(specs.observation_spec), low.numel(), hidden_sizes)
-    net = nn.Sequential(mlp, ScaledTanh(low, high))
+    net = nn.Sequential(mlp, _ScaledTanh(low, high))
     return ObservationModule(net)
 
 

@@ -74,11 +74,6 @@ class SequenceReplayBuffer:
                                exclude_keys=exclude, stride=self.interval, lookahead=self.seq_len - 1,
                                sampler=sampler, mask_key=mask_key, seed=seed)
 
-    @property
-    def num_starts(self) -> int:
-        """Stored-state slots (tree leaves) over all streams."""
-        return self.ring.num_leaves
-
     def __len__(self) -> int:
         return self.ring.stored
 

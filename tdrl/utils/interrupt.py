@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 __all__ = ["Interrupted", "SigtermAtBoundary", "ignore_sigint", "interrupts_end_in_one_line", "keeps_signal_handlers",
-           "note_run_dir", "noted_run_dir", "resume_command"]
+           "note_run_dir", "noted_run_dir"]
 
 
 class _State(TypedDict):
@@ -71,7 +71,7 @@ def _python() -> str:
     return sys.executable
 
 
-def resume_command(script: str, args: Sequence[str], run_dir: str | os.PathLike) -> str:
+def _resume_command(script: str, args: Sequence[str], run_dir: str | os.PathLike) -> str:
     """``python <script> <args> run.dir=<run_dir>``, without any ``run.dir`` the args had, quoted for a shell."""
     kept = [a for a in args if not a.lstrip("-").startswith("run.dir=")]
     return shlex.join([_python(), script, *kept, f"run.dir={Path(run_dir).absolute()}"])
@@ -142,9 +142,9 @@ def interrupts_end_in_one_line(script: str, args: Sequence[str]) -> Iterator[Non
         run_dir = _state["run_dir"]
         if run_dir is None:  # not opened yet, or opened by another process (rank 0 of a spawned ddp run)
             line = (f"interrupted by {name}; if a run directory was printed above, resume with: "
-                    f"{resume_command(script, args, '<that directory>')}")
+                    f"{_resume_command(script, args, '<that directory>')}")
         else:
-            line = f"interrupted by {name}; resume with: {resume_command(script, args, run_dir)}"
+            line = f"interrupted by {name}; resume with: {_resume_command(script, args, run_dir)}"
         print(f"error: {line}", file=sys.stderr, flush=True)
         raise SystemExit(128 + int(signum)) from None
     finally:

@@ -13,6 +13,7 @@ from tdrl.envs import EnvFactory
 from tdrl.envs.make import EnvSpecs
 from tdrl.models import make_actor_critic, make_recurrent_actor_critic
 from tdrl.objectives.policy_gradient import PPOLoss, make_a2c_loss, make_ppo_loss
+from tdrl.objectives.reference import torchrl_ppo_loss
 
 
 def _minibatch(ac, obs_size, n=64):
@@ -43,14 +44,13 @@ def test_ppo_equals_torchrl_clip_ppo(env_id, dist, normalize, entropy_coeff):
     td = _minibatch(ac, specs.observation_spec.shape[0])
     kw = dict(critic_coeff=0.5, entropy_coeff=entropy_coeff, normalize_advantage=normalize)
     ours = PPOLoss(ac, clip_epsilon=0.2, **kw)(td.clone())
-    theirs = ClipPPOLoss(ac.actor, ac.critic, clip_epsilon=0.2, loss_critic_type="l2", **kw)(td.clone())
+    theirs = torchrl_ppo_loss(ac, clip_epsilon=0.2, **kw)(td.clone())
     for key in ("loss_objective", "loss_critic", "loss_entropy", "entropy", "clip_fraction", "kl_approx"):
         torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-6, msg=key)
     assert 0 < ours["clip_fraction"] < 1
     keys = ("loss_objective", "loss_critic", "loss_entropy")
     g_ours = _grads(ac, PPOLoss(ac, clip_epsilon=0.2, **kw)(td.clone()), keys)
-    g_theirs = _grads(ac, ClipPPOLoss(ac.actor, ac.critic, clip_epsilon=0.2, loss_critic_type="l2", **kw)(td.clone()),
-                      keys)
+    g_theirs = _grads(ac, torchrl_ppo_loss(ac, clip_epsilon=0.2, **kw)(td.clone()), keys)
     assert g_ours.keys() == g_theirs.keys()
     for name in g_ours:
         torch.testing.assert_close(g_ours[name], g_theirs[name], rtol=1e-4, atol=1e-6, msg=name)
@@ -72,8 +72,7 @@ def test_conv_actor_critic_losses_equal_separate_heads(loss_kind):
     keys = ("loss_objective", "loss_critic", "loss_entropy")
     if loss_kind == "ppo":
         kw = dict(critic_coeff=0.5, entropy_coeff=0.01, normalize_advantage=True)
-        ours, theirs = (PPOLoss(ac, clip_epsilon=0.2, **kw),
-                        ClipPPOLoss(ac.actor, ac.critic, clip_epsilon=0.2, loss_critic_type="l2", **kw))
+        ours, theirs = PPOLoss(ac, clip_epsilon=0.2, **kw), torchrl_ppo_loss(ac, clip_epsilon=0.2, **kw)
     else:  # the A2C and IMPALA recipes' loss against the same terms written out on the joint call
         theirs = make_a2c_loss(ac, critic_coeff=0.5, entropy_coeff=0.01)
 

@@ -53,7 +53,7 @@ def test_sequences_start_at_stored_states_with_their_state(tmp_path, prioritized
         assert s[STATE].stride(1) == 0
         assert ("next", *STATE) not in s.keys(include_nested=True)
         if prioritized:
-            assert int((sampler.leaf_values(np.arange(rb.num_starts)) > 0).sum()) == n
+            assert int((sampler.leaf_values(np.arange(rb.ring.num_leaves)) > 0).sum()) == n
 
 
 def test_prioritized_sequences_eta_priority_and_input_priorities(tmp_path):
