@@ -61,7 +61,7 @@ class _CollectorProcessKeys:
 
 @dataclass
 class RayConfig:
-    """The Ray actors and cluster of ``trainer.kind=ray`` (:class:`tdrl.train.RayTrainer`); part of the trainer
+    """The Ray actors and cluster of ``trainer.kind=ray`` (:class:`tdrl.distributed.RayTrainer`); part of the trainer
     sections of the recipes that wire up Ray (``trainer.n_actors=8``)."""
 
     n_actors: Count = 4
@@ -94,7 +94,7 @@ class _UnrollKeys:
 
 @dataclass
 class TrainerConfig(_UnrollKeys, RayConfig, _CollectorProcessKeys, _DataParallelKeys, _TrainerKind):
-    """Which trainer runs the loop, and its process settings (:func:`tdrl.train.make_trainer`): every kind and
+    """Which trainer runs the loop, and its process settings (:func:`tdrl.wiring.make_trainer`): every kind and
     key, for a script of one's own. Recipes take the section naming the kinds they wire up."""
 
 
