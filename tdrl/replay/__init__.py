@@ -11,9 +11,10 @@ the start step ``t``; ``("next", "reward")`` the n-step discounted sum over the 
 the first done)``; the other ``("next", ...)`` entries of step ``t+k-1`` (for a time-limit truncation, the final
 pre-reset observation, so targets bootstrap; ``terminated`` stops bootstrapping); ``steps_to_next_obs`` (``k``, when
 ``n_step > 1``, read by TorchRL's value estimators); ``index`` (pass it back to ``update_priority``); prioritized:
-``priority_weight``, the importance weight TorchRL losses read. A window never crosses the write cursor. With
-``device=`` (the learner's) a sample arrives on that device: the data stays in host memory, and a GPU sample is
-gathered into pinned memory and copied without blocking the host.
+``priority_weight``, the importance weight TorchRL losses read. Nested TensorDicts keep their own batch dims (a
+multi-agent group's ``(group, ...)`` entries come back ``[n, n_agents]``, docs/design.md §1). A window never crosses
+the write cursor. With ``device=`` (the learner's) a sample arrives on that device: the data stays in host memory,
+and a GPU sample is gathered into pinned memory and copied without blocking the host.
 
 A buffer pickled to another process sends only paths: one process extends, others sample (a seqlock redraws samples
 overwritten during their gather), and they share ``write_count``, ``samples_drawn`` and ``len(buffer)``, on which an

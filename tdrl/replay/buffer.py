@@ -184,7 +184,8 @@ class TransitionReplayBuffer:
             values[(STEPS_KEY,)] = steps.unsqueeze(-1)
         if self.frame_stack is not None:
             values.update(self.frame_stack.gather(ring, index, last))
-        return nest(values, [n])
+        assert ring.schema is not None  # a sample comes after the first extend
+        return nest(values, [n], ring.schema.sub_dims)
 
     def update_priority(self, index: torch.Tensor | TensorDictBase, priority: torch.Tensor | None = None) -> None:
         """Set new priorities (e.g. ``|TD error|``) for sampled transitions (see :meth:`StreamRing.update_priority`:

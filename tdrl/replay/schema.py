@@ -38,13 +38,17 @@ class BatchSchema:
         strict: whether keys a batch has beyond the schema are an error rather than dropped silently (not for
             buffers built with an explicit ``keys=`` selection).
         ignored: keys a batch may carry that the schema does not store (frame stacks, input priorities, ...).
+        sub_dims: nested TensorDicts with batch dimensions of their own after the batch's: key -> those dims (a
+            multi-agent group ``("agents",)`` -> ``(n_agents,)``), so :func:`nest` gives samples the same layout.
     """
 
     def __init__(self, entries: Mapping[tuple[str, ...], tuple[torch.dtype, tuple[int, ...]]], strict: bool = True,
-                 ignored: Iterable[tuple[str, ...]] = ()) -> None:
+                 ignored: Iterable[tuple[str, ...]] = (),
+                 sub_dims: Mapping[tuple[str, ...], tuple[int, ...]] | None = None) -> None:
         self.entries = entries
         self.strict = strict
         self.ignored = {tuple(k) for k in ignored}
+        self.sub_dims = dict(sub_dims or {})
         self._groups: dict[tuple[str, ...], set[str]] = {}  # prefix -> names below it, for the extra-key check
         for key in entries:
             for depth in range(len(key)):
@@ -65,7 +69,7 @@ class BatchSchema:
             if not isinstance(value, torch.Tensor):
                 continue
             entries[key] = (value.dtype, value.shape[batch_dims:])
-        return cls(entries, strict=keys is None, ignored=excluded)
+        return cls(entries, strict=keys is None, ignored=excluded, sub_dims=_sub_dims(batch, entries, batch_dims))
 
     def check(self, batch: TensorDictBase, batch_shape: torch.Size) -> dict[tuple[str, ...], torch.Tensor]:
         """Validate ``batch`` against the schema and return its stored tensors by key.
@@ -110,14 +114,30 @@ class BatchSchema:
         return any(key[: len(k)] == k or k[: len(key)] == key for k in self.ignored)
 
     def to_json(self) -> dict[str, Any]:
-        return {"entries": [{"key": list(k), "dtype": str(d).removeprefix("torch."), "shape": list(s)}
-                            for k, (d, s) in self.entries.items()],
-                "strict": self.strict, "ignored": [list(k) for k in sorted(self.ignored)]}
+        out = {"entries": [{"key": list(k), "dtype": str(d).removeprefix("torch."), "shape": list(s)}
+                           for k, (d, s) in self.entries.items()],
+               "strict": self.strict, "ignored": [list(k) for k in sorted(self.ignored)]}
+        if self.sub_dims:  # absent in buffers without nested batch dims (and in those written before they were kept)
+            out["sub_dims"] = [{"key": list(k), "dims": list(d)} for k, d in self.sub_dims.items()]
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BatchSchema:
         entries = {tuple(e["key"]): (getattr(torch, e["dtype"]), torch.Size(e["shape"])) for e in data["entries"]}
-        return cls(entries, data["strict"], [tuple(k) for k in data["ignored"]])
+        sub_dims = {tuple(e["key"]): tuple(e["dims"]) for e in data.get("sub_dims", [])}
+        return cls(entries, data["strict"], [tuple(k) for k in data["ignored"]], sub_dims)
+
+
+def _sub_dims(batch: TensorDictBase, entries: Mapping[tuple[str, ...], Any], batch_dims: int
+              ) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """The extra batch dims of each nested TensorDict above a stored key (a group's ``[B, T, n_agents]``)."""
+    out = {}
+    for key in entries:
+        for depth in range(1, len(key)):
+            sub = batch.get(key[:depth])
+            if isinstance(sub, TensorDictBase) and sub.batch_dims > batch_dims:
+                out[key[:depth]] = tuple(sub.batch_size[batch_dims:])
+    return out
 
 
 def pack(schema: BatchSchema) -> dict[str, list]:
@@ -131,12 +151,19 @@ def pack(schema: BatchSchema) -> dict[str, list]:
     return groups
 
 
-def nest(flat: Mapping[tuple[str, ...], torch.Tensor | TensorDictBase], batch_size: Sequence[int]) -> TensorDict:
-    """Build a TensorDict from ``{nested key: tensor}`` (faster than the TensorDict constructor on tuple keys)."""
+def nest(flat: Mapping[tuple[str, ...], torch.Tensor | TensorDictBase], batch_size: Sequence[int],
+         sub_dims: Mapping[tuple[str, ...], tuple[int, ...]] | None = None) -> TensorDict:
+    """Build a TensorDict from ``{nested key: tensor}`` (faster than the TensorDict constructor on tuple keys);
+    ``sub_dims`` (:class:`BatchSchema`'s) give nested TensorDicts their own extra batch dims after ``batch_size``."""
     tree: dict[str, Any] = {}
     for key, value in flat.items():
         node = tree
         for part in key[:-1]:
             node = node.setdefault(part, {})
         node[key[-1]] = value
-    return TensorDict(tree, batch_size=batch_size)
+    out = TensorDict(tree, batch_size=batch_size)
+    for key in sorted(sub_dims or {}, key=len, reverse=True):  # innermost first: a parent's dims prefix its children's
+        sub = out.get(key, None)
+        if isinstance(sub, TensorDictBase):
+            sub.batch_size = torch.Size([*batch_size, *sub_dims[key]])  # type: ignore[index]
+    return out

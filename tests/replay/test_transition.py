@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from tdrl.replay import ReplayError, TransitionReplayBuffer
 from tests.replay.helpers import make_stream, reference_nstep
@@ -79,6 +80,31 @@ def test_flat_batches_one_step(tmp_path):
         TransitionReplayBuffer(tmp_path / "rb2", 50, n_step=3).extend(flat)
     with pytest.raises(ReplayError, match="batch_size"):
         rb.extend(make_stream(4, 10))
+
+
+def test_grouped_keys_keep_their_agent_dim(tmp_path):
+    """Multi-agent groups (docs/design.md §1): ``("agents", ...)`` TensorDicts of batch ``[B, T, n_agents]`` come
+    back as ``[n, n_agents]``, each agent's row from the sampled step (``next``: the window's last), also after the
+    buffer is restored from a copy."""
+    stream = make_stream(2, 30, done_prob=0.0)
+    code = stream["observation"][..., :1]  # [B, T, 1]: 10_000 * b + t
+    agents = torch.arange(3.0).view(1, 1, 3, 1)  # agent i's value: code + 0.1 * i
+    stream["agents"] = TensorDict(observation=code.unsqueeze(-2) + 0.1 * agents, action=torch.randint(0, 5, (2, 30, 3)),
+                                  mask=torch.ones(2, 30, 3, dtype=torch.bool), batch_size=[2, 30, 3])
+    stream["next", "agents"] = TensorDict(reward=torch.randn(2, 30, 3, 1), batch_size=[2, 30, 3])
+    rb = TransitionReplayBuffer(tmp_path / "rb", 60, n_step=2, gamma=0.5, seed=0)
+    rb.extend(stream)
+    rb.dumps(tmp_path / "dump")
+    restored = TransitionReplayBuffer(tmp_path / "restored", 60, n_step=2, gamma=0.5)
+    restored.loads(tmp_path / "dump")
+    for buffer in (rb, restored):
+        s = buffer.sample(16)
+        assert s["agents"].batch_size == (16, 3) and s["next", "agents"].batch_size == (16, 3)
+        assert s["next"].batch_size == (16,)
+        b, t = _decode(s["observation"])
+        torch.testing.assert_close(s["agents", "observation"], stream["agents", "observation"][b, t])
+        assert torch.equal(s["agents", "action"], stream["agents", "action"][b, t])
+        assert torch.equal(s["next", "agents", "reward"], stream["next", "agents", "reward"][b, t + 1])
 
 
 def test_validity_mask_is_respected(tmp_path):
