@@ -13,6 +13,7 @@ import math
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
+from tensordict.utils import NestedKey, unravel_key
 from torchrl.envs.utils import ExplorationType, exploration_type
 
 from tdrl.models.acting import Inputs, Outputs
@@ -54,11 +55,16 @@ class EpsilonGreedy(TensorDictModuleBase):
     ``end_frames``; with ``eps_final_min``, env ``i`` of ``n_envs`` anneals to its own final value (vector epsilon)
     and the module reads ``("collector", "env_index")``, so a worker's copy acting for a slice of the envs uses their
     epsilons. Epsilon is a buffer (``eps``), so it travels with ``state_dict()`` and weight syncs.
+
+    ``action_key``: the action it explores (a multi-agent group's ``(group, "action")`` ``[n, n_agents]``: each agent
+    draws on its own); ``action_mask_key``: a bool ``[..., n_actions]`` mask (``(group, "action_mask")``) the random
+    actions are drawn from, uniformly over the allowed ones.
     """
 
     def __init__(self, n_actions: int, *, eps_init: float = 1.0, eps_final: float = 0.01,
             eps_final_min: float | None = None, n_envs: int = 1, start_frames: int = 0, end_frames: int = 1_000_000,
-            eps_eval: float = 0.001) -> None:
+            eps_eval: float = 0.001, action_key: NestedKey = "action", action_mask_key: NestedKey | None = None
+            ) -> None:
         super().__init__()
         if n_actions < 1:
             raise ValueError(f"n_actions must be >= 1, got {n_actions}")
@@ -66,8 +72,11 @@ class EpsilonGreedy(TensorDictModuleBase):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
         self.vector = eps_final_min is not None
-        self.in_keys = ["action", ENV_INDEX_KEY] if self.vector else ["action"]
-        self.out_keys = ["action"]
+        self.action_key = unravel_key(action_key)
+        self.action_mask_key = unravel_key(action_mask_key) if action_mask_key is not None else None
+        self.in_keys = [action_key, *([ENV_INDEX_KEY] if self.vector else []),
+                        *([action_mask_key] if action_mask_key is not None else [])]
+        self.out_keys = [action_key]
         self.n_actions = int(n_actions)
         self.start_frames, self.end_frames = int(start_frames), int(end_frames)
         final = vector_epsilon(n_envs, eps_final, eps_final_min) if self.vector else torch.tensor(float(eps_final))
@@ -85,9 +94,11 @@ class EpsilonGreedy(TensorDictModuleBase):
         """Set epsilon to its scheduled value after ``frames`` env frames (call once per iteration)."""
         self.eps.copy_(linear_epsilon(frames, self.eps_init, self.eps_final, self.start_frames, self.end_frames))
 
-    def explore(self, action: torch.Tensor, deterministic: bool, env_index: torch.Tensor | None = None) -> torch.Tensor:
+    def explore(self, action: torch.Tensor, deterministic: bool, env_index: torch.Tensor | None = None,
+                action_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``action`` with each entry replaced by a uniform random action with probability epsilon (``eps_eval``
-        when ``deterministic``); ``env_index`` picks the envs' epsilons from a vector."""
+        when ``deterministic``); ``env_index`` picks the envs' epsilons from a vector; ``action_mask``
+        ``[*action.shape, n_actions]``: the random action is one it allows."""
         eps = self.eps_eval if deterministic else self.eps
         if eps.ndim and env_index is not None:
             eps = eps[env_index]
@@ -99,16 +110,24 @@ class EpsilonGreedy(TensorDictModuleBase):
             )
         explore = torch.rand(shape, device=action.device) < eps.to(action.device)
         if explore.any():
-            random_action = torch.randint(self.n_actions, shape, device=action.device, dtype=action.dtype)
+            if action_mask is None:
+                random_action = torch.randint(self.n_actions, shape, device=action.device, dtype=action.dtype)
+            else:  # the largest of uniform draws over the allowed actions: a uniform allowed action
+                draws = torch.rand((*shape, self.n_actions), device=action.device) * action_mask
+                random_action = draws.argmax(-1).to(action.dtype)
             action = torch.where(explore, random_action, action)
         return action
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        action = self.explore(tensordict.get("action"), _deterministic(), tensordict.get(ENV_INDEX_KEY, None))
-        return tensordict.set("action", action)
+        mask = tensordict.get(self.action_mask_key) if self.action_mask_key is not None else None
+        action = self.explore(tensordict.get(self.action_key), _deterministic(), tensordict.get(ENV_INDEX_KEY, None),
+                              mask)
+        return tensordict.set(self.action_key, action)
 
     def act(self, observation: torch.Tensor, inputs: Inputs, *, deterministic: bool) -> Outputs:
-        return {"action": self.explore(inputs["action"], deterministic, inputs.get(ENV_INDEX_KEY))}
+        mask = inputs[self.action_mask_key] if self.action_mask_key is not None else None
+        return {self.action_key: self.explore(inputs[self.action_key], deterministic, inputs.get(ENV_INDEX_KEY),
+                                              mask)}
 
 
 def _deterministic() -> bool:

@@ -94,6 +94,26 @@ def test_env_index_selects_a_workers_epsilons():
         greedy(_greedy_batch(2))
 
 
+def test_group_actions_explore_per_agent_within_their_action_mask():
+    """A multi-agent group's ``(group, "action")`` ``[n, n_agents]``: each agent explores on its own, and random
+    actions stay inside ``(group, "action_mask")``; ``act`` (the collectors' path) draws the same actions."""
+    greedy = EpsilonGreedy(4, eps_init=1.0, eps_final=1.0, action_key=("agents", "action"),
+                           action_mask_key=("agents", "action_mask"))
+    assert greedy.in_keys == [("agents", "action"), ("agents", "action_mask")]
+    mask = torch.tensor([[True, True, True, True], [False, True, False, True], [False, False, True, False]])
+    batch = TensorDict(agents=TensorDict(action=torch.zeros(2000, 3, dtype=torch.int64),
+                                         action_mask=mask.expand(2000, 3, 4), batch_size=[2000, 3]), batch_size=[2000])
+    torch.manual_seed(0)
+    action = greedy(batch.clone())["agents", "action"]
+    assert torch.equal(torch.unique(action[:, 0]), torch.arange(4))  # every action, uniformly
+    assert (action[:, 0] == 3).float().mean() == pytest.approx(0.25, abs=0.04)
+    assert set(action[:, 1].tolist()) == {1, 3} and set(action[:, 2].tolist()) == {2}
+    torch.manual_seed(0)
+    acted = greedy.act(torch.zeros(0), {("agents", "action"): batch["agents", "action"],
+                                        ("agents", "action_mask"): batch["agents", "action_mask"]}, deterministic=False)
+    assert torch.equal(acted[("agents", "action")], action)
+
+
 def test_vector_epsilon_batch_mismatch_is_an_error():
     greedy = EpsilonGreedy(2, eps_final=0.1, eps_final_min=0.01, n_envs=4)
     with pytest.raises(ValueError, match="n_envs"):
