@@ -89,6 +89,9 @@ class OptimConfig(PolicyGradientOptimConfig):
 
 @dataclass
 class Config(RecipeConfig):
+    """MAPPO (a critic per group that sees the whole group) or IPPO (a critic per agent), loss.algorithm says which;
+    the defaults are the MAPPO paper's MPE settings."""
+
     env: MultiAgentEnvConfig = field(default_factory=MultiAgentEnvConfig)
     collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_B=8, batch_T=100,
                                                                                total_frames=400_000))

@@ -22,19 +22,13 @@ from torch import nn
 
 from tdrl.config import ConfigError, TrainerConfig, trainer_kinds
 from tdrl.distributed.data_parallel import DataParallelTrainer
+from tdrl.distributed.ddp_launch import check_data_parallel
 from tdrl.distributed.ray_connect import check_reachable, ray_target
 from tdrl.distributed.ray_trainer import ActorHooks, RayTrainer
 from tdrl.train.async_ import AsyncTrainer
 from tdrl.train.schedule import Schedule
 from tdrl.train.sync import SyncTrainer
-from tdrl.utils.distributed import (
-    DistributedSetupError,
-    check_local_world_size,
-    env_world,
-    is_distributed,
-    resolve_backend,
-    resolve_device,
-)
+from tdrl.utils.distributed import is_distributed, resolve_device
 from tdrl.utils.seeding import seed_everything
 
 __all__ = ["TRAINER_KINDS", "Trainer", "TrainerConfig", "check_min_steps_learn", "check_trainer",
@@ -81,16 +75,12 @@ def check_trainer(cfg: Any, *, on_policy: bool, device: str = "cpu", supported: 
         raise ConfigError("trainer.kind=async needs an off-policy algorithm (the collector process fills a replay the "
                          "optimizer samples from, rlpyt's AsyncRl); this recipe is on-policy: use trainer.kind=sync "
                          "or trainer.kind=ddp")
-    if cfg.kind == "ddp" and not is_distributed():
-        backend = resolve_backend(cfg.backend, device, key="trainer.backend")
-        if env_world() is None:  # local spawn; torchrun/SLURM decide the ranks' placement themselves
-            check_local_world_size(cfg.world_size, backend, key="trainer.world_size")
+    if cfg.kind == "ddp":
+        check_data_parallel(cfg.world_size, cfg.backend, device)
     if cfg.kind == "ray" and importlib.util.find_spec("ray") is None:
         raise ConfigError("trainer.kind=ray needs Ray: pip install 'tdrl[distributed]'")
     if cfg.kind == "ray" and (target := ray_target(cfg.ray_address)):
         check_reachable(*target)  # before anything is built: ray.init would retry for minutes
-    if cfg.kind == "ddp" and cfg.world_size < 1:
-        raise DistributedSetupError(f"trainer.world_size must be >= 1, got {cfg.world_size}")
 
 
 @overload  # on-policy: never async, so each iteration yields a batch (a TensorDict), not an iteration count

@@ -35,11 +35,24 @@ from tdrl.utils.interrupt import ignore_sigint
 from tdrl.utils.process import watch_parent
 from tdrl.utils.scripts import load_module
 
-__all__ = ["DataParallelError", "launch_data_parallel"]
+__all__ = ["DataParallelError", "check_data_parallel", "launch_data_parallel"]
 
 
 class DataParallelError(RuntimeError):
     """A rank of a data-parallel run failed; the message carries its rank and traceback."""
+
+
+def check_data_parallel(world_size: int, backend: str, device: str | torch.device = "cpu") -> None:
+    """Raise ``DistributedSetupError`` for a ``trainer.world_size`` or ``trainer.backend`` this machine cannot run
+    (NCCL without CUDA, more local ranks than cores or GPUs), before any process starts. Under torchrun or SLURM the
+    launcher has placed the ranks, so only the backend is checked; inside a process group, nothing."""
+    if world_size < 1:
+        raise DistributedSetupError(f"trainer.world_size must be >= 1, got {world_size}")
+    if is_distributed():
+        return
+    resolved = resolve_backend(backend, device, key="trainer.backend")
+    if env_world() is None:  # a local spawn
+        check_local_world_size(world_size, resolved, key="trainer.world_size")
 
 
 def launch_data_parallel(
