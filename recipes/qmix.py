@@ -1,0 +1,266 @@
+"""QMIX, VDN and independent Q-learning: value decomposition for cooperative agents (Rashid et al. 2018,
+arXiv:1803.11485; Sunehag et al. 2018, arXiv:1706.05296; Tan 1993) on TorchRL's ``QMixerLoss``/``DQNLoss`` through
+``tdrl.objectives.value_decomposition``.
+
+All agents of the env form one group (``(agents, "observation")`` ``[B, T, n_agents, obs]``...,
+``tdrl.envs.multiagent``'s ``group_map=one_group``; they must share their spaces) and share one Q-network (an MLP
+per agent, ``model.share_params``). Each step every agent acts epsilon-greedily on its own Q-values (random actions
+drawn from those its ``(agents, "action_mask")`` allows, where the env has one), the grouped transitions go into a
+replay, and each update regresses, on a sampled batch of them:
+
+- ``loss.method=qmix``: ``Q_tot = mix(Q_1(a_1), ..., Q_n(a_n); state)``, monotonic in each ``Q_i``, towards
+  ``r + gamma * mix_target(max_a Q_target_i(a); state')``; ``vdn``: the mix is the sum; ``iql``: each agent's own
+  ``Q_i`` towards its own reward's target. The target networks are copies, refreshed every
+  ``optim.target_update_interval`` updates.
+
+Rewards: QMIX and VDN learn the team reward, which ``GroupedEnv`` puts at the root as the **sum over agents** (mpe2's
+simple_spread: 3 times the shared team reward plus each agent's collision penalties); IQL learns each agent's own
+reward. Returns in the logs are that sum (EPyMARL divides MPE returns by the number of agents).
+
+    python recipes/qmix.py                                     # QMIX on mpe2/simple_spread_v3, 3 agents
+    python recipes/qmix.py loss.method=vdn                     # or loss.method=iql
+    python recipes/qmix.py collector.kind=parallel collector.n_workers=2
+    python recipes/qmix.py --help
+
+Defaults: PyMARL's QMIX (Samvelyan et al. 2019, github.com/oxwhirl/pymarl, src/config/default.yaml and
+algs/qmix.yaml; EPyMARL keeps them): lr 5e-4, gamma 0.99, gradient norm clip 10, a batch of 32 episodes (here 32 x
+25 = 800 transitions), one update per episode collected (replay ratio 800 / 25 = 32), learning from 32 episodes on,
+a replay of 5,000 episodes (125,000 transitions), target networks copied every 200 updates, epsilon 1 -> 0.05 over
+50k env steps and greedy evaluation. Not PyMARL's: an MLP agent, not a GRU (simple_spread's observations hold what
+an agent needs), no agent id in the observation, TorchRL's one-layer hypernetworks (PyMARL: two of 64), Adam (as
+EPyMARL; PyMARL used RMSprop), no double-Q target, and transitions, not whole episodes, in the replay.
+
+Needs ``pip install 'tdrl[marl]'``. Not yet: results beside BenchMARL/EPyMARL, several groups mixed together
+(adversaries), recurrent agents, ``trainer.kind=async``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from tdrl.config import (
+    CollectorConfig,
+    ConfigError,
+    Count,
+    EnvConfig,
+    Fraction,
+    LayerSizes,
+    LoggerConfig,
+    NonNegativeInt,
+    OffPolicyLossConfig,
+    OffPolicyOptimConfig,
+    OffPolicyTrainerConfig,
+    PositiveFloat,
+    PositiveFraction,
+    RecipeConfig,
+    ReplayConfig,
+    check_devices,
+    run_recipe,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tensordict import TensorDictBase
+    from tensordict.utils import NestedKey
+
+
+# --- Config ---------------------------------------------------------------------------------------------------
+@dataclass
+class MultiAgentEnvConfig(EnvConfig):
+    id: str = "mpe2/simple_spread_v3"
+    """A multi-agent env id (mpe2/..., pettingzoo/..., lbforaging/...); simple_spread: 3 agents, 25-step episodes,
+    its per-agent rewards summed at the root (module docstring)."""
+
+
+@dataclass
+class ModelConfig:
+    hidden_sizes: LayerSizes = field(default_factory=lambda: [64, 64])
+    """Hidden layers of each agent's Q-network MLP (PyMARL's agent: 64 wide)."""
+    share_params: bool = True
+    """The agents share one Q-network (PyMARL)."""
+    mixing_embed_dim: Count = 32
+    """QMIX's mixing-network width (PyMARL mixing_embed_dim)."""
+
+
+@dataclass
+class LossConfig(OffPolicyLossConfig):
+    method: Literal["qmix", "vdn", "iql"] = "qmix"
+    """qmix: a monotonic mix conditioned on the state; vdn: the sum of the agents' Q-values; iql: each agent alone."""
+    gamma: PositiveFraction = 0.99
+    """Discount per env step (PyMARL)."""
+
+    def validate(self) -> None:
+        if self.method == "iql" and self.n_step > 1:
+            raise ConfigError(f"loss.n_step={self.n_step} with loss.method=iql: the replay sums n-step returns of the "
+                              "team reward, IQL learns each agent's own; use loss.n_step=1")
+
+
+@dataclass
+class ExplorationConfig:
+    """Each agent's epsilon-greedy exploration (PyMARL's epsilon_greedy action selector)."""
+
+    eps_init: Fraction = 1.0
+    """Epsilon at the start (PyMARL epsilon_start)."""
+    eps_final: Fraction = 0.05
+    """Epsilon after eps_steps env frames (PyMARL epsilon_finish)."""
+    eps_steps: NonNegativeInt = 50_000
+    """Env frames over which epsilon falls linearly from frame 0 (PyMARL epsilon_anneal_time)."""
+    eps_eval: Fraction = 0.0
+    """Epsilon of evaluation episodes (PyMARL's test episodes are greedy)."""
+
+
+@dataclass
+class OptimConfig(OffPolicyOptimConfig):
+    lr: PositiveFloat = 5e-4
+    """Adam learning rate (PyMARL lr)."""
+    batch_size: Count = 800
+    """Transitions per update: PyMARL's 32 episodes of simple_spread's 25 steps."""
+    replay_ratio: PositiveFloat = 32.0
+    """Transitions sampled per transition collected: 32 = one update of 800 per 25-step episode (PyMARL)."""
+    min_steps_learn: Count = 800
+    """Env frames before the first update: PyMARL learns once its replay holds a batch (32 episodes)."""
+    target_update_interval: Count = 200
+    """Updates between target-network copies (PyMARL target_update_interval: 200 episodes, one update each)."""
+    target_update_tau: PositiveFraction = 1.0
+    """Polyak factor of the target update; 1.0 copies (PyMARL)."""
+    max_grad_norm: PositiveFloat | None = 10.0
+    """Gradient norm clip (PyMARL grad_norm_clip)."""
+
+
+@dataclass
+class Config(RecipeConfig):
+    env: MultiAgentEnvConfig = field(default_factory=MultiAgentEnvConfig)
+    collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_B=4, batch_T=25,
+                                                                               total_frames=2_000_000))
+    """Training collector and budget (frames count env steps, each of all agents; 2M: EPyMARL's MPE budget)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
+    replay: ReplayConfig = field(default_factory=lambda: ReplayConfig(size=125_000))
+    """Replay of grouped transitions (125,000: PyMARL's 5,000 episodes of 25 steps)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=50_000))
+    """Log rows and evaluations every 50k frames (EPyMARL's test_interval)."""
+    trainer: OffPolicyTrainerConfig = field(default_factory=OffPolicyTrainerConfig)
+    """sync only (async is not wired up here yet)."""
+
+    def validate(self) -> None:
+        check_devices(self)
+
+
+GROUP = "agents"  # group_map=one_group: every agent in this one group
+
+
+# --- Replay ---------------------------------------------------------------------------------------------------
+def transition_keys(masked: bool, state: bool) -> list[NestedKey]:
+    """What the replay stores per step: the group's observations, action, presence and action masks at t and t+1,
+    the agents' own rewards and done flags (IQL), the team's (at the root) and the global state (QMIX)."""
+    from tdrl.utils.keys import MASK_KEY
+
+    seen = ["observation", "mask", *(["action_mask"] if masked else [])]
+    root = [*((GROUP, key) for key in seen), (GROUP, "action"), *(["state"] if state else []), MASK_KEY]
+    agents_next = [*seen, "reward", "done", "terminated"]
+    team_next = ["reward", "done", "terminated", "truncated", *(["state"] if state else [])]
+    return [*root, *(("next", GROUP, key) for key in agents_next), *(("next", key) for key in team_next)]
+
+
+# --- Recipe ---------------------------------------------------------------------------------------------------
+def main(cfg: Config, env_factory: Callable[[], Any] | None = None) -> dict:
+    """Train ``cfg``; ``env_factory`` (a picklable callable building a ``GroupedEnv`` with one group ``agents``)
+    stands in for ``env.id`` where no id names the env (tests: a matrix game); evaluation then needs
+    ``eval.n_envs=0``."""
+    import torch
+
+    from tdrl.config import replay_copy
+    from tdrl.envs import EnvFactory, EnvSpecs
+    from tdrl.log.run import Run
+    from tdrl.models import EpsilonGreedy, chain_policy
+    from tdrl.objectives.graphs import graph_adam, update_step
+    from tdrl.objectives.update import TargetUpdate, Updater
+    from tdrl.objectives.value_decomposition import make_group_q, make_value_decomposition_loss
+    from tdrl.replay import TransitionReplayBuffer
+    from tdrl.wiring import check_min_steps_learn, check_trainer, collector_factory_from, make_trainer, prepare_recipe
+
+    check_trainer(cfg.trainer, on_policy=False, supported=("sync",))
+    # --- Build ----------------------------------------------------------------------------------------------
+    device, _ = prepare_recipe(cfg)
+    check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
+    env_kwargs = {"group_map": "one_group"}
+    if env_factory is None:
+        env_factory = EnvFactory(cfg.env.id, env_kwargs)
+        specs = env_factory.specs()  # an unknown id, a missing extra or agents with other spaces: one line, exit 2
+    else:
+        specs = EnvSpecs.from_env(env_factory())
+    obs_spec, action_spec = specs.observation_spec, specs.action_spec[GROUP, "action"]
+    n_agents, obs_dim = obs_spec[GROUP, "observation"].shape
+    masked, has_state = "action_mask" in obs_spec[GROUP].keys(), "state" in obs_spec.keys()
+    if not hasattr(action_spec, "nvec"):
+        raise ConfigError(f"env.id={cfg.env.id!r} has continuous actions; value decomposition needs discrete ones "
+                          "(use recipes/mappo.py)")
+    if cfg.loss.method == "qmix" and not has_state:
+        raise ConfigError(f"loss.method=qmix mixes on the env's global state, and env.id={cfg.env.id!r} has none; "
+                          "use loss.method=vdn")
+    n_actions = int(action_spec.nvec[0])
+
+    # Q_i(o_i, .) for every agent, the greedy joint action agent by agent, then each agent's epsilon-greedy draw
+    q = make_group_q(n_agents, obs_dim, n_actions, group=GROUP, share_params=cfg.model.share_params,
+                     num_cells=cfg.model.hidden_sizes, action_mask=masked)
+    exploration = EpsilonGreedy(n_actions, eps_init=cfg.exploration.eps_init, eps_final=cfg.exploration.eps_final,
+                                end_frames=cfg.exploration.eps_steps, eps_eval=cfg.exploration.eps_eval,
+                                action_key=(GROUP, "action"),
+                                action_mask_key=(GROUP, "action_mask") if masked else None)
+    policy = chain_policy(q, exploration).to(device)  # evaluation: the same policy with eps_eval
+    # the TD loss of Q_tot (qmix, vdn) or of each Q_i (iql), against target networks
+    loss = make_value_decomposition_loss(cfg.loss.method, q, n_agents=n_agents, group=GROUP,
+                                         state_shape=tuple(obs_spec["state"].shape) if has_state else None,
+                                         mixing_embed_dim=cfg.model.mixing_embed_dim).to(device)
+    loss.make_value_estimator(gamma=cfg.loss.gamma)
+    target_update = TargetUpdate(loss, interval=cfg.optim.target_update_interval, tau=cfg.optim.target_update_tau)
+    updater = Updater(graph_adam(loss.parameters(), lr=cfg.optim.lr, device=device, cudagraphs=cfg.optim.cudagraphs),
+                      max_grad_norm=cfg.optim.max_grad_norm, target_update=target_update)
+
+    run = Run.open(cfg, name=cfg.loss.method)
+    # the grouped transitions, [n, n_agents] per sampled step; n-step returns of the team reward
+    replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step, gamma=cfg.loss.gamma,
+                                    keys=transition_keys(masked, has_state), seed=cfg.run.seed, device=device,
+                                    copy_on_device=replay_copy(cfg))
+    collector = collector_factory_from(cfg, env_factory, policy, device=device, return_same_td=True)()
+    eval_collector = None if cfg.eval.n_envs == 0 else make_eval(cfg, policy, env_kwargs)
+    trainer = make_trainer(cfg, on_policy=False, collector=collector, replay=replay, eval_collector=eval_collector,
+                           run=run, checkpoint_state={"model": loss, "updater": updater, "replay": replay,
+                                                      "exploration": exploration})
+
+    # --- Update ---------------------------------------------------------------------------------------------
+    compute_loss = torch.compile(loss) if cfg.optim.compile else loss
+
+    def learn(sample: TensorDictBase) -> TensorDictBase:
+        return updater.apply(compute_loss(sample).rename_key_("loss", "loss_q"))  # logged as loss/q
+
+    learn_step = update_step(learn, cudagraphs=cfg.optim.cudagraphs, device=device)  # optim.cudagraphs: one graph
+
+    def update() -> TensorDictBase:
+        metrics = learn_step(replay.sample(cfg.optim.batch_size))  # a batch of grouped transitions
+        updater.advance()  # counters and, every target_update_interval updates, the target networks
+        return metrics
+
+    # --- Loop -----------------------------------------------------------------------------------------------
+    for _ in trainer:  # each iteration: batch_B x batch_T new grouped transitions went into the replay
+        exploration.set_frames(trainer.frames)  # epsilon of the next batch
+        metrics = [update() for _ in range(trainer.updates_due)]
+        trainer.record(metrics, updates=len(metrics))
+    return trainer.summary
+
+
+def make_eval(cfg: Config, policy: Any, env_kwargs: dict) -> Any:
+    """``eval.n_envs`` greedy episodes (epsilon ``exploration.eps_eval``) on envs of their own."""
+    from tdrl.collect import make_eval_collector
+
+    return make_eval_collector(cfg.env.id, policy, n_envs=cfg.eval.n_envs, max_steps=cfg.eval.max_steps,
+                               seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, video=cfg.eval.video,
+                               env_kwargs=env_kwargs)
+
+
+if __name__ == "__main__":
+    run_recipe(main, Config(), prog="recipes/qmix.py", doc=__doc__)
