@@ -6,7 +6,7 @@ PIP ?= $(PY) -m pip
 
 install:
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev,atari,minatar,distributed]"  # the extras too, so their tests run
+	$(PIP) install -q -e ".[dev,atari,minatar,distributed,marl]"  # the extras too, so their tests run
 
 demo: install
 	$(PY) recipes/ppo.py logger.wandb_mode=offline
