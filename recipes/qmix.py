@@ -135,11 +135,11 @@ class Config(RecipeConfig):
     collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_B=4, batch_T=25,
                                                                                total_frames=2_000_000))
     """Training collector and budget (frames count env steps, each of all agents; 2M: EPyMARL's MPE budget)."""
+    replay: ReplayConfig = field(default_factory=lambda: ReplayConfig(size=125_000))
+    """Replay of grouped transitions (125,000: PyMARL's 5,000 episodes of 25 steps)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
-    replay: ReplayConfig = field(default_factory=lambda: ReplayConfig(size=125_000))
-    """Replay of grouped transitions (125,000: PyMARL's 5,000 episodes of 25 steps)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(log_interval_steps=50_000))
     """Log rows and evaluations every 50k frames (EPyMARL's test_interval)."""
