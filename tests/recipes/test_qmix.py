@@ -29,10 +29,14 @@ TINY = ["collector.batch_B=2", "collector.batch_T=25", "collector.total_frames=2
         "optim.target_update_interval=4", "replay.size=1000", "exploration.eps_steps=100"]
 
 
+def tiny(tmp_path: Path, *extra: str):
+    return apply_overrides(qmix.Config(), [*TINY, f"run.root={tmp_path}", *extra])
+
+
 @pytest.mark.parametrize("method", ["qmix", "vdn", "iql"])
 def test_smoke_on_simple_spread(tmp_path, method):
     pytest.importorskip("mpe2")
-    summary = qmix.main(apply_overrides(qmix.Config(), [*TINY, f"run.root={tmp_path}", f"loss.method={method}"]))
+    summary = qmix.main(tiny(tmp_path, f"loss.method={method}"))
     # 4 batches of 50 frames, the first before learning starts: 3 x 50 x 16 / 32 updates
     assert summary["frames"] == 200 and summary["updates"] == 75
     assert math.isfinite(summary["eval/return_mean"])

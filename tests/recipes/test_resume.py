@@ -122,6 +122,14 @@ CASES = {
         "collector.kind=parallel", "collector.batch_B=2", "collector.n_workers=2", "collector.batch_T=20",
         "collector.total_frames=480", "logger.log_interval_steps=80", "checkpoint.interval_steps=120",
         "eval.max_steps=30", "loss.epochs=2", "loss.minibatches=2", "model.hidden_sizes=[16]"), needs="mpe2"),
+    # QMIX on mpe2's simple_spread in parallel workers: grouped transitions in the replay, each agent's epsilon, the
+    # mixer's targets (slow: ~30 s a trial; tests/recipes/test_qmix.py covers the recipe in the fast suite)
+    "qmix_mpe2_parallel": Case("qmix.py", (
+        "collector.kind=parallel", "collector.n_workers=2", "collector.batch_B=2", "collector.batch_T=20",
+        "collector.total_frames=480", "logger.log_interval_steps=80", "checkpoint.interval_steps=120",
+        "eval.max_steps=30", "model.hidden_sizes=[16]", "model.mixing_embed_dim=8", "optim.batch_size=32",
+        "optim.replay_ratio=16", "optim.min_steps_learn=40", "optim.target_update_interval=8", "replay.size=1000",
+        "exploration.eps_steps=400"), slow=True, needs="mpe2"),
     "ddpg_mujoco": Case("ddpg.py", ("env.id=Hopper-v5", "collector.total_frames=384", "logger.log_interval_steps=96",
                                     "checkpoint.interval_steps=96", "eval.max_steps=20", "optim.min_steps_learn=64",
                                     "model.hidden_sizes=[16]", "optim.batch_size=32", "optim.replay_ratio=32",
