@@ -26,9 +26,10 @@ Defaults: PyMARL's QMIX (Samvelyan et al. 2019, github.com/oxwhirl/pymarl, src/c
 algs/qmix.yaml; EPyMARL keeps them): lr 5e-4, gamma 0.99, gradient norm clip 10, a batch of 32 episodes (here 32 x
 25 = 800 transitions), one update per episode collected (replay ratio 800 / 25 = 32), learning from 32 episodes on,
 a replay of 5,000 episodes (125,000 transitions), target networks copied every 200 updates, epsilon 1 -> 0.05 over
-50k env steps and greedy evaluation. Not PyMARL's: an MLP agent, not a GRU (simple_spread's observations hold what
-an agent needs), no agent id in the observation, TorchRL's one-layer hypernetworks (PyMARL: two of 64), Adam (as
-EPyMARL; PyMARL used RMSprop), no double-Q target, and transitions, not whole episodes, in the replay.
+50k env steps and greedy evaluation; from EPyMARL, rewards standardised (``loss.standardise_rewards``). Not
+PyMARL's: an MLP agent, not a GRU (simple_spread's observations hold what an agent needs), no agent id in the
+observation, TorchRL's one-layer hypernetworks (PyMARL: two of 64), Adam (as EPyMARL; PyMARL used RMSprop), no
+double-Q target, and transitions, not whole episodes, in the replay.
 
 Needs ``pip install 'tdrl[marl]'``. Not yet: results beside BenchMARL/EPyMARL, several groups mixed together
 (adversaries), recurrent agents, ``trainer.kind=async``.
@@ -90,6 +91,10 @@ class LossConfig(OffPolicyLossConfig):
     """qmix: a monotonic mix conditioned on the state; vdn: the sum of the agents' Q-values; iql: each agent alone."""
     gamma: PositiveFraction = 0.99
     """Discount per env step (PyMARL)."""
+    standardise_rewards: bool = True
+    """Train on rewards standardised by their running mean and std over the sampled batches (EPyMARL's
+    standardise_rewards, its MPE setting). Without it simple_spread's large negative returns saturate QMIX's ELU
+    mixer and the run diverged once epsilon was low (seed 0: eval return -64 at 50k frames, -200 from 100k on)."""
 
     def validate(self) -> None:
         if self.method == "iql" and self.n_step > 1:
@@ -166,6 +171,36 @@ def transition_keys(masked: bool, state: bool) -> list[NestedKey]:
     return [*root, *(("next", GROUP, key) for key in agents_next), *(("next", key) for key in team_next)]
 
 
+class RewardStandardizer:
+    """EPyMARL's reward standardisation: each sampled batch updates a running mean and variance of its rewards
+    (Chan et al.'s parallel update, all on the rewards' device) and then has them standardised, in place. The
+    statistics are tensors in ``state_dict()``, so a resumed run continues them."""
+
+    def __init__(self, key: NestedKey, device: Any) -> None:
+        import torch
+
+        self.key = key
+        self.stats = {"mean": torch.zeros((), device=device), "var": torch.ones((), device=device),
+                      "count": torch.full((), 1e-4, device=device)}
+
+    def __call__(self, sample: TensorDictBase) -> TensorDictBase:
+        reward = sample.get(self.key)
+        mean, var, count = self.stats["mean"], self.stats["var"], self.stats["count"]
+        n = reward.numel()
+        delta, total = reward.mean() - mean, count + n
+        var.copy_((var * count + reward.var(correction=0) * n + delta.square() * count * n / total) / total)
+        mean.add_(delta * n / total)
+        count.add_(n)
+        return sample.set(self.key, (reward - mean) / var.sqrt())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v.clone() for k, v in self.stats.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k, v in self.stats.items():
+            v.copy_(state[k])
+
+
 # --- Recipe ---------------------------------------------------------------------------------------------------
 def main(cfg: Config, env_factory: Callable[[], Any] | None = None) -> dict:
     """Train ``cfg``; ``env_factory`` (a picklable callable building a ``GroupedEnv`` with one group ``agents``)
@@ -221,6 +256,10 @@ def main(cfg: Config, env_factory: Callable[[], Any] | None = None) -> dict:
     updater = Updater(graph_adam(loss.parameters(), lr=cfg.optim.lr, device=device, cudagraphs=cfg.optim.cudagraphs),
                       max_grad_norm=cfg.optim.max_grad_norm, target_update=target_update)
 
+    # the team's reward (qmix, vdn) or each agent's (iql), standardised over the batches sampled so far
+    reward_key = ("next", GROUP, "reward") if cfg.loss.method == "iql" else ("next", "reward")
+    standardise = RewardStandardizer(reward_key, device) if cfg.loss.standardise_rewards else None
+
     run = Run.open(cfg, name=cfg.loss.method)
     # the grouped transitions, [n, n_agents] per sampled step; n-step returns of the team reward
     replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step, gamma=cfg.loss.gamma,
@@ -230,12 +269,15 @@ def main(cfg: Config, env_factory: Callable[[], Any] | None = None) -> dict:
     eval_collector = None if cfg.eval.n_envs == 0 else make_eval(cfg, policy, env_kwargs)
     trainer = make_trainer(cfg, on_policy=False, collector=collector, replay=replay, eval_collector=eval_collector,
                            run=run, checkpoint_state={"model": loss, "updater": updater, "replay": replay,
-                                                      "exploration": exploration})
+                                                      "exploration": exploration,
+                                                      **({"rewards": standardise} if standardise is not None else {})})
 
     # --- Update ---------------------------------------------------------------------------------------------
     compute_loss = torch.compile(loss) if cfg.optim.compile else loss
 
     def learn(sample: TensorDictBase) -> TensorDictBase:
+        if standardise is not None:
+            sample = standardise(sample)
         return updater.apply(compute_loss(sample).rename_key_("loss", "loss_q"))  # logged as loss/q
 
     learn_step = update_step(learn, cudagraphs=cfg.optim.cudagraphs, device=device)  # optim.cudagraphs: one graph
