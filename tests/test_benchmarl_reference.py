@@ -1,0 +1,149 @@
+"""benchmarks/benchmarl_reference.py without BenchMARL: its arguments, the mapping of tdrl's recipe defaults onto
+BenchMARL's configs, the venv it would make (commands recorded, nothing installed), the summed-over-agents return
+it records from BenchMARL's evaluation rollouts, and the CSV and page it writes from fake runs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import benchmarl_reference as ref  # noqa: E402
+from report import markdown_page  # noqa: E402
+
+
+def test_arguments():
+    args = ref.parse_args(["--frames", "1600", "--seeds", "0,1", "--algorithms", "mappo,qmix", "--tdrl"])
+    assert (args.frames, args.seeds, args.algorithms, args.tdrl) == (1600, [0, 1], ["mappo", "qmix"], True)
+    assert ref.parse_args([]).algorithms == ["mappo", "ippo", "qmix"]
+    for bad in (["--algorithms", "maddpg"], ["--no-benchmarl"]):
+        with pytest.raises(SystemExit):
+            ref.parse_args(bad)
+
+
+def test_mappo_settings_are_the_recipes_defaults():
+    cfg = ref.recipe_config("mappo", 6400)
+    settings = ref.benchmarl_config("mappo", cfg, 6400, 3200)
+    experiment, algorithm = settings["experiment"], settings["algorithm"]
+    assert (experiment["lr"], experiment["gamma"], experiment["clip_grad_val"]) == (7e-4, 0.99, 5.0)
+    assert (experiment["on_policy_collected_frames_per_batch"], experiment["on_policy_n_envs_per_worker"]) == (800, 8)
+    assert (experiment["on_policy_n_minibatch_iters"], experiment["on_policy_minibatch_size"]) == (4, 800)
+    assert (experiment["max_n_frames"], experiment["evaluation_interval"], experiment["evaluation_episodes"]) == \
+        (6400, 3200, 10)
+    assert experiment["prefer_continuous_actions"] is False and experiment["render"] is False
+    assert (algorithm["lmbda"], algorithm["clip_epsilon"], algorithm["entropy_coef"]) == (0.95, 0.2, 0.01)
+    assert algorithm["loss_critic_type"] == "smooth_l1" and algorithm["critic_coef"] == 1.0
+    assert settings["task"] == {"N": 3, "local_ratio": 0.5, "max_cycles": 25}
+    assert settings["model"] == {"num_cells": [64, 64], "activation_class": "Tanh"}
+    ippo = ref.benchmarl_config("ippo", ref.recipe_config("ippo", 6400), 6400, 3200)
+    assert ippo == settings  # the same recipe: only the critic (BenchMARL's algorithm class) differs
+    with pytest.raises(ValueError, match="multiples of the batch"):
+        ref.benchmarl_config("mappo", cfg, 6000, 3000)
+
+
+def test_qmix_settings_are_the_recipes_defaults():
+    settings = ref.benchmarl_config("qmix", ref.recipe_config("qmix", 6400), 6400, 6400)
+    experiment = settings["experiment"]
+    assert (experiment["off_policy_collected_frames_per_batch"], experiment["off_policy_n_envs_per_worker"]) == \
+        (100, 4)
+    assert (experiment["off_policy_n_optimizer_steps"], experiment["off_policy_train_batch_size"]) == (4, 800)
+    assert (experiment["soft_target_update"], experiment["hard_target_update_frequency"]) == (False, 200)
+    assert (experiment["exploration_eps_init"], experiment["exploration_eps_end"],
+            experiment["exploration_anneal_frames"]) == (1.0, 0.05, 50_000)
+    assert (experiment["lr"], experiment["clip_grad_val"], experiment["off_policy_memory_size"]) == \
+        (5e-4, 10.0, 125_000)
+    assert settings["algorithm"] == {"mixing_embed_dim": 32, "delay_value": True, "loss_function": "l2"}
+    assert settings["model"]["activation_class"] == "ReLU"
+
+
+def test_differences_name_what_the_configs_cannot():
+    assert any("critic input" in line for line in ref.differences("mappo"))
+    assert not any("critic input" in line for line in ref.differences("ippo"))
+    assert any("advantages" in line for line in ref.differences("ippo"))
+    assert any("learning starts" in line for line in ref.differences("qmix"))
+    assert all(any("sum over the 3 agents" in line for line in ref.differences(a)) for a in ref.ALGORITHMS)
+
+
+def test_venv_is_made_once_with_torch_held(tmp_path):
+    calls = []
+
+    def run(cmd, check, env=None):
+        calls.append((cmd, Path(env["PIP_CONSTRAINT"]).read_text() if env else None))
+        if cmd[1:3] == ["-m", "venv"]:
+            ref.venv_python(Path(cmd[3])).parent.mkdir(parents=True, exist_ok=True)
+            ref.venv_python(Path(cmd[3])).touch()
+
+    venv = tmp_path / "venv"
+    assert ref.ensure_venv(venv, run=run) == ref.venv_python(venv)
+    assert [c[0][-1] for c in calls] == [str(venv), "torch==2.13.0+cpu", "vmas==1.5.2"]
+    assert "benchmarl==1.5.2" in calls[2][0] and calls[2][1] == "torch==2.13.0\n" and calls[1][1] is None
+    assert json.loads((venv / ref.MARKER).read_text())["torch"] == "2.13.0+cpu"
+    calls.clear()
+    ref.ensure_venv(venv, run=run)
+    assert calls == []  # reused
+    ref.ensure_venv(venv, torch="2.14.1+cpu", run=run)
+    assert (calls[1][0][-1], calls[2][1]) == ("torch==2.14.1+cpu", "torch==2.14.1\n")  # another pin: refilled
+
+
+def test_evaluations_are_recorded_summed_over_agents():
+    """BenchMARL's evaluation hook: the sum over time and the 3 agents, beside BenchMARL's own per-agent mean."""
+    reward = torch.full((25, 3, 1), -1.0)
+    reward[:, 0] = -2.0  # one agent's return -50, the others' -25: summed -100, per-agent mean -33.3
+    rollouts = [TensorDict({("next", "agent", "reward"): reward}, [25])] * 2
+    logged = []
+    experiment = SimpleNamespace(group_map={"agent": ["agent_0", "agent_1", "agent_2"]},
+                                 logger=SimpleNamespace(log_evaluation=lambda *a, **k: logged.append(k)))
+    experiment.run = lambda: experiment._evaluation_loop()
+    experiment._evaluation_loop = lambda: experiment.logger.log_evaluation(rollouts, total_frames=800, step=0)
+    curve = ref._record_evaluations(experiment, started=0.0)
+    experiment.run()
+    assert len(curve) == 1 and logged[0]["total_frames"] == 800  # BenchMARL's own logging still ran
+    assert curve[0]["frames"] == 800 and curve[0]["return_mean"] == pytest.approx(-100.0)
+    assert curve[0]["benchmarl_return"] == pytest.approx(-100.0 / 3)
+    assert curve[0]["train_s"] >= 0 and curve[0]["wall_s"] > curve[0]["train_s"]
+
+
+def _fake_rows():
+    curve = [{"frames": 800, "train_s": 1.5, "wall_s": 2.0, "return_mean": -110.0, "benchmarl_return": -36.7},
+             {"frames": 1600, "train_s": 3.0, "wall_s": 4.0, "return_mean": -90.0, "benchmarl_return": -30.0}]
+    tdrl = [{"frames": 0, "train_s": 0.0, "wall_s": float("nan"), "return_mean": -96.0},
+            {"frames": 1600, "train_s": 1.0, "wall_s": 2.5, "return_mean": -80.0}]
+    return [ref.row("mappo", "benchmarl", 0, {"curve": curve, "wall_s": 5.0}),
+            ref.row("mappo", "tdrl", 0, {"curve": tdrl, "wall_s": 2.5})]
+
+
+def test_csv_has_the_learning_benchmarks_columns(tmp_path):
+    import learning
+
+    path = tmp_path / "data" / "marl.csv"
+    ref.write_csv(_fake_rows(), path)
+    with path.open() as f:
+        lines = list(csv.DictReader(f))
+    assert ref.COLUMNS[:len(learning.SWEEP_COLUMNS)] == learning.SWEEP_COLUMNS
+    assert [(r["impl"], r["CumSteps"], r["eval/return_mean"]) for r in lines] == [
+        ("benchmarl", "800", "-110.0"), ("benchmarl", "1600", "-90.0"), ("tdrl", "0", "-96.0"),
+        ("tdrl", "1600", "-80.0")]
+    assert lines[0]["task"] == "simple_spread-mappo" and lines[-1]["time/wall_s"] == "2.5"
+
+
+def test_page_section_holds_the_rows(tmp_path, capsys):
+    page = tmp_path / "learning.md"
+    page.write_text("# Learning\n\n## Multi-agent\n\nBenchMARL beside tdrl.\n\n## Other\n\nkept\n")
+    with markdown_page("Multi-agent", ["benchmarks/benchmarl_reference.py", "--markdown", f"{page}#multi-agent"]):
+        for r in _fake_rows():
+            ref.print_row(r)
+        ref.summarise(_fake_rows())
+    text = page.read_text()
+    assert "BenchMARL beside tdrl.\n\n<!-- results:multi-agent -->" in text and text.endswith("## Other\n\nkept\n")
+    assert "final    -90.0 (BenchMARL logs -30.0 per agent) at 1,600 frames; train 3.0 s, wall 5.0 s" in text
+    assert "simple_spread-mappo  tdrl          1                 -80.0 (mean)" in text
+    assert "-80.0 (mean)" in capsys.readouterr().out
