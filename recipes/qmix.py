@@ -14,8 +14,9 @@ replay, and each update regresses, on a sampled batch of them:
   ``optim.target_update_interval`` updates.
 
 Rewards: QMIX and VDN learn the team reward, which ``GroupedEnv`` puts at the root as the **sum over agents** (mpe2's
-simple_spread: 3 times the shared team reward plus each agent's collision penalties); IQL learns each agent's own
-reward. Returns in the logs are that sum (EPyMARL divides MPE returns by the number of agents).
+simple_spread, ``local_ratio=0.5``: each agent gets half the shared landmark-distance reward plus half its own
+collision penalties, so the sum is 1.5 times the shared reward plus half of all collisions); IQL learns each agent's
+own reward. Returns in the logs are that sum (EPyMARL divides MPE returns by the number of agents).
 
     python recipes/qmix.py                                     # QMIX on mpe2/simple_spread_v3, 3 agents
     python recipes/qmix.py loss.method=vdn                     # or loss.method=iql
@@ -136,6 +137,9 @@ class OptimConfig(OffPolicyOptimConfig):
 
 @dataclass
 class Config(RecipeConfig):
+    """Rewards: QMIX and VDN learn the team reward, the sum over agents that ``GroupedEnv`` puts at the root
+    (simple_spread: not EPyMARL's per-agent mean); IQL learns each agent's own, ``("next", "agents", "reward")``."""
+
     env: MultiAgentEnvConfig = field(default_factory=MultiAgentEnvConfig)
     collector: CollectorConfig = field(default_factory=lambda: CollectorConfig(batch_B=4, batch_T=25,
                                                                                total_frames=2_000_000))
