@@ -32,6 +32,11 @@ PyMARL's: an MLP agent, not a GRU (simple_spread's observations hold what an age
 observation, TorchRL's one-layer hypernetworks (PyMARL: two of 64), Adam (as EPyMARL; PyMARL used RMSprop), no
 double-Q target, and transitions, not whole episodes, in the replay.
 
+Measured (one 2-core machine, seed 0, not yet a benchmark; eval return summed over the 3 agents, -109 at start): VDN
+-54 at 50k frames, -53 at 100k and 150k (MAPPO's recipe: about -60). QMIX is not yet stable here: -67 at 50k, then
+its loss and gradient norm grow without bound and the return falls to -184 by 200k frames (-200 without reward
+standardisation, from 100k); PyMARL's double-Q target and two-layer hypernetworks are the suspects.
+
 Needs ``pip install 'tdrl[marl]'``. Not yet: results beside BenchMARL/EPyMARL, several groups mixed together
 (adversaries), recurrent agents, ``trainer.kind=async``.
 """
