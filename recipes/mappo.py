@@ -35,6 +35,7 @@ from tdrl.config import (
     Fraction,
     LayerSizes,
     LoggerConfig,
+    NonNegativeFloat,
     OnPolicyTrainerConfig,
     PolicyGradientLossConfig,
     PolicyGradientOptimConfig,
@@ -74,7 +75,7 @@ class LossConfig(PolicyGradientLossConfig):
     gamma: PositiveFraction = 0.99
     gae_lambda: Fraction = 0.95
     clip_epsilon: PositiveFloat = 0.2
-    entropy_coeff: float = 0.01
+    entropy_coeff: NonNegativeFloat = 0.01
     epochs: Count = 4
     """Passes over each batch."""
     minibatches: Count = 1

@@ -18,7 +18,7 @@ Filtered, and why each is harmless:
   updates the loss's ``target_*`` networks with tdrl's :class:`~tdrl.objectives.update.TargetUpdate` instead
   (its hard copies and polyak steps on the loss's targets: ``tests/objectives/test_update.py``).
 - **MuJoCo** ``MuJoCo - compiler attribute 'settotalmass' is deprecated`` (``RuntimeWarning`` from
-  ``tdrl.envs.make``, which routes MuJoCo's warnings to Python's) -- gymnasium's own HalfCheetah XML uses the
+  ``tdrl.envs.families``, which routes MuJoCo's warnings to Python's) -- gymnasium's own HalfCheetah XML uses the
   attribute; the model still compiles with the masses it always had, and nothing a user sets changes it.
 - **TorchRL** ``The VecNorm class is to be deprecated in favor of `torchrl.envs.VecNormV2` ...`` and ``This class
   is to be deprecated in favor of VecNormV2`` (``FutureWarning``, printed by every ``VecNorm(...)``, whatever its
@@ -78,7 +78,7 @@ class Harmless(NamedTuple):
 HARMLESS = (
     Harmless("No target network updater has been associated with this loss module", UserWarning,
              "torchrl.objectives.common"),
-    Harmless("MuJoCo - compiler attribute 'settotalmass' is deprecated", RuntimeWarning, "tdrl.envs.make"),
+    Harmless("MuJoCo - compiler attribute 'settotalmass' is deprecated", RuntimeWarning, "tdrl.envs.families"),
     Harmless("The VecNorm class is to be deprecated", FutureWarning, "torchrl.envs.transforms._normalization"),
     Harmless("This class is to be deprecated in favor of", FutureWarning, "torchrl.envs.transforms._normalization"),
 )
