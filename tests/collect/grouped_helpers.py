@@ -72,18 +72,13 @@ class MaskedWalkFactory:
 
 
 @dataclass(frozen=True)
-class TaxiFactory:
+class TaxiFactory(EnvFactory):
     """Taxi-v4 (its action mask in ``info``) with the mask moved into the observation."""
 
-    def __call__(self, seed: int | None = None) -> gym.Env:
-        return InfoActionMask(EnvFactory("Taxi-v4")(seed))
+    env_id: str = "Taxi-v4"
 
-    def specs(self) -> EnvSpecs:
-        env = self()
-        try:
-            return EnvSpecs.from_env(env)
-        finally:
-            env.close()
+    def __call__(self, seed: int | None = None) -> gym.Env:
+        return InfoActionMask(super().__call__(seed))
 
 
 class MaskedArgmax(torch.nn.Module):
