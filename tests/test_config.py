@@ -2,6 +2,7 @@
 field of every recipe declares its range."""
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -229,6 +230,27 @@ def test_lists_parse_strictly(text):
                                          ("[ 8 ]", [8]), ("8", [8]), ("[]", []), ("[ ]", [])])
 def test_well_formed_lists_parse(text, items):
     assert apply_overrides(RangedCfg(), [f"optim.head_sizes={text}"]).optim.head_sizes == items
+
+
+@dataclass
+class Nested:
+    visible: list[list[Annotated[int, Range(ge=0)]]] | None = None
+    """Lists of lists (recipes/maddpg.py's model.critic_visible_agents)."""
+
+
+@pytest.mark.parametrize("text, items", [("[[0,1],[1,2],[2,0]]", [[0, 1], [1, 2], [2, 0]]), ("[[0], [1]]", [[0], [1]]),
+                                         ("[[0, 1]]", [[0, 1]]), ("[]", []), ("none", None)])
+def test_lists_of_lists_parse(text, items):
+    assert apply_overrides(Nested(), [f"visible={text}"]).visible == items
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[[0,1],[1,2]", "is not a list; write it as [[0, 1], [1, 2]]"), ("[[0,1],2]", "is not a list"),
+    ("[0,1]", "is not a list"), ("[[0,1]],", "is not a list"), ("[[0,,1]]", "config key 'visible[0]': "),
+    ("[[0,-1]]", "config key 'visible[0][1]': -1 must be >= 0")])
+def test_lists_of_lists_parse_strictly(text, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        apply_overrides(Nested(), [f"visible={text}"])
 
 
 def test_help_shows_each_fields_range():

@@ -115,7 +115,9 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if origin is Literal:
         return _coerce_literal(key, value, args)
     if origin in (list, tuple):
-        out = [_coerce(f"{key}[{i}]", item, args[0] if args else Any) for i, item in enumerate(_list_items(key, value))]
+        item_tp = args[0] if args else Any
+        items = _list_items(key, value, nested=_is_list_type(item_tp))
+        out = [_coerce(f"{key}[{i}]", item, item_tp) for i, item in enumerate(items)]
         return tuple(out) if origin is tuple else out
     if tp is bool:
         return _coerce_bool(key, value)
@@ -183,9 +185,17 @@ def _coerce_number(key: str, value: Any, tp: type[int] | type[float]) -> int | f
     raise ConfigError(f"config key '{key}': expected {'an int' if tp is int else 'a float'}, got {value!r}")
 
 
-def _list_items(key: str, value: Any) -> list[Any]:
+def _is_list_type(tp: Any) -> bool:
+    """Whether ``tp`` (possibly ``Annotated``) is a list or tuple type: a list of them parses nested brackets."""
+    if typing.get_origin(tp) is Annotated:
+        tp = typing.get_args(tp)[0]
+    return typing.get_origin(tp) in (list, tuple)
+
+
+def _list_items(key: str, value: Any, nested: bool = False) -> list[Any]:
     """The items of a list value: a python list or tuple, or a string ``[a, b]``, ``(a, b)`` or ``a, b`` with
-    balanced brackets and no empty item (``[]`` is the empty list), so a typo cannot drop an item silently."""
+    balanced brackets and no empty item (``[]`` is the empty list), so a typo cannot drop an item silently.
+    ``nested``: the items are lists themselves, each in brackets (``[[0, 1], [1, 2]]``)."""
     if isinstance(value, (list, tuple)):
         return list(value)
     if not isinstance(value, str):
@@ -195,10 +205,27 @@ def _list_items(key: str, value: Any) -> list[Any]:
         text = text[1:-1].strip()
         if not text:
             return []
-    items = [item.strip() for item in text.split(",")]
-    if any(not item or any(c in item for c in "[]()") for item in items):
-        raise ConfigError(f"config key '{key}': {value!r} is not a list; write it as [64, 64] (balanced brackets, "
+    items = _split_nested(text) if nested else [item.strip() for item in text.split(",")]
+    if items is None or any(not item or (not nested and any(c in item for c in "[]()")) for item in items):
+        example = "[[0, 1], [1, 2]]" if nested else "[64, 64]"
+        raise ConfigError(f"config key '{key}': {value!r} is not a list; write it as {example} (balanced brackets, "
                           "no empty item; [] is the empty list)")
+    return items
+
+
+def _split_nested(text: str) -> list[str] | None:
+    """``[0, 1], [1, 2]`` -> ``["[0, 1]", "[1, 2]"]``: split at the commas outside brackets; each item must be one
+    bracketed list. None where the brackets do not balance or an item is not in brackets."""
+    items, depth, start = [], 0, 0
+    for i, c in enumerate(text + ","):
+        depth += (c in "[(") - (c in "])")
+        if depth < 0:
+            return None
+        if c == "," and depth == 0:
+            items.append(text[start:i].strip())
+            start = i + 1
+    if depth or any(item[:1] not in ("[", "(") or item[-1:] not in ("]", ")") for item in items):
+        return None
     return items
 
 
