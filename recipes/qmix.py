@@ -167,19 +167,7 @@ class Config(RecipeConfig):
 GROUP = "agents"  # group_map=one_group: every agent in this one group
 
 
-# --- Replay ---------------------------------------------------------------------------------------------------
-def transition_keys(masked: bool, state: bool) -> list[NestedKey]:
-    """What the replay stores per step: the group's observations, action, presence and action masks at t and t+1,
-    the agents' own rewards and done flags (IQL), the team's (at the root) and the global state (QMIX)."""
-    from tdrl.utils.keys import MASK_KEY
-
-    seen = ["observation", "mask", *(["action_mask"] if masked else [])]
-    root = [*((GROUP, key) for key in seen), (GROUP, "action"), *(["state"] if state else []), MASK_KEY]
-    agents_next = [*seen, "reward", "done", "terminated"]
-    team_next = ["reward", "done", "terminated", "truncated", *(["state"] if state else [])]
-    return [*root, *(("next", GROUP, key) for key in agents_next), *(("next", key) for key in team_next)]
-
-
+# --- Rewards --------------------------------------------------------------------------------------------------
 class RewardStandardizer:
     """EPyMARL's reward standardisation: each sampled batch updates a running mean and variance of its rewards
     (Chan et al.'s parallel update, all on the rewards' device) and then has them standardised, in place. The
@@ -217,15 +205,21 @@ def main(cfg: Config, env_factory: Callable[[], Any] | None = None) -> dict:
     ``eval.n_envs=0``."""
     import torch
 
-    from tdrl.config import replay_copy
     from tdrl.envs import EnvFactory, EnvSpecs
     from tdrl.log.run import Run
     from tdrl.models import EpsilonGreedy, chain_policy
     from tdrl.objectives.graphs import graph_adam, update_step
     from tdrl.objectives.update import TargetUpdate, Updater
     from tdrl.objectives.value_decomposition import make_group_q, make_value_decomposition_loss
-    from tdrl.replay import TransitionReplayBuffer
-    from tdrl.wiring import check_min_steps_learn, check_trainer, collector_factory_from, make_trainer, prepare_recipe
+    from tdrl.replay import grouped_transition_keys
+    from tdrl.wiring import (
+        check_min_steps_learn,
+        check_trainer,
+        collector_factory_from,
+        make_trainer,
+        prepare_recipe,
+        transition_replay_from,
+    )
 
     check_trainer(cfg.trainer, on_policy=False, supported=("sync",))
     # --- Build ----------------------------------------------------------------------------------------------
@@ -270,10 +264,9 @@ def main(cfg: Config, env_factory: Callable[[], Any] | None = None) -> dict:
     standardise = RewardStandardizer(reward_key, device) if cfg.loss.standardise_rewards else None
 
     run = Run.open(cfg, name=cfg.loss.method)
-    # the grouped transitions, [n, n_agents] per sampled step; n-step returns of the team reward
-    replay = TransitionReplayBuffer(run.dir / "replay", cfg.replay.size, n_step=cfg.loss.n_step, gamma=cfg.loss.gamma,
-                                    keys=transition_keys(masked, has_state), seed=cfg.run.seed, device=device,
-                                    copy_on_device=replay_copy(cfg))
+    # the grouped transitions, [n, n_agents] per sampled step (observations, presence and action masks, actions,
+    # the agents' own rewards and flags for IQL, the global state for QMIX); n-step returns of the team reward
+    replay = transition_replay_from(cfg, run.dir, device, keys=grouped_transition_keys(obs_spec))
     collector = collector_factory_from(cfg, env_factory, policy, device=device, return_same_td=True)()
     eval_collector = None if cfg.eval.n_envs == 0 else make_eval(cfg, policy, env_kwargs)
     trainer = make_trainer(cfg, on_policy=False, collector=collector, replay=replay, eval_collector=eval_collector,

@@ -28,7 +28,7 @@ prioritized sampler's C++ extension does not load against torch 2.13, and it has
 stored-state sequences or cross-process sharing. :class:`PrioritizedSampler` implements TorchRL's ``Sampler``.
 """
 
-from tdrl.replay.buffer import TRANSITION_KEYS, TransitionReplayBuffer
+from tdrl.replay.buffer import TRANSITION_KEYS, TransitionReplayBuffer, grouped_transition_keys
 from tdrl.replay.frames import FrameStack
 from tdrl.replay.prioritized import PrioritizedSampler, check_priorities
 from tdrl.replay.schema import ReplayError
@@ -38,4 +38,5 @@ from tdrl.replay.sum_tree import SumTree
 from tdrl.utils.returns import nstep_returns, sequence_priority
 
 __all__ = ["TRANSITION_KEYS", "FrameStack", "MemmapStore", "PrioritizedSampler", "ReplayError", "SequenceReplayBuffer",
-    "SumTree", "TransitionReplayBuffer", "check_priorities", "nstep_returns", "sequence_priority"]
+    "SumTree", "TransitionReplayBuffer", "check_priorities", "grouped_transition_keys", "nstep_returns",
+    "sequence_priority"]

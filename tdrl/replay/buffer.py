@@ -25,12 +25,26 @@ from tdrl.utils.files import LinkingWriter
 from tdrl.utils.keys import MASK_KEY, STEPS_KEY
 from tdrl.utils.returns import nstep_returns
 
-__all__ = ["TRANSITION_KEYS", "TransitionReplayBuffer"]
+__all__ = ["TRANSITION_KEYS", "TransitionReplayBuffer", "grouped_transition_keys"]
 
 
 TRANSITION_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"), ("next", "done"),
                    ("next", "terminated"), ("next", "truncated")]
 """What a feed-forward off-policy recipe stores per transition (``keys=`` of :class:`TransitionReplayBuffer`)."""
+
+
+def grouped_transition_keys(observation_spec: Any) -> list[NestedKey]:
+    """What a multi-agent off-policy recipe stores per transition (``keys=`` of :class:`TransitionReplayBuffer`),
+    from the env's observation spec (docs/design.md §1): each agent group's entries (``observation``, ``mask``,
+    ``action_mask``) and ``action`` at ``t``, its entries and per-agent ``reward``/``done``/``terminated`` under
+    ``next``; at the root the validity mask, the team's reward and flags under ``next`` and the global ``state``."""
+    groups = [key for key in observation_spec.keys() if hasattr(observation_spec[key], "keys")]
+    state = ["state"] if "state" in observation_spec.keys() else []
+    now: list[NestedKey] = [(g, key) for g in groups for key in (*observation_spec[g].keys(), "action")]
+    later: list[NestedKey] = [("next", g, key) for g in groups
+                              for key in (*observation_spec[g].keys(), "reward", "done", "terminated")]
+    return [*now, *state, MASK_KEY, *later, *(("next", key) for key in ("reward", "done", "terminated", "truncated",
+                                                                          *state))]
 
 class TransitionReplayBuffer:
     """Memmap-backed transition replay with n-step returns.
