@@ -22,6 +22,7 @@ from tdrl.collect.common import env_specs
 from tdrl.collect.layout import action_arrays, action_keys, make_step_td, observation_keys, policy_observation
 from tdrl.collect.policy import PolicyStep
 from tdrl.collect.stepping import EnvSlice
+from tdrl.collect.traj_info import group_rewards
 from tdrl.collect.transform import (
     StepTransform,
     check_is_transform,
@@ -195,7 +196,8 @@ class SliceRunner:
     def end_batch(self) -> Entries:
         envs = self.envs
         valid = envs.valid_mask()
-        entries = envs.batch_traj_infos(valid if self.wait_reset else None)
+        rewards = group_rewards(self.batch, envs.groups, self.lo, self.hi) if envs.groups else None
+        entries = envs.batch_traj_infos(valid if self.wait_reset else None, rewards)
         finish_slice(self.batch, self.lo, self.hi, valid, envs.traj_ids(self.n_total), self.wait_reset)
         return entries
 

@@ -34,8 +34,8 @@ import gymnasium as gym
 import numpy as np
 from tensordict import TensorDictBase
 
-from tdrl.collect.layout import FLAGS, ArrayTree, action_mask, make_step_td, observation_views
-from tdrl.collect.traj_info import EpisodeTracker
+from tdrl.collect.layout import FLAGS, ArrayTree, action_mask, group_keys, make_step_td, observation_views
+from tdrl.collect.traj_info import EpisodeTracker, group_name
 from tdrl.envs.state import capture_problem, get_env_state, set_env_state
 
 __all__ = ["STEP_NEXT_KEYS", "EnvSlice", "env_seed", "make_step_td"]
@@ -79,7 +79,9 @@ class EnvSlice:
         self.rewards_block = np.zeros((n, batch_T), dtype=np.float32)
         self.dones_block = np.zeros((n, batch_T), dtype=bool)
         self.game_goes_on: list[tuple[int, int]] = []  # (env, step) of this batch's dones with traj_done False
-        self.tracker = EpisodeTracker(n, discount=settings.discount, game_score=settings.game_score)
+        self.groups = group_keys(rows) if composite else []  # agent groups: TrajInfos add each one's return
+        self.tracker = EpisodeTracker(n, discount=settings.discount, game_score=settings.game_score,
+                                      groups=[group_name(key) for key in self.groups])
         self.episode_count = np.zeros(n, dtype=np.int64)
         self.action_bounds = _box_bounds(self.envs[0].action_space) if self.envs else None
 
@@ -92,6 +94,7 @@ class EnvSlice:
         counts = [int(np.random.default_rng(s).integers(0, high)) for s in self.seeds]
         rewards = np.zeros((n, max(counts)), np.float32)
         game_ends = np.zeros_like(rewards, bool)
+        group_rewards = np.zeros((len(self.groups), *rewards.shape))
         for i, env in enumerate(self.envs):
             self.obs[i], _ = env.reset(seed=self.seeds[i])
             env.action_space.seed(self.seeds[i])
@@ -99,12 +102,15 @@ class EnvSlice:
                 mask = action_mask(env.action_space, self.obs[i]) if self.masked else None
                 action = env.action_space.sample() if mask is None else env.action_space.sample(mask=mask)
                 obs, rewards[i, k], term, trunc, info = env.step(action)
+                group_rewards[:, i, k] = [_leaf(obs, key)["reward"].sum() for key in self.groups]
                 if term or trunc:
                     game_ends[i, k] = info.get("traj_done", True)
                     obs, _ = env.reset()
                 self.obs[i] = obs
         if rewards.size:
-            self.tracker.add(rewards, game_ends, np.arange(rewards.shape[1]) < np.asarray(counts)[:, None], keep=False)
+            by_group = {group_name(key): r for key, r in zip(self.groups, group_rewards, strict=True)}
+            self.tracker.add(rewards, game_ends, np.arange(rewards.shape[1]) < np.asarray(counts)[:, None], keep=False,
+                             group_rewards=by_group)
         self.is_init[:] = True
 
     def sample_actions(self, out: np.ndarray) -> None:
@@ -170,15 +176,17 @@ class EnvSlice:
         if self.wait_reset:
             self.idle |= done
 
-    def batch_traj_infos(self, valid: np.ndarray | None) -> list[tuple[int, int, dict[str, float]]]:
+    def batch_traj_infos(self, valid: np.ndarray | None, group_rewards: dict[str, np.ndarray] | None = None
+                         ) -> list[tuple[int, int, dict[str, float]]]:
         """Games finished in this batch as ``(t, global_env_index, traj_info)``: episodes, unless the env said
-        ``traj_done`` False at their end (then the TrajInfo continues with the game)."""
+        ``traj_done`` False at their end (then the TrajInfo continues with the game). An env with agent groups
+        passes their ``[n, T]`` rewards (:func:`tdrl.collect.traj_info.group_rewards` of the batch)."""
         game_ends = self.dones_block
         if self.game_goes_on:
             game_ends = game_ends.copy()
             game_ends[tuple(np.array(self.game_goes_on).T)] = False
             self.game_goes_on.clear()
-        done = self.tracker.add(self.rewards_block, game_ends, valid)
+        done = self.tracker.add(self.rewards_block, game_ends, valid, group_rewards=group_rewards)
         return [(t, self.lo + i, info) for t, i, info in done]
 
     def valid_mask(self) -> np.ndarray:
@@ -242,6 +250,13 @@ class EnvSlice:
             except Exception:  # closing is best effort; a broken env must not mask the original error
                 pass
         self.envs = []
+
+
+def _leaf(obs: Any, key: Any) -> Any:
+    """The entry at ``key`` (a string or a nested key) of an env's observation dict."""
+    for name in (key,) if isinstance(key, str) else key:
+        obs = obs[name]
+    return obs
 
 
 def _box_bounds(space: Any) -> tuple[np.ndarray, np.ndarray] | None:

@@ -7,13 +7,24 @@ episodic lives) ends a TrajInfo at game over, not at each lost life (see :mod:`t
 ``Return`` and ``GameScore`` are the game's. Fields starting with ``_`` are never logged (rlpyt's convention).
 Episodes carry their partial sums across batches; decorrelation steps count toward each env's first episode, but
 episodes that *finish* during decorrelation are dropped.
+
+A multi-agent env's TrajInfos also hold each agent group's return, ``"<group>/Return"`` (the sum over the group's
+agents of ``("next", group, "reward")``; the groups' returns add up to ``Return``), which the logs write as
+``train/<group>/return_mean``... beside the summed ``train/return_mean``. A collector that steps grouped envs
+builds its tracker with ``groups=`` (:func:`group_name` of each :func:`~tdrl.collect.layout.group_keys`) and hands
+each block's :func:`group_rewards` to :meth:`EpisodeTracker.add`.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-__all__ = ["EpisodeTracker"]
+import numpy as np
+from tensordict import TensorDictBase
+from tensordict.utils import NestedKey
+
+__all__ = ["EpisodeTracker", "group_name", "group_rewards"]
 
 #: Blocks of at most this many env steps are folded step by step (see ``EpisodeTracker._add_stepwise``).
 SMALL_BLOCK = 32
@@ -28,9 +39,12 @@ class EpisodeTracker:
         n_envs: number of envs tracked (a worker's slice).
         discount: discount of ``DiscountedReturn``.
         game_score: add ``GameScore`` (Atari).
+        groups: agent groups whose returns each TrajInfo adds as ``"<group>/Return"`` (their rewards go to
+            :meth:`add`).
     """
 
-    def __init__(self, n_envs: int, discount: float = 0.99, game_score: bool = False) -> None:
+    def __init__(self, n_envs: int, discount: float = 0.99, game_score: bool = False,
+                 groups: Sequence[str] = ()) -> None:
         self.n_envs = n_envs
         self.discount = float(discount)
         self.game_score = game_score
@@ -40,15 +54,23 @@ class EpisodeTracker:
         self._len = np.zeros(n_envs, np.int64)
         self._nonzero = np.zeros(n_envs, np.int64)
         self._pows = np.ones(1, np.float64)
+        # each group's episodes, tracked as the whole episode's (same dones, so the same episodes in the same order)
+        self._groups = {group: EpisodeTracker(n_envs, discount) for group in groups}
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """The running sums of the episodes in progress (copies)."""
-        return {"return": self._ret.copy(), "discounted_return": self._disc_ret.copy(),
-                "discount_power": self._disc_pow.copy(), "length": self._len.copy(), "nonzero": self._nonzero.copy()}
+    def state_dict(self) -> dict[str, Any]:
+        """The running sums of the episodes in progress (copies), each group's under ``groups``."""
+        state: dict[str, Any] = {"return": self._ret.copy(), "discounted_return": self._disc_ret.copy(),
+                 "discount_power": self._disc_pow.copy(), "length": self._len.copy(), "nonzero": self._nonzero.copy()}
+        if self._groups:
+            state["groups"] = {group: tracker.state_dict() for group, tracker in self._groups.items()}
+        return state
 
-    def load_state_dict(self, state: dict[str, np.ndarray], rows: np.ndarray | None = None) -> None:
+    def load_state_dict(self, state: dict[str, Any], rows: np.ndarray | None = None) -> None:
         """Restore the running sums (of the envs selected by the bool mask ``rows`` only, when given)."""
         rows = np.ones(self.n_envs, bool) if rows is None else rows
+        for group, tracker in self._groups.items():
+            if group in state.get("groups", {}):  # absent in checkpoints from before groups were tracked
+                tracker.load_state_dict(state["groups"][group], rows)
         sums = (self._ret, self._disc_ret, self._disc_pow, self._len, self._nonzero)
         for dst, key in zip(sums, ("return", "discounted_return", "discount_power", "length", "nonzero"), strict=True):
             value = np.asarray(state[key])
@@ -61,8 +83,8 @@ class EpisodeTracker:
             self._pows = self.discount ** np.arange(max(n, 2 * len(self._pows)), dtype=np.float64)
         return self._pows[:n]
 
-    def add(self, rewards: np.ndarray, dones: np.ndarray, valid: np.ndarray | None = None,
-            keep: bool = True) -> list[tuple[int, int, dict[str, float]]]:
+    def add(self, rewards: np.ndarray, dones: np.ndarray, valid: np.ndarray | None = None, keep: bool = True,
+            group_rewards: Mapping[str, np.ndarray] | None = None) -> list[tuple[int, int, dict[str, float]]]:
         """Fold a block of steps into the running sums.
 
         Args:
@@ -71,10 +93,24 @@ class EpisodeTracker:
                 ``traj_done``).
             valid: optional ``[n_envs, k]`` mask; invalid steps (wait-reset idling) are skipped.
             keep: False drops finished episodes (decorrelation) instead of returning them.
+            group_rewards: ``{group: [n_envs, k]}`` for every group of ``groups=`` (:func:`group_rewards`).
 
         Returns:
             ``(step_in_block, env_index, traj_info)`` per finished episode (to order several workers' episodes).
         """
+        out = self._add(rewards, dones, valid, keep)
+        if self._groups:
+            if group_rewards is None or set(group_rewards) != set(self._groups):
+                raise ValueError(f"this tracker's groups are {list(self._groups)}; add() got rewards for "
+                                 f"{None if group_rewards is None else list(group_rewards)}")
+            for group, tracker in self._groups.items():
+                parts = tracker._add(group_rewards[group], dones, valid, keep)
+                for (_, _, info), (_, _, part) in zip(out, parts, strict=True):
+                    info[f"{group}/Return"] = part["Return"]
+        return out
+
+    def _add(self, rewards: np.ndarray, dones: np.ndarray, valid: np.ndarray | None,
+             keep: bool) -> list[tuple[int, int, dict[str, float]]]:
         rewards = np.asarray(rewards, dtype=np.float64)
         dones = np.asarray(dones, dtype=bool)
         n, k = rewards.shape
@@ -86,7 +122,7 @@ class EpisodeTracker:
         if k > safe:
             out = []
             for lo in range(0, k, safe):
-                part = self.add(rewards[:, lo : lo + safe], dones[:, lo : lo + safe],
+                part = self._add(rewards[:, lo : lo + safe], dones[:, lo : lo + safe],
                                 None if valid is None else valid[:, lo : lo + safe], keep)
                 out += [(t + lo, i, info) for t, i, info in part]
             return out
@@ -172,3 +208,21 @@ class EpisodeTracker:
             self._ret[i], self._disc_ret[i], self._disc_pow[i] = ret, disc, disc_pow
             self._len[i], self._nonzero[i] = length, nonzero
         return out
+
+
+def group_name(key: NestedKey) -> str:
+    """How TrajInfos name the agent group at ``key`` (:func:`~tdrl.collect.layout.group_keys`): a nested key
+    joined with ``/``."""
+    return key if isinstance(key, str) else "/".join(key)
+
+
+def group_rewards(batch: TensorDictBase, keys: Sequence[NestedKey], lo: int = 0,
+                  hi: int | None = None) -> dict[str, np.ndarray]:
+    """``{group_name(key): [hi - lo, T]}``: rows ``lo:hi`` of a ``[B, T]`` batch's ``("next", *key, "reward")``
+    summed over the group's agents (float64), as :meth:`EpisodeTracker.add` takes them; ``keys`` are the step
+    TensorDict's :func:`~tdrl.collect.layout.group_keys`."""
+    out = {}
+    for key in keys:
+        reward = batch.get(("next", *((key,) if isinstance(key, str) else key), "reward")).numpy()[lo:hi]
+        out[group_name(key)] = reward.reshape(*reward.shape[:2], -1).sum(-1, dtype=np.float64)
+    return out

@@ -4,7 +4,8 @@ rlpyt wrote ``ReturnAverage, ReturnStd, ReturnMedian, ReturnMin, ReturnMax`` for
 optimiser value; tdrl writes the same five statistics (population std) under metric keys: ``ReturnAverage`` is
 ``train/return_mean`` (evaluation episodes: ``eval/return_mean``), ``LossAverage`` of a recorded ``loss_q`` is
 ``loss/q_mean``. Episode fields are the TrajInfo names in snake case (``DiscountedReturn`` →
-``discounted_return``; fields starting with ``_`` are never logged). Optimiser metrics are renamed by
+``discounted_return``; fields starting with ``_`` are never logged; an agent group's ``<group>/Return`` is
+``train/<group>/return_mean``). Optimiser metrics are renamed by
 :func:`metric_name`. It sits in ``tdrl.utils`` so that trainers, the run logger and user scripts share it.
 """
 
@@ -42,7 +43,10 @@ def summarize(key: str, values: Iterable[float] | Any) -> dict[str, float]:
 
 
 def _snake(name: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+    """``DiscountedReturn`` -> ``discounted_return``; a path keeps its head: ``blueTeam/Return`` -> ``blueTeam/return``
+    (an agent group's field)."""
+    head, sep, tail = name.rpartition("/")
+    return head + sep + re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", tail).lower()
 
 
 def summarize_records(records: Sequence[Mapping[str, float]], prefix: str = "train/",
