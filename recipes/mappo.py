@@ -4,9 +4,11 @@ arXiv:2011.09533) on TorchRL's ``MAPPOLoss``/``IPPOLoss``, ``MultiAgentGAE`` and
 Each agent group of the env (``tdrl.envs.multiagent``: ``(group, "observation")`` ``[B, T, n_agents, obs]``...) gets a
 decentralised actor shared by its agents (``model.share_params``) and a critic: MAPPO's sees every agent of the group
 (a centralised ``MultiAgentMLP``), IPPO's only its own agent. GAE runs over each agent's own reward and done flags
-(``("next", group, "reward")``), advantages are normalised over the batch but not across agents, and one Adam steps
-every group's networks on the sum of their losses. Returns in the logs are summed over all agents (mpe2's
-simple_spread: three times the shared team reward plus the collisions; EPyMARL divides by the number of agents).
+(``("next", group, "reward")``), advantages are normalised once per batch, per agent, and one Adam steps every
+group's networks on the sum of their losses. An agent that left the episode (``(group, "mask")`` False) is masked:
+its rows count in no policy, value or entropy term and in no advantage statistic. Returns in the logs are summed
+over all agents (mpe2's simple_spread: three times the shared team reward plus the collisions; EPyMARL divides by
+the number of agents), with each group's beside them (``train/<group>/return_mean``).
 
     python recipes/mappo.py                                          # MAPPO on mpe2/simple_spread_v3, 3 agents
     python recipes/mappo.py loss.algorithm=ippo
@@ -19,8 +21,7 @@ minibatch) with 4 epochs over 8 envs x 100 steps. On one 2-core machine (seed 0,
 -96 at start, about -60 (summed over the 3 agents) from 50k frames on, at ~1,900 frames/s; with 10 epochs of 4
 minibatches at lr 3e-4 it oscillated between -57 and -100. Results beside BenchMARL are still to come.
 
-Needs ``pip install 'tdrl[marl]'``. Not yet: the agent mask in the loss (envs whose agents leave early train on
-their masked rows too), per-group optimizers, a global-state critic, VMAS.
+Needs ``pip install 'tdrl[marl]'``. Not yet: per-group optimizers, a global-state critic, VMAS.
 """
 
 from __future__ import annotations
@@ -155,13 +156,45 @@ def group_loss(group: str, actor: TensorDictModuleBase, critic: TensorDictModule
 
     cls = MAPPOLoss if cfg.loss.algorithm == "mappo" else IPPOLoss
     loss = cls(actor, critic, clip_epsilon=cfg.loss.clip_epsilon, entropy_coeff=cfg.loss.entropy_coeff,
-               critic_coeff=cfg.loss.value_loss_coeff, normalize_advantage=True)
+               critic_coeff=cfg.loss.value_loss_coeff, normalize_advantage=False)  # advantages(): masked
+    # the policy, value and entropy terms average over the rows whose agent is present (TorchRL's public loss mask;
+    # a wait-reset collector's idle steps are zeros, so their agents are absent too)
+    loss.loss_mask_key = (group, "mask")
     loss.make_value_estimator(MultiAgentGAE, gamma=cfg.loss.gamma, lmbda=cfg.loss.gae_lambda, value_network=critic)
     keys = dict(value=(group, "state_value"), advantage=(group, "advantage"), value_target=(group, "value_target"),
                 reward=(group, "reward"), done=(group, "done"), terminated=(group, "terminated"))
     loss.set_keys(action=(group, "action"), sample_log_prob=(group, "action_log_prob"), **keys)
     loss.value_estimator.set_keys(**keys)
     return loss
+
+
+def advantages(batch: TensorDictBase, losses: dict[str, Any]) -> None:
+    """Each group's ``(group, "advantage")`` and ``(group, "value_target")`` by its loss's ``MultiAgentGAE`` over
+    the agents' own rewards and done flags (an agent that left stays done, so its absent rows never reach a present
+    one's advantage), then the advantages standardised per agent over the rows where it is present (TorchRL's
+    ``normalize_advantage`` would count the absent rows too)."""
+    import torch
+
+    for g, loss in losses.items():  # the per-agent reward and done flags the estimators read, beside the values
+        for key in ("reward", "done", "terminated"):
+            batch[g, key] = batch["next", g, key]
+        with torch.no_grad():
+            loss.value_estimator(batch)
+            batch[g, "advantage"] = standardize_present(batch[g, "advantage"], batch[g, "mask"])
+
+
+def standardize_present(adv: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """``[..., n_agents, 1]`` advantages less their mean over the present rows, over their (unbiased) standard
+    deviation, per agent (TorchRL's standardisation, restricted to ``present``); 0 on absent rows."""
+    import torch
+
+    keep = present.unsqueeze(-1).expand_as(adv)
+    adv = torch.where(keep, adv, torch.zeros_like(adv))
+    dims = [d for d in range(adv.dim()) if d != adv.dim() - 2]
+    count = keep.sum(dims, keepdim=True)
+    mean = adv.sum(dims, keepdim=True) / count.clamp_min(1)
+    var = torch.where(keep, adv - mean, torch.zeros_like(adv)).pow(2).sum(dims, keepdim=True) / (count - 1).clamp_min(1)
+    return torch.where(keep, (adv - mean) / var.sqrt().clamp_min(torch.finfo(torch.float).resolution), adv)
 
 
 def minibatches(data: TensorDictBase, n: int) -> list[TensorDictBase]:
@@ -214,12 +247,7 @@ def main(cfg: Config) -> dict:
 
     # --- Update ---------------------------------------------------------------------------------------------
     def update(batch: TensorDictBase) -> list[TensorDictBase]:
-        for g in groups:  # the per-agent reward and done flags the estimators read, beside the group's values
-            for key in ("reward", "done", "terminated"):
-                batch[g, key] = batch["next", g, key]
-        with torch.no_grad():
-            for loss in losses.values():
-                loss.value_estimator(batch)  # (group, "advantage"), (group, "value_target")
+        advantages(batch, losses)  # (group, "advantage"), (group, "value_target")
         data = batch.reshape(-1)  # [B * T] steps, each with its [n_agents] group rows
         metrics = []
         for _ in range(cfg.loss.epochs):

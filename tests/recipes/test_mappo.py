@@ -3,15 +3,19 @@ multi-agent losses), and bad input before anything starts."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tdrl.config import apply_overrides
 from tdrl.launch.recipe import load_recipe
+from tdrl.log.progress import read_progress_floats
+from tests.log.test_wandb import _records
 
 pytest.importorskip("mpe2")
 
@@ -39,3 +43,34 @@ def test_unknown_env_exits_2_with_one_line(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "unknown environment id 'mpe2/simple_sprd_v3'; mpe2 has" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(180)
+def test_group_returns_in_progress_and_wandb(tmp_path, monkeypatch):
+    """An env of two agent groups (simple_adversary: adversary_0; agent_0, agent_1): progress.csv and the W&B rows
+    hold each group's returns beside the summed ones, and they add up to them."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    run_dir = tmp_path / "run"
+    mappo.main(apply_overrides(mappo.Config(), [*TINY, f"run.dir={run_dir}", "env.id=mpe2/simple_adversary_v3",
+                                                "logger.wandb=true"]))
+    progress = read_progress_floats(run_dir / "progress.csv")
+    for section in ("train", "eval"):
+        rows = [(total, adversary, agent) for total, adversary, agent in zip(
+            *(progress[f"{section}/{g}return_mean"] for g in ("", "adversary/", "agent/")), strict=True)
+            if math.isfinite(total)]
+        assert len(rows) >= 2 and all(adv + agent == pytest.approx(total) for total, adv, agent in rows)
+    expected = [v for v in progress["train/agent/return_mean"] if math.isfinite(v)]
+    (offline,) = (tmp_path / "wandb").glob("offline-run-*")
+    deadline = time.monotonic() + 20  # wandb-core may still be writing its log after the run finished
+    while (logged := _wandb_values(offline, "train/agent/return_mean")) != expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert logged == expected
+
+
+def _wandb_values(offline_run: Path, key: str) -> list[float]:
+    """``key``'s values in the history rows of a W&B offline run's log."""
+    rows = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            for record in _records(next(offline_run.glob("run-*.wandb")))
+            if record.WhichOneof("record_type") == "history"]
+    return [row[key] for row in rows if key in row]
