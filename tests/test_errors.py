@@ -22,6 +22,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p.name for p in (ROOT / "recipes").glob("*.py"))
 HEAVY = ("torch", "torchrl", "tensordict", "gymnasium", "mujoco", "numpy")
+# The module fixtures below run a dozen recipe processes each; in one xdist worker they run once, not once per worker.
+pytestmark = pytest.mark.xdist_group("errors")
 
 
 def run(recipe: str, *args: str, debug: bool = False, importtime: bool = False) -> tuple[subprocess.CompletedProcess,
