@@ -19,7 +19,7 @@ MODULES = [
     "tdrl.config", "tdrl.envs", "tdrl.models", "tdrl.collect", "tdrl.replay",
     "tdrl.objectives.advantage", "tdrl.objectives.policy_gradient", "tdrl.objectives.dqn",
     "tdrl.objectives.continuous", "tdrl.objectives.sac", "tdrl.objectives.update", "tdrl.objectives.graphs",
-    "tdrl.objectives.schedules", "tdrl.objectives.value_decomposition", "tdrl.envs.matrix_games",
+    "tdrl.objectives.schedules", "tdrl.objectives.value_decomposition", "tdrl.envs.matrix_games", "tdrl.envs.vmas",
     "tdrl.train", "tdrl.distributed", "tdrl.wiring", "tdrl.log", "tdrl.ckpt", "tdrl.launch", "tdrl.launch.recipe",
     "tdrl.plot",
 ]

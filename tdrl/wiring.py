@@ -217,9 +217,11 @@ def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, 
     torch import overlaps the build; only where this process builds the collector: no trainer section, sync or
     ddp), set ``run.torch_threads`` and ``run.flush_denormal``, seed everything (``seed``: e.g. a data-parallel
     rank's own; default ``run.seed``), resolve ``run.device`` and make the env factory
-    (:meth:`tdrl.envs.EnvFactory.from_config`: Atari's ``env.episodic_lives`` passed on).
+    (:meth:`tdrl.envs.EnvFactory.from_config`: Atari's ``env.episodic_lives`` passed on), refusing a
+    ``collector.kind`` that cannot step ``env.id`` (a VMAS id steps with ``batched_env`` only) before anything runs.
     Returns ``(device, env_factory)`` (a :class:`tdrl.envs.EnvFactory`)."""
     from tdrl.collect import start_workers_early
+    from tdrl.collect.batched_env import check_kind
     from tdrl.envs import EnvFactory
 
     if getattr(getattr(cfg, "trainer", None), "kind", "sync") in ("sync", "ddp"):
@@ -227,7 +229,9 @@ def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, 
     torch.set_num_threads(cfg.run.torch_threads)
     torch.set_flush_denormal(cfg.run.flush_denormal)
     seed_everything(cfg.run.seed if seed is None else seed)
-    return resolve_device(cfg.run.device), EnvFactory.from_config(cfg.env)
+    env_factory = EnvFactory.from_config(cfg.env)
+    check_kind(cfg.collector.kind, env_factory)
+    return resolve_device(cfg.run.device), env_factory
 
 
 

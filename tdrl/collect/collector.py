@@ -85,7 +85,7 @@ class BatchCollector:
         batch, self.traj_infos = self.engine.run(active_exploration(self.exploration_type))
         self.frames += self.frames_per_batch
         self.batches += 1
-        if self.device.type != "cpu":
+        if self.device.type != "cpu" and batch.device != self.device:  # a batched env's may already be there
             return batch.to(self.device)
         return batch if self.return_same_td else batch.clone()
 

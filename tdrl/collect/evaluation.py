@@ -26,10 +26,12 @@ import numpy as np
 from tensordict.nn import InteractionType, TensorDictModuleBase
 from torchrl.envs import Transform
 
+from tdrl.collect.batched_env import BatchedEnvEngine
 from tdrl.collect.collector import BatchCollector
 from tdrl.collect.runner import SliceSettings
 from tdrl.collect.serial import SerialEngine
 from tdrl.envs import EnvFactory, EnvTraits
+from tdrl.utils.errors import UserError
 
 __all__ = ["EvalCollector", "make_eval_collector"]
 
@@ -162,7 +164,8 @@ def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_e
     """The evaluator every recipe uses, or ``None`` when ``n_envs == 0`` (no evaluation).
 
     Args:
-        env_id: gymnasium id (built with :class:`tdrl.envs.EnvFactory`).
+        env_id: env id (built with :class:`tdrl.envs.EnvFactory`); a batched family's (``vmas/...``) runs as one
+            env object of ``n_envs`` envs (:mod:`tdrl.collect.batched_env`).
         policy: the policy evaluated (its current weights at each call; ``None``: random actions).
         n_envs: episodes per evaluation, one per env.
         max_steps: episode time limit; 0 takes the env's own (1000 when it has none).
@@ -179,6 +182,7 @@ def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_e
 
     Raises:
         ValueError: ``env_kwargs`` asks for ``episodic_lives``.
+        UserError: ``video`` for a batched env.
     """
     if n_envs == 0:
         return None
@@ -188,6 +192,9 @@ def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_e
                          "TrajInfos span the game anyway)")
     limit = max_steps or EnvFactory(env_id, kwargs).specs().max_episode_steps or 1000
     factory = EnvFactory(env_id, {**kwargs, "max_episode_steps": limit})
+    batched = factory.traits.batched  # one env object of n_envs envs (VMAS)
+    if video and batched:
+        raise UserError(f"eval.video=true films one gymnasium env; '{env_id}' is a batched torch env, not filmed yet")
     filmed = _FilmFirstEnv(factory) if video else None
 
     def build(transform: Transform | None) -> BatchCollector:
@@ -196,7 +203,8 @@ def make_eval_collector(env_id: str, policy: TensorDictModuleBase | None, *, n_e
         # so the raw observations stay, to be transformed again with each evaluation's statistics.
         settings = SliceSettings(filmed or factory, seed, True, 0, discount, transform, env_protocol=True)
         greedy = InteractionType.DETERMINISTIC
-        engine = SerialEngine(settings, policy, batch_B=n_envs, batch_T=limit, exploration=greedy)
+        engine: Any = (BatchedEnvEngine if batched else SerialEngine)(settings, policy, batch_B=n_envs,
+                                                                       batch_T=limit, exploration=greedy)
         return BatchCollector(engine, exploration_type=greedy, return_same_td=True, transform=transform)
 
     return EvalCollector(build, filmed, observations_of=observations_of, follow_transform=follow_transform)

@@ -10,6 +10,7 @@ import torch
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from tdrl.collect.action_server import ActionServerEngine
+from tdrl.collect.batched_env import BatchedEnvEngine, check_kind
 from tdrl.collect.collector import BatchCollector
 from tdrl.collect.common import active_exploration, check_batch_args, to_interaction_type
 from tdrl.collect.parallel import ParallelEngine
@@ -20,14 +21,14 @@ from tdrl.collect.workers import get_context
 
 __all__ = ["COLLECTOR_KINDS", "ParallelCollector", "SerialCollector", "make_collector", "start_workers_early"]
 
-COLLECTOR_KINDS = ("serial", "parallel", "action_server", "alternating", "torchrl")
+COLLECTOR_KINDS = ("serial", "parallel", "action_server", "alternating", "torchrl", "batched_env")
 WORKER_KINDS = ("parallel", "action_server", "alternating")
 
 
 def start_workers_early(kind: str) -> None:
     """Start the fork server tdrl's workers fork from now, for a collector of ``kind`` built later: it imports
     torch once before the first worker can start, so a recipe calls this first and the import overlaps building
-    its models. The in-process kinds (``serial``, ``torchrl``) do nothing."""
+    its models. The in-process kinds (``serial``, ``torchrl``, ``batched_env``) do nothing."""
     if kind in WORKER_KINDS:
         get_context()
 
@@ -42,7 +43,8 @@ def make_collector(kind: str, env_factory: Callable[..., Any], policy: TensorDic
 
     Args:
         kind: one of :data:`COLLECTOR_KINDS` (see :mod:`tdrl.collect`).
-        env_factory: picklable callable returning one gymnasium env (:class:`tdrl.envs.EnvFactory`).
+        env_factory: picklable callable returning one gymnasium env (:class:`tdrl.envs.EnvFactory`); for
+            ``batched_env``, one env object of ``batch_B`` envs (:mod:`tdrl.collect.batched_env`).
         policy: TorchRL policy module reading ``observation`` and writing ``action`` (and whatever else, all
             stored; see :mod:`tdrl.collect.policy`). ``None`` takes random actions.
         batch_B: envs (rlpyt's ``batch_B``, the first batch dim).
@@ -58,18 +60,21 @@ def make_collector(kind: str, env_factory: Callable[..., Any], policy: TensorDic
             batched to each slice's steps where its envs step (observation and reward transforms such as
             ``VecNorm``, ``ObservationNorm``, ``RewardScaling``; see :mod:`tdrl.collect.transform`).
         exploration_type: see :class:`~tdrl.collect.collector.BatchCollector` (``torchrl``: fixed, RANDOM default).
-        device: device of the yielded batches.
+        device: device of the yielded batches (``batched_env``: also where its env simulates, unless the env
+            factory's kwargs name a ``device``).
         return_same_td: yield the internal buffer itself (no copy; overwritten by the next batch).
         compile: ``torch.compile`` the policy's ``act`` (tdrl kinds).
 
     Raises:
         ValueError: unknown kind (the message lists the known ones) or bad batch arguments.
+        UserError: a kind that cannot step the env (:func:`~tdrl.collect.batched_env.check_kind`).
     """
     if kind not in COLLECTOR_KINDS:
         raise ValueError(f"unknown collector kind {kind!r}; choose one of {', '.join(COLLECTOR_KINDS)}")
+    check_kind(kind, env_factory)
     if transform is not None and kind != "torchrl" and reset_mode != "reset_at_once":
         raise ValueError("transform= needs reset_mode='reset_at_once' in tdrl's collector kinds")
-    n_procs = 1 if kind == "serial" else n_workers * (2 if kind == "alternating" else 1)
+    n_procs = 1 if kind in ("serial", "batched_env") else n_workers * (2 if kind == "alternating" else 1)
     check_batch_args(batch_B, batch_T, reset_mode, n_procs)
     settings = SliceSettings(env_factory, seed, reset_mode == "wait_reset", max_decorrelation_steps, discount,
                              transform)
@@ -84,6 +89,8 @@ def make_collector(kind: str, env_factory: Callable[..., Any], policy: TensorDic
         engine = TorchRLEngine(settings, policy, n_workers=n_workers, device=device, **common)
     elif kind == "serial":
         engine = SerialEngine(settings, policy, compile=compile, **common)
+    elif kind == "batched_env":
+        engine = BatchedEnvEngine(settings, policy, device=device, compile=compile, **common)
     elif kind == "parallel":
         engine = ParallelEngine(settings, policy, n_workers=n_workers, compile=compile, **common)
     else:

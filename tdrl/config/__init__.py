@@ -138,11 +138,12 @@ class AtariEnvConfig(EnvConfig):
 class CollectorConfig:
     """The training collector and the run's budget."""
 
-    kind: Literal["serial", "parallel", "action_server", "alternating", "torchrl"] = "serial"
+    kind: Literal["serial", "parallel", "action_server", "alternating", "torchrl", "batched_env"] = "serial"
     """serial: one process (small nets, debugging); parallel: worker processes each act with a policy copy (CPU
     policies, slow envs); action_server: workers step, this process acts batched (a GPU policy); alternating: two
     worker groups, one steps while this process acts for the other (a GPU policy whose step takes as long as the
-    envs'); torchrl: TorchRL's own collectors (a reference; reset-at-once only; a resumed run restarts episodes)."""
+    envs'); torchrl: TorchRL's own collectors (a reference; reset-at-once only; a resumed run restarts episodes);
+    batched_env: one torch env object steps all batch_B envs in this process (VMAS, env.id=vmas/...; its only kind)."""
     n_workers: Count = 2
     """Worker processes (alternating: per group; torchrl: one SerialEnv each); they divide batch_B evenly."""
     batch_B: Count = 8
@@ -158,7 +159,7 @@ class CollectorConfig:
             _check(self.batch_B % (2 * self.n_workers) == 0, f"collector.batch_B={self.batch_B} must be divisible by "
                    f"2 * collector.n_workers={2 * self.n_workers} (two groups of n_workers workers, each stepping "
                    "the same number of envs)")
-        _check(self.kind == "serial" or self.batch_B % self.n_workers == 0,
+        _check(self.kind in ("serial", "batched_env") or self.batch_B % self.n_workers == 0,
                f"collector.batch_B={self.batch_B} must be divisible by collector.n_workers={self.n_workers} (each "
                f"{self.kind} worker steps the same number of envs)")
 

@@ -6,7 +6,7 @@ the pip requirement that installs its packages (named by the one-line error when
 :class:`EnvTraits`: what collectors, evaluation, replay and recipes do differently for it (GameScore in TrajInfos,
 frame de-duplication in replay, the ``episodic_lives`` option). :func:`family_of` picks the first family whose
 matcher accepts an id: families registered with :func:`register_family` first (the newest first), then the
-built-in Atari, MinAtar, tdrl POMDP, MuJoCo families and plain gymnasium, which takes every other id.
+built-in Atari, MinAtar, tdrl POMDP, MuJoCo, PettingZoo, VMAS families and plain gymnasium, which takes every other id.
 
 Adding a family touches ``tdrl/envs`` only: its constructor (``tdrl/envs/<family>.py``) and one
 :func:`register_family` here or, for a family of one's own, at the top of the script that uses it (worker
@@ -50,6 +50,9 @@ class EnvTraits:
     """Rewards are a game's score: TrajInfos add ``GameScore``, the raw score whatever the algorithm clips."""
     episodic_lives: bool = False
     """The family takes the ``episodic_lives`` option: a lost life ends the RL episode, not the game."""
+    batched: bool = False
+    """The constructor builds one env object that steps ``num_envs`` envs together in torch (VMAS), not a
+    gymnasium env: it steps with ``collector.kind=batched_env`` only (:mod:`tdrl.collect.batched_env`)."""
 
 
 def make_registered(env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]) -> gym.Env:
@@ -167,6 +170,12 @@ def _make_mujoco(env_id: str, max_episode_steps: int | None, kwargs: dict[str, A
     return make_registered(env_id, max_episode_steps, kwargs)
 
 
+def _make_vmas(env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]) -> Any:
+    from tdrl.envs.vmas import make_vmas  # imports VMAS and TorchRL's wrapper only when used
+
+    return make_vmas(env_id, max_episode_steps, kwargs)
+
+
 def _make_multiagent(env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]) -> gym.Env:
     from tdrl.envs.marl import make_multiagent  # imports PettingZoo's packages only when used
 
@@ -188,6 +197,9 @@ _BUILT_IN = (
     # envs over fixed agent groups, TorchRL's grouped keys (tdrl.envs.marl, tdrl.envs.multiagent)
     EnvFamily("PettingZoo", lambda env_id: env_id.startswith(("mpe2/", "pettingzoo/", "lbforaging/")),
               _make_multiagent, extra="tdrl[marl]", gymnasium_ids=False),
+    # VMAS scenarios (``vmas/balance``): one batched torch env of num_envs envs (tdrl.envs.vmas), TorchRL's grouped keys
+    EnvFamily("VMAS", lambda env_id: env_id.startswith("vmas/"), _make_vmas, extra="tdrl[marl]", gymnasium_ids=False,
+              traits=EnvTraits(batched=True)),
     # everything else gymnasium has registered (classic control, Box2D, a user's gym.register)
     EnvFamily("gymnasium", lambda env_id: True),
 )

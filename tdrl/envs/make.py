@@ -116,6 +116,11 @@ class EnvSpecs:
 
     @classmethod
     def from_env(cls, env: gym.Env) -> EnvSpecs:
+        """The specs of a gymnasium env's spaces; an env that is not one (a batched torch env,
+        :mod:`tdrl.envs.vmas`) gives its own through ``env_specs()``."""
+        own = getattr(env, "env_specs", None)
+        if callable(own):
+            return own()
         return cls(
             observation_spec=space_to_spec(env.observation_space),
             action_spec=space_to_spec(env.action_space),
