@@ -13,12 +13,12 @@ API (TorchRL's collector protocol)::
     collector.shutdown()                  # idempotent; collectors are also context managers
 
 The batch layout is documented in :mod:`tdrl.collect.batch` (rlpyt's ``samples[t, b]`` is ``batch[b, t]``).
-``traj_infos`` hold ``Length``, ``Return``, ``NonzeroRewards``, ``DiscountedReturn`` (+ ``GameScore`` on Atari),
-computed on the env's raw reward. Kinds (:func:`make_collector`): ``serial`` (one process, ``breakpoint()``
-works), ``parallel`` (worker processes with policy copies; rlpyt's CpuSampler), ``action_server`` and
-``alternating`` (workers step envs, this process acts; rlpyt's GpuSampler / AlternatingSampler), ``torchrl``
-(TorchRL's own collectors). Same seed + deterministic policy => every tdrl kind yields the serial batches.
-:func:`make_eval_collector` runs whole greedy episodes on its own envs.
+``traj_infos`` hold ``Length``, ``Return``, ``NonzeroRewards``, ``DiscountedReturn`` (+ ``GameScore`` on Atari,
+``<group>/Return`` per agent group), computed on the env's raw reward. Kinds (:func:`make_collector`): ``serial``
+(one process, ``breakpoint()`` works), ``parallel`` (worker processes with policy copies; rlpyt's CpuSampler),
+``action_server`` and ``alternating`` (workers step envs, this process acts; rlpyt's GpuSampler /
+AlternatingSampler), ``torchrl`` (TorchRL's own collectors). Same seed + deterministic policy => every tdrl kind
+yields the serial batches. :func:`make_eval_collector` runs whole greedy episodes on its own envs.
 
 ``state_dict()`` (between batches) holds each env's state, the episodes in progress, recurrent policy state and
 worker RNGs: a collector rebuilt with the same arguments and ``load_state_dict``-ed continues bitwise (the

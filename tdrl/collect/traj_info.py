@@ -219,10 +219,10 @@ def group_name(key: NestedKey) -> str:
 def group_rewards(batch: TensorDictBase, keys: Sequence[NestedKey], lo: int = 0,
                   hi: int | None = None) -> dict[str, np.ndarray]:
     """``{group_name(key): [hi - lo, T]}``: rows ``lo:hi`` of a ``[B, T]`` batch's ``("next", *key, "reward")``
-    summed over the group's agents (float64), as :meth:`EpisodeTracker.add` takes them; ``keys`` are the step
-    TensorDict's :func:`~tdrl.collect.layout.group_keys`."""
+    summed over the group's agents (float64, on the host), as :meth:`EpisodeTracker.add` takes them; ``keys`` are
+    the step TensorDict's :func:`~tdrl.collect.layout.group_keys`."""
     out = {}
     for key in keys:
-        reward = batch.get(("next", *((key,) if isinstance(key, str) else key), "reward")).numpy()[lo:hi]
+        reward = batch.get(("next", *((key,) if isinstance(key, str) else key), "reward"))[lo:hi].cpu().numpy()
         out[group_name(key)] = reward.reshape(*reward.shape[:2], -1).sum(-1, dtype=np.float64)
     return out
