@@ -7,7 +7,8 @@ The env is what its factory builds with ``num_envs=batch_B`` (:func:`build_batch
 kinds refuse it, as this kind refuses gymnasium envs (:func:`check_kind`). Batches have the layout of every kind
 (:mod:`tdrl.collect.batch`, agent groups as :mod:`tdrl.collect.layout` lays them out); TrajInfos count the root
 reward (a multi-agent env's: summed over its agents). Reset-at-once (done envs are reset at once, together) or
-wait-reset (the evaluator: done envs idle, their steps zeroed and masked, until the batch ends). No transforms and
+wait-reset (the evaluator: done envs idle, their steps zeroed and masked, until the batch ends); TrajInfos add each
+agent group's return (``"<group>/Return"``, :mod:`tdrl.collect.traj_info`). No transforms and
 no decorrelation steps. The seed goes to the env once (``env_seed(seed, 0)``); ``state_dict`` holds the env's own
 (:meth:`BatchedEnv.state_dict`), the observations, the episodes in progress and recurrent policy state.
 """
@@ -22,17 +23,17 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 from tensordict.utils import NestedKey
 
 from tdrl.collect.batch import allocate_batch
 from tdrl.collect.common import sorted_infos
-from tdrl.collect.layout import action_keys, make_step_td, observation_keys, policy_observation
+from tdrl.collect.layout import action_keys, group_keys, make_step_td, observation_keys, policy_observation
 from tdrl.collect.policy import PolicyStep
 from tdrl.collect.runner import SliceSettings
 from tdrl.collect.stepping import env_seed
-from tdrl.collect.traj_info import EpisodeTracker
+from tdrl.collect.traj_info import EpisodeTracker, group_name, group_rewards
 from tdrl.envs.families import traits_of
 from tdrl.envs.make import EnvFactory, EnvSpecs
 from tdrl.utils.errors import UserError
@@ -92,6 +93,10 @@ def build_batched_env(env_factory: Callable[..., Any], num_envs: int, device: to
     return env_factory(**options)
 
 
+def _path(key: NestedKey) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
 class BatchedEnvEngine:
     """Steps one :class:`BatchedEnv` of ``batch_B`` envs for ``batch_T`` steps per batch, with ``policy`` here
     (``None``: random actions from the action spec, drawn from the caller's torch generator)."""
@@ -138,7 +143,9 @@ class BatchedEnvEngine:
         self.root_keys = [*obs_keys, INIT_KEY]
         self.out_keys = list(template.keys(True, True))
         self.next_keys = list(self.next_td.keys(True, True))
-        self.tracker = EpisodeTracker(B, discount=settings.discount, game_score=settings.game_score)
+        self.groups = group_keys(self.step_td)  # agent groups: TrajInfos add each one's return
+        self.tracker = EpisodeTracker(B, discount=settings.discount, game_score=settings.game_score,
+                                      groups=[group_name(key) for key in self.groups])
         self.episode_count = np.zeros(B, np.int64)
         self.idle = torch.zeros(B, dtype=torch.bool, device=device)
         self._observe(self.env.reset(seed=env_seed(settings.seed, 0)))
@@ -199,8 +206,11 @@ class BatchedEnvEngine:
         before = done.cumsum(1) - done.long()  # episodes ended before each step
         valid = before == 0 if self.wait_reset else None
         dones_np = done.cpu().numpy()
-        rewards_np = self.buffer.get(("next", "reward"))[..., 0].cpu().numpy()
-        entries = self.tracker.add(rewards_np, dones_np, None if valid is None else valid.cpu().numpy())
+        rewards = self.buffer.select(("next", "reward"), *[("next", *_path(key), "reward") for key in self.groups])
+        rewards = rewards.cpu() if rewards.device is not None and rewards.device.type != "cpu" else rewards
+        entries = self.tracker.add(rewards.get(("next", "reward"))[..., 0].numpy(), dones_np,
+                                   None if valid is None else valid.cpu().numpy(),
+                                   group_rewards=group_rewards(rewards, self.groups) if self.groups else None)
         index = torch.arange(self.batch_B, device=done.device).unsqueeze(1)
         count = torch.as_tensor(self.episode_count, device=done.device).unsqueeze(1)
         traj = (count + (0 if valid is not None else before)) * self.batch_B + index
@@ -220,19 +230,27 @@ class BatchedEnvEngine:
         return entries
 
     def state_dict(self) -> dict[str, Any]:
-        """The env's state, the step rows (observations, ``is_init``, the last reward), wait-reset idle flags, the
-        episodes in progress and the recurrent policy state; the caller's torch RNG is the caller's."""
-        return {"env": self.env.state_dict(), "step": self.step_td.clone().cpu(), "idle": self.idle.cpu().clone(),
+        """As a slice's (:meth:`tdrl.collect.stepping.EnvSlice.state_dict`): the env's state (one entry of
+        ``envs``), the step rows (``observation``, with the last reward a policy's ``prev_reward`` reads),
+        ``is_init``, wait-reset idle flags, the episodes in progress, the episode counters and the recurrent policy
+        state; the caller's torch RNG is the caller's."""
+        rows = self.step_td.exclude(INIT_KEY)
+        return {"envs": [self.env.state_dict()], "observation": {k: v.cpu().clone() for k, v in rows.items(True, True)},
+                "is_init": self.is_init.cpu().clone(), "idle": self.idle.cpu().clone(),
                 "episodes": self.tracker.state_dict(), "episode_count": self.episode_count.copy(),
                 "policy": None if self.policy_step is None else self.policy_step.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        step = state["step"]
-        if not isinstance(step, TensorDict) or step.batch_size != self.step_td.batch_size:
-            raise ValueError(f"the collector state was saved with other envs; build it with the same batch_B "
+        observation = state["observation"]
+        rows = self.step_td.exclude(INIT_KEY)
+        if set(observation) != set(rows.keys(True, True)) or len(observation["next", "reward"]) != self.batch_B:
+            raise ValueError(f"the collector state was saved with other envs; build it with the same env, batch_B "
                              f"({self.batch_B}) and kind")
-        self.env.load_state_dict(state["env"])
-        self.step_td.update_(step.to(self.step_td.device))
+        (env_state,) = state["envs"]
+        self.env.load_state_dict(env_state)
+        for key, value in observation.items():
+            self.step_td.get(key).copy_(value)
+        self.is_init.copy_(state["is_init"])
         self.idle.copy_(state["idle"])
         self.tracker.load_state_dict(state["episodes"])
         self.episode_count[:] = state["episode_count"]

@@ -89,7 +89,7 @@ class VmasEnvBatch:
         from vmas.simulator.environment import Environment
 
         self.device = torch.device(device)
-        self.num_envs = num_envs
+        self.scenario, self.num_envs = scenario, num_envs
         self.limit = DEFAULT_MAX_STEPS if max_episode_steps is None else int(max_episode_steps)
         self._shared = Environment.vmas_random_state  # the list VMAS's calls swap in and out (module docstring)
         self.rng = list(self._shared)
@@ -206,16 +206,21 @@ class VmasEnvBatch:
             else:
                 slots.append((path, len(values)))
                 values.append(value)
-        return {"slots": slots, "values": values, "rng": list(self.rng), "cuda_rng": self.cuda_rng,
-                "steps": self.steps.clone()}
+        return {"env": self._fingerprint(), "slots": slots, "values": values, "rng": list(self.rng),
+                "cuda_rng": self.cuda_rng, "steps": self.steps.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` of an env built with the same arguments."""
-        leaves = list(_leaves(self.vmas))
-        if [path for path, *_ in leaves] != [path for path, _ in state["slots"]]:
-            raise EnvStateError("the VMAS env state does not fit this env (another scenario, group map or size)")
+        """Restore :meth:`state_dict` of an env built with the same arguments. Values are matched by path; the
+        ones a path of the other side lacks are VMAS's per-step scratch (its world builds ``forces_dict`` and
+        ``entity_index_map`` at its first step), recomputed at the next step."""
+        if state["env"] != self._fingerprint():
+            raise EnvStateError(f"the VMAS env state was saved from {state['env']}, this env is {self._fingerprint()}")
+        live = {path: (holder, key) for path, holder, key, _ in _leaves(self.vmas)}
         copies: dict[int, Any] = {}
-        for (_, holder, key, _), (_, index) in zip(leaves, state["slots"], strict=True):
+        for path, index in state["slots"]:
+            if path not in live:
+                continue
+            holder, key = live[path]
             value = state["values"][index]
             if isinstance(value, torch.Tensor):
                 value = copies.setdefault(index, value.clone().to(self.device))
@@ -226,6 +231,9 @@ class VmasEnvBatch:
         self.rng = list(state["rng"])
         self.cuda_rng = state["cuda_rng"]
         self.steps.copy_(state["steps"])
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "num_envs": self.num_envs, "group_map": self.group_map}
 
     def close(self) -> None:
         self.env.close()

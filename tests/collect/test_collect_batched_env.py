@@ -49,6 +49,7 @@ def test_balance_batch_against_torchrl_vmas_env():
     from torchrl.envs.libs.vmas import VmasEnv
 
     B, T = 4, 60
+    torch.manual_seed(0)  # the random actions (whose packages fall within T steps)
     with make_collector("batched_env", BALANCE, None, batch_B=B, batch_T=T, seed=3) as c:
         batch = c.collect()
         infos = c.traj_infos
@@ -67,6 +68,7 @@ def test_balance_batch_against_torchrl_vmas_env():
     assert done.any() and not batch["next", "truncated"].any()  # balance's package fell before the 100-step limit
     assert batch["is_init"][:, 0].all() and torch.equal(batch["is_init"][:, 1:, 0], done[:, :-1])
     assert len(infos) == int(done.sum())
+    assert all(info["agent/Return"] == pytest.approx(info["Return"], rel=1e-5) for info in infos)
 
     env = VmasEnv("balance", num_envs=B, seed=0, group_map={"agent": ["agent_0", "agent_1", "agent_2"]})
     env.set_seed(env_seed(3, 0))
