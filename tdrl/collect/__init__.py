@@ -17,8 +17,10 @@ The batch layout is documented in :mod:`tdrl.collect.batch` (rlpyt's ``samples[t
 ``<group>/Return`` per agent group), computed on the env's raw reward. Kinds (:func:`make_collector`): ``serial``
 (one process, ``breakpoint()`` works), ``parallel`` (worker processes with policy copies; rlpyt's CpuSampler),
 ``action_server`` and ``alternating`` (workers step envs, this process acts; rlpyt's GpuSampler /
-AlternatingSampler), ``torchrl`` (TorchRL's own collectors). Same seed + deterministic policy => every tdrl kind
-yields the serial batches. :func:`make_eval_collector` runs whole greedy episodes on its own envs.
+AlternatingSampler), ``torchrl`` (TorchRL's own collectors), ``batched_env`` (one torch env object of ``batch_B``
+envs in this process: VMAS, :mod:`tdrl.collect.batched_env`). Same seed + deterministic policy => every tdrl kind
+but ``batched_env`` (whose envs no other kind steps) yields the serial batches. :func:`make_eval_collector` runs
+whole greedy episodes on its own envs.
 
 ``state_dict()`` (between batches) holds each env's state, the episodes in progress, recurrent policy state and
 worker RNGs: a collector rebuilt with the same arguments and ``load_state_dict``-ed continues bitwise (the

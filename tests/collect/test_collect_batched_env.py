@@ -88,6 +88,31 @@ def test_balance_batch_against_torchrl_vmas_env():
 
 
 @pytest.mark.timeout(60)
+def test_same_batches_as_torchrl_collector():
+    """TorchRL's Collector over a VmasEnv seeded as tdrl seeds its env, with the same deterministic policy, plays the
+    same episodes: the same observations, actions, rewards and dones, resets included."""
+    from tensordict.nn import InteractionType
+    from torchrl.collectors import Collector
+    from torchrl.envs.libs.vmas import VmasEnv
+
+    B, T = 3, 40
+    policy = _policy()
+    with make_collector("batched_env", BALANCE, policy, batch_B=B, batch_T=T, seed=4,
+                        exploration_type="deterministic") as c:
+        ours = torch.cat([c.collect() for _ in range(2)], dim=1)
+    env = VmasEnv("balance", num_envs=B, seed=0, group_map={"agent": ["agent_0", "agent_1", "agent_2"]})
+    env.set_seed(env_seed(4, 0))
+    collector = Collector(env, policy, frames_per_batch=B * T, total_frames=2 * B * T,
+                          exploration_type=InteractionType.DETERMINISTIC, auto_register_policy_transforms=False)
+    theirs = torch.cat([batch.reshape(B, T) for batch in collector], dim=1)
+    collector.shutdown()
+    assert ours["next", "done"].any()
+    for key in [("agent", "observation"), ("agent", "action"), ("next", "agent", "observation"),
+                ("next", "agent", "reward"), ("next", "done"), ("next", "terminated")]:
+        assert torch.equal(ours.get(key), theirs.get(key)), key
+
+
+@pytest.mark.timeout(60)
 def test_same_seed_same_batches_and_callers_rng_untouched():
     """Two collectors seeded alike yield the same batches (the policy deterministic), another seed others; VMAS
     draws from its own random state, never from the caller's generator."""
