@@ -19,6 +19,7 @@ CPU-second (load-independent). Torch runs with one thread.
 Usage::
 
     python benchmarks/batched_env.py [--scenario balance] [--envs 60 600] [--batch-T 100] [--seconds 4]
+        [--markdown docs/throughput.md#vmas-collection]
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--exploration", default="deterministic", choices=["deterministic", "random"],
                         help="deterministic: the policy's mean, so both rows play the same episodes")
+    from report import add_markdown_option
+
+    add_markdown_option(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
     group, policy = make_policy(args.scenario)
@@ -108,4 +112,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from report import markdown_page
+
+    with markdown_page("VMAS collection"):  # --markdown PAGE#SECTION: into its docs section
+        main()
