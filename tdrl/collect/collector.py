@@ -85,9 +85,14 @@ class BatchCollector:
         batch, self.traj_infos = self.engine.run(active_exploration(self.exploration_type))
         self.frames += self.frames_per_batch
         self.batches += 1
-        if self.device.type != "cpu" and batch.device != self.device:  # a batched env's may already be there
+        if self.device.type != "cpu" and not self._on_device(batch):
             return batch.to(self.device)
         return batch if self.return_same_td else batch.clone()
+
+    def _on_device(self, batch: TensorDictBase) -> bool:
+        """The batch is already on :attr:`device` (a batched env's, simulated there; ``cuda`` means any index)."""
+        here = batch.device
+        return here is not None and here.type == self.device.type and self.device.index in (None, here.index)
 
     def __iter__(self) -> Iterator[TensorDictBase]:
         while self.total_frames < 0 or self.frames < self.total_frames:
