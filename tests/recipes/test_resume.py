@@ -122,6 +122,11 @@ CASES = {
         "collector.kind=parallel", "collector.batch_B=2", "collector.n_workers=2", "collector.batch_T=20",
         "collector.total_frames=480", "logger.log_interval_steps=80", "checkpoint.interval_steps=120",
         "eval.max_steps=30", "loss.epochs=2", "loss.minibatches=2", "model.hidden_sizes=[16]"), needs="mpe2"),
+    # MAPPO on VMAS's balance in one batched env (collector.kind=batched_env): VMAS's tensors and random state
+    "mappo_vmas_batched": Case("mappo.py", (
+        "env.id=vmas/balance", "collector.kind=batched_env", "collector.batch_B=2", "collector.batch_T=20",
+        "collector.total_frames=480", "logger.log_interval_steps=80", "checkpoint.interval_steps=120",
+        "eval.max_steps=30", "loss.epochs=2", "loss.minibatches=2", "model.hidden_sizes=[16]"), needs="vmas"),
     # QMIX on mpe2's simple_spread in parallel workers: grouped transitions in the replay, each agent's epsilon, the
     # mixer's targets (slow: ~30 s a trial; tests/recipes/test_qmix.py covers the recipe in the fast suite)
     "qmix_mpe2_parallel": Case("qmix.py", (
