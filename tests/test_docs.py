@@ -197,7 +197,7 @@ def test_pages_shorten_machine_paths(tmp_path, monkeypatch):
 
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 ALGORITHMS = {"ppo": "PPO", "a2c": "A2C", "dqn": "DQN", "ddpg": "DDPG", "td3": "TD3", "sac": "SAC", "r2d1": "R2D1",
-              "impala": "IMPALA", "mappo": "MAPPO", "qmix": "QMIX"}
+              "impala": "IMPALA", "mappo": "MAPPO", "qmix": "QMIX", "maddpg": "MADDPG"}
 NOT_CONFIG_KEYS = {"collector.traj_infos": "a collector's attribute", "logger.record_tabular": "rlpyt's function"}
 COMMAND = re.compile(r"python\s+(?:\S*/)?recipes/(\w+)\.py((?:[ \t]+[^\s#`|]+)*)")
 KEY = re.compile(r"(?<![\w./-])([a-z][a-z_]*)\.([A-Za-z_][A-Za-z0-9_]*)(?:=([^\s`|,;)\]\"']+))?(?![\w(.])")

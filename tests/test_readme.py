@@ -43,6 +43,7 @@ TINY = {  # a budget of a few iterations and two log rows per recipe
     "td3.py": ["collector.total_frames=40", "logger.log_interval_steps=20", *OFF_POLICY],
     "sac.py": ["collector.total_frames=40", "logger.log_interval_steps=20", *OFF_POLICY],
     "qmix.py": ["collector.batch_B=2", "collector.total_frames=100", "logger.log_interval_steps=50", *OFF_POLICY],
+    "maddpg.py": ["collector.batch_B=2", "collector.total_frames=100", "logger.log_interval_steps=50", *OFF_POLICY],
     "r2d1.py": ["collector.batch_B=2", "collector.batch_T=10", "collector.total_frames=400",
                 "logger.log_interval_steps=200", "optim.min_steps_learn=200", "model.hidden_sizes=[16]",
                 "model.lstm_size=16", "model.head_sizes=[16]", "replay.size=2000", "replay.warmup_T=5",

@@ -24,7 +24,16 @@ from host_reads import HostReadError, forbid_host_reads
 from tdrl.config import ConfigError
 from tdrl.objectives import graphs
 from tdrl.objectives.update import TargetUpdate, Updater
-from tests.recipes import test_a2c, test_continuous_control, test_dqn, test_impala, test_ppo, test_qmix, test_r2d1
+from tests.recipes import (
+    test_a2c,
+    test_continuous_control,
+    test_dqn,
+    test_impala,
+    test_maddpg,
+    test_ppo,
+    test_qmix,
+    test_r2d1,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
 
@@ -39,6 +48,9 @@ RECIPES = {  # name: (recipe module, its tests' tiny config, overrides for unifo
     "a2c": (test_a2c.a2c, test_a2c.tiny, ["optim.name=adam"]),
     "impala": (test_impala.impala, test_impala.tiny, ["optim.name=adam"]),
     "qmix": (test_qmix.qmix, test_qmix.tiny, []),  # grouped transitions, a mixer and its target
+    # grouped transitions, TorchRL's DDPGLoss with the agent mask, MultiAgentMLP critics (not masac: TorchRL's
+    # TanhNormal, built in each SACLoss call, reads (high != 1).any() and its bounds' check back to the host)
+    "maddpg": (test_maddpg.maddpg, test_maddpg.tiny, []),
 }
 OFF_POLICY = ["dqn", "sac", "td3", "ddpg", "qmix"]
 
@@ -75,7 +87,7 @@ def _guard_updates(monkeypatch, guard: Callable[[str], contextlib.AbstractContex
 def _run(name, tmp_path, *extra):
     if name.endswith("_atari"):
         pytest.importorskip("ale_py", reason="needs ale-py: pip install 'tdrl[atari]'")
-    if name == "qmix":
+    if name in ("qmix", "maddpg"):
         pytest.importorskip("mpe2", reason="needs mpe2: pip install 'tdrl[marl]'")
     recipe, tiny, overrides = RECIPES[name]
     return recipe.main(tiny(tmp_path, *overrides, *extra))

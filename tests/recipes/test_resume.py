@@ -135,6 +135,15 @@ CASES = {
         "eval.max_steps=30", "model.hidden_sizes=[16]", "model.mixing_embed_dim=8", "optim.batch_size=32",
         "optim.replay_ratio=16", "optim.min_steps_learn=40", "optim.target_update_interval=8", "replay.size=1000",
         "exploration.eps_steps=400"), slow=True, needs="mpe2"),
+    # MADDPG (masac: MASAC) on mpe2's simple_spread with continuous actions in parallel workers: grouped
+    # transitions, the noise's annealed std, the target actors and critics, the entropy temperature (slow: 40-46 s
+    # for the reference and one trial; tests/recipes/test_maddpg.py covers the recipe in the fast suite)
+    **{f"{algorithm}_mpe2_parallel": Case("maddpg.py", (
+        f"loss.algorithm={algorithm}", "collector.kind=parallel", "collector.n_workers=2", "collector.batch_B=2",
+        "collector.batch_T=20", "collector.total_frames=480", "logger.log_interval_steps=80",
+        "checkpoint.interval_steps=120", "eval.max_steps=30", "model.hidden_sizes=[16]", "optim.batch_size=32",
+        "optim.replay_ratio=16", "optim.min_steps_learn=40", "replay.size=1000", "exploration.sigma_frames=400"),
+        slow=True, needs="mpe2") for algorithm in ("maddpg", "masac")},
     "ddpg_mujoco": Case("ddpg.py", ("env.id=Hopper-v5", "collector.total_frames=384", "logger.log_interval_steps=96",
                                     "checkpoint.interval_steps=96", "eval.max_steps=20", "optim.min_steps_learn=64",
                                     "model.hidden_sizes=[16]", "optim.batch_size=32", "optim.replay_ratio=32",
