@@ -37,7 +37,8 @@ def make_env(env_id: str, seed: int | None = None, max_episode_steps: int | None
     env = family_of(env_id).build(env_id, max_episode_steps, **kwargs)
     if seed is not None:
         env.reset(seed=seed)
-        env.action_space.seed(seed)
+        if hasattr(env, "action_space"):  # a batched torch env (VMAS) samples no actions of its own
+            env.action_space.seed(seed)
     return env
 
 

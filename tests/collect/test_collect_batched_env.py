@@ -195,6 +195,26 @@ def test_eval_collector_plays_whole_episodes():
     assert first != second  # the envs' streams go on: new initial states
 
 
+@pytest.mark.timeout(60)
+def test_group_maps_and_a_seeded_factory():
+    """group_map=per_agent: a group per agent, whose returns add up to the episode's; EnvFactory(...)(seed=s)
+    builds a VMAS env reset with that seed, as reset(seed=s) does."""
+    factory = EnvFactory("vmas/balance", {"group_map": "per_agent", "max_episode_steps": 10})
+    with make_collector("batched_env", factory, None, batch_B=2, batch_T=25, seed=2) as c:
+        batch = c.collect()
+        infos = c.traj_infos
+    assert {key for key in batch.keys() if key.startswith("agent")} == {"agent_0", "agent_1", "agent_2"}
+    assert batch.get("agent_1").batch_size == (2, 25, 1) and len(infos) >= 4
+    for info in infos:
+        assert sum(info[f"agent_{i}/Return"] for i in range(3)) == pytest.approx(info["Return"], rel=1e-5)
+    seeded = EnvFactory("vmas/balance", {"num_envs": 2})
+    envs = [seeded(seed=7), seeded(), seeded(seed=8)]
+    envs[1].reset(seed=7)
+    action = {("agent", "action"): torch.full((2, 3, 2), 0.5)}
+    same, reset_alike, other = (env.step(action)["agent", "observation"] for env in envs)
+    assert torch.equal(same, reset_alike) and not torch.equal(same, other)
+
+
 def test_wrong_kind_and_env_pairings_are_one_line_errors():
     with pytest.raises(UserError, match=r"collector.kind=batched_env steps batched torch envs .*'CartPole-v1' is a "
                                         "gymnasium env"):
