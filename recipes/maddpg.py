@@ -23,6 +23,7 @@ EPyMARL divides MPE returns by the number of agents).
     python recipes/maddpg.py loss.algorithm=masac
     python recipes/maddpg.py model.critic_visible_agents=[[0,1],[1,2],[2,0]]  # a ring of critics
     python recipes/maddpg.py collector.kind=parallel collector.n_workers=2
+    python recipes/maddpg.py env.id=vmas/sampling collector.kind=batched_env loss.algorithm=masac
     python recipes/maddpg.py --help
 
 Defaults: the MADDPG paper's MPE settings where they fit one 2-core machine (two hidden layers of 64, gamma 0.95,

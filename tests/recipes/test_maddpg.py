@@ -48,6 +48,14 @@ def test_smoke_on_simple_spread(tmp_path, algorithm):
     assert ("loss/alpha_mean" in columns) == (algorithm == "masac")
 
 
+def test_masac_on_a_vmas_scenario(tmp_path):
+    """VMAS's sampling (3 agents, 100-step episodes) stepped as one batched torch env (collector.kind=batched_env)."""
+    pytest.importorskip("vmas")
+    summary = maddpg.main(tiny(tmp_path, "env.id=vmas/sampling", "collector.kind=batched_env", "loss.algorithm=masac",
+                               "eval.max_steps=25"))
+    assert summary["frames"] == 200 and summary["updates"] == 75 and math.isfinite(summary["eval/return_mean"])
+
+
 # --- The model and the losses, on specs of 3 agents --------------------------------------------------------------
 def _parts(algorithm: str, visible, *extra: str):
     cfg = apply_overrides(maddpg.Config(), [f"loss.algorithm={algorithm}", "model.hidden_sizes=[8]", *extra])
