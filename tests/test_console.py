@@ -28,7 +28,8 @@ from tdrl.utils.console import HARMLESS, quiet_console
 from tests.distributed.cluster import LoopbackCluster, can_make_namespaces
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMON = ["eval.n_envs=1", "eval.max_steps=10"]  # and W&B at its default: logger.wandb=true, offline
+COMMON = ["eval.n_envs=1", "eval.max_steps=10",  # and W&B at its default: logger.wandb=true, offline
+          "run.torch_threads=1"]  # dqn/sac/td3 default to 2 threads: ~10x slower updates on a shared core
 OFF_POLICY = ["optim.min_steps_learn=16", "model.hidden_sizes=[16]", "optim.batch_size=16", "optim.replay_ratio=16",
               "replay.size=256", "collector.total_frames=64", "logger.log_interval_steps=32"]
 RUNS = {  # each recipe with a few frames, a few updates and one evaluation per log row

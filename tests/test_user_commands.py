@@ -140,7 +140,7 @@ def test_a_finished_run_relaunched_says_so_and_changes_nothing(tmp_path):
 
 DQN = ["collector.total_frames=1000000", "logger.log_interval_steps=1000", "eval.n_envs=0", "logger.wandb=false",
        "logger.progress_bar=false", "optim.min_steps_learn=16", "optim.batch_size=16", "optim.replay_ratio=4",
-       "replay.size=2000", "model.hidden_sizes=[16]"]
+       "replay.size=2000", "model.hidden_sizes=[16]", "run.torch_threads=1"]
 
 
 def checkpoint_itrs(run_dir: Path) -> list[int]:

@@ -33,6 +33,7 @@ TINY = [
     "collector.total_frames=240", "logger.log_interval_steps=120", "eval.n_envs=2", "eval.max_steps=20",
     "logger.wandb=false", "logger.progress_bar=false", "optim.min_steps_learn=80", "model.hidden_sizes=[16]",
     "optim.batch_size=32", "optim.replay_ratio=32", "replay.size=1000",
+    "run.torch_threads=1",  # sac/td3 default to 2: on a core the other test worker uses, updates ~10x slower
 ]
 
 

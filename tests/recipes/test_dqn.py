@@ -29,6 +29,7 @@ TINY = [
     "collector.batch_T=8", "collector.total_frames=512", "logger.log_interval_steps=256", "eval.n_envs=2",
     "eval.max_steps=50", "logger.wandb=false", "logger.progress_bar=false", "optim.min_steps_learn=128",
     "model.hidden_sizes=[16]", "replay.size=1000", "optim.replay_ratio=8",
+    "run.torch_threads=1",  # the recipe's 2 threads, on a core the other test worker uses: updates ~10x slower
 ]
 
 

@@ -313,7 +313,7 @@ def test_dqn_recipe_runs_async_from_its_config(tmp_path):
         "trainer.kind=async", f"run.dir={tmp_path / 'run'}", "logger.wandb=false", "logger.progress_bar=false",
         "collector.batch_B=4", "collector.batch_T=16", "collector.total_frames=1024", "optim.min_steps_learn=256",
         "optim.replay_ratio=8", "optim.batch_size=32", "logger.log_interval_steps=256", "eval.n_envs=1",
-        "eval.max_steps=50",
+        "eval.max_steps=50", "run.torch_threads=1",  # dqn's 2 threads on a shared core: ~10x slower updates
     ])
     summary = dqn.main(cfg)
     assert summary["frames"] == 1024 and summary["replay/ratio_target"] == 8.0
