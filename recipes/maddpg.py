@@ -184,7 +184,6 @@ class Config(RecipeConfig):
         check_devices(self)
 
 
-
 # --- Model ----------------------------------------------------------------------------------------------------
 def visible_agents(lists: list[list[int]] | None, n_agents: int) -> list[list[int]]:
     """``model.critic_visible_agents`` checked against the env's ``n_agents`` (``ConfigError``, one line); None:
