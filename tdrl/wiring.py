@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, overload
 
@@ -215,8 +216,9 @@ def transition_replay_from(cfg: Any, run_dir: Any, device: torch.device, **kwarg
 def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, Any]:
     """What every recipe does first, in this order: start the fork server its collector's workers fork from (their
     torch import overlaps the build; only where this process builds the collector: no trainer section, sync or
-    ddp), set ``run.torch_threads`` and ``run.flush_denormal``, seed everything (``seed``: e.g. a data-parallel
-    rank's own; default ``run.seed``), resolve ``run.device`` and make the env factory
+    ddp), set ``run.torch_threads`` (at most the cores this process may run on) and ``run.flush_denormal``, seed
+    everything (``seed``: e.g. a data-parallel rank's own; default ``run.seed``), resolve ``run.device`` and make
+    the env factory
     (:meth:`tdrl.envs.EnvFactory.from_config`: Atari's ``env.episodic_lives`` passed on), refusing a
     ``collector.kind`` that cannot step ``env.id`` (a VMAS id steps with ``batched_env`` only) before anything runs.
     Returns ``(device, env_factory)`` (a :class:`tdrl.envs.EnvFactory`)."""
@@ -226,7 +228,9 @@ def prepare_recipe(cfg: Any, *, seed: int | None = None) -> tuple[torch.device, 
 
     if getattr(getattr(cfg, "trainer", None), "kind", "sync") in ("sync", "ddp"):
         start_workers_early(cfg.collector.kind)
-    torch.set_num_threads(cfg.run.torch_threads)
+    # no more threads than the cores this process may run on (a sweep slot's, a SLURM task's): two intra-op
+    # threads sharing one core make small updates 10-50x slower
+    torch.set_num_threads(min(cfg.run.torch_threads, len(os.sched_getaffinity(0))))
     torch.set_flush_denormal(cfg.run.flush_denormal)
     seed_everything(cfg.run.seed if seed is None else seed)
     env_factory = EnvFactory.from_config(cfg.env)

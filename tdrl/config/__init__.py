@@ -217,7 +217,8 @@ class RunConfig:
     device: str = "cpu"
     """Device of the learner (``cpu``, ``cuda``, ``cuda:1``)."""
     torch_threads: Count = 1
-    """torch intra-op threads of the main process (small nets on few cores are fastest with 1)."""
+    """torch intra-op threads of the main process, at most the cores it may run on (small nets on few cores are
+    fastest with 1)."""
     flush_denormal: bool = True
     """Denormal floats as zero on the CPU (``torch.set_flush_denormal``): Adam's idle moments decay into that slow
     range (updates 1.2-1.4x faster, docs/throughput.md#phases); false for IEEE arithmetic below 1e-38."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -24,3 +26,17 @@ def test_flush_denormal_follows_the_run_config(flush):
 
 def test_flush_denormal_is_the_default():
     assert RecipeConfig().run.flush_denormal is True
+
+
+def test_torch_threads_stay_within_the_cores_this_process_may_use():
+    """A sweep slot or SLURM task of one core: ``run.torch_threads=2`` (dqn/sac/td3's default) runs one thread, as
+    two intra-op threads on one core make small updates 10-50x slower."""
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    try:
+        os.sched_setaffinity(0, {min(cores)})
+        prepare_recipe(apply_overrides(RecipeConfig(), ["run.torch_threads=2"]))
+        assert torch.get_num_threads() == 1
+    finally:
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(threads)
+        torch.set_flush_denormal(False)
