@@ -16,9 +16,12 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _run_in_tmp_cwd(tmp_path, monkeypatch):
     """Each test runs in its own directory: MuJoCo writes MUJOCO_LOG.TXT into the cwd, runs default to ./runs.
-    Each starts with IEEE denormals too: a recipe run in this process sets ``run.flush_denormal`` (default true)."""
+    Each starts with IEEE denormals and one torch thread too: a recipe run in this process sets
+    ``run.flush_denormal`` (default true) and ``run.torch_threads`` (dqn/sac/td3: 2, which on a core the other test
+    worker uses made the next tests' small updates 10-50x slower)."""
     monkeypatch.chdir(tmp_path)
     torch.set_flush_denormal(False)
+    torch.set_num_threads(1)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
