@@ -42,7 +42,8 @@ RESERVED = ("is_init", "next", "action", "collector", "prev_reward", *GROUP_NEXT
 
 def make_step_td(n_envs: int, obs_spec: TensorSpec) -> TensorDict:
     """The zero ``[n_envs]`` step TensorDict of an env whose observation spec is ``obs_spec`` (a ``Composite``: one
-    entry per leaf, agent groups with their per-agent ``next`` entries; see the module docstring)."""
+    entry per leaf, agent groups with their per-agent ``next`` entries; see the module docstring), its masks all
+    True (every action allowed, every agent present: a masked policy probed on it acts)."""
     if isinstance(obs_spec, Composite):
         return _composite_step_td(n_envs, obs_spec)
     obs = obs_spec.zero((n_envs,))
@@ -60,9 +61,9 @@ def _composite_step_td(n_envs: int, obs_spec: Composite) -> TensorDict:
         raise ValueError(f"the env's observation has entries named {clash}, which the collector writes itself; "
                          "rename them in the env's observation space")
     obs = obs_spec.zero((n_envs,))
-    for key in list(obs.keys(True, True)):
+    for key in list(obs.keys(True, True)):  # True: a policy probed on the blank step at build can act
         if (key[-1] if isinstance(key, tuple) else key) in BOOL_LEAVES:
-            obs.set(key, obs.get(key).bool())
+            obs.set(key, torch.ones_like(obs.get(key), dtype=torch.bool))
     groups = group_keys(obs)
     for group in groups:
         sub = obs.get(group)
