@@ -1,4 +1,5 @@
-"""BenchMARL beside tdrl on PettingZoo MPE simple_spread: MAPPO, IPPO and QMIX, same frames, seeds and settings.
+"""BenchMARL beside tdrl, one command for both sides: MPE simple_spread (MAPPO, IPPO, QMIX), VMAS balance and
+navigation (MAPPO, IPPO) and VMAS sampling (MASAC), same task settings, frames, envs, seeds and algorithm settings.
 
 BenchMARL 1.5.2 pins ``torchrl>=0.10,<0.12``, which tdrl's venv cannot hold (torchrl 0.14), so it runs in a venv of
 its own (``.benchmarl-venv/`` at the repository root, git-ignored), made and filled on first use: torch (the same
@@ -8,24 +9,26 @@ tensordict 0.11.0, pettingzoo[mpe] 1.24.3 (the last PettingZoo with ``pettingzoo
 and vmas 1.5.2, with torch held. Each BenchMARL run is a subprocess of that venv's Python running this file with
 ``--worker``; only there are BenchMARL's modules imported (``importlib``: tdrl's interpreter and mypy never see them).
 
-BenchMARL's task is ``pettingzoo/simple_spread`` at tdrl's env settings (3 agents, 25-step episodes, local ratio
-0.5, discrete actions: tdrl's ``mpe2/simple_spread_v3`` defaults), and its algorithm, experiment and model configs
-are set from the tdrl recipe's defaults (``recipes/mappo.py``, ``recipes/qmix.py``): :func:`benchmarl_config`.
-What BenchMARL's config cannot express is listed in :data:`DIFFERENCES` and printed with every run.
+The tasks, the algorithms and the mapping of tdrl's recipe defaults onto BenchMARL's configs are in
+``benchmarks/benchmarl_tasks.py``: task settings are tdrl's (mpe2's simple_spread defaults; VMAS's scenario defaults,
+100-step episodes, continuous actions), set on BenchMARL's task; frames per batch, envs, lr, gamma, ... come from the
+recipe's defaults; what BenchMARL's config cannot express is listed (``DIFFERENCES``) and printed with every run.
 
 Returns are **summed over the agents** (tdrl's convention, ``recipes/mappo.py``): BenchMARL logs the per-agent mean
 (each agent's episode return, averaged over the agents); the worker sums the evaluation rollouts' per-agent rewards
-itself, which is that figure times 3, and checks it. ``--tdrl`` also runs tdrl's recipe on the same budget and seeds
+itself (that figure times n_agents; both are printed). ``--tdrl`` also runs tdrl's recipe on the same budget and seeds
 through ``benchmarks/learning.py`` (:func:`learning.run_tdrl`), so one command gives both sides.
 
-    python benchmarks/benchmarl_reference.py --frames 6400 --seeds 0 --tdrl               # dry run, both sides
-    python benchmarks/benchmarl_reference.py --algorithms mappo,qmix --frames 2000000 --seeds 0,1,2 --tdrl \\
-        --csv /tmp/marl.csv --markdown docs/learning.md#multi-agent
-    python benchmarks/benchmarl_reference.py --settings                                   # the mapping, no runs
+    python benchmarks/benchmarl_reference.py --frames 6400 --seeds 0 --tdrl               # dry run, every task
+    python benchmarks/benchmarl_reference.py --tasks balance,navigation --frames 3000000 --seeds 0,1,2 --tdrl \\
+        --csv docs/data/marl_vmas.csv --markdown docs/learning.md#vmas-balance-and-navigation
+    python benchmarks/benchmarl_reference.py --settings --tasks sampling                  # the mapping, no runs
 
 Per run it prints the final evaluation return (10 greedy episodes), frames, training seconds (evaluation
 excluded) and wall seconds (the whole run from building it: env, model and evaluation included, interpreter start-up
-not); ``--csv`` writes every evaluation in ``learning.py --keep``'s columns plus ``time/wall_s``.
+not); at the end, per task and algorithm, both sides' final-return IQM with a 95% bootstrap CI over seeds
+(``tdrl.plot.iqm_with_ci``) and their seconds side by side. ``--csv`` writes every evaluation in
+``learning.py --keep``'s columns plus ``time/wall_s``.
 """
 
 from __future__ import annotations
@@ -41,9 +44,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarl_tasks import (  # noqa: E402
+    ALGORITHMS,
+    TASKS,
+    pairs,
+    print_settings,
+    run_settings,
+    worker_spec,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".benchmarl-venv"
@@ -51,144 +63,9 @@ TORCH = "2.13.0+cpu"
 PINS = ("benchmarl==1.5.2", "torchrl==0.11.1", "tensordict==0.11.0", "pettingzoo[mpe]==1.24.3", "vmas==1.5.2")
 MARKER = "tdrl-pins.json"  # in the venv: what it was filled with, so a changed pin refills it
 RESULT = "BENCHMARL_RESULT "  # the worker's result line on stdout
-N_AGENTS = 3
-ENV_ID = "mpe2/simple_spread_v3"
 COLUMNS = ("task", "impl", "seed", "CumSteps", "time/train_s", "eval/return_mean", "time/wall_s")
-"""The CSV: ``learning.py``'s ``SWEEP_COLUMNS`` (one row per evaluation), then the wall seconds so far."""
-
-
-@dataclass(frozen=True)
-class Algorithm:
-    """One algorithm on both sides: tdrl's recipe and its overrides, BenchMARL's algorithm config class."""
-
-    recipe: str
-    overrides: tuple[str, ...]
-    benchmarl: str
-    on_policy: bool
-
-
-ALGORITHMS = {
-    "mappo": Algorithm("mappo", ("loss.algorithm=mappo",), "MappoConfig", True),
-    "ippo": Algorithm("mappo", ("loss.algorithm=ippo",), "IppoConfig", True),
-    "qmix": Algorithm("qmix", ("loss.method=qmix",), "QmixConfig", False),
-}
-
-DIFFERENCES = {
-    "all": [
-        "software: BenchMARL on torchrl 0.11.1 / tensordict 0.11.0 / pettingzoo 1.24.3 (pettingzoo.mpe), tdrl on "
-        "torchrl 0.14.1 / tensordict 0.14.3 / mpe2 1.1.1 (MPE's continuation, same scenario); torch 2.13.0+cpu, one "
-        "torch thread, on both sides",
-        "evaluation: both 10 greedy episodes every eval interval; tdrl's first at 0 frames on envs seeded seed + "
-        "10000, BenchMARL's first after its first batch on envs it does not reseed (evaluation_static false)",
-        "returns: BenchMARL logs the mean over agents; both columns here are the sum over the 3 agents (x3)",
-        "seeds: the same integers, not the same random streams",
-    ],
-    "mappo": [
-        "critic input: BenchMARL's MAPPO critic reads the env's global state (simple_spread's: the agents' "
-        "observations concatenated) and outputs one value for all agents; tdrl's reads the group's concatenated "
-        "observations through a centralised MultiAgentMLP",
-    ],
-    "ippo+mappo": [
-        "advantages: tdrl normalises them over the batch; BenchMARL does not (normalize_advantage=False, hard-coded)",
-        "optimizers: BenchMARL has two Adams (actor: objective + entropy; critic: value loss), each clipped to "
-        "grad norm 5 on its own; tdrl one Adam over both, one clip over all parameters",
-        "entropy: BenchMARL adds it to the objective term; the sum is the same loss",
-    ],
-    "qmix": [
-        "learning starts: BenchMARL updates from its first batch (no min_steps_learn); tdrl from 800 frames",
-        "team reward: BenchMARL's QMIX learns the mean of the agents' rewards, tdrl's their sum, standardised by its "
-        "running mean and std over the sampled batches (loss.standardise_rewards, EPyMARL's, on by default); "
-        "BenchMARL's is not standardised",
-        "replay sampling: BenchMARL samples its train batch with replacement from a TensorDict replay; tdrl from "
-        "its memmap replay (uniform, with replacement)",
-    ],
-}
-
-
-def differences(algorithm: str) -> list[str]:
-    """What differs between the two sides for ``algorithm`` beyond :func:`benchmarl_config`'s mapping."""
-    groups = ["all", algorithm] + (["ippo+mappo"] if algorithm in ("mappo", "ippo") else [])
-    return [line for group in groups for line in DIFFERENCES.get(group, [])]
-
-
-# --- Settings: tdrl's recipe defaults -> BenchMARL's configs ------------------------------------------------------
-
-
-def recipe_config(algorithm: str, frames: int, seed: int = 0) -> Any:
-    """The tdrl recipe's config for ``algorithm`` at ``frames`` (its defaults otherwise)."""
-    from tdrl.config import apply_overrides
-    from tdrl.utils.scripts import load_module
-
-    algo = ALGORITHMS[algorithm]
-    recipe = load_module(f"_recipe_{algo.recipe}", ROOT / "recipes" / f"{algo.recipe}.py")
-    return apply_overrides(recipe.Config(), [*algo.overrides, f"collector.total_frames={frames}",
-                                             f"run.seed={seed}"])
-
-
-def batch_frames(cfg: Any) -> int:
-    return int(cfg.collector.batch_B * cfg.collector.batch_T)
-
-
-def benchmarl_config(algorithm: str, cfg: Any, frames: int, eval_interval: int) -> dict[str, dict[str, Any]]:
-    """BenchMARL's ``experiment``, ``algorithm``, ``task`` and ``model`` settings for the tdrl recipe config ``cfg``
-    (``{field: value}`` set on BenchMARL's YAML defaults)."""
-    per_batch = batch_frames(cfg)
-    if frames % per_batch or eval_interval % per_batch or frames % eval_interval:
-        raise ValueError(f"frames ({frames}) and eval interval ({eval_interval}) must be multiples of the batch "
-                         f"({per_batch} frames), frames a multiple of the interval: BenchMARL evaluates only there")
-    experiment: dict[str, Any] = {
-        "sampling_device": "cpu", "train_device": "cpu", "buffer_device": "cpu",
-        "share_policy_params": cfg.model.share_params, "prefer_continuous_actions": False,
-        "parallel_collection": False, "gamma": cfg.loss.gamma, "lr": cfg.optim.lr,
-        "clip_grad_norm": True, "max_n_iters": None, "max_n_frames": frames,
-        "evaluation": True, "render": False, "evaluation_interval": eval_interval,
-        "evaluation_episodes": cfg.eval.n_envs, "evaluation_deterministic_actions": True, "evaluation_static": False,
-        "loggers": [], "create_json": True, "checkpoint_interval": 0, "checkpoint_at_end": False,
-    }
-    settings = (_on_policy if ALGORITHMS[algorithm].on_policy else _off_policy)(algorithm, cfg, per_batch)
-    experiment.update(settings.pop("experiment"))
-    return {"experiment": experiment, **settings,
-            "task": {"N": N_AGENTS, "local_ratio": 0.5, "max_cycles": 25},  # mpe2/simple_spread_v3's defaults
-            "model": {"num_cells": list(cfg.model.hidden_sizes),  # the recipes' MLPs: MAPPO's Tanh, QMIX's ReLU
-                      "activation_class": "Tanh" if ALGORITHMS[algorithm].on_policy else "ReLU"}}
-
-
-def _on_policy(algorithm: str, cfg: Any, per_batch: int) -> dict[str, dict[str, Any]]:
-    """recipes/mappo.py: 8 envs x 100 steps, ``epochs`` passes of ``minibatches`` minibatches, Adam eps, clip."""
-    return {
-        "experiment": {"adam_eps": cfg.optim.eps, "clip_grad_val": cfg.optim.max_grad_norm,
-                       "on_policy_collected_frames_per_batch": per_batch,
-                       "on_policy_n_envs_per_worker": cfg.collector.batch_B,
-                       "on_policy_n_minibatch_iters": cfg.loss.epochs,
-                       "on_policy_minibatch_size": per_batch // cfg.loss.minibatches},
-        "algorithm": {"share_param_critic": cfg.model.share_params, "clip_epsilon": cfg.loss.clip_epsilon,
-                      "entropy_coef": cfg.loss.entropy_coeff, "critic_coef": cfg.loss.value_loss_coeff,
-                      "loss_critic_type": "smooth_l1",  # TorchRL's MAPPOLoss/IPPOLoss default, which tdrl keeps
-                      "lmbda": cfg.loss.gae_lambda, "minibatch_advantage": False},
-    }
-
-
-def _off_policy(algorithm: str, cfg: Any, per_batch: int) -> dict[str, dict[str, Any]]:
-    """recipes/qmix.py: 4 envs x 25 steps, ``replay_ratio`` sampled transitions per collected one, hard target
-    copies, epsilon annealed over env frames, Adam at torch's default eps."""
-    updates = per_batch * cfg.optim.replay_ratio / cfg.optim.batch_size
-    if updates != int(updates):
-        raise ValueError(f"replay ratio {cfg.optim.replay_ratio} x {per_batch} frames is no whole number of "
-                         f"{cfg.optim.batch_size}-transition updates per batch")
-    return {
-        "experiment": {"adam_eps": 1e-8, "clip_grad_val": cfg.optim.max_grad_norm,
-                       "off_policy_collected_frames_per_batch": per_batch,
-                       "off_policy_n_envs_per_worker": cfg.collector.batch_B,
-                       "off_policy_n_optimizer_steps": int(updates),
-                       "off_policy_train_batch_size": cfg.optim.batch_size,
-                       "off_policy_memory_size": cfg.replay.size, "off_policy_init_random_frames": 0,
-                       "soft_target_update": cfg.optim.target_update_tau < 1,
-                       "hard_target_update_frequency": cfg.optim.target_update_interval,
-                       "exploration_eps_init": cfg.exploration.eps_init,
-                       "exploration_eps_end": cfg.exploration.eps_final,
-                       "exploration_anneal_frames": cfg.exploration.eps_steps},
-        "algorithm": {"mixing_embed_dim": cfg.model.mixing_embed_dim, "delay_value": True, "loss_function": "l2"},
-    }
+"""The CSV: ``learning.py``'s ``SWEEP_COLUMNS`` (one row per evaluation; task is ``<task>-<algorithm>``), then the
+wall seconds so far."""
 
 
 # --- The venv --------------------------------------------------------------------------------------------------
@@ -230,15 +107,13 @@ def ensure_venv(venv: Path, torch: str = TORCH, torch_index_url: str = "",
 # --- BenchMARL's side (the worker, in the venv) --------------------------------------------------------------------
 
 
-def run_benchmarl(python: Path, algorithm: str, seed: int, settings: dict[str, dict[str, Any]],
-                  threads: int = 1) -> dict[str, Any]:
+def run_benchmarl(python: Path, spec: dict[str, Any]) -> dict[str, Any]:
     """One BenchMARL run in a subprocess of ``python`` (the venv's): its curve, frames, seconds."""
-    spec = {"algorithm": algorithm, "seed": seed, "threads": threads, **settings}
     proc = subprocess.run([str(python), __file__, "--worker", json.dumps(spec)], capture_output=True, text=True,
                           cwd=tempfile.gettempdir())
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
     if proc.returncode or not lines:
-        raise RuntimeError(f"BenchMARL {algorithm} seed {seed} failed (exit {proc.returncode}):\n"
+        raise RuntimeError(f"BenchMARL {spec['name']} seed {spec['seed']} failed (exit {proc.returncode}):\n"
                            f"{proc.stderr[-3000:]}")
     return dict(json.loads(lines[-1].removeprefix(RESULT)))
 
@@ -249,10 +124,11 @@ def _configs(spec: dict[str, Any]) -> tuple[Any, ...]:
 
     torch = importlib.import_module("torch")
     experiment_cfg = importlib.import_module("benchmarl.experiment").ExperimentConfig.get_from_yaml()
-    algorithm_cfg = getattr(importlib.import_module("benchmarl.algorithms"),
-                            ALGORITHMS[spec["algorithm"]].benchmarl).get_from_yaml()
+    algorithms = importlib.import_module("benchmarl.algorithms")
+    algorithm_cfg = getattr(algorithms, spec["benchmarl_algorithm"]).get_from_yaml()
     models = importlib.import_module("benchmarl.models")
-    task = importlib.import_module("benchmarl.environments").PettingZooTask.SIMPLE_SPREAD.get_from_yaml()
+    task_enum, member = spec["benchmarl_task"]
+    task = getattr(getattr(importlib.import_module("benchmarl.environments"), task_enum), member).get_from_yaml()
     task.config.update(spec["task"])
     model_cfgs = [models.MlpConfig.get_from_yaml() for _ in range(2)]  # the actor's, the critic's
     for cfg, values in ((experiment_cfg, spec["experiment"]), (algorithm_cfg, spec["algorithm_settings"]),
@@ -262,6 +138,18 @@ def _configs(spec: dict[str, Any]) -> tuple[Any, ...]:
                 raise AttributeError(f"BenchMARL's {type(cfg).__name__} has no {key}")
             setattr(cfg, key, getattr(torch.nn, value) if key == "activation_class" else value)
     return task, algorithm_cfg, model_cfgs, experiment_cfg
+
+
+def set_learning_rates(optimizers: dict[str, dict[str, Any]], rates: dict[str, float]) -> None:
+    """BenchMARL's Adams (``experiment.optimizers``: group -> loss name -> Adam) at ``rates`` per loss name (its
+    config has one lr for all); a name no group's optimizers have is an error."""
+    for by_loss in optimizers.values():
+        unknown = set(rates) - set(by_loss)
+        if unknown:
+            raise KeyError(f"BenchMARL has no optimizer for {sorted(unknown)} (it has {sorted(by_loss)})")
+        for loss_name, optimizer in by_loss.items():
+            for group in optimizer.param_groups:
+                group["lr"] = rates.get(loss_name, group["lr"])
 
 
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -277,6 +165,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         experiment = importlib.import_module("benchmarl.experiment").Experiment(
             task=task, algorithm_config=algorithm_cfg, model_config=actor_cfg, critic_model_config=critic_cfg,
             seed=spec["seed"], config=experiment_cfg)
+        set_learning_rates(experiment.optimizers, spec["optimizer_lr"])
         curve = _record_evaluations(experiment, started)
         experiment.run()
     return {"curve": curve, "wall_s": time.perf_counter() - started}
@@ -317,17 +206,18 @@ def _record_evaluations(experiment: Any, started: float) -> list[dict[str, float
 # --- tdrl's side ---------------------------------------------------------------------------------------------------
 
 
-def run_tdrl_recipe(algorithm: str, seed: int, frames: int, eval_interval: int, root: Path) -> dict[str, Any]:
-    """tdrl's recipe for ``algorithm`` in this process, through ``learning.py``'s :func:`learning.run_tdrl`."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+def run_tdrl_recipe(task: str, algorithm: str, seed: int, frames: int, eval_interval: int, root: Path
+                    ) -> dict[str, Any]:
+    """tdrl's recipe for ``algorithm`` on ``task`` in this process, through :func:`learning.run_tdrl`."""
     import learning
 
     algo = ALGORITHMS[algorithm]
-    task = learning.Task(f"simple_spread-{algorithm}", algo.recipe, ENV_ID, threshold=math.inf, budget=frames,
-                         overrides=list(algo.overrides), eval_interval=eval_interval, eval_episodes=10)
+    row_task = learning.Task(f"{task}-{algorithm}", algo.recipe, TASKS[task].env_id, threshold=math.inf,
+                             budget=frames, overrides=[*algo.overrides, *TASKS[task].overrides],
+                             eval_interval=eval_interval, eval_episodes=10)
     started = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):  # the recipe's own lines stay out of the report
-        curve = learning.run_tdrl(task, seed, root)
+        curve = learning.run_tdrl(row_task, seed, root)
     wall = time.perf_counter() - started
     curve = [{**point, "wall_s": math.nan} for point in curve]  # the recipe's curve has no wall seconds
     curve[-1]["wall_s"] = wall
@@ -337,10 +227,11 @@ def run_tdrl_recipe(algorithm: str, seed: int, frames: int, eval_interval: int, 
 # --- Report --------------------------------------------------------------------------------------------------------
 
 
-def row(algorithm: str, impl: str, seed: int, result: dict[str, Any]) -> dict[str, Any]:
-    """A run as ``learning.py`` reports one: final evaluation return (summed over agents), frames, seconds."""
+def row(name: str, impl: str, seed: int, result: dict[str, Any]) -> dict[str, Any]:
+    """A run (``name``: ``<task>-<algorithm>``) as ``learning.py`` reports one: final evaluation return (summed
+    over agents), frames, seconds."""
     last = result["curve"][-1]
-    return {"task": f"simple_spread-{algorithm}", "impl": impl, "seed": seed, "final_return": last["return_mean"],
+    return {"task": name, "impl": impl, "seed": seed, "final_return": last["return_mean"],
             "final_frames": last["frames"], "train_s": last["train_s"], "wall_s": result["wall_s"],
             "curve": result["curve"]}
 
@@ -348,33 +239,42 @@ def row(algorithm: str, impl: str, seed: int, result: dict[str, Any]) -> dict[st
 def print_row(r: dict[str, Any]) -> None:
     per_agent = r["curve"][-1].get("benchmarl_return")
     logged = f" (BenchMARL logs {per_agent:.1f} per agent)" if per_agent is not None else ""
+    frames_s = r["final_frames"] / r["train_s"] if r["train_s"] > 0 else math.nan
     print(f"{r['task']:20s} {r['impl']:9s} seed {r['seed']}: final {r['final_return']:8.1f}{logged} at "
-          f"{r['final_frames']:,} frames; train {r['train_s']:.1f} s, wall {r['wall_s']:.1f} s", flush=True)
+          f"{r['final_frames']:,} frames; train {r['train_s']:.1f} s ({frames_s:,.0f} frames/s), "
+          f"wall {r['wall_s']:.1f} s", flush=True)
+
+
+SIDES = ("tdrl", "benchmarl")
 
 
 def summarise(rows: list[dict[str, Any]]) -> None:
-    """Per task and implementation: the final return's mean (IQM with a 95% bootstrap CI from 3 seeds) and times."""
-    print(f"\n{'task':20s} {'impl':9s} {'seeds':>5s} {'final return (summed)':>28s} {'frames':>10s} "
-          f"{'train s':>8s} {'wall s':>8s}")
-    for task in dict.fromkeys(r["task"] for r in rows):
-        for impl in ("benchmarl", "tdrl"):
-            runs = [r for r in rows if r["task"] == task and r["impl"] == impl]
-            if runs:
-                finals = [r["final_return"] for r in runs]
-                print(f"{task:20s} {impl:9s} {len(runs):5d} {_center(finals):>28s} "
-                      f"{max(r['final_frames'] for r in runs):10,d} {_mean([r['train_s'] for r in runs]):8.1f} "
-                      f"{_mean([r['wall_s'] for r in runs]):8.1f}")
-    print("(final return: mean over seeds, IQM [95% bootstrap CI] from 3 seeds on; returns summed over the 3 agents; "
+    """Per task and algorithm, tdrl beside BenchMARL: seeds, the final return's IQM with its 95% bootstrap CI over
+    seeds (``tdrl.plot.iqm_with_ci``), frames, and the mean training and wall seconds."""
+    print(f"\n{'':20s} {'seeds':>7s}  {'final return, summed over agents: IQM [95% CI]':^56s}  {'frames':>9s}  "
+          f"{'train s (mean)':^19s}  {'wall s (mean)':^19s}")
+    print(f"{'task-algorithm':20s} {'t / b':>7s}  {'tdrl':^27s} {'BenchMARL':^28s}  {'':9s}  "
+          f"{'tdrl':>9s} {'BenchMARL':>9s}  {'tdrl':>9s} {'BenchMARL':>9s}")
+    for name in dict.fromkeys(r["task"] for r in rows):
+        runs = {impl: [r for r in rows if r["task"] == name and r["impl"] == impl] for impl in SIDES}
+        seeds = " / ".join(str(len(runs[impl])) for impl in SIDES)
+        finals = [_center([r["final_return"] for r in runs[impl]]) for impl in SIDES]
+        frames = max(r["final_frames"] for impl in SIDES for r in runs[impl])
+        seconds = [_seconds(runs[impl], key) for key in ("train_s", "wall_s") for impl in SIDES]
+        print(f"{name:20s} {seeds:>7s}  {finals[0]:>27s} {finals[1]:>28s}  {frames:9,d}  {seconds[0]} {seconds[1]}  "
+              f"{seconds[2]} {seconds[3]}")
+    print("(t / b: tdrl's and BenchMARL's seeds; one seed: its return, no CI; returns summed over the task's agents; "
           "train s excludes evaluation, wall s is the whole run)")
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
+def _seconds(runs: list[dict[str, Any]], key: str) -> str:
+    return f"{sum(r[key] for r in runs) / len(runs):9.1f}" if runs else f"{'-':>9s}"
 
 
 def _center(values: list[float]) -> str:
-    if len(values) < 3:
-        return f"{_mean(values):.1f} (mean)"
+    """The IQM of ``values`` with its 95% bootstrap CI (tdrl's plots' own), or the one value, or '-'."""
+    if len(values) < 2:
+        return f"{values[0]:.1f} (one seed)" if values else "-"
     import numpy as np
 
     from tdrl.plot import iqm_with_ci
@@ -396,26 +296,6 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
     print(f"wrote {os.path.relpath(path, ROOT) if path.is_relative_to(ROOT) else path}")
 
 
-def print_settings(algorithms: list[str], frames: int, eval_interval: int | None) -> None:
-    """The BenchMARL settings each algorithm gets from tdrl's recipe, and what still differs."""
-    for algorithm in algorithms:
-        cfg = recipe_config(algorithm, frames)
-        settings = benchmarl_config(algorithm, cfg, frames, eval_interval or _default_interval(cfg, frames))
-        print(f"{algorithm} (tdrl: recipes/{ALGORITHMS[algorithm].recipe}.py "
-              f"{' '.join(ALGORITHMS[algorithm].overrides)}; BenchMARL: {ALGORITHMS[algorithm].benchmarl}):")
-        for section, values in settings.items():
-            print(f"  {section}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
-        for line in differences(algorithm):
-            print(f"  differs: {line}")
-
-
-def _default_interval(cfg: Any, frames: int) -> int:
-    """The recipe's log interval, or the budget when that is shorter (a multiple of the batch either way)."""
-    per_batch = batch_frames(cfg)
-    interval = min(int(cfg.logger.log_interval_steps), frames)
-    return max(per_batch, interval // per_batch * per_batch)
-
-
 # --- Main ----------------------------------------------------------------------------------------------------------
 
 
@@ -425,9 +305,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_markdown_option(parser)
     add = parser.add_argument
-    add("--algorithms", default="mappo,ippo,qmix", help="comma-separated: " + ", ".join(ALGORITHMS))
-    add("--frames", type=int, default=6_400, help="env frames per run (each step of all 3 agents); a multiple of "
-        "every algorithm's batch (MAPPO/IPPO 800, QMIX 100)")
+    add("--tasks", default=",".join(TASKS), help="comma-separated: " + ", ".join(
+        f"{name} ({'/'.join(task.algorithms)})" for name, task in TASKS.items()))
+    add("--algorithms", default=",".join(ALGORITHMS), help="comma-separated, of each task's: " + ", ".join(ALGORITHMS))
+    add("--frames", type=int, default=6_400, help="env frames per run (each step of all agents); a multiple of "
+        "every run's batch (MAPPO/IPPO 800, QMIX 100, MASAC 200)")
     add("--seeds", default="0")
     add("--eval-interval", type=int, default=None,
         help="env frames between evaluations (default: the recipe's log interval, at most the budget)")
@@ -443,13 +325,23 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _names(p: argparse.ArgumentParser, text: str, known: Sequence[str], what: str) -> list[str]:
+    names = [n for n in text.split(",") if n]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        p.error(f"unknown {what}(s) {unknown}; choose from {list(known)}")
+    return names
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = make_parser()
     args = p.parse_args(argv)
-    args.algorithms = [a for a in args.algorithms.split(",") if a]
-    unknown = sorted(set(args.algorithms) - set(ALGORITHMS))
-    if unknown:
-        p.error(f"unknown algorithm(s) {unknown}; choose from {list(ALGORITHMS)}")
+    args.tasks = _names(p, args.tasks, list(TASKS), "task")
+    args.algorithms = _names(p, args.algorithms, list(ALGORITHMS), "algorithm")
+    args.runs = pairs(args.tasks, args.algorithms)
+    if not args.runs and not args.worker:
+        p.error(f"no task of {args.tasks} is compared with {args.algorithms}: " + "; ".join(
+            f"{name}: {'/'.join(TASKS[name].algorithms)}" for name in args.tasks))
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.no_benchmarl and not args.tdrl:
         p.error("--no-benchmarl runs nothing without --tdrl")
@@ -457,26 +349,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every algorithm and seed: BenchMARL's run (unless ``--no-benchmarl``), then tdrl's (with ``--tdrl``)."""
+    """Every run and seed: BenchMARL's (unless ``--no-benchmarl``), then tdrl's (with ``--tdrl``)."""
     python = None if args.no_benchmarl else ensure_venv(Path(args.venv), args.torch, args.torch_index_url)
     if python is not None:
         print(f"BenchMARL's venv: {venv_versions(python)}")
-    print_settings(args.algorithms, args.frames, args.eval_interval)
+    print_settings(args.runs, args.frames, args.eval_interval)
     print()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for algorithm in args.algorithms:
-            cfg = recipe_config(algorithm, args.frames)
-            interval = args.eval_interval or _default_interval(cfg, args.frames)
-            settings = benchmarl_config(algorithm, cfg, args.frames, interval)
-            settings["algorithm_settings"] = settings.pop("algorithm")
+        for task, algorithm in args.runs:
+            settings = run_settings(task, algorithm, args.frames, args.eval_interval)
             for seed in args.seeds:
                 if python is not None:
-                    rows.append(row(algorithm, "benchmarl", seed, run_benchmarl(python, algorithm, seed, settings)))
+                    result = run_benchmarl(python, worker_spec(task, algorithm, seed, settings))
+                    rows.append(row(f"{task}-{algorithm}", "benchmarl", seed, result))
                     print_row(rows[-1])
                 if args.tdrl:
-                    result = run_tdrl_recipe(algorithm, seed, args.frames, interval, Path(tmp))
-                    rows.append(row(algorithm, "tdrl", seed, result))
+                    interval = settings["experiment"]["evaluation_interval"]
+                    result = run_tdrl_recipe(task, algorithm, seed, args.frames, interval, Path(tmp))
+                    rows.append(row(f"{task}-{algorithm}", "tdrl", seed, result))
                     print_row(rows[-1])
     return rows
 
@@ -488,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         return []
     sys.path.insert(0, str(ROOT))  # this checkout's tdrl and recipes
     if args.settings:
-        print_settings(args.algorithms, args.frames, args.eval_interval)
+        print_settings(args.runs, args.frames, args.eval_interval)
         return []
     rows = run_all(args)
     summarise(rows)
@@ -498,7 +389,6 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     if "--worker" in sys.argv:
         main()
     else:

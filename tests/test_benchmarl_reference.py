@@ -14,25 +14,35 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from tdrl.config import apply_overrides
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import benchmarl_reference as ref  # noqa: E402
+import benchmarl_tasks as tasks  # noqa: E402
 from report import markdown_page  # noqa: E402
 
 
 def test_arguments():
     args = ref.parse_args(["--frames", "1600", "--seeds", "0,1", "--algorithms", "mappo,qmix", "--tdrl"])
     assert (args.frames, args.seeds, args.algorithms, args.tdrl) == (1600, [0, 1], ["mappo", "qmix"], True)
-    assert ref.parse_args([]).algorithms == ["mappo", "ippo", "qmix"]
-    for bad in (["--algorithms", "maddpg"], ["--no-benchmarl"]):
+    assert args.runs == [("simple_spread", "mappo"), ("simple_spread", "qmix"), ("balance", "mappo"),
+                         ("navigation", "mappo")]
+    assert ref.parse_args([]).runs == [("simple_spread", "mappo"), ("simple_spread", "ippo"), ("simple_spread", "qmix"),
+                                       ("balance", "mappo"), ("balance", "ippo"), ("navigation", "mappo"),
+                                       ("navigation", "ippo"), ("sampling", "masac")]
+    assert ref.parse_args(["--tasks", "sampling,balance", "--algorithms", "masac,ippo"]).runs == [
+        ("sampling", "masac"), ("balance", "ippo")]
+    for bad in (["--algorithms", "maddpg"], ["--tasks", "pong"], ["--no-benchmarl"],
+                ["--tasks", "sampling", "--algorithms", "mappo"]):  # the issue compares only MASAC on sampling
         with pytest.raises(SystemExit):
             ref.parse_args(bad)
 
 
 def test_mappo_settings_are_the_recipes_defaults():
-    cfg = ref.recipe_config("mappo", 6400)
-    settings = ref.benchmarl_config("mappo", cfg, 6400, 3200)
+    cfg = tasks.recipe_config("simple_spread", "mappo", 6400)
+    settings = tasks.benchmarl_config("simple_spread", "mappo", cfg, 6400, 3200)
     experiment, algorithm = settings["experiment"], settings["algorithm"]
     assert (experiment["lr"], experiment["gamma"], experiment["clip_grad_val"]) == (7e-4, 0.99, 5.0)
     assert (experiment["on_policy_collected_frames_per_batch"], experiment["on_policy_n_envs_per_worker"]) == (800, 8)
@@ -44,14 +54,68 @@ def test_mappo_settings_are_the_recipes_defaults():
     assert algorithm["loss_critic_type"] == "smooth_l1" and algorithm["critic_coef"] == 1.0
     assert settings["task"] == {"N": 3, "local_ratio": 0.5, "max_cycles": 25}
     assert settings["model"] == {"num_cells": [64, 64], "activation_class": "Tanh"}
-    ippo = ref.benchmarl_config("ippo", ref.recipe_config("ippo", 6400), 6400, 3200)
+    assert settings["optimizer_lr"] == {}  # one rate: BenchMARL's lr
+    ippo = tasks.benchmarl_config("simple_spread", "ippo", tasks.recipe_config("simple_spread", "ippo", 6400), 6400,
+                                  3200)
     assert ippo == settings  # the same recipe: only the critic (BenchMARL's algorithm class) differs
     with pytest.raises(ValueError, match="multiples of the batch"):
-        ref.benchmarl_config("mappo", cfg, 6000, 3000)
+        tasks.benchmarl_config("simple_spread", "mappo", cfg, 6000, 3000)
+
+
+def test_vmas_settings_are_tdrls_on_both_sides():
+    """VMAS runs: continuous actions, tdrl's collector and 100-step limit, the recipe's 8 envs x 100 steps."""
+    from tdrl.envs.vmas import DEFAULT_MAX_STEPS
+
+    cfg = tasks.recipe_config("balance", "ippo", 8000)
+    assert (cfg.env.id, cfg.collector.kind, cfg.loss.algorithm) == ("vmas/balance", "batched_env", "ippo")
+    settings = tasks.benchmarl_config("balance", "ippo", cfg, 8000, 4000)
+    assert settings["experiment"]["prefer_continuous_actions"] is True
+    assert (settings["experiment"]["on_policy_collected_frames_per_batch"],
+            settings["experiment"]["on_policy_n_envs_per_worker"]) == (800, 8)
+    assert {name: t.settings["max_steps"] for name, t in tasks.TASKS.items() if t.family == "vmas"} == {
+        "balance": DEFAULT_MAX_STEPS, "navigation": DEFAULT_MAX_STEPS, "sampling": DEFAULT_MAX_STEPS}
+    spec = tasks.worker_spec("balance", "ippo", 2, settings)
+    assert (spec["benchmarl_task"], spec["benchmarl_algorithm"], spec["seed"]) == (["VmasTask", "BALANCE"],
+                                                                                  "IppoConfig", 2)
+    assert json.loads(json.dumps(spec)) == spec  # it travels to the worker as JSON
+
+
+@pytest.mark.parametrize("name", ["balance", "navigation", "sampling"])
+def test_vmas_task_settings_are_the_scenarios_defaults(name):
+    """The settings BenchMARL's task gets are what tdrl's env runs: VMAS's scenario defaults, tdrl's time limit."""
+    from tdrl.envs.vmas import make_vmas
+
+    task = tasks.TASKS[name]
+    env = make_vmas(task.env_id, None, {"num_envs": 1})
+    try:
+        built = {key: getattr(env.vmas.scenario, key) for key in task.settings if key != "max_steps"}
+        assert built == {key: value for key, value in task.settings.items() if key != "max_steps"}
+        assert env.limit == task.settings["max_steps"] and len(env.vmas.agents) == task.n_agents
+    finally:
+        env.close()
+
+
+def test_masac_settings_are_the_recipes_defaults():
+    cfg = tasks.recipe_config("sampling", "masac", 2000)
+    settings = tasks.benchmarl_config("sampling", "masac", cfg, 2000, 1000)
+    experiment, algorithm = settings["experiment"], settings["algorithm"]
+    assert (experiment["off_policy_collected_frames_per_batch"], experiment["off_policy_n_envs_per_worker"]) == \
+        (200, 8)
+    assert (experiment["off_policy_n_optimizer_steps"], experiment["off_policy_train_batch_size"]) == (25, 256)
+    assert (experiment["gamma"], experiment["soft_target_update"], experiment["polyak_tau"]) == (0.95, True, 0.01)
+    assert (experiment["off_policy_memory_size"], experiment["clip_grad_val"]) == (1_000_000, 10.0)
+    assert algorithm["target_entropy"] == -2.0  # the recipe's: -action_dim per agent, the box [-1, 1]
+    assert (algorithm["num_qvalue_nets"], algorithm["alpha_init"], algorithm["fixed_alpha"]) == (2, 1.0, False)
+    assert settings["optimizer_lr"] == {"loss_actor": 1e-4, "loss_alpha": 1e-4, "loss_qvalue": 1e-3}
+    assert settings["model"] == {"num_cells": [64, 64], "activation_class": "Tanh"}
+    four_envs = apply_overrides(cfg, ["collector.batch_B=4"])  # the recipe's own: 12.5 updates per batch
+    with pytest.raises(ValueError, match="no whole number"):
+        tasks.benchmarl_config("sampling", "masac", four_envs, 2000, 1000)
 
 
 def test_qmix_settings_are_the_recipes_defaults():
-    settings = ref.benchmarl_config("qmix", ref.recipe_config("qmix", 6400), 6400, 6400)
+    settings = tasks.benchmarl_config("simple_spread", "qmix", tasks.recipe_config("simple_spread", "qmix", 6400),
+                                      6400, 6400)
     experiment = settings["experiment"]
     assert (experiment["off_policy_collected_frames_per_batch"], experiment["off_policy_n_envs_per_worker"]) == \
         (100, 4)
@@ -66,11 +130,28 @@ def test_qmix_settings_are_the_recipes_defaults():
 
 
 def test_differences_name_what_the_configs_cannot():
-    assert any("critic input" in line for line in ref.differences("mappo"))
-    assert not any("critic input" in line for line in ref.differences("ippo"))
-    assert any("advantages" in line for line in ref.differences("ippo"))
-    assert any("learning starts" in line for line in ref.differences("qmix"))
-    assert all(any("sum over the 3 agents" in line for line in ref.differences(a)) for a in ref.ALGORITHMS)
+    assert any("critic input" in line for line in tasks.differences("simple_spread", "mappo"))
+    assert not any("critic input" in line for line in tasks.differences("balance", "mappo"))  # no global state
+    assert not any("critic input" in line for line in tasks.differences("simple_spread", "ippo"))
+    assert any("advantages" in line for line in tasks.differences("navigation", "ippo"))
+    assert any("learning starts" in line for line in tasks.differences("simple_spread", "qmix"))
+    assert any("*terminated*" in line for line in tasks.differences("sampling", "masac"))
+    assert any("4 agents" in line for line in tasks.differences("balance", "ippo"))
+    assert not any("time limit" in line for line in tasks.differences("simple_spread", "mappo"))
+    for name, algorithm in tasks.pairs(list(tasks.TASKS), list(tasks.ALGORITHMS)):
+        assert any("sum over the agents" in line for line in tasks.differences(name, algorithm))
+
+
+def test_learning_rates_are_set_per_loss():
+    """MASAC's rates on BenchMARL's Adams (one config lr), by loss name; a name it has no Adam for is an error."""
+    net = torch.nn.Linear(2, 2)
+    optimizers = {"agents": {name: torch.optim.Adam(net.parameters(), lr=1e-3)
+                             for name in ("loss_actor", "loss_qvalue", "loss_alpha")}}
+    ref.set_learning_rates(optimizers, {"loss_actor": 1e-4, "loss_alpha": 2e-4})
+    assert {name: opt.param_groups[0]["lr"] for name, opt in optimizers["agents"].items()} == {
+        "loss_actor": 1e-4, "loss_qvalue": 1e-3, "loss_alpha": 2e-4}
+    with pytest.raises(KeyError, match="loss_value"):
+        ref.set_learning_rates(optimizers, {"loss_value": 1e-4})
 
 
 def test_venv_is_made_once_with_torch_held(tmp_path):
@@ -117,8 +198,19 @@ def _fake_rows():
              {"frames": 1600, "train_s": 3.0, "wall_s": 4.0, "return_mean": -90.0, "benchmarl_return": -30.0}]
     tdrl = [{"frames": 0, "train_s": 0.0, "wall_s": float("nan"), "return_mean": -96.0},
             {"frames": 1600, "train_s": 1.0, "wall_s": 2.5, "return_mean": -80.0}]
-    return [ref.row("mappo", "benchmarl", 0, {"curve": curve, "wall_s": 5.0}),
-            ref.row("mappo", "tdrl", 0, {"curve": tdrl, "wall_s": 2.5})]
+    return [ref.row("simple_spread-mappo", "benchmarl", 0, {"curve": curve, "wall_s": 5.0}),
+            ref.row("simple_spread-mappo", "tdrl", 0, {"curve": tdrl, "wall_s": 2.5})]
+
+
+def _three_seeds():
+    """balance-mappo on 3 seeds each side: finals tdrl -10, -20, -60 (train 10, 20, 30 s), BenchMARL -30, -40, -50."""
+    def run(final, train):
+        return {"curve": [{"frames": 8000, "train_s": train, "wall_s": train + 5, "return_mean": final}],
+                "wall_s": train + 5}
+
+    return [*(ref.row("balance-mappo", "tdrl", s, run(f, t)) for s, (f, t) in enumerate([(-10, 10), (-20, 20),
+                                                                                          (-60, 30)])),
+            *(ref.row("balance-mappo", "benchmarl", s, run(f, 40.0)) for s, f in enumerate([-30, -40, -50]))]
 
 
 def test_csv_has_the_learning_benchmarks_columns(tmp_path):
@@ -135,6 +227,27 @@ def test_csv_has_the_learning_benchmarks_columns(tmp_path):
     assert lines[0]["task"] == "simple_spread-mappo" and lines[-1]["time/wall_s"] == "2.5"
 
 
+def test_summary_puts_both_sides_iqm_and_seconds_side_by_side(capsys):
+    """Per task and algorithm one line: tdrl's and BenchMARL's IQM [95% CI] (tdrl.plot's), frames, mean seconds."""
+    import numpy as np
+
+    from tdrl.plot import iqm_with_ci
+
+    ref.summarise(_three_seeds() + _fake_rows())
+    out = capsys.readouterr().out.splitlines()
+    center, low, high = iqm_with_ci(np.array([[-10.0], [-20.0], [-60.0]]))
+    assert (center[0], low[0], high[0]) == (-30.0, -60.0, -10.0)  # 3 seeds: the IQM is their mean
+    balance = next(line for line in out if line.startswith("balance-mappo"))
+    assert balance.split() == ["balance-mappo", "3", "/", "3", "-30.0", "[-60.0,", "-10.0]", "-40.0", "[-50.0,",
+                               "-30.0]", "8,000", "20.0", "40.0", "25.0", "45.0"]
+    spread = next(line for line in out if line.startswith("simple_spread-mappo"))
+    assert spread.split() == ["simple_spread-mappo", "1", "/", "1", "-80.0", "(one", "seed)", "-90.0", "(one",
+                              "seed)", "1,600", "1.0", "3.0", "2.5", "5.0"]
+    ref.summarise(_three_seeds()[:3])  # tdrl's side only (--no-benchmarl)
+    only = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("balance-mappo"))
+    assert only.split()[1:4] == ["3", "/", "0"] and only.split()[-4:] == ["20.0", "-", "25.0", "-"]
+
+
 def test_page_section_holds_the_rows(tmp_path, capsys):
     page = tmp_path / "learning.md"
     page.write_text("# Learning\n\n## Multi-agent\n\nBenchMARL beside tdrl.\n\n## Other\n\nkept\n")
@@ -144,6 +257,6 @@ def test_page_section_holds_the_rows(tmp_path, capsys):
         ref.summarise(_fake_rows())
     text = page.read_text()
     assert "BenchMARL beside tdrl.\n\n<!-- results:multi-agent -->" in text and text.endswith("## Other\n\nkept\n")
-    assert "final    -90.0 (BenchMARL logs -30.0 per agent) at 1,600 frames; train 3.0 s, wall 5.0 s" in text
-    assert "simple_spread-mappo  tdrl          1                 -80.0 (mean)" in text
-    assert "-80.0 (mean)" in capsys.readouterr().out
+    assert ("final    -90.0 (BenchMARL logs -30.0 per agent) at 1,600 frames; train 3.0 s (533 frames/s), "
+            "wall 5.0 s") in text
+    assert "-80.0 (one seed)" in text and "-80.0 (one seed)" in capsys.readouterr().out
