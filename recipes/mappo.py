@@ -5,7 +5,8 @@ Each agent group of the env (``tdrl.envs.multiagent``: ``(group, "observation")`
 decentralised actor shared by its agents (``model.share_params``) and a critic: MAPPO's sees every agent of the group
 (a centralised ``MultiAgentMLP``), IPPO's only its own agent. GAE runs over each agent's own reward and done flags
 (``("next", group, "reward")``), advantages are normalised once per batch, per agent, and one Adam steps every
-group's networks on the sum of their losses. An agent that left the episode (``(group, "mask")`` False) is masked:
+group's networks on the sum of their losses (``optim.per_group``: one Adam per group; ``optim.frozen_groups`` do not
+learn: self-play against a fixed opponent). An agent that left the episode (``(group, "mask")`` False) is masked:
 its rows count in no policy, value or entropy term and in no advantage statistic. Returns in the logs are summed
 over all agents (mpe2's simple_spread: three times the shared team reward plus the collisions; EPyMARL divides by
 the number of agents), with each group's beside them (``train/<group>/return_mean``).
@@ -14,14 +15,16 @@ the number of agents), with each group's beside them (``train/<group>/return_mea
     python recipes/mappo.py loss.algorithm=ippo
     python recipes/mappo.py collector.kind=parallel collector.n_workers=2
     python recipes/mappo.py env.group_map=per_agent                  # one group (and network) per agent
+    python recipes/mappo.py env.id=mpe2/simple_adversary_v3 optim.per_group=true optim.frozen_groups=[adversary]
+    python recipes/mappo.py env.id=vmas/balance collector.kind=batched_env collector.batch_B=600  # VMAS
     python recipes/mappo.py --help
 
 Defaults: the MAPPO paper's MPE settings (lr 7e-4, gamma 0.99, GAE lambda 0.95, clip 0.2, entropy 0.01, one
 minibatch) with 4 epochs over 8 envs x 100 steps. On one 2-core machine (seed 0, not yet a benchmark): eval return
 -96 at start, about -60 (summed over the 3 agents) from 50k frames on, at ~1,900 frames/s; with 10 epochs of 4
-minibatches at lr 3e-4 it oscillated between -57 and -100. Results beside BenchMARL are still to come.
+minibatches at lr 3e-4 it oscillated between -57 and -100. Beside BenchMARL: docs/learning.md#multi-agent.
 
-Needs ``pip install 'tdrl[marl]'``. Not yet: per-group optimizers, a global-state critic, VMAS.
+Needs ``pip install 'tdrl[marl]'``. Not yet: a global-state critic.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ if TYPE_CHECKING:
     from tensordict import TensorDictBase
     from tensordict.nn import TensorDictModuleBase
     from torchrl.data import TensorSpec
+
+    from tdrl.objectives.update import Updater
 
 
 # --- Config ---------------------------------------------------------------------------------------------------
@@ -87,6 +92,11 @@ class LossConfig(PolicyGradientLossConfig):
 class OptimConfig(PolicyGradientOptimConfig):
     lr: PositiveFloat = 7e-4
     max_grad_norm: PositiveFloat = 5.0
+    per_group: bool = False
+    """One Adam per agent group, each clipping its own gradient norm (BenchMARL's layout); false: one Adam over every
+    group's networks."""
+    frozen_groups: list[str] = field(default_factory=list)
+    """Groups whose networks do not learn: they act as built, or as resumed (self-play against a fixed opponent)."""
 
 
 @dataclass
@@ -197,6 +207,44 @@ def standardize_present(adv: torch.Tensor, present: torch.Tensor) -> torch.Tenso
     return torch.where(keep, (adv - mean) / var.sqrt().clamp_min(torch.finfo(torch.float).resolution), adv)
 
 
+def trained_groups(groups: list[str], frozen: list[str]) -> list[str]:
+    """The groups that learn: all but ``optim.frozen_groups``, which must name groups of the env."""
+    from tdrl.utils.errors import UserError
+
+    if unknown := sorted(set(frozen) - set(groups)):
+        raise UserError(f"optim.frozen_groups names {unknown}; this env's agent groups are {groups}")
+    if not (trained := [g for g in groups if g not in frozen]):
+        raise UserError(f"optim.frozen_groups freezes every agent group ({groups}): nothing would learn")
+    return trained
+
+
+def group_updaters(losses: dict[str, Any], trained: list[str], optim: OptimConfig) -> dict[str, Updater]:
+    """``{"": one Updater}`` over the trained groups' networks, or with ``optim.per_group`` one per group."""
+    import torch
+
+    from tdrl.objectives.update import Updater
+
+    def updater(names: list[str]) -> Updater:
+        params = [p for g in names for p in losses[g].parameters()]
+        return Updater(torch.optim.Adam(params, lr=optim.lr, eps=optim.eps), max_grad_norm=optim.max_grad_norm)
+
+    return {g: updater([g]) for g in trained} if optim.per_group else {"": updater(trained)}
+
+
+def summed(terms: list[TensorDictBase]) -> dict[str, torch.Tensor]:
+    """The ``loss_*`` terms of several groups' losses, summed key by key."""
+    return {key: sum(t[key] for t in terms) for key in terms[0].keys() if key.startswith("loss_")}
+
+
+def per_group_metrics(steps: dict[str, TensorDictBase]) -> TensorDictBase:
+    """One metrics row from per-group updates: the loss terms summed over groups, each group's ``grad_norm_<g>``."""
+    from tensordict import TensorDict
+
+    first = next(iter(steps.values()))
+    row = {key: sum(s[key] for s in steps.values()) for key in first.keys() if key.startswith("loss_")}
+    return TensorDict({**row, **{f"grad_norm_{g}": s["grad_norm"] for g, s in steps.items()}, "lr": first["lr"]})
+
+
 def minibatches(data: TensorDictBase, n: int) -> list[TensorDictBase]:
     import torch
 
@@ -212,7 +260,6 @@ def main(cfg: Config) -> dict:
     from tdrl.collect.layout import group_keys
     from tdrl.envs import EnvFactory
     from tdrl.log.run import Run
-    from tdrl.objectives.update import Updater
     from tdrl.wiring import check_trainer, collector_factory_from, make_trainer, prepare_recipe
 
     check_trainer(cfg.trainer, on_policy=True, supported=("sync",))
@@ -233,8 +280,8 @@ def main(cfg: Config) -> dict:
         losses[g] = group_loss(g, actors[g], critics[g], cfg)
     policy = TensorDictSequential(*actors.values()).to(device)  # every group acts each step
     loss_modules = torch.nn.ModuleDict(losses).to(device)
-    updater = Updater(torch.optim.Adam(loss_modules.parameters(), lr=cfg.optim.lr, eps=cfg.optim.eps),
-                      max_grad_norm=cfg.optim.max_grad_norm)
+    trained = trained_groups(groups, cfg.optim.frozen_groups)  # a group the env lacks: one line, exit 2
+    updaters = group_updaters(losses, trained, cfg.optim)
 
     run = Run.open(config=cfg, run=cfg.run, logger=cfg.logger, checkpoint=cfg.checkpoint, name=cfg.loss.algorithm,
                    total_frames=cfg.collector.total_frames)
@@ -243,19 +290,22 @@ def main(cfg: Config) -> dict:
                                          seed=cfg.run.seed + 10_000, discount=cfg.loss.gamma, env_kwargs=env_kwargs)
     trainer = make_trainer(cfg, on_policy=True, collector=collector, modules=[loss_modules],
                            eval_collector=eval_collector, run=run,
-                           checkpoint_state={"model": loss_modules, "updater": updater})
+                           checkpoint_state={"model": loss_modules, **{f"updater_{g}" if g else "updater": u
+                                                                        for g, u in updaters.items()}})
 
     # --- Update ---------------------------------------------------------------------------------------------
     def update(batch: TensorDictBase) -> list[TensorDictBase]:
-        advantages(batch, losses)  # (group, "advantage"), (group, "value_target")
+        advantages(batch, {g: losses[g] for g in trained})  # (group, "advantage"), (group, "value_target")
         data = batch.reshape(-1)  # [B * T] steps, each with its [n_agents] group rows
         metrics = []
         for _ in range(cfg.loss.epochs):
             for minibatch in minibatches(data, cfg.loss.minibatches):
-                terms = [losses[g](minibatch) for g in groups]
-                total = {key: sum(t[key] for t in terms) for key in terms[0].keys() if key.startswith("loss_")}
-                metrics.append(updater.apply(total))
-                updater.advance()
+                terms = {g: losses[g](minibatch) for g in trained}
+                steps = {name: u.apply(summed([terms[g] for g in ([name] if name else trained)]))
+                         for name, u in updaters.items()}
+                for u in updaters.values():
+                    u.advance()
+                metrics.append(steps[""] if "" in steps else per_group_metrics(steps))
         return metrics
 
     # --- Loop -----------------------------------------------------------------------------------------------

@@ -89,6 +89,10 @@ BUILD_ERRORS = {  # found once the env or the machine is looked at (after torch 
     "more ranks than cores": ("ppo.py", ["trainer.kind=ddp", "trainer.world_size=512"],
                               "trainer.world_size=512 exceeds"),
     "a CUDA device this machine lacks": ("a2c.py", ["run.device=cuda:7"], "run.device='cuda:7'"),
+    "a frozen agent group the env lacks": ("mappo.py", ["env.id=mpe2/simple_adversary_v3",
+                                                         "optim.frozen_groups=[adversry]"],
+                                           "optim.frozen_groups names ['adversry']; this env's agent groups are "
+                                           "['adversary', 'agent']"),
 }
 
 
@@ -121,6 +125,8 @@ def build_outcomes(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProc
 def test_build_errors_are_one_line(name, build_outcomes):
     if name == "a CUDA device this machine lacks" and torch.cuda.device_count() > 7:
         pytest.skip("this machine has a cuda:7")
+    if any(arg.startswith("env.id=mpe2/") for arg in BUILD_ERRORS[name][1]):
+        pytest.importorskip("mpe2", reason="the [marl] extra")
     proc, root = build_outcomes[name]
     assert_one_line_error(proc, BUILD_ERRORS[name][2])
     assert not list(root.rglob("progress.csv"))  # nothing ran

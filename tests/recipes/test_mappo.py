@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from kill_checks import newest_state
 
 from tdrl.config import apply_overrides
 from tdrl.launch.recipe import load_recipe
@@ -74,3 +76,40 @@ def _wandb_values(offline_run: Path, key: str) -> list[float]:
             for record in _records(next(offline_run.glob("run-*.wandb")))
             if record.WhichOneof("record_type") == "history"]
     return [row[key] for row in rows if key in row]
+
+
+def _actor_params(run_dir: Path, group: str) -> dict[str, torch.Tensor]:
+    """The group's actor parameters in the run's newest checkpoint."""
+    model = newest_state(run_dir)["state"]["model"]
+    return {k: v for k, v in model.items() if k.startswith(f"{group}.actor_network_params")}
+
+
+@pytest.mark.timeout(180)
+def test_per_group_optimizers_and_a_frozen_group(tmp_path):
+    """simple_adversary with one Adam per group (a checkpointed updater each) and the adversary frozen: its actor
+    ends as it started (the same in a run twice as long) while the agents' actor learns; per-group gradient norms
+    reach the log."""
+    args = [*TINY, "env.id=mpe2/simple_adversary_v3", "optim.per_group=true"]
+    for frames in (100, 200):
+        mappo.main(apply_overrides(mappo.Config(), [*args, "optim.frozen_groups=[adversary]",
+                                                    f"run.dir={tmp_path / str(frames)}",
+                                                    f"collector.total_frames={frames}"]))
+    mappo.main(apply_overrides(mappo.Config(), [*args, f"run.dir={tmp_path / 'none'}"]))
+    state = newest_state(tmp_path / "200")["state"]
+    assert {"updater_agent"} <= state.keys() and "updater_adversary" not in state and "updater" not in state
+    short, long, unfrozen = (_actor_params(tmp_path / d, "adversary") for d in ("100", "200", "none"))
+    assert short and all(torch.equal(short[k], long[k]) for k in short)
+    assert any(not torch.equal(short[k], unfrozen[k]) for k in short)  # trained when not frozen
+    agent_short, agent_long = (_actor_params(tmp_path / d, "agent") for d in ("100", "200"))
+    assert any(not torch.equal(agent_short[k], agent_long[k]) for k in agent_short)
+    header = (tmp_path / "200" / "progress.csv").read_text().splitlines()[0].split(",")
+    assert any(c.startswith("train/grad_norm_agent") for c in header), header
+
+
+
+def test_freezing_every_group_is_refused():
+    from tdrl.utils.errors import UserError
+
+    assert mappo.trained_groups(["adversary", "agent"], ["agent"]) == ["adversary"]
+    with pytest.raises(UserError, match=r"freezes every agent group \(\['adversary', 'agent'\]\): nothing would learn"):
+        mappo.trained_groups(["adversary", "agent"], ["agent", "adversary"])
