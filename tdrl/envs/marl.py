@@ -3,9 +3,11 @@
 
 Env ids (the ``PettingZoo`` family of :mod:`tdrl.envs.families`, so ``EnvFactory("mpe2/simple_spread_v3")`` and
 ``env.id=mpe2/simple_spread_v3`` build them; extra ``tdrl[marl]``): ``mpe2/<env>``, ``pettingzoo/<family>/<env>``
-(``pettingzoo/butterfly/pistonball_v6``), ``lbforaging/<id>`` (``lbforaging/Foraging-8x8-2p-2f-coop-v3``; its
-time limit becomes a truncation). Keyword arguments (``EnvFactory``'s ``kwargs``): ``group_map``, ``state``
-(False drops the global state) and the env's own (``N``, ``local_ratio``, ``continuous_actions``...);
+(``pettingzoo/butterfly/pistonball_v6``; an env with only PettingZoo's turn-based AEC API, such as
+``pettingzoo/classic/tictactoe_v3``, steps one turn at a time: :mod:`tdrl.envs.turn_based`), ``lbforaging/<id>``
+(``lbforaging/Foraging-8x8-2p-2f-coop-v3``; its time limit becomes a truncation). Keyword arguments
+(``EnvFactory``'s ``kwargs``): ``group_map``, ``state`` (False drops the global state), ``flatten`` (turn-based
+envs; False keeps board-shaped observations) and the env's own (``N``, ``local_ratio``, ``continuous_actions``...);
 ``max_episode_steps`` is tdrl's cut.
 """
 
@@ -21,6 +23,7 @@ import gymnasium as gym
 
 from tdrl.envs.families import EnvError
 from tdrl.envs.multiagent import GroupedEnv
+from tdrl.envs.turn_based import TurnBasedAgents
 
 __all__ = ["PREFIXES", "TupleAgents", "is_multiagent", "make_multiagent"]
 
@@ -106,11 +109,13 @@ def make_multiagent(env_id: str, max_episode_steps: int | None = None, kwargs: M
         inner = gym.make(name, disable_env_checker=True, **{**options, "max_episode_steps": 2**31 - 1}).unwrapped
         return GroupedEnv(TupleAgents(inner), max_episode_steps=limit, **grouping)
     package, module = ("mpe2", name) if family == "mpe2" else ("pettingzoo", name.replace("/", "."))
-    env = _import(package, module, env_id)
-    if not callable(getattr(env, "parallel_env", None)):
-        raise EnvError(f"environment '{env_id}' has no parallel_env (tdrl steps PettingZoo's parallel API)")
+    source = _import(package, module, env_id)
+    parallel = callable(getattr(source, "parallel_env", None))
+    if not parallel and not callable(getattr(source, "env", None)):
+        raise EnvError(f"environment '{env_id}' has neither parallel_env nor env (PettingZoo's two APIs)")
+    flatten = bool(options.pop("flatten", True)) if not parallel else True
     try:
-        parallel = env.parallel_env(**options)
+        env = source.parallel_env(**options) if parallel else TurnBasedAgents(source.env(**options), flatten)
     except TypeError as err:
         raise EnvError(f"environment '{env_id}': {err}") from None
-    return GroupedEnv(parallel, max_episode_steps=max_episode_steps, **grouping)
+    return GroupedEnv(env, max_episode_steps=max_episode_steps, **grouping)

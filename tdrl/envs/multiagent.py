@@ -16,6 +16,9 @@ and whose action is ``{group: {"action": [n, ...]}}``. The collectors store them
   stays its final one (zeros for an agent not yet present), its ``action_mask`` all ones (a masked distribution
   stays defined), its action is not passed to the env, its reward is 0 and its done flags stay what they were
   when it left. Nothing is padded silently: the mask says which rows are agents.
+- A turn-based env (PettingZoo's AEC envs, :mod:`tdrl.envs.turn_based`) names the one agent whose turn it is in
+  its ``acting``: ``(group, "mask")`` is True for that agent only, the others' actions are not passed on, every
+  agent's observation is there; an agent leaves when it is done (no longer in ``agents``).
 - Each step's observation also carries, per group, ``reward`` ``[n, 1]`` and ``done``/``terminated``/``truncated``
   ``[n, 1]``: the collectors put them under ``("next", group, ...)``. An agent's final observation (the step it
   left) is in ``("next", group, "observation")``, with ``("next", group, "mask")`` False.
@@ -206,8 +209,14 @@ class GroupedEnv(gym.Env):
         self.held = self._zero_observations()
         return self._observe(obs, infos or {}), {}
 
+    def _acting(self) -> list[str]:
+        """The agents that act this step: the env's ``acting`` (a turn-based env's one player,
+        :mod:`tdrl.envs.turn_based`), else all its ``agents``."""
+        acting = getattr(self.env, "acting", None)
+        return list(self.env.agents if acting is None else acting)
+
     def step(self, action: Mapping[str, Any]) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
-        acting = set(self.env.agents)
+        alive, acting = set(self.env.agents), set(self._acting())
         actions = {}
         for group in self.groups:
             values = action[group.name]["action"]
@@ -219,7 +228,7 @@ class GroupedEnv(gym.Env):
         cut = self.max_episode_steps is not None and self.steps >= self.max_episode_steps
         out = self._observe(obs, infos or {})
         present = set(self.env.agents)
-        for agent in acting:
+        for agent in alive:
             term, trunc = bool(terminations.get(agent, False)), bool(truncations.get(agent, False))
             if agent not in present or term or trunc or cut:
                 self.left[agent] = (term, trunc or (cut and not term))
@@ -232,12 +241,12 @@ class GroupedEnv(gym.Env):
             entry["done"] = flags[:, :1] | flags[:, 1:]
         ended = cut or not present
         terminated = ended and all(self.left.get(a, (True, False))[0] for a in self.env.possible_agents
-                                   if a in self.left or a in acting)
+                                   if a in self.left or a in alive)
         reward = float(sum(float(r) for r in rewards.values()))
         return out, reward, terminated, ended and not terminated, {}
 
     def _observe(self, obs: Mapping[str, Any], infos: Mapping[str, Any]) -> dict[str, Any]:
-        present = set(self.env.agents)
+        present = set(self._acting())
         out: dict[str, Any] = {}
         for group in self.groups:
             n = len(group.agents)
