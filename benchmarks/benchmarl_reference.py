@@ -25,9 +25,9 @@ through ``benchmarks/learning.py`` (:func:`learning.run_tdrl`), so one command g
     python benchmarks/benchmarl_reference.py --settings --tasks sampling                  # the mapping, no runs
 
 Per run it prints the final evaluation return (10 greedy episodes), frames, training seconds (evaluation
-excluded) and wall seconds (the whole run from building it: env, model and evaluation included, interpreter start-up
-not); at the end, per task and algorithm, both sides' final-return IQM with a 95% bootstrap CI over seeds
-(``tdrl.plot.iqm_with_ci``) and their seconds side by side. ``--csv`` writes every evaluation in
+excluded) and wall seconds (the whole run from building it: env, model and evaluation included; interpreter start-up
+and library imports not); at the end, per task and algorithm, both sides' final-return IQM with a 95% bootstrap CI
+over seeds (``tdrl.plot.iqm_with_ci``) and their seconds side by side. ``--csv`` writes every evaluation in
 ``learning.py --keep``'s columns plus ``time/wall_s``.
 """
 
@@ -158,6 +158,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     torch = importlib.import_module("torch")
     torch.set_num_threads(spec["threads"])
+    for module in ("benchmarl.experiment", "benchmarl.algorithms", "benchmarl.models", "benchmarl.environments"):
+        importlib.import_module(module)  # before the clock, as tdrl's side has its libraries imported
     started = time.perf_counter()
     task, algorithm_cfg, (actor_cfg, critic_cfg), experiment_cfg = _configs(spec)
     with tempfile.TemporaryDirectory() as tmp:
@@ -228,8 +230,7 @@ def run_tdrl_recipe(task: str, algorithm: str, seed: int, frames: int, eval_inte
 
 
 def row(name: str, impl: str, seed: int, result: dict[str, Any]) -> dict[str, Any]:
-    """A run (``name``: ``<task>-<algorithm>``) as ``learning.py`` reports one: final evaluation return (summed
-    over agents), frames, seconds."""
+    """Run ``<task>-<algorithm>`` as ``learning.py`` reports one: final return (summed over agents), seconds."""
     last = result["curve"][-1]
     return {"task": name, "impl": impl, "seed": seed, "final_return": last["return_mean"],
             "final_frames": last["frames"], "train_s": last["train_s"], "wall_s": result["wall_s"],
