@@ -17,6 +17,7 @@ the number of agents), with each group's beside them (``train/<group>/return_mea
     python recipes/mappo.py env.group_map=per_agent                  # one group (and network) per agent
     python recipes/mappo.py env.id=mpe2/simple_adversary_v3 optim.per_group=true optim.frozen_groups=[adversary]
     python recipes/mappo.py env.id=vmas/balance collector.kind=batched_env collector.batch_B=600  # VMAS
+    python recipes/mappo.py env.id=pettingzoo/classic/tictactoe_v3       # turn-based: one move a step, self-play
     python recipes/mappo.py --help
 
 Defaults: the MAPPO paper's MPE settings (lr 7e-4, gamma 0.99, GAE lambda 0.95, clip 0.2, entropy 0.01, one
