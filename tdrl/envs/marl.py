@@ -81,14 +81,31 @@ def _import(package: str, module: str, env_id: str) -> Any:
         raise EnvError(f"environment '{env_id}' needs {package.split('.')[0]}: {EXTRA}") from None
     if not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", module):
         raise EnvError(f"unknown environment id '{env_id}'")
+    target = f"{package}.{module}"
     try:
-        return importlib.import_module(f"{package}.{module}")
-    except ModuleNotFoundError:
-        root = importlib.import_module(package)
-        known = sorted(m.name for m in pkgutil.iter_modules(getattr(root, "__path__", [])) if not m.ispkg
-                       and re.search(r"_v\d+$", m.name))
-        hint = f"; {package} has {', '.join(known)}" if known else ""
-        raise EnvError(f"unknown environment id '{env_id}'{hint}") from None
+        return importlib.import_module(target)
+    except ModuleNotFoundError as err:
+        missing = err.name or target
+        if target != missing and not target.startswith(f"{missing}."):  # the env imports a package not installed
+            raise EnvError(f"environment '{env_id}' needs the {missing.split('.')[0]} package, which tdrl[marl] does "
+                           f"not install: pip install {missing.split('.')[0]}") from None
+        raise EnvError(f"unknown environment id '{env_id}'{_known_hint(target)}") from None
+
+
+def _known_hint(target: str) -> str:
+    """``; <package> has <env>, ...``: the env modules of the deepest package of ``target`` that imports."""
+    parent = target.rpartition(".")[0]
+    while parent:
+        try:
+            root = importlib.import_module(parent)
+            break
+        except ImportError:
+            parent = parent.rpartition(".")[0]
+    else:
+        return ""
+    known = sorted(m.name for m in pkgutil.iter_modules(getattr(root, "__path__", [])) if not m.ispkg
+                   and re.search(r"_v\d+$", m.name))
+    return f"; {parent} has {', '.join(known)}" if known else ""
 
 
 def make_multiagent(env_id: str, max_episode_steps: int | None = None, kwargs: Mapping[str, Any] | None = None
@@ -118,4 +135,6 @@ def make_multiagent(env_id: str, max_episode_steps: int | None = None, kwargs: M
         env = source.parallel_env(**options) if parallel else TurnBasedAgents(source.env(**options), flatten)
     except TypeError as err:
         raise EnvError(f"environment '{env_id}': {err}") from None
+    except ImportError as err:  # an env that imports what it needs when built (PettingZoo's hanabi: open_spiel)
+        raise EnvError(f"environment '{env_id}' cannot be built here: {err}") from None
     return GroupedEnv(env, max_episode_steps=max_episode_steps, **grouping)

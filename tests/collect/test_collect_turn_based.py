@@ -165,3 +165,19 @@ def test_connect_four_one_group_per_player():
         game = first[turns == g]
         assert game.tolist() == [k % 2 == 0 for k in range(len(game))]  # player_0 moves first, then alternate
     assert batch["next", "done"].any()
+
+
+def test_an_env_whose_package_is_missing_says_which():
+    """A PettingZoo env that imports a package tdrl[marl] does not install is named as such, not as an unknown id;
+    an unknown id names the known envs of its family."""
+    from tdrl.envs import EnvError
+
+    with pytest.raises(EnvError, match=r"unknown environment id 'pettingzoo/classic/tictactoe_v9'; pettingzoo\.classic "
+                                       r"has .*connect_four_v3.*tictactoe_v3"):
+        EnvFactory("pettingzoo/classic/tictactoe_v9")()
+    try:
+        import chess  # noqa: F401
+    except ImportError:
+        with pytest.raises(EnvError, match=r"^environment 'pettingzoo/classic/chess_v6' needs the chess package, "
+                                           r"which tdrl\[marl\] does not install: pip install chess$"):
+            EnvFactory("pettingzoo/classic/chess_v6")()
