@@ -165,6 +165,8 @@ def test_connect_four_one_group_per_player():
         game = first[turns == g]
         assert game.tolist() == [k % 2 == 0 for k in range(len(game))]  # player_0 moves first, then alternate
     assert batch["next", "done"].any()
+    boards = EnvFactory("pettingzoo/classic/connect_four_v3", {"flatten": False}).specs().observation_spec
+    assert boards["player", "observation"].shape == (2, 6, 7, 2)  # flatten=False keeps the board
 
 
 def test_an_env_whose_package_is_missing_says_which():
