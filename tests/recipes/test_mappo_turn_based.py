@@ -96,3 +96,29 @@ def test_ippo_beats_a_frozen_opponent(tmp_path):
     before, after = _outcomes(cfg), _outcomes(cfg, newest_state(tmp_path)["state"]["model"])
     print(f"player_1 win/draw/loss before {before}, after {after}")
     assert after[0] >= before[0] + 0.15 and after[2] <= 0.6 * before[2], (before, after)
+
+
+def test_gae_carries_a_reward_from_the_opponents_turn():
+    """The recipe's advantages on random tictactoe games, gamma = lambda = 1: each player's value target on every
+    row of a finished game is that game's outcome for it, a loss that arrived on the winner's turn (a row where the
+    loser is masked) included, so nothing is lost between the turns and nothing counted twice."""
+    from tdrl.collect import make_collector
+    from tdrl.envs import EnvFactory
+
+    cfg = apply_overrides(mappo.Config(), [*TINY, *FROZEN, "loss.gamma=1.0", "loss.gae_lambda=1.0"])
+    losses, _ = _losses(cfg)
+    with make_collector("serial", EnvFactory(cfg.env.id, {"group_map": "per_agent"}), None, batch_B=2, batch_T=40,
+                        seed=4) as c:
+        batch = c.collect()
+    mappo.advantages(batch, dict(losses.items()))
+    checked = losses_seen = 0
+    for i in range(2):
+        ends = torch.nonzero(batch["next", "done"][i, :, 0]).flatten().tolist()
+        for start, end in zip([0, *[e + 1 for e in ends]], ends, strict=False):
+            for g in ("player_1", "player_2"):
+                outcome = batch["next", g, "reward"][i, end, 0, 0]
+                targets = batch[g, "value_target"][i, start:end + 1, 0, 0]
+                torch.testing.assert_close(targets, outcome.expand_as(targets))
+                checked += 1
+                losses_seen += int(outcome == -1 and not batch[g, "mask"][i, end, 0])
+    assert checked >= 12 and losses_seen >= 1
