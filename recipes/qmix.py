@@ -234,6 +234,9 @@ def main(cfg: Config, env_factory: Callable[[], Any] | None = None) -> dict:
     obs_spec, action_spec = specs.observation_spec, specs.action_spec[GROUP, "action"]
     n_agents, obs_dim = obs_spec[GROUP, "observation"].shape
     masked, has_state = "action_mask" in obs_spec[GROUP].keys(), "state" in obs_spec.keys()
+    if getattr(env_factory(), "turn_based", False):  # the targets would skip the opponent's turn (a loss lands there)
+        raise ConfigError(f"env.id={cfg.env.id!r} is turn-based: one agent moves per step, and value decomposition "
+                          "learns joint moves; use recipes/mappo.py")
     if not hasattr(action_spec, "nvec"):
         raise ConfigError(f"env.id={cfg.env.id!r} has continuous actions; value decomposition needs discrete ones "
                           "(use recipes/mappo.py)")

@@ -93,7 +93,12 @@ BUILD_ERRORS = {  # found once the env or the machine is looked at (after torch 
                                                          "optim.frozen_groups=[adversry]"],
                                            "optim.frozen_groups names ['adversry']; this env's agent groups are "
                                            "['adversary', 'agent']"),
+    "value decomposition on a turn-based env": ("qmix.py", ["env.id=pettingzoo/classic/tictactoe_v3"],
+                                                "is turn-based: one agent moves per step"),
+    "an env argument the env does not take": ("maddpg.py", ["env.id=lbforaging/Foraging-8x8-2p-2f-coop-v3"],
+                                              "unexpected keyword argument 'continuous_actions'"),
 }
+MARL_PACKAGES = {"mpe2/": "mpe2", "pettingzoo/": "pettingzoo", "lbforaging/": "lbforaging"}  # the [marl] extra
 
 
 def _side_by_side(launches: dict[str, tuple[list[str], dict[str, str]]], width: int = 2
@@ -125,8 +130,9 @@ def build_outcomes(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProc
 def test_build_errors_are_one_line(name, build_outcomes):
     if name == "a CUDA device this machine lacks" and torch.cuda.device_count() > 7:
         pytest.skip("this machine has a cuda:7")
-    if any(arg.startswith("env.id=mpe2/") for arg in BUILD_ERRORS[name][1]):
-        pytest.importorskip("mpe2", reason="the [marl] extra")
+    for prefix, package in MARL_PACKAGES.items():
+        if any(arg.startswith(f"env.id={prefix}") for arg in BUILD_ERRORS[name][1]):
+            pytest.importorskip(package, reason="the [marl] extra")
     proc, root = build_outcomes[name]
     assert_one_line_error(proc, BUILD_ERRORS[name][2])
     assert not list(root.rglob("progress.csv"))  # nothing ran

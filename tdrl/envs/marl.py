@@ -123,7 +123,10 @@ def make_multiagent(env_id: str, max_episode_steps: int | None = None, kwargs: M
                            "'lbforaging/Foraging-8x8-2p-2f-coop-v3')")
         limit = gym.spec(name).kwargs.get("max_episode_steps") if max_episode_steps is None else max_episode_steps
         # lbforaging ends a timed-out episode as terminated; tdrl cuts it at the same step as truncated
-        inner = gym.make(name, disable_env_checker=True, **{**options, "max_episode_steps": 2**31 - 1}).unwrapped
+        try:
+            inner = gym.make(name, disable_env_checker=True, **{**options, "max_episode_steps": 2**31 - 1}).unwrapped
+        except TypeError as err:  # an argument it does not take (e.g. continuous_actions); gym adds every kwarg
+            raise EnvError(f"environment '{env_id}': {str(err).partition(' was raised from')[0]}") from None
         return GroupedEnv(TupleAgents(inner), max_episode_steps=limit, **grouping)
     package, module = ("mpe2", name) if family == "mpe2" else ("pettingzoo", name.replace("/", "."))
     source = _import(package, module, env_id)

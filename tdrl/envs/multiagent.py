@@ -141,6 +141,8 @@ class GroupedEnv(gym.Env):
                  max_episode_steps: int | None = None, state: bool = True) -> None:
         self.env = env
         self.max_episode_steps = max_episode_steps
+        self.turn_based = hasattr(env, "acting")
+        """One agent moves per step (a PettingZoo AEC env): the others' rows are masked, their turn comes later."""
         agents = list(env.possible_agents)
         self.group_map = resolve_group_map(agents, group_map)
         infos = self._probe_infos()
