@@ -21,7 +21,7 @@ through ``benchmarks/learning.py`` (:func:`learning.run_tdrl`), so one command g
 
     python benchmarks/benchmarl_reference.py --frames 6400 --seeds 0 --tdrl               # dry run, every task
     python benchmarks/benchmarl_reference.py --tasks balance,navigation --frames 3000000 --seeds 0,1,2 --tdrl \\
-        --csv docs/data/marl_vmas.csv --markdown docs/learning.md#vmas-balance-and-navigation
+        --csv /tmp/marl_vmas.csv        # the VMAS budget (~17 h here); --markdown PAGE#SECTION too
     python benchmarks/benchmarl_reference.py --settings --tasks sampling                  # the mapping, no runs
 
 Per run it prints the final evaluation return (10 greedy episodes), frames, training seconds (evaluation
