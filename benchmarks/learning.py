@@ -133,9 +133,12 @@ def _sb3_curve(model: Any, task: Task, seed: int, stop: bool = False, run_dir: P
     evaluation envs' RNGs). A relaunch resumes from the checkpoint: the same frames, updates, curve and evaluation
     episodes, with a fresh training episode (SB3 cannot save its env's state), so not bitwise as tdrl's runs are.
     """
+    from stable_baselines3.common.logger import Logger
+
     from tdrl.utils.files import write_json_atomic
 
     run = _SB3Run(model, task, seed, stop, run_dir)
+    run.model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's default makes a /tmp/SB3-<time> per run
     run.model.learn(total_timesteps=task.budget - run.model.num_timesteps, callback=_eval_callback(run),
                     reset_num_timesteps=False)
     for env in run.eval_envs:
