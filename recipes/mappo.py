@@ -241,9 +241,9 @@ def per_group_metrics(steps: dict[str, TensorDictBase]) -> TensorDictBase:
     """One metrics row from per-group updates: the loss terms summed over groups, each group's ``grad_norm_<g>``."""
     from tensordict import TensorDict
 
-    first = next(iter(steps.values()))
-    row = {key: sum(s[key] for s in steps.values()) for key in first.keys() if key.startswith("loss_")}
-    return TensorDict({**row, **{f"grad_norm_{g}": s["grad_norm"] for g, s in steps.items()}, "lr": first["lr"]})
+    row = summed(list(steps.values()))
+    grad_norms = {f"grad_norm_{g}": s["grad_norm"] for g, s in steps.items()}
+    return TensorDict({**row, **grad_norms, "lr": next(iter(steps.values()))["lr"]})
 
 
 def minibatches(data: TensorDictBase, n: int) -> list[TensorDictBase]:
