@@ -21,7 +21,7 @@ through ``benchmarks/learning.py`` (:func:`learning.run_tdrl`), so one command g
 
     python benchmarks/benchmarl_reference.py --frames 6400 --seeds 0 --tdrl               # dry run, every task
     python benchmarks/benchmarl_reference.py --tasks balance,navigation --frames 3000000 --seeds 0,1,2 --tdrl \\
-        --csv /tmp/marl_vmas.csv        # the issue's VMAS budget (~17 h here); --markdown PAGE#SECTION too
+        --results ~/marl --jobs 2 --csv /tmp/marl_vmas.csv    # the issue's VMAS budget: ~10 h on 2 cores
     python benchmarks/benchmarl_reference.py --settings --tasks sampling                  # the mapping, no runs
 
 Per run it prints the final evaluation return (10 greedy episodes), frames, training seconds (evaluation
@@ -29,6 +29,12 @@ excluded) and wall seconds (the whole run from building it: env, model and evalu
 and library imports not); at the end, per task and algorithm, both sides' final-return IQM with a 95% bootstrap CI
 over seeds (``tdrl.plot.iqm_with_ci``) and their seconds side by side. ``--csv`` writes every evaluation in
 ``learning.py --keep``'s columns plus ``time/wall_s``.
+
+Every run is a subprocess (BenchMARL's in its venv, tdrl's in this interpreter), ``--jobs`` at a time. With
+``--results DIR`` each run lives in ``DIR/<task>-<algorithm>/<side>-seed<k>/`` and checkpoints at every evaluation
+(tdrl's bitwise; BenchMARL's own, which hold no optimizer or RNG state): rerunning the same command resumes the
+unfinished runs and reports the finished ones without running them, so a study longer than a session spans several.
+A resumed run's seconds are those up to its last checkpoint plus its last attempt's (the rows say which resumed).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,17 +115,6 @@ def ensure_venv(venv: Path, torch: str = TORCH, torch_index_url: str = "",
 # --- BenchMARL's side (the worker, in the venv) --------------------------------------------------------------------
 
 
-def run_benchmarl(python: Path, spec: dict[str, Any]) -> dict[str, Any]:
-    """One BenchMARL run in a subprocess of ``python`` (the venv's): its curve, frames, seconds."""
-    proc = subprocess.run([str(python), __file__, "--worker", json.dumps(spec)], capture_output=True, text=True,
-                          cwd=tempfile.gettempdir())
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"BenchMARL {spec['name']} seed {spec['seed']} failed (exit {proc.returncode}):\n"
-                           f"{proc.stderr[-3000:]}")
-    return dict(json.loads(lines[-1].removeprefix(RESULT)))
-
-
 def _configs(spec: dict[str, Any]) -> tuple[Any, ...]:
     """BenchMARL's task, algorithm, model and experiment configs: its YAML defaults with ``spec``'s settings."""
     import importlib
@@ -153,30 +150,71 @@ def set_learning_rates(optimizers: dict[str, dict[str, Any]], rates: dict[str, f
 
 
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """In the BenchMARL venv: the run ``spec`` describes, each evaluation recorded (return summed over agents)."""
+    """In the BenchMARL venv: the run ``spec`` describes, each evaluation recorded (return summed over agents).
+
+    With ``spec["run_dir"]`` the run lives there and checkpoints at every evaluation (BenchMARL's own checkpoints,
+    the curve beside them): a relaunch resumes from the newest readable checkpoint, with the curve and training
+    seconds up to it (BenchMARL restores no optimizer or RNG state, so a resumed run is not the uninterrupted one)."""
     import importlib
 
     torch = importlib.import_module("torch")
     torch.set_num_threads(spec["threads"])
-    for module in ("benchmarl.experiment", "benchmarl.algorithms", "benchmarl.models", "benchmarl.environments"):
-        importlib.import_module(module)  # before the clock, as tdrl's side has its libraries imported
+    for module in ("benchmarl.experiment", "benchmarl.algorithms", "benchmarl.models", "benchmarl.environments",
+                   ENV_LIBRARY[spec["family"]]["benchmarl"]):
+        importlib.import_module(module)  # before the clock, as on tdrl's side
     started = time.perf_counter()
     task, algorithm_cfg, (actor_cfg, critic_cfg), experiment_cfg = _configs(spec)
-    with tempfile.TemporaryDirectory() as tmp:
-        experiment_cfg.save_folder = tmp
+    run_dir = spec.get("run_dir")
+    with contextlib.nullcontext(run_dir) if run_dir else tempfile.TemporaryDirectory() as folder:
+        experiment_cfg.save_folder = folder
+        curve: list[dict[str, float]] = []
+        if run_dir:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            experiment_cfg.checkpoint_interval = experiment_cfg.evaluation_interval
+            experiment_cfg.keep_checkpoints_num = 2  # BenchMARL deletes the oldest before writing the next
+            checkpoint, curve = _restore_point(Path(folder), torch.load)
+            experiment_cfg.restore_file = None if checkpoint is None else str(checkpoint)
         experiment = importlib.import_module("benchmarl.experiment").Experiment(
             task=task, algorithm_config=algorithm_cfg, model_config=actor_cfg, critic_model_config=critic_cfg,
             seed=spec["seed"], config=experiment_cfg)
         set_learning_rates(experiment.optimizers, spec["optimizer_lr"])
-        curve = _record_evaluations(experiment, started)
+        earlier_wall = curve[-1]["wall_s"] if curve else 0.0
+        curve = _record_evaluations(experiment, started, curve, Path(folder) / CURVE if run_dir else None)
         experiment.run()
-    return {"curve": curve, "wall_s": time.perf_counter() - started}
+    return {"curve": curve, "wall_s": earlier_wall + time.perf_counter() - started,
+            "resumed": experiment_cfg.restore_file is not None}
 
 
-def _record_evaluations(experiment: Any, started: float) -> list[dict[str, float]]:
+ENV_LIBRARY = {"vmas": {"tdrl": "vmas", "benchmarl": "vmas"}, "mpe": {"tdrl": "mpe2", "benchmarl": "pettingzoo.mpe"}}
+"""The env package each side's task imports (by task family): both workers import theirs before their clock."""
+CURVE = "curve.json"  # in a BenchMARL run's folder: the evaluations so far, written after each
+
+
+def _restore_point(folder: Path, load: Callable[..., Any]) -> tuple[Path | None, list[dict[str, float]]]:
+    """The newest checkpoint under ``folder`` that ``load`` reads (unreadable newer ones are deleted: a kill while
+    writing) and the curve up to its frames; ``(None, [])`` when there is none."""
+    def frames(path: Path) -> int:
+        return int(path.stem.removeprefix("checkpoint_"))
+
+    curve = json.loads((folder / CURVE).read_text()) if (folder / CURVE).is_file() else []
+    for checkpoint in sorted(folder.glob("*/checkpoints/checkpoint_*.pt"), key=frames, reverse=True):
+        try:
+            load(checkpoint, map_location="cpu")
+        except Exception:  # a truncated file; the one before it stands
+            checkpoint.unlink()
+            continue
+        return checkpoint, [p for p in curve if p["frames"] <= frames(checkpoint)]
+    return None, []
+
+
+def _record_evaluations(experiment: Any, started: float, earlier: list[dict[str, float]] | None = None,
+                        store: Path | None = None) -> list[dict[str, float]]:
     """Hooks on ``experiment``: each evaluation appends ``{frames, train_s, wall_s, return_mean,
-    benchmarl_return}`` to the returned list, ``train_s`` without the evaluations' time."""
-    curve: list[dict[str, float]] = []
+    benchmarl_return}`` to the returned list (after ``earlier``'s points, whose last seconds it counts on from),
+    ``train_s`` without the evaluations' time; with ``store``, the list is written there after each."""
+    curve: list[dict[str, float]] = list(earlier or [])
+    before = {"train_s": curve[-1]["train_s"], "wall_s": curve[-1]["wall_s"]} if curve else {"train_s": 0.0,
+                                                                                             "wall_s": 0.0}
     clock = {"eval_s": 0.0, "run_start": math.nan}
     evaluate, log_evaluation, run = experiment._evaluation_loop, experiment.logger.log_evaluation, experiment.run
 
@@ -196,34 +234,140 @@ def _record_evaluations(experiment: Any, started: float) -> list[dict[str, float
         per_agent = [sum(float(r.get(("next", g, "reward")).sum(0).mean()) for g in groups) / len(groups)
                      for r in rollouts]  # BenchMARL's eval/reward/episode_reward
         now = time.perf_counter()
-        curve.append({"frames": int(total_frames), "train_s": now - clock["run_start"] - clock["eval_s"],
-                      "wall_s": now - started, "return_mean": sum(summed) / len(summed),
+        curve.append({"frames": int(total_frames),
+                      "train_s": before["train_s"] + now - clock["run_start"] - clock["eval_s"],
+                      "wall_s": before["wall_s"] + now - started, "return_mean": sum(summed) / len(summed),
                       "benchmarl_return": sum(per_agent) / len(per_agent)})
+        if store is not None:
+            _write_json(store, curve)
 
     experiment._evaluation_loop, experiment.logger.log_evaluation, experiment.run = (timed_evaluation, recorded,
                                                                                      timed_run)
     return curve
 
 
+def _write_json(path: Path, value: Any) -> None:
+    """``value`` as JSON at ``path``, whole or not at all (a kill mid-write leaves the previous file)."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(value))
+    os.replace(part, path)
+
+
 # --- tdrl's side ---------------------------------------------------------------------------------------------------
 
 
-def run_tdrl_recipe(task: str, algorithm: str, seed: int, frames: int, eval_interval: int, root: Path
-                    ) -> dict[str, Any]:
-    """tdrl's recipe for ``algorithm`` on ``task`` in this process, through :func:`learning.run_tdrl`."""
+def run_tdrl_recipe(task: str, algorithm: str, seed: int, frames: int, eval_interval: int, root: Path,
+                    run_dir: Path | None = None) -> dict[str, Any]:
+    """tdrl's recipe for ``algorithm`` on ``task`` in this process, through :func:`learning.run_tdrl`; with
+    ``run_dir``, checkpointed there at every evaluation and resumed from there by a relaunch (bitwise)."""
     import learning
 
     algo = ALGORITHMS[algorithm]
     row_task = learning.Task(f"{task}-{algorithm}", algo.recipe, TASKS[task].env_id, threshold=math.inf,
                              budget=frames, overrides=[*algo.overrides, *TASKS[task].overrides],
                              eval_interval=eval_interval, eval_episodes=10)
+    progress = run_dir / "progress.csv" if run_dir is not None else None
+    earlier_wall = _last_cum_time(progress) if progress is not None else 0.0
     started = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):  # the recipe's own lines stay out of the report
-        curve = learning.run_tdrl(row_task, seed, root)
-    wall = time.perf_counter() - started
+        curve = learning.run_tdrl(row_task, seed, root, run_dir=run_dir)
+    wall = earlier_wall + time.perf_counter() - started
     curve = [{**point, "wall_s": math.nan} for point in curve]  # the recipe's curve has no wall seconds
     curve[-1]["wall_s"] = wall
-    return {"curve": curve, "wall_s": wall}
+    return {"curve": curve, "wall_s": wall, "resumed": earlier_wall > 0}
+
+
+def _last_cum_time(progress: Path) -> float:
+    """A resumed run's seconds so far: its last progress row's ``CumTime`` (training and evaluation; tdrl
+    checkpoints at each row), 0 for a new run."""
+    if not progress.is_file():
+        return 0.0
+    with progress.open() as f:
+        rows = list(csv.DictReader(f))
+    return float(rows[-1]["CumTime"]) if rows else 0.0
+
+
+def run_tdrl_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """:func:`run_tdrl_recipe` for a spec from :func:`tdrl_spec`, in the subprocess :func:`run_job` starts."""
+    import importlib
+
+    import learning
+
+    sys.path.insert(0, str(ROOT))  # this checkout's tdrl and recipes
+    learning.load_recipe(ALGORITHMS[spec["algorithm"]].recipe)  # its libraries imported before the clock, as
+    importlib.import_module(ENV_LIBRARY[TASKS[spec["task"]].family]["tdrl"])  # BenchMARL's side does
+    run_dir = Path(spec["run_dir"]) if spec["run_dir"] else None
+    with tempfile.TemporaryDirectory() as tmp:
+        return run_tdrl_recipe(spec["task"], spec["algorithm"], spec["seed"], spec["frames"], spec["eval_interval"],
+                               Path(tmp), run_dir)
+
+
+# --- Runs: one subprocess each, results kept ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run: ``side`` (tdrl or benchmarl) of ``algorithm`` on ``task`` at ``seed``, started as ``command``."""
+
+    task: str
+    algorithm: str
+    side: str
+    seed: int
+    command: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.task}-{self.algorithm}"
+
+    def folder(self, results: Path) -> Path:
+        return results / self.name / f"{self.side}-seed{self.seed}"
+
+
+def jobs(args: argparse.Namespace, python: Path | None, results: Path | None) -> list[Job]:
+    """Every run, each seed's BenchMARL run (unless ``--no-benchmarl``) then its tdrl run (with ``--tdrl``): with
+    ``--jobs 2`` the two sides of a seed run side by side."""
+    out = []
+    for task, algorithm in args.runs:
+        settings = run_settings(task, algorithm, args.frames, args.eval_interval)
+        interval = settings["experiment"]["evaluation_interval"]
+        for seed in args.seeds:
+            where = {side: str(Job(task, algorithm, side, seed, ()).folder(results) / "run") if results else ""
+                     for side in SIDES}
+            if python is not None:
+                spec = {**worker_spec(task, algorithm, seed, settings), "run_dir": where["benchmarl"],
+                        "family": TASKS[task].family}
+                out.append(Job(task, algorithm, "benchmarl", seed, (str(python), __file__, "--worker",
+                                                                    json.dumps(spec))))
+            if args.tdrl:
+                spec = {"task": task, "algorithm": algorithm, "seed": seed, "frames": args.frames,
+                        "eval_interval": interval, "run_dir": where["tdrl"]}
+                out.append(Job(task, algorithm, "tdrl", seed, (sys.executable, __file__, "--tdrl-worker",
+                                                               json.dumps(spec))))
+    return out
+
+
+def run_job(job: Job, results: Path | None) -> dict[str, Any]:
+    """``job``'s row: kept from ``results`` when it finished there before, else run in a subprocess (its output in
+    the run's ``log.txt`` with ``results``) and kept there."""
+    if results is not None and (job.folder(results) / "result.json").is_file():
+        return dict(json.loads((job.folder(results) / "result.json").read_text()))
+    with contextlib.ExitStack() as stack:
+        if results is not None:
+            job.folder(results).mkdir(parents=True, exist_ok=True)
+            log: Any = stack.enter_context((job.folder(results) / "log.txt").open("a"))
+        else:
+            log = stack.enter_context(tempfile.TemporaryFile("w+"))
+        proc = subprocess.run(job.command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=tempfile.gettempdir())
+        lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
+        if proc.returncode or not lines:
+            log.flush()
+            log.seek(0) if results is None else None
+            tail = log.read()[-3000:] if results is None else f"(its log: {job.folder(results) / 'log.txt'})"
+            raise RuntimeError(f"{job.side} {job.name} seed {job.seed} failed (exit {proc.returncode}):\n{tail}")
+    result = row(job.name, job.side, job.seed, json.loads(lines[-1].removeprefix(RESULT)))
+    if results is not None:
+        _write_json(job.folder(results) / "result.json", result)
+    return result
 
 
 # --- Report --------------------------------------------------------------------------------------------------------
@@ -234,16 +378,17 @@ def row(name: str, impl: str, seed: int, result: dict[str, Any]) -> dict[str, An
     last = result["curve"][-1]
     return {"task": name, "impl": impl, "seed": seed, "final_return": last["return_mean"],
             "final_frames": last["frames"], "train_s": last["train_s"], "wall_s": result["wall_s"],
-            "curve": result["curve"]}
+            "resumed": bool(result.get("resumed", False)), "curve": result["curve"]}
 
 
 def print_row(r: dict[str, Any]) -> None:
     per_agent = r["curve"][-1].get("benchmarl_return")
     logged = f" (BenchMARL logs {per_agent:.1f} per agent)" if per_agent is not None else ""
     frames_s = r["final_frames"] / r["train_s"] if r["train_s"] > 0 else math.nan
+    resumed = " (resumed: seconds to its last checkpoint, then the last attempt's)" if r.get("resumed") else ""
     print(f"{r['task']:20s} {r['impl']:9s} seed {r['seed']}: final {r['final_return']:8.1f}{logged} at "
           f"{r['final_frames']:,} frames; train {r['train_s']:.1f} s ({frames_s:,.0f} frames/s), "
-          f"wall {r['wall_s']:.1f} s", flush=True)
+          f"wall {r['wall_s']:.1f} s{resumed}", flush=True)
 
 
 SIDES = ("tdrl", "benchmarl")
@@ -322,7 +467,11 @@ def make_parser() -> argparse.ArgumentParser:
     add("--torch", default=TORCH, help="torch for the venv (the same build as tdrl's is fairest)")
     add("--torch-index-url", default="",
         help="pip index for torch where +cpu builds are not local: https://download.pytorch.org/whl/cpu")
+    add("--results", default="", metavar="DIR", help="keep each run in DIR (checkpointed: a rerun of the command "
+        "resumes unfinished runs and reports finished ones without running them)")
+    add("--jobs", type=int, default=1, help="runs at a time (2: the two sides of a seed side by side)")
     add("--worker", default="", help=argparse.SUPPRESS)
+    add("--tdrl-worker", default="", help=argparse.SUPPRESS)
     return parser
 
 
@@ -340,7 +489,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.tasks = _names(p, args.tasks, list(TASKS), "task")
     args.algorithms = _names(p, args.algorithms, list(ALGORITHMS), "algorithm")
     args.runs = pairs(args.tasks, args.algorithms)
-    if not args.runs and not args.worker:
+    if not args.runs and not (args.worker or args.tdrl_worker):
         p.error(f"no task of {args.tasks} is compared with {args.algorithms}: " + "; ".join(
             f"{name}: {'/'.join(TASKS[name].algorithms)}" for name in args.tasks))
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -350,33 +499,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every run and seed: BenchMARL's (unless ``--no-benchmarl``), then tdrl's (with ``--tdrl``)."""
+    """Every run and seed (:func:`jobs`), ``--jobs`` at a time, each printed as it ends; in the jobs' order."""
     python = None if args.no_benchmarl else ensure_venv(Path(args.venv), args.torch, args.torch_index_url)
     if python is not None:
         print(f"BenchMARL's venv: {venv_versions(python)}")
     print_settings(args.runs, args.frames, args.eval_interval)
     print()
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for task, algorithm in args.runs:
-            settings = run_settings(task, algorithm, args.frames, args.eval_interval)
-            for seed in args.seeds:
-                if python is not None:
-                    result = run_benchmarl(python, worker_spec(task, algorithm, seed, settings))
-                    rows.append(row(f"{task}-{algorithm}", "benchmarl", seed, result))
-                    print_row(rows[-1])
-                if args.tdrl:
-                    interval = settings["experiment"]["evaluation_interval"]
-                    result = run_tdrl_recipe(task, algorithm, seed, args.frames, interval, Path(tmp))
-                    rows.append(row(f"{task}-{algorithm}", "tdrl", seed, result))
-                    print_row(rows[-1])
-    return rows
+    results = Path(args.results).resolve() if args.results else None
+    todo = jobs(args, python, results)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(run_job, job, results) for job in todo]
+        for future in as_completed(futures):
+            print_row(future.result())
+    return [future.result() for future in futures]
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
-    if args.worker:
-        print(RESULT + json.dumps(worker(json.loads(args.worker))), flush=True)
+    if args.worker or args.tdrl_worker:
+        run = worker if args.worker else run_tdrl_worker
+        print(RESULT + json.dumps(run(json.loads(args.worker or args.tdrl_worker))), flush=True)
         return []
     sys.path.insert(0, str(ROOT))  # this checkout's tdrl and recipes
     if args.settings:
@@ -390,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    if "--worker" in sys.argv:
+    if "--worker" in sys.argv or "--tdrl-worker" in sys.argv:
         main()
     else:
         from report import markdown_page

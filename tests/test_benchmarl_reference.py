@@ -260,3 +260,62 @@ def test_page_section_holds_the_rows(tmp_path, capsys):
     assert ("final    -90.0 (BenchMARL logs -30.0 per agent) at 1,600 frames; train 3.0 s (533 frames/s), "
             "wall 5.0 s") in text
     assert "-80.0 (one seed)" in text and "-80.0 (one seed)" in capsys.readouterr().out
+
+
+def test_jobs_pair_the_sides_of_each_seed(tmp_path):
+    """BenchMARL's run of a seed, then tdrl's (``--jobs 2`` runs them side by side), each in its own folder of
+    ``--results`` and its own subprocess (tdrl's through ``--tdrl-worker``)."""
+    args = ref.parse_args(["--tasks", "balance", "--algorithms", "mappo", "--frames", "1600", "--seeds", "0,1",
+                           "--tdrl", "--results", str(tmp_path), "--jobs", "2"])
+    todo = ref.jobs(args, Path("/venv/bin/python"), tmp_path)
+    assert [(j.side, j.seed) for j in todo] == [("benchmarl", 0), ("tdrl", 0), ("benchmarl", 1), ("tdrl", 1)]
+    assert todo[0].command[:3] == ("/venv/bin/python", ref.__file__, "--worker")
+    assert todo[1].command[1:3] == (ref.__file__, "--tdrl-worker")
+    specs = [json.loads(j.command[-1]) for j in todo]
+    assert specs[0]["run_dir"] == str(tmp_path / "balance-mappo" / "benchmarl-seed0" / "run")
+    assert specs[1]["run_dir"] == str(tmp_path / "balance-mappo" / "tdrl-seed0" / "run")
+    assert (specs[1]["frames"], specs[1]["eval_interval"], specs[0]["family"]) == (1600, 1600, "vmas")
+
+
+def test_a_finished_run_is_kept_and_not_run_again(tmp_path):
+    """run_job keeps the worker's result in the run's folder; the same job later reads it back without running."""
+    result = {"curve": [{"frames": 800, "train_s": 1.0, "wall_s": 2.0, "return_mean": 5.0}], "wall_s": 2.5}
+    code = f"import sys; print('noise'); print({ref.RESULT!r} + {json.dumps(json.dumps(result))}); " \
+           "print('log line', file=sys.stderr)"
+    job = ref.Job("balance", "mappo", "tdrl", 0, (sys.executable, "-c", code))
+    first = ref.run_job(job, tmp_path)
+    assert (first["final_return"], first["wall_s"], first["resumed"]) == (5.0, 2.5, False)
+    assert (job.folder(tmp_path) / "log.txt").read_text() == "log line\n"
+    failing = ref.Job("balance", "mappo", "tdrl", 0, (sys.executable, "-c", "raise SystemExit(3)"))
+    assert ref.run_job(failing, tmp_path) == first  # kept: the command does not run
+    with pytest.raises(RuntimeError, match="exit 3"):
+        ref.run_job(failing, None)
+
+
+def test_restore_point_skips_a_truncated_checkpoint(tmp_path):
+    """A BenchMARL run resumes from its newest readable checkpoint with the curve up to it; a checkpoint a kill
+    left half-written is deleted."""
+    checkpoints = tmp_path / "mappo_balance_mlp__x" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    for frames in (1600, 3200):
+        torch.save({"frames": frames}, checkpoints / f"checkpoint_{frames}.pt")
+    (checkpoints / "checkpoint_4800.pt").write_bytes(b"PK\x03")  # killed while writing
+    curve = [{"frames": f, "train_s": f / 100, "wall_s": f / 80, "return_mean": 0.0} for f in (1600, 3200, 4800)]
+    (tmp_path / ref.CURVE).write_text(json.dumps(curve))
+    checkpoint, kept = ref._restore_point(tmp_path, torch.load)
+    assert checkpoint == checkpoints / "checkpoint_3200.pt" and kept == curve[:2]
+    assert not (checkpoints / "checkpoint_4800.pt").exists()
+    assert ref._restore_point(tmp_path / "new", torch.load) == (None, [])
+
+
+def test_resumed_evaluations_count_on_from_the_restored_seconds():
+    rollouts = [TensorDict({("next", "agent", "reward"): torch.ones(10, 2, 1)}, [10])]
+    experiment = SimpleNamespace(group_map={"agent": ["agent_0", "agent_1"]},
+                                 logger=SimpleNamespace(log_evaluation=lambda *a, **k: None))
+    experiment.run = lambda: experiment._evaluation_loop()
+    experiment._evaluation_loop = lambda: experiment.logger.log_evaluation(rollouts, total_frames=2400, step=0)
+    earlier = [{"frames": 1600, "train_s": 100.0, "wall_s": 150.0, "return_mean": 1.0, "benchmarl_return": 0.5}]
+    curve = ref._record_evaluations(experiment, started=0.0, earlier=earlier)
+    experiment.run()
+    assert curve[0] == earlier[0] and curve[1]["frames"] == 2400 and curve[1]["return_mean"] == 20.0
+    assert curve[1]["train_s"] >= 100.0 and curve[1]["wall_s"] > 150.0
