@@ -68,7 +68,8 @@ from benchmarl_tasks import (  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".benchmarl-venv"
 TORCH = "2.13.0+cpu"
-PINS = ("benchmarl==1.5.2", "torchrl==0.11.1", "tensordict==0.11.0", "pettingzoo[mpe]==1.24.3", "vmas==1.5.2")
+PINS = ("benchmarl==1.5.2", "torchrl==0.11.1", "tensordict==0.11.0", "pettingzoo[mpe]==1.24.3", "vmas==1.5.2",
+        "lbforaging==2.0.0")
 MARKER = "tdrl-pins.json"  # in the venv: what it was filled with, so a changed pin refills it
 RESULT = "BENCHMARL_RESULT "  # the worker's result line on stdout
 COLUMNS = ("task", "impl", "seed", "CumSteps", "time/train_s", "eval/return_mean", "time/wall_s")
@@ -125,8 +126,11 @@ def _configs(spec: dict[str, Any]) -> tuple[Any, ...]:
     algorithm_cfg = getattr(algorithms, spec["benchmarl_algorithm"]).get_from_yaml()
     models = importlib.import_module("benchmarl.models")
     task_enum, member = spec["benchmarl_task"]
-    task = getattr(getattr(importlib.import_module("benchmarl.environments"), task_enum), member).get_from_yaml()
-    task.config.update(spec["task"])
+    if task_enum == "LbfTask":  # not one of BenchMARL's: benchmarks/benchmarl_lbf.py
+        task = getattr(importlib.import_module("benchmarl_lbf").LbfTask, member).get_task(dict(spec["task"]))
+    else:
+        task = getattr(getattr(importlib.import_module("benchmarl.environments"), task_enum), member).get_from_yaml()
+        task.config.update(spec["task"])
     model_cfgs = [models.MlpConfig.get_from_yaml() for _ in range(2)]  # the actor's, the critic's
     for cfg, values in ((experiment_cfg, spec["experiment"]), (algorithm_cfg, spec["algorithm_settings"]),
                         *((m, spec["model"]) for m in model_cfgs)):
@@ -185,7 +189,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
             "resumed": experiment_cfg.restore_file is not None}
 
 
-ENV_LIBRARY = {"vmas": {"tdrl": "vmas", "benchmarl": "vmas"}, "mpe": {"tdrl": "mpe2", "benchmarl": "pettingzoo.mpe"}}
+ENV_LIBRARY = {"vmas": {"tdrl": "vmas", "benchmarl": "vmas"}, "mpe": {"tdrl": "mpe2", "benchmarl": "pettingzoo.mpe"},
+               "lbf": {"tdrl": "lbforaging", "benchmarl": "lbforaging"}}
 """The env package each side's task imports (by task family): both workers import theirs before their clock."""
 CURVE = "curve.json"  # in a BenchMARL run's folder: the evaluations so far, written after each
 

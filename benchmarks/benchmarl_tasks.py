@@ -55,11 +55,12 @@ class Task:
     n_agents: int = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "n_agents", int(self.settings.get("n_agents", self.settings.get("N", 0))))
+        agents = next((self.settings[k] for k in ("n_agents", "N", "players") if k in self.settings), 0)
+        object.__setattr__(self, "n_agents", int(agents))
 
     @property
     def family(self) -> str:
-        return "vmas" if self.env_id.startswith("vmas/") else "mpe"
+        return {"vmas": "vmas", "lbforaging": "lbf"}.get(self.env_id.partition("/")[0], "mpe")
 
 
 VMAS = ("collector.kind=batched_env",)
@@ -80,6 +81,10 @@ TASKS = {
                      {"max_steps": VMAS_STEPS, "n_agents": 3, "shared_rew": True, "n_gaussians": 3, "lidar_range": 0.2,
                       "cov": 0.05, "collisions": True, "spawn_same_pos": False}, ("masac",),
                      (*VMAS, "collector.batch_B=8"), continuous=True),
+    # lbforaging's registered settings (2 players, 2 food, cooperative, 50 steps); BenchMARL has no LBF task, so
+    # benchmarks/benchmarl_lbf.py gives it one on TorchRL's PettingZoo wrapper
+    "foraging": Task("lbforaging/Foraging-8x8-2p-2f-coop-v3", ("LbfTask", "FORAGING"),
+                     {"env_id": "Foraging-8x8-2p-2f-coop-v3", "players": 2}, ("ippo", "qmix")),
 }
 
 DIFFERENCES = {
@@ -105,6 +110,12 @@ DIFFERENCES = {
         "MASAC 'agents' (one_group): the same agents in one group either way",
         "evaluation episodes: BenchMARL rolls one batched env of 10 for max_steps and keeps each env's first "
         "episode; tdrl's wait-reset evaluator plays one episode on each of 10 envs",
+    ],
+    "lbf": [
+        "software: lbforaging 2.0.0 on both; BenchMARL through benchmarks/benchmarl_lbf.py (a PettingZoo parallel env "
+        "on torchrl 0.11.1's PettingZooWrapper), tdrl through tdrl.envs.marl (TupleAgents, tdrl's worker processes)",
+        "time limit: 50 steps on both; lbforaging ends the episode *terminated* (BenchMARL's side: no bootstrap), "
+        "tdrl cuts it at the same step as *truncated* (bootstrapped)",
     ],
     "balance": ["task settings: BenchMARL's YAML has 4 agents; both run VMAS's default, 3"],
     "navigation": ["task settings: BenchMARL's YAML has 3 agents with their own rewards (shared_rew false); both run "

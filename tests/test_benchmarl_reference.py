@@ -28,10 +28,11 @@ def test_arguments():
     args = ref.parse_args(["--frames", "1600", "--seeds", "0,1", "--algorithms", "mappo,qmix", "--tdrl"])
     assert (args.frames, args.seeds, args.algorithms, args.tdrl) == (1600, [0, 1], ["mappo", "qmix"], True)
     assert args.runs == [("simple_spread", "mappo"), ("simple_spread", "qmix"), ("balance", "mappo"),
-                         ("navigation", "mappo")]
+                         ("navigation", "mappo"), ("foraging", "qmix")]
     assert ref.parse_args([]).runs == [("simple_spread", "mappo"), ("simple_spread", "ippo"), ("simple_spread", "qmix"),
                                        ("balance", "mappo"), ("balance", "ippo"), ("navigation", "mappo"),
-                                       ("navigation", "ippo"), ("sampling", "masac")]
+                                       ("navigation", "ippo"), ("sampling", "masac"), ("foraging", "ippo"),
+                                       ("foraging", "qmix")]
     assert ref.parse_args(["--tasks", "sampling,balance", "--algorithms", "masac,ippo"]).runs == [
         ("sampling", "masac"), ("balance", "ippo")]
     for bad in (["--algorithms", "maddpg"], ["--tasks", "pong"], ["--no-benchmarl"],
@@ -165,7 +166,7 @@ def test_venv_is_made_once_with_torch_held(tmp_path):
 
     venv = tmp_path / "venv"
     assert ref.ensure_venv(venv, run=run) == ref.venv_python(venv)
-    assert [c[0][-1] for c in calls] == [str(venv), "torch==2.13.0+cpu", "vmas==1.5.2"]
+    assert [c[0][-1] for c in calls] == [str(venv), "torch==2.13.0+cpu", "lbforaging==2.0.0"]
     assert "benchmarl==1.5.2" in calls[2][0] and calls[2][1] == "torch==2.13.0\n" and calls[1][1] is None
     assert json.loads((venv / ref.MARKER).read_text())["torch"] == "2.13.0+cpu"
     calls.clear()
@@ -319,3 +320,12 @@ def test_resumed_evaluations_count_on_from_the_restored_seconds():
     experiment.run()
     assert curve[0] == earlier[0] and curve[1]["frames"] == 2400 and curve[1]["return_mean"] == 20.0
     assert curve[1]["train_s"] >= 100.0 and curve[1]["wall_s"] > 150.0
+
+
+def test_foraging_is_lbforaging_on_both_sides():
+    """LBF 8x8-2p-2f-coop: 2 agents; BenchMARL's side gets benchmarks/benchmarl_lbf.py's task (it has none)."""
+    task = tasks.TASKS["foraging"]
+    assert (task.family, task.n_agents, task.benchmarl) == ("lbf", 2, ("LbfTask", "FORAGING"))
+    assert task.env_id == "lbforaging/" + task.settings["env_id"]
+    assert any("*terminated*" in line for line in tasks.differences("foraging", "qmix"))
+    assert ref.ENV_LIBRARY["lbf"] == {"tdrl": "lbforaging", "benchmarl": "lbforaging"}

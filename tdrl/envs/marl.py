@@ -23,49 +23,13 @@ import gymnasium as gym
 
 from tdrl.envs.families import EnvError
 from tdrl.envs.multiagent import GroupedEnv
+from tdrl.envs.tuple_agents import TupleAgents
 from tdrl.envs.turn_based import TurnBasedAgents
 
 __all__ = ["PREFIXES", "TupleAgents", "is_multiagent", "make_multiagent"]
 
 PREFIXES = ("mpe2/", "pettingzoo/", "lbforaging/")
 EXTRA = "pip install 'tdrl[marl]'"
-
-
-class TupleAgents:
-    """A gymnasium env whose spaces are ``Tuple``s over agents and whose reward is a list (lbforaging) as a
-    PettingZoo-style parallel env with agents ``agent_0 ... agent_{n-1}``; the episode ends for all at once."""
-
-    def __init__(self, env: gym.Env) -> None:
-        self.env = env
-        if not isinstance(env.observation_space, gym.spaces.Tuple) or not isinstance(env.action_space,
-                                                                                       gym.spaces.Tuple):
-            raise EnvError(f"{env} does not have Tuple spaces over its agents")
-        self.obs_spaces, self.action_spaces = env.observation_space.spaces, env.action_space.spaces
-        self.possible_agents = [f"agent_{i}" for i in range(len(self.obs_spaces))]
-        self.agents: list[str] = []
-
-    def observation_space(self, agent: str) -> gym.Space:
-        return self.obs_spaces[self.possible_agents.index(agent)]
-
-    def action_space(self, agent: str) -> gym.Space:
-        return self.action_spaces[self.possible_agents.index(agent)]
-
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
-        obs, _ = self.env.reset(seed=seed, options=options)
-        self.agents = list(self.possible_agents)
-        return dict(zip(self.agents, obs, strict=True)), {agent: {} for agent in self.agents}
-
-    def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        agents = self.possible_agents
-        obs, rewards, terminated, truncated, _ = self.env.step(tuple(actions[a] for a in agents))
-        if terminated or truncated:
-            self.agents = []
-        rewards_: Any = rewards  # a list, one per agent, where gymnasium types a float
-        return (dict(zip(agents, obs, strict=True)), {a: float(r) for a, r in zip(agents, rewards_, strict=True)},
-                {a: bool(terminated) for a in agents}, {a: bool(truncated) for a in agents}, {a: {} for a in agents})
-
-    def close(self) -> None:
-        self.env.close()
 
 
 def is_multiagent(env_id: str) -> bool:

@@ -191,6 +191,9 @@ def test_multiagent_ids():
     assert batch["agent", "observation"].shape[:3] == (2, 10, 2)
     ends = batch["next", "done"][..., 0]
     assert ends.any() and (batch["next", "truncated"][..., 0] | batch["next", "terminated"][..., 0]).equal(ends)
+    # lbforaging's global state: the agents' observations concatenated (EPyMARL's; QMIX mixes on it)
+    assert batch["state"].shape == (2, 10, 2 * batch["agent", "observation"].shape[-1])
+    assert batch["state"].equal(batch["agent", "observation"].flatten(-2))
     with make_collector("serial", EnvFactory("pettingzoo/classic/rps_v2"), None, batch_B=1, batch_T=4) as c:
         batch = c.collect()  # Discrete observations per agent: int64 [n]
     assert batch["player", "observation"].shape == (1, 4, 2) and batch["player", "observation"].dtype == torch.int64
