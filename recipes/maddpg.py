@@ -227,11 +227,13 @@ def group_actor(obs_spec: TensorSpec, action_spec: TensorSpec, model: ModelConfi
 
 def _visible_critic_class() -> type:
     import torch
-    from torchrl.modules import MultiAgentMLP
+    from torchrl.modules import MLP, MultiAgentMLP
 
     class VisibleAgentsCritic(torch.nn.Module):
         """``Q_i`` from the observations and actions of the agents ``visible[i]`` names, in that order (lists shorter
-        than the longest padded with zeros), through a ``MultiAgentMLP`` over the agents."""
+        than the longest padded with zeros), through a ``MultiAgentMLP`` over the agents. When every agent sees the
+        same agents in the same order through shared parameters, every ``Q_i`` is one function of one input: it is
+        computed once and given to each agent (BenchMARL's centralised critic), not once per agent."""
 
         index: torch.Tensor
 
@@ -241,15 +243,19 @@ def _visible_critic_class() -> type:
             self.in_features = width * (obs_dim + action_dim)
             # agent index n_agents is a row of zeros, the padding
             index = torch.tensor([seen + [n_agents] * (width - len(seen)) for seen in visible])
-            self.register_buffer("index", index, persistent=False)
-            self.net = MultiAgentMLP(n_agent_inputs=self.in_features, n_agent_outputs=1, n_agents=n_agents,
-                                     centralized=False, share_params=model.share_critic_params,
-                                     num_cells=model.hidden_sizes, activation_class=torch.nn.Tanh)
+            self.one_view = model.share_critic_params and all(seen == visible[0] for seen in visible)
+            self.register_buffer("index", index[:1] if self.one_view else index, persistent=False)
+            self.n_agents = n_agents
+            layers = dict(num_cells=model.hidden_sizes, activation_class=torch.nn.Tanh)
+            self.net = MLP(in_features=self.in_features, out_features=1, **layers) if self.one_view else \
+                MultiAgentMLP(n_agent_inputs=self.in_features, n_agent_outputs=1, n_agents=n_agents,
+                              centralized=False, share_params=model.share_critic_params, **layers)
 
         def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
             rows = torch.cat([observation, action], dim=-1)  # [..., n_agents, obs + action]
             rows = torch.cat([rows, torch.zeros_like(rows[..., :1, :])], dim=-2)
-            return self.net(rows[..., self.index, :].flatten(-2))  # [..., n_agents, width * (obs + action)]
+            q = self.net(rows[..., self.index, :].flatten(-2))  # [..., n_agents or 1, 1]
+            return q.expand(*q.shape[:-2], self.n_agents, 1)
 
     return VisibleAgentsCritic
 

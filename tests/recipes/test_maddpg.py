@@ -79,10 +79,11 @@ def _batch(n: int = 16, seed: int = 1) -> TensorDict:
     return td
 
 
+@pytest.mark.parametrize("share", ["true", "false"])
 @pytest.mark.parametrize("visible, width", [(None, 3), ([[0], [1], [2]], 1), ([[0, 1], [1, 2], [2, 0]], 2),
                                             ([[0, 1, 2], [1], [2, 0]], 3)])
-def test_visibility_lists_shape_the_critics_input(visible, width):
-    _, critic, _ = _parts("maddpg", visible, "model.share_critic_params=false")
+def test_visibility_lists_shape_the_critics_input(visible, width, share):
+    _, critic, _ = _parts("maddpg", visible, f"model.share_critic_params={share}")
     assert critic.module.in_features == width * (OBS + ACT)
     seen = maddpg.visible_agents(visible, N_AGENTS)
     td = _batch()
@@ -93,6 +94,19 @@ def test_visibility_lists_shape_the_critics_input(visible, width):
         changed["agents", "action"][:, j] = 1 - changed["agents", "action"][:, j]
         moved = (critic(changed)["agents", "state_action_value"] - q).abs().amax(dim=(0, 2)) > 1e-6
         assert moved.tolist() == [j in seen[i] for i in range(N_AGENTS)], (visible, j)
+
+
+@pytest.mark.parametrize("visible, share, one_view", [(None, "true", True), ([[1, 2]] * 3, "true", True),
+                                                     (None, "false", False), ([[0, 1], [1, 2], [2, 0]], "true", False)])
+def test_one_shared_view_is_computed_once(visible, share, one_view):
+    """Agents that all see the same agents through shared parameters get one Q, computed once (BenchMARL's
+    centralised critic); the MASAC loss trains through it."""
+    _, critic, loss = _parts("masac", visible, f"model.share_critic_params={share}")
+    assert critic.module.one_view == one_view
+    q = critic(_batch())["agents", "state_action_value"]
+    assert q.shape == (16, N_AGENTS, 1) and torch.equal(q[:, 0], q[:, 2]) == one_view
+    total, *grads = _loss_and_gradient(loss, _batch())
+    assert torch.isfinite(total) and any(g is not None and g.abs().sum() > 0 for g in grads)
 
 
 def _loss_and_gradient(loss, td):
