@@ -19,7 +19,7 @@ Returns are **summed over the agents** (tdrl's convention, ``recipes/mappo.py``)
 itself (that figure times n_agents; both are printed). ``--tdrl`` also runs tdrl's recipe on the same budget and seeds
 through ``benchmarks/learning.py`` (:func:`learning.run_tdrl`), so one command gives both sides.
 
-    python benchmarks/benchmarl_reference.py --frames 6400 --seeds 0 --tdrl               # dry run, every task
+    python benchmarks/benchmarl_reference.py --frames 12000 --seeds 0 --tdrl              # dry run, every task
     python benchmarks/benchmarl_reference.py --tasks balance,navigation --frames 3000000 --seeds 0,1,2 --tdrl \\
         --results ~/marl --jobs 2 --csv /tmp/marl_vmas.csv    # the VMAS budget: ~10 h on 2 cores
     python benchmarks/benchmarl_reference.py --settings --tasks sampling                  # the mapping, no runs
@@ -459,8 +459,8 @@ def make_parser() -> argparse.ArgumentParser:
     add("--tasks", default=",".join(TASKS), help="comma-separated: " + ", ".join(
         f"{name} ({'/'.join(task.algorithms)})" for name, task in TASKS.items()))
     add("--algorithms", default=",".join(ALGORITHMS), help="comma-separated, of each task's: " + ", ".join(ALGORITHMS))
-    add("--frames", type=int, default=6_400, help="env frames per run (each step of all agents); a multiple of "
-        "every run's batch (MAPPO/IPPO 800, QMIX 100, MASAC 200)")
+    add("--frames", type=int, default=12_000, help="env frames per run (each step of all agents); a multiple of "
+        "every run's batch (MAPPO/IPPO 800, on VMAS 6,000; QMIX 100; MASAC 200)")
     add("--seeds", default="0")
     add("--eval-interval", type=int, default=None,
         help="env frames between evaluations (default: the recipe's log interval, at most the budget)")

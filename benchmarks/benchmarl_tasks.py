@@ -64,18 +64,22 @@ class Task:
 
 
 VMAS = ("collector.kind=batched_env",)
+VMAS_ON_POLICY = (*VMAS, "collector.batch_B=60", "loss.epochs=3", "loss.minibatches=15")
+"""MAPPO/IPPO on VMAS: BenchMARL's VMAS batch (6,000 frames, 45 minibatches of 400 each) as 60 envs x 100 steps in
+place of the recipe's MPE batch (8 envs x 100 steps, 4 passes of 800): one batched simulator steps 60 envs about as
+fast as 8, so a 3M-frame run takes ~1/7 of the time (and balance learned faster: 116 at 480k frames, seed 0)."""
 TASKS = {
     "simple_spread": Task("mpe2/simple_spread_v3", ("PettingZooTask", "SIMPLE_SPREAD"),
                           {"N": 3, "local_ratio": 0.5, "max_cycles": 25}, ("mappo", "ippo", "qmix")),
     # VMAS's scenario defaults (BenchMARL's YAML: 4 agents)
     "balance": Task("vmas/balance", ("VmasTask", "BALANCE"),
                     {"max_steps": VMAS_STEPS, "n_agents": 3, "random_package_pos_on_line": True, "package_mass": 5},
-                    ("mappo", "ippo"), VMAS, continuous=True),
+                    ("mappo", "ippo"), VMAS_ON_POLICY, continuous=True),
     # VMAS's defaults (BenchMARL's YAML: 3 agents, shared_rew false)
     "navigation": Task("vmas/navigation", ("VmasTask", "NAVIGATION"),
                        {"max_steps": VMAS_STEPS, "n_agents": 4, "collisions": True, "agents_with_same_goal": 1,
                         "split_goals": False, "observe_all_goals": False, "shared_rew": True, "lidar_range": 0.35,
-                        "agent_radius": 0.1}, ("mappo", "ippo"), VMAS, continuous=True),
+                        "agent_radius": 0.1}, ("mappo", "ippo"), VMAS_ON_POLICY, continuous=True),
     # VMAS's defaults (BenchMARL's YAML: shared_rew false); 8 envs x 25 steps: a whole number of updates per batch
     "sampling": Task("vmas/sampling", ("VmasTask", "SAMPLING"),
                      {"max_steps": VMAS_STEPS, "n_agents": 3, "shared_rew": True, "n_gaussians": 3, "lidar_range": 0.2,

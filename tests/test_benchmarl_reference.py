@@ -64,15 +64,18 @@ def test_mappo_settings_are_the_recipes_defaults():
 
 
 def test_vmas_settings_are_tdrls_on_both_sides():
-    """VMAS runs: continuous actions, tdrl's collector and 100-step limit, the recipe's 8 envs x 100 steps."""
+    """VMAS runs: continuous actions, tdrl's collector and 100-step limit, BenchMARL's VMAS batch as 60 envs x 100
+    steps and 45 minibatches of 400."""
     from tdrl.envs.vmas import DEFAULT_MAX_STEPS
 
-    cfg = tasks.recipe_config("balance", "ippo", 8000)
+    cfg = tasks.recipe_config("balance", "ippo", 12000)
     assert (cfg.env.id, cfg.collector.kind, cfg.loss.algorithm) == ("vmas/balance", "batched_env", "ippo")
-    settings = tasks.benchmarl_config("balance", "ippo", cfg, 8000, 4000)
-    assert settings["experiment"]["prefer_continuous_actions"] is True
-    assert (settings["experiment"]["on_policy_collected_frames_per_batch"],
-            settings["experiment"]["on_policy_n_envs_per_worker"]) == (800, 8)
+    settings = tasks.benchmarl_config("balance", "ippo", cfg, 12000, 6000)
+    experiment = settings["experiment"]
+    assert experiment["prefer_continuous_actions"] is True
+    assert (experiment["on_policy_collected_frames_per_batch"], experiment["on_policy_n_envs_per_worker"]) == \
+        (6000, 60)
+    assert (experiment["on_policy_n_minibatch_iters"], experiment["on_policy_minibatch_size"]) == (3, 400)
     assert {name: t.settings["max_steps"] for name, t in tasks.TASKS.items() if t.family == "vmas"} == {
         "balance": DEFAULT_MAX_STEPS, "navigation": DEFAULT_MAX_STEPS, "sampling": DEFAULT_MAX_STEPS}
     spec = tasks.worker_spec("balance", "ippo", 2, settings)
@@ -266,7 +269,7 @@ def test_page_section_holds_the_rows(tmp_path, capsys):
 def test_jobs_pair_the_sides_of_each_seed(tmp_path):
     """BenchMARL's run of a seed, then tdrl's (``--jobs 2`` runs them side by side), each in its own folder of
     ``--results`` and its own subprocess (tdrl's through ``--tdrl-worker``)."""
-    args = ref.parse_args(["--tasks", "balance", "--algorithms", "mappo", "--frames", "1600", "--seeds", "0,1",
+    args = ref.parse_args(["--tasks", "balance", "--algorithms", "mappo", "--frames", "12000", "--seeds", "0,1",
                            "--tdrl", "--results", str(tmp_path), "--jobs", "2"])
     todo = ref.jobs(args, Path("/venv/bin/python"), tmp_path)
     assert [(j.side, j.seed) for j in todo] == [("benchmarl", 0), ("tdrl", 0), ("benchmarl", 1), ("tdrl", 1)]
@@ -275,7 +278,7 @@ def test_jobs_pair_the_sides_of_each_seed(tmp_path):
     specs = [json.loads(j.command[-1]) for j in todo]
     assert specs[0]["run_dir"] == str(tmp_path / "balance-mappo" / "benchmarl-seed0" / "run")
     assert specs[1]["run_dir"] == str(tmp_path / "balance-mappo" / "tdrl-seed0" / "run")
-    assert (specs[1]["frames"], specs[1]["eval_interval"], specs[0]["family"]) == (1600, 1600, "vmas")
+    assert (specs[1]["frames"], specs[1]["eval_interval"], specs[0]["family"]) == (12000, 12000, "vmas")
 
 
 def test_a_finished_run_is_kept_and_not_run_again(tmp_path):
