@@ -23,7 +23,7 @@ the number of agents), with each group's beside them (``train/<group>/return_mea
 Defaults: the MAPPO paper's MPE settings (lr 7e-4, gamma 0.99, GAE lambda 0.95, clip 0.2, entropy 0.01, one
 minibatch) with 4 epochs over 8 envs x 100 steps. On one 2-core machine (seed 0, not yet a benchmark): eval return
 -96 at start, about -60 (summed over the 3 agents) from 50k frames on, at ~1,900 frames/s; with 10 epochs of 4
-minibatches at lr 3e-4 it oscillated between -57 and -100. Beside BenchMARL: docs/learning.md#multi-agent.
+minibatches at lr 3e-4 it oscillated between -57 and -100. Beside BenchMARL: docs/multiagent.md.
 
 Needs ``pip install 'tdrl[marl]'``. Not yet: a global-state critic.
 """
