@@ -356,19 +356,16 @@ def run_job(job: Job, results: Path | None) -> dict[str, Any]:
     the run's ``log.txt`` with ``results``) and kept there."""
     if results is not None and (job.folder(results) / "result.json").is_file():
         return dict(json.loads((job.folder(results) / "result.json").read_text()))
-    with contextlib.ExitStack() as stack:
-        if results is not None:
-            job.folder(results).mkdir(parents=True, exist_ok=True)
-            log: Any = stack.enter_context((job.folder(results) / "log.txt").open("a"))
-        else:
-            log = stack.enter_context(tempfile.TemporaryFile("w+"))
-        proc = subprocess.run(job.command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=tempfile.gettempdir())
+    with tempfile.TemporaryDirectory() as tmp:
+        log = (job.folder(results) if results is not None else Path(tmp)) / "log.txt"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as stderr:
+            proc = subprocess.run(job.command, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                  cwd=tempfile.gettempdir())
         lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
         if proc.returncode or not lines:
-            log.flush()
-            log.seek(0) if results is None else None
-            tail = log.read()[-3000:] if results is None else f"(its log: {job.folder(results) / 'log.txt'})"
-            raise RuntimeError(f"{job.side} {job.name} seed {job.seed} failed (exit {proc.returncode}):\n{tail}")
+            raise RuntimeError(f"{job.side} {job.name} seed {job.seed} failed (exit {proc.returncode}); the end of "
+                               f"its log{f' ({log})' if results is not None else ''}:\n{log.read_text()[-3000:]}")
     result = row(job.name, job.side, job.seed, json.loads(lines[-1].removeprefix(RESULT)))
     if results is not None:
         _write_json(job.folder(results) / "result.json", result)
