@@ -35,6 +35,8 @@ Every run is a subprocess (BenchMARL's in its venv, tdrl's in this interpreter),
 (tdrl's bitwise; BenchMARL's own, which hold no optimizer or RNG state): rerunning the same command resumes the
 unfinished runs and reports the finished ones without running them, so a study longer than a session spans several.
 A resumed run's seconds are those up to its last checkpoint plus its last attempt's (the rows say which resumed).
+The kept runs are runs ``tdrl plot`` draws (BenchMARL's with a ``progress.csv`` of its evaluations), and ``--plot
+DIR`` writes each task and algorithm's figure: both sides' IQM curves with 95% bands over seeds.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -355,7 +358,9 @@ def run_job(job: Job, results: Path | None) -> dict[str, Any]:
     """``job``'s row: kept from ``results`` when it finished there before, else run in a subprocess (its output in
     the run's ``log.txt`` with ``results``) and kept there."""
     if results is not None and (job.folder(results) / "result.json").is_file():
-        return dict(json.loads((job.folder(results) / "result.json").read_text()))
+        result = dict(json.loads((job.folder(results) / "result.json").read_text()))
+        _plottable(job, results, result)
+        return result
     with tempfile.TemporaryDirectory() as tmp:
         log = (job.folder(results) if results is not None else Path(tmp)) / "log.txt"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -369,7 +374,37 @@ def run_job(job: Job, results: Path | None) -> dict[str, Any]:
     result = row(job.name, job.side, job.seed, json.loads(lines[-1].removeprefix(RESULT)))
     if results is not None:
         _write_json(job.folder(results) / "result.json", result)
+        _plottable(job, results, result)
     return result
+
+
+def _plottable(job: Job, results: Path, result: dict[str, Any]) -> None:
+    """Make the run one ``tdrl plot`` draws: ``variant.json`` (side and seed) above its run directory, and for
+    BenchMARL's side a ``progress.csv`` of its evaluations (tdrl's run writes its own)."""
+    folder = job.folder(results)
+    if not (folder / "variant.json").is_file():
+        _write_json(folder / "variant.json", {"impl": job.side, "seed": job.seed})
+    progress = folder / "run" / "progress.csv"
+    if job.side == "benchmarl" and not progress.is_file():
+        with progress.open("w", newline="") as f:
+            out = csv.writer(f, lineterminator="\n")
+            out.writerow(["CumSteps", "eval/return_mean", "time/train_s"])
+            out.writerows([p["frames"], repr(float(p["return_mean"])), repr(float(p["train_s"]))]
+                          for p in result["curve"])
+
+
+def plot_curves(results: Path, names: list[str], out_dir: Path) -> None:
+    """Per task and algorithm, both sides' evaluation curves (IQM and 95% band over seeds, ``tdrl plot``'s) as
+    ``<out_dir>/marl-<task>-<algorithm>.png``."""
+    from tdrl.plot import plot_learning_curves
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        with tempfile.TemporaryDirectory() as tmp:
+            for png in plot_learning_curves([results / name], metrics=["eval/return_mean"], out_dir=tmp):
+                target = out_dir / f"marl-{name}.png"
+                shutil.copyfile(png, target)
+                print(f"curves: {os.path.relpath(target, ROOT) if target.is_relative_to(ROOT) else target}")
 
 
 # --- Report --------------------------------------------------------------------------------------------------------
@@ -471,6 +506,8 @@ def make_parser() -> argparse.ArgumentParser:
         help="pip index for torch where +cpu builds are not local: https://download.pytorch.org/whl/cpu")
     add("--results", default="", metavar="DIR", help="keep each run in DIR (checkpointed: a rerun of the command "
         "resumes unfinished runs and reports finished ones without running them)")
+    add("--plot", default="", metavar="DIR", help="with --results: write each task and algorithm's curves, both "
+        "sides, to DIR/marl-<task>-<algorithm>.png (e.g. docs/data)")
     add("--jobs", type=int, default=1, help="runs at a time (2: the two sides of a seed side by side)")
     add("--worker", default="", help=argparse.SUPPRESS)
     add("--tdrl-worker", default="", help=argparse.SUPPRESS)
@@ -497,6 +534,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.no_benchmarl and not args.tdrl:
         p.error("--no-benchmarl runs nothing without --tdrl")
+    if args.plot and not args.results:
+        p.error("--plot draws the runs kept in --results DIR")
     return args
 
 
@@ -530,6 +569,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     summarise(rows)
     if args.csv:
         write_csv(rows, Path(args.csv))
+    if args.plot:
+        plot_curves(Path(args.results), list(dict.fromkeys(r["task"] for r in rows)), Path(args.plot))
     return rows
 
 

@@ -332,3 +332,27 @@ def test_foraging_is_lbforaging_on_both_sides():
     assert task.env_id == "lbforaging/" + task.settings["env_id"]
     assert any("*terminated*" in line for line in tasks.differences("foraging", "qmix"))
     assert ref.ENV_LIBRARY["lbf"] == {"tdrl": "lbforaging", "benchmarl": "lbforaging"}
+
+
+def test_kept_runs_plot_both_sides(tmp_path):
+    """Runs in --results become runs ``tdrl plot`` draws: one curve group per side, seeds pooled."""
+    from tdrl.plot import find_runs, group_runs
+
+    for side in ref.SIDES:
+        for seed in (0, 1):
+            job = ref.Job("balance", "mappo", side, seed, (sys.executable, "-c", "raise SystemExit(1)"))
+            curve = [{"frames": f, "train_s": f / 1000, "wall_s": f / 900, "return_mean": f / 100 + seed}
+                     for f in (6000, 12000)]
+            (job.folder(tmp_path) / "run").mkdir(parents=True)
+            (job.folder(tmp_path) / "result.json").write_text(json.dumps(ref.row(job.name, side, seed,
+                                                                                 {"curve": curve, "wall_s": 15.0})))
+            if side == "tdrl":  # tdrl's recipe writes its own progress.csv
+                (job.folder(tmp_path) / "run" / "progress.csv").write_text(
+                    "CumSteps,eval/return_mean\n0,-5.0\n6000,60.0\n12000,120.0\n")
+            assert ref.run_job(job, tmp_path)["final_return"] == 120 + seed  # kept: the failing command never runs
+    groups = group_runs(find_runs([tmp_path / "balance-mappo"]))
+    assert sorted((g.label, len(g.runs)) for g in groups) == [("impl=benchmarl", 2), ("impl=tdrl", 2)]
+    ref.plot_curves(tmp_path, ["balance-mappo"], tmp_path / "out")
+    assert (tmp_path / "out" / "marl-balance-mappo.png").stat().st_size > 1000
+    with pytest.raises(SystemExit):
+        ref.parse_args(["--plot", str(tmp_path)])  # draws only kept runs
