@@ -82,14 +82,18 @@ def test_info_action_mask_taxi():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("factory", ["walk", "mpe2"])
+@pytest.mark.parametrize("factory", ["walk", "mpe2", "lbforaging"])
 def test_state_round_trip(factory):
     """A collector restored from another's state_dict continues with the same batches (dict observations, a
-    grouped env's captured PettingZoo state, a Dict action space's RNGs)."""
+    grouped env's captured PettingZoo or lbforaging state and its global state, a Dict action space's RNGs)."""
     if factory == "mpe2":
         pytest.importorskip("mpe2")
 
         env_factory = EnvFactory("mpe2/simple_spread_v3")
+    elif factory == "lbforaging":
+        pytest.importorskip("lbforaging")
+
+        env_factory = EnvFactory("lbforaging/Foraging-8x8-2p-2f-coop-v3")
     else:
         env_factory = MaskedWalkFactory()
     kwargs = dict(batch_B=2, batch_T=10, seed=7)
