@@ -108,7 +108,7 @@ DIFFERENCES = {
         "torchrl 0.14.1's VmasWrapper (tdrl.envs.vmas, collector.kind=batched_env)",
         f"time limit: {VMAS_STEPS} steps on both; BenchMARL passes max_steps to VMAS, which ends the episode "
         "*terminated* (no bootstrap from its last state); tdrl's own limit ends it *truncated* (bootstrapped)",
-        "task settings: VMAS's scenario defaults (tdrl's recipes pass no scenario options) set on BenchMARL's task "
+        "task settings: VMAS's scenario defaults (no env.options on tdrl's side) set on BenchMARL's task "
         "in place of its YAML's",
         "group name: BenchMARL's VMAS group is 'agents'; tdrl's MAPPO/IPPO call it 'agent' (group_map=prefix), "
         "MASAC 'agents' (one_group): the same agents in one group either way",

@@ -59,7 +59,7 @@ from tdrl.config import (
     ConfigError,
     Count,
     DeterministicPolicyOptimConfig,
-    EnvConfig,
+    GroupedEnvConfig,
     LayerSizes,
     LoggerConfig,
     NonNegativeFloat,
@@ -85,7 +85,7 @@ if TYPE_CHECKING:
 
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
-class MultiAgentEnvConfig(EnvConfig):
+class MultiAgentEnvConfig(GroupedEnvConfig):
     id: str = "mpe2/simple_spread_v3"
     """A multi-agent env id with continuous actions (mpe2/..., vmas/... with collector.kind=batched_env);
     simple_spread: 3 agents, 25-step episodes."""
@@ -320,7 +320,7 @@ def main(cfg: Config) -> dict:
     # --- Build ----------------------------------------------------------------------------------------------
     device, _ = prepare_recipe(cfg)
     check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
-    env_kwargs: dict[str, Any] = {"group_map": "one_group",
+    env_kwargs: dict[str, Any] = {**cfg.env.kwargs(), "group_map": "one_group",
                                   **({"continuous_actions": True} if cfg.env.continuous_actions else {})}
     env_factory = EnvFactory(cfg.env.id, env_kwargs)
     specs = env_factory.specs()  # an unknown id, a missing extra or agents with other spaces: one line, exit 2

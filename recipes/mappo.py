@@ -15,6 +15,7 @@ the number of agents), with each group's beside them (``train/<group>/return_mea
     python recipes/mappo.py loss.algorithm=ippo
     python recipes/mappo.py collector.kind=parallel collector.n_workers=2
     python recipes/mappo.py env.group_map=per_agent                  # one group (and network) per agent
+    python recipes/mappo.py env.options=[N=5,local_ratio=0.3]        # the env's own arguments: 5 agents
     python recipes/mappo.py env.id=mpe2/simple_adversary_v3 optim.per_group=true optim.frozen_groups=[adversary]
     python recipes/mappo.py env.id=vmas/balance collector.kind=batched_env collector.batch_B=600  # VMAS
     python recipes/mappo.py env.id=pettingzoo/classic/tictactoe_v3       # turn-based: one move a step, self-play
@@ -36,8 +37,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from tdrl.config import (
     CollectorConfig,
     Count,
-    EnvConfig,
     Fraction,
+    GroupedEnvConfig,
     LayerSizes,
     LoggerConfig,
     NonNegativeFloat,
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
 
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
-class MultiAgentEnvConfig(EnvConfig):
+class MultiAgentEnvConfig(GroupedEnvConfig):
     id: str = "mpe2/simple_spread_v3"
     group_map: Literal["prefix", "per_agent", "one_group"] = "prefix"
     """Agent groups: by name prefix (agent_0, agent_1 -> agent), one per agent, or all in one."""
@@ -266,7 +267,7 @@ def main(cfg: Config) -> dict:
     check_trainer(cfg.trainer, on_policy=True, supported=("sync",))
     # --- Build ----------------------------------------------------------------------------------------------
     device, _ = prepare_recipe(cfg)
-    env_kwargs = {"group_map": cfg.env.group_map}
+    env_kwargs = {**cfg.env.kwargs(), "group_map": cfg.env.group_map}
     env_factory = EnvFactory(cfg.env.id, env_kwargs)
     specs = env_factory.specs()  # an unknown id, a missing extra or a bad group map: one line, exit 2
     obs_spec = specs.observation_spec

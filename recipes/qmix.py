@@ -50,8 +50,8 @@ from tdrl.config import (
     CollectorConfig,
     ConfigError,
     Count,
-    EnvConfig,
     Fraction,
+    GroupedEnvConfig,
     LayerSizes,
     LoggerConfig,
     NonNegativeInt,
@@ -75,7 +75,7 @@ if TYPE_CHECKING:
 
 # --- Config ---------------------------------------------------------------------------------------------------
 @dataclass
-class MultiAgentEnvConfig(EnvConfig):
+class MultiAgentEnvConfig(GroupedEnvConfig):
     id: str = "mpe2/simple_spread_v3"
     """A multi-agent env id (mpe2/..., pettingzoo/..., lbforaging/...); simple_spread: 3 agents, 25-step episodes,
     its per-agent rewards summed at the root (module docstring)."""
@@ -225,7 +225,7 @@ def main(cfg: Config, env_factory: Callable[[], Any] | None = None) -> dict:
     # --- Build ----------------------------------------------------------------------------------------------
     device, _ = prepare_recipe(cfg)
     check_min_steps_learn(cfg.optim.min_steps_learn, n_step=cfg.loss.n_step, batch_B=cfg.collector.batch_B)
-    env_kwargs = {"group_map": "one_group"}
+    env_kwargs = {**cfg.env.kwargs(), "group_map": "one_group"}
     if env_factory is None:
         env_factory = EnvFactory(cfg.env.id, env_kwargs)
         specs = env_factory.specs()  # an unknown id, a missing extra or agents with other spaces: one line, exit 2

@@ -322,3 +322,14 @@ def test_cross_field_checks_stay_in_validate():
         apply_overrides(dqn.Config(), ["model.v_min=10", "model.v_max=10"])
     with pytest.raises(ConfigError, match=r"exploration.eps_final_min=0.1 must be <= exploration.eps_final=0.01"):
         apply_overrides(dqn.Config(), ["exploration.eps_final_min=0.1", "exploration.eps_final=0.01"])
+
+
+def test_env_options_parse_as_the_envs_arguments():
+    from tdrl.config import ConfigError, GroupedEnvConfig
+
+    env = GroupedEnvConfig(options=["N=5", "local_ratio=0.3", "shared_rew=false", "mode=fast", "x=none", " y = 1e3 "])
+    assert env.kwargs() == {"N": 5, "local_ratio": 0.3, "shared_rew": False, "mode": "fast", "x": None, "y": 1000.0}
+    for bad, message in ((["N"], "'N' is not name=value"), (["=3"], "is not name=value"),
+                         (["num_envs=4"], r"num_envs is set by tdrl \(collector.batch_B\)")):
+        with pytest.raises(ConfigError, match=message):
+            GroupedEnvConfig(options=bad).validate()

@@ -59,6 +59,8 @@ CONFIG_ERRORS = [
     ("ppo.py", ["model.hidden_sizes=[0]"], "config key 'model.hidden_sizes[0]': 0 must be >= 1"),
     ("ppo.py", ["model.hidden_sizes=[64,"], "config key 'model.hidden_sizes': '[64,' is not a list"),
     ("ppo.py", ["trainer.kind=async"], "config key 'trainer.kind': 'async' is not one of ['sync', 'ddp']"),
+    ("qmix.py", ["env.options=[N]"], "config key 'env.options': 'N' is not name=value"),
+    ("mappo.py", ["env.options=[group_map=one_group]"], "config key 'env.options': group_map is set by tdrl"),
 ]
 
 
@@ -97,8 +99,13 @@ BUILD_ERRORS = {  # found once the env or the machine is looked at (after torch 
                                                 "is turn-based: one agent moves per step"),
     "an env argument the env does not take": ("maddpg.py", ["env.id=lbforaging/Foraging-8x8-2p-2f-coop-v3"],
                                               "unexpected keyword argument 'continuous_actions'"),
+    "an env option the env does not take": ("qmix.py", ["env.options=[N=3,local_ration=0.5]"],
+                                            "unexpected keyword argument 'local_ration'"),
+    "a scenario option VMAS does not take": ("mappo.py", ["env.id=vmas/balance", "collector.kind=batched_env",
+                                                          "env.options=[n_agentz=4]"],
+                                             "{'n_agentz': 4} passed but not used by the scenario"),
 }
-MARL_PACKAGES = {"mpe2/": "mpe2", "pettingzoo/": "pettingzoo", "lbforaging/": "lbforaging"}  # the [marl] extra
+MARL_PACKAGES = {"mpe2/": "mpe2", "pettingzoo/": "pettingzoo", "lbforaging/": "lbforaging", "vmas/": "vmas"}
 
 
 def _side_by_side(launches: dict[str, tuple[list[str], dict[str, str]]], width: int = 2

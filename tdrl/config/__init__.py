@@ -75,6 +75,7 @@ __all__ = ["A2COptimConfig", "ActionNoiseConfig", "ActorCriticModelConfig", "Any
            "ApeXTrainerConfig", "AtariEnvConfig", "CheckpointConfig", "CollectorConfig", "ConfigError",
            "ContinuousControlConfig", "ContinuousLossConfig", "ContinuousModelConfig", "Count",
            "DeterministicPolicyOptimConfig", "EnvConfig", "EpsilonGreedyConfig", "EvalConfig", "Fraction",
+           "GroupedEnvConfig",
            "ImpalaTrainerConfig", "LayerSizes", "Length", "LoggerConfig", "NonNegativeFloat", "NonNegativeInt",
            "OffPolicyLossConfig", "OffPolicyOptimConfig", "OffPolicyTrainerConfig", "OnPolicyTrainerConfig",
            "PolicyGradientLossConfig", "PolicyGradientOptimConfig", "PositiveFloat", "PositiveFraction",
@@ -123,6 +124,50 @@ class EnvConfig:
 
     id: str = "CartPole-v1"
     """Gymnasium id (classic control, MuJoCo ``HalfCheetah-v5``, Atari ``ALE/Pong-v5``)."""
+
+
+@dataclass
+class GroupedEnvConfig(EnvConfig):
+    """The training environment of a multi-agent recipe: its id and the env's own arguments."""
+
+    options: list[str] = field(default_factory=list)
+    """The env's own arguments as name=value (a VMAS scenario's, a PettingZoo or lbforaging env's), e.g.
+    [N=5,local_ratio=0.3] or [n_agents=4]; numbers, true/false and none parse, anything else is a string."""
+
+    def validate(self) -> None:
+        self.kwargs()  # a malformed option fails with the config, before torch loads
+
+    def kwargs(self) -> dict[str, Any]:
+        """``options`` as keyword arguments for the env (``ConfigError``, one line, for an item that is not
+        name=value or that names an argument tdrl sets itself)."""
+        out: dict[str, Any] = {}
+        for item in self.options:
+            name, eq, text = (part.strip() for part in item.partition("="))
+            if not eq or not name.isidentifier():
+                raise ConfigError(f"config key 'env.options': {item!r} is not name=value (e.g. [N=5,local_ratio=0.3])")
+            if name in _SET_BY_TDRL:
+                raise ConfigError(f"config key 'env.options': {name} is set by tdrl ({_SET_BY_TDRL[name]})")
+            out[name] = _option_value(text)
+        return out
+
+
+_SET_BY_TDRL = {"group_map": "the recipe's group map", "num_envs": "collector.batch_B", "device": "run.device",
+                "max_episode_steps": "the env's time limit"}
+
+
+def _option_value(text: str) -> Any:
+    """An option's value: an int, a float, true/false, none, else the text itself."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
 
 
 @dataclass

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -94,12 +95,17 @@ class VmasEnvBatch:
         self._shared = Environment.vmas_random_state  # the list VMAS's calls swap in and out (module docstring)
         self.rng = list(self._shared)
         self.cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-        with self.own_rng():
+        with self.own_rng(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             try:
                 self.vmas = vmas.make_env(scenario, num_envs=num_envs, device=self.device,
                                           continuous_actions=continuous_actions, seed=0, **dict(scenario_kwargs or {}))
             except TypeError as err:
                 raise EnvError(f"environment '{PREFIX}{scenario}': {err}") from None
+        for warning in caught:  # VMAS only warns about a scenario option it does not take (a typo): refuse it
+            if "not used by the scenario" in str(warning.message):
+                raise EnvError(f"environment '{PREFIX}{scenario}': {str(warning.message).split('. ')[0]}")
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         self.group_map = resolve_group_map([agent.name for agent in self.vmas.agents], group_map)
         self.env = VmasWrapper(self.vmas, group_map=self.group_map, categorical_actions=True)
         self.sizes = {group: len(agents) for group, agents in self.group_map.items()}

@@ -39,6 +39,14 @@ def test_smoke(tmp_path, extra):
     assert "loss/objective_mean" in progress.read_text().splitlines()[0].split(",")
 
 
+def test_env_options_reach_the_env(tmp_path):
+    """env.options are the env's own arguments: simple_spread with 5-step episodes (max_cycles) ends 40 episodes in
+    200 frames of 2 envs, not 8."""
+    summary = mappo.main(apply_overrides(mappo.Config(), [*TINY, f"run.root={tmp_path}",
+                                                          "env.options=[max_cycles=5,local_ratio=0.25]"]))
+    assert summary["frames"] == 200 and summary["episodes"] == 40
+
+
 def test_unknown_env_exits_2_with_one_line(tmp_path):
     out = subprocess.run([sys.executable, str(RECIPES / "mappo.py"), "env.id=mpe2/simple_sprd_v3",
                           f"run.root={tmp_path}"], capture_output=True, text=True, timeout=120)
