@@ -508,6 +508,7 @@ def make_parser() -> argparse.ArgumentParser:
         "resumes unfinished runs and reports finished ones without running them)")
     add("--plot", default="", metavar="DIR", help="with --results: write each task and algorithm's curves, both "
         "sides, to DIR/marl-<task>-<algorithm>.png (e.g. docs/data)")
+    add("--kept-only", action="store_true", help="with --results: report the runs finished there, run nothing")
     add("--jobs", type=int, default=1, help="runs at a time (2: the two sides of a seed side by side)")
     add("--worker", default="", help=argparse.SUPPRESS)
     add("--tdrl-worker", default="", help=argparse.SUPPRESS)
@@ -534,8 +535,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.no_benchmarl and not args.tdrl:
         p.error("--no-benchmarl runs nothing without --tdrl")
-    if args.plot and not args.results:
-        p.error("--plot draws the runs kept in --results DIR")
+    if (args.plot or args.kept_only) and not args.results:
+        p.error("--plot and --kept-only read the runs kept in --results DIR")
     return args
 
 
@@ -548,6 +549,10 @@ def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
     print()
     results = Path(args.results).resolve() if args.results else None
     todo = jobs(args, python, results)
+    if args.kept_only:  # a report of what has finished while the rest runs (or waits)
+        assert results is not None
+        todo = [job for job in todo if (job.folder(results) / "result.json").is_file()]
+        print(f"{len(todo)} of {len(jobs(args, python, results))} runs finished in {results}; reporting those\n")
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(run_job, job, results) for job in todo]
         for future in as_completed(futures):

@@ -354,5 +354,6 @@ def test_kept_runs_plot_both_sides(tmp_path):
     assert sorted((g.label, len(g.runs)) for g in groups) == [("impl=benchmarl", 2), ("impl=tdrl", 2)]
     ref.plot_curves(tmp_path, ["balance-mappo"], tmp_path / "out")
     assert (tmp_path / "out" / "marl-balance-mappo.png").stat().st_size > 1000
-    with pytest.raises(SystemExit):
-        ref.parse_args(["--plot", str(tmp_path)])  # draws only kept runs
+    for alone in (["--plot", str(tmp_path)], ["--kept-only"]):  # both read kept runs only
+        with pytest.raises(SystemExit):
+            ref.parse_args(alone)
