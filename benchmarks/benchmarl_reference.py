@@ -21,7 +21,7 @@ through ``benchmarks/learning.py`` (:func:`learning.run_tdrl`), so one command g
 
     python benchmarks/benchmarl_reference.py --frames 12000 --seeds 0 --tdrl              # dry run, every task
     python benchmarks/benchmarl_reference.py --tasks balance,navigation --frames 3000000 --seeds 0,1,2 --tdrl \\
-        --results ~/marl --jobs 2 --csv /tmp/marl_vmas.csv           # the VMAS study: ~2.5 h on 2 cores
+        --results ~/marl --jobs 2 --csv docs/data/marl_vmas.csv     # the VMAS study: ~2.5 h on 2 cores
     python benchmarks/benchmarl_reference.py --settings --tasks sampling                  # the mapping, no runs
 
 Per run it prints the final evaluation return (10 greedy episodes), frames, training seconds (evaluation
