@@ -152,8 +152,6 @@ DIFFERENCES = {
         "collected by its initial policy",
         "optimizers: BenchMARL has three Adams (actor, q-values, alpha) each clipped to grad norm 10 on its own, set "
         "here to tdrl's rates (optimizer_lr); tdrl one Adam with a rate per part, one clip over all networks",
-        "critic: both a centralised Q of every agent's observation and action with shared parameters; BenchMARL's "
-        "outputs one value copied to each agent, tdrl's one per agent from the same inputs (the same function)",
         "replay sampling: BenchMARL samples its train batch with replacement from a TensorDict replay; tdrl from "
         "its memmap replay (uniform, with replacement)",
     ],
