@@ -328,7 +328,12 @@ class Job:
         return f"{self.task}-{self.algorithm}"
 
     def folder(self, results: Path) -> Path:
-        return results / self.name / f"{self.side}-seed{self.seed}"
+        return run_folder(results, self.task, self.algorithm, self.side, self.seed)
+
+
+def run_folder(results: Path, task: str, algorithm: str, side: str, seed: int) -> Path:
+    """Where ``--results`` keeps one run: ``<results>/<task>-<algorithm>/<side>-seed<seed>``."""
+    return results / f"{task}-{algorithm}" / f"{side}-seed{seed}"
 
 
 def jobs(args: argparse.Namespace, python: Path | None, results: Path | None) -> list[Job]:
@@ -339,7 +344,7 @@ def jobs(args: argparse.Namespace, python: Path | None, results: Path | None) ->
         settings = run_settings(task, algorithm, args.frames, args.eval_interval)
         interval = settings["experiment"]["evaluation_interval"]
         for seed in args.seeds:
-            where = {side: str(Job(task, algorithm, side, seed, ()).folder(results) / "run") if results else ""
+            where = {side: str(run_folder(results, task, algorithm, side, seed) / "run") if results else ""
                      for side in SIDES}
             if python is not None:
                 spec = {**worker_spec(task, algorithm, seed, settings), "run_dir": where["benchmarl"],
@@ -546,8 +551,11 @@ def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
     if python is not None:
         print(f"BenchMARL's venv: {venv_versions(python)}")
     print_settings(args.runs, args.frames, args.eval_interval)
-    print()
     results = Path(args.results).resolve() if args.results else None
+    if results is not None:
+        print(f"--results {results}: both sides checkpoint at every evaluation (BenchMARL's checkpoint_interval set "
+              "to its evaluation_interval, the newest 2 kept) and resume from there")
+    print()
     todo = jobs(args, python, results)
     if args.kept_only:  # a report of what has finished while the rest runs (or waits)
         assert results is not None
