@@ -232,20 +232,26 @@ def _visible_critic_class() -> type:
     class VisibleAgentsCritic(torch.nn.Module):
         """``Q_i`` from the observations and actions of the agents ``visible[i]`` names, in that order (lists shorter
         than the longest padded with zeros), through a ``MultiAgentMLP`` over the agents. When every agent sees the
-        same agents in the same order through shared parameters, every ``Q_i`` is one function of one input: it is
-        computed once and given to each agent (BenchMARL's centralised critic), not once per agent."""
+        same agents through shared parameters, every ``Q_i`` is one function of one input: it is computed once and
+        given to each agent (BenchMARL's centralised critic). A constant 0/1 matrix picks the rows each critic sees,
+        not an index tensor: SACLoss vmaps its Q-networks over their stacked parameters and buffers, and an index
+        buffer under vmap takes a slow path (MASAC on vmas/sampling: 21 ms an update with one, 10 ms with this)."""
 
-        index: torch.Tensor
+        selection: torch.Tensor | None
 
         def __init__(self, obs_dim: int, action_dim: int, visible: list[list[int]], model: ModelConfig) -> None:
             super().__init__()
             n_agents, width = len(visible), max(len(seen) for seen in visible)
-            self.in_features = width * (obs_dim + action_dim)
-            # agent index n_agents is a row of zeros, the padding
-            index = torch.tensor([seen + [n_agents] * (width - len(seen)) for seen in visible])
             self.one_view = model.share_critic_params and all(seen == visible[0] for seen in visible)
-            self.register_buffer("index", index[:1] if self.one_view else index, persistent=False)
-            self.n_agents = n_agents
+            views = visible[:1] if self.one_view else visible
+            self.n_agents, self.n_views = n_agents, len(views)
+            selection = None  # every agent in order: the rows as they are
+            if views != [list(range(n_agents))]:  # row i * width + w: agent views[i][w]'s, zeros past a list's end
+                selection = torch.zeros(len(views) * width, n_agents)
+                for i, seen in enumerate(views):
+                    selection[i * width + torch.arange(len(seen)), seen] = 1.0
+            self.register_buffer("selection", selection, persistent=False)
+            self.in_features = width * (obs_dim + action_dim)
             layers = dict(num_cells=model.hidden_sizes, activation_class=torch.nn.Tanh)
             self.net = MLP(in_features=self.in_features, out_features=1, **layers) if self.one_view else \
                 MultiAgentMLP(n_agent_inputs=self.in_features, n_agent_outputs=1, n_agents=n_agents,
@@ -253,8 +259,9 @@ def _visible_critic_class() -> type:
 
         def forward(self, observation: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
             rows = torch.cat([observation, action], dim=-1)  # [..., n_agents, obs + action]
-            rows = torch.cat([rows, torch.zeros_like(rows[..., :1, :])], dim=-2)
-            q = self.net(rows[..., self.index, :].flatten(-2))  # [..., n_agents or 1, 1]
+            if self.selection is not None:
+                rows = torch.matmul(self.selection, rows)  # [..., n_views * width, obs + action]
+            q = self.net(rows.unflatten(-2, (self.n_views, -1)).flatten(-2))  # [..., n_views, 1]
             return q.expand(*q.shape[:-2], self.n_agents, 1)
 
     return VisibleAgentsCritic
