@@ -1,8 +1,9 @@
 """The learner's side of ``trainer.kind=ray``'s collector actors: rollouts in flight, deaths, timeouts, a warm spare.
 
 :class:`ActorPool` keeps ``in_flight`` rollouts submitted per actor, so queued data is bounded by construction. A
-rollout that raises is an error of the run (never retried into a restart loop). An actor that dies, or whose
-rollouts stop finishing for ``call_timeout_s`` (a lost node), is replaced:
+rollout that raises is an error of the run (never retried into a restart loop), unless what raised is a call into
+Ray itself (:class:`~tdrl.distributed.ray_actors.ActorRuntimeLost`: the actor's node going away). Such an actor, one
+that dies, or one whose rollouts stop finishing for ``call_timeout_s`` (a lost node), is replaced:
 
 - by the **spare** when one is built: an idle actor that has imported torch and built its collector, and reserves
   no CPU (the dead actor's are freed as it is killed for good). It takes the dead actor's slot, whose index each
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tdrl.distributed.ray_actors import RayTrainerError, Rollout
+from tdrl.distributed.ray_actors import ActorRuntimeLost, RayTrainerError, Rollout
 
 __all__ = ["ActorPool"]
 
@@ -175,6 +176,9 @@ class ActorPool:
         try:
             report = ray.get(ref, timeout=self.call_timeout_s)
         except RayTaskError as error:
+            if isinstance(cause := getattr(error, "cause", None), ActorRuntimeLost):  # killed: Ray restarts it
+                self._replace(i, f"died: {cause}", kill=True)
+                return None
             if not isinstance(error, RayActorError):
                 raise RayTrainerError(f"collector actor {i} raised in its rollout (not retried):\n{error}") from None
             self._replace(i, "died")

@@ -27,7 +27,8 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,7 +38,7 @@ from tensordict import TensorDict, TensorDictBase
 from tdrl.train.schedule import owed_updates
 from tdrl.utils.keys import VERSION_KEY
 
-__all__ = ["CollectorActor", "LearnerHub", "RayTrainerError", "Rollout", "actor_seed", "nbytes"]
+__all__ = ["ActorRuntimeLost", "CollectorActor", "LearnerHub", "RayTrainerError", "Rollout", "actor_seed", "nbytes"]
 
 """Per-step int64 tag of an unroll: the weights version the actor acted with."""
 
@@ -54,6 +55,25 @@ the previous write brings newer weights, loaded between batches as soon as it la
 
 class RayTrainerError(RuntimeError):
     """A collector actor's rollout raised (its traceback is in the message), or the cluster cannot serve the run."""
+
+
+class ActorRuntimeLost(RayTrainerError):
+    """A call into Ray failed inside a collector actor: the runtime under it broke (its node's raylet gone, so its
+    socket raises ``OSError: Broken pipe``), not the collector. Raised in place of that error so the pool replaces
+    the actor as one that died, where an error of the collector's own stops the run."""
+
+
+@contextmanager
+def ray_runtime_calls() -> Iterator[None]:
+    """Wraps an actor's calls into Ray (``get``, ``wait``, ``.remote``): their ``OSError`` or ``RaySystemError``
+    becomes :class:`ActorRuntimeLost`. The actor's process can outlive its node's raylet for a moment: a CI run
+    that killed a node saw an actor of that node return this error before Ray counted the actor dead."""
+    from ray.exceptions import RaySystemError
+
+    try:
+        yield
+    except (OSError, RaySystemError) as error:
+        raise ActorRuntimeLost(f"a call into Ray failed in this actor: {error!r}") from error
 
 
 def nbytes(td: TensorDictBase) -> int:
@@ -204,14 +224,15 @@ class CollectorActor:
         """Load the newest weights (asking the hub unless its answer is given); the bytes they took."""
         import ray
 
-        if isinstance(newest, str):  # "ask"
-            answer: tuple[int, list[Any]] | None = ray.get(self.hub.weights.remote(self.version),
-                                                           timeout=self.call_timeout_s)  # LearnerHub.weights
-            newest = answer
-        if newest is None or newest[0] <= self.version:
-            return 0
-        version, (ref,) = newest
-        weights = from_wire(ray.get(ref, timeout=self.call_timeout_s))
+        with ray_runtime_calls():
+            if isinstance(newest, str):  # "ask"
+                answer: tuple[int, list[Any]] | None = ray.get(self.hub.weights.remote(self.version),
+                                                               timeout=self.call_timeout_s)  # LearnerHub.weights
+                newest = answer
+            if newest is None or newest[0] <= self.version:
+                return 0
+            version, (ref,) = newest
+            weights = from_wire(ray.get(ref, timeout=self.call_timeout_s))
         load_weights(self.target, weights)
         self.collector.update_policy_weights_()
         self.version = version
@@ -233,14 +254,27 @@ class CollectorActor:
             batches.append(batch.clone() if calls else batch)
             trajs += self.collector.traj_infos
             frames += batch.numel()
-            if pending is not None and ray.wait([pending], timeout=0)[0]:
-                _, newest, self.slack = ray.get(pending, timeout=self.call_timeout_s)
+            if pending is not None and self._landed(pending):
+                with ray_runtime_calls():
+                    _, newest, self.slack = ray.get(pending, timeout=self.call_timeout_s)
                 pulled, pending = pulled + self._pull_weights(newest), None
             if not calls or time.perf_counter() - start >= CALL_MIN_S or frames >= self.slack / self.n_actors:
                 break
         report = Rollout(self.index, frames, version, trajs, time.perf_counter() - start,
                          sum(nbytes(b) for b in batches) + pulled, os.getpid(), self.node, batches=len(batches))
         return batches, report
+
+    @staticmethod
+    def _landed(ref: Any) -> bool:
+        import ray
+
+        with ray_runtime_calls():
+            return bool(ray.wait([ref], timeout=0)[0])
+
+    def _send(self, wires: list[dict]) -> Any:
+        """The hub's write of ``wires`` (a ref to its reply), sent without waiting."""
+        with ray_runtime_calls():
+            return self.hub.extend.remote(wires, self.version)
 
     def _nothing(self) -> Rollout:
         return Rollout(self.index, 0, self.version, [], 0.0, 0, os.getpid(), self.node)
@@ -267,15 +301,16 @@ class CollectorActor:
             report.batch, report.wire_bytes = to_wire(batch), report.wire_bytes + pulled
             return report
         held, self._held = self._held, None
-        if held is None and self._write is not None and not ray.wait([self._write[2]], timeout=0)[0]:
+        if held is None and self._write is not None and not self._landed(self._write[2]):
             held = self._collect(calls=True, pending=self._write[2])
         acknowledged = self._nothing()
         if self._write is not None:
             wires, report, pending = self._write
-            accepted, newest, self.slack = ray.get(pending, timeout=self.call_timeout_s)
+            with ray_runtime_calls():
+                accepted, newest, self.slack = ray.get(pending, timeout=self.call_timeout_s)
             report.wire_bytes += self._pull_weights(newest)
             if not accepted:
-                self._write, self._held = (wires, report, self.hub.extend.remote(wires, self.version)), held
+                self._write, self._held = (wires, report, self._send(wires)), held
                 return acknowledged
             acknowledged, self._write = report, None
         elif self.version < 0:
@@ -285,7 +320,7 @@ class CollectorActor:
             for batch in batches:  # copies of the collector's: theirs to extend
                 batch.set("priority", self.priorities(self.policy, batch))
         wires = [to_wire(batch) for batch in batches]  # by value: Ray inlines small ones, puts large ones in its store
-        self._write = (wires, report, self.hub.extend.remote(wires, self.version))
+        self._write = (wires, report, self._send(wires))
         return acknowledged
 
     def shutdown(self) -> None:

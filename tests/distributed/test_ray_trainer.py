@@ -220,6 +220,52 @@ def test_learner_sigkill_then_relaunch_restores_the_checkpoint(cluster, tmp_path
     no_actor_left(cluster)
 
 
+FAULTY_ACTOR = """
+import os, pathlib
+from tdrl.distributed.actor_pool import ActorPool
+from tdrl.distributed.ray_actors import RayTrainerError, Rollout, ray_runtime_calls
+
+@ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=0)
+class Faulty:
+    def __init__(self, fault):
+        self.marker = pathlib.Path(DIR) / fault  # the fault happens once: a restarted actor works
+    def pid(self):
+        return os.getpid()
+    def rollout(self, mode, index):
+        if not self.marker.exists():
+            self.marker.touch()
+            if self.marker.name == "runtime":
+                with ray_runtime_calls():
+                    raise BrokenPipeError(32, "Broken pipe")
+            raise ValueError("the collector's own error")
+        return Rollout(index, 8, 0, [], 0.01, 0, os.getpid(), "node")
+
+pool = ActorPool(lambda number, spare: Faulty.remote("runtime"), 1, mode="replay", spares=0)
+frames = 0
+while frames < 16:
+    frames += sum(report.frames for report in pool.poll(timeout=5.0))
+print("restarts:", pool.restarts, pool.events)
+pool = ActorPool(lambda number, spare: Faulty.remote("own"), 1, mode="replay", spares=0)
+try:
+    while True:
+        pool.poll(timeout=5.0)
+except RayTrainerError as error:
+    print("stopped:", str(error).splitlines()[0])
+"""
+
+
+def test_a_failed_call_into_ray_restarts_the_actor_and_its_own_error_stops_the_run(cluster, tmp_path):
+    """A CI run that killed a node saw an actor of that node return ``OSError: Broken pipe`` from ``ray.get`` (its
+    raylet gone) before Ray counted it dead, and the pool took it for the collector's error and stopped the run.
+    Calls into Ray now raise ``ActorRuntimeLost`` there, which the pool answers with a restart; any other error still
+    stops the run. Real Ray actors on the cluster, the fault injected once in each."""
+    out = cluster.python(f"DIR = {str(tmp_path)!r}\n" + FAULTY_ACTOR, timeout=120)
+    assert out.startswith("restarts: 1 "), out
+    assert "collector actor 0 died: a call into Ray failed in this actor: BrokenPipeError(32, " in out, out
+    assert "Ray restarts it, restart 1" in out, out
+    assert "stopped: collector actor 0 raised in its rollout (not retried):" in out, out
+
+
 def test_losing_a_node_shrinks_the_actors_and_the_run_goes_on(cluster, tmp_path):
     """Last in this module: the cluster has one node fewer afterwards.
 
