@@ -134,7 +134,8 @@ DIFFERENCES = {
         "observations through a centralised MultiAgentMLP",
     ],
     "ippo+mappo": [
-        "advantages: tdrl normalises them over the batch; BenchMARL does not (normalize_advantage=False, hard-coded)",
+        "advantages: tdrl standardises each agent's over the batch (loss.normalize_advantage=false: it does not); "
+        "BenchMARL does not (normalize_advantage=False, hard-coded)",
         "optimizers: BenchMARL has two Adams (actor: objective + entropy; critic: value loss), each clipped to "
         "grad norm 5 on its own; tdrl one Adam over both, one clip over all parameters",
         "entropy: BenchMARL adds it to the objective term; the sum is the same loss",

@@ -88,6 +88,9 @@ class LossConfig(PolicyGradientLossConfig):
     """Passes over each batch."""
     minibatches: Count = 1
     """Minibatches (of time steps, all agents of a step together) per epoch."""
+    normalize_advantage: bool = True
+    """Standardise each agent's advantages over the batch rows where it is present (the MAPPO paper's setting);
+    false: the raw GAE advantages (BenchMARL's)."""
 
 
 @dataclass
@@ -180,11 +183,11 @@ def group_loss(group: str, actor: TensorDictModuleBase, critic: TensorDictModule
     return loss
 
 
-def advantages(batch: TensorDictBase, losses: dict[str, Any]) -> None:
+def advantages(batch: TensorDictBase, losses: dict[str, Any], standardize: bool = True) -> None:
     """Each group's ``(group, "advantage")`` and ``(group, "value_target")`` by its loss's ``MultiAgentGAE`` over
     the agents' own rewards and done flags (an agent that left stays done, so its absent rows never reach a present
-    one's advantage), then the advantages standardised per agent over the rows where it is present (TorchRL's
-    ``normalize_advantage`` would count the absent rows too)."""
+    one's advantage), then (``standardize``) the advantages standardised per agent over the rows where it is present
+    (TorchRL's ``normalize_advantage`` would count the absent rows too)."""
     import torch
 
     for g, loss in losses.items():  # the per-agent reward and done flags the estimators read, beside the values
@@ -192,7 +195,8 @@ def advantages(batch: TensorDictBase, losses: dict[str, Any]) -> None:
             batch[g, key] = batch["next", g, key]
         with torch.no_grad():
             loss.value_estimator(batch)
-            batch[g, "advantage"] = standardize_present(batch[g, "advantage"], batch[g, "mask"])
+            if standardize:
+                batch[g, "advantage"] = standardize_present(batch[g, "advantage"], batch[g, "mask"])
 
 
 def standardize_present(adv: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
@@ -297,7 +301,8 @@ def main(cfg: Config) -> dict:
 
     # --- Update ---------------------------------------------------------------------------------------------
     def update(batch: TensorDictBase) -> list[TensorDictBase]:
-        advantages(batch, {g: losses[g] for g in trained})  # (group, "advantage"), (group, "value_target")
+        # (group, "advantage"), (group, "value_target")
+        advantages(batch, {g: losses[g] for g in trained}, cfg.loss.normalize_advantage)
         data = batch.reshape(-1)  # [B * T] steps, each with its [n_agents] group rows
         metrics = []
         for _ in range(cfg.loss.epochs):

@@ -31,9 +31,9 @@ def _losses(algorithm: str) -> dict:
     return losses
 
 
-def _gradient(batch, losses) -> list[torch.Tensor]:
+def _gradient(batch, losses, standardize: bool = True) -> list[torch.Tensor]:
     batch = batch.clone()
-    mappo.advantages(batch, losses)
+    mappo.advantages(batch, losses, standardize)
     data = batch.reshape(-1)
     total = sum(value for g in GROUPS for key, value in losses[g](data).items() if key.startswith("loss_"))
     params = [p for loss in losses.values() for p in loss.parameters()]
@@ -52,22 +52,38 @@ def _scramble_absent(batch):
     return out
 
 
-@pytest.mark.parametrize("algorithm", ["mappo", "ippo"])
-def test_absent_agents_change_nothing_in_the_gradient(algorithm):
+@pytest.mark.parametrize(("algorithm", "standardize"), [("mappo", True), ("ippo", True), ("mappo", False)])
+def test_absent_agents_change_nothing_in_the_gradient(algorithm, standardize):
     losses = _losses(algorithm)
     policy = TensorDictSequential(*(loss.actor_network for loss in losses.values()))
     with make_collector("serial", LeavingFactory(), policy, batch_B=2, batch_T=8, seed=0) as collector:
         batch = collector.collect()
     assert (~batch["walker", "mask"]).any() and (~batch["scout", "mask"]).any()
     scrambled = _scramble_absent(batch)
-    expected = _gradient(batch, losses)
-    got = _gradient(scrambled, losses)
+    expected = _gradient(batch, losses, standardize)
+    got = _gradient(scrambled, losses, standardize)
     assert all(g is not None for g in expected)
     assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
     for loss in losses.values():  # the check can fail: TorchRL's default masks count the absent rows
         loss.loss_mask_key = "auto"
-    assert not all(torch.equal(a, b) for a, b in zip(_gradient(batch, losses), _gradient(scrambled, losses),
-                                                     strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(_gradient(batch, losses, standardize),
+                                                     _gradient(scrambled, losses, standardize), strict=True))
+
+
+def test_normalize_advantage_false_keeps_gae_advantages():
+    """``loss.normalize_advantage=false`` (BenchMARL's setting) leaves MultiAgentGAE's advantages as they are; the
+    default standardises them per agent over its present rows."""
+    losses = _losses("ippo")
+    policy = TensorDictSequential(*(loss.actor_network for loss in losses.values()))
+    with make_collector("serial", LeavingFactory(), policy, batch_B=2, batch_T=8, seed=0) as collector:
+        batch = collector.collect()
+    raw, standardized = batch.clone(), batch.clone()
+    mappo.advantages(raw, losses, standardize=False)
+    mappo.advantages(standardized, losses)
+    for g in GROUPS:
+        assert not torch.allclose(raw[g, "advantage"], standardized[g, "advantage"])
+        torch.testing.assert_close(standardized[g, "advantage"],
+                                   mappo.standardize_present(raw[g, "advantage"], raw[g, "mask"]))
 
 
 def test_standardize_present():
