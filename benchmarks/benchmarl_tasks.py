@@ -134,7 +134,7 @@ DIFFERENCES = {
         "observations through a centralised MultiAgentMLP",
     ],
     "ippo+mappo": [
-        "advantages: tdrl standardises each agent's over the batch (loss.normalize_advantage=false: it does not); "
+        "advantages: tdrl standardises each agent's over the batch (off with loss.normalize_advantage=false); "
         "BenchMARL does not (normalize_advantage=False, hard-coded)",
         "optimizers: BenchMARL has two Adams (actor: objective + entropy; critic: value loss), each clipped to "
         "grad norm 5 on its own; tdrl one Adam over both, one clip over all parameters",
