@@ -45,6 +45,7 @@ class _Slot:
     died_at: float | None = None  # until the slot's first rollout after a death
     progress_at: float = field(default_factory=time.monotonic)  # last rollout finished (or actor started)
     probe: Any = None  # while Ray restarts the actor: a call that returns once it is back
+    killed_pid: int | None = None  # the process a kill went to: until the kill lands, it may answer the probe
     started: bool = False  # built its collector (answered once): the start-up timeout no longer applies
 
 
@@ -177,6 +178,7 @@ class ActorPool:
             report = ray.get(ref, timeout=self.call_timeout_s)
         except RayTaskError as error:
             if isinstance(cause := getattr(error, "cause", None), ActorRuntimeLost):  # killed: Ray restarts it
+                slot.pid = cause.pid
                 self._replace(i, f"died: {cause}", kill=True)
                 return None
             if not isinstance(error, RayActorError):
@@ -214,7 +216,11 @@ class ActorPool:
         except RayError:
             slot.probe = slot.handle.pid.remote()
             return False
+        if pid == slot.killed_pid:  # the process killed, before the kill reached it (ray.kill does not wait)
+            slot.probe = slot.handle.pid.remote()
+            return False
         slot.probe, slot.started, slot.progress_at, slot.pid = None, True, time.monotonic(), pid
+        slot.killed_pid = None
         assert slot.died_at is not None  # set with the probe (_replace)
         index = self.slots.index(slot)
         self.events.append(f"collector actor {index} is back after {time.monotonic() - slot.died_at:.1f} s (pid {pid})")
@@ -238,6 +244,7 @@ class ActorPool:
             self._swap_in(i, spare, why)
             return
         if kill:
+            slot.killed_pid = slot.pid
             ray.kill(slot.handle, no_restart=False)  # Ray restarts it (where it can be scheduled)
         slot.probe = slot.handle.pid.remote()
         slot.started = False  # the restarted actor gets the start-up timeout to build its collector

@@ -60,7 +60,15 @@ class RayTrainerError(RuntimeError):
 class ActorRuntimeLost(RayTrainerError):
     """A call into Ray failed inside a collector actor: the runtime under it broke (its node's raylet gone, so its
     socket raises ``OSError: Broken pipe``), not the collector. Raised in place of that error so the pool replaces
-    the actor as one that died, where an error of the collector's own stops the run."""
+    the actor as one that died, where an error of the collector's own stops the run. ``pid``: the actor's process,
+    which the pool tells from the restarted one."""
+
+    def __init__(self, message: str, pid: int) -> None:
+        super().__init__(message, pid)  # both in args: the exception pickles back to the learner whole
+        self.pid = pid
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 @contextmanager
@@ -73,7 +81,7 @@ def ray_runtime_calls() -> Iterator[None]:
     try:
         yield
     except (OSError, RaySystemError) as error:
-        raise ActorRuntimeLost(f"a call into Ray failed in this actor: {error!r}") from error
+        raise ActorRuntimeLost(f"a call into Ray failed in this actor: {error!r}", os.getpid()) from error
 
 
 def nbytes(td: TensorDictBase) -> int:
