@@ -425,10 +425,10 @@ def row(name: str, impl: str, seed: int, result: dict[str, Any]) -> dict[str, An
 
 def print_row(r: dict[str, Any]) -> None:
     per_agent = r["curve"][-1].get("benchmarl_return")
-    logged = f" (BenchMARL logs {_returns(per_agent)} per agent)" if per_agent is not None else ""
+    logged = f" (BenchMARL logs {_returns(per_agent)[0]} per agent)" if per_agent is not None else ""
     frames_s = r["final_frames"] / r["train_s"] if r["train_s"] > 0 else math.nan
     resumed = " (resumed: seconds to its last checkpoint, then the last attempt's)" if r.get("resumed") else ""
-    print(f"{r['task']:20s} {r['impl']:9s} seed {r['seed']}: final {_returns(r['final_return']):>8s}{logged} at "
+    print(f"{r['task']:20s} {r['impl']:9s} seed {r['seed']}: final {_returns(r['final_return'])[0]:>8s}{logged} at "
           f"{r['final_frames']:,} frames; train {r['train_s']:.1f} s ({frames_s:,.0f} frames/s), "
           f"wall {r['wall_s']:.1f} s{resumed}", flush=True)
 
@@ -459,23 +459,23 @@ def _seconds(runs: list[dict[str, Any]], key: str) -> str:
     return f"{sum(r[key] for r in runs) / len(runs):9.1f}" if runs else f"{'-':>9s}"
 
 
-def _returns(*values: float) -> str:
-    """Returns with one decimal, or two where all are under 10 (LBF's lie in [0, 1])."""
+def _returns(*values: float) -> list[str]:
+    """Returns printed alike: one decimal, or two where all are under 10 (LBF's lie in [0, 1])."""
     digits = 2 if all(abs(v) < 10 for v in values) else 1
-    return ", ".join(f"{v:.{digits}f}" for v in values)
+    return [f"{v:.{digits}f}" for v in values]
 
 
 def _center(values: list[float]) -> str:
     """The IQM of ``values`` with its 95% bootstrap CI (tdrl's plots' own), or the one value, or '-'."""
     if len(values) < 2:
-        return f"{_returns(values[0])} (one seed)" if values else "-"
+        return f"{_returns(values[0])[0]} (one seed)" if values else "-"
     import numpy as np
 
     from tdrl.plot import iqm_with_ci
 
     center, low, high = iqm_with_ci(np.asarray(values, dtype=float)[:, None])
-    cell = _returns(center[0], low[0], high[0]).split(", ")
-    return f"{cell[0]} [{cell[1]}, {cell[2]}]"
+    center_s, low_s, high_s = _returns(center[0], low[0], high[0])
+    return f"{center_s} [{low_s}, {high_s}]"
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:

@@ -31,6 +31,13 @@ def _losses(algorithm: str) -> dict:
     return losses
 
 
+def _collect(losses):
+    """One batch of the leaving-agents env, acted by the losses' actors."""
+    policy = TensorDictSequential(*(loss.actor_network for loss in losses.values()))
+    with make_collector("serial", LeavingFactory(), policy, batch_B=2, batch_T=8, seed=0) as collector:
+        return collector.collect()
+
+
 def _gradient(batch, losses, standardize: bool = True) -> list[torch.Tensor]:
     batch = batch.clone()
     mappo.advantages(batch, losses, standardize)
@@ -55,9 +62,7 @@ def _scramble_absent(batch):
 @pytest.mark.parametrize(("algorithm", "standardize"), [("mappo", True), ("ippo", True), ("mappo", False)])
 def test_absent_agents_change_nothing_in_the_gradient(algorithm, standardize):
     losses = _losses(algorithm)
-    policy = TensorDictSequential(*(loss.actor_network for loss in losses.values()))
-    with make_collector("serial", LeavingFactory(), policy, batch_B=2, batch_T=8, seed=0) as collector:
-        batch = collector.collect()
+    batch = _collect(losses)
     assert (~batch["walker", "mask"]).any() and (~batch["scout", "mask"]).any()
     scrambled = _scramble_absent(batch)
     expected = _gradient(batch, losses, standardize)
@@ -74,9 +79,7 @@ def test_normalize_advantage_false_keeps_gae_advantages():
     """``loss.normalize_advantage=false`` (BenchMARL's setting) leaves MultiAgentGAE's advantages as they are; the
     default standardises them per agent over its present rows."""
     losses = _losses("ippo")
-    policy = TensorDictSequential(*(loss.actor_network for loss in losses.values()))
-    with make_collector("serial", LeavingFactory(), policy, batch_B=2, batch_T=8, seed=0) as collector:
-        batch = collector.collect()
+    batch = _collect(losses)
     raw, standardized = batch.clone(), batch.clone()
     mappo.advantages(raw, losses, standardize=False)
     mappo.advantages(standardized, losses)
