@@ -29,16 +29,18 @@ algs/qmix.yaml; EPyMARL keeps them): lr 5e-4, gamma 0.99, gradient norm clip 10,
 a replay of 5,000 episodes (125,000 transitions), target networks copied every 200 updates, epsilon 1 -> 0.05 over
 50k env steps and greedy evaluation; from EPyMARL, rewards standardised (``loss.standardise_rewards``). Not
 PyMARL's: an MLP agent, not a GRU (simple_spread's observations hold what an agent needs), no agent id in the
-observation, TorchRL's one-layer hypernetworks (PyMARL: two of 64), Adam (as EPyMARL; PyMARL used RMSprop), no
-double-Q target, and transitions, not whole episodes, in the replay.
+observation, TorchRL's one-layer hypernetworks (PyMARL: two of 64), Adam (as EPyMARL; PyMARL used RMSprop), the
+double-Q target off (``loss.double_q``), and transitions, not whole episodes, in the replay.
 
-Measured (one 2-core machine, seed 0, not yet a benchmark; eval return summed over the 3 agents, -109 at start): VDN
--54 at 50k frames, -53 at 100k and 150k (MAPPO's recipe: about -60). QMIX is not yet stable here: -67 at 50k, then
-its loss and gradient norm grow without bound and the return falls to -184 by 200k frames (-200 without reward
-standardisation, from 100k); PyMARL's double-Q target and two-layer hypernetworks are the suspects.
+Measured (one 2-core machine, seed 0; eval return summed over the 3 agents, -109 at start): VDN -54 at 50k frames,
+-53 at 100k and 150k (MAPPO's recipe: about -60). QMIX is not stable here: -67 at 50k, then its loss and gradient
+norm grow without bound and the return falls to -184 by 200k frames (-200 without reward standardisation, from
+100k; -207 with ``loss.double_q=true``, whose loss grows as fast: 1.4 at 50k, 76 at 200k, 580 at 300k).
+BenchMARL's QMIX, on the same TorchRL mixer, fails the same way (docs/multiagent.md#simple-spread); PyMARL's
+two-layer hypernetworks are the suspect left.
 
-Needs ``pip install 'tdrl[marl]'``. Not yet: results beside BenchMARL/EPyMARL, several groups mixed together
-(adversaries), recurrent agents, ``trainer.kind=async``.
+Needs ``pip install 'tdrl[marl]'``. Not yet: several groups mixed together (adversaries), recurrent agents,
+``trainer.kind=async``.
 """
 
 from __future__ import annotations
@@ -101,6 +103,10 @@ class LossConfig(OffPolicyLossConfig):
     """Train on rewards standardised by their running mean and std over the sampled batches (EPyMARL's
     standardise_rewards, its MPE setting). Without it simple_spread's large negative returns saturate QMIX's ELU
     mixer and the run diverged once epsilon was low (seed 0: eval return -64 at 50k frames, -200 from 100k on)."""
+
+    double_q: bool = False
+    """Targets value each agent's next action chosen by the online network, not the target network's own max
+    (PyMARL's double_q; van Hasselt et al. 2016)."""
 
     def validate(self) -> None:
         if self.method == "iql" and self.n_step > 1:
@@ -256,7 +262,8 @@ def main(cfg: Config, env_factory: Callable[[], Any] | None = None) -> dict:
     # the TD loss of Q_tot (qmix, vdn) or of each Q_i (iql), against target networks
     loss = make_value_decomposition_loss(cfg.loss.method, q, n_agents=n_agents, group=GROUP,
                                          state_shape=tuple(obs_spec["state"].shape) if has_state else None,
-                                         mixing_embed_dim=cfg.model.mixing_embed_dim).to(device)
+                                         mixing_embed_dim=cfg.model.mixing_embed_dim, double_q=cfg.loss.double_q
+                                         ).to(device)
     loss.make_value_estimator(gamma=cfg.loss.gamma)
     target_update = TargetUpdate(loss, interval=cfg.optim.target_update_interval, tau=cfg.optim.target_update_tau)
     updater = Updater(graph_adam(loss.parameters(), lr=cfg.optim.lr, device=device, cudagraphs=cfg.optim.cudagraphs),

@@ -13,6 +13,9 @@ re-derives TorchRL's maths; tdrl adds the agent mask, which TorchRL's losses do 
   state) are ``QMixerLoss`` with ``VDNMixer`` / ``QMixer``. ``QMixerLoss`` has no mask, so the mixer is wrapped in
   :class:`MaskedMixer`, which gives an absent agent the utility 0, at t and in the target at t+1: it neither
   receives gradient nor lends its max to the bootstrap.
+- ``double_q`` (PyMARL's default for all three, van Hasselt et al. 2016): the next action of each agent is the
+  online network's greedy one, valued by the target network. ``DQNLoss`` has it (``double_dqn``); ``QMixerLoss``
+  has not, so :class:`DoubleQMixerLoss` gives it its target.
 
 Both factorizations pick the greedy joint action agent by agent, so they can only represent what an additive (VDN)
 or monotonic (QMIX) function of per-agent utilities can; ``tests/objectives/test_matrix_games.py`` checks what this
@@ -32,8 +35,11 @@ from torchrl.modules import MultiAgentMLP, QValueModule
 from torchrl.modules.models.multiagent import Mixer, QMixer, VDNMixer
 from torchrl.objectives import DQNLoss, LossModule
 from torchrl.objectives.multiagent import QMixerLoss
+from torchrl.objectives.utils import distance_loss
 
-__all__ = ["METHODS", "IndependentQLoss", "MaskedMixer", "make_group_q", "make_value_decomposition_loss"]
+__all__ = [
+    "METHODS", "DoubleQMixerLoss", "IndependentQLoss", "MaskedMixer", "make_group_q", "make_value_decomposition_loss",
+]
 
 METHODS = ("iql", "vdn", "qmix")
 Method = Literal["iql", "vdn", "qmix"]
@@ -99,15 +105,52 @@ class IndependentQLoss(DQNLoss):
         return out
 
 
+class DoubleQMixerLoss(QMixerLoss):
+    """TorchRL's ``QMixerLoss`` with a double-Q target: ``r + gamma * mix_target(Q_target_i(a*_i); state')`` where
+    ``a*_i`` is agent i's greedy action under the *online* network (its action mask respected), not the target
+    network's own. ``QMixerLoss`` bootstraps from the target network's max, whose overestimation the mix adds up
+    over the agents. Only categorical actions (what :func:`make_group_q` gives). The value estimator is the one
+    ``make_value_estimator`` made (TD(0), n-step through ``steps_to_next_obs``), given the next value."""
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        keys = self.tensor_keys
+        with torch.no_grad():
+            after = tensordict.get("next").clone(False)
+            with self.local_value_network_params.to_module(self.local_value_network):
+                greedy = self.local_value_network(after).get(keys.action)  # the online network's choice
+            with self.target_local_value_network_params.to_module(self.local_value_network):
+                values = self.local_value_network(after).get(keys.action_value)
+            after.set(keys.local_value, _value_of(values, greedy))
+            with self.target_mixer_network_params.to_module(self.mixer_network):
+                next_value = self.mixer_network(after).get(keys.global_value)
+
+        td = tensordict.clone(False)
+        with self.local_value_network_params.to_module(self.local_value_network):
+            values = self.local_value_network(td).get(keys.action_value)  # [*B, n_agents, n_actions]
+        td.set(keys.local_value, _value_of(values, tensordict.get(keys.action)))
+        with self.mixer_network_params.to_module(self.mixer_network):
+            predicted = self.mixer_network(td).get(keys.global_value).squeeze(-1)  # [*B]
+        target = self.value_estimator.value_estimate(td, next_value=next_value).squeeze(-1)
+        tensordict.set(keys.priority, (predicted - target).detach().pow(2).unsqueeze(-1), inplace=True)
+        return TensorDict({"loss": distance_loss(predicted, target, self.loss_function).mean()}, [])
+
+
+def _value_of(values: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """``[*B, n_agents, 1]``: each agent's value of its categorical action (``[*B, n_agents]`` or with a last 1)."""
+    return values.gather(-1, action if action.dim() == values.dim() else action.unsqueeze(-1))
+
+
 def make_value_decomposition_loss(method: Method, q_net: TensorDictSequential, *, n_agents: int,
                                   group: str = "agents", state_shape: Sequence[int] | None = None,
                                   mixing_embed_dim: int = 32, loss_function: str = "l2",
-                                  delay_value: bool = True) -> LossModule:
+                                  delay_value: bool = True, double_q: bool = False) -> LossModule:
     """The ``method`` loss (one of :data:`METHODS`) on ``q_net`` (:func:`make_group_q`); QMIX needs the shape of the
-    root ``"state"``. Call ``make_value_decomposition_loss(...).make_value_estimator(gamma=...)`` as for any TorchRL
-    loss; the target networks (``delay_value``) are updated by the caller (``SoftUpdate``/``HardUpdate``)."""
+    root ``"state"``; ``double_q``: the targets value the online network's greedy next actions. Call
+    ``make_value_decomposition_loss(...).make_value_estimator(gamma=...)`` as for any TorchRL loss; the target
+    networks (``delay_value``) are updated by the caller (``SoftUpdate``/``HardUpdate``)."""
     if method == "iql":
-        return IndependentQLoss(q_net, group=group, loss_function=loss_function, delay_value=delay_value)
+        return IndependentQLoss(q_net, group=group, loss_function=loss_function, delay_value=delay_value,
+                                double_dqn=double_q)
     mixer: Mixer
     in_keys: list = [(group, "chosen_action_value"), (group, "mask")]
     if method == "vdn":
@@ -121,8 +164,8 @@ def make_value_decomposition_loss(method: Method, q_net: TensorDictSequential, *
     else:
         raise ValueError(f"unknown value-decomposition method {method!r}; one of {', '.join(METHODS)}")
     mixer_module = TensorDictModule(MaskedMixer(mixer), in_keys=in_keys, out_keys=["chosen_action_value"])
-    loss = QMixerLoss(q_net, mixer_module, action_space="categorical", loss_function=loss_function,
-                      delay_value=delay_value)
+    loss = (DoubleQMixerLoss if double_q else QMixerLoss)(q_net, mixer_module, action_space="categorical",
+                                                           loss_function=loss_function, delay_value=delay_value)
     loss.set_keys(action=(group, "action"), action_value=(group, "action_value"),
                   local_value=(group, "chosen_action_value"))
     return loss

@@ -52,10 +52,10 @@ QMIX_CLIMBING = {(2, 2), (1, 2)}  # QMIX's better fits may rank agent 0's action
 pytestmark = pytest.mark.filterwarnings("ignore:No target network updater")
 
 
-def make_loss(method, *, share_params=True, seed=0):
+def make_loss(method, *, share_params=True, seed=0, double_q=False):
     torch.manual_seed(seed)
     q = make_group_q(2, 2, 3, share_params=share_params)
-    loss = make_value_decomposition_loss(method, q, n_agents=2, state_shape=(1,))
+    loss = make_value_decomposition_loss(method, q, n_agents=2, state_shape=(1,), double_q=double_q)
     loss.make_value_estimator(gamma=0.99)
     return q, loss
 
@@ -217,9 +217,10 @@ def absent_agent_batch(terminal):
     return data
 
 
+@pytest.mark.parametrize("double_q", [False, True])
 @pytest.mark.parametrize("method", ["iql", "vdn", "qmix"])
-def test_an_absent_agent_gets_no_gradient_and_changes_no_loss(method):
-    q, loss = make_loss(method, share_params=False)
+def test_an_absent_agent_gets_no_gradient_and_changes_no_loss(method, double_q):
+    q, loss = make_loss(method, share_params=False, double_q=double_q)
     data = absent_agent_batch(terminal=True)
     value = loss(data.clone())["loss"]
     value.backward()
@@ -233,9 +234,10 @@ def test_an_absent_agent_gets_no_gradient_and_changes_no_loss(method):
         assert value.item() == pytest.approx((chosen - data["next", "reward"]).pow(2).mean().item(), rel=1e-5)
 
 
+@pytest.mark.parametrize("double_q", [False, True])
 @pytest.mark.parametrize("method", ["iql", "vdn", "qmix"])
-def test_an_agent_that_left_lends_no_value_to_the_target(method):
-    q, loss = make_loss(method)
+def test_an_agent_that_left_lends_no_value_to_the_target(method, double_q):
+    q, loss = make_loss(method, double_q=double_q)
     data = absent_agent_batch(terminal=False)
     value = loss(data.clone())["loss"].item()
     moved = data.clone()
@@ -243,3 +245,38 @@ def test_an_agent_that_left_lends_no_value_to_the_target(method):
     assert loss(moved)["loss"].item() == pytest.approx(value)
     moved["next", "agents", "observation"][:, 0] = torch.randn(9, 2) * 10  # agent 0 stayed: its value counts
     assert loss(moved)["loss"].item() != pytest.approx(value)
+
+
+def continuing_batch():
+    """Climbing's nine transitions, none of them the episode's last, each agent's next observation random."""
+    data = every_joint_action(climbing_game())
+    for key in ("done", "terminated"):
+        data["next", key].zero_()
+    data["next", "agents", "observation"] = torch.randn(9, 2, 2)
+    return data
+
+
+@pytest.mark.parametrize("method", ["vdn", "qmix"])
+def test_double_q_is_the_plain_target_while_online_and_target_networks_agree(method):
+    data = continuing_batch()
+    plain, double = make_loss(method)[1], make_loss(method, double_q=True)[1]  # same seed: the same weights
+    plain_data, double_data = data.clone(), data.clone()
+    assert double(double_data)["loss"].item() == pytest.approx(plain(plain_data)["loss"].item(), rel=1e-6)
+    assert double_data["td_error"].allclose(plain_data["td_error"])
+
+
+def test_double_q_values_the_online_networks_greedy_actions_with_the_target_network():
+    q, loss = make_loss("vdn", double_q=True)
+    with torch.no_grad():
+        for param in q.parameters():  # the online network moves away from its target copy
+            param.add_(torch.randn_like(param))
+    data = continuing_batch()
+    with torch.no_grad():
+        greedy = q(data["next"].clone())["agents", "action"]  # [9, 2], the online network's choice
+        with loss.target_local_value_network_params.to_module(loss.local_value_network):
+            target_values = loss.local_value_network(data["next"].clone())["agents", "action_value"]
+        target = data["next", "reward"] + 0.99 * target_values.gather(-1, greedy.unsqueeze(-1)).sum(-2)
+        chosen = q(data.clone())["agents", "action_value"].gather(-1, data["agents", "action"].unsqueeze(-1))
+        expected = (chosen.sum(-2) - target).pow(2).mean()
+        assert not target_values.argmax(-1).equal(greedy)  # otherwise this would not tell double-Q apart
+    assert loss(data.clone())["loss"].item() == pytest.approx(expected.item(), rel=1e-5)

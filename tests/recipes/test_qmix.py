@@ -33,10 +33,10 @@ def tiny(tmp_path: Path, *extra: str):
     return apply_overrides(qmix.Config(), [*TINY, f"run.root={tmp_path}", *extra])
 
 
-@pytest.mark.parametrize("method", ["qmix", "vdn", "iql"])
-def test_smoke_on_simple_spread(tmp_path, method):
+@pytest.mark.parametrize(("method", "double_q"), [("qmix", False), ("qmix", True), ("vdn", False), ("iql", True)])
+def test_smoke_on_simple_spread(tmp_path, method, double_q):
     pytest.importorskip("mpe2")
-    summary = qmix.main(tiny(tmp_path, f"loss.method={method}"))
+    summary = qmix.main(tiny(tmp_path, f"loss.method={method}", f"loss.double_q={str(double_q).lower()}"))
     # 4 batches of 50 frames, the first before learning starts: 3 x 50 x 16 / 32 updates
     assert summary["frames"] == 200 and summary["updates"] == 75
     assert math.isfinite(summary["eval/return_mean"])
