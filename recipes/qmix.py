@@ -36,8 +36,8 @@ Measured (one 2-core machine, seed 0; eval return summed over the 3 agents, -109
 -53 at 100k and 150k (MAPPO's recipe: about -60). QMIX is not stable here: -67 at 50k, then its loss and gradient
 norm grow without bound and the return falls to -184 by 200k frames (-200 without reward standardisation, from
 100k; -207 with ``loss.double_q=true``, whose loss grows as fast: 1.4 at 50k, 76 at 200k, 580 at 300k).
-BenchMARL's QMIX, on the same TorchRL mixer, fails the same way (docs/multiagent.md#simple-spread); PyMARL's
-two-layer hypernetworks are the suspect left.
+PyMARL's two-layer hypernetworks (64 wide, tried in place of TorchRL's) did not hold it either: -203 at 150k,
+loss 1,424 at 300k. BenchMARL's QMIX, on the same TorchRL mixer, fails too (docs/multiagent.md#simple-spread).
 
 Needs ``pip install 'tdrl[marl]'``. Not yet: several groups mixed together (adversaries), recurrent agents,
 ``trainer.kind=async``.
