@@ -102,7 +102,8 @@ class LossConfig(OffPolicyLossConfig):
     standardise_rewards: bool = True
     """Train on rewards standardised by their running mean and std over the sampled batches (EPyMARL's
     standardise_rewards, its MPE setting). Without it simple_spread's large negative returns saturate QMIX's ELU
-    mixer and the run diverged once epsilon was low (seed 0: eval return -64 at 50k frames, -200 from 100k on)."""
+    mixer and the run diverged once epsilon was low (seed 0: eval return -64 at 50k frames, -200 from 100k on); with
+    it QMIX still diverges there, later (module docstring)."""
 
     double_q: bool = False
     """Targets value each agent's next action chosen by the online network, not the target network's own max
@@ -260,10 +261,10 @@ def main(cfg: Config, env_factory: Callable[[], Any] | None = None) -> dict:
                                 action_mask_key=(GROUP, "action_mask") if masked else None)
     policy = chain_policy(q, exploration).to(device)  # evaluation: the same policy with eps_eval
     # the TD loss of Q_tot (qmix, vdn) or of each Q_i (iql), against target networks
-    loss = make_value_decomposition_loss(cfg.loss.method, q, n_agents=n_agents, group=GROUP,
-                                         state_shape=tuple(obs_spec["state"].shape) if has_state else None,
-                                         mixing_embed_dim=cfg.model.mixing_embed_dim, double_q=cfg.loss.double_q
-                                         ).to(device)
+    state_shape = tuple(obs_spec["state"].shape) if has_state else None
+    loss = make_value_decomposition_loss(cfg.loss.method, q, n_agents=n_agents, group=GROUP, state_shape=state_shape,
+                                         mixing_embed_dim=cfg.model.mixing_embed_dim, double_q=cfg.loss.double_q)
+    loss = loss.to(device)
     loss.make_value_estimator(gamma=cfg.loss.gamma)
     target_update = TargetUpdate(loss, interval=cfg.optim.target_update_interval, tau=cfg.optim.target_update_tau)
     updater = Updater(graph_adam(loss.parameters(), lr=cfg.optim.lr, device=device, cudagraphs=cfg.optim.cudagraphs),
