@@ -44,11 +44,13 @@ gpu-wheels:
 	@$(MAKE) --no-print-directory .whl
 
 # Downloaded into a temporary folder renamed .whl/ once complete, so an interrupted download never passes for the
-# wheels; where pip cannot download them, one line says what to do instead of pip's log.
+# wheels; where pip cannot download them, one line says what to do instead of pip's log. With them go an Atari-only
+# envpool and the wheels it imports (benchmarks/envpool_wheel.py: envpool and its assets exceed a call's 64 MiB).
 .whl:
 	@part=$$(mktemp -d .whl.XXXXXX) && log=$$part/pip.log && \
 	if $(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-		$(addprefix --platform ,$(GPU_PLATFORMS)) -d $$part/wheels $(GPU_WHEELS) >$$log 2>&1; then \
+		$(addprefix --platform ,$(GPU_PLATFORMS)) -d $$part/wheels $(GPU_WHEELS) >$$log 2>&1 && \
+		$(PY) benchmarks/envpool_wheel.py --out $$part/wheels >>$$log 2>&1; then \
 		mv $$part/wheels .whl && rm -rf $$part && du -sh .whl; \
 	else \
 		echo "error: the GPU check needs its wheels in .whl/ and pip could not download them here" \

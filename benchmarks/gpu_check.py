@@ -5,11 +5,11 @@ A GPU machine is lent only now and then, for minutes, with no package index: eve
 * Here (any machine with pip and PyPI): ``make gpu-wheels`` fills the git-ignored ``.whl/`` with what the lent
   machine lacks, as cp312 manylinux x86_64 wheels (``pip download --no-deps``; the list is ``GPU_WHEELS`` in the
   Makefile). It has Python 3.12, torch 2.11.0+cu130, numpy, opencv, pytest and tqdm; it lacks tensordict, torchrl,
-  gymnasium and ale-py (7.5 MiB of wheels; a call carries 64 MiB with the repository). MuJoCo and W&B stay behind:
-  the check uses Pendulum and ``logger.wandb=false``. Checked on this CPU machine in a Python 3.12 venv with PyPI's
-  torch 2.11.0+cu130: tensordict 0.14.3's compiled part loads (it links no torch symbol); torchrl 0.14.1's C++
-  extension does not (an undefined torch symbol; 0.13.3's loads), and tdrl uses none of it (its sum tree and the
-  losses are Python), so the check keeps the versions the CPU suite verified.
+  gymnasium and ale-py (12 MiB of wheels with a trimmed envpool's; a call carries 64 MiB with the repository). MuJoCo
+  and W&B stay behind: the check uses Pendulum and ``logger.wandb=false``. Checked on this CPU machine in a Python
+  3.12 venv with PyPI's torch 2.11.0+cu130: tensordict 0.14.3's compiled part loads (it links no torch symbol);
+  torchrl 0.14.1's C++ extension does not (an undefined torch symbol; 0.13.3's loads), and tdrl uses none of it (its
+  sum tree and the losses are Python), so the check keeps the versions the CPU suite verified.
 * There, in one call (the device tool's ``run`` with ``carry=[".whl"]``): ``make gpu-check`` installs the wheels into
   ``/tmp/tdrl-site`` and runs this script, which rewrites its section of ``docs/gpu.md`` in place (with ``$OUT`` set,
   a copy there, written as the check runs, so a call cut off at its time limit still returns the steps that ran).
@@ -25,14 +25,13 @@ Steps, each in its own processes with a time limit, so one failure is reported a
    envpool;
 2. the CUDA-marked tests (``pytest -m gpu`` over the test files that have them), with the failures' tracebacks;
 3. every recipe with ``run.device=cuda`` at a tiny budget;
-4. updates per second, GPU against this machine's CPU in the same run: DQN (Nature CNN on Pong, batch 32), SAC
-   (256x256 on Pendulum, batch 256) and R2D1, each with ``optim.compile`` and ``optim.cudagraphs`` off and on (a
-   failed row's output follows the table). Each
-   variant is the real recipe, run for a fixed time and stopped (SIGTERM); the figure is the median
-   ``UpdatesPerSecond`` of its progress rows after the first row with updates (compilation and warm-up);
-5. Atari frames per second of the action server (the Nature CNN on the GPU, 8 and 16 CPU worker processes) against
-   gymnasium's AsyncVectorEnv with the same CNN on the GPU, same envs, same cores; envpool too where it is
-   importable (it is not carried: with its assets it is 115 MB, over the 64 MiB a call carries).
+4. update rows (``benchmarks/gpu_updates.py``): DQN (Nature CNN on Pong, batch 32), SAC (256x256 on Pendulum, batch
+   256) and R2D1, each the real recipe run for a fixed time: the learner alone (many updates per env frame), the whole
+   loop with checkpoints off, and with a checkpoint per log row; CUDA graphs on and off; the CPU's loop rows after
+   the GPU's, never beside them; and where the loop's time goes, by phase;
+5. Atari agent steps per second with the Nature CNN on the GPU: the action server and the alternating server (one
+   worker process per core) against gymnasium's AsyncVectorEnv and envpool, sync and async, on the same cores
+   (``make gpu-wheels`` carries a trimmed, Atari-only envpool: ``benchmarks/envpool_wheel.py``).
 
 Usage::
 
@@ -46,14 +45,11 @@ import functools
 import importlib
 import os
 import shutil
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +57,6 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ("ppo", "a2c", "impala", "dqn", "ddpg", "td3", "sac", "r2d1")
 STEPS = ("versions", "tests", "recipes", "updates", "atari")
 MAX_FAILURE_LINES = 300  # of the failing tests' short tracebacks (then the summary of every failure)
-FAILED_ROW_LINES = 30  # of a failed update row's recipe output
 COMMON = ("logger.wandb=false", "logger.progress_bar=false")
 OFF_POLICY_TINY = ("optim.min_steps_learn=16", "optim.batch_size=16", "optim.replay_ratio=16", "replay.size=1000",
                    "model.hidden_sizes=[16]")
@@ -77,21 +72,6 @@ TINY = {  # a few iterations and two log rows per recipe (as tests/test_readme.p
              "logger.log_interval_steps=200", "optim.min_steps_learn=200", "model.hidden_sizes=[16]",
              "model.lstm_size=16", "model.head_sizes=[16]", "replay.size=2000", "replay.warmup_T=5",
              "replay.batch_T=10", "loss.n_step=3", "optim.batch_B=4", "optim.replay_ratio=6"),
-}
-# Update-bound settings: many updates per collected frame, so the rows measure the update loop.
-UPDATE_BENCH = {
-    "dqn (Nature CNN, Pong, batch 32)": ("dqn", (
-        "env.id=ALE/Pong-v5", "optim.batch_size=32", "optim.replay_ratio=64", "optim.min_steps_learn=256",
-        "replay.size=20000", "exploration.eps_steps=1000", "loss.n_step=1", "eval.n_envs=0")),
-    "sac (256x256, Pendulum, batch 256)": ("sac", (
-        "env.id=Pendulum-v1", "model.hidden_sizes=[256,256]", "optim.batch_size=256", "optim.replay_ratio=256",
-        "optim.min_steps_learn=256", "replay.size=20000", "eval.n_envs=0")),
-    "r2d1 (LSTM, CartPole without velocities)": ("r2d1", ("eval.n_envs=0", "optim.min_steps_learn=1000")),
-}
-UPDATE_DRY = {  # the same rows at sizes a CPU finishes in seconds
-    "dqn": ("optim.batch_size=4", "optim.replay_ratio=4", "optim.min_steps_learn=16", "replay.size=2000"),
-    "sac": ("model.hidden_sizes=[16]", "optim.batch_size=16", "optim.replay_ratio=16", "optim.min_steps_learn=32"),
-    "r2d1": tuple(a for a in TINY["r2d1"] if not a.startswith(("collector.total_frames", "logger."))),
 }
 
 
@@ -191,168 +171,120 @@ def recipes_on_device(device: str, workdir: Path, timeout_s: float) -> None:
         raise RuntimeError(f"recipes failed on {device}: {', '.join(failures)}")
 
 
-def _progress_rates(path: Path) -> list[float]:
-    """``UpdatesPerSecond`` of the progress rows after the first row with updates (it holds compilation and
-    warm-up); empty while there are none."""
-    if not path.is_file():
-        return []
-    lines = path.read_text().splitlines()
-    if len(lines) < 2:
-        return []
-    column = lines[0].split(",").index("UpdatesPerSecond")
-    rates = [float(line.split(",")[column] or "nan") for line in lines[1:] if line.count(",") >= column]
-    first = next((i for i, r in enumerate(rates) if r > 0), len(rates))
-    return [r for r in rates[first + 1:] if r > 0]
-
-
-def updates_per_second(recipe: str, args: tuple[str, ...], run_dir: Path, seconds: float) -> tuple[float, str]:
-    """Run the recipe until ``seconds`` after its first timed progress row (see :func:`_progress_rates`), stop it
-    (SIGTERM), and return the median update rate of its timed rows, or NaN and the reason."""
-    proc = subprocess.Popen(_recipe(recipe, ("collector.total_frames=100000000", *args), run_dir), env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    progress = run_dir / "progress.csv"
-    started, deadline = time.monotonic(), time.monotonic() + 4 * seconds + 120  # room for start-up and compilation
-    timed_from = None  # the first row after the warm-up row: timing starts there
-    while proc.poll() is None and time.monotonic() < deadline:
-        if timed_from is None and _progress_rates(progress):
-            timed_from = time.monotonic()
-        if timed_from is not None and time.monotonic() - timed_from >= seconds:
-            break
-        time.sleep(0.2)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        out, _ = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    rates = _progress_rates(progress)
-    if not rates:
-        return float("nan"), (f"no update rate after {time.monotonic() - started:.0f} s (exit {proc.returncode})\n"
-                              + "\n".join(out.strip().splitlines()[-FAILED_ROW_LINES:]))
-    return statistics.median(rates), f"{len(rates)} rows"
-
-
-def update_table(device: str, dry_run: bool, workdir: Path, seconds: float, cpu_threads: int) -> None:
-    """The update rates: on the GPU one variant at a time (plain, compiled, CUDA graphs, both); on the CPU the
-    plain variant of each recipe, run beside them with ``cpu_threads`` torch threads each (a dry run: CPU only)."""
-    gpu_variants = ((False, False), (True, False), (False, True), (True, True))
-    jobs = []  # (label, device, compile, cudagraphs, recipe, args, run dir)
-    for label, (recipe, args) in UPDATE_BENCH.items():
-        if dry_run:
-            args = (*[a for a in args if a.startswith(("env.id=", "eval."))], *UPDATE_DRY[recipe])
-        interval = 8 if dry_run else (64 if recipe != "r2d1" else 400)
-        base = (*args, f"logger.log_interval_steps={interval}")
-        variants = gpu_variants if recipe != "r2d1" else gpu_variants[:1]  # no optim.cudagraphs; compiled: for time
-        for dev, compile_, graphs in [("cpu", False, False)] + (
-                [("cuda", c, g) for c, g in variants] if device == "cuda" else []):
-            settings = (*base, f"run.device={dev}", f"optim.compile={str(compile_).lower()}",
-                        *(["optim.cudagraphs=true"] if graphs else []),
-                        *([f"run.torch_threads={cpu_threads}"] if dev == "cpu" else []))
-            run_dir = workdir / f"upd_{recipe}_{dev}_{int(compile_)}{int(graphs)}"
-            jobs.append((label, dev, compile_, graphs, recipe, settings, run_dir))
-    results: dict[int, tuple[float, str]] = {}
-    cpu_jobs = [i for i, job in enumerate(jobs) if job[1] == "cpu"]
-    with ThreadPoolExecutor(max_workers=len(cpu_jobs) if device == "cuda" else 1) as pool:  # subprocesses
-        futures = {i: pool.submit(updates_per_second, jobs[i][4], jobs[i][5], jobs[i][6], seconds) for i in cpu_jobs}
-        for i, job in enumerate(jobs):
-            if job[1] == "cuda":
-                results[i] = updates_per_second(job[4], job[5], job[6], seconds)
-        results.update({i: future.result() for i, future in futures.items()})
-    print("| update | device | compile | CUDA graphs | updates/s | vs cpu | note |")
-    print("|---|---|---|---|---:|---:|---|")
-    cpu_rate = {job[0]: results[i][0] for i, job in enumerate(jobs) if job[1] == "cpu"}
-    failed_outputs = []
-    for i, (label, dev, compile_, graphs, *_) in enumerate(jobs):
-        rate, note = results[i]
-        cpu = cpu_rate[label]
-        ratio = f"{rate / cpu:.2f}x" if dev == "cuda" and cpu > 0 else ""
-        summary, _, output = note.partition("\n")
-        print(f"| {label} | {dev} | {compile_} | {graphs} | {rate:,.1f} | {ratio} | {summary} |")
-        if output:
-            failed_outputs.append(f"{label} on {dev}, compile {compile_}, CUDA graphs {graphs}:\n{output}")
-    for output in failed_outputs:  # after the table, which they would break
-        print(f"\n{output}")
-    print(f"\nCPU rows: {cpu_threads} torch threads each" + (", run beside the GPU rows." if device == "cuda" else "."))
-    if missing := [jobs[i][0] + " on " + jobs[i][1] for i, (rate, _) in results.items() if not rate > 0]:
-        raise RuntimeError(f"no update rate for {', '.join(missing)}")
-
-
 def _collected(collector: Any, frames: int) -> int:
     """One batch of ``collector``: its ``frames``."""
     collector.collect()
     return frames
 
 
-def atari_frames(device: str, dry_run: bool, seconds: float) -> None:
-    """The action server (the CNN on ``device``, envs in CPU worker processes) against gymnasium's AsyncVectorEnv
-    (one process per env) and, where importable, envpool (threads), each with the same CNN on ``device``."""
+def _rate(step: Callable[[], int], seconds: float) -> float:
+    """Agent steps per second of ``step`` (it returns the steps it took) over ``seconds``, after one warm-up call."""
+    step()  # start-up, first forward
+    frames, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        frames += step()
+    return frames / (time.perf_counter() - started)
+
+
+def _vector_loop(vec: Any, obs: Any, act: Callable[[Any], Any], envs: int, steps: int) -> Callable[[], int]:
+    """``steps`` lock-steps of a vector env (gymnasium's, or envpool in sync mode) from its first ``obs``, with
+    ``act`` choosing the actions."""
+    state = {"obs": obs}
+
+    def step() -> int:
+        for _ in range(steps):
+            state["obs"], *_ = vec.step(act(state["obs"]))
+        return envs * steps
+    return step
+
+
+def _async_loop(pool: Any, act: Callable[[Any], Any], batch: int, steps: int) -> Callable[[], int]:
+    """``steps`` rounds of envpool's async mode: act on the ``batch`` envs that are ready, send their actions."""
+    pool.async_reset()
+
+    def step() -> int:
+        for _ in range(steps):
+            obs, *_, info = pool.recv()
+            pool.send(act(obs), info["env_id"])
+        return batch * steps
+    return step
+
+
+def _baseline_rows(act: Callable[[Any], Any], workers: int, steps: int, seconds: float) -> list[tuple[str, float]]:
+    """gymnasium's AsyncVectorEnv (a process per env) and, where importable, envpool sync and async."""
     import gymnasium as gym
+
+    from tdrl.envs import make_env
+
+    vec = gym.vector.AsyncVectorEnv([functools.partial(make_env, "ALE/Pong-v5") for _ in range(workers)])
+    try:
+        rows = [(f"gymnasium AsyncVectorEnv ({workers} processes, {workers} envs)",
+                 _rate(_vector_loop(vec, vec.reset(seed=0)[0], act, workers, steps), seconds))]
+    finally:
+        vec.close()
+    try:
+        envpool = importlib.import_module("envpool")  # untyped
+    except Exception as e:  # noqa: BLE001 - an optional baseline: its absence is a line of the page
+        print(f"envpool rows skipped: {type(e).__name__}: {e} (make gpu-wheels carries a trimmed envpool)")
+        return rows
+    envs = 2 * workers
+    for batch in (envs, envs // 2):  # sync, then async
+        pool = envpool.make_gymnasium("Pong-v5", num_envs=envs, batch_size=batch, num_threads=workers, seed=0,
+                                      repeat_action_probability=0.25, use_fire_reset=False)
+        try:
+            loop = (_vector_loop(pool, pool.reset()[0], act, envs, steps) if batch == envs
+                    else _async_loop(pool, act, batch, steps))
+            mode = "sync" if batch == envs else f"async, batch {batch}"
+            rows.append((f"envpool {mode} ({workers} threads, {envs} envs)", _rate(loop, seconds)))
+        finally:
+            pool.close()
+    return rows
+
+
+def atari_frames(device: str, dry_run: bool, seconds: float, cores: int) -> None:
+    """Atari Pong agent steps per second with the Nature CNN on ``device``: tdrl's action server and alternating
+    server (envs in CPU worker processes) against gymnasium's AsyncVectorEnv (one process per env) and envpool's
+    C++ threads, sync and async (``batch_size`` half the envs: the CNN acts on the half that is ready), where
+    importable (``make gpu-wheels`` carries a trimmed, Atari-only envpool)."""
     import numpy as np
     import torch
 
     from tdrl.collect import make_collector
-    from tdrl.envs import EnvFactory, make_env
+    from tdrl.envs import EnvFactory
     from tdrl.models import make_q_actor
 
-    workers, envs, steps = (2, 4, 8) if dry_run else (8, 16, 32)
+    workers = 2 if dry_run else cores  # one worker process (or envpool thread) per core
+    steps = 8 if dry_run else 32
     factory = EnvFactory("ALE/Pong-v5")
     torch.manual_seed(0)
     actor = make_q_actor(factory.specs()).to(device)
     net = actor.module[0].module  # the plain network: observation -> Q-values
 
-    def rate(step: Callable[[], int]) -> float:
-        step()  # warm-up (start-up, first forward)
-        frames, started = 0, time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            frames += step()
-        return frames / (time.perf_counter() - started)
-
-    def vector_loop(vec: Any, obs: np.ndarray) -> Callable[[], int]:
-        state = {"obs": obs}
-
-        def step() -> int:
-            with torch.no_grad():
-                for _ in range(steps):
-                    q = net(torch.from_numpy(np.asarray(state["obs"])).to(device, non_blocking=True))
-                    state["obs"], *_ = vec.step(q.argmax(-1).cpu().numpy())
-            return envs * steps
-
-        return step
+    def act(obs: Any) -> np.ndarray:
+        with torch.no_grad():
+            return net(torch.from_numpy(np.asarray(obs)).to(device, non_blocking=True)).argmax(-1).cpu().numpy()
 
     rows = []
-    for n_workers in (workers, envs):  # two envs per worker, then one per worker as AsyncVectorEnv has
-        collector = make_collector("action_server", factory, actor, batch_B=envs, batch_T=steps, n_workers=n_workers,
-                                   seed=0, return_same_td=True)
+    servers = [("action_server", workers, workers), ("action_server", workers, 2 * workers),
+               ("alternating", workers // 2, 2 * workers)]  # (kind, worker processes per group, envs)
+    for kind, n_workers, envs in servers:
+        collector = make_collector(kind, factory, actor, batch_B=envs, batch_T=steps, n_workers=n_workers, seed=0,
+                                   return_same_td=True)
+        procs = n_workers * (2 if kind == "alternating" else 1)
         try:
-            rows.append((f"tdrl action server ({n_workers} worker processes)",
-                         rate(functools.partial(_collected, collector, envs * steps))))
+            rows.append((f"tdrl {kind.replace('_', ' ')} ({procs} worker processes, {envs} envs)",
+                         _rate(functools.partial(_collected, collector, envs * steps), seconds)))
         finally:
             collector.shutdown()
-    vec = gym.vector.AsyncVectorEnv([functools.partial(make_env, "ALE/Pong-v5") for _ in range(envs)])
-    try:
-        rows.append((f"gymnasium AsyncVectorEnv ({envs} processes)", rate(vector_loop(vec, vec.reset(seed=0)[0]))))
-    finally:
-        vec.close()
-    try:
-        envpool = importlib.import_module("envpool")  # untyped
-    except Exception as e:  # noqa: BLE001 - 115 MB with its assets: more than a GPU call may carry
-        print(f"envpool row skipped: {type(e).__name__}: {e} (envpool and its assets are 115 MB, over the 64 MiB a "
-              "lent GPU machine's call carries; docs/atari.md compares it on the CPU)")
-    else:
-        pool = envpool.make_gymnasium("Pong-v5", num_envs=envs, batch_size=envs, num_threads=workers, seed=0,
-                                      repeat_action_probability=0.25, use_fire_reset=False)
-        try:
-            rows.append((f"envpool ({workers} threads)", rate(vector_loop(pool, pool.reset()[0]))))
-        finally:
-            pool.close()
-    print(f"\nPong-v5, {envs} envs, {steps} steps per batch, the Nature CNN on {device}\n")
-    print("| collector | frames/s | vs action server |\n|---|---:|---:|")
+    rows += _baseline_rows(act, workers, steps, seconds)
+    print(f"\nPong-v5, {steps} steps per batch, the Nature CNN on {device}, {cores} cores\n")
+    print("| collector | agent steps/s | vs the first row |\n|---|---:|---:|")
     for name, fps in rows:
         print(f"| {name} | {fps:,.0f} | {fps / rows[0][1]:.2f}x |")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gpu_updates import update_rows
     from report import add_markdown_option, markdown_page
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -376,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             "versions": lambda: versions(device),
             "tests": lambda: cuda_tests(timeout_s=150),
             "recipes": lambda: recipes_on_device(device, workdir, timeout_s=150),
-            "updates": lambda: update_table(device, args.dry_run, workdir, seconds, max(1, cores // 4)),
-            "atari": lambda: atari_frames(device, args.dry_run, seconds / 2),
+            "updates": lambda: update_rows(device, args.dry_run, workdir, seconds, max(1, cores // 4)),
+            "atari": lambda: atari_frames(device, args.dry_run, seconds / 2, cores),
         }
         print(f"Mode: {'dry run on the CPU (tiny budgets)' if args.dry_run else 'GPU check'}; device {device}; "
               f"{cores} cores; {seconds:.0f} s per throughput row.")

@@ -26,9 +26,14 @@ def test_gpu_check_dry_run_writes_its_page(tmp_path):
         assert heading in text, heading
     for recipe in ("ppo", "a2c", "impala", "dqn", "ddpg", "td3", "sac", "r2d1"):
         assert f"| {recipe} | ok |" in text
-    update_rows = [line for line in text.splitlines() if line.startswith(("| dqn (", "| sac (", "| r2d1 ("))]
-    assert len(update_rows) == 3 and all(float(row.split("|")[5].replace(",", "")) > 0 for row in update_rows)
-    assert "| tdrl action server (" in text
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith(("| DQN, ", "| SAC, ", "| R2D1, "))]
+    rates, phases = [r for r in rows if len(r) == 7], [r for r in rows if len(r) == 11]
+    # the CPU's loop rows of the three recipes and the learner rows of DQN and SAC, each timed, and their phases
+    assert sorted((r[0].split(",")[0].strip(), r[1].strip()) for r in rates) == [
+        ("DQN", "learner"), ("DQN", "loop"), ("R2D1", "loop"), ("SAC", "learner"), ("SAC", "loop")], rows
+    assert all(float(r[4].replace(",", "")) > 0 for r in rates)
+    assert len(phases) == 5 and all(float(r[6].replace(",", "")) > 0 for r in phases)  # learn: microseconds/update
+    assert "| tdrl action server (" in text and "| tdrl alternating (" in text
 
 
 def test_gpu_check_refuses_to_run_without_a_gpu_unless_dry():

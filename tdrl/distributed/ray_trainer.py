@@ -177,7 +177,7 @@ class RayTrainer(TrainerCore):
         self._account(self.pool.poll(timeout=0.0 if self._due else POLL_S))
         self._due = self._due or self._owed()
         if self._due:
-            yield self._due
+            yield from self._body(self._due)
             if self.book.updates - self._updates_at_publish >= self.updates_per_sync:
                 self._publish()
 
@@ -186,7 +186,7 @@ class RayTrainer(TrainerCore):
         self._account(self.pool.poll(timeout=POLL_S))
         while len(self._unrolls) >= self.unrolls_per_batch:
             parts, self._unrolls = self._unrolls[:self.unrolls_per_batch], self._unrolls[self.unrolls_per_batch:]
-            yield torch.cat(parts, 0)
+            yield from self._body(torch.cat(parts, 0))
             self._publish()
 
     def _owed(self) -> int:

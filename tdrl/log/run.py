@@ -250,6 +250,11 @@ class Run:
             sink.add_video(key, path, int(step))
         return path
 
+    def will_checkpoint(self, iteration: int) -> bool:
+        """Whether :meth:`save_checkpoint` writes anything after ``iteration`` under ``checkpoint.snapshot_mode``:
+        trainers gather a checkpoint's state only when it does."""
+        return self.checkpointer.will_save(iteration)
+
     def save_checkpoint(self, state: Mapping[str, Any], iteration: int, *, step: int | None = None,
                         extra_writers: Mapping[str, PathWriter | LinkingWriter] | None = None) -> Path | None:
         """Checkpoint ``state`` (tensors, state dicts, python values) with the logger position and RNG states.

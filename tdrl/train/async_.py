@@ -177,7 +177,7 @@ class AsyncTrainer(TrainerCore):
     def _round(self, due: int) -> Iterator[int]:
         self._due = min(due, self.updates_per_sync)
         before = self.replay.samples_drawn
-        yield self._due
+        yield from self._body(self._due)
         drawn = self.replay.samples_drawn - before
         allowed, self._due = self._due * self.batch_size, 0
         if drawn > allowed:

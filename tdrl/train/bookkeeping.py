@@ -126,6 +126,7 @@ class Bookkeeper:
         self.history: list[dict[str, float]] = []
         self.curve: list[dict[str, float]] = []
         self.eval_s = 0.0
+        self.phase_s: dict[str, float] = {}  # training wall time by phase of the loop (time/<phase>_s columns)
         self._train_s = 0.0  # training wall time of earlier sessions (resumes)
         self._session_start: float | None = None
         self._session_excluded_s = 0.0
@@ -163,6 +164,21 @@ class Bookkeeper:
             self._session_excluded_s += elapsed
             if evaluating:
                 self.eval_s += elapsed
+
+    def add_phase(self, phase: str, seconds: float) -> None:
+        """Count ``seconds`` of training time into ``phase`` (collect, extend, learn, log, checkpoint): the
+        ``time/<phase>_s`` columns, cumulative as ``time/train_s``, say where an iteration's time goes. On a GPU a
+        phase that reads results back to the host also waits there for the GPU work queued before it."""
+        self.phase_s[phase] = self.phase_s.get(phase, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Count the enclosed wall time into ``phase`` (:meth:`add_phase`)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add_phase(phase, time.perf_counter() - start)
 
     def add_episodes(self, trajs: Sequence[dict[str, float]]) -> None:
         self.episodes += len(trajs)
@@ -218,6 +234,7 @@ class Bookkeeper:
             row["ReplayRatio"] = d_updates * self.update_batch_size / d_frames if d_frames else math.nan
             row["CumReplayRatio"] = self.updates * self.update_batch_size / self.frames if self.frames else math.nan
         row.update({"time/train_s": train_s, "time/eval_s": self.eval_s})
+        row.update({f"time/{phase}_s": seconds for phase, seconds in self.phase_s.items()})
         row.update(summarize_records(self.traj_window, "train/"))
         row.update(summarize_metrics(self.metrics if metrics is None else metrics))
         row.update(self.last_eval)
@@ -257,6 +274,10 @@ class Bookkeeper:
         else:
             run.close(exit_code=1)
 
+    def will_checkpoint(self) -> bool:
+        """Whether a checkpoint after ``itr`` would be written (a run, and a snapshot mode that keeps it)."""
+        return self.run is not None and self.run.will_checkpoint(self.itr)
+
     def save_checkpoint(self, objects: CheckpointObjects, **state: Any) -> None:
         """Checkpoint ``objects``, these books and ``state`` (collector...) through the run, after ``itr``."""
         if self.run is None:
@@ -281,7 +302,8 @@ class Bookkeeper:
     def state_dict(self) -> dict[str, Any]:
         return {
             "itr": self.itr, "frames": self.frames, "updates": self.updates, "episodes": self.episodes,
-            "train_s": self.train_s, "eval_s": self.eval_s, "traj_window": list(self.traj_window),
+            "train_s": self.train_s, "eval_s": self.eval_s, "phase_s": dict(self.phase_s),
+            "traj_window": list(self.traj_window),
             "frames_at_log": self._frames_at_log, "updates_at_log": self._updates_at_log,
             "train_s_at_log": self._train_s_at_log, "last_eval": dict(self.last_eval), "curve": list(self.curve),
             "frames_per_itr": self.frames_per_itr,
@@ -296,6 +318,7 @@ class Bookkeeper:
         self.itr, self.frames = int(state["itr"]), int(state["frames"])
         self.updates, self.episodes = int(state["updates"]), int(state["episodes"])
         self._train_s, self.eval_s = float(state["train_s"]), float(state["eval_s"])
+        self.phase_s = {phase: float(seconds) for phase, seconds in state.get("phase_s", {}).items()}
         self.traj_window = deque(state["traj_window"], maxlen=self.log_traj_window)
         self._frames_at_log, self._updates_at_log = int(state["frames_at_log"]), int(state["updates_at_log"])
         self._train_s_at_log = float(state["train_s_at_log"])

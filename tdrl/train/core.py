@@ -15,6 +15,7 @@ data-parallel trainer also overrides :meth:`_agree` (rank 0 decides), :meth:`_sh
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -123,6 +124,12 @@ class TrainerCore:
             self._close()
             book.close_run(self.summary if completed else None)
 
+    def _body(self, value: T) -> Iterator[T]:
+        """Yield ``value`` to the recipe's loop body, whose wall time counts as ``time/learn_s``."""
+        start = time.perf_counter()
+        yield value
+        self.book.add_phase("learn", time.perf_counter() - start)
+
     def _boundary(self) -> bool:
         """Log, evaluate and checkpoint as the schedule says after the iterations done so far (``itr`` may have
         passed several at once: a Ray rollout); returns whether the run is over."""
@@ -145,12 +152,17 @@ class TrainerCore:
             self.book.evaluate(self.eval_collector)
 
     def _write_row(self) -> None:
-        self.objects.check_finite()  # updates skipped for a NaN/inf loss since the last row raise here
-        self.book.log(self._row_extra())
+        with self.book.timed("log"):
+            self.objects.check_finite()  # updates skipped for a NaN/inf loss since the last row raise here
+            self.book.log(self._row_extra())
 
     def _save_checkpoint(self) -> None:
-        self.objects.check_finite()
-        self.book.save_checkpoint(self.objects, **self._checkpoint_extra(), **eval_collector_state(self.eval_collector))
+        if not self._agree(self.book.will_checkpoint()):  # checkpoint.snapshot_mode=none: gather nothing
+            return
+        with self.book.timed("checkpoint"):
+            self.objects.check_finite()
+            self.book.save_checkpoint(self.objects, **self._checkpoint_extra(),
+                                      **eval_collector_state(self.eval_collector))
 
     def _resume(self) -> None:
         if self.resumed:

@@ -119,17 +119,19 @@ class SyncTrainer(TrainerCore):
         first = True
         while not self.stopped_early and book.itr < book.cadence.n_itr:
             self._before_batch(first)
-            # weights reach the collector's workers before every batch, also the first one after a resume
-            self.collector.update_policy_weights_()
-            batch = next(batches)
+            with book.timed("collect"):
+                # weights reach the collector's workers before every batch, also the first one after a resume
+                self.collector.update_policy_weights_()
+                batch = next(batches)
             if first:
                 self._check_first_batch(batch)
             first = False
             book.frames += batch.numel() * self.world_size
             self._pending_trajs.extend(self.collector.traj_infos)
             if self.replay is not None:
-                self.replay.extend(batch)
-            yield batch
+                with book.timed("extend"):
+                    self.replay.extend(batch)
+            yield from self._body(batch)
             book.itr += 1
             self._boundary()
 

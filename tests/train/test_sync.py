@@ -79,6 +79,9 @@ class MemoryRun:
     def log(self, row, *, step, iteration=None):
         self.rows.append((step, {"Iteration": iteration, **row}))
 
+    def will_checkpoint(self, iteration):
+        return True
+
     def save_checkpoint(self, state, iteration, *, step=None, extra_writers=None):
         self.checkpoints.append((iteration, copy.deepcopy(state)))  # a real Run serialises
 
@@ -261,3 +264,37 @@ def test_resume_between_log_rows_keeps_the_open_interval_and_the_evaluator():
     # the row at 3 again, then 6: the same loss statistics (updates 0-2), episodes and evaluations (201, 301)
     assert rows(resumed)[-2:] == rows(reference)[-2:]
     assert rows(reference)[-2][1]["loss/x_mean"] == 1.0 and rows(reference)[-1][1]["eval/return_mean"] == 301
+
+
+def test_rows_split_training_time_into_the_loops_phases():
+    """time/<phase>_s: cumulative wall seconds of collect, extend (none without a replay), the loop body (learn),
+    rows and checkpoints; together within time/train_s, and carried through a checkpoint."""
+    run = MemoryRun()
+    trainer = SyncTrainer(collector=ScriptedCollector(collect_s=0.01), run=run,
+                          schedule=Schedule(n_steps=60, log_interval_steps=20))
+    for _ in trainer:
+        time.sleep(0.02)
+    rows = [row for _, row in run.rows]
+    assert [row["Iteration"] for row in rows] == [2, 4, 6]
+    for phases, n_itr in ((rows[0], 2), (rows[-1], 6)):
+        assert 0.01 * n_itr <= phases["time/collect_s"] < 0.01 * n_itr + 0.05
+        assert 0.02 * n_itr <= phases["time/learn_s"] < 0.02 * n_itr + 0.05
+        assert "time/extend_s" not in phases
+        spent = sum(v for k, v in phases.items() if k.startswith("time/") and k not in ("time/train_s", "time/eval_s"))
+        assert spent <= phases["time/train_s"]
+    assert rows[-1]["time/checkpoint_s"] > 0 and rows[-1]["time/log_s"] > 0  # after the first row and checkpoint
+    assert run.checkpoints[-1][1]["trainer"]["phase_s"]["learn"] >= 0.12
+
+
+def test_a_snapshot_mode_that_keeps_nothing_gathers_no_checkpoint_state():
+    class NoSnapshots(MemoryRun):
+        def will_checkpoint(self, iteration):
+            return False
+
+    run = NoSnapshots()
+    collector = ScriptedCollector()
+    collector.state_dict = lambda: pytest.fail("a checkpoint's state was gathered")
+    trainer = SyncTrainer(collector=collector, run=run, schedule=Schedule(n_steps=40, log_interval_steps=20))
+    for _ in trainer:
+        pass
+    assert run.checkpoints == [] and all("time/checkpoint_s" not in row for _, row in run.rows)
