@@ -292,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="every step at tiny budgets, on the CPU (CI)")
     parser.add_argument("--skip", nargs="*", default=[], choices=STEPS, help="steps to leave out")
     parser.add_argument("--seconds", type=float, default=None, help="timed seconds per throughput row")
+    parser.add_argument("--update-rows", nargs="+", default=["learner", "loop", "checkpoint"],
+                        choices=["learner", "loop", "checkpoint"], help="which update rows to run")
     with markdown_page("GPU check"):  # --markdown PAGE#SECTION: into its docs section
         args = parser.parse_args(argv)
         import torch
@@ -308,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             "versions": lambda: versions(device),
             "tests": lambda: cuda_tests(timeout_s=150),
             "recipes": lambda: recipes_on_device(device, workdir, timeout_s=150),
-            "updates": lambda: update_rows(device, args.dry_run, workdir, seconds, max(1, cores // 4)),
+            "updates": lambda: update_rows(device, args.dry_run, workdir, seconds, max(1, cores // 4),
+                                           tuple(args.update_rows)),
             "atari": lambda: atari_frames(device, args.dry_run, seconds / 2, cores),
         }
         print(f"Mode: {'dry run on the CPU (tiny budgets)' if args.dry_run else 'GPU check'}; device {device}; "

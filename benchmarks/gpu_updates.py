@@ -84,10 +84,15 @@ class Row:
     kind: str  # learner, loop, checkpoint
     device: str
     graphs: bool
+    compiled: bool = False  # optim.compile=true: torch.compile fuses the loss's small ops (inside the graph)
     rate: float = float("nan")  # median updates/s of the timed rows
     phases: dict[str, float] | None = None  # microseconds per update, by phase (and "other")
     checkpoint_ms: float = float("nan")
     note: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.kind + (", compiled" if self.compiled else "")
 
 
 def _env() -> dict[str, str]:
@@ -131,7 +136,7 @@ def run_row(row: Row, run_dir: Path, seconds: float, dry_run: bool, cpu_threads:
     args = [*COMMON, *(w.dry if dry_run else w.args), "collector.total_frames=100000000", f"run.device={row.device}",
             *(w.learner() if row.kind == "learner" else loop),
             *([] if row.kind == "checkpoint" else [NO_CHECKPOINTS]),
-            *(["optim.cudagraphs=true"] if row.graphs else []),
+            *(["optim.cudagraphs=true"] if row.graphs else []), *(["optim.compile=true"] if row.compiled else []),
             *([f"run.torch_threads={cpu_threads}"] if row.device == "cpu" else [])]
     if dry_run and row.kind == "learner":  # 4 updates per frame
         args.append(f"optim.replay_ratio={4 * int(dict(a.split('=', 1) for a in w.dry)['optim.batch_size'])}")
@@ -170,8 +175,8 @@ def plan(device: str) -> list[Row]:
     if device == "cuda":
         for w in WORKLOADS:
             if w.graphs:
-                rows += [Row(w, "learner", "cuda", True), Row(w, "loop", "cuda", True),
-                         Row(w, "checkpoint", "cuda", True)]
+                rows += [Row(w, "learner", "cuda", True), Row(w, "learner", "cuda", True, compiled=True),
+                         Row(w, "loop", "cuda", True), Row(w, "checkpoint", "cuda", True)]
             rows.append(Row(w, "loop", "cuda", False))
     for w in WORKLOADS:
         rows.append(Row(w, "loop", "cpu", False))
@@ -181,8 +186,9 @@ def plan(device: str) -> list[Row]:
 
 
 def update_rows(device: str, dry_run: bool, workdir: Path, seconds: float, cpu_threads: int,
-                say: Callable[[str], None] = print) -> None:
-    rows = plan(device)
+                kinds: tuple[str, ...] = ("learner", "loop", "checkpoint"), say: Callable[[str], None] = print) -> None:
+    """Run the rows of ``kinds`` (:func:`plan`) one at a time and print their tables."""
+    rows = [row for row in plan(device) if row.kind in kinds]
     for i, row in enumerate(rows):
         run_row(row, workdir / f"upd{i}_{row.workload.recipe}_{row.kind}_{row.device}", seconds, dry_run, cpu_threads)
     cpu = {r.workload.label: r.rate for r in rows if r.device == "cpu" and r.kind == "loop"}
@@ -190,7 +196,7 @@ def update_rows(device: str, dry_run: bool, workdir: Path, seconds: float, cpu_t
     for r in rows:
         base = cpu.get(r.workload.label, float("nan"))
         ratio = f"{r.rate / base:.2f}x" if r.device == "cuda" and base > 0 else ""
-        say(f"| {r.workload.label} | {r.kind} | {r.device} | {r.graphs} | {r.rate:,.1f} | {ratio} | "
+        say(f"| {r.workload.label} | {r.name} | {r.device} | {r.graphs} | {r.rate:,.1f} | {ratio} | "
             f"{r.note.partition(chr(10))[0]} |")
     per_frame = 4 if dry_run else LEARNER_UPDATES
     say(f"\nLearner rows: {per_frame} updates per env frame and per log row. CPU rows: {cpu_threads} torch "
@@ -202,10 +208,10 @@ def update_rows(device: str, dry_run: bool, workdir: Path, seconds: float, cpu_t
         if r.phases is not None:
             cells = " | ".join(f"{r.phases[p]:,.0f}" for p in (*PHASES, "other"))
             ckpt = f"{r.checkpoint_ms:,.1f}" if r.kind == "checkpoint" else ""
-            say(f"| {r.workload.label} | {r.kind} | {r.device} | {r.graphs} | {cells} | {ckpt} |")
+            say(f"| {r.workload.label} | {r.name} | {r.device} | {r.graphs} | {cells} | {ckpt} |")
     for r in rows:
         if r.note.count("\n"):
             output = r.note.partition("\n")[2]
-            say(f"\n{r.workload.label}, {r.kind} on {r.device} (CUDA graphs {r.graphs}):\n{output}")
-    if missing := [f"{r.workload.label} {r.kind} on {r.device}" for r in rows if not r.rate > 0]:
+            say(f"\n{r.workload.label}, {r.name} on {r.device} (CUDA graphs {r.graphs}):\n{output}")
+    if missing := [f"{r.workload.label} {r.name} on {r.device}" for r in rows if not r.rate > 0]:
         raise RuntimeError(f"no update rate for {', '.join(missing)}")
