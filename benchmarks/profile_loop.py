@@ -83,7 +83,9 @@ def profile(recipe: str, argv: list[str], skip: int, active: int) -> None:
 def report(prof: Any, updates: int, wall: float, recipe: str, argv: list[str]) -> None:
     """Print the per-update figures of the profiled iterations."""
     events = prof.key_averages()
-    device = [e for e in events if getattr(e, "self_device_time_total", 0) > 0]
+    # the device's own events (kernels, copies): a host op's device time repeats its kernels', and the profiler
+    # step's repeats those of the CUDA graph it launched
+    device = [e for e in events if str(e.device_type).endswith("CUDA") and not e.key.startswith("ProfilerStep")]
     busy_us = sum(e.self_device_time_total for e in device)
     kernels = sum(e.count for e in device)
     n = max(updates, 1)
