@@ -12,6 +12,10 @@ the GPU rows, so no row shares the machine with another.
   sample, update, log rows.
 * **checkpoint**: the loop with a checkpoint after every log row: what one checkpoint costs.
 
+On the GPU the learner runs with CUDA graphs, and once more compiled (``optim.compile=true`` inside the graph); a
+frame-stacked replay (DQN on Pong) runs its learner and loop once more with ``replay.device=cuda`` (its frames copied
+to the GPU and the stacks gathered there, :class:`tdrl.replay.frames.FrameCopy`); ``auto`` keeps them on the host.
+
 The phase split divides the ``time/<phase>_s`` columns (collect, extend, learn, log, checkpoint: cumulative wall
 seconds of training, see ``tdrl.train.bookkeeping``) between the first timed row and the last by the updates between
 them. On a GPU the host runs ahead of the device until it reads a result back, so a phase that reads back (collect:
@@ -52,6 +56,7 @@ class Workload:
     batch_size: int
     dry: tuple[str, ...]
     graphs: bool = True  # the recipe has optim.cudagraphs
+    frames: bool = False  # a frame stack: replay.device=cuda rows (auto keeps its frames on the host)
 
     def learner(self) -> tuple[str, ...]:
         return ("collector.batch_B=1", "collector.batch_T=1", "logger.log_interval_steps=1",
@@ -64,7 +69,7 @@ WORKLOADS = (
               "exploration.eps_steps=1000", "loss.n_step=1"),
              ("optim.replay_ratio=64", "logger.log_interval_steps=128"), 32,
              ("env.id=ALE/Pong-v5", "optim.batch_size=4", "optim.min_steps_learn=16", "replay.size=2000",
-              "model.hidden_sizes=[16]")),
+              "model.hidden_sizes=[16]"), frames=True),
     Workload("SAC, 256x256 on Pendulum, batch 256", "sac",
              ("env.id=Pendulum-v1", "model.hidden_sizes=[256,256]", "optim.batch_size=256",
               "optim.min_steps_learn=256", "replay.size=20000"),
@@ -85,6 +90,7 @@ class Row:
     device: str
     graphs: bool
     compiled: bool = False  # optim.compile=true: torch.compile fuses the loss's small ops (inside the graph)
+    frames_on_gpu: bool = False  # replay.device=cuda: the frame stacks are gathered on the GPU
     rate: float = float("nan")  # median updates/s of the timed rows
     phases: dict[str, float] | None = None  # microseconds per update, by phase (and "other")
     checkpoint_ms: float = float("nan")
@@ -92,7 +98,7 @@ class Row:
 
     @property
     def name(self) -> str:
-        return self.kind + (", compiled" if self.compiled else "")
+        return self.kind + (", compiled" if self.compiled else "") + (", frames on GPU" if self.frames_on_gpu else "")
 
 
 def _env() -> dict[str, str]:
@@ -137,6 +143,7 @@ def run_row(row: Row, run_dir: Path, seconds: float, dry_run: bool, cpu_threads:
             *(w.learner() if row.kind == "learner" else loop),
             *([] if row.kind == "checkpoint" else [NO_CHECKPOINTS]),
             *(["optim.cudagraphs=true"] if row.graphs else []), *(["optim.compile=true"] if row.compiled else []),
+            *(["replay.device=cuda"] if row.frames_on_gpu else []),
             *([f"run.torch_threads={cpu_threads}"] if row.device == "cpu" else [])]
     if dry_run and row.kind == "learner":  # 4 updates per frame
         args.append(f"optim.replay_ratio={4 * int(dict(a.split('=', 1) for a in w.dry)['optim.batch_size'])}")
@@ -177,6 +184,9 @@ def plan(device: str) -> list[Row]:
             if w.graphs:
                 rows += [Row(w, "learner", "cuda", True), Row(w, "learner", "cuda", True, compiled=True),
                          Row(w, "loop", "cuda", True), Row(w, "checkpoint", "cuda", True)]
+                if w.frames:
+                    rows += [Row(w, "learner", "cuda", True, frames_on_gpu=True),
+                             Row(w, "loop", "cuda", True, frames_on_gpu=True)]
             rows.append(Row(w, "loop", "cuda", False))
     for w in WORKLOADS:
         rows.append(Row(w, "loop", "cpu", False))

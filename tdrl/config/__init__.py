@@ -110,7 +110,8 @@ def replay_copy(cfg: Any) -> bool | None:
     """``copy_on_device`` of a ``TransitionReplayBuffer`` for ``replay.device``: ``cuda`` copies the stored data to
     ``run.device`` and gathers samples there, ``cpu`` gathers them in host memory and copies each over (pinned,
     non-blocking), ``auto`` copies (``None``: the buffer decides) when ``run.device`` is a GPU with room for the
-    data in a quarter of its memory, under the sync trainer only."""
+    data in a quarter of its memory, under the sync trainer only, and the replay has no frame stack (Atari's frames
+    go to the GPU with ``replay.device=cuda``)."""
     kind = getattr(getattr(cfg, "trainer", None), "kind", "sync")
     return {"cuda": True, "cpu": False, "auto": None if kind == "sync" else False}[cfg.replay.device]
 

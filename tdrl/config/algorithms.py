@@ -96,7 +96,8 @@ class ReplayConfig:
     """Transitions held (rlpyt replay_size)."""
     device: ReplayDevice = "auto"
     """Where samples are gathered: cpu (host memory, each sample copied to run.device), cuda (a copy of the data
-    on run.device; sync trainer), auto (cuda when run.device is a GPU and the data fits a quarter of it)."""
+    on run.device; sync trainer; Atari's frames too), auto (cuda when run.device is a GPU, the data fits a quarter of
+    it and it holds no frame stack)."""
 
 
 @dataclass

@@ -17,7 +17,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from tdrl.replay.device import DeviceCopy, deliver, fits_on_device, sample_device, staged
-from tdrl.replay.frames import FrameStack
+from tdrl.replay.frames import FrameCopy, FrameStack
 from tdrl.replay.prioritized import PrioritizedSampler
 from tdrl.replay.ring import StreamRing
 from tdrl.replay.schema import ReplayError, key_name, nest
@@ -65,8 +65,9 @@ class TransitionReplayBuffer:
         device: where samples are returned (the learner's device); ``None`` leaves them on the host. The data stays
             in host memory: a GPU sample is gathered into pinned memory and copied without blocking the host.
         copy_on_device: also keep a copy of the stored data on ``device`` and gather samples there
-            (:mod:`tdrl.replay.device`: no frame stack, writes in this process); ``None``: when ``device`` is a
-            GPU and the data takes at most a quarter of its memory.
+            (:mod:`tdrl.replay.device`, writes in this process; a frame stack's frames too,
+            :class:`~tdrl.replay.frames.FrameCopy`); ``None``: when ``device`` is a GPU and the data takes at most
+            a quarter of its memory, and there is no frame stack (not yet measured on a GPU: ``True`` asks for it).
     """
 
     def __init__(self, scratch_dir: str | os.PathLike, capacity: int, *, sampler: PrioritizedSampler | None = None,
@@ -76,14 +77,15 @@ class TransitionReplayBuffer:
                  copy_on_device: bool | None = False) -> None:
         if n_step < 1 or not 0.0 <= gamma <= 1.0:
             raise ValueError(f"need n_step >= 1 and gamma in [0, 1], got {n_step}, {gamma}")
-        if copy_on_device and (device is None or frame_stack is not None):
-            raise ValueError("copy_on_device=True needs device= and no frame_stack (frame stacks stay on the host)")
+        if copy_on_device and device is None:
+            raise ValueError("copy_on_device=True needs device= (where the copy is kept)")
         self.n_step = int(n_step)
         self.gamma = float(gamma)
         self.clip_reward = clip_reward
         self.device = sample_device(device)
-        self.copy_on_device = False if frame_stack is not None else copy_on_device
+        self.copy_on_device = False if frame_stack is not None and copy_on_device is None else copy_on_device
         self._copy: DeviceCopy | None = None
+        self._frames: FrameCopy | None = None  # the frame stack's frames, with the device copy
         self._flat: dict[Any, torch.Tensor] | None = None  # the device copy's views during a sample
         self.sampler = sampler
         self.frame_stack = frame_stack
@@ -96,7 +98,7 @@ class TransitionReplayBuffer:
                                sampler=sampler, mask_key=mask_key, seed=seed)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_copy": None}  # the device copy stays in this process
+        return {**self.__dict__, "_copy": None, "_frames": None}  # the device copy stays in this process
 
     @property
     def write_count(self) -> int:
@@ -166,23 +168,29 @@ class TransitionReplayBuffer:
                 self.copy_on_device = False
                 return None
             self._copy = DeviceCopy(self.ring, self.device)
+            if self.frame_stack is not None:
+                self._frames = FrameCopy(self.ring, self.device)
         self._copy.refresh(self.ring)
+        if self._frames is not None:
+            self._frames.refresh(self.ring)
         return self._copy
 
     def _gather(self, stream: np.ndarray, time: np.ndarray) -> TensorDict:
         ring, flat, device = self.ring, self._flat, self.device
-        index = torch.from_numpy(ring.flat_index(stream, time))
+        index = host_index = torch.from_numpy(ring.flat_index(stream, time))
         if flat is not None:  # gathered from the device copy: the indices go there
             assert device is not None  # the device copy's
             index = staged(index, device)
         n = index.shape[0]
+        host_last = host_index  # where a frame stack's next stacks end (it reads its positions on the host)
         if self.n_step == 1:
             last = index
             values = ring.gather_keys(index, device=device, flat=flat)
             if self.clip_reward:
                 values[("next", "reward")] = values[("next", "reward")].clamp(-1.0, 1.0)
         else:
-            window = torch.from_numpy(ring.flat_index(stream[:, None], time[:, None] + np.arange(self.n_step)))
+            window = host_window = torch.from_numpy(ring.flat_index(stream[:, None],
+                                                                    time[:, None] + np.arange(self.n_step)))
             if flat is not None:
                 assert device is not None  # the device copy's
                 window = staged(window, device)
@@ -192,12 +200,19 @@ class TransitionReplayBuffer:
                 reward = reward.clamp(-1.0, 1.0)
             reward_n, steps = nstep_returns(reward, done, self.gamma)
             last = window[torch.arange(n, device=window.device), steps - 1]
+            if self.frame_stack is not None and flat is not None:  # the same steps from the host's done flags
+                host_done = ring.gather(("next", "done"), host_window.reshape(-1)).view(n, self.n_step, -1)
+                host_steps = nstep_returns(torch.zeros(host_done.shape), host_done, self.gamma)[1]
+                host_last = host_window[torch.arange(n), host_steps - 1]
+            elif self.frame_stack is not None:
+                host_last = last
             values = ring.gather_keys(index, "root", device, flat)
             values.update(ring.gather_keys(last, "next", device, flat))
             values[("next", "reward")] = reward_n
             values[(STEPS_KEY,)] = steps.unsqueeze(-1)
         if self.frame_stack is not None:
-            values.update(self.frame_stack.gather(ring, index, last))
+            pixels = self._frames.pixels if self._frames is not None and flat is not None else None
+            values.update(self.frame_stack.gather(ring, host_index, host_last, pixels))
         assert ring.schema is not None  # a sample comes after the first extend
         return nest(values, [n], ring.schema.sub_dims)
 

@@ -6,8 +6,9 @@ for small observations, gathering a sample on the host and copying it to a GPU c
 that uses it, while on the GPU it is a few ``index_select`` kernels (TorchRL's sota recipes keep their replay on the
 GPU for this reason). The memmapped files stay the replay's data (checkpoints, dumps); the copy follows them: before
 each sample the steps written since the previous one are copied over (two slices when the ring wrapped). It holds
-the packed groups of a :class:`~tdrl.replay.buffer.TransitionReplayBuffer` without frame stack, and needs the
-writes to happen in this process, between samples (the sync trainer).
+the packed groups of a :class:`~tdrl.replay.buffer.TransitionReplayBuffer` (a frame stack's frames:
+:class:`~tdrl.replay.frames.FrameCopy`), and needs the writes to happen in this process, between samples (the sync
+trainer).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def fits_on_device(ring: Any, device: torch.device) -> bool:
     """Whether ``ring``'s packed data takes at most :data:`AUTO_FRACTION` of ``device``'s memory (CUDA only)."""
     if device.type != "cuda":
         return False
-    nbytes = sum(ring.store.fields[group].nbytes for group in ring.groups)
+    nbytes = sum(field.nbytes for field in ring.store.fields.values())  # packed groups and codec fields (frames)
     return nbytes <= AUTO_FRACTION * torch.cuda.get_device_properties(device).total_memory
 
 

@@ -24,9 +24,10 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 
+from tdrl.replay.device import staged
 from tdrl.replay.schema import BatchSchema, ReplayError, as_key, key_name
 
-__all__ = ["FrameStack"]
+__all__ = ["FrameCopy", "FrameStack"]
 
 _PIXELS, _POS, _OFFSET, _WRITTEN = "frames.pixels", "frames.pos", "frames.offset", "frames.written"
 
@@ -159,9 +160,11 @@ class FrameStack:
             ring.write(pixels[b : b + 1], frames.unsqueeze(0), int(prepared["written"][b]))
         ring.field(_WRITTEN)[:, 0] += torch.as_tensor([f.shape[0] for f in prepared["frames"]])
 
-    def _stack(self, ring: Any, index: torch.Tensor, shift: int) -> torch.Tensor:
-        """Stacks whose newest frame is ``shift`` frames after the newest frame of step ``index``."""
-        pixels = ring.field(_PIXELS)
+    def _stack(self, ring: Any, index: torch.Tensor, shift: int, pixels: torch.Tensor | None) -> torch.Tensor:
+        """Stacks whose newest frame is ``shift`` frames after the newest frame of step ``index`` (host indices),
+        gathered from ``pixels`` (a :class:`FrameCopy`'s, on its device) or else the stored frames."""
+        if pixels is None:
+            pixels = ring.field(_PIXELS)
         frame_capacity = pixels.shape[1]
         flat_pixels = pixels.view(-1, *pixels.shape[2:])
         newest = ring.field(_POS).view(-1)[index] + shift
@@ -170,14 +173,42 @@ class FrameStack:
         j = torch.arange(self.n_frames)
         positions = torch.maximum(newest[:, None] - (self.n_frames - 1) + j, first_real[:, None])
         stream = index // ring.time_capacity
-        flat = stream[:, None] * frame_capacity + positions % frame_capacity
-        stacks = torch.index_select(flat_pixels, 0, flat.reshape(-1)).view(index.shape[0], self.n_frames,
-                                                                           *pixels.shape[2:])
+        flat = (stream[:, None] * frame_capacity + positions % frame_capacity).reshape(-1)
+        stacks = torch.index_select(flat_pixels, 0, staged(flat, pixels.device))
+        stacks = stacks.view(index.shape[0], self.n_frames, *pixels.shape[2:])
         if self.padding == "zero":
             is_padding = j[None, :] < (self.n_frames - 1 - real[:, None])
-            stacks[is_padding] = 0
+            mask = staged(is_padding, pixels.device).view(*is_padding.shape, *(1,) * (pixels.dim() - 2))
+            stacks.masked_fill_(mask, 0)
         return stacks
 
-    def gather(self, ring: Any, index: torch.Tensor, last: torch.Tensor) -> dict[tuple[str, ...], torch.Tensor]:
-        """Rebuilt ``observation`` at the start steps and ``("next", "observation")`` after the window's last step."""
-        return {self.key: self._stack(ring, index, 0), self.next_key: self._stack(ring, last, 1)}
+    def gather(self, ring: Any, index: torch.Tensor, last: torch.Tensor, pixels: torch.Tensor | None = None
+               ) -> dict[tuple[str, ...], torch.Tensor]:
+        """Rebuilt ``observation`` at the start steps and ``("next", "observation")`` after the window's last step
+        (``index`` and ``last`` on the host), from ``pixels`` (a :class:`FrameCopy`'s) when given."""
+        return {self.key: self._stack(ring, index, 0, pixels), self.next_key: self._stack(ring, last, 1, pixels)}
+
+
+class FrameCopy:
+    """A copy of a :class:`FrameStack`'s stored frames on ``device``, current after :meth:`refresh`: a replay that
+    gathers its samples on a GPU (``copy_on_device``) gathers the stacks there too, so a sample's frames never
+    pass through the host. Its stacks' indices are still computed on the host, from the stored positions."""
+
+    def __init__(self, ring: Any, device: torch.device) -> None:
+        stored = ring.field(_PIXELS)
+        self.pixels = torch.zeros(stored.shape, dtype=stored.dtype, device=device)
+        self.copied = np.zeros(stored.shape[0], dtype=np.int64)  # frames copied per stream (absolute counts)
+
+    def refresh(self, ring: Any) -> None:
+        """Copy each stream's frames written since the last refresh (all of them after a load to fewer)."""
+        stored = ring.field(_PIXELS)
+        capacity = stored.shape[1]
+        written = ring.field(_WRITTEN)[:, 0].numpy().copy()
+        for b, (done, copied) in enumerate(zip(written.tolist(), self.copied.tolist(), strict=True)):
+            lo = max(0 if done < copied else copied, done - capacity)
+            if lo >= done:
+                continue
+            start, stop = lo % capacity, done % capacity or capacity
+            for a, z in [(start, stop)] if start < stop else [(start, capacity), (0, stop)]:
+                self.pixels[b, a:z].copy_(stored[b, a:z], non_blocking=True)
+        self.copied = written

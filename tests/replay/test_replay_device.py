@@ -144,6 +144,33 @@ def test_device_copy_gives_the_host_samples_while_the_ring_wraps(tmp_path, devic
             assert torch.equal(copy.cpu(), copied.ring.store.fields[group]), group
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n_step, padding", [(1, "zero"), (3, "zero"), (2, "reset")])
+def test_frame_stacks_from_the_device_copy_equal_the_hosts_while_the_ring_wraps(tmp_path, device, n_step, padding):
+    """copy_on_device=True with a frame stack: the frames are copied too (FrameCopy) and every stack is gathered
+    from the copy, equal to the host's sample extend after extend, as the frame ring wraps; episodes end inside
+    n-step windows (the next stack then ends at the episode's final frame)."""
+    def build(path, **kwargs):
+        return TransitionReplayBuffer(path, 2 * 40, n_step=n_step, gamma=0.9, seed=0,
+                                      frame_stack=FrameStack(4, padding=padding, slack=0.5), **kwargs)
+
+    host, copied = build(tmp_path / "host"), build(tmp_path / "copy", device=device, copy_on_device=True)
+    for i in range(5):  # 2 streams x 30 steps per extend, 40 per stream held: the frame ring wraps
+        batch = atari_episodes(2, 30, seed=i, padding=padding)
+        host.extend(batch)
+        copied.extend(batch)
+        expected = host.sample(24)
+        with _no_sync(device):
+            sample = copied.sample(24)
+        for key in expected.keys(True, True):
+            assert sample[key].device.type == device, key
+            if device != "meta":
+                assert torch.equal(sample[key].cpu(), expected[key]), (i, key)
+    assert copied._frames is not None
+    if device != "meta":
+        assert torch.equal(copied._frames.pixels.cpu(), copied.ring.field("frames.pixels"))
+
+
 def test_device_copy_refuses_a_writer_in_another_process(tmp_path):
     rb = _transition(tmp_path / "rb", "cpu")
     rb.copy_on_device = True
@@ -160,8 +187,8 @@ def test_device_copy_choices(tmp_path):
     assert auto._copy is None and auto.copy_on_device is False  # auto copies to a GPU only
     with pytest.raises(ValueError, match="copy_on_device=True needs device="):
         TransitionReplayBuffer(tmp_path / "x", 100, copy_on_device=True)
-    with pytest.raises(ValueError, match="no frame_stack"):
-        TransitionReplayBuffer(tmp_path / "y", 100, device="cpu", frame_stack=FrameStack(4), copy_on_device=True)
+    frames = TransitionReplayBuffer(tmp_path / "y", 100, device="cpu", frame_stack=FrameStack(4), copy_on_device=None)
+    assert frames.copy_on_device is False  # auto leaves a frame stack on the host until a GPU has measured it
     copied = _transition(tmp_path / "copied", "cpu")
     copied.copy_on_device = True
     copied.sample(4)
