@@ -18,7 +18,7 @@ import torch
 
 from tdrl.log import is_wall_time_column, read_progress
 
-WALL_TIME_STATE_KEYS = frozenset({"train_s", "eval_s", "train_s_at_log", "cum_time", "wandb_id"})
+WALL_TIME_STATE_KEYS = frozenset({"train_s", "eval_s", "train_s_at_log", "phase_s", "cum_time", "wandb_id"})
 """Checkpoint entries that measure wall-clock time (or name the W&B run), so differ between equal runs."""
 
 
