@@ -53,7 +53,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from gpu_updates import ROOT, recipe_env, update_rows
+
 RECIPES = ("ppo", "a2c", "impala", "dqn", "ddpg", "td3", "sac", "r2d1")
 STEPS = ("versions", "tests", "recipes", "updates", "atari")
 MAX_FAILURE_LINES = 300  # of the failing tests' short tracebacks (then the summary of every failure)
@@ -92,11 +93,6 @@ class Check:
         print(f"({name}: {time.perf_counter() - started:.0f} s)", flush=True)
 
 
-def _env() -> dict[str, str]:
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-
-
 def versions(device: str) -> None:
     import torch
 
@@ -124,7 +120,7 @@ def cuda_tests(timeout_s: float) -> None:
     print(f"test files with CUDA tests: {', '.join(files)}")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
                            "--tb=short", "--show-capture=no", "-p", "no:logging", "-rfE", *files],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout_s)
+                          cwd=ROOT, env=recipe_env(), capture_output=True, text=True, timeout=timeout_s)
     lines = proc.stdout.splitlines()
 
     def section(title: str) -> int | None:
@@ -153,7 +149,7 @@ def recipes_on_device(device: str, workdir: Path, timeout_s: float) -> None:
     while pending or running:
         while pending and len(running) < max(2, len(os.sched_getaffinity(0)) // 4):
             name = pending.pop(0)
-            running[name] = (subprocess.Popen(launches[name], env=_env(), stdout=subprocess.PIPE,
+            running[name] = (subprocess.Popen(launches[name], env=recipe_env(), stdout=subprocess.PIPE,
                                               stderr=subprocess.STDOUT, text=True), time.perf_counter())
         name = next(iter(running))
         proc, started = running.pop(name)
@@ -284,7 +280,6 @@ def atari_frames(device: str, dry_run: bool, seconds: float, cores: int) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpu_updates import update_rows
     from report import add_markdown_option, markdown_page
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -25,6 +25,7 @@ the action; log: the metrics) also holds the wait for the device work queued bef
 from __future__ import annotations
 
 import csv
+import os
 import signal
 import statistics
 import subprocess
@@ -101,9 +102,8 @@ class Row:
         return self.kind + (", compiled" if self.compiled else "") + (", frames on GPU" if self.frames_on_gpu else "")
 
 
-def _env() -> dict[str, str]:
-    import os
-
+def recipe_env() -> dict[str, str]:
+    """The environment of the check's subprocesses: this repository importable, W&B off, output unbuffered."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
 
@@ -148,7 +148,7 @@ def run_row(row: Row, run_dir: Path, seconds: float, dry_run: bool, cpu_threads:
     if dry_run and row.kind == "learner":  # 4 updates per frame
         args.append(f"optim.replay_ratio={4 * int(dict(a.split('=', 1) for a in w.dry)['optim.batch_size'])}")
     proc = subprocess.Popen([sys.executable, str(ROOT / "recipes" / f"{w.recipe}.py"), *args, f"run.dir={run_dir}"],
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=recipe_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     progress = run_dir / "progress.csv"
     started = time.monotonic()
     deadline, timed_from = started + 4 * seconds + 120, None  # room for start-up, compilation and capture
